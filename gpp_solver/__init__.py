@@ -1,0 +1,1 @@
+"""gpp_solver: planner for graph pipeline parallelism (GraphPipe) and its baselines."""
