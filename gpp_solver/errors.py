@@ -1,0 +1,57 @@
+"""One exception tree for the whole package.
+
+``GppError`` is the root.  Bad input (``InvalidInputError`` and its children) is separated from
+"no feasible answer" (``InfeasibleError``) and from a solver that failed or was stopped
+(``SolverError``), so the CLI can map them to exit codes 2, 1 and 1.
+"""
+
+from __future__ import annotations
+
+
+class GppError(Exception):
+    """Root of every error raised on purpose by gpp_solver."""
+
+
+class InvalidInputError(GppError, ValueError):
+    """The input (graph, cluster, plan, option, argument) is malformed.  CLI exit code 2."""
+
+
+class InvalidGraphError(InvalidInputError):
+    """A graph document or object breaks the gpp-graph/1 contract."""
+
+
+class InvalidClusterError(InvalidInputError):
+    """A cluster document or object breaks the gpp-cluster/1 contract."""
+
+
+class InvalidPlanError(InvalidInputError):
+    """A plan breaks the gpp-plan/1 contract or one of C1-C4, the device partition or memory."""
+
+
+class SearchSpaceTooLargeError(InvalidInputError):
+    """The requested planner refuses an instance above the size it can handle (limit named)."""
+
+
+class InfeasibleError(GppError):
+    """No plan fits.  ``required_memory_bytes`` / ``required_devices`` say what would be needed."""
+
+    def __init__(self, message: str, *, required_memory_bytes: float | None = None,
+                 required_devices: int | None = None) -> None:
+        super().__init__(message)
+        self.required_memory_bytes = required_memory_bytes
+        self.required_devices = required_devices
+
+
+class SolverError(GppError):
+    """A solver backend failed (crashed, returned an unknown status)."""
+
+
+class DeadlockError(InvalidPlanError):
+    """Stage orders that wait on each other forever."""
+
+
+__all__ = [
+    "GppError", "InvalidInputError", "InvalidGraphError", "InvalidClusterError",
+    "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError",
+    "DeadlockError",
+]
