@@ -1,0 +1,1 @@
+"""Example workloads for ``runtime.profile`` and ``runtime.train`` (``--model examples.NAME:FUNCTION``)."""
