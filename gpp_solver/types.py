@@ -1,0 +1,236 @@
+"""Frozen dataclasses for everything that crosses module boundaries.
+
+The JSON contracts (``gpp-graph/1``, ``gpp-cluster/1``, ``gpp-plan/1``) are read into these types by
+``graph.py``, ``cluster.py`` and ``plan_io.py``; every planner returns a :class:`Plan`.
+Units: seconds, bytes, samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Iterable, Mapping
+
+import networkx as nx
+
+GRAPH_FORMAT = "gpp-graph/1"
+CLUSTER_FORMAT = "gpp-cluster/1"
+PLAN_FORMAT = "gpp-plan/1"
+
+
+@dataclass(frozen=True)
+class Tmpc:
+    """One alternative configuration of a node (Piper's TMPC): tensor-parallel degree, recomputation."""
+
+    t: int
+    recompute: bool
+    fw_time: tuple[float, ...]
+    bw_time: tuple[float, ...]
+    weight_bytes: float
+    activation_bytes: float
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Node:
+    """An operator (or layer): profiled times per micro-batch size and its bytes."""
+
+    id: str
+    fw_time: tuple[float, ...]
+    bw_time: tuple[float, ...]
+    weight_bytes: float
+    activation_bytes: float
+    output_bytes: float
+    tmpc: tuple[Tmpc, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A validated operator DAG (build it with ``graph.graph_from_dict``)."""
+
+    name: str
+    micro_batch_sizes: tuple[int, ...]
+    nodes: tuple[Node, ...]
+    edges: tuple[Edge, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @cached_property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(n.id for n in self.nodes)
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {n.id: i for i, n in enumerate(self.nodes)}
+
+    def node(self, node_id: str) -> Node:
+        return self.nodes[self.index[node_id]]
+
+    @cached_property
+    def _adjacency(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        succ: dict[str, list[str]] = {i: [] for i in self.ids}
+        pred: dict[str, list[str]] = {i: [] for i in self.ids}
+        for e in self.edges:
+            if e.dst not in succ[e.src]:
+                succ[e.src].append(e.dst)
+                pred[e.dst].append(e.src)
+        return ({k: tuple(v) for k, v in succ.items()}, {k: tuple(v) for k, v in pred.items()})
+
+    def succs(self, node_id: str) -> tuple[str, ...]:
+        return self._adjacency[0][node_id]
+
+    def preds(self, node_id: str) -> tuple[str, ...]:
+        return self._adjacency[1][node_id]
+
+    @cached_property
+    def edge_bytes_map(self) -> dict[tuple[str, str], float]:
+        """Bytes per sample carried by each edge (its own ``bytes`` or the producer's output)."""
+        out: dict[tuple[str, str], float] = {}
+        for e in self.edges:
+            b = e.bytes if e.bytes is not None else self.node(e.src).output_bytes
+            key = (e.src, e.dst)
+            out[key] = max(out.get(key, 0.0), b)
+        return out
+
+    def edge_bytes(self, src: str, dst: str) -> float:
+        return self.edge_bytes_map[(src, dst)]
+
+    @cached_property
+    def topo_order(self) -> tuple[str, ...]:
+        """A deterministic topological order (ties broken by file order)."""
+        g = self.to_networkx()
+        return tuple(nx.lexicographical_topological_sort(g, key=lambda n: self.index[n]))
+
+    def to_networkx(self) -> nx.DiGraph:
+        g = nx.DiGraph(name=self.name)
+        for n in self.nodes:
+            g.add_node(n.id, fw_time=n.fw_time, bw_time=n.bw_time, weight_bytes=n.weight_bytes,
+                       activation_bytes=n.activation_bytes, output_bytes=n.output_bytes)
+        for e in self.edges:
+            g.add_edge(e.src, e.dst, bytes=self.edge_bytes(e.src, e.dst))
+        return g
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices, memory per device and the affine network model (``latency + bytes / bandwidth``)."""
+
+    devices: int
+    memory_bytes: float
+    inter_node_bandwidth: float
+    intra_node_bandwidth: float | None = None
+    devices_per_node: int | None = None
+    latency: float = 0.0
+    optimizer_state_factor: float = 4.0
+
+    def node_of(self, device: int) -> int:
+        return 0 if self.devices_per_node is None else device // self.devices_per_node
+
+    def same_node(self, devices: Iterable[int]) -> bool:
+        """True when every device sits in one node (never true on a flat network)."""
+        if self.devices_per_node is None:
+            return False
+        nodes = {self.node_of(d) for d in devices}
+        return len(nodes) <= 1
+
+    def bandwidth(self, devices: Iterable[int]) -> float:
+        """Intra-node bandwidth when all ``devices`` share a node, else the inter-node one."""
+        if self.same_node(devices) and self.intra_node_bandwidth is not None:
+            return self.intra_node_bandwidth
+        return self.inter_node_bandwidth
+
+    def with_(self, **changes: Any) -> "Cluster":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A stage's micro-batch order: ``("F", j)`` / ``("B", j)`` actions in the order it runs them."""
+
+    kind: str
+    k: int
+    order: tuple[tuple[str, int], ...]
+
+    def text(self) -> str:
+        """Compact form, e.g. ``F0 F1 B0 F2 B1 B2``."""
+        return " ".join(f"{a}{j}" for a, j in self.order)
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    time_per_sample: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Stage:
+    id: int
+    nodes: tuple[str, ...]
+    devices: tuple[int, ...]
+    micro_batch_size: int
+    schedule: Schedule
+    in_flight_samples: int
+    predicted: StagePrediction
+    tensor_parallel: int = 1
+    tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
+
+    @property
+    def data_parallel(self) -> int:
+        return len(self.devices) // self.tensor_parallel
+
+
+@dataclass(frozen=True)
+class PlanPrediction:
+    time_per_sample: float
+    iteration_time: float
+    throughput: float
+    peak_memory_bytes: float
+
+
+@dataclass(frozen=True)
+class SearchInfo:
+    seconds: float
+    status: str
+    epsilon: float | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Plan:
+    planner: str
+    graph: str
+    mini_batch_size: int
+    stages: tuple[Stage, ...]
+    edges: tuple[tuple[int, int], ...]
+    predicted: PlanPrediction
+    search: SearchInfo
+
+    def stage(self, stage_id: int) -> Stage:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        raise KeyError(stage_id)
+
+    @property
+    def devices_used(self) -> int:
+        return sum(len(s.devices) for s in self.stages)
+
+    @property
+    def depth(self) -> int:
+        """Number of stages on the longest path of the stage graph."""
+        g = nx.DiGraph()
+        g.add_nodes_from(s.id for s in self.stages)
+        g.add_edges_from(self.edges)
+        return nx.dag_longest_path_length(g) + 1 if g.number_of_nodes() else 0
+
+
+STATUSES = ("optimal", "optimal-within-epsilon", "optimal-within-search-space", "feasible",
+            "time-limit", "infeasible", "search-space-too-large")
