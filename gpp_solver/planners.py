@@ -1,0 +1,61 @@
+"""One planner protocol and a registry by name.
+
+A planner is a function ``plan(graph, cluster, mini_batch_size, *, time_limit=None, progress=False,
+**options) -> Plan``.  Every planner builds its plan with ``plan_build.build_plan`` so one
+validator, one simulator and one comparison table serve all of them.  Entries are imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Protocol
+
+from .errors import InvalidInputError
+from .types import Cluster, Graph, Plan
+
+
+class Planner(Protocol):
+    def __call__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
+                 progress: bool = False, **options: Any) -> Plan: ...
+
+
+#: name -> "module:function"
+REGISTRY: dict[str, str] = {
+    "gpp": "gpp_solver.gpp_planner:plan_gpp",
+    "graphpipe": "gpp_solver.solve:plan_graphpipe",
+    "pipedream": "gpp_solver.baselines.pipedream:plan_pipedream",
+    "pipedream-2bw": "gpp_solver.baselines.pipedream_2bw:plan_pipedream_2bw",
+    "piper": "gpp_solver.baselines.piper:plan_piper",
+    "alpa": "gpp_solver.baselines.alpa:plan_alpa",
+    "milp": "gpp_solver.baselines.milp:plan_milp",
+}
+
+
+def available_planners() -> list[str]:
+    """Names whose implementation can be imported."""
+    out = []
+    for name in REGISTRY:
+        try:
+            get_planner(name)
+        except InvalidInputError:
+            continue
+        out.append(name)
+    return out
+
+
+def get_planner(name: str) -> Planner:
+    """The planner registered as ``name``; an unknown name lists the valid ones."""
+    target = REGISTRY.get(name)
+    if target is None:
+        raise InvalidInputError(f"unknown planner {name!r}; valid planners: {', '.join(REGISTRY)}")
+    module, _, attr = target.partition(":")
+    try:
+        fn: Callable[..., Plan] = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        raise InvalidInputError(f"planner {name!r} is not available in this installation") from None
+    return fn
+
+
+def register(name: str, target: str) -> None:
+    """Register (or replace) a planner as ``"module:function"``."""
+    REGISTRY[name] = target
