@@ -114,7 +114,10 @@ class Graph:
             g.add_node(n.id, fw_time=n.fw_time, bw_time=n.bw_time, weight_bytes=n.weight_bytes,
                        activation_bytes=n.activation_bytes, output_bytes=n.output_bytes)
         for e in self.edges:
-            g.add_edge(e.src, e.dst, bytes=self.edge_bytes(e.src, e.dst))
+            if e.bytes is None:
+                g.add_edge(e.src, e.dst)
+            else:
+                g.add_edge(e.src, e.dst, bytes=e.bytes)
         return g
 
 
