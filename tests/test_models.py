@@ -86,6 +86,7 @@ def test_model_level_time_per_sample_falls_a_lot_for_row_sized_samples():
 
 def test_mmt_branches_are_symmetric():
     d = mmt_dict(branches=4, layers=3, seq=16, hidden=32, heads=4, ffn=64, vocab=10, max_micro_batch=4)
+    graph_from_dict(d)
     by_id = {n["id"]: n for n in d["nodes"]}
 
     def strip(node_id: str) -> str:
@@ -106,6 +107,7 @@ def test_mmt_branches_are_symmetric():
 def test_mmt_with_one_branch_costs_like_the_sequential_transformer_layers():
     a = mmt_dict(branches=1, layers=2, seq=16, hidden=32, heads=4, ffn=64, vocab=10, max_micro_batch=4)
     b = transformer_dict(layers=2, seq=16, hidden=32, heads=4, ffn=64, vocab=10, max_micro_batch=4)
+    graph_from_dict(a), graph_from_dict(b)
     na = {n["id"]: n for n in a["nodes"]}
     nb = {n["id"]: n for n in b["nodes"]}
     for j in range(2):
@@ -123,6 +125,7 @@ def test_transformer_layer_activation_matches_megatron_accounting():
 def test_dlrm_tables_and_widths():
     d = dlrm_dict(dense_branches=1, sparse_branches=2, dense_layers=1, hidden=8, dense_features=8,
                   table_rows=1000, embed_dim=4, bag_size=5, top_layers=1, max_micro_batch=2)
+    graph_from_dict(d)
     nodes = {n["id"]: n for n in d["nodes"]}
     assert nodes["sparse0.emb"]["weight_bytes"] == 1000 * 4 * 4  # fp32 table
     assert nodes["sparse0.emb"]["output_bytes"] == 2 * 5 * 4      # bag concatenated, fp16
@@ -135,6 +138,7 @@ def test_dlrm_tables_and_widths():
 
 def test_candle_uno_concat_width_and_top_input():
     d = candle_uno_dict(branches=3, layers=1, hidden=8, top_layers=1, input_features=4, max_micro_batch=1)
+    graph_from_dict(d)
     nodes = {n["id"]: n for n in d["nodes"]}
     assert nodes["concat"]["output_bytes"] == 2 * 3 * 8
     assert nodes["top.fc0"]["weight_bytes"] == 4 * (3 * 8 * 8 + 8)
