@@ -1,0 +1,48 @@
+"""``solve(graph, budget, **options) -> Plan``: the library's front door."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .cluster import as_cluster
+from .errors import InvalidInputError
+from .graph import as_graph
+from .planners import REGISTRY, get_planner
+from .types import Plan
+from .validate import validate
+
+logger = logging.getLogger(__name__)
+
+#: GraphPipe A.2 uses 16 samples per device for MMT; the default mini-batch when none is given.
+DEFAULT_SAMPLES_PER_DEVICE = 16
+
+
+def default_planner() -> str:
+    """``gpp`` (the project's own planner) once it is installed, else the faithful ``graphpipe``."""
+    try:
+        get_planner("gpp")
+        return "gpp"
+    except InvalidInputError:
+        return "graphpipe"
+
+
+def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planner: str | None = None,
+          time_limit: float | None = None, progress: bool = False, **options: Any) -> Plan:
+    """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict or path).
+
+    ``mini_batch_size`` defaults to 16 samples per device.  ``planner`` is a registry name
+    (:data:`gpp_solver.planners.REGISTRY`); other options go to the planner.  The plan returned has
+    passed :func:`gpp_solver.validate`.
+    """
+    g = as_graph(graph)
+    c = as_cluster(budget)
+    B = mini_batch_size if mini_batch_size is not None else DEFAULT_SAMPLES_PER_DEVICE * c.devices
+    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
+        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    name = planner or default_planner()
+    if name not in REGISTRY:
+        raise InvalidInputError(f"unknown planner {name!r}; valid planners: {', '.join(REGISTRY)}")
+    plan = get_planner(name)(g, c, B, time_limit=time_limit, progress=progress, **options)
+    validate(plan, g, c)
+    return plan
