@@ -1,0 +1,135 @@
+"""Cut the traced model into one ``fx.GraphModule`` per plan stage.
+
+A stage module's inputs are, in this order, the model inputs (placeholders) its nodes read
+directly, then the values of producer nodes in other stages (topological order). Its outputs are
+the values of its nodes that other stages read (topological order), then the model output if the
+stage holds the sink. The modules share their parameters with the full model they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.fx as fx
+
+from gpp_solver.errors import InvalidPlanError
+from runtime.fx_graph import COMPUTE_OPS, ModelGraph
+from runtime.plan_io import Plan
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """The value of producer node ``value`` (stage ``src``) read by nodes of stage ``dst``."""
+
+    value: str
+    src: int
+    dst: int
+    index: int  # topological index of the producer, orders messages deterministically
+
+
+@dataclass(frozen=True)
+class StageProgram:
+    """A stage's module and the meaning of its positional inputs and of its output tuple.
+
+    ``inputs``: ``("input", k)`` = model input k, ``("act", id)`` = value of node ``id``.
+    ``outputs``: ``("act", id)`` = value of node ``id`` sent to other stages, ``("output", "")``
+    = the model output.
+    """
+
+    stage_id: int
+    module: fx.GraphModule
+    inputs: tuple[tuple[str, object], ...]
+    outputs: tuple[tuple[str, str], ...]
+
+    @property
+    def holds_sink(self) -> bool:
+        return any(k == "output" for k, _ in self.outputs)
+
+
+def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
+    """Map every compute node to its stage id; InvalidPlanError on any id mismatch."""
+    by_id = {mg.ids[n]: n for n in mg.nodes}
+    assign: dict[fx.Node, int] = {}
+    for s in plan.stages:
+        for nid in s.nodes:
+            if nid not in by_id:
+                known = ", ".join(list(by_id)[:12]) + (" ..." if len(by_id) > 12 else "")
+                raise InvalidPlanError(
+                    f"plan/model mismatch: stage {s.id} lists node {nid!r}, which is not a node of "
+                    f"the model (its nodes: {known})")
+            assign[by_id[nid]] = s.id
+    for n in mg.nodes:
+        if n not in assign:
+            raise InvalidPlanError(f"plan/model mismatch: model node {mg.ids[n]!r} is in no stage of the plan")
+    # parameters may not be shared across stages (each stage owns and updates its own)
+    owners: dict[str, set[int]] = {}
+    for n in mg.nodes:
+        if n.op == "call_module" and any(True for _ in mg.gm.get_submodule(n.target).parameters()):
+            owners.setdefault(str(n.target), set()).add(assign[n])
+        for m in n.all_input_nodes:
+            if m.op == "get_attr":
+                owners.setdefault(str(m.target), set()).add(assign[n])
+    for name, stages in owners.items():
+        if len(stages) > 1:
+            raise InvalidPlanError(
+                f"parameters of {name!r} are used by stages {sorted(stages)}; the runtime cannot "
+                "share parameters across stages")
+    return assign
+
+
+def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Transfer]:
+    """Every (producer node, consumer stage) pair across a stage boundary; checks plan edges (C2)."""
+    out: list[Transfer] = []
+    seen = set()
+    plan_edges = set(plan.edges)
+    topo = {n: i for i, n in enumerate(mg.nodes)}
+    for n in mg.nodes:
+        for m in mg.compute_inputs(n):
+            src, dst = assign[m], assign[n]
+            if src == dst or (m, dst) in seen:
+                continue
+            if (src, dst) not in plan_edges:
+                raise InvalidPlanError(
+                    f"plan `edges` lacks [{src}, {dst}], needed by graph edge "
+                    f"{mg.ids[m]!r} -> {mg.ids[n]!r}")
+            seen.add((m, dst))
+            out.append(Transfer(value=mg.ids[m], src=src, dst=dst, index=topo[m]))
+    out.sort(key=lambda t: (t.index, t.dst))
+    return out
+
+
+def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StageProgram:
+    """The GraphModule of stage ``sid`` (see the module docstring for its signature)."""
+    mine = [n for n in mg.nodes if assign[n] == sid]
+    mine_set = set(mine)
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    inputs: list[tuple[str, object]] = []
+    for k, ph in enumerate(mg.placeholders):
+        if any(u in mine_set for u in ph.users):
+            env[ph] = g.placeholder(ph.name)
+            inputs.append(("input", k))
+    external = []
+    for n in mg.nodes:
+        if n not in mine_set and any(u in mine_set for u in n.users):
+            external.append(n)
+    for n in external:
+        env[n] = g.placeholder(f"act_{n.name}")
+        inputs.append(("act", mg.ids[n]))
+    for n in mg.gm.graph.nodes:
+        if n.op == "get_attr" and any(u in mine_set for u in n.users):
+            env[n] = g.node_copy(n, lambda x: env[x])
+        elif n in mine_set:
+            env[n] = g.node_copy(n, lambda x: env[x])
+    outputs: list[tuple[str, str]] = []
+    out_vals = []
+    for n in mine:
+        if any(u.op in COMPUTE_OPS and u not in mine_set for u in n.users):
+            outputs.append(("act", mg.ids[n]))
+            out_vals.append(env[n])
+    if mg.sink in mine_set:
+        outputs.append(("output", ""))
+        out_vals.append(env[mg.sink])
+    g.output(tuple(out_vals))
+    module = fx.GraphModule(mg.gm, g, class_name=f"Stage{sid}")
+    return StageProgram(stage_id=sid, module=module, inputs=tuple(inputs), outputs=tuple(outputs))

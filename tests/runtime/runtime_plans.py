@@ -1,0 +1,55 @@
+"""Hand-written gpp-plan/1 documents and a torchrun launcher for the runtime tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SEQ = ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4", "layers.5", "head"]
+TWO_BRANCH = {0: ["branch0.fc1", "branch0.act", "branch0.fc2"],
+              1: ["branch1.fc1", "branch1.act", "branch1.fc2"],
+              "merge": ["cat", "head"]}
+
+
+def one_f_one_b(depth: int, n: int) -> list[list]:
+    """1F1B order for a stage ``depth`` stages above the sink (0 = sink), n micro-batches."""
+    warm = min(depth, n)
+    order = [["F", j] for j in range(warm)]
+    f, b = warm, 0
+    while f < n:
+        order += [["F", f], ["B", b]]
+        f += 1
+        b += 1
+    order += [["B", j] for j in range(b, n)]
+    return order
+
+
+def stage(sid: int, nodes: list[str], devices: list[int], b: int, big_b: int, depth: int,
+          order: list | None = None) -> dict:
+    """One stage dict with a 1F1B order (or ``order``)."""
+    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": b,
+            "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, big_b // b)}}
+
+
+def plan(big_b: int, stages: list[dict], edges: list[list[int]]) -> dict:
+    return {"format": "gpp-plan/1", "planner": "hand", "graph": "test",
+            "mini_batch_size": big_b, "stages": stages, "edges": edges}
+
+
+def write(tmp_path: Path, doc: dict, name: str = "plan.json") -> str:
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None = None):
+    """Run ``python -m torch.distributed.run --standalone ... -m runtime.train ARGS``."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "runtime.train", "--threads", "1", *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
