@@ -35,6 +35,8 @@ class StageStats:
     idle_fraction: float      # 1 - busy / makespan
     peak_in_flight_samples: int
     memory_bytes: float
+    idle: float = 0.0         # makespan - busy (the stage's bubbles, seconds)
+    allreduce: float = 0.0    # A(S), run right after the stage's last backward
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,49 @@ class SimResult:
     def peak_memory_bytes(self) -> float:
         return max(s.memory_bytes for s in self.stages)
 
+    def stage_tasks(self, stage: int) -> list[Task]:
+        """The timed actions of one stage, in the order it ran them."""
+        return sorted((t for t in self.tasks if t.stage == stage), key=lambda t: (t.start, t.end))
+
+    def allreduce_span(self, stage: int) -> tuple[float, float]:
+        """``(start, end)`` of the stage's all-reduce tail: it starts when its last action ends."""
+        st = next(s for s in self.stages if s.stage == stage)
+        start = max((t.end for t in self.tasks if t.stage == stage), default=0.0)
+        return start, start + st.allreduce
+
 
 def _covering(j: int, b_self: int, b_other: int) -> range:
     """Micro-batches of a neighbour (size ``b_other``) covering samples of our micro-batch ``j``."""
     lo = (j * b_self) // b_other
     hi = ((j + 1) * b_self - 1) // b_other
     return range(lo, hi + 1)
+
+
+def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int, int],
+              preds: Mapping[int, list[int]], succs: Mapping[int, list[int]],
+              micro_batch: Mapping[int, int], done: Mapping[tuple[int, str, int], float]) -> DeadlockError:
+    """A :class:`DeadlockError` naming every waiting stage, what it waits for, and the grid.
+
+    The error carries ``waiting``: ``((stage, kind, micro_batch, step), ...)`` of the stuck stages.
+    """
+    from .trace import order_grid
+
+    waiting = []
+    parts = []
+    for s, order in orders.items():
+        if ptr[s] >= len(order):
+            continue
+        kind, j = order[ptr[s]]
+        deps = preds[s] if kind == "F" else succs[s]
+        missing = [f"{kind}{q} of stage {p}" for p in deps
+                   for q in _covering(j, micro_batch[s], micro_batch[p]) if (p, kind, q) not in done]
+        waiting.append((s, kind, j, ptr[s]))
+        parts.append(f"stage {s} at {kind}{j} (step {ptr[s]}) waits for " + ", ".join(missing[:3])
+                     + (" ..." if len(missing) > 3 else ""))
+    grid = order_grid(orders, marks={(s, step) for s, _, _, step in waiting})
+    exc = DeadlockError("schedule deadlocks: " + "; ".join(parts) + " — they wait on each other forever\n" + grid)
+    exc.waiting = tuple(waiting)  # type: ignore[attr-defined]
+    return exc
 
 
 def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
@@ -101,9 +140,7 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
                 remaining -= 1
                 progress = True
         if not progress:
-            waiting = [f"stage {s} at {orders[s][ptr[s]][0]}{orders[s][ptr[s]][1]} (step {ptr[s]})"
-                       for s in stages if ptr[s] < len(orders[s])]
-            raise DeadlockError("schedule deadlocks: " + "; ".join(waiting) + " wait on each other forever")
+            raise _deadlock(orders, ptr, preds, succs, micro_batch, done)
     makespan = max(free[s] + allreduce[s] for s in stages)
     return makespan, tasks
 
@@ -125,6 +162,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
         busy = n * (c.forward + c.backward) + c.allreduce
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,
-                                stage_memory(graph, cluster, s, peak)))
+                                stage_memory(graph, cluster, s, peak), idle=makespan - busy,
+                                allreduce=c.allreduce))
     return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
                      tuple(tasks), tuple(stats))
