@@ -92,7 +92,7 @@ class StageExecutor:
             bufs = {}
             for m in st.recvs:
                 buf, work = posted.pop(m)
-                self.comm.wait(work, f"rank {self.rank}: receive of {m}")
+                self.comm.wait(work, f"receive of {m}")
                 bufs[m] = buf
             t1 = time.time()
             if t1 - t0 > 1e-5:
@@ -140,7 +140,7 @@ class StageExecutor:
                 loss = self.loss_fn(outs[-1], target[c.lo:c.hi]) / self.mini_batch
         for m in st.sends:
             t = outs[self.out_index[m.value]][m.lo - c.lo:m.hi - c.lo].detach().contiguous()
-            self.comm.isend(t, m.dst.rank, f"rank {self.rank}: send of {m}")
+            self.comm.isend(t, m.dst.rank, f"send of {m}")
         state[c.mb] = (leaves, outs, loss)
         return loss
 
@@ -171,7 +171,7 @@ class StageExecutor:
             if g is None:
                 shape, dtype = self.meta[m.value]
                 g = torch.zeros((m.hi - m.lo, *shape), dtype=dtype, device=self.device)
-            self.comm.isend(g.contiguous(), m.src.rank, f"rank {self.rank}: send of {m}")
+            self.comm.isend(g.contiguous(), m.src.rank, f"send of {m}")
 
     def _make_pack(self, mb: int):
         def pack(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,41 @@
+"""runtime.profile writes a gpp-graph/1 whose node ids are the model's fx nodes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import networkx as nx
+
+from runtime.profile import main
+
+
+def test_profile_two_branch_at_two_batch_sizes(tmp_path):
+    out = tmp_path / "graph.json"
+    assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "1,4",
+                 "--repeats", "2", "--warmup", "1", "-o", str(out)]) == 0
+    g = json.loads(out.read_text())
+    assert g["format"] == "gpp-graph/1" and g["micro_batch_sizes"] == [1, 4]
+    ids = [n["id"] for n in g["nodes"]]
+    assert ids == ["branch0.fc1", "branch0.act", "branch0.fc2", "branch1.fc1", "branch1.act",
+                   "branch1.fc2", "cat", "head"]
+    for n in g["nodes"]:
+        assert set(n) == {"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "output_bytes"}
+        assert len(n["fw_time"]) == len(n["bw_time"]) == 2
+        for v in n["fw_time"] + n["bw_time"] + [n["weight_bytes"], n["activation_bytes"], n["output_bytes"]]:
+            assert math.isfinite(v) and v >= 0
+    by = {n["id"]: n for n in g["nodes"]}
+    assert by["branch0.fc1"]["weight_bytes"] == (8 * 8 + 8) * 4  # Linear(8, 8), float32
+    assert by["cat"]["weight_bytes"] == 0
+    assert by["cat"]["output_bytes"] == 16 * 4  # two width-8 rows per sample
+    assert by["head"]["output_bytes"] == 4 * 4
+    dg = nx.DiGraph([(e["src"], e["dst"]) for e in g["edges"]])
+    assert set(dg.nodes) == set(ids)
+    assert nx.is_directed_acyclic_graph(dg) and nx.is_weakly_connected(dg)
+    assert set(dg.predecessors("cat")) == {"branch0.fc2", "branch1.fc2"}
+
+
+def test_profile_rejects_bad_batch_sizes(tmp_path):
+    assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "4,2",
+                 "-o", str(tmp_path / "g.json")]) == 2
+    assert main(["--model", "nope:workload", "-o", str(tmp_path / "g.json")]) == 2
