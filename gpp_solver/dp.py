@@ -1,0 +1,260 @@
+"""GraphPipe's stage DP (Algorithm 1, lines 13-48) over the SP tree: orchestration.
+
+:class:`StageDP` prepares, once per graph and cluster, the SP tree's segments and their boundary
+transfers; per micro-batch size ``b`` it prices every segment at every data-parallel degree
+(:func:`gpp_solver.dp_kernel.stage_tps`, :func:`~gpp_solver.dp_kernel.max_depths`); per target TPS ``t`` it runs the numeric kernel
+(:func:`gpp_solver.dp_kernel.run_dp`) and answers "how few devices reach ``t``" or, with
+:meth:`StageDP.stages`, the stages themselves (the traceback).
+
+Search space (the paper's defaults): one micro-batch size ``b`` for every stage, 1F1B (``k = 1``),
+data-parallel degrees from ``degree_options`` (default: powers of two up to the cluster's devices)
+with ``b % d == 0``; stages are SP-tree segments (see :mod:`gpp_solver.dp_kernel`).  Every figure
+the DP uses is an upper bound of the cost model's exact one, so the plan built from its stages has
+``TPS <= t`` and fits in memory (``plan_build`` recomputes the exact figures).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .cost import CostTables
+from .dp_kernel import (INF, TreeIndex, devices_by_depth, index_tree, max_depths, run_dp, segment_comm,
+                        segment_sums, stage_tps)
+from .errors import InvalidInputError
+from .sp_tree import SPDecomposition, decompose
+from .types import Cluster, Graph
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DPStage:
+    """One stage chosen by the DP: operators, data-parallel degree, depth (1 = sink) and the DP's
+    TPS estimate (an upper bound of the exact figure)."""
+
+    nodes: tuple[str, ...]
+    degree: int
+    depth: int
+    tps_estimate: float
+    first: int          # position of its first operator in the tree's leaf order
+
+
+def power_of_two_degrees(limit: int) -> tuple[int, ...]:
+    out, d = [], 1
+    while d <= limit:
+        out.append(d)
+        d *= 2
+    return tuple(out)
+
+
+def assign_devices(stages: Sequence[DPStage], devices_per_node: int | None) -> list[tuple[int, ...]]:
+    """Contiguous device ranges: largest degree first, then leaf order.
+
+    With power-of-two degrees every range starts at a multiple of its size, so a stage whose
+    degree divides ``devices_per_node`` sits inside one node (the DP's all-reduce estimate relies
+    on this).  Neighbouring stages of equal degree get neighbouring devices.
+    """
+    order = sorted(range(len(stages)), key=lambda i: (-stages[i].degree, stages[i].first))
+    out: list[tuple[int, ...]] = [()] * len(stages)
+    nxt = 0
+    for i in order:
+        d = stages[i].degree
+        out[i] = tuple(range(nxt, nxt + d))
+        nxt += d
+    return out
+
+
+@dataclass
+class _BTables:
+    degrees: tuple[int, ...]
+    tps: np.ndarray
+    maxdepth: np.ndarray
+
+
+class StageDP:
+    """The DP for one graph, cluster and mini-batch size (uniform ``b``, 1F1B)."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
+                 decomposition: SPDecomposition | None = None,
+                 degree_options: Sequence[int] | None = None, max_devices: int | None = None) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.B = mini_batch_size
+        self.D = cluster.devices if max_devices is None else max_devices
+        self.decomposition = decomposition or decompose(graph)
+        self.idx: TreeIndex = index_tree(self.decomposition.tree)
+        self.comm = segment_comm(self.idx, graph.edge_bytes_map)
+        opts = power_of_two_degrees(self.D) if degree_options is None else tuple(sorted(set(degree_options)))
+        if not opts or opts[0] < 1:
+            raise InvalidInputError(f"degree_options must be positive integers, got {degree_options!r}")
+        self.degree_options = opts
+        self._pow2 = all(d & (d - 1) == 0 for d in opts)
+        self.E = max(1, min(self.D, self.idx.height))
+        perm = np.asarray([graph.index[v] for v in self.idx.leaf_order], dtype=np.int64)
+        self._perm = perm
+        self._costs = CostTables(graph)
+        self.W = segment_sums(self.idx, self._costs.weight[perm])
+        self.A = segment_sums(self.idx, self._costs.activation[perm])
+        self.memory = cluster.memory_bytes
+        c = cluster
+        intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
+        one_node = c.devices_per_node is not None and self.D <= c.devices_per_node
+        self.comm_bandwidth = intra if one_node else min(intra, c.inter_node_bandwidth)
+        self._intra, self._low = intra, min(intra, c.inter_node_bandwidth)
+        self._cache: dict[int, _BTables] = {}
+
+    # ---- per micro-batch size -------------------------------------------------------------
+    def degrees(self, b: int) -> tuple[int, ...]:
+        return tuple(d for d in self.degree_options if b % d == 0 and d <= self.D)
+
+    def _allreduce_bandwidth(self, d: int) -> float:
+        dpn = self.cluster.devices_per_node
+        if dpn is not None and self._pow2 and dpn % d == 0:
+            return self._intra
+        return self._low
+
+    def tables(self, b: int) -> _BTables:
+        tb = self._cache.get(b)
+        if tb is None:
+            degs = self.degrees(b)
+            compute = [self._costs.compute_at(b / d)[self._perm] for d in degs]
+            tps = stage_tps(self.idx, compute, self.W, self.comm, b, degs, mini_batch=self.B,
+                            latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
+                            allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
+            tb = _BTables(degs, tps, self._max_depths(b, degs, self.memory))
+            self._cache[b] = tb
+        return tb
+
+    def _max_depths(self, b: int, degs: Sequence[int], memory: float) -> np.ndarray:
+        return max_depths(self.W, self.A, b, degs, mini_batch=self.B, memory=memory,
+                          osf=self.cluster.optimizer_state_factor)
+
+    def candidates(self, b: int) -> np.ndarray:
+        """Sorted distinct stage TPS values the DP can produce at ``b`` (the optimum is one)."""
+        tb = self.tables(b)
+        return np.unique(tb.tps[tb.maxdepth >= 1])
+
+    def lower_bound(self, b: int) -> float:
+        """A TPS no plan at ``b`` beats: the slowest operator at its best degree, and the total
+        device-time spread over every device."""
+        degs = self.degrees(b)
+        per = np.stack([self._costs.compute_at(b / d) for d in degs])       # (deg, nodes)
+        one = per.min(axis=0).max() / b
+        work = (per * np.asarray(degs)[:, None]).min(axis=0).sum() / (b * self.D)
+        return float(max(one, work))
+
+    # ---- per target ----------------------------------------------------------------------
+    def _dev(self, b: int, t: float) -> np.ndarray:
+        tb = self.tables(b)
+        return devices_by_depth(tb.tps, tb.maxdepth, tb.degrees, t, self.E)
+
+    def min_memory(self, b: int) -> float | None:
+        """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
+        found by binary search over every stage's memory figure; ``None`` if none does."""
+        tb = self.tables(b)
+        degs = np.asarray(tb.degrees, dtype=float)
+        n = self.B // b
+        depth = np.minimum(np.arange(1, self.E + 1), n).astype(float)
+        osf = self.cluster.optimizer_state_factor
+        cands = (osf * self.W[:, None, None]
+                 + depth[None, None, :] * b / degs[None, :, None] * self.A[:, None, None])
+        cands = np.unique(cands)
+
+        def ok(mem: float) -> bool:
+            md = self._max_depths(b, tb.degrees, mem)
+            dev = devices_by_depth(tb.tps, md, tb.degrees, float("inf"), self.E)
+            return run_dp(self.idx, dev, self.E)[0][0, self.E] <= self.D
+
+        if not ok(float(cands[-1]) * (1 + 1e-12)):
+            return None
+        lo, hi = 0, len(cands) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ok(float(cands[mid]) * (1 + 1e-12)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(cands[lo])
+
+    def min_devices_any_tps(self, b: int) -> int | None:
+        """Fewest devices for a plan at ``b`` that fits in memory, ignoring TPS (None: never fits)."""
+        r = self.min_devices(b, float("inf"))
+        return None if r >= INF else r
+
+    def min_devices(self, b: int, t: float) -> int:
+        """Fewest devices with which every stage meets TPS ``t`` and memory (``INF`` if none)."""
+        R, _, _ = run_dp(self.idx, self._dev(b, t), self.E)
+        return int(R[0, self.E])
+
+    def feasible(self, b: int, t: float) -> bool:
+        return self.min_devices(b, t) <= self.D
+
+    def stages(self, b: int, t: float) -> list[DPStage]:
+        """The stages of a plan meeting ``t`` with at most ``D`` devices (traceback of the DP)."""
+        tb = self.tables(b)
+        dev = self._dev(b, t)
+        Rroot, tables, R = run_dp(self.idx, dev, self.E, keep=True)
+        feas = np.nonzero(Rroot[0] <= self.D)[0]
+        if len(feas) == 0:
+            raise ValueError(f"target {t!r} is infeasible at b={b}")
+        e0 = int(feas[0])
+        idx, out = self.idx, []
+        col = {d: j for j, d in enumerate(tb.degrees)}
+
+        def emit(g: int, depth: int) -> None:
+            lo, hi = int(idx.seg_lo[g]), int(idx.seg_hi[g])
+            d = int(dev[g, depth])
+            out.append(DPStage(tuple(idx.leaf_order[lo:hi]), d, depth, float(tb.tps[g, col[d]]), lo))
+
+        def walk(t_id: int, s: int, e: int) -> None:
+            kind, kids = idx.nodes[t_id]
+            suf, segs, k = tables[t_id], idx.seg[t_id], len(kids)
+            p = 0
+            while p < k:
+                target = suf[p][s, e]
+                assert target < INF
+                internal = kids[p][0] == "node"
+                found = None
+                if kind == "S":
+                    for m in range(s, e):
+                        for q in range(k - 1, p - 1, -1):
+                            if q == p and internal:
+                                val = R[kids[p][1]][m, e] + suf[p + 1][s, m]
+                            else:
+                                val = dev[segs[p, q], m + 1] + suf[q + 1][s, m]
+                            if val == target:
+                                found = (q, m)
+                                break
+                        if found:
+                            break
+                    assert found is not None
+                    q, m = found
+                    if q == p and internal:
+                        walk(kids[p][1], m, e)
+                    else:
+                        emit(int(segs[p, q]), m + 1)
+                    p, e = q + 1, m
+                else:
+                    for q in range(k - 1, p - 1, -1):
+                        if q == p and internal:
+                            val = R[kids[p][1]][s, e] + suf[p + 1][s, e]
+                        else:
+                            val = (dev[segs[p, q], s + 1] if e >= s + 1 else INF) + suf[q + 1][s, e]
+                        if val == target:
+                            found = (q, 0)
+                            break
+                    assert found is not None
+                    q = found[0]
+                    if q == p and internal:
+                        walk(kids[p][1], s, e)
+                    else:
+                        emit(int(segs[p, q]), s + 1)
+                    p = q + 1
+
+        walk(idx.root[1], 0, e0)
+        out.sort(key=lambda st: st.first)
+        return out

@@ -1,0 +1,262 @@
+"""Numeric kernel of GraphPipe's stage DP (Algorithm 1, lines 23-48) for one micro-batch size.
+
+Everything here is arrays; :mod:`gpp_solver.dp` does the orchestration (which micro-batch size,
+which target, building stages).  The search space is the SP tree's (:mod:`gpp_solver.sp_tree`):
+
+* a **segment** is a contiguous range ``[i..j]`` of the children of one internal tree node; its
+  operators are a contiguous range of the tree's leaf order (a topological order), so compute,
+  weights and activations are prefix-sum differences;
+* a stage is a segment; a tree node is either one stage (the *base case*) or split: a ``Series``
+  node into consecutive segments (each a multi-child stage or one child solved recursively), a
+  ``Parallel`` node into consecutive groups of branches likewise (Algorithm 1's series and parallel
+  decompositions, generalised from binary splits to every split point);
+* with one micro-batch size ``b`` and 1F1B (``k = 1``), Table 2 gives ``i_x = max_y i_y + b``, so a
+  stage's in-flight samples are ``depth * b`` where ``depth`` is 1 + the longest path to a sink.
+
+**DP value.**  For a target TPS ``t`` and a tree node ``T``: ``R_T[s, e]`` = the fewest devices
+with which ``T``'s operators can be staged so that every stage has ``TPS <= t``, fits in memory,
+the stages after ``T`` have depth ``s`` (``0`` = none) and ``T``'s source stages have depth
+``<= e``.  This is the paper's DP with its value and its device argument swapped (the paper fixes
+``d`` and minimises the source's in-flight count; here the in-flight bound ``e`` is fixed and the
+devices minimised) — the same Pareto set of (devices, in-flight), without a factor ``|V_D|`` in the
+state.  Series: ``Suf[p][s, e] = min_{q, m} Seg[p..q][m, e] + Suf[q+1][s, m]``;
+Parallel: ``Par[p][s, e] = min_q Grp[p..q][s, e] + Par[q+1][s, e]`` (both branch groups see the
+same successor, the larger in-flight count wins through the common bound ``e``).
+
+**Stage estimate** (an upper bound of the cost model's exact figure, which ``plan_build`` computes
+once the plan exists): compute ``sum f_v(b/d) + g_v(b/d)``; incoming transfers exact (one per
+outside producer, its largest edge); outgoing transfers one per *edge* leaving the segment (the
+cost model counts one per (producer, consumer stage) ≤ that); transfer bandwidth the intra-node
+one only when the whole cluster is one node, else ``min(intra, inter)``; the all-reduce uses the
+intra-node bandwidth only when the replicas are guaranteed one node (power-of-two ``d`` dividing
+``devices_per_node``: device ranges are then aligned, see :func:`gpp_solver.dp.assign_devices`).
+Memory: ``osf * W + min(depth, n) * b / d * A`` (the plan's 1F1B order never holds more than ``n``
+micro-batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .sp_tree import Leaf, Parallel, Series, SPNode
+
+INF = 1 << 40          # "impossible" device count; sums of two stay far from int64 overflow
+BIG_DEPTH = 1 << 30    # memory never binds
+
+
+@dataclass
+class TreeIndex:
+    """The SP tree flattened for array work.
+
+    ``nodes[t] = (kind, children)`` for internal nodes in post-order (children before parents);
+    a child is ``("leaf", position)`` or ``("node", t)``; ``child_range[t][i]`` its leaf range.
+    ``seg[t]`` is a ``k x k`` array of segment ids (``-1`` below the diagonal); segment ``g``
+    covers leaf positions ``seg_lo[g]:seg_hi[g]``.
+    """
+
+    leaf_order: tuple
+    nodes: list[tuple[str, list[tuple[str, int]]]]
+    child_range: list[list[tuple[int, int]]]
+    seg: list[np.ndarray]
+    seg_lo: np.ndarray
+    seg_hi: np.ndarray
+    root: tuple[str, int]
+    height: int            # longest chain of operators in the (SP-ized) order
+
+
+def index_tree(tree: SPNode) -> TreeIndex:
+    leaf_order: list = []
+    nodes: list = []
+    child_range: list = []
+    seg: list = []
+    lo_list: list[int] = []
+    hi_list: list[int] = []
+
+    def walk(t: SPNode) -> tuple[tuple[str, int], int, int, int]:
+        """Returns (handle, lo, hi, height)."""
+        if isinstance(t, Leaf):
+            leaf_order.append(t.node)
+            p = len(leaf_order) - 1
+            return ("leaf", p), p, p + 1, 1
+        kids = [walk(c) for c in t.children]
+        kind = "S" if isinstance(t, Series) else "P"
+        height = sum(k[3] for k in kids) if kind == "S" else max(k[3] for k in kids)
+        k = len(kids)
+        ids = np.full((k, k), -1, dtype=np.int64)
+        for i in range(k):
+            for j in range(i, k):
+                ids[i, j] = len(lo_list)
+                lo_list.append(kids[i][1])
+                hi_list.append(kids[j][2])
+        nodes.append((kind, [h for h, *_ in kids]))
+        child_range.append([(lo, hi) for _, lo, hi, _ in kids])
+        seg.append(ids)
+        return ("node", len(nodes) - 1), kids[0][1], kids[-1][2], height
+
+    if isinstance(tree, Leaf):
+        # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
+        tree = Series((tree,))
+    root, _, _, height = walk(tree)
+    return TreeIndex(tuple(leaf_order), nodes, child_range, seg, np.asarray(lo_list, dtype=np.int64),
+                     np.asarray(hi_list, dtype=np.int64), root, height)
+
+
+@dataclass
+class SegmentComm:
+    """Per segment: boundary transfer count and bytes per sample (the upper-bound estimate)."""
+
+    count: np.ndarray
+    nbytes: np.ndarray
+
+
+def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
+    """Boundary transfers of every segment, grown child by child (leaf order is topological)."""
+    pos = {v: i for i, v in enumerate(idx.leaf_order)}
+    n = len(pos)
+    succ: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    pred: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for (u, v), nb in edges.items():
+        pu, pv = pos[u], pos[v]
+        succ[pu].append((pv, nb))
+        pred[pv].append((pu, nb))
+    count = np.zeros(len(idx.seg_lo), dtype=float)
+    nbytes = np.zeros(len(idx.seg_lo), dtype=float)
+    for t, ranges in enumerate(idx.child_range):
+        k = len(ranges)
+        for i in range(k):
+            lo = ranges[i][0]
+            in_max: dict[int, float] = {}
+            in_sum = 0.0
+            out_cnt = 0
+            out_sum = 0.0
+            for j in range(i, k):
+                a, hi = ranges[j]
+                for w in range(a, hi):
+                    for pu, nb in pred[w]:
+                        if pu < lo:
+                            old = in_max.get(pu)
+                            if old is None:
+                                in_max[pu] = nb
+                                in_sum += nb
+                            elif nb > old:
+                                in_max[pu] = nb
+                                in_sum += nb - old
+                        else:           # was an outgoing edge of the shorter segment
+                            out_cnt -= 1
+                            out_sum -= nb
+                    for _, nb in succ[w]:
+                        out_cnt += 1
+                        out_sum += nb
+                g = idx.seg[t][i, j]
+                count[g] = len(in_max) + out_cnt
+                nbytes[g] = in_sum + max(out_sum, 0.0)
+    return SegmentComm(count, nbytes)
+
+
+def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
+    """``sum`` of a per-leaf quantity over every segment (prefix-sum differences)."""
+    pre = np.concatenate([[0.0], np.cumsum(per_leaf)])
+    return pre[idx.seg_hi] - pre[idx.seg_lo]
+
+
+def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
+              degrees: Sequence[int], *, mini_batch: int, latency: float, comm_bandwidth: float,
+              allreduce_bandwidth: Sequence[float]) -> np.ndarray:
+    """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
+    ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes."""
+    tps = np.empty((len(idx.seg_lo), len(degrees)))
+    for j, d in enumerate(degrees):
+        C = segment_sums(idx, compute[j])
+        comm_half = comm.count * latency + comm.nbytes * (b / d) / comm_bandwidth
+        ar = 0.0 if d == 1 else 2.0 * (d - 1) / d * W / allreduce_bandwidth[j]
+        tps[:, j] = (C + 2.0 * comm_half) / b + ar / mini_batch
+    return tps
+
+
+def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch: int,
+               memory: float, osf: float) -> np.ndarray:
+    """Deepest position (1 = sink) each segment may take at each degree under the memory limit:
+    ``osf * W + min(depth, n) * b / d * A <= memory``; 0 = not even as a sink, ``BIG_DEPTH`` = never
+    binds."""
+    n_micro = mini_batch // b
+    static = memory - osf * W
+    out = np.empty((len(W), len(degrees)), dtype=np.int64)
+    for j, d in enumerate(degrees):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            md = np.floor(static * d / (b * A))
+        md = np.where(A > 0, md, BIG_DEPTH)
+        md = np.where(static < 0, 0, md)
+        md = np.where(md >= n_micro, BIG_DEPTH, md)
+        out[:, j] = np.clip(md, 0, BIG_DEPTH).astype(np.int64)
+    return out
+
+
+def devices_by_depth(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], t: float,
+                     E: int) -> np.ndarray:
+    """``dev[g, depth]`` for depth ``0..E+1``: the smallest degree meeting ``t`` and memory at that
+    depth (``INF`` when none; depth 0 and ``E+1`` are always ``INF``)."""
+    depths = np.arange(E + 2)
+    dev = np.full((tps.shape[0], E + 2), INF, dtype=np.int64)
+    for j in range(len(degrees) - 1, -1, -1):
+        ok = (tps[:, j] <= t)[:, None] & (maxdepth[:, j][:, None] >= depths[None, :])
+        dev = np.where(ok, degrees[j], dev)
+    dev[:, 0] = INF
+    dev[:, E + 1] = INF
+    return dev
+
+
+def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
+    """The DP over the tree for one target (encoded in ``dev``).
+
+    Returns ``(R_root, tables)``: ``R_root[s, e]`` as in the module docstring, and with ``keep``
+    every node's suffix tables (``tables[t][p]``) for the traceback.
+    """
+    size = E + 1
+    s_idx = np.arange(size)[:, None]
+    e_idx = np.arange(size)[None, :]
+    empty_series = np.where(e_idx >= s_idx, 0, INF).astype(np.int64)
+    upper = e_idx >= s_idx + 1          # a base stage at depth s+1 needs e >= s+1
+    R: list[np.ndarray] = []
+    tables: list[np.ndarray] = []
+    for t, (kind, kids) in enumerate(idx.nodes):
+        k = len(kids)
+        segs = idx.seg[t]
+        suf = np.empty((k + 1, size, size), dtype=np.int64)
+        if kind == "S":
+            suf[k] = empty_series
+            for p in range(k - 1, -1, -1):
+                child_internal = kids[p][0] == "node"
+                q0 = p + 1 if child_internal else p
+                out = None
+                if q0 < k:
+                    D = dev[segs[p, q0:k], 1:size + 1]                 # D[q, m] = dev at depth m+1
+                    X = (D[:, None, :] + suf[q0 + 1:k + 1]).min(axis=0)  # X[s, m]
+                    cm = np.minimum.accumulate(X, axis=1)
+                    out = np.full((size, size), INF, dtype=np.int64)
+                    out[:, 1:] = cm[:, :-1]                             # m <= e-1
+                if child_internal:
+                    Rc = R[kids[p][1]]
+                    Y = (suf[p + 1][:, :, None] + Rc[None, :, :]).min(axis=1)
+                    out = Y if out is None else np.minimum(out, Y)
+                suf[p] = np.minimum(out, INF)
+        else:
+            suf[k] = 0
+            for p in range(k - 1, -1, -1):
+                child_internal = kids[p][0] == "node"
+                q0 = p + 1 if child_internal else p
+                out = None
+                if q0 < k:
+                    D = dev[segs[p, q0:k], 1:size + 1]                 # D[q, s] = dev at depth s+1
+                    X = (D[:, :, None] + suf[q0 + 1:k + 1]).min(axis=0)
+                    out = np.where(upper, X, INF)
+                if child_internal:
+                    Y = R[kids[p][1]] + suf[p + 1]
+                    out = Y if out is None else np.minimum(out, Y)
+                suf[p] = np.minimum(out, INF)
+        R.append(suf[0])
+        if keep:
+            tables.append(suf)
+    return R[idx.root[1]], tables, R

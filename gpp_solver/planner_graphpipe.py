@@ -1,0 +1,183 @@
+"""The GraphPipe planner: SP tree -> binary search on TPS (DP probes) -> plan (GraphPipe §5-§6).
+
+``solve(graph, budget, **options)`` is the Python entry point; ``plan_graphpipe(graph, cluster,
+mini_batch_size, ...)`` is the same behind the planner protocol of :mod:`gpp_solver.planners`.
+
+Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.sp_tree`; non-SP graphs
+are SP-ized by adding dependencies); for every micro-batch size find the smallest bottleneck TPS
+the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.dp`); keep the size whose
+plan has the smallest iteration-time estimate; give every stage a contiguous device range
+(:func:`gpp_solver.dp.assign_devices`); let ``plan_build`` derive stage edges, Algorithm 2 in-flight
+counts, kFkB orders and the cost model's exact figures; validate.
+
+Options: ``mini_batch_size`` (default: 16 samples per device, GraphPipe A.2's MMT setting),
+``micro_batch_sizes`` (default: powers of two dividing it), ``per_stage_micro_batch`` and
+``search_k`` (per-stage ``b`` / kFkB ``k``: :mod:`gpp_solver.dp_general`), ``degree_options``
+(data-parallel degrees, default powers of two), ``time_limit`` (seconds), ``progress`` (``None``:
+a tqdm bar on stderr when it is a terminal and the search runs over a second; ``False``: never).
+
+``search.status`` is ``optimal-within-search-space`` when every micro-batch size was searched to
+the end (the bottleneck TPS is then the smallest the DP's search space holds, measured with its
+conservative stage estimates; the plan's exact TPS is at most that), ``time-limit`` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from .binary_search import TpsSearch, default_micro_batch_sizes, sweep
+from .cluster import as_cluster
+from .cost import iteration_time_estimate, stage_costs
+from .dp import DPStage, StageDP, assign_devices
+from .errors import InfeasibleError, InvalidInputError
+from .graph import as_graph
+from .plan_build import StageSpec, build_plan, stage_graph_edges
+from .sp_tree import decompose
+from .types import Cluster, Graph, Plan, SearchInfo
+from .validate import validate
+
+logger = logging.getLogger(__name__)
+
+PLANNER = "graphpipe"
+SAMPLES_PER_DEVICE = 16
+
+
+def _specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None) -> list[StageSpec]:
+    devs = assign_devices(stages, devices_per_node)
+    return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=b, k=1) for s, d in zip(stages, devs)]
+
+
+def _estimate(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], B: int) -> float:
+    stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
+    costs = stage_costs(graph, cluster, specs, B)
+    return iteration_time_estimate(costs, stage_graph_edges(graph, stage_of), B)
+
+
+class _Progress:
+    """A tqdm bar on stderr (only for a terminal, only after a second), else nothing."""
+
+    def __init__(self, total: int, enabled: bool | None) -> None:
+        self.bar = None
+        if enabled is False or not sys.stderr.isatty():
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:  # pragma: no cover - tqdm is an optional extra
+            return
+        self.bar = tqdm(total=total, desc="graphpipe: micro-batch sizes", unit="b", delay=1.0,
+                        file=sys.stderr, leave=False)
+
+    def step(self, b: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"b={b}")
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _check_sizes(B: int, sizes: Sequence[int] | None) -> tuple[int, ...]:
+    if sizes is None:
+        return default_micro_batch_sizes(B)
+    out = []
+    for b in sizes:
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            raise InvalidInputError(f"micro_batch_sizes must be positive integers, got {b!r}")
+        if B % b:
+            raise InvalidInputError(f"`B % b == 0` must hold, but got (B={B}, b={b})")
+        out.append(b)
+    if not out:
+        raise InvalidInputError("micro_batch_sizes is empty")
+    return tuple(sorted(set(out)))
+
+
+def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
+                   progress: bool | None = None, micro_batch_sizes: Sequence[int] | None = None,
+                   per_stage_micro_batch: bool = False, search_k: bool = False,
+                   degree_options: Sequence[int] | None = None, validate_plan: bool = True) -> Plan:
+    """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring)."""
+    t0 = time.perf_counter()
+    B = mini_batch_size
+    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
+        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    sizes = _check_sizes(B, micro_batch_sizes)
+    if time_limit is not None and time_limit <= 0:
+        raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
+    deadline = None if time_limit is None else t0 + time_limit
+    dec = decompose(graph)
+    if dec.forced_cuts:
+        logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
+                    graph.name, len(dec.forced_cuts), dec.added_pairs)
+    if per_stage_micro_batch or search_k:
+        from .dp_general import plan_general
+        return plan_general(graph, cluster, B, dec, sizes, per_stage_micro_batch=per_stage_micro_batch,
+                            search_k=search_k, degree_options=degree_options, deadline=deadline, t0=t0,
+                            validate_plan=validate_plan)
+    dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options)
+
+    def score(res: TpsSearch) -> float:
+        return _estimate(graph, cluster, _specs(res.stages, res.b, cluster.devices_per_node), B)
+
+    bar = _Progress(len(sizes), progress)
+    try:
+        sw = sweep(dp, sizes, score, deadline=deadline, on_step=bar.step)
+    finally:
+        bar.close()
+    if sw.best is None:
+        raise _infeasible(dp, sizes, cluster)
+    best = sw.best
+    status = "time-limit" if sw.timed_out else "optimal-within-search-space"
+    extra = {"micro_batch_size": best.b, "dp_time_per_sample": best.tps, "dp_runs": sw.probes,
+             "micro_batch_sizes_searched": list(sw.tried), "micro_batch_sizes_pruned": list(sw.skipped),
+             "micro_batch_sizes_infeasible": list(sw.infeasible), "sp_added_dependencies": dec.added_pairs,
+             "objective": "min bottleneck TPS per micro-batch size (DP estimate), then min iteration estimate"}
+    specs = _specs(best.stages, best.b, cluster.devices_per_node)
+    plan = build_plan(graph, cluster, specs, B, planner=PLANNER,
+                      search=SearchInfo(seconds=0.0, status=status, epsilon=None, extra=extra))
+    if plan.predicted.time_per_sample > best.tps * (1 + 1e-9) + 1e-15:
+        logger.warning("plan TPS %.9g exceeds the DP's target %.9g: the DP estimate is not an upper bound here",
+                       plan.predicted.time_per_sample, best.tps)
+    plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0))
+    if validate_plan:
+        validate(plan, graph, cluster)
+    return plan
+
+
+def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> InfeasibleError:
+    """No micro-batch size fits: say how much memory (or how many devices) would."""
+    mems = [m for m in (dp.min_memory(b) for b in sizes) if m is not None]
+    need_mem = min(mems) if mems else None
+    devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
+    need_dev = min(devs) if devs else None
+    parts = [f"no GraphPipe plan fits in {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices"]
+    if need_mem is not None:
+        parts.append(f"the smallest memory per device that admits one is {need_mem:.6g} bytes")
+    else:
+        parts.append("no stage split fits at any memory these devices can hold")
+    if need_dev is not None and need_dev > cluster.devices:
+        parts.append(f"or {need_dev} devices")
+    return InfeasibleError("; ".join(parts), required_memory_bytes=need_mem,
+                           required_devices=need_dev if need_dev is not None and need_dev > cluster.devices
+                           else None)
+
+
+def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
+          micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
+          search_k: bool = False, time_limit: float | None = None, progress: bool | None = None,
+          degree_options: Sequence[int] | None = None) -> Plan:
+    """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path).
+
+    ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` (with
+    ``required_memory_bytes``) when no plan fits.  The plan returned has passed ``validate``.
+    """
+    g = as_graph(graph)
+    c = as_cluster(budget)
+    B = SAMPLES_PER_DEVICE * c.devices if mini_batch_size is None else mini_batch_size
+    return plan_graphpipe(g, c, B, time_limit=time_limit, progress=progress, micro_batch_sizes=micro_batch_sizes,
+                          per_stage_micro_batch=per_stage_micro_batch, search_k=search_k,
+                          degree_options=degree_options)

@@ -1,0 +1,65 @@
+"""Algorithm 1's outer loop: exact search over sorted candidate TPS values, and the sweep over b."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from gpp_solver.binary_search import default_micro_batch_sizes, search_tps, sweep
+from gpp_solver.dp import StageDP
+from gpp_solver.models import build_model
+from gpp_solver.types import Cluster
+
+
+@pytest.fixture(scope="module")
+def mmt_dp() -> StageDP:
+    g = build_model("mmt", branches=2, layers=3)
+    c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
+                inter_node_bandwidth=12.5e9, latency=1e-5)
+    return StageDP(g, c, 64)
+
+
+def test_default_micro_batch_sizes() -> None:
+    assert default_micro_batch_sizes(48) == (1, 2, 4, 8, 16)
+    assert default_micro_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert default_micro_batch_sizes(64, limit=[2, 3, 64]) == (2, 64)
+
+
+@pytest.mark.parametrize("b", [1, 4, 16, 64])
+def test_search_ends_exactly_at_the_smallest_feasible_candidate(mmt_dp: StageDP, b: int) -> None:
+    res = search_tps(mmt_dp, b)
+    assert res is not None and res.exact
+    cands = [float(x) for x in mmt_dp.candidates(b)]
+    assert res.tps in cands
+    assert mmt_dp.feasible(b, res.tps)
+    below = [x for x in cands if x < res.tps]
+    if below:
+        assert not mmt_dp.feasible(b, below[-1])
+    assert res.tps >= mmt_dp.lower_bound(b) * (1 - 1e-12)
+    assert res.probes <= math.ceil(math.log2(res.candidates)) + 1
+
+
+def test_expired_deadline_still_returns_a_feasible_answer(mmt_dp: StageDP) -> None:
+    res = search_tps(mmt_dp, 8, deadline=time.perf_counter() - 1.0)
+    assert res is not None and not res.exact
+    assert mmt_dp.feasible(8, res.tps)
+    full = search_tps(mmt_dp, 8)
+    assert full is not None and full.tps <= res.tps
+
+
+def test_sweep_keeps_the_best_score_and_prunes_only_hopeless_sizes(mmt_dp: StageDP) -> None:
+    scores: dict[int, float] = {}
+
+    def score(r):
+        scores[r.b] = r.tps * mmt_dp.B      # any monotone score will do here
+        return scores[r.b]
+
+    sizes = default_micro_batch_sizes(64)
+    sw = sweep(mmt_dp, sizes, score)
+    assert sw.best is not None and not sw.timed_out
+    assert sw.score == min(scores.values())
+    assert set(sw.tried) | set(sw.skipped) == set(sizes)
+    for b in sw.skipped:
+        assert mmt_dp.B * mmt_dp.lower_bound(b) >= sw.score

@@ -1,0 +1,227 @@
+"""The stage DP against a brute-force enumeration of the same search space.
+
+The brute force shares nothing with the DP but the SP tree: it lists every partition that follows
+the tree (consecutive segments of Series/Parallel children, each one stage or — for a single
+child — recursively split), computes stage depths on the SP-ized stage order, prices every stage
+with its own implementation of the DP's stage estimate, and for each partition finds the best
+degree assignment by scanning every threshold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import networkx as nx
+import pytest
+
+from gpp_solver.binary_search import search_tps
+from gpp_solver.cost import interp_time
+from gpp_solver.dp import StageDP, assign_devices, power_of_two_degrees
+from gpp_solver.graph import graph_from_dict
+from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
+from gpp_solver.types import Cluster
+
+
+# ---------------------------------------------------------------- random tiny instances
+def random_instance(rng: random.Random):
+    n = rng.randint(1, 8)
+    names = [f"v{i}" for i in range(n)]
+    edges = set()
+    if rng.random() < 0.5:      # SP by composition
+        def build(lo: int, hi: int) -> tuple[list[int], list[int]]:
+            if hi - lo == 1:
+                return [lo], [lo]
+            m = rng.randint(lo + 1, hi - 1)
+            s1, t1 = build(lo, m)
+            s2, t2 = build(m, hi)
+            if rng.random() < 0.6:
+                edges.update((u, v) for u in t1 for v in s2)
+                return s1, t2
+            return s1 + s2, t1 + t2
+        build(0, n)
+    else:                       # any DAG (SP-ized by the decomposition)
+        for i in range(n):
+            for j in range(i + 1, n):
+                if rng.random() < 0.35:
+                    edges.add((i, j))
+    # keep it weakly connected: chain the components
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(edges)
+    comps = sorted(min(c) for c in nx.connected_components(g))
+    for a, b in zip(comps, comps[1:]):
+        edges.add((a, b))
+    sizes = [1, 2, 4]
+    nodes = []
+    for v in names:
+        f1 = rng.uniform(0.5, 3.0)
+        fw = [f1, f1 * rng.uniform(1.0, 2.0), 0.0]
+        fw[2] = fw[1] * rng.uniform(1.0, 2.0)
+        nodes.append({"id": v, "fw_time": fw, "bw_time": [2 * x for x in fw],
+                      "weight_bytes": rng.choice([0.0, rng.uniform(10, 200)]),
+                      "activation_bytes": rng.uniform(0, 50), "output_bytes": rng.uniform(1, 30)})
+    graph = graph_from_dict({"name": "rand", "micro_batch_sizes": sizes, "nodes": nodes,
+                             "edges": [{"src": names[a], "dst": names[b]} for a, b in sorted(edges)]})
+    D = rng.randint(1, 4)
+    dpn = rng.choice([None, 1, 2, 4])
+    cluster = Cluster(devices=D, memory_bytes=rng.uniform(300, 3000), devices_per_node=dpn,
+                      intra_node_bandwidth=rng.uniform(50, 200), inter_node_bandwidth=rng.uniform(5, 50),
+                      latency=rng.choice([0.0, 0.05]), optimizer_state_factor=rng.choice([1.0, 4.0]))
+    B = rng.choice([4, 8])
+    b = rng.choice([x for x in (1, 2, 4) if B % x == 0])
+    return graph, cluster, B, b
+
+
+# ---------------------------------------------------------------- brute force
+def partitions(t):
+    """Every partition following the tree, as lists of frozensets of operators."""
+    if isinstance(t, Leaf):
+        return [[frozenset([t.node])]]
+    kids = t.children
+
+    def leaves_of(c):
+        return frozenset([c.node]) if isinstance(c, Leaf) else frozenset().union(*(leaves_of(x) for x in c.children))
+
+    def seg_options(i, j):
+        if i == j:
+            return partitions(kids[i])
+        return [[frozenset().union(*(leaves_of(kids[x]) for x in range(i, j + 1)))]]
+
+    out = []
+
+    def rec(p, acc):
+        if p == len(kids):
+            out.append(list(acc))
+            return
+        for q in range(p, len(kids)):
+            for opt in seg_options(p, q):
+                rec(q + 1, acc + opt)
+
+    rec(0, [])
+    uniq = {tuple(sorted(tuple(sorted(s)) for s in part)): part for part in out}
+    return list(uniq.values())
+
+
+def stage_estimate(graph, cluster, nodes, b, d, B):
+    """The DP's documented upper-bound estimate, written out directly."""
+    x = b / d
+    sizes = graph.micro_batch_sizes
+    C = sum(interp_time(graph.node(v).fw_time, sizes, x) + interp_time(graph.node(v).bw_time, sizes, x)
+            for v in nodes)
+    incoming: dict[str, float] = {}
+    out_cnt, out_bytes = 0, 0.0
+    for (u, v), nb in graph.edge_bytes_map.items():
+        if v in nodes and u not in nodes:
+            incoming[u] = max(incoming.get(u, 0.0), nb)
+        if u in nodes and v not in nodes:
+            out_cnt += 1
+            out_bytes += nb
+    intra = cluster.intra_node_bandwidth or cluster.inter_node_bandwidth
+    low = min(intra, cluster.inter_node_bandwidth)
+    dpn = cluster.devices_per_node
+    bw = intra if dpn is not None and cluster.devices <= dpn else low
+    count = len(incoming) + out_cnt
+    nbytes = sum(incoming.values()) + out_bytes
+    comm_half = count * cluster.latency + nbytes * x / bw
+    W = sum(graph.node(v).weight_bytes for v in nodes)
+    ar_bw = intra if dpn is not None and dpn % d == 0 else low
+    ar = 0.0 if d == 1 else 2 * (d - 1) / d * W / ar_bw
+    return (C + 2 * comm_half) / b + ar / B
+
+
+def brute_force(graph, cluster, B, b, tree):
+    pairs = order_pairs(tree)
+    degrees = [d for d in power_of_two_degrees(cluster.devices) if b % d == 0]
+    n_micro = B // b
+    best = None
+    for part in partitions(tree):
+        k = len(part)
+        after = {i: [j for j in range(k) if j != i and any((u, v) in pairs for u in part[i] for v in part[j])]
+                 for i in range(k)}
+        depth: dict[int, int] = {}
+
+        def dep(i):
+            if i not in depth:
+                depth[i] = 1 + max((dep(j) for j in after[i]), default=0)
+            return depth[i]
+
+        options = []
+        for i, s in enumerate(part):
+            W = sum(graph.node(v).weight_bytes for v in s)
+            A = sum(graph.node(v).activation_bytes for v in s)
+            opts = []
+            for d in degrees:
+                mem = cluster.optimizer_state_factor * W + min(dep(i), n_micro) * b / d * A
+                if mem <= cluster.memory_bytes:
+                    opts.append((stage_estimate(graph, cluster, s, b, d, B), d))
+            options.append(opts)
+        if any(not o for o in options):
+            continue
+        for t in sorted({tp for o in options for tp, _ in o}):
+            need = sum(min(d for tp, d in o if tp <= t) if any(tp <= t for tp, _ in o) else 10**9
+                       for o in options)
+            if need <= cluster.devices:
+                best = t if best is None else min(best, t)
+                break
+    return best
+
+
+# ---------------------------------------------------------------- tests
+@pytest.mark.parametrize("seed", range(220))
+def test_dp_equals_brute_force(seed: int) -> None:
+    graph, cluster, B, b = random_instance(random.Random(seed))
+    dec = decompose(graph)
+    dp = StageDP(graph, cluster, B, decomposition=dec)
+    res = search_tps(dp, b)
+    want = brute_force(graph, cluster, B, b, dec.tree)
+    if want is None:
+        assert res is None
+        return
+    assert res is not None
+    assert math.isclose(res.tps, want, rel_tol=1e-9)
+    # the traceback is a partition of the graph that meets the target with at most D devices
+    covered = [v for s in res.stages for v in s.nodes]
+    assert sorted(covered) == sorted(graph.ids)
+    assert sum(s.degree for s in res.stages) <= cluster.devices
+    for s in res.stages:
+        assert s.tps_estimate <= res.tps * (1 + 1e-12)
+        assert b % s.degree == 0
+
+
+def test_min_devices_is_monotone_in_target() -> None:
+    graph, cluster, B, b = random_instance(random.Random(7))
+    cluster = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=10.0)
+    dp = StageDP(graph, cluster, B)
+    cands = dp.candidates(b)
+    devs = [dp.min_devices(b, float(t)) for t in cands]
+    assert all(x >= y for x, y in zip(devs, devs[1:]))
+
+
+def test_assign_devices_aligns_power_of_two_groups() -> None:
+    from gpp_solver.dp import DPStage
+    stages = [DPStage(("a",), 1, 1, 0.0, 0), DPStage(("b",), 4, 1, 0.0, 1), DPStage(("c",), 2, 1, 0.0, 2),
+              DPStage(("d",), 1, 1, 0.0, 3)]
+    devs = assign_devices(stages, 4)
+    assert devs[1] == (0, 1, 2, 3) and devs[2] == (4, 5) and devs[0] == (6,) and devs[3] == (7,)
+    for s, d in zip(stages, devs):
+        assert len(d) == s.degree and d[0] % s.degree == 0
+    assert len({x for d in devs for x in d}) == 8
+
+
+def test_parallel_branches_get_their_own_stages() -> None:
+    """Two heavy independent branches joined by a free node; five devices: the branches run side by
+    side in four stages of TPS 3, depth 3 (a sequential pipeline of the same cut would be 5 deep)."""
+    nodes = [{"id": v, "fw_time": [1.0 if v != "j" else 0.0], "bw_time": [2.0 if v != "j" else 0.0],
+              "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 0} for v in ("a1", "a2", "b1", "b2", "j")]
+    g = graph_from_dict({"name": "two", "micro_batch_sizes": [1], "nodes": nodes,
+                         "edges": [{"src": "a1", "dst": "a2"}, {"src": "b1", "dst": "b2"},
+                                   {"src": "a2", "dst": "j"}, {"src": "b2", "dst": "j"}]})
+    c = Cluster(devices=5, memory_bytes=1e9, inter_node_bandwidth=1.0)
+    res = search_tps(StageDP(g, c, 4), 1)
+    assert res is not None and math.isclose(res.tps, 3.0)
+    assert len(res.stages) == 5 and max(s.depth for s in res.stages) == 3
+    c4 = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1.0)
+    res4 = search_tps(StageDP(g, c4, 4), 1)
+    assert res4 is not None and math.isclose(res4.tps, 6.0)

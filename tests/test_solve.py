@@ -1,0 +1,153 @@
+"""The GraphPipe planner end to end: valid plans, chains equal brute force, infeasibility, determinism."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+
+import networkx as nx
+import pytest
+
+from gpp_solver.cost import stage_costs
+from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.graph import graph_from_dict
+from gpp_solver.models import build_model
+from gpp_solver.plan_io import plan_to_dict
+from gpp_solver.planner_graphpipe import plan_graphpipe, solve
+from gpp_solver.plan_build import StageSpec
+from gpp_solver.types import Cluster
+from gpp_solver.validate import validate
+
+from conftest import CLUSTER, chain_dict, diamond_dict
+
+
+def _strip(plan) -> dict:
+    d = plan_to_dict(plan)
+    d["search"].pop("seconds", None)
+    return d
+
+
+def test_diamond_plan_is_valid() -> None:
+    plan = solve(diamond_dict(), CLUSTER, mini_batch_size=4)
+    g = graph_from_dict(diamond_dict())
+    from gpp_solver.cluster import cluster_from_dict
+    validate(plan, g, cluster_from_dict(CLUSTER))
+    assert plan.planner == "graphpipe"
+    assert plan.search.status == "optimal-within-search-space"
+    assert plan.search.seconds > 0
+    assert plan.predicted.time_per_sample <= plan.search.extra["dp_time_per_sample"] * (1 + 1e-9)
+
+
+def test_default_mini_batch_is_16_per_device() -> None:
+    plan = solve(diamond_dict(), CLUSTER)
+    assert plan.mini_batch_size == 16 * CLUSTER["devices"]
+
+
+def test_mmt_runs_branches_in_parallel_and_is_deterministic() -> None:
+    g = build_model("mmt", branches=2, layers=2)
+    c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
+                inter_node_bandwidth=12.5e9, latency=1e-5)
+    p1 = plan_graphpipe(g, c, 128)
+    p2 = plan_graphpipe(g, c, 128)
+    assert _strip(p1) == _strip(p2)
+    assert p1.predicted.time_per_sample <= p1.search.extra["dp_time_per_sample"] * (1 + 1e-9)
+    assert len(p1.stages) > 1 and p1.depth < len(p1.stages)   # a graph, not a chain
+
+
+def _chain_brute_force(graph, cluster, B, b):
+    """Best chain partition: every contiguous split, every power-of-two degree dividing b, exact cost."""
+    ids = list(graph.topo_order)
+    n = len(ids)
+    degs = [d for d in (1, 2, 4, 8) if d <= cluster.devices and b % d == 0]
+    best = None
+    for k in range(1, n + 1):
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            bounds = [0, *cuts, n]
+            parts = [tuple(ids[a:c]) for a, c in zip(bounds, bounds[1:])]
+            for ds in itertools.product(degs, repeat=k):
+                if sum(ds) > cluster.devices:
+                    continue
+                nxt, specs = 0, []
+                for p, d in zip(parts, ds):
+                    specs.append(StageSpec(p, tuple(range(nxt, nxt + d)), b))
+                    nxt += d
+                ok = True
+                for i, (p, d) in enumerate(zip(parts, ds)):
+                    depth = min(k - i, B // b)
+                    W = sum(graph.node(v).weight_bytes for v in p)
+                    A = sum(graph.node(v).activation_bytes for v in p)
+                    if cluster.optimizer_state_factor * W + depth * b / d * A > cluster.memory_bytes:
+                        ok = False
+                if not ok:
+                    continue
+                tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
+                best = tps if best is None else min(best, tps)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_chain_equals_best_chain_partition(seed: int) -> None:
+    import random
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    d = chain_dict(n, [rng.uniform(0.5, 3.0) for _ in range(n)])
+    for node in d["nodes"]:
+        node["weight_bytes"] = rng.uniform(0, 100)
+        node["activation_bytes"] = rng.uniform(0, 40)
+        node["output_bytes"] = rng.uniform(1, 20)
+    g = graph_from_dict(d)
+    # flat network: placement does not change any figure, so the DP's estimate is exact
+    c = Cluster(devices=rng.randint(1, 4), memory_bytes=rng.uniform(400, 2000), inter_node_bandwidth=50.0,
+                latency=rng.choice([0.0, 0.02]), optimizer_state_factor=2.0)
+    B, b = 8, rng.choice([1, 2, 4])
+    want = _chain_brute_force(g, c, B, b)
+    if want is None:
+        with pytest.raises(InfeasibleError):
+            plan_graphpipe(g, c, B, micro_batch_sizes=[b])
+        return
+    plan = plan_graphpipe(g, c, B, micro_batch_sizes=[b])
+    assert math.isclose(plan.predicted.time_per_sample, want, rel_tol=1e-9)
+
+
+def test_infeasible_reports_the_memory_that_would_do() -> None:
+    d = diamond_dict()
+    tight = dict(CLUSTER, memory_bytes=10.0)
+    with pytest.raises(InfeasibleError) as ei:
+        solve(d, tight, mini_batch_size=4)
+    need = ei.value.required_memory_bytes
+    assert need is not None and need > 10.0
+    assert "bytes" in str(ei.value)
+    plan = solve(d, dict(CLUSTER, memory_bytes=need), mini_batch_size=4)
+    assert plan.predicted.peak_memory_bytes <= need * (1 + 1e-9)
+    with pytest.raises(InfeasibleError):
+        solve(d, dict(CLUSTER, memory_bytes=need * 0.999), mini_batch_size=4)
+
+
+def test_non_series_parallel_graph_gives_a_valid_plan() -> None:
+    # the "N": a->c, b->c, b->d (plus a source and a sink)
+    nodes = [{"id": v, "fw_time": [1.0, 1.6], "bw_time": [2.0, 3.2], "weight_bytes": 10.0,
+              "activation_bytes": 1.0, "output_bytes": 2.0} for v in "sabcdt"]
+    edges = [("s", "a"), ("s", "b"), ("a", "c"), ("b", "c"), ("b", "d"), ("c", "t"), ("d", "t")]
+    g = graph_from_dict({"name": "n", "micro_batch_sizes": [1, 2], "nodes": nodes,
+                         "edges": [{"src": u, "dst": v} for u, v in edges]})
+    c = Cluster(devices=4, memory_bytes=1e6, inter_node_bandwidth=100.0, latency=0.001)
+    plan = plan_graphpipe(g, c, 8)
+    assert plan.search.extra["sp_added_dependencies"] == 1
+    validate(plan, g, c)
+
+
+def test_bad_options_are_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="B % b"):
+        solve(diamond_dict(), CLUSTER, mini_batch_size=8, micro_batch_sizes=[3])
+    with pytest.raises(InvalidInputError):
+        solve(diamond_dict(), CLUSTER, mini_batch_size=0)
+
+
+def test_time_limit_still_returns_a_valid_plan() -> None:
+    g = build_model("mmt", branches=2, layers=2)
+    c = Cluster(devices=4, memory_bytes=16 * 2**30, inter_node_bandwidth=12.5e9)
+    plan = plan_graphpipe(g, c, 64, time_limit=1e-9)
+    assert plan.search.status in ("time-limit", "optimal-within-search-space")
+    assert plan.search.extra["micro_batch_sizes_searched"]
+    validate(plan, g, c)
