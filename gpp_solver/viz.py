@@ -1,0 +1,307 @@
+"""Pictures of a plan: the stage graph and the simulated schedule (Gantt chart), with matplotlib.
+
+* :func:`draw_stage_graph` — the stage DAG laid out by topological depth (left to right), one box per
+  stage: stage id, its nodes (count, first and last id), its devices and micro-batch size;
+* :func:`draw_gantt` — the schedule the simulator runs (``simulate.simulate``): one row per stage,
+  forwards and backwards as bars coloured by kind, the micro-batch index written inside a bar when
+  it is wide enough, each stage's all-reduce tail hatched (GraphPipe Fig. 8 style);
+* :func:`draw_plan` — both in one PNG (the Gantt only when a cluster is given); ``gpp show`` calls it;
+* :func:`draw_metric_vs_devices` — one comparison metric per planner against the device count
+  (grouped bars, GraphPipe Fig. 6 style, or lines on a log scale for search times).
+
+matplotlib is imported lazily, and only its object-oriented API is used (``Figure`` with the Agg
+canvas), so importing this module never needs matplotlib and drawing never touches pyplot's state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from .errors import GppError, InvalidInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+    from .compare import CompareRow
+    from .simulate import SimResult
+    from .types import Cluster, Graph, Plan
+
+logger = logging.getLogger(__name__)
+
+F_COLOR = "#4C72B0"   # forward passes
+B_COLOR = "#DD8452"   # backward passes
+A_COLOR = "#8C8C8C"   # all-reduce tail (hatched)
+
+
+class VizUnavailableError(GppError):
+    """matplotlib is not installed (``pip install 'gpp_solver[viz]'``)."""
+
+
+def _matplotlib() -> Any:
+    try:
+        import matplotlib
+        from matplotlib.figure import Figure  # noqa: F401  (checks the submodules load)
+    except ImportError as exc:
+        raise VizUnavailableError(f"drawing needs matplotlib, which is not importable ({exc}); "
+                                  "install gpp_solver[viz]: pip install 'gpp_solver[viz]'") from None
+    return matplotlib
+
+
+def _stage_colors(n: int) -> list[Any]:
+    mpl = _matplotlib()
+    cmap = mpl.colormaps["tab20" if n > 10 else "tab10"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _short(text: str, width: int = 18) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _device_text(devices: Sequence[int]) -> str:
+    ds = sorted(devices)
+    if ds and ds == list(range(ds[0], ds[-1] + 1)):
+        return f"dev {ds[0]}" if len(ds) == 1 else f"dev {ds[0]}–{ds[-1]}"
+    return "dev " + ",".join(map(str, ds))
+
+
+def stage_label(plan: "Plan", graph: "Graph | None", stage_id: int) -> str:
+    """Box text of one stage: ``S3 · 5 nodes`` / first and last node id / devices and micro-batch."""
+    st = plan.stage(stage_id)
+    nodes = list(st.nodes)
+    if graph is not None:
+        nodes.sort(key=lambda v: graph.index.get(v, 0))
+    head = f"S{st.id} · {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    span = _short(nodes[0]) if len(nodes) == 1 else f"{_short(nodes[0])} …\n{_short(nodes[-1])}"
+    extra = f" t={st.tensor_parallel}" if st.tensor_parallel != 1 else ""
+    return f"{head}\n{span}\n{_device_text(st.devices)} · b={st.micro_batch_size}{extra}"
+
+
+def stage_layout(plan: "Plan") -> dict[int, tuple[float, float]]:
+    """Positions ``{stage id: (x, y)}``: ``x`` the stage's topological depth (longest path from a
+    source), ``y`` its slot in that column, ordered by the mean height of its predecessors and
+    centred on 0 (stage graphs are small; no graphviz needed)."""
+    ids = [s.id for s in plan.stages]
+    preds: dict[int, list[int]] = {i: [] for i in ids}
+    succs: dict[int, list[int]] = {i: [] for i in ids}
+    for a, b in plan.edges:
+        preds[b].append(a)
+        succs[a].append(b)
+    depth: dict[int, int] = {}
+    indeg = {i: len(preds[i]) for i in ids}
+    ready = sorted(i for i in ids if indeg[i] == 0)
+    while ready:
+        i = ready.pop(0)
+        depth[i] = max((depth[p] + 1 for p in preds[i]), default=0)
+        for j in succs[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+        ready.sort()
+    if len(depth) != len(ids):
+        raise InvalidInputError("stage graph has a cycle; cannot lay it out by depth")
+    columns: dict[int, list[int]] = defaultdict(list)
+    for i in ids:
+        columns[depth[i]].append(i)
+    pos: dict[int, tuple[float, float]] = {}
+    for x in sorted(columns):
+        col = columns[x]
+
+        def key(i: int) -> tuple[float, int]:
+            ys = [pos[p][1] for p in preds[i]]
+            return (-(sum(ys) / len(ys)) if ys else 0.0, i)
+
+        col.sort(key=key)
+        for slot, i in enumerate(col):
+            pos[i] = (float(x), (len(col) - 1) / 2.0 - slot)
+    return pos
+
+
+def draw_stage_graph(plan: "Plan", graph: "Graph | None", ax: "Axes", *, title: str | None = None,
+                     fontsize: float | None = None) -> dict[int, tuple[float, float]]:
+    """Draw the stage DAG of ``plan`` on ``ax``; return the stage positions used.
+
+    Each stage is a box in its own colour (the colour :func:`draw_gantt` uses for its row label)
+    labelled by :func:`stage_label`; arrows are the plan's stage edges.
+    """
+    _matplotlib()
+    pos = stage_layout(plan)
+    colors = _stage_colors(len(plan.stages))
+    color_of = {s.id: colors[k] for k, s in enumerate(plan.stages)}
+    ncols = int(max(x for x, _ in pos.values())) + 1
+    nrows = max(sum(1 for p in pos.values() if p[0] == x) for x in range(ncols))
+    fs = fontsize or max(5.0, min(8.0, 9.0 - 0.25 * max(nrows, ncols)))
+    boxes = {}
+    for s in plan.stages:
+        x, y = pos[s.id]
+        r, g, b, _ = color_of[s.id]
+        light = (0.55 + 0.45 * r, 0.55 + 0.45 * g, 0.55 + 0.45 * b)
+        boxes[s.id] = ax.text(x, y, stage_label(plan, graph, s.id), ha="center", va="center", fontsize=fs,
+                              zorder=3, bbox=dict(boxstyle="round,pad=0.4", fc=light, ec=color_of[s.id], lw=1.5))
+    for a, b in plan.edges:
+        # an edge over a column bends outwards (away from the middle row) to miss the boxes between
+        skip = pos[b][0] - pos[a][0] > 1
+        rad = (0.25 if pos[a][1] + pos[b][1] < 0 else -0.25) if skip else 0.0
+        ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
+                    arrowprops=dict(arrowstyle="-|>", color="0.3", lw=1.0, shrinkA=0, shrinkB=0,
+                                    patchA=boxes[a].get_bbox_patch(), patchB=boxes[b].get_bbox_patch(),
+                                    connectionstyle=f"arc3,rad={rad}"))
+    ax.set_xlim(-0.6, ncols - 0.4)
+    ax.set_ylim(-nrows / 2.0 - 0.1, nrows / 2.0 + 0.1)
+    ax.set_axis_off()
+    if title is None:
+        title = (f"{plan.planner}: {len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, "
+                 f"depth {plan.depth}, {plan.devices_used} devices, B={plan.mini_batch_size}")
+    ax.set_title(title, fontsize=fs + 2)
+    return pos
+
+
+def _time_unit(t: float) -> tuple[float, str]:
+    if t >= 10:
+        return 1.0, "s"
+    if t >= 10e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, sim: "SimResult | None" = None,
+               time_max: float | None = None, title: str | None = None, fontsize: float = 7.0) -> "SimResult":
+    """Draw the simulated schedule of ``plan`` on ``ax`` and return the simulation.
+
+    One row per stage (stage 0 on top): forward bars in blue, backward in orange, the micro-batch
+    index inside a bar when it fits, the stage's all-reduce after its last backward hatched.  The
+    dashed line is the iteration time (the makespan).  ``time_max`` (seconds, default the makespan)
+    fixes the time axis, so that charts of several plans drawn with one ``time_max`` compare by length.
+    """
+    mpl = _matplotlib()
+    from matplotlib.patches import Patch
+
+    from .cost import stage_costs
+    from .simulate import simulate
+
+    sim = sim if sim is not None else simulate(plan, graph, cluster)
+    allreduce = {s.id: c.allreduce for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages,
+                                                                          plan.mini_batch_size))}
+    T = sim.iteration_time
+    span = max(T, time_max or 0.0)
+    scale, unit = _time_unit(span)
+    ids = [s.id for s in plan.stages]
+    row = {sid: k for k, sid in enumerate(ids)}
+    h = 0.8
+    by_stage: dict[int, list[Any]] = defaultdict(list)
+    for t in sim.tasks:
+        by_stage[t.stage].append(t)
+    for sid in ids:
+        y = row[sid] - h / 2
+        tasks = sorted(by_stage[sid], key=lambda t: t.start)
+        for kind, color in (("F", F_COLOR), ("B", B_COLOR)):
+            bars = [(t.start * scale, (t.end - t.start) * scale) for t in tasks if t.kind == kind]
+            if bars:
+                ax.broken_barh(bars, (y, h), facecolors=color, edgecolors="white", linewidth=0.4)
+        a = allreduce.get(sid, 0.0)
+        if a > 0:
+            start = max((t.end for t in tasks), default=0.0)
+            ax.broken_barh([(start * scale, a * scale)], (y, h), facecolors="white", edgecolors=A_COLOR,
+                           hatch="////", linewidth=0.6)
+    ax.set_xlim(0, span * scale * 1.02 if span > 0 else 1)
+    ax.set_ylim(len(ids) - 0.5, -0.5)
+    ax.axvline(T * scale, color="0.2", ls="--", lw=0.8)
+    # micro-batch indices, where a bar is wide enough (measured in pixels on the final axes size)
+    fig = ax.figure
+    ax_w_px = 0.85 * ax.get_position().width * fig.get_figwidth() * fig.dpi  # labels and legend take some
+    px_per_unit = ax_w_px / (span * scale * 1.02) if span > 0 else 0.0
+    char_px = fontsize * fig.dpi / 72.0 * 0.62
+    for sid in ids:
+        for t in by_stage[sid]:
+            label = str(t.micro_batch)
+            if (t.end - t.start) * scale * px_per_unit >= char_px * len(label) + 2:
+                ax.text((t.start + t.end) / 2 * scale, row[sid], label, ha="center", va="center",
+                        fontsize=fontsize, color="white", clip_on=True)
+    st_colors = _stage_colors(len(ids))
+    ax.set_yticks(range(len(ids)))
+    ax.set_yticklabels([f"S{s.id} ({len(s.devices)} dev, b={s.micro_batch_size})" for s in plan.stages],
+                       fontsize=fontsize + 1)
+    for lab, c in zip(ax.get_yticklabels(), st_colors):
+        lab.set_color(mpl.colors.to_hex(tuple(0.8 * v for v in c[:3])))
+    ax.set_xlabel(f"time ({unit})")
+    ax.legend(handles=[Patch(fc=F_COLOR, label="forward"), Patch(fc=B_COLOR, label="backward"),
+                       Patch(fc="white", ec=A_COLOR, hatch="////", label="all-reduce")],
+              loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=fontsize + 1, frameon=False)
+    if title is None:
+        title = (f"{plan.planner}: iteration {T * scale:.4g} {unit}, throughput {sim.throughput:.4g} samples/s, "
+                 f"{len(ids)} stages, depth {plan.depth}")
+    ax.set_title(title, fontsize=fontsize + 2)
+    return sim
+
+
+def plan_figure(plan: "Plan", graph: "Graph", cluster: "Cluster | None", *, dpi: int = 120) -> "Figure":
+    """A matplotlib ``Figure`` (not registered with pyplot) with the stage graph above the Gantt chart."""
+    _matplotlib()
+    from matplotlib.figure import Figure
+
+    pos = stage_layout(plan)
+    ncols = int(max(x for x, _ in pos.values())) + 1
+    nrows = max(sum(1 for p in pos.values() if p[0] == x) for x in range(ncols))
+    width = max(8.0, min(40.0, 1.9 * ncols))
+    graph_h = max(2.0, min(30.0, 0.95 * nrows + 0.8))
+    gantt_h = max(2.2, min(30.0, 0.32 * len(plan.stages) + 1.6)) if cluster is not None else 0.0
+    fig = Figure(figsize=(width, graph_h + gantt_h), dpi=dpi, layout="constrained")
+    if cluster is None:
+        draw_stage_graph(plan, graph, fig.add_subplot(1, 1, 1))
+        return fig
+    ax_g, ax_t = fig.subplots(2, 1, height_ratios=[graph_h, gantt_h])
+    draw_stage_graph(plan, graph, ax_g)
+    draw_gantt(plan, graph, cluster, ax_t)
+    return fig
+
+
+def draw_plan(plan: "Plan", graph: "Graph", cluster: "Cluster | None", path: str | Path, *, dpi: int = 120) -> Path:
+    """Write a PNG of the stage graph and, when ``cluster`` is given, the schedule's Gantt chart."""
+    path = Path(path)
+    fig = plan_figure(plan, graph, cluster, dpi=dpi)
+    fig.savefig(path, format="png")
+    logger.info("wrote %s (%d stages)", path, len(plan.stages))
+    return path
+
+
+def draw_metric_vs_devices(results: Mapping[int, Sequence["CompareRow"]], metric: str, ax: "Axes", *,
+                           log: bool = False, bars: bool = True, ylabel: str | None = None,
+                           title: str | None = None) -> None:
+    """Plot ``metric`` (a :class:`~gpp_solver.compare.CompareRow` field, e.g. ``throughput`` or
+    ``search_seconds``) per planner against the device count.
+
+    ``results`` maps a device count to that run's rows.  ``bars=True`` draws grouped bars (Fig. 6);
+    otherwise lines with markers.  Rows without the figure (infeasible, error) are left out, so a
+    missing bar means the planner found no plan.
+    """
+    _matplotlib()
+    devices = sorted(results)
+    planners: list[str] = []
+    for d in devices:
+        for r in results[d]:
+            if r.planner not in planners:
+                planners.append(r.planner)
+    value = {(d, r.planner): getattr(r, metric) for d in devices for r in results[d]}
+    width = 0.8 / max(1, len(planners))
+    for k, name in enumerate(planners):
+        pts = [(i, d, value.get((d, name))) for i, d in enumerate(devices)]
+        pts = [(i, d, v) for i, d, v in pts if v is not None]
+        if not pts:
+            continue
+        if bars:
+            ax.bar([i - 0.4 + width * (k + 0.5) for i, _, _ in pts], [v for _, _, v in pts], width, label=name)
+        else:
+            ax.plot([i for i, _, _ in pts], [v for _, _, v in pts], marker="o", label=name)
+    ax.set_xticks(range(len(devices)))
+    ax.set_xticklabels([str(d) for d in devices])
+    ax.set_xlabel("devices")
+    ax.set_ylabel(ylabel or metric.replace("_", " "))
+    if log:
+        ax.set_yscale("log")
+    if title:
+        ax.set_title(title)
+    if planners:
+        ax.legend(fontsize=7)
