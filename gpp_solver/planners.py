@@ -22,7 +22,7 @@ class Planner(Protocol):
 #: name -> "module:function"
 REGISTRY: dict[str, str] = {
     "gpp": "gpp_solver.gpp_planner:plan_gpp",
-    "graphpipe": "gpp_solver.solve:plan_graphpipe",
+    "graphpipe": "gpp_solver.planner_graphpipe:plan_graphpipe",
     "pipedream": "gpp_solver.baselines.pipedream:plan_pipedream",
     "pipedream-2bw": "gpp_solver.baselines.pipedream_2bw:plan_pipedream_2bw",
     "piper": "gpp_solver.baselines.piper:plan_piper",
