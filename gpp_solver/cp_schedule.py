@@ -75,6 +75,8 @@ class ScheduleData:
     max_in_flight: Mapping[int, int]        # K_S, micro-batches (n_S when memory does not bind)
     unit: float                             # seconds per tick
     horizon: int                            # ticks; no schedule without deadlock is longer
+    memory_base: Mapping[int, float] = field(default_factory=dict)       # bytes: optimizer_state_factor * W
+    memory_per_micro_batch: Mapping[int, float] = field(default_factory=dict)  # bytes per device per micro-batch
 
     @property
     def actions(self) -> int:
@@ -121,8 +123,10 @@ def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: 
     for sid, samples in (max_in_flight or {}).items():
         k[sid] = samples // plan.stage(sid).micro_batch_size
     horizon = sum(n[i] * (fw[i] + bw[i]) for i in ids) + max(ar.values())
+    base = {s.id: stage_memory(graph, cluster, s, 0) for s in plan.stages}
+    per_mb = {s.id: stage_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
     return ScheduleData(ids, n, {s.id: s.micro_batch_size for s in plan.stages}, fw, bw, ar,
-                        tuple(plan.edges), {i: min(k[i], n[i]) for i in ids}, unit, horizon)
+                        tuple(plan.edges), {i: min(k[i], n[i]) for i in ids}, unit, horizon, base, per_mb)
 
 
 def _last_covering(j: int, b_self: int, b_other: int) -> int:
@@ -247,6 +251,43 @@ def add_order_hint(model: cp_model.CpModel, v: ScheduleVars, orders: Mapping[int
     return True
 
 
+MEMORY_RESOLUTION = 100_000   # memory units in the largest stage memory of the second phase
+
+
+def add_memory_objective(model: cp_model.CpModel, v: ScheduleVars, *, makespan_cap: int,
+                         peak_cap: Mapping[int, int]) -> dict[int, dict[int, cp_model.IntVar]]:
+    """Second phase: keep ``makespan <= makespan_cap`` and minimise memory instead.
+
+    Each stage picks its in-flight bound ``k`` in ``1..peak_cap[S]`` (``x_s{S}_k{k}``, exactly one);
+    the chosen ``k`` enforces ``F(S, j + k)`` after ``B(S, j)``.  Objective, lexicographic through
+    weights: the largest stage memory ``M(S)``, then the sum over stages (in units of 1/100000 of the
+    largest stage memory phase 1 reached, rounded up).
+    Returns the choice literals ``{stage: {k: x}}`` (for hints and reading back).
+    """
+    d = v.data
+    model.add(v.makespan <= makespan_cap)
+    caps = {s: max(1, min(peak_cap[s], d.max_in_flight[s], d.n[s])) for s in d.stages}
+    largest = max(d.memory_base[s] + caps[s] * d.memory_per_micro_batch[s] for s in d.stages)
+    mem_unit = largest / MEMORY_RESOLUTION if largest > 0 else 1.0
+    choice: dict[int, dict[int, cp_model.IntVar]] = {}
+    mem_terms = []
+    for s in d.stages:
+        n = d.n[s]
+        choice[s] = {k: model.new_bool_var(f"x_s{s}_k{k}") for k in range(1, caps[s] + 1)}
+        model.add_exactly_one(choice[s].values())
+        for k, x in choice[s].items():
+            for j in range(n - k):
+                model.add(v.start[(s, "F", j + k)] >= v.end((s, "B", j))).only_enforce_if(x)
+        units = {k: int(math.ceil((d.memory_base[s] + k * d.memory_per_micro_batch[s]) / mem_unit - 1e-9))
+                 for k in choice[s]}
+        mem_terms.append(sum(units[k] * x for k, x in choice[s].items()))
+    peak = model.new_int_var(0, MEMORY_RESOLUTION, "peak_memory")
+    for t in mem_terms:
+        model.add(peak >= t)
+    model.minimize(peak * (MEMORY_RESOLUTION * len(d.stages) + 1) + sum(mem_terms))
+    return choice
+
+
 # ---------------------------------------------------------------------------------------- solve
 @dataclass(frozen=True)
 class Solved:
@@ -334,7 +375,7 @@ def _with_orders(plan: Plan, orders: Mapping[int, Order]) -> Plan:
 @dataclass(frozen=True)
 class TightenResult:
     plan: Plan                      # never worse than the input (the input itself unless improved)
-    status: str                     # OPTIMAL / FEASIBLE / INFEASIBLE / UNKNOWN / too-large
+    status: str                     # phase 1 (makespan): OPTIMAL / FEASIBLE / INFEASIBLE / UNKNOWN / too-large
     makespan_before: float          # simulator, seconds
     makespan_after: float           # simulator, seconds (== before when the input is kept)
     lower_bound: float | None = None   # CP-SAT's proven bound, ticks * unit (rounded durations)
@@ -342,7 +383,9 @@ class TightenResult:
     improved: bool = False
     unit: float = 0.0
     actions: int = 0
-    info: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    memory_status: str = "skipped"  # phase 2 (memory at that makespan): CP-SAT status name or "skipped"
+    peak_memory_before: float = 0.0
+    peak_memory_after: float = 0.0
 
 
 def _rebuild(plan: Plan, graph: Graph, cluster: Cluster, orders: Mapping[int, Order]) -> Plan:
@@ -351,10 +394,27 @@ def _rebuild(plan: Plan, graph: Graph, cluster: Cluster, orders: Mapping[int, Or
     return build_plan(graph, cluster, specs, plan.mini_batch_size, planner=plan.planner, search=plan.search)
 
 
+def _memory_phase(data: ScheduleData, orders: Mapping[int, Order], makespan_ticks: int, *, time_limit: float,
+                  seed: int, workers: int, deterministic: bool) -> Solved:
+    model, v = model_from_data(data)
+    peak = {s: in_flight_from_order(orders[s], 1) for s in data.stages}
+    choice = add_memory_objective(model, v, makespan_cap=makespan_ticks, peak_cap=peak)
+    add_order_hint(model, v, orders)
+    for s, xs in choice.items():
+        for k, x in xs.items():
+            model.add_hint(x, k == max(xs))
+    return solve_model(model, v, time_limit=time_limit, seed=seed, workers=workers, deterministic=deterministic)
+
+
 def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 10.0, seed: int = 0,
             workers: int = 1, deterministic: bool = False, max_actions: int = MAX_ACTIONS,
-            resolution: int = DEFAULT_RESOLUTION) -> TightenResult:
+            resolution: int = DEFAULT_RESOLUTION, minimize_memory: bool = True) -> TightenResult:
     """Search for better orders of the plan's partition, starting from its own orders as a hint.
+
+    Phase 1 minimises the makespan (3/4 of ``time_limit`` when phase 2 runs, else all of it).
+    Phase 2 (``minimize_memory``) keeps that makespan in ticks and minimises the largest stage
+    memory, then the sum, in the time left; its orders replace phase 1's only if they simulate
+    no slower (1e-6 relative, the tick rounding) and use no more memory.
 
     Returns the rebuilt plan (``build_plan`` with ``StageSpec(order=...)``, validated) when its
     simulated makespan is lower, or equal with a lower peak memory, or when the input's own orders
@@ -363,30 +423,44 @@ def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 1
     t0 = time.perf_counter()
     before = simulate(plan, graph, cluster)
     actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
+    out = TightenResult(plan, "too-large", before.iteration_time, before.iteration_time, actions=actions,
+                        peak_memory_before=before.peak_memory_bytes, peak_memory_after=before.peak_memory_bytes)
     if actions > max_actions:
         logger.info("tighten: %d actions > %d, keeping the plan's orders", actions, max_actions)
-        return TightenResult(plan, "too-large", before.iteration_time, before.iteration_time,
-                             seconds=time.perf_counter() - t0, actions=actions)
+        return replace(out, seconds=time.perf_counter() - t0)
     model, v = build_schedule_model(plan, graph, cluster, resolution=resolution)
+    d = v.data
     add_order_hint(model, v, {s.id: s.schedule.order for s in plan.stages})
-    res = solve_model(model, v, time_limit=time_limit, seed=seed, workers=workers, deterministic=deterministic)
-    bound = None if res.bound_ticks is None else res.bound_ticks * v.data.unit
-    out = TightenResult(plan, res.status, before.iteration_time, before.iteration_time, bound,
-                        time.perf_counter() - t0, False, v.data.unit, actions)
+    res = solve_model(model, v, time_limit=time_limit * (0.75 if minimize_memory else 1.0), seed=seed,
+                      workers=workers, deterministic=deterministic)
+    out = replace(out, status=res.status, unit=d.unit,
+                  lower_bound=None if res.bound_ticks is None else res.bound_ticks * d.unit)
     if res.orders is None:
-        return out
+        return replace(out, seconds=time.perf_counter() - t0)
     new = _rebuild(plan, graph, cluster, res.orders)
+    # the rest of the wall-clock budget; a fixed quarter of it in deterministic time when asked to
+    left = 0.25 * time_limit if deterministic else time_limit - (time.perf_counter() - t0)
+    if minimize_memory and left > 0:
+        res2 = _memory_phase(d, res.orders, res.objective_ticks, time_limit=left, seed=seed, workers=workers,
+                             deterministic=deterministic)
+        out = replace(out, memory_status=res2.status)
+        if res2.orders is not None:
+            new2 = _rebuild(plan, graph, cluster, res2.orders)
+            if (new2.predicted.iteration_time <= new.predicted.iteration_time * (1 + 1e-6)
+                    and new2.predicted.peak_memory_bytes <= new.predicted.peak_memory_bytes):
+                new = new2
     validate(new, graph, cluster)
     after, mem_after = new.predicted.iteration_time, new.predicted.peak_memory_bytes
-    d = v.data
     before_fits = all(s.in_flight_samples <= d.max_in_flight[s.id] * s.micro_batch_size for s in plan.stages)
     better = (not before_fits) or after < before.iteration_time * (1 - 1e-9) or (
         after <= before.iteration_time * (1 + 1e-12) and mem_after < before.peak_memory_bytes * (1 - 1e-9))
-    logger.info("tighten: %s, makespan %.6g -> %.6g s (%s)", res.status, before.iteration_time, after,
+    logger.info("tighten: %s/%s, makespan %.6g -> %.6g s, peak memory %.4g -> %.4g B (%s)", res.status,
+                out.memory_status, before.iteration_time, after, before.peak_memory_bytes, mem_after,
                 "kept" if better else "discarded")
     if not better:
         return replace(out, seconds=time.perf_counter() - t0)
-    return replace(out, plan=new, makespan_after=after, improved=True, seconds=time.perf_counter() - t0)
+    return replace(out, plan=new, makespan_after=after, peak_memory_after=mem_after, improved=True,
+                   seconds=time.perf_counter() - t0)
 
 
 def tighten_plan_if_fits(plan: Plan, graph: Graph, cluster: Cluster, time_limit: float | None = 10.0, *,
@@ -395,18 +469,22 @@ def tighten_plan_if_fits(plan: Plan, graph: Graph, cluster: Cluster, time_limit:
 
     ``info``: ``status`` (CP-SAT's name, or ``too-large`` / ``skipped``), ``makespan_before`` /
     ``makespan_after`` (simulated seconds), ``lower_bound`` (seconds, for the rounded durations),
-    ``improved``, ``seconds``, ``actions``, ``max_actions``, ``tick_seconds``.
+    ``memory_status`` (phase 2), ``peak_memory_before`` / ``peak_memory_after`` (bytes), ``improved``,
+    ``seconds``, ``actions``, ``max_actions``, ``tick_seconds``.
     """
     if time_limit is not None and time_limit <= 0:
         mk = plan.predicted.iteration_time
+        mem = plan.predicted.peak_memory_bytes
         info = {"status": "skipped", "makespan_before": mk, "makespan_after": mk, "lower_bound": None,
-                "improved": False, "seconds": 0.0, "actions": None, "max_actions": max_actions, "tick_seconds": None}
+                "memory_status": "skipped", "peak_memory_before": mem, "peak_memory_after": mem, "improved": False, "seconds": 0.0, "actions": None, "max_actions": max_actions, "tick_seconds": None}
     else:
         r = tighten(plan, graph, cluster, time_limit=10.0 if time_limit is None else time_limit, seed=seed,
                     workers=workers, max_actions=max_actions)
         plan = r.plan
         info = {"status": r.status, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
-                "lower_bound": r.lower_bound, "improved": r.improved, "seconds": r.seconds, "actions": r.actions,
+                "lower_bound": r.lower_bound, "memory_status": r.memory_status,
+                "peak_memory_before": r.peak_memory_before, "peak_memory_after": r.peak_memory_after,
+                "improved": r.improved, "seconds": r.seconds, "actions": r.actions,
                 "max_actions": max_actions, "tick_seconds": r.unit or None}
     plan = replace(plan, search=replace(plan.search, extra={**dict(plan.search.extra), "cp_tighten": info}))
     return plan, info

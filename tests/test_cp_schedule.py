@@ -142,6 +142,20 @@ def test_tighten_respects_memory_and_fixes_an_overfull_plan(diamond_plan):
     assert r.makespan_after >= r.makespan_before       # slower than the overfull orders, but it fits
 
 
+@pytest.mark.parametrize("seed", [2, 7])
+def test_memory_phase_keeps_makespan_and_lowers_memory(seed):
+    plan, graph, cluster = five_stage(seed, B=16)
+    fast = tighten(plan, graph, cluster, time_limit=3.0, minimize_memory=False)
+    lean = tighten(plan, graph, cluster, time_limit=3.0)
+    assert fast.memory_status == "skipped" and lean.memory_status in ("OPTIMAL", "FEASIBLE")
+    assert lean.makespan_after == pytest.approx(fast.makespan_after, rel=1e-6)
+    assert lean.makespan_after <= lean.makespan_before * (1 + 1e-12)
+    assert lean.peak_memory_after < fast.peak_memory_after or lean.peak_memory_after < lean.peak_memory_before
+    assert lean.peak_memory_after == pytest.approx(lean.plan.predicted.peak_memory_bytes)
+    assert sum(s.in_flight_samples for s in lean.plan.stages) < sum(s.in_flight_samples for s in fast.plan.stages)
+    gs.validate(lean.plan, graph, cluster)
+
+
 @pytest.mark.parametrize("seed", [2, 4, 5])
 def test_memory_forms_agree(seed):
     """Precedences F(j + K) after B(j) and a cumulative over live ranges give the same optimum."""
@@ -166,11 +180,12 @@ def test_max_in_flight_override(diamond_plan):
 
 
 def test_deterministic_with_seed():
-    plan, graph, cluster = five_stage(2, B=32, memory=400 + 10 * 6)
-    a = tighten(plan, graph, cluster, time_limit=1.0, seed=7, deterministic=True)
-    b = tighten(plan, graph, cluster, time_limit=1.0, seed=7, deterministic=True)
+    plan, graph, cluster = five_stage(2, B=16, memory=400 + 10 * 6)
+    a = tighten(plan, graph, cluster, time_limit=0.5, seed=7, deterministic=True)
+    b = tighten(plan, graph, cluster, time_limit=0.5, seed=7, deterministic=True)
     assert [s.schedule.order for s in a.plan.stages] == [s.schedule.order for s in b.plan.stages]
-    assert a.status == b.status and a.makespan_after == b.makespan_after
+    assert (a.status, a.memory_status, a.makespan_after) == (b.status, b.memory_status, b.makespan_after)
+    assert a.improved
 
 
 def test_too_large_and_integration_helper(diamond_plan):
