@@ -3,13 +3,14 @@
 The paper bisects ``[0, MAXTPS]`` until the interval is below ``epsilon``.  The optimum is always
 the TPS of one stage the DP can form, so — as Alpa's stage DP does — we enumerate those values
 (:meth:`gpp_solver.dp.StageDP.candidates`: every segment at every degree), sort them and
-binary-search the sorted list: the search ends *exactly* at the smallest feasible value, after
-``ceil(log2(#candidates))`` DP runs, with no epsilon.  The result is optimal within the DP's search
+binary-search the sorted list: the search ends *exactly* at the smallest feasible value, with no epsilon.  Each DP pass tests
+several targets at once (a k-ary search, :meth:`gpp_solver.dp.StageDP.batch_size`), which shares
+the Python overhead of the recursion; with one target per pass it is the plain binary search.  The result is optimal within the DP's search
 space and with respect to its (conservative) stage estimates.
 
-Across micro-batch sizes the paper sweeps for throughput (A.2); we pick the ``b`` whose plan has
-the smallest iteration-time estimate of the cost model (``score``), skipping a ``b`` when the
-lower bound ``B * TPS_lower(b)`` of its estimate cannot beat the best one found so far.
+Across micro-batch sizes the paper sweeps for throughput (A.2); we search every ``b`` (all of
+them batched into the same DP passes) and pick the one whose plan has the smallest iteration-time
+estimate of the cost model (``score``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
+
+import numpy as np
 
 from .dp import DPStage, StageDP
 
@@ -31,31 +34,73 @@ class TpsSearch:
     b: int
     tps: float                  # the DP's bottleneck target reached (smallest feasible candidate)
     stages: tuple[DPStage, ...]
-    probes: int                 # DP runs
+    probes: int                 # DP passes (each tests several targets at once)
     candidates: int
     exact: bool                 # False when stopped by the time limit before the interval closed
 
 
 def search_tps(dp: StageDP, b: int, *, deadline: float | None = None) -> TpsSearch | None:
     """Smallest candidate TPS at ``b`` for which the DP finds a plan; ``None`` if none fits."""
-    cands = dp.candidates(b)
-    lb = dp.lower_bound(b)
-    cands = cands[cands >= lb * (1 - 1e-12)]
-    if len(cands) == 0 or not dp.feasible(b, float(cands[-1])):
-        return None
-    lo, hi, probes, exact = 0, len(cands) - 1, 1, True
-    while lo < hi:
+    return search_many(dp, [b], deadline=deadline)[b]
+
+
+def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None,
+                on_pass: Callable[[int], None] | None = None) -> dict[int, TpsSearch | None]:
+    """:func:`search_tps` for every micro-batch size at once.
+
+    Every DP pass tests several ``(b, target)`` pairs together (a k-ary search per ``b``, all sizes
+    batched into one pass), which shares the Python overhead of the recursion.  For each ``b`` the
+    interval ``[lo, hi]`` of its sorted candidates always holds the answer: ``cands[hi]`` is
+    feasible and everything below ``lo`` is not.  At the deadline each ``b`` keeps its feasible
+    ``cands[hi]`` (``exact=False``).
+    """
+    cands: dict[int, np.ndarray] = {}
+    for b in sizes:
+        c = dp.candidates(b)
+        cands[b] = c[c >= dp.lower_bound(b) * (1 - 1e-12)]
+    live = [b for b in sizes if len(cands[b])]
+    ok = dp.min_devices_pairs([(b, float(cands[b][-1])) for b in live]) <= dp.D if live else []
+    live = [b for b, f in zip(live, ok) if f]
+    lo = {b: 0 for b in live}
+    hi = {b: len(cands[b]) - 1 for b in live}
+    passes, exact = 1, True
+    budget = dp.batch_size()
+    while True:
+        active = [b for b in live if lo[b] < hi[b]]
+        if not active:
+            break
         if deadline is not None and time.perf_counter() > deadline:
             exact = False
             break
-        mid = (lo + hi) // 2
-        probes += 1
-        if dp.feasible(b, float(cands[mid])):
-            hi = mid
-        else:
-            lo = mid + 1
-    t = float(cands[hi])
-    return TpsSearch(b, t, tuple(dp.stages(b, t)), probes, len(cands), exact)
+        width = max(1, budget // len(active))
+        pairs, owner = [], []
+        for b in active:
+            n = hi[b] - lo[b]
+            picks = sorted({lo[b] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[b]}) or [lo[b]]
+            pairs.extend((b, float(cands[b][i])) for i in picks)
+            owner.append((b, picks))
+        res = dp.min_devices_pairs(pairs) <= dp.D
+        passes += 1
+        if on_pass is not None:
+            on_pass(len(active))
+        at = 0
+        for b, picks in owner:
+            flags = res[at:at + len(picks)]
+            at += len(picks)
+            first = next((i for i, f in enumerate(flags) if f), None)
+            if first is None:
+                lo[b] = picks[-1] + 1
+            else:
+                hi[b] = picks[first]
+                if first > 0:
+                    lo[b] = picks[first - 1] + 1
+    out: dict[int, TpsSearch | None] = {b: None for b in sizes}
+    if live:
+        stages = dp.stages_many([(b, float(cands[b][hi[b]])) for b in live])
+        for b, st in zip(live, stages):
+            out[b] = TpsSearch(b, float(cands[b][hi[b]]), tuple(st), passes + 1, len(cands[b]),
+                               exact or lo[b] == hi[b])
+    return out
 
 
 @dataclass(frozen=True)
@@ -63,47 +108,33 @@ class SweepResult:
     best: TpsSearch | None
     score: float
     tried: tuple[int, ...]       # micro-batch sizes searched
-    skipped: tuple[int, ...]     # pruned by the lower bound
     infeasible: tuple[int, ...]
     timed_out: bool
     probes: int
 
 
 def sweep(dp: StageDP, micro_batch_sizes: Sequence[int], score: Callable[[TpsSearch], float], *,
-          deadline: float | None = None, on_step: Callable[[int], None] | None = None) -> SweepResult:
-    """Search every micro-batch size (most promising first) and keep the best by ``score``.
-
-    At least one size is always searched to the end, whatever the deadline.
-    """
-    bounds = {b: dp.B * dp.lower_bound(b) for b in micro_batch_sizes}
-    order = sorted(micro_batch_sizes, key=lambda b: (bounds[b], -b))
-    best, best_score = None, float("inf")
-    tried, skipped, infeasible = [], [], []
-    timed_out, probes = False, 0
-    for b in order:
-        if on_step:
-            on_step(b)
-        if bounds[b] >= best_score:
-            skipped.append(b)
-            continue
-        if deadline is not None and best is not None and time.perf_counter() > deadline:
-            timed_out = True
-            skipped.append(b)
-            continue
-        res = search_tps(dp, b, deadline=deadline if best is not None else None)
-        tried.append(b)
+          deadline: float | None = None, on_pass: Callable[[int], None] | None = None) -> SweepResult:
+    """Search every micro-batch size (batched, :func:`search_many`) and keep the best by ``score``
+    (ties: the smaller DP TPS, then the larger ``b``)."""
+    results = search_many(dp, micro_batch_sizes, deadline=deadline, on_pass=on_pass)
+    best, best_key, best_score = None, None, float("inf")
+    infeasible, timed_out, probes = [], False, 0
+    for b in micro_batch_sizes:
+        res = results[b]
         if res is None:
             infeasible.append(b)
             logger.info("b=%d: no plan fits in memory", b)
             continue
-        probes += res.probes
+        probes = max(probes, res.probes)
         timed_out |= not res.exact
         sc = score(res)
-        logger.info("b=%d: TPS %.6g with %d stages (%d DP runs over %d candidates), iteration estimate %.6g",
-                    b, res.tps, len(res.stages), res.probes, res.candidates, sc)
-        if sc < best_score or (sc == best_score and best is not None and res.tps < best.tps):
-            best, best_score = res, sc
-    return SweepResult(best, best_score, tuple(tried), tuple(skipped), tuple(infeasible), timed_out, probes)
+        logger.info("b=%d: TPS %.6g with %d stages (%d candidates), iteration estimate %.6g",
+                    b, res.tps, len(res.stages), res.candidates, sc)
+        key = (sc, res.tps, -b)
+        if best_key is None or key < best_key:
+            best, best_key, best_score = res, key, sc
+    return SweepResult(best, best_score, tuple(micro_batch_sizes), tuple(infeasible), timed_out, probes)
 
 
 def default_micro_batch_sizes(mini_batch_size: int, limit: Iterable[int] | None = None) -> tuple[int, ...]:
@@ -119,4 +150,4 @@ def default_micro_batch_sizes(mini_batch_size: int, limit: Iterable[int] | None 
     return tuple(out)
 
 
-__all__ = ["TpsSearch", "SweepResult", "search_tps", "sweep", "default_micro_batch_sizes"]
+__all__ = ["TpsSearch", "SweepResult", "search_tps", "search_many", "sweep", "default_micro_batch_sizes"]

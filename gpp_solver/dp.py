@@ -148,9 +148,33 @@ class StageDP:
         return float(max(one, work))
 
     # ---- per target ----------------------------------------------------------------------
-    def _dev(self, b: int, t: float) -> np.ndarray:
+    def _dev(self, b: int, targets) -> np.ndarray:
         tb = self.tables(b)
-        return devices_by_depth(tb.tps, tb.maxdepth, tb.degrees, t, self.E)
+        return devices_by_depth(tb.tps, tb.maxdepth, tb.degrees, targets, self.E)
+
+    def batch_size(self) -> int:
+        """How many targets one DP pass should test: enough to amortise the Python overhead of
+        the recursion on small tables, few enough that array work stays modest on large ones."""
+        size = self.E + 1
+        work = sum(len(kids) ** 2 for _, kids in self.idx.nodes) * size * size
+        return int(max(1, min(32, 4e5 // max(work, 1))))
+
+    def min_devices_many(self, b: int, targets) -> np.ndarray:
+        """``min_devices`` for several targets in one batched pass."""
+        R, _, _ = run_dp(self.idx, self._dev(b, targets), self.E)
+        return R[:, 0, self.E]
+
+    def min_devices_pairs(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
+        """``min_devices`` for several ``(b, t)`` pairs — different micro-batch sizes too — in one
+        batched DP pass."""
+        by_b: dict[int, list[int]] = {}
+        for i, (b, _) in enumerate(pairs):
+            by_b.setdefault(b, []).append(i)
+        dev = np.empty((len(pairs), len(self.idx.seg_lo), self.E + 2), dtype=np.int64)
+        for b, rows in by_b.items():
+            dev[rows] = self._dev(b, [pairs[i][1] for i in rows])
+        R, _, _ = run_dp(self.idx, dev, self.E)
+        return R[:, 0, self.E]
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
@@ -166,8 +190,8 @@ class StageDP:
 
         def ok(mem: float) -> bool:
             md = self._max_depths(b, tb.degrees, mem)
-            dev = devices_by_depth(tb.tps, md, tb.degrees, float("inf"), self.E)
-            return run_dp(self.idx, dev, self.E)[0][0, self.E] <= self.D
+            dev = devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E)
+            return run_dp(self.idx, dev, self.E)[0][0, 0, self.E] <= self.D
 
         if not ok(float(cands[-1]) * (1 + 1e-12)):
             return None
@@ -187,17 +211,25 @@ class StageDP:
 
     def min_devices(self, b: int, t: float) -> int:
         """Fewest devices with which every stage meets TPS ``t`` and memory (``INF`` if none)."""
-        R, _, _ = run_dp(self.idx, self._dev(b, t), self.E)
-        return int(R[0, self.E])
+        return int(self.min_devices_many(b, [t])[0])
 
     def feasible(self, b: int, t: float) -> bool:
         return self.min_devices(b, t) <= self.D
 
     def stages(self, b: int, t: float) -> list[DPStage]:
         """The stages of a plan meeting ``t`` with at most ``D`` devices (traceback of the DP)."""
-        tb = self.tables(b)
-        dev = self._dev(b, t)
+        return self.stages_many([(b, t)])[0]
+
+    def stages_many(self, pairs: Sequence[tuple[int, float]]) -> list[list[DPStage]]:
+        """Tracebacks for several ``(b, t)`` pairs from one batched DP pass."""
+        dev = np.concatenate([self._dev(b, [t]) for b, t in pairs])
         Rroot, tables, R = run_dp(self.idx, dev, self.E, keep=True)
+        return [self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R])
+                for i, (b, t) in enumerate(pairs)]
+
+    def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list
+                   ) -> list[DPStage]:
+        tb = self.tables(b)
         feas = np.nonzero(Rroot[0] <= self.D)[0]
         if len(feas) == 0:
             raise ValueError(f"target {t!r} is infeasible at b={b}")

@@ -86,11 +86,13 @@ def index_tree(tree: SPNode) -> TreeIndex:
         height = sum(k[3] for k in kids) if kind == "S" else max(k[3] for k in kids)
         k = len(kids)
         ids = np.full((k, k), -1, dtype=np.int64)
-        for i in range(k):
-            for j in range(i, k):
-                ids[i, j] = len(lo_list)
-                lo_list.append(kids[i][1])
-                hi_list.append(kids[j][2])
+        iu, ju = np.triu_indices(k)
+        base = sum(len(x) for x in lo_list)
+        ids[iu, ju] = np.arange(base, base + len(iu))
+        los = np.asarray([c[1] for c in kids], dtype=np.int64)
+        his = np.asarray([c[2] for c in kids], dtype=np.int64)
+        lo_list.append(los[iu])
+        hi_list.append(his[ju])
         nodes.append((kind, [h for h, *_ in kids]))
         child_range.append([(lo, hi) for _, lo, hi, _ in kids])
         seg.append(ids)
@@ -100,8 +102,8 @@ def index_tree(tree: SPNode) -> TreeIndex:
         # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
         tree = Series((tree,))
     root, _, _, height = walk(tree)
-    return TreeIndex(tuple(leaf_order), nodes, child_range, seg, np.asarray(lo_list, dtype=np.int64),
-                     np.asarray(hi_list, dtype=np.int64), root, height)
+    return TreeIndex(tuple(leaf_order), nodes, child_range, seg, np.concatenate(lo_list),
+                     np.concatenate(hi_list), root, height)
 
 
 @dataclass
@@ -194,69 +196,79 @@ def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, 
     return out
 
 
-def devices_by_depth(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], t: float,
+def devices_by_depth(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets: np.ndarray,
                      E: int) -> np.ndarray:
-    """``dev[g, depth]`` for depth ``0..E+1``: the smallest degree meeting ``t`` and memory at that
-    depth (``INF`` when none; depth 0 and ``E+1`` are always ``INF``)."""
+    """``dev[i, g, depth]`` for target ``targets[i]`` and depth ``0..E+1``: the smallest degree that
+    meets the target and memory at that depth (``INF`` when none; depths 0 and ``E+1`` are ``INF``)."""
+    targets = np.atleast_1d(np.asarray(targets, dtype=float))
     depths = np.arange(E + 2)
-    dev = np.full((tps.shape[0], E + 2), INF, dtype=np.int64)
+    dev = np.full((len(targets), tps.shape[0], E + 2), INF, dtype=np.int64)
     for j in range(len(degrees) - 1, -1, -1):
-        ok = (tps[:, j] <= t)[:, None] & (maxdepth[:, j][:, None] >= depths[None, :])
+        mem_ok = maxdepth[:, j][:, None] >= depths[None, :]                    # (g, depth)
+        ok = (tps[:, j][None, :] <= targets[:, None])[:, :, None] & mem_ok[None]
         dev = np.where(ok, degrees[j], dev)
-    dev[:, 0] = INF
-    dev[:, E + 1] = INF
+    dev[:, :, 0] = INF
+    dev[:, :, E + 1] = INF
     return dev
 
 
 def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
-    """The DP over the tree for one target (encoded in ``dev``).
+    """The DP over the tree for a batch of targets (one per leading index of ``dev``).
 
-    Returns ``(R_root, tables)``: ``R_root[s, e]`` as in the module docstring, and with ``keep``
-    every node's suffix tables (``tables[t][p]``) for the traceback.
+    Returns ``(R_root, tables, R)``: ``R_root[i, s, e]`` as in the module docstring for target
+    ``i`` (values ``>= INF`` mean impossible), with ``keep`` every node's suffix tables
+    ``tables[t][i, p]`` for the traceback, and every internal node's ``R``.  Batching targets shares
+    the Python overhead of the recursion, which dominates on small trees.
     """
+    T = dev.shape[0]
     size = E + 1
     s_idx = np.arange(size)[:, None]
     e_idx = np.arange(size)[None, :]
     empty_series = np.where(e_idx >= s_idx, 0, INF).astype(np.int64)
-    upper = e_idx >= s_idx + 1          # a base stage at depth s+1 needs e >= s+1
+    lower = ~(e_idx >= s_idx + 1)       # a base stage at depth s+1 needs e >= s+1
     R: list[np.ndarray] = []
     tables: list[np.ndarray] = []
     for t, (kind, kids) in enumerate(idx.nodes):
         k = len(kids)
         segs = idx.seg[t]
-        suf = np.empty((k + 1, size, size), dtype=np.int64)
+        suf = np.empty((T, k + 1, size, size), dtype=np.int64)
         if kind == "S":
-            suf[k] = empty_series
+            suf[:, k] = empty_series
             for p in range(k - 1, -1, -1):
                 child_internal = kids[p][0] == "node"
                 q0 = p + 1 if child_internal else p
-                out = None
+                out = suf[:, p]
                 if q0 < k:
-                    D = dev[segs[p, q0:k], 1:size + 1]                 # D[q, m] = dev at depth m+1
-                    X = (D[:, None, :] + suf[q0 + 1:k + 1]).min(axis=0)  # X[s, m]
-                    cm = np.minimum.accumulate(X, axis=1)
-                    out = np.full((size, size), INF, dtype=np.int64)
-                    out[:, 1:] = cm[:, :-1]                             # m <= e-1
+                    D = dev[:, segs[p, q0:k], 1:size + 1]                   # D[i, q, m] = dev at depth m+1
+                    X = (D[:, :, None, :] + suf[:, q0 + 1:k + 1]).min(axis=1)  # X[i, s, m]
+                    np.minimum.accumulate(X, axis=2, out=X)
+                    out[:, :, 0] = INF
+                    out[:, :, 1:] = X[:, :, :-1]                             # m <= e-1
                 if child_internal:
                     Rc = R[kids[p][1]]
-                    Y = (suf[p + 1][:, :, None] + Rc[None, :, :]).min(axis=1)
-                    out = Y if out is None else np.minimum(out, Y)
-                suf[p] = np.minimum(out, INF)
+                    Y = (suf[:, p + 1][:, :, :, None] + Rc[:, None, :, :]).min(axis=2)
+                    if q0 < k:
+                        np.minimum(out, Y, out=out)
+                    else:
+                        out[...] = Y
         else:
-            suf[k] = 0
+            suf[:, k] = 0
             for p in range(k - 1, -1, -1):
                 child_internal = kids[p][0] == "node"
                 q0 = p + 1 if child_internal else p
-                out = None
+                out = suf[:, p]
                 if q0 < k:
-                    D = dev[segs[p, q0:k], 1:size + 1]                 # D[q, s] = dev at depth s+1
-                    X = (D[:, :, None] + suf[q0 + 1:k + 1]).min(axis=0)
-                    out = np.where(upper, X, INF)
+                    D = dev[:, segs[p, q0:k], 1:size + 1]                   # D[i, q, s] = dev at depth s+1
+                    X = (D[:, :, :, None] + suf[:, q0 + 1:k + 1]).min(axis=1)
+                    X[:, lower] = INF
+                    out[...] = X
                 if child_internal:
-                    Y = R[kids[p][1]] + suf[p + 1]
-                    out = Y if out is None else np.minimum(out, Y)
-                suf[p] = np.minimum(out, INF)
-        R.append(suf[0])
+                    Y = R[kids[p][1]] + suf[:, p + 1]
+                    if q0 < k:
+                        np.minimum(out, Y, out=out)
+                    else:
+                        out[...] = Y
+        R.append(np.minimum(suf[:, 0], INF))
         if keep:
             tables.append(suf)
     return R[idx.root[1]], tables, R

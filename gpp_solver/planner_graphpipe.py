@@ -11,8 +11,11 @@ plan has the smallest iteration-time estimate; give every stage a contiguous dev
 counts, kFkB orders and the cost model's exact figures; validate.
 
 Options: ``mini_batch_size`` (default: 16 samples per device, GraphPipe A.2's MMT setting),
-``micro_batch_sizes`` (default: powers of two dividing it), ``per_stage_micro_batch`` and
-``search_k`` (per-stage ``b`` / kFkB ``k``: :mod:`gpp_solver.dp_general`), ``degree_options``
+``micro_batch_sizes`` (default: powers of two dividing it), ``search_k`` (each stage's kFkB ``k``
+from ``K_OPTIONS`` by A.1's rule ``argmin_k max_y ComputeInFlight``, applied by Algorithm 2 in
+``plan_build``; TPS does not depend on ``k`` in the cost model and ``k = 1`` is among the options,
+so the DP's memory check at ``k = 1`` stays an upper bound), ``per_stage_micro_batch`` (not
+implemented yet: raises ``InvalidInputError``), ``degree_options``
 (data-parallel degrees, default powers of two), ``time_limit`` (seconds), ``progress`` (``None``:
 a tqdm bar on stderr when it is a terminal and the search runs over a second; ``False``: never).
 
@@ -46,9 +49,12 @@ PLANNER = "graphpipe"
 SAMPLES_PER_DEVICE = 16
 
 
-def _specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None) -> list[StageSpec]:
+K_OPTIONS = (1, 2, 4, 8)
+
+
+def _specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None, k: int | None = 1) -> list[StageSpec]:
     devs = assign_devices(stages, devices_per_node)
-    return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=b, k=1) for s, d in zip(stages, devs)]
+    return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=b, k=k) for s, d in zip(stages, devs)]
 
 
 def _estimate(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], B: int) -> float:
@@ -57,10 +63,45 @@ def _estimate(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], B: int
     return iteration_time_estimate(costs, stage_graph_edges(graph, stage_of), B)
 
 
+def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
+                           degree_options: Sequence[int]) -> tuple[DPStage, ...]:
+    """Give devices the DP left unused to stages, greedily, while the iteration estimate improves.
+
+    The DP stops at the fewest devices that reach the optimal bottleneck; the rest would idle.  A
+    step raises one stage's degree to the next allowed one (``b % d == 0``) when enough devices are
+    free, and keeps the step that lowers the cost model's iteration estimate most, provided the
+    plan's exact bottleneck TPS does not rise.  A larger degree only lowers a stage's activation
+    memory (the stage graph, hence the in-flight counts, are unchanged), so memory stays within
+    the limit; the plan's TPS stays at most the DP's target.
+    """
+    cur = tuple(stages)
+    opts = sorted(d for d in degree_options if b % d == 0)
+    free = cluster.devices - sum(s.degree for s in cur)
+    best = _estimate(graph, cluster, _specs(cur, b, cluster.devices_per_node), B)
+    tps0 = max(c.time_per_sample for c in stage_costs(graph, cluster, _specs(cur, b, cluster.devices_per_node), B))
+    while free > 0:
+        step = None
+        for i, st in enumerate(cur):
+            bigger = [d for d in opts if d > st.degree and d - st.degree <= free]
+            if not bigger:
+                continue
+            trial = cur[:i] + (replace(st, degree=bigger[0]),) + cur[i + 1:]
+            specs = _specs(trial, b, cluster.devices_per_node)
+            tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
+            est = _estimate(graph, cluster, specs, B)
+            if est < best * (1 - 1e-12) and tps <= tps0 * (1 + 1e-12) and (step is None or est < step[0]):
+                step = (est, trial, bigger[0] - st.degree)
+        if step is None:
+            break
+        best, cur, used = step
+        free -= used
+    return cur
+
+
 class _Progress:
     """A tqdm bar on stderr (only for a terminal, only after a second), else nothing."""
 
-    def __init__(self, total: int, enabled: bool | None) -> None:
+    def __init__(self, total: int | None, enabled: bool | None) -> None:
         self.bar = None
         if enabled is False or not sys.stderr.isatty():
             return
@@ -68,12 +109,12 @@ class _Progress:
             from tqdm import tqdm
         except ImportError:  # pragma: no cover - tqdm is an optional extra
             return
-        self.bar = tqdm(total=total, desc="graphpipe: micro-batch sizes", unit="b", delay=1.0,
+        self.bar = tqdm(total=total, desc="graphpipe: DP passes", unit="pass", delay=1.0,
                         file=sys.stderr, leave=False)
 
-    def step(self, b: int) -> None:
+    def step(self, active: int) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"b={b}")
+            self.bar.set_postfix_str(f"{active} micro-batch sizes open")
             self.bar.update(1)
 
     def close(self) -> None:
@@ -113,19 +154,17 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     if dec.forced_cuts:
         logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
                     graph.name, len(dec.forced_cuts), dec.added_pairs)
-    if per_stage_micro_batch or search_k:
-        from .dp_general import plan_general
-        return plan_general(graph, cluster, B, dec, sizes, per_stage_micro_batch=per_stage_micro_batch,
-                            search_k=search_k, degree_options=degree_options, deadline=deadline, t0=t0,
-                            validate_plan=validate_plan)
+    if per_stage_micro_batch:
+        raise InvalidInputError("per_stage_micro_batch=True is not implemented by the graphpipe planner yet "
+                                "(one micro-batch size for all stages, the paper's default, is searched)")
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options)
 
     def score(res: TpsSearch) -> float:
         return _estimate(graph, cluster, _specs(res.stages, res.b, cluster.devices_per_node), B)
 
-    bar = _Progress(len(sizes), progress)
+    bar = _Progress(None, progress)
     try:
-        sw = sweep(dp, sizes, score, deadline=deadline, on_step=bar.step)
+        sw = sweep(dp, sizes, score, deadline=deadline, on_pass=bar.step)
     finally:
         bar.close()
     if sw.best is None:
@@ -133,12 +172,15 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     best = sw.best
     status = "time-limit" if sw.timed_out else "optimal-within-search-space"
     extra = {"micro_batch_size": best.b, "dp_time_per_sample": best.tps, "dp_runs": sw.probes,
-             "micro_batch_sizes_searched": list(sw.tried), "micro_batch_sizes_pruned": list(sw.skipped),
-             "micro_batch_sizes_infeasible": list(sw.infeasible), "sp_added_dependencies": dec.added_pairs,
+             "micro_batch_sizes_searched": list(sw.tried), "micro_batch_sizes_infeasible": list(sw.infeasible), "sp_added_dependencies": dec.added_pairs,
              "objective": "min bottleneck TPS per micro-batch size (DP estimate), then min iteration estimate"}
-    specs = _specs(best.stages, best.b, cluster.devices_per_node)
+    stages = best.stages
+    if sum(st.degree for st in stages) < cluster.devices:
+        stages = spend_leftover_devices(graph, cluster, stages, best.b, B, dp.degree_options)
+    specs = _specs(stages, best.b, cluster.devices_per_node, None if search_k else 1)
     plan = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                      search=SearchInfo(seconds=0.0, status=status, epsilon=None, extra=extra))
+                      search=SearchInfo(seconds=0.0, status=status, epsilon=None, extra=extra),
+                      k_options=K_OPTIONS if search_k else (1,))
     if plan.predicted.time_per_sample > best.tps * (1 + 1e-9) + 1e-15:
         logger.warning("plan TPS %.9g exceeds the DP's target %.9g: the DP estimate is not an upper bound here",
                        plan.predicted.time_per_sample, best.tps)

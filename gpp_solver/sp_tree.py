@@ -37,6 +37,7 @@ Every step costs ``O(|S|)`` operations on ``n``-bit integers; the whole decompos
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator, Sequence, Union
 
@@ -128,20 +129,35 @@ def reachability_pairs(g: nx.DiGraph) -> set[tuple[Hashable, Hashable]]:
     return {(u, v) for u in g for v in nx.descendants(g, u)}
 
 
-def _as_digraph(graph: Any) -> tuple[nx.DiGraph, tuple[Hashable, ...]]:
-    """A DiGraph and a deterministic topological order (file order breaks ties)."""
+def _adjacency(graph: Any) -> tuple[tuple[Hashable, ...], dict, dict]:
+    """``(topological order, successors, predecessors)``; file order breaks ties."""
     if isinstance(graph, nx.DiGraph):
-        g = graph
-        pos = {v: i for i, v in enumerate(g.nodes)}
-        try:
-            order = tuple(nx.lexicographical_topological_sort(g, key=pos.__getitem__))
-        except nx.NetworkXUnfeasible:
-            cyc = nx.find_cycle(g)
-            raise InvalidGraphError("graph has a cycle: " + " -> ".join(str(u) for u, _ in cyc)) from None
-        return g, order
-    if hasattr(graph, "to_networkx") and hasattr(graph, "topo_order"):
-        return graph.to_networkx(), tuple(graph.topo_order)
-    raise InvalidGraphError(f"cannot decompose a {type(graph).__name__}; pass a Graph or a networkx.DiGraph")
+        ids = tuple(graph.nodes)
+        succ = {v: tuple(graph.successors(v)) for v in ids}
+        pred = {v: tuple(graph.predecessors(v)) for v in ids}
+    elif hasattr(graph, "ids") and hasattr(graph, "succs") and hasattr(graph, "preds"):
+        ids = tuple(graph.ids)
+        succ = {v: graph.succs(v) for v in ids}
+        pred = {v: graph.preds(v) for v in ids}
+    else:
+        raise InvalidGraphError(f"cannot decompose a {type(graph).__name__}; pass a Graph or a networkx.DiGraph")
+    pos = {v: i for i, v in enumerate(ids)}
+    indeg = {v: len(pred[v]) for v in ids}
+    ready = [pos[v] for v in ids if indeg[v] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        v = ids[heapq.heappop(ready)]
+        order.append(v)
+        for w in succ[v]:
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(ready, pos[w])
+    if len(order) != len(ids):
+        g = nx.DiGraph([(u, w) for u in ids for w in succ[u]])
+        cyc = nx.find_cycle(g)
+        raise InvalidGraphError("graph has a cycle: " + " -> ".join(str(u) for u, _ in cyc))
+    return tuple(order), succ, pred
 
 
 def decompose(graph: Any) -> SPDecomposition:
@@ -151,7 +167,7 @@ def decompose(graph: Any) -> SPDecomposition:
     >>> decompose(g).tree == Series((Leaf("a"), Parallel((Leaf("b"), Leaf("c"))), Leaf("d")))
     True
     """
-    g, order = _as_digraph(graph)
+    order, succ, pred = _adjacency(graph)
     n = len(order)
     if n == 0:
         raise InvalidGraphError("cannot decompose an empty graph")
@@ -160,13 +176,13 @@ def decompose(graph: Any) -> SPDecomposition:
     anc = [0] * n
     for i in range(n - 1, -1, -1):
         m = 0
-        for s in g.successors(order[i]):
+        for s in succ[order[i]]:
             j = idx[s]
             m |= desc[j] | (1 << j)
         desc[i] = m
     for i in range(n):
         m = 0
-        for p in g.predecessors(order[i]):
+        for p in pred[order[i]]:
             j = idx[p]
             m |= anc[j] | (1 << j)
         anc[i] = m

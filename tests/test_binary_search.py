@@ -49,7 +49,7 @@ def test_expired_deadline_still_returns_a_feasible_answer(mmt_dp: StageDP) -> No
     assert full is not None and full.tps <= res.tps
 
 
-def test_sweep_keeps_the_best_score_and_prunes_only_hopeless_sizes(mmt_dp: StageDP) -> None:
+def test_sweep_keeps_the_best_score(mmt_dp: StageDP) -> None:
     scores: dict[int, float] = {}
 
     def score(r):
@@ -60,6 +60,14 @@ def test_sweep_keeps_the_best_score_and_prunes_only_hopeless_sizes(mmt_dp: Stage
     sw = sweep(mmt_dp, sizes, score)
     assert sw.best is not None and not sw.timed_out
     assert sw.score == min(scores.values())
-    assert set(sw.tried) | set(sw.skipped) == set(sizes)
-    for b in sw.skipped:
-        assert mmt_dp.B * mmt_dp.lower_bound(b) >= sw.score
+    assert set(sw.tried) == set(sizes) and set(scores) == set(sizes) - set(sw.infeasible)
+    assert sw.best.b == min(scores, key=lambda b: (scores[b], -b))
+
+
+def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:
+    from gpp_solver.binary_search import search_many
+    sizes = [1, 2, 8, 32]
+    together = search_many(mmt_dp, sizes)
+    for b in sizes:
+        alone = search_tps(mmt_dp, b)
+        assert together[b].tps == alone.tps and together[b].stages == alone.stages

@@ -151,3 +151,19 @@ def test_time_limit_still_returns_a_valid_plan() -> None:
     assert plan.search.status in ("time-limit", "optimal-within-search-space")
     assert plan.search.extra["micro_batch_sizes_searched"]
     validate(plan, g, c)
+
+
+def test_search_k_lets_algorithm2_choose_k_and_never_holds_more() -> None:
+    g = build_model("mmt", branches=2, layers=2)
+    c = Cluster(devices=4, memory_bytes=16 * 2**30, inter_node_bandwidth=12.5e9)
+    p1 = plan_graphpipe(g, c, 64)
+    pk = plan_graphpipe(g, c, 64, search_k=True)
+    validate(pk, g, c)
+    assert [s.nodes for s in pk.stages] == [s.nodes for s in p1.stages]
+    for a, b in zip(pk.stages, p1.stages):
+        assert a.in_flight_samples <= b.in_flight_samples
+
+
+def test_per_stage_micro_batch_is_refused_clearly() -> None:
+    with pytest.raises(InvalidInputError, match="per_stage_micro_batch"):
+        solve(diamond_dict(), CLUSTER, mini_batch_size=4, per_stage_micro_batch=True)

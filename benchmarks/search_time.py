@@ -1,0 +1,79 @@
+"""GraphPipe Table 1 grid: search time of the GraphPipe planner beside the paper's figures.
+
+    python benchmarks/search_time.py            # 4/8/16/32 devices (the paper's grid)
+    python benchmarks/search_time.py --large    # also 1024 devices
+    python benchmarks/search_time.py --profile mmt:32   # cProfile one cell
+
+Workloads: ``gpp_solver.models.build_model`` (``mmt`` = 4 branches x 8 layers, ``dlrm``,
+``candle-uno``) with GraphPipe A.2's mini-batch sizes (MMT 16, DLRM 64, CANDLE-Uno 1024 samples
+per device).  Cluster: ``gpp_solver.cluster.v100_cluster`` — 4 GPUs per node, 16 GiB each (V100),
+intra-node 50e9 B/s (NVLink-ish), inter-node 12.5e9 B/s (100 Gb/s InfiniBand), latency 1e-5 s,
+optimizer_state_factor 4.  Search time is the wall time of ``plan_graphpipe`` (decomposition,
+every micro-batch size, traceback and ``build_plan`` with its simulation), without the final
+``validate``, best of ``--repeat`` runs (default 3) on a shared machine.  The paper's figures are GraphPipe's column of Table 1 (Apple M1 Max, seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+
+from gpp_solver.cluster import v100_cluster
+from gpp_solver.models import build_model
+from gpp_solver.planner_graphpipe import plan_graphpipe
+
+PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024}
+PAPER = {  # GraphPipe, Table 1 (seconds)
+    "mmt": {4: 0.12, 8: 0.76, 16: 3.00, 32: 10.11},
+    "dlrm": {4: 0.33, 8: 2.73, 16: 13.28, 32: 54.6},
+    "candle-uno": {4: 0.19, 8: 1.43, 16: 6.14, 32: 22.37},
+}
+
+
+def run_cell(model: str, devices: int, repeat: int = 1):
+    """Best wall time of ``repeat`` runs (the machine is shared; the minimum is the least noisy)."""
+    g = build_model(model)
+    c = v100_cluster(devices)
+    B = PER_DEVICE[model] * devices
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = plan_graphpipe(g, c, B, progress=False, validate_plan=False)
+        best = min(best, time.perf_counter() - t0)
+    return best, plan, B
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--large", action="store_true", help="also plan for 1024 devices")
+    ap.add_argument("--profile", metavar="MODEL:DEVICES", help="cProfile one cell and print the top entries")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the best time is shown (default 3)")
+    args = ap.parse_args(argv)
+    if args.profile:
+        model, dev = args.profile.split(":")
+        prof = cProfile.Profile()
+        prof.enable()
+        run_cell(model, int(dev))
+        prof.disable()
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(25)
+        return 0
+    grid = [4, 8, 16, 32] + ([1024] if args.large else [])
+    print("| model | GPUs | B | search s (ours) | paper GraphPipe s | ours / paper | b | stages | depth "
+          "| devices used | TPS (s) | throughput (samples/s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for model in ("mmt", "dlrm", "candle-uno"):
+        for d in grid:
+            secs, plan, B = run_cell(model, d, args.repeat)
+            paper = PAPER[model].get(d)
+            ratio = f"{secs / paper:.3f}" if paper else "-"
+            print(f"| {model} | {d} | {B} | {secs:.3f} | {paper if paper else '-'} | {ratio} "
+                  f"| {plan.stages[0].micro_batch_size} | {len(plan.stages)} | {plan.depth} | {plan.devices_used} "
+                  f"| {plan.predicted.time_per_sample:.4g} | {plan.predicted.throughput:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
