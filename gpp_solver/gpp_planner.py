@@ -1,0 +1,336 @@
+"""``plan_gpp``: the project's own planner — the best seed plan, improved over ALL convex partitions.
+
+GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
+planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
+
+1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``pipedream-2bw``,
+   ``alpa``; a missing one or one that raises is skipped and recorded) and, for every candidate
+   micro-batch size ``b``, builds its own sequential seeds (balanced prefix cuts of two topological
+   orders, devices re-split by a min-max over thresholds);
+2. for each ``b`` (most promising first; a ``b`` whose perfect-balance bound ``B * TPS_lb(b)``
+   cannot beat the best simulated iteration time so far is skipped) starts from the best of those
+   states and the seed plans' partitions, and runs :func:`gpp_solver.local_search.search` —
+   boundary-node moves, merges, splits, device moves and re-splits, every intermediate state a
+   valid plan (acyclic stage graph, convex stages, memory with Algorithm 2's in-flight counts);
+3. builds full plans (``plan_build.build_plan``) only for the start and the result of each ``b``,
+   picks the best by **simulated** iteration time (ties: TPS) among them and every seed plan, so
+   the answer is never worse than any seed; then tightens its micro-batch orders with the CP-SAT
+   schedule model when available and the time allows (``tighten=None``: on when the model is
+   small enough and at least a second is left).
+
+**Determinism.**  No randomness: moves are enumerated in a fixed order and the search is capped by
+``max_iterations`` per micro-batch size; CP-SAT runs single-threaded under a *deterministic* time
+limit with ``seed``.  The wall clock (``time_limit``, default 60 s) is only a safety stop: when it
+cuts the search the status is ``time-limit`` and the result depends on the machine's speed.
+
+**Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
+is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
+status is ``optimal`` (optimal bottleneck TPS over convex partitions with one ``b``); its plan also
+joins the candidates.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from .cost import CostTables
+from .errors import InfeasibleError, InvalidInputError
+from .local_search import Eval, Problem, SearchResult, State, canonical, chain_states, search
+from .plan_build import StageSpec, build_plan
+from .planners import get_planner
+from .types import Cluster, Graph, Plan, SearchInfo
+from .validate import validate
+
+logger = logging.getLogger(__name__)
+
+SEED_PLANNERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa")
+DEFAULT_SAFETY_SECONDS = 60.0
+DEFAULT_MAX_ITERATIONS = 400
+MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
+TIGHTEN_MAX_SECONDS = 10.0
+
+
+def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
+    """Powers of two dividing ``B`` with ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
+    out, b = set(), 1
+    while b <= B and B % b == 0:
+        if B // b <= max_micro_batches:
+            out.add(b)
+        b *= 2
+    out.update(x for x in extra if B % x == 0)
+    return sorted(out) if out else [B]
+
+
+def _uniform_b(plan: Plan) -> int | None:
+    bs = {s.micro_batch_size for s in plan.stages}
+    if len(bs) != 1 or any(s.tensor_parallel != 1 or s.tmpc for s in plan.stages):
+        return None
+    return bs.pop()
+
+
+def _state_from_plan(P: Problem, plan: Plan) -> list[State]:
+    """The seed plan's partition at ``P.b``: its own degrees when valid there, and re-split ones."""
+    idx = P.graph.index
+    a = [0] * P.N
+    for i, s in enumerate(plan.stages):
+        for v in s.nodes:
+            a[idx[v]] = i
+    k = len(plan.stages)
+    out = []
+    devs = tuple(len(s.devices) // max(1, s.tensor_parallel) for s in plan.stages)
+    if all(d in P.degrees for d in devs) and sum(devs) <= P.D:
+        out.append(State(tuple(a), devs))
+    rb = P.rebalance(a, k)
+    if rb is not None:
+        out.append(State(tuple(a), rb))
+    return out
+
+
+def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
+    """A full, priced plan of a state (stage devices as placed by the evaluator)."""
+    k = len(state.devs)
+    members: list[list[int]] = [[] for _ in range(k)]
+    for u, s in enumerate(state.assign):
+        members[s].append(u)
+    ids = P.graph.ids
+    specs = [StageSpec(nodes=tuple(ids[u] for u in members[s]),
+                       devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
+                       micro_batch_size=P.b, k=1) for s in range(k)]
+    plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info)
+    if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
+        logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
+                       plan.predicted.time_per_sample)
+    return plan
+
+
+def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo) -> Plan:
+    """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
+    def specs(keep_orders: bool) -> list[StageSpec]:
+        return [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
+                          tmpc=s.tmpc, order=s.schedule.order if keep_orders else None) for s in plan.stages]
+    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info)
+    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
+            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
+        out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)
+    return out
+
+
+OBJECTIVES = ("iteration_time", "time_per_sample")
+
+
+_FALLBACKS = {"graphpipe": ("gpp_solver.planner_graphpipe", "plan_graphpipe")}
+
+
+def _seed_fn(name: str) -> Any:
+    """The registered planner, or (for ``graphpipe``) its module under the name it landed with."""
+    try:
+        return get_planner(name)
+    except InvalidInputError:
+        pass
+    if name in _FALLBACKS:
+        import importlib
+        mod, attr = _FALLBACKS[name]
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError):
+            return None
+    return None
+
+
+def _run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str], time_limit: float | None,
+                       deadline: float) -> tuple[dict[str, Plan], dict[str, dict[str, Any]]]:
+    plans: dict[str, Plan] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for name in names:
+        fn = _seed_fn(name)
+        if fn is None:
+            info[name] = {"status": "missing"}
+            continue
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            info[name] = {"status": "skipped (time)"}
+            continue
+        t0 = time.perf_counter()
+        try:
+            p = fn(graph, cluster, B, time_limit=None if time_limit is None else max(0.05, 0.2 * left))
+            validate(p, graph, cluster)
+        except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
+            logger.info("seed planner %s skipped: %s: %s", name, type(exc).__name__, exc)
+            info[name] = {"status": f"error: {type(exc).__name__}", "seconds": time.perf_counter() - t0}
+            continue
+        plans[name] = p
+        info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0,
+                      "time_per_sample": p.predicted.time_per_sample,
+                      "iteration_time": p.predicted.iteration_time}
+    return plans, info
+
+
+def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
+             deadline: float) -> tuple[Plan, dict[str, Any]]:
+    if tighten is False:
+        return plan, {"status": "off"}
+    try:
+        from . import cp_schedule
+    except Exception as exc:  # noqa: BLE001
+        return plan, {"status": f"unavailable: {type(exc).__name__}"}
+    left = deadline - time.perf_counter()
+    actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
+    limit_actions = getattr(cp_schedule, "MAX_ACTIONS", 4000)
+    if tighten is None and (left < 1.0 or actions > limit_actions):
+        return plan, {"status": "skipped", "actions": actions, "seconds_left": max(0.0, left)}
+    try:
+        r = cp_schedule.tighten(plan, graph, cluster, time_limit=max(0.1, min(TIGHTEN_MAX_SECONDS, 0.5 * left)),
+                                seed=seed, workers=1, deterministic=True)
+    except Exception as exc:  # noqa: BLE001
+        logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
+        return plan, {"status": f"error: {type(exc).__name__}"}
+    info = {"status": r.status, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
+            "improved": r.improved, "seconds": r.seconds, "actions": r.actions}
+    return r.plan, info
+
+
+def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
+             progress: bool = False, seed: int = 0, tighten: bool | None = None,
+             micro_batch_sizes: Sequence[int] | None = None, seed_planners: Sequence[str] = SEED_PLANNERS,
+             max_iterations: int = DEFAULT_MAX_ITERATIONS, restarts: int = 3, prove: bool = False,
+             objective: str = "iteration_time", **options: Any) -> Plan:
+    """Plan with the best seed improved by local search over all convex partitions (module docstring)."""
+    B = mini_batch_size
+    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
+        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    if time_limit is not None and not time_limit > 0:
+        raise InvalidInputError(f"`time_limit > 0` must hold, but got (time_limit={time_limit})")
+    if objective not in OBJECTIVES:
+        raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+
+    def score(p: Plan) -> tuple[float, float]:
+        it, tps = p.predicted.iteration_time, p.predicted.time_per_sample
+        return (it, tps) if objective == "iteration_time" else (tps, it)
+
+    if options:
+        logger.debug("plan_gpp ignores options %s", sorted(options))
+    log = logger.info if progress else logger.debug
+    t0 = time.perf_counter()
+    deadline = t0 + (time_limit if time_limit is not None else DEFAULT_SAFETY_SECONDS)
+    seeds, seed_info = _run_seed_planners(graph, cluster, B, seed_planners, time_limit, deadline)
+    extra_b = [b for b in (_uniform_b(p) for p in seeds.values()) if b is not None]
+    if micro_batch_sizes is not None:
+        bad = [b for b in micro_batch_sizes if not isinstance(b, int) or b < 1 or B % b]
+        if bad:
+            raise InvalidInputError(f"`B % b == 0` must hold, but got (B={B}, b={bad[0]})")
+        bs = sorted(set(micro_batch_sizes))
+    else:
+        bs = candidate_micro_batch_sizes(B, extra_b)
+    tables = CostTables(graph)
+    timed_out = False
+    # start states per b: own chains + the seed plans' partitions, best first (distinct)
+    starts: dict[int, tuple[Problem, list[tuple[str, State, Eval]]]] = {}
+    for b in bs:
+        P = Problem(graph, cluster, B, b, tables)
+        cands = list(chain_states(P))
+        for name, p in seeds.items():
+            cands += [(name, st) for st in _state_from_plan(P, p)]
+        evald, seen = [], set()
+        for label, st in cands:
+            e = P.evaluate(st.assign, st.devs)
+            if e is not None:
+                c = canonical(st, e)
+                if c not in seen:
+                    seen.add(c)
+                    evald.append((label, c, P.evaluate(c.assign, c.devs)))
+        evald.sort(key=lambda x: x[2].key)
+        if evald:
+            starts[b] = (P, evald[:max(1, restarts)])
+        if time.perf_counter() > deadline:
+            timed_out = True
+            break
+    order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
+    pool: list[tuple[Plan, dict[str, Any]]] = []
+    for name, p in seeds.items():
+        pool.append((p, {"origin": name, "micro_batch_size": _uniform_b(p)}))
+    per_b: dict[int, dict[str, Any]] = {}
+    worst_memory = None
+    for b in order:
+        P, start_list = starts[b]
+        best_now = min((score(p) for p, _ in pool), default=None)
+        if best_now is not None and (B * P.lb_tps if objective == "iteration_time" else P.lb_tps) >= best_now[0]:
+            per_b[b] = {"skipped": "bound"}
+            continue
+        if time.perf_counter() > deadline:
+            timed_out = True
+            per_b[b] = {"skipped": "time"}
+            continue
+        found: list[tuple[SearchResult, str, Eval, State]] = []
+        for label, st, e0 in start_list:
+            if time.perf_counter() > deadline:
+                timed_out = True
+                break
+            res = search(P, st, max_iterations=max_iterations, deadline=deadline)
+            timed_out |= res.stopped == "time"
+            found.append((res, label, e0, st))
+        if not found:
+            continue
+        res, label, e0, st = min(found, key=lambda f: f[0].ev.key)
+        per_b[b] = {"start": label, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps, "moves": res.moves,
+                    "iterations": sum(f[0].iterations for f in found), "restarts": len(found),
+                    "stopped": res.stopped, "move_counts": res.move_counts, "evaluations": P.evaluations}
+        if res.ev.key[0] > 0:
+            m = max(res.ev.memory)
+            worst_memory = m if worst_memory is None else min(worst_memory, m)
+            per_b[b]["infeasible"] = True
+            continue
+        meta = {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps,
+                "moves": res.moves}
+        for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
+            if e_.key[0] == 0:
+                pool.append((build_from_state(P, s_, e_, SearchInfo(0.0, "feasible")), m_))
+        log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
+            res.moves, res.stopped)
+    proven = None
+    if prove:
+        proven = _prove(graph, cluster, B, deadline, pool)
+    if not pool:
+        need = worst_memory
+        raise InfeasibleError(
+            f"no plan fits in {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices"
+            + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
+            required_memory_bytes=need)
+    plan, meta = min(pool, key=lambda pm: score(pm[0]))
+    if plan.planner != "gpp":
+        plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, "feasible"))
+    plan, tinfo = _tighten(plan, graph, cluster, tighten, seed, deadline)
+    timed_out |= time.perf_counter() > deadline
+    status = "time-limit" if timed_out else "feasible"
+    if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
+        status = "optimal"
+    extra = {"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
+             "moves": meta.get("moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
+             "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
+             "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
+             "iteration_time_estimate": plan.search.extra.get("iteration_time_estimate")}
+    plan = replace(plan, planner="gpp", search=SearchInfo(time.perf_counter() - t0, status, None, extra))
+    validate(plan, graph, cluster)
+    return plan
+
+
+def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
+           pool: list[tuple[Plan, dict[str, Any]]]) -> float | None:
+    """Run the exact planner (``milp``) if installed; its optimal TPS, or ``None``."""
+    try:
+        fn = get_planner("milp")
+    except InvalidInputError:
+        return None
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return None
+    try:
+        p = fn(graph, cluster, B, time_limit=left)
+        validate(p, graph, cluster)
+    except Exception as exc:  # noqa: BLE001
+        logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
+        return None
+    pool.append((p, {"origin": "milp", "micro_batch_size": _uniform_b(p)}))
+    return p.predicted.time_per_sample if p.search.status == "optimal" else None
