@@ -34,11 +34,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .cost import CostTables
 from .errors import InfeasibleError, InvalidInputError
-from .local_search import Eval, Problem, SearchResult, State, canonical, chain_states, search
+from .local_search import SearchResult, chain_states, search
+from .partition_eval import Eval, Problem, State, canonical
 from .plan_build import StageSpec, build_plan
 from .planners import get_planner
 from .types import Cluster, Graph, Plan, SearchInfo
@@ -51,6 +52,7 @@ DEFAULT_SAFETY_SECONDS = 60.0
 DEFAULT_MAX_ITERATIONS = 400
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
 TIGHTEN_MAX_SECONDS = 10.0
+SEED_SHARE = 0.15                # each seed planner gets this share of the time left (also without a limit)
 
 
 def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
@@ -155,7 +157,7 @@ def _run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[s
             continue
         t0 = time.perf_counter()
         try:
-            p = fn(graph, cluster, B, time_limit=None if time_limit is None else max(0.05, 0.2 * left))
+            p = fn(graph, cluster, B, time_limit=max(0.05, SEED_SHARE * left))
             validate(p, graph, cluster)
         except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
             logger.info("seed planner %s skipped: %s: %s", name, type(exc).__name__, exc)
@@ -196,7 +198,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
              progress: bool = False, seed: int = 0, tighten: bool | None = None,
              micro_batch_sizes: Sequence[int] | None = None, seed_planners: Sequence[str] = SEED_PLANNERS,
              max_iterations: int = DEFAULT_MAX_ITERATIONS, restarts: int = 3, prove: bool = False,
-             objective: str = "iteration_time", **options: Any) -> Plan:
+             objective: str = "iteration_time", seed_plans: Mapping[str, Plan] | None = None,
+             **options: Any) -> Plan:
     """Plan with the best seed improved by local search over all convex partitions (module docstring)."""
     B = mini_batch_size
     if not isinstance(B, int) or isinstance(B, bool) or B < 1:
@@ -215,7 +218,22 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     log = logger.info if progress else logger.debug
     t0 = time.perf_counter()
     deadline = t0 + (time_limit if time_limit is not None else DEFAULT_SAFETY_SECONDS)
-    seeds, seed_info = _run_seed_planners(graph, cluster, B, seed_planners, time_limit, deadline)
+    given = dict(seed_plans or {})
+    seeds, seed_info = _run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
+                                          time_limit, deadline)
+    for name, p in given.items():
+        try:
+            validate(p, graph, cluster)
+        except InvalidInputError as exc:
+            seed_info[name] = {"status": f"error: {type(exc).__name__}", "given": True}
+            continue
+        if p.mini_batch_size != B:
+            seed_info[name] = {"status": "error: mini_batch_size differs", "given": True}
+            continue
+        seeds[name] = p
+        seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
+                           "time_per_sample": p.predicted.time_per_sample,
+                           "iteration_time": p.predicted.iteration_time}
     extra_b = [b for b in (_uniform_b(p) for p in seeds.values()) if b is not None]
     if micro_batch_sizes is not None:
         bad = [b for b in micro_batch_sizes if not isinstance(b, int) or b < 1 or B % b]

@@ -1,0 +1,234 @@
+"""The ``gpp`` planner: exact pricing of partition states, valid moves, quality against the exact
+optimum on tiny random graphs, never worse than GraphPipe, deterministic."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import gpp_solver as gs
+from gpp_solver.cost import stage_costs
+from gpp_solver.errors import InfeasibleError
+from gpp_solver.gpp_planner import _seed_fn, build_from_state, plan_gpp
+from gpp_solver.local_search import chain_states, neighbours, repartitions, search
+from gpp_solver.partition_eval import Problem
+from gpp_solver.plan_build import StageSpec, build_plan
+from gpp_solver.types import Cluster, SearchInfo
+
+oracle = pytest.importorskip("gpp_solver.oracle")
+
+KINDS = ("chain", "diamond", "sp", "dag")
+
+
+def instances(count: int, seed: int, sizes=(6, 7)):
+    """Seeded tiny instances: every kind in turn, 4 devices, flat or 2-per-node clusters."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        kind = KINDS[i % len(KINDS)]
+        n = rng.choice(sizes)
+        g = oracle.random_graph(rng, kind, n, name=f"{kind}-{n}-{i}")
+        c = oracle.random_cluster(rng, 4, placement=i % 2 == 1)
+        out.append((g, c))
+    return out
+
+
+def _no_seeds(**kw):
+    return dict(seed_planners=(), tighten=False, **kw)
+
+
+# ------------------------------------------------------------------------------- evaluator
+@pytest.mark.parametrize("g,c", instances(4, 11))
+def test_evaluator_matches_cost_model_and_plan_build(g, c):
+    """The local search's fast pricing equals cost.stage_costs / build_plan on every neighbour state."""
+    B = 16
+    checked = 0
+    for b in (2, 4):
+        P = Problem(g, c, B, b)
+        label, st = next(iter(chain_states(P)))
+        states = [st] + [cand for _, cand in neighbours(P, st, 0)][:40]
+        for cand in states:
+            ev = P.evaluate(cand.assign, cand.devs)
+            if ev is None:
+                continue
+            specs = [StageSpec(tuple(g.ids[u] for u in range(P.N) if cand.assign[u] == s),
+                               tuple(range(ev.offsets[s], ev.offsets[s] + cand.devs[s])), b)
+                     for s in range(len(cand.devs))]
+            costs = stage_costs(g, c, specs, B)
+            for s, cost in enumerate(costs):
+                assert math.isclose(cost.time_per_sample, ev.tps[s], rel_tol=1e-9)
+            plan = build_plan(g, c, specs, B, planner="gpp", search=SearchInfo(0.0, "feasible"))
+            assert math.isclose(plan.predicted.time_per_sample, ev.max_tps, rel_tol=1e-9)
+            assert math.isclose(plan.predicted.peak_memory_bytes, max(ev.memory), rel_tol=1e-9)
+            checked += 1
+    assert checked > 10
+
+
+def test_cyclic_stage_graph_is_rejected_by_the_evaluator():
+    g = gs.graph_from_dict({"name": "c3", "micro_batch_sizes": [1], "nodes": [
+        {"id": x, "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
+         "output_bytes": 1.0} for x in "abc"], "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "c"}]})
+    c = Cluster(devices=2, memory_bytes=1e9, inter_node_bandwidth=1e9)
+    P = Problem(g, c, 4, 2)
+    assert P.evaluate((0, 1, 0), (1, 1)) is None          # {a, c} is not convex: a cycle 0 -> 1 -> 0
+    assert P.evaluate((0, 0, 1), (1, 1)) is not None
+
+
+# ------------------------------------------------------------------------------- search
+@pytest.mark.parametrize("g,c", instances(3, 5))
+def test_every_accepted_state_is_a_valid_plan(g, c):
+    """Stopping the search after 1, 2, ... iterations always leaves a plan the validator accepts."""
+    P = Problem(g, c, 16, 4)
+    start = min((st for _, st in chain_states(P)), key=lambda st: P.evaluate(st.assign, st.devs).key)
+    prev = None
+    for it in range(1, 8):
+        res = search(P, start, max_iterations=it)
+        plan = build_from_state(P, res.state, res.ev, SearchInfo(0.0, "feasible"))
+        gs.validate(plan, g, c)
+        assert math.isclose(plan.predicted.time_per_sample, res.ev.max_tps, rel_tol=1e-9)
+        if prev is not None:
+            assert res.ev.key <= prev            # never worse than after fewer iterations
+        prev = res.ev.key
+        if res.stopped == "converged":
+            break
+
+
+def test_repartition_covers_every_two_stage_split_of_a_pair():
+    """On a 2-stage chain the exact pair re-partition enumerates every prefix cut."""
+    g, c = instances(1, 3, sizes=(6,))[0]
+    P = Problem(g, c, 16, 4)
+    order = [g.index[v] for v in g.topo_order]
+    a = [0] * P.N
+    for u in order[3:]:
+        a[u] = 1
+    from gpp_solver.partition_eval import State
+    cands = list(repartitions(P, State(tuple(a), (2, 2)), 0))
+    assert cands and all(lbl == "repartition" for lbl, _ in cands)
+    assert all(P.evaluate(st.assign, st.devs) is not None for _, st in cands)
+
+
+# ------------------------------------------------------------------------------- quality
+def _quality(cases):
+    hits, gaps = 0, []
+    for g, c in cases:
+        opt, oplan = oracle.best_plan_bruteforce(g, c, 16)
+        if oplan is None:
+            continue
+        p = plan_gpp(g, c, 16, objective="time_per_sample", **_no_seeds())
+        gs.validate(p, g, c)
+        gap = p.predicted.time_per_sample / opt - 1
+        gaps.append(gap)
+        hits += gap <= 1e-9
+    return hits, gaps
+
+
+def test_reaches_the_exact_optimum_in_most_tiny_cases():
+    """Bottleneck TPS against the brute-force oracle (all convex partitions), own seeds only."""
+    hits, gaps = _quality(instances(8, 2024))
+    assert len(gaps) == 8
+    assert hits >= 6, gaps
+    assert max(gaps) < 0.15, gaps
+
+
+@pytest.mark.slow
+def test_reaches_the_exact_optimum_in_most_cases_many():
+    hits, gaps = _quality(instances(40, 7, sizes=(6, 7, 8)))
+    assert hits >= 0.85 * len(gaps), gaps
+    assert sum(gaps) / len(gaps) < 0.02, gaps
+
+
+@pytest.mark.parametrize("g,c", instances(4, 99))
+def test_never_worse_than_graphpipe(g, c):
+    gp = _seed_fn("graphpipe")
+    if gp is None:
+        pytest.skip("the graphpipe planner is not installed")
+    ref = gp(g, c, 16)
+    p = plan_gpp(g, c, 16, seed_planners=("graphpipe",))
+    gs.validate(p, g, c)
+    assert p.predicted.iteration_time <= ref.predicted.iteration_time * (1 + 1e-9)
+    q = plan_gpp(g, c, 16, seed_planners=("graphpipe",), objective="time_per_sample", tighten=False)
+    assert q.predicted.time_per_sample <= ref.predicted.time_per_sample * (1 + 1e-9)
+    assert p.search.extra["seeds"]["graphpipe"]["status"] == ref.search.status
+
+
+def test_given_seed_plan_is_never_beaten_by_the_result():
+    """A seed plan handed in is a candidate: the result's simulated iteration time is at most its."""
+    g, c = instances(1, 17, sizes=(7,))[0]
+    seed_plan = oracle.best_plan_bruteforce(g, c, 16)[1]
+    p = plan_gpp(g, c, 16, seed_plans={"oracle": seed_plan}, **_no_seeds())
+    assert p.predicted.iteration_time <= seed_plan.predicted.iteration_time * (1 + 1e-9)
+    assert p.search.extra["seeds"]["oracle"]["given"] is True
+
+
+# ------------------------------------------------------------------------------- contract
+def test_deterministic_under_a_fixed_seed_and_time_limit():
+    g, c = instances(1, 23, sizes=(7,))[0]
+    a = plan_gpp(g, c, 16, time_limit=30, seed=3)
+    b = plan_gpp(g, c, 16, time_limit=30, seed=3)
+    strip = lambda p: {**gs.plan_to_dict(p), "search": None}
+    assert strip(a) == strip(b)
+    for k in ("seed_planner", "moves", "tps_before", "tps_after", "micro_batch_size"):
+        assert a.search.extra[k] == b.search.extra[k]
+
+
+def test_status_and_record():
+    g, c = instances(1, 31, sizes=(6,))[0]
+    p = plan_gpp(g, c, 16, **_no_seeds())
+    assert p.planner == "gpp"
+    assert p.search.status == "feasible"
+    ex = p.search.extra
+    assert ex["tps_after"] == p.predicted.time_per_sample
+    assert ex["seed_planner"].startswith("chain")
+    assert ex["moves"] >= 0 and ex["tps_after"] <= ex["tps_before"] * (1 + 1e-9)
+    assert ex["micro_batch_size"] == p.stages[0].micro_batch_size
+
+
+def test_optimal_only_when_proven_by_the_exact_planner():
+    g, c = instances(1, 41, sizes=(6,))[0]
+    p = plan_gpp(g, c, 16, objective="time_per_sample", prove=True, **_no_seeds())
+    exact = p.search.extra["exact_tps"]
+    if exact is None:
+        assert p.search.status != "optimal"
+    else:
+        assert (p.search.status == "optimal") == (p.predicted.time_per_sample <= exact * (1 + 1e-9))
+
+
+def test_failing_or_missing_seed_planner_is_skipped(monkeypatch):
+    from gpp_solver import planners
+    monkeypatch.setitem(planners.REGISTRY, "boom", "gpp_solver.no_such_module:plan")
+    monkeypatch.setitem(planners.REGISTRY, "raises", "tests_fake:plan")
+    import sys
+    import types
+
+    fake = types.ModuleType("tests_fake")
+
+    def plan(*a, **k):
+        raise RuntimeError("seed planner crashed")
+
+    fake.plan = plan
+    monkeypatch.setitem(sys.modules, "tests_fake", fake)
+    g, c = instances(1, 5, sizes=(6,))[0]
+    p = plan_gpp(g, c, 16, seed_planners=("boom", "raises"), tighten=False)
+    gs.validate(p, g, c)
+    assert p.search.extra["seeds"]["boom"]["status"] == "missing"
+    assert p.search.extra["seeds"]["raises"]["status"].startswith("error")
+
+
+def test_memory_bound_forces_a_split_and_infeasible_reports_need():
+    g, c = instances(1, 8, sizes=(6,))[0]
+    w = sum(n.weight_bytes for n in g.nodes)
+    tight = Cluster(devices=4, memory_bytes=c.optimizer_state_factor * w * 0.6, inter_node_bandwidth=1e10,
+                    latency=1e-5)
+    try:
+        p = plan_gpp(g, tight, 16, **_no_seeds())
+    except InfeasibleError as exc:
+        assert exc.required_memory_bytes is None or exc.required_memory_bytes > tight.memory_bytes
+    else:
+        gs.validate(p, g, tight)
+        assert len(p.stages) >= 2
+    nothing = Cluster(devices=4, memory_bytes=1.0, inter_node_bandwidth=1e10)
+    with pytest.raises(InfeasibleError) as e:
+        plan_gpp(g, nothing, 16, **_no_seeds())
+    assert e.value.required_memory_bytes > 1.0
