@@ -64,7 +64,7 @@ def row(name: str, devices: int, label: str, plan: Plan, graph, cluster, args) -
     gain = 100.0 * (r.makespan_before - r.makespan_after) / r.makespan_before
     bound = "" if r.lower_bound is None else f"{r.lower_bound * 1e3:.3f}"
     return (f"| {name} | {devices} | {plan.mini_batch_size} | {label} | {len(plan.stages)} | {plan.depth} | "
-            f"{n_text} | {r.actions} | {r.status} | {r.makespan_before * 1e3:.3f} | {r.makespan_after * 1e3:.3f} | "
+            f"{n_text} | {r.actions} | {r.status} | {r.memory_status} | {r.makespan_before * 1e3:.3f} | {r.makespan_after * 1e3:.3f} | "
             f"{gain:.2f} | {bound} | {plan.predicted.peak_memory_bytes / GiB:.2f} | "
             f"{r.plan.predicted.peak_memory_bytes / GiB:.2f} | {r.seconds:.1f} |")
 
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     plan_fn = planner()
     print(f"CP-SAT order tightening, time limit {args.time_limit:g} s, {args.workers} worker(s), "
           f"V100 cluster (4 per node), B = {args.samples_per_device} x devices\n")
-    print("| workload | devices | B | plan | stages | depth | micro-batches | actions | CP-SAT | "
+    print("| workload | devices | B | plan | stages | depth | micro-batches | actions | CP-SAT | memory phase | "
           "iter before (ms) | iter after (ms) | gain % | bound (ms) | peak mem before (GiB) | after (GiB) | CP s |")
-    print("|" + "---|" * 16)
+    print("|" + "---|" * 17)
     t0 = time.perf_counter()
     for name in args.models.split(","):
         graph = build_model(name)
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 plan = plan_fn(graph, cluster, B, time_limit=60.0, progress=False)
             except Exception as exc:  # noqa: BLE001 - report and go on with the next workload
-                print(f"| {name} | {devices} | {B} | planner failed: {type(exc).__name__}: {exc} |" + " |" * 12)
+                print(f"| {name} | {devices} | {B} | planner failed: {type(exc).__name__}: {exc} |" + " |" * 13)
                 continue
             print(row(name, devices, "graphpipe", plan, graph, cluster, args), flush=True)
             mixed = mixed_b(plan, graph, cluster)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     validate(mixed, graph, cluster)
                 except Exception as exc:  # noqa: BLE001 - e.g. halved b breaks memory
-                    print(f"| {name} | {devices} | {B} | mixed b invalid: {exc} |" + " |" * 12)
+                    print(f"| {name} | {devices} | {B} | mixed b invalid: {exc} |" + " |" * 13)
                     continue
                 print(row(name, devices, "same partition, mixed b", mixed, graph, cluster, args), flush=True)
     print(f"\n(total {time.perf_counter() - t0:.0f} s)")
