@@ -28,12 +28,17 @@ def default_planner() -> str:
 
 
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planner: str | None = None,
-          time_limit: float | None = None, progress: bool = False, **options: Any) -> Plan:
+          time_limit: float | None = None, progress: bool = False, tighten: bool | None = None,
+          **options: Any) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict or path).
 
     ``mini_batch_size`` defaults to 16 samples per device.  ``planner`` is a registry name
     (:data:`gpp_solver.planners.REGISTRY`); other options go to the planner.  The plan returned has
     passed :func:`gpp_solver.validate`.
+
+    ``tighten``: CP-SAT tightening of the micro-batch orders (``cp_schedule``).  The ``gpp`` planner
+    tightens by default when it fits its time limit; the reproductions of published planners do
+    not, unless ``tighten=True``.  What CP-SAT proved is recorded in ``plan.search.extra["cp_tighten"]``.
     """
     g = as_graph(graph)
     c = as_cluster(budget)
@@ -43,6 +48,14 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     name = planner or default_planner()
     if name not in REGISTRY:
         raise InvalidInputError(f"unknown planner {name!r}; valid planners: {', '.join(REGISTRY)}")
+    if name == "gpp":
+        options["tighten"] = tighten
     plan = get_planner(name)(g, c, B, time_limit=time_limit, progress=progress, **options)
+    if tighten and name != "gpp":
+        from .cp_schedule import tighten_plan_if_fits
+
+        plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit)
+        logger.info("CP-SAT tightening: %s, iteration %.6g -> %.6g s", info["status"], info["makespan_before"],
+                    info["makespan_after"])
     validate(plan, g, c)
     return plan
