@@ -82,7 +82,7 @@ class StageExecutor:
         state: dict[int, tuple] = {}
         posted: dict[Message, tuple[torch.Tensor, object]] = {}
         next_post = 0
-        loss_sum = 0.0
+        loss_sum = None
         for i, st in enumerate(self.steps):
             while next_post < len(self.steps) and next_post <= i + self.lookahead:
                 for m in self.steps[next_post].recvs:
@@ -101,14 +101,16 @@ class StageExecutor:
             if st.act.op == "F":
                 loss = self._forward(st, c, bufs, inputs, target, state)
                 if loss is not None:
-                    loss_sum += float(loss.detach()) * self.mini_batch
+                    loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             else:
                 self._backward(st, c, bufs, state)
+            if self.device.type == "cuda":  # so that the recorded compute time is real
+                torch.cuda.synchronize(self.device)
             self.rec.event(str(st.act), t1, time.time(), "compute")
         t0 = time.time()
         self.comm.wait_sends()
         self.rec.event("wait sends", t0, time.time(), "wait")
-        return loss_sum
+        return 0.0 if loss_sum is None else float(loss_sum) * self.mini_batch
 
     def _post_recv(self, m: Message):
         shape, dtype = self.meta[m.value]

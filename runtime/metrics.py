@@ -104,7 +104,7 @@ def format_summary(m: dict) -> str:
     for s in m["stages"]:
         pred = s["predicted_time_per_sample"]
         meas = s["measured_time_per_sample"]
-        mem = ", ".join(f"rank {k}: " + ", ".join(f"{n}={v / 2**20:.1f} MiB" for n, v in d.items())
+        mem = ", ".join(f"rank {k}: " + ", ".join(f"{n}={_size(v)}" for n, v in d.items())
                         for k, d in s["peak_memory"].items())
         lines.append(
             f"stage {s['stage']} ranks {s['ranks']}: bubble "
@@ -115,6 +115,14 @@ def format_summary(m: dict) -> str:
     if m.get("losses"):
         lines.append(f"loss (mean per sample): first {m['losses'][0]:.6g}, last {m['losses'][-1]:.6g}")
     return "\n".join(lines)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 def write_json(path: str, doc: dict) -> None:

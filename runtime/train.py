@@ -201,6 +201,7 @@ def _finish(args, setup: RankSetup, rank, device, module, rec, ex, losses, start
     world = dist.get_world_size()
     gathered = [None] * world if rank == 0 else None
     dist.gather_object((mine, params), gathered, dst=0)
+    dist.barrier()  # every transfer of the gather is done before any rank tears down its group
     if rank != 0:
         return 0
     records = [g[0] for g in gathered]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from runtime.actions import TransferSpec, dry_run, lower
 from runtime.plan_io import parse_plan
+from runtime.train import main as train_main
 from runtime_plans import REPO, SEQ, plan, stage, write
 
 
@@ -63,36 +63,44 @@ def test_plan_reader_names_the_problem(mutate, words):
         parse_plan(doc)
 
 
-def _run_direct(tmp_path, doc, model="examples.sequential:workload", world=2):
-    """Run runtime.train on 'rank 0' without torchrun: checks happen before any process group."""
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
-           "PYTHONPATH": str(REPO)}
+def _run_direct(tmp_path, monkeypatch, capsys, doc, model="examples.sequential:workload", world=2):
+    """runtime.train's main() as 'rank 0' without torchrun: the checks run before any process group."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": str(world), "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
     path = write(tmp_path, doc) if isinstance(doc, dict) else doc
-    return subprocess.run([sys.executable, "-m", "runtime.train", "--plan", path, "--model", model],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    code = train_main(["--plan", path, "--model", model])
+    return code, capsys.readouterr().err
 
 
-def test_cli_refuses_a_deadlocking_plan_with_the_grid(tmp_path):
-    res = _run_direct(tmp_path, _deadlocking())
-    assert res.returncode == 2
-    assert "[B0]*" in res.stderr and "Traceback" not in res.stderr
+def test_cli_refuses_a_deadlocking_plan_with_the_grid(tmp_path, monkeypatch, capsys):
+    code, err = _run_direct(tmp_path, monkeypatch, capsys, _deadlocking())
+    assert code == 2
+    assert "[B0]*" in err and "Traceback" not in err
 
 
-def test_cli_refuses_unknown_node_ids_in_one_line(tmp_path):
+def test_cli_refuses_unknown_node_ids_in_one_line(tmp_path, monkeypatch, capsys):
     doc = _two_stage()
     doc["stages"][1]["nodes"] = ["layers.4", "layers.5", "fc_out"]
-    res = _run_direct(tmp_path, doc)
-    assert res.returncode == 2
-    assert len(res.stderr.strip().splitlines()) == 1
-    assert "'fc_out'" in res.stderr and "not a node of the model" in res.stderr
+    code, err = _run_direct(tmp_path, monkeypatch, capsys, doc)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "'fc_out'" in err and "not a node of the model" in err
 
 
-def test_cli_bad_json_and_unknown_module_exit_2(tmp_path):
+def test_cli_bad_json_and_unknown_module_exit_2(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    res = _run_direct(tmp_path, str(bad))
-    assert res.returncode == 2 and "not valid JSON" in res.stderr
-    res = _run_direct(tmp_path, _two_stage(), model="no_such_module:workload")
-    assert res.returncode == 2 and "no_such_module" in res.stderr
-    res = _run_direct(tmp_path, _two_stage(), world=3)
-    assert res.returncode == 2 and "2 devices but 3 ranks" in res.stderr
+    code, err = _run_direct(tmp_path, monkeypatch, capsys, str(bad))
+    assert code == 2 and "not valid JSON" in err
+    code, err = _run_direct(tmp_path, monkeypatch, capsys, _two_stage(), model="no_such_module:workload")
+    assert code == 2 and "no_such_module" in err
+    code, err = _run_direct(tmp_path, monkeypatch, capsys, _two_stage(), world=3)
+    assert code == 2 and "2 devices but 3 ranks" in err
+
+
+def test_cli_can_run_as_a_subprocess_and_exit_2(tmp_path):
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "runtime.train", "--plan", write(tmp_path, _deadlocking()),
+                          "--model", "examples.sequential:workload"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "deadlock" in res.stderr and "Traceback" not in res.stderr
