@@ -52,6 +52,7 @@ DEFAULT_SAFETY_SECONDS = 60.0
 DEFAULT_MAX_ITERATIONS = 400
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
 TIGHTEN_MAX_SECONDS = 10.0
+RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
 SEED_SHARE = 0.15                # each seed planner gets this share of the time left (also without a limit)
 
 
@@ -270,48 +271,67 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     for name, p in seeds.items():
         pool.append((p, {"origin": name, "micro_batch_size": _uniform_b(p)}))
     per_b: dict[int, dict[str, Any]] = {}
-    worst_memory = None
+    best_key: dict[int, tuple] = {}
+    best_score: dict[int, tuple[float, float]] = {}
+    worst_memory: list[float] = []
+
+    def run_b(b: int, chosen: list[tuple[str, State, Eval]]) -> bool:
+        """Search from each chosen start at ``b``; keep the best result (and its start) as candidates."""
+        P = starts[b][0]
+        found: list[tuple[SearchResult, str, Eval, State]] = []
+        for label, st, e0 in chosen:
+            if time.perf_counter() > deadline:
+                return False
+            found.append((search(P, st, max_iterations=max_iterations, deadline=deadline), label, e0, st))
+        if not found:
+            return True
+        res, label, e0, st = min(found, key=lambda f: f[0].ev.key)
+        info = per_b.setdefault(b, {"restarts": 0, "iterations": 0})
+        info["restarts"] += len(found)
+        info["iterations"] += sum(f[0].iterations for f in found)
+        info["evaluations"] = P.evaluations
+        if any(f[0].stopped == "time" for f in found):
+            info["stopped"] = "time"
+        if b in best_key and best_key[b] <= res.ev.key:
+            return all(f[0].stopped != "time" for f in found)
+        best_key[b] = res.ev.key
+        info.update({"start": label, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps, "moves": res.moves,
+                     "move_counts": res.move_counts, "stopped": info.get("stopped", res.stopped)})
+        if res.ev.key[0] > 0:
+            worst_memory.append(max(res.ev.memory))
+            info["infeasible"] = True
+            return True
+        meta = {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps,
+                "moves": res.moves}
+        for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
+            if e_.key[0] == 0:
+                plan = build_from_state(P, s_, e_, SearchInfo(0.0, "feasible"))
+                pool.append((plan, m_))
+                best_score[b] = min(best_score.get(b, score(plan)), score(plan))
+        log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
+            res.moves, res.stopped)
+        return all(f[0].stopped != "time" for f in found)
+
+    # phase 1: one search per micro-batch size from its best start (skipping hopeless sizes)
     for b in order:
         P, start_list = starts[b]
         best_now = min((score(p) for p, _ in pool), default=None)
         if best_now is not None and (B * P.lb_tps if objective == "iteration_time" else P.lb_tps) >= best_now[0]:
             per_b[b] = {"skipped": "bound"}
             continue
-        if time.perf_counter() > deadline:
+        if not run_b(b, start_list[:1]):
             timed_out = True
-            per_b[b] = {"skipped": "time"}
-            continue
-        found: list[tuple[SearchResult, str, Eval, State]] = []
-        for label, st, e0 in start_list:
-            if time.perf_counter() > deadline:
-                timed_out = True
-                break
-            res = search(P, st, max_iterations=max_iterations, deadline=deadline)
-            timed_out |= res.stopped == "time"
-            found.append((res, label, e0, st))
-        if not found:
-            continue
-        res, label, e0, st = min(found, key=lambda f: f[0].ev.key)
-        per_b[b] = {"start": label, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps, "moves": res.moves,
-                    "iterations": sum(f[0].iterations for f in found), "restarts": len(found),
-                    "stopped": res.stopped, "move_counts": res.move_counts, "evaluations": P.evaluations}
-        if res.ev.key[0] > 0:
-            m = max(res.ev.memory)
-            worst_memory = m if worst_memory is None else min(worst_memory, m)
-            per_b[b]["infeasible"] = True
-            continue
-        meta = {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps,
-                "moves": res.moves}
-        for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
-            if e_.key[0] == 0:
-                pool.append((build_from_state(P, s_, e_, SearchInfo(0.0, "feasible")), m_))
-        log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
-            res.moves, res.stopped)
+            per_b.setdefault(b, {})["stopped"] = "time"
+    # phase 2: the other starts, for the most promising sizes
+    for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
+        if not run_b(b, starts[b][1][1:]):
+            timed_out = True
+    worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:
         proven = _prove(graph, cluster, B, deadline, pool)
     if not pool:
-        need = worst_memory
+        need = worst_memory_found
         raise InfeasibleError(
             f"no plan fits in {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices"
             + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),

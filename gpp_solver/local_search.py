@@ -21,6 +21,8 @@ from typing import Iterator, Sequence
 
 from .partition_eval import Eval, Problem, State, canonical
 
+MERGE_LIGHTEST = 3     # merges considered: pairs with the loaded stage or one of this many lightest stages
+
 # ---------------------------------------------------------------------------------- moves
 def _members(assign: Sequence[int], k: int) -> list[list[int]]:
     out: list[list[int]] = [[] for _ in range(k)]
@@ -80,7 +82,7 @@ def _split_devices(P: Problem, part1: Sequence[int], part2: Sequence[int], avail
     return None if best is None else best[1]
 
 
-def neighbours(P: Problem, state: State, s: int) -> Iterator[tuple[str, State]]:
+def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = None) -> Iterator[tuple[str, State]]:
     """Candidate moves that change stage ``s`` (the loaded one), in a fixed order."""
     assign, devs = state.assign, state.devs
     k = len(devs)
@@ -134,20 +136,23 @@ def neighbours(P: Problem, state: State, s: int) -> Iterator[tuple[str, State]]:
                 dv = list(devs) + [dd[1]]
                 dv[s] = dd[0]
                 yield "split", State(tuple(a), tuple(dv))
-    # 5. merge two adjacent stages; the freed devices go to s (or everything is re-split)
+    # 5. merge two adjacent stages (one of them s or one of the lightest stages); the freed devices
+    #    go to s (or everything is re-split)
+    light = set(sorted(range(k), key=lambda x: (tps[x], x))[:MERGE_LIGHTEST]) if tps is not None else set(range(k))
     pairs = sorted({(min(assign[u], assign[v]), max(assign[u], assign[v]))
                     for u in range(P.N) for v, _ in P.succ[u] if assign[u] != assign[v]})
-    for t, u in pairs:
-        for src, dst in ((t, u), (u, t)):
-            d_dst = _largest_degree(P, max(devs[dst], devs[src]))
-            a, dv = _merge(state, src, dst, d_dst)
-            merged = dst - (1 if dst > src else 0)
-            tgt = merged if s in (src, dst) else s - (1 if s > src else 0)
-            dv[tgt] = _largest_degree(P, dv[tgt] + P.D - sum(dv))
-            yield "merge", State(a, tuple(dv))
-            rb = P.rebalance(a, k - 1)
-            if rb is not None:
-                yield "merge+rebalance", State(a, rb)
+    for src, dst in pairs:
+        if not ({src, dst} & (light | {s})):
+            continue
+        d_dst = _largest_degree(P, max(devs[dst], devs[src]))
+        a, dv = _merge(state, src, dst, d_dst)
+        merged = dst - (1 if dst > src else 0)
+        tgt = merged if s in (src, dst) else s - (1 if s > src else 0)
+        dv[tgt] = _largest_degree(P, dv[tgt] + P.D - sum(dv))
+        yield "merge", State(a, tuple(dv))
+        rb = P.rebalance(a, k - 1)
+        if rb is not None:
+            yield "merge+rebalance", State(a, rb)
 
 
 def _down_sets(P: Problem, nodes: Sequence[int], cap: int) -> list[list[int]] | None:
@@ -248,7 +253,7 @@ def search(P: Problem, state: State, *, max_iterations: int = 300, tiers: int = 
             if found is not None:
                 break
             best = None
-            for label, cand in neighbours(P, state, s):
+            for label, cand in neighbours(P, state, s, ev.tps):
                 e = P.evaluate(cand.assign, cand.devs)
                 if e is not None and e.key < ev.key and (best is None or e.key < best[2].key):
                     best = (label, cand, e)
@@ -293,7 +298,7 @@ def _linear_partition(w: Sequence[float], k: int) -> list[int]:
             acc += x
         return out if len(out) + 1 <= k else None
     lo, hi = max(w), sum(w)
-    for _ in range(60):
+    for _ in range(40):
         mid = (lo + hi) / 2
         if cuts(mid) is None:
             lo = mid

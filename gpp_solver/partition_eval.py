@@ -26,6 +26,8 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from .cost import CostTables
 from .types import Cluster, Graph
 
@@ -88,39 +90,35 @@ class Problem:
         self.lb_tps = sum(self.comp[1]) / b / self.D     # perfect balance at b (d = 1 is the cheapest per sample)
         self.quantum = max(self.lb_tps, 1e-300) * 1e-9
         self.evaluations = 0
+        # arrays for the vectorised evaluator
+        self._ar = np.arange(self.N)
+        self._comp_by_d = np.zeros((self.D + 1, self.N))
+        for d in self.degrees:
+            self._comp_by_d[d] = tables.compute_at(b / d)
+        self._w = np.asarray(self.weight)
+        self._a = np.asarray(self.act)
+        es = [(u, v, nb) for u in range(self.N) for v, nb in self.succ[u]]
+        self._esrc = np.asarray([e[0] for e in es], dtype=np.int64)
+        self._edst = np.asarray([e[1] for e in es], dtype=np.int64)
+        self._ebytes = np.asarray([e[2] for e in es], dtype=float)
+        self._deg = np.asarray(self.degrees, dtype=np.int64)
+        self._table_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
-    # ------------------------------------------------------------------ evaluation
-    def evaluate(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
-        """Exact cost-model figures of a state, or ``None`` when its stage graph has a cycle."""
-        self.evaluations += 1
-        k = len(devs)
-        first = [-1] * k
-        W = [0.0] * k
-        Act = [0.0] * k
-        C = [0.0] * k
-        comp, wt, act = self.comp, self.weight, self.act
-        for u in range(self.N):
-            s = assign[u]
-            if first[s] < 0:
-                first[s] = u
-            W[s] += wt[u]
-            Act[s] += act[u]
-            C[s] += comp[devs[s]][u]
-        qs: list[set[int]] = [set() for _ in range(k)]
-        tr: dict[tuple[int, int], float] = {}
-        for u in range(self.N):
-            su = assign[u]
-            for v, nb in self.succ[u]:
-                sv = assign[v]
-                if sv != su:
-                    qs[su].add(sv)
-                    key = (u, sv)
-                    if nb > tr.get(key, -1.0):
-                        tr[key] = nb
+    # ------------------------------------------------------------------ structure
+    def _structure(self, a: np.ndarray, k: int):
+        """Quotient successors, a topological order (ties: first node), sink depths and the
+        transfers ``(producer stage, consumer stage, bytes)``; ``None`` when the quotient is cyclic."""
+        sa, sb = a[self._esrc], a[self._edst]
+        m = sa != sb
+        sa, sb = sa[m], sb[m]
+        qkeys = np.unique(sa * k + sb).tolist()
+        qs: list[list[int]] = [[] for _ in range(k)]
         indeg = [0] * k
-        for s in range(k):
-            for t in qs[s]:
-                indeg[t] += 1
+        for key in qkeys:
+            qs[key // k].append(key % k)
+            indeg[key % k] += 1
+        _, first = np.unique(a, return_index=True)
+        first = first.tolist()
         heap = [(first[s], s) for s in range(k) if indeg[s] == 0]
         heapq.heapify(heap)
         order: list[int] = []
@@ -136,12 +134,38 @@ class Problem:
         depth = [0] * k
         for s in reversed(order):
             depth[s] = 1 + max((depth[t] for t in qs[s]), default=0)
+        # transfers: one per (producer node, consumer stage), the largest edge
+        tk = self._esrc[m] * k + sb
+        nb = self._ebytes[m]
+        if len(tk):
+            srt = np.lexsort((nb, tk))
+            tk, nb = tk[srt], nb[srt]
+            last = np.r_[tk[1:] != tk[:-1], True]
+            tk, nb = tk[last], nb[last]
+        t_cons = tk % k
+        t_prod = a[tk // k]
+        return qs, order, depth, t_prod, t_cons, nb
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
+        """Exact cost-model figures of a state, or ``None`` when its stage graph has a cycle."""
+        self.evaluations += 1
+        k = len(devs)
+        a = np.asarray(assign, dtype=np.int64)
+        st = self._structure(a, k)
+        if st is None:
+            return None
+        qs, order, depth, t_prod, t_cons, nb = st
+        dv = np.asarray(devs, dtype=np.int64)
+        C = np.bincount(a, weights=self._comp_by_d[dv[a], self._ar], minlength=k)
+        W = np.bincount(a, weights=self._w, minlength=k)
+        Act = np.bincount(a, weights=self._a, minlength=k)
         b, n = self.b, self.n_micro
-        mem = [self.osf * W[s] + min(depth[s], n) * b / devs[s] * Act[s] for s in range(k)]
-        excess = sum(max(0.0, m - self.cap) for m in mem)
+        mem = self.osf * W + np.minimum(np.asarray(depth), n) * (b / dv) * Act
+        excess = float(np.maximum(mem - self.cap, 0.0).sum())
         best: Eval | None = None
         for offsets in self._placements(order, devs):
-            e = self._price(assign, devs, order, qs, tr, C, W, mem, excess, offsets)
+            e = self._price(dv, order, qs, t_prod, t_cons, nb, C, W, mem, excess, offsets)
             if best is None or e.key < best.key:
                 best = e
         return best
@@ -163,166 +187,104 @@ class Problem:
                 o += devs[s]
             yield tuple(off)
 
-    def _price(self, assign, devs, order, qs, tr, C, W, mem, excess, offsets) -> Eval:
-        k = len(devs)
+    def _price(self, dv, order, qs, t_prod, t_cons, nb, C, W, mem, excess, offsets) -> Eval:
+        k = len(dv)
         b, B = self.b, self.B
         if self.const_bw is not None:
-            home = None
-            bw_pair = None
+            bw_t = self.const_bw
+            bw_s = np.full(k, self.const_bw)
         else:
-            dpn = self.dpn
-            home = [offsets[s] // dpn if offsets[s] // dpn == (offsets[s] + devs[s] - 1) // dpn else -1
-                    for s in range(k)]
-        comm = [0.0] * k
+            off = np.asarray(offsets, dtype=np.int64)
+            lo, hi = off // self.dpn, (off + dv - 1) // self.dpn
+            home = np.where(lo == hi, lo, -1)
+            hp, hc = home[t_prod], home[t_cons]
+            bw_t = np.where((hp >= 0) & (hp == hc), self.intra, self.inter)
+            bw_s = np.where(home >= 0, self.intra, self.inter)
         lat = self.lat
-        for (u, sv), nb in tr.items():
-            su = assign[u]
-            if home is None:
-                bw = self.const_bw
-            else:
-                bw = self.intra if home[su] >= 0 and home[su] == home[sv] else self.inter
-            comm[su] += lat + nb * (b / devs[su]) / bw
-            comm[sv] += lat + nb * (b / devs[sv]) / bw
-        tps = [0.0] * k
-        per = [0.0] * k
-        ar_max = 0.0
-        for s in range(k):
-            d = devs[s]
-            if d > 1:
-                bw = self.const_bw if home is None else (self.intra if home[s] >= 0 else self.inter)
-                a = 2.0 * (d - 1) / d * W[s] / bw
-            else:
-                a = 0.0
-            per[s] = C[s] + 2.0 * comm[s]
-            tps[s] = per[s] / b + a / B
-            ar_max = max(ar_max, a)
+        comm = (np.bincount(t_prod, weights=lat + nb * (b / dv[t_prod]) / bw_t, minlength=k)
+                + np.bincount(t_cons, weights=lat + nb * (b / dv[t_cons]) / bw_t, minlength=k))
+        ar = np.where(dv > 1, 2.0 * (dv - 1) / dv * W / bw_s, 0.0)
+        per = C + 2.0 * comm
+        tps = per / b + ar / B
+        perl = per.tolist()
         longest = [0.0] * k
         for s in order:
-            longest[s] += per[s]
+            longest[s] += perl[s]
             for t in qs[s]:
                 if longest[s] > longest[t]:
                     longest[t] = longest[s]
-        # longest[t] above holds max over preds before t's own time is added (t comes later in order)
-        est = max(longest) + (self.n_micro - 1) * max(per) + ar_max
+        est = max(longest) + (self.n_micro - 1) * float(per.max()) + float(ar.max())
         q = self.quantum
-        key = (int(excess / (self.cap * 1e-9)), tuple(sorted((int(x / q) for x in tps), reverse=True)),
+        key = (int(excess / (self.cap * 1e-9)), tuple(sorted((tps / q).astype(np.int64).tolist(), reverse=True)),
                int(est / (q * B)))
-        return Eval(key, tuple(tps), tuple(mem), tuple(order), offsets, est)
+        return Eval(key, tuple(tps.tolist()), tuple(mem.tolist()), tuple(order), offsets, est)
 
     # ------------------------------------------------------------------ devices
-    def stage_devices_ranges(self, ev: Eval, devs: Sequence[int]) -> list[tuple[int, ...]]:
-        return [tuple(range(ev.offsets[s], ev.offsets[s] + devs[s])) for s in range(len(devs))]
-
     def rebalance(self, assign: Sequence[int], k: int) -> tuple[int, ...] | None:
         """Data-parallel degrees minimising the bottleneck TPS for a fixed partition (min-max over
-        thresholds; transfers priced at the inter-node bandwidth unless it is constant, the
-        all-reduce at the intra-node one when an aligned group fits a node).  ``None`` when the
-        stage graph is cyclic."""
-        members: list[list[int]] = [[] for _ in range(k)]
-        for u, s in enumerate(assign):
-            members[s].append(u)
-        qs: list[set[int]] = [set() for _ in range(k)]
-        tr: dict[tuple[int, int], float] = {}
-        for u in range(self.N):
-            su = assign[u]
-            for v, nb in self.succ[u]:
-                sv = assign[v]
-                if sv != su:
-                    qs[su].add(sv)
-                    if nb > tr.get((u, sv), -1.0):
-                        tr[(u, sv)] = nb
-        depth = _depths(qs, k)
-        if depth is None:
+        thresholds; transfers priced at the slower bandwidth unless it is constant, the all-reduce
+        at the intra-node one when an aligned group fits a node).  ``None`` when the stage graph
+        is cyclic."""
+        a = np.asarray(assign, dtype=np.int64)
+        st = self._structure(a, k)
+        if st is None:
             return None
-        xfer = [[] for _ in range(k)]
-        for (u, sv), nb in tr.items():
-            xfer[assign[u]].append(nb)
-            xfer[sv].append(nb)
+        _, _, depth, t_prod, t_cons, nb = st
+        deg = self._deg
+        onehot = np.zeros((k, self.N))
+        onehot[a, self._ar] = 1.0
+        C = self._comp_by_d[deg] @ onehot.T                        # |deg| x k
+        W = onehot @ self._w
+        Act = onehot @ self._a
+        xb = np.bincount(t_prod, weights=nb, minlength=k) + np.bincount(t_cons, weights=nb, minlength=k)
+        xn = np.bincount(t_prod, minlength=k) + np.bincount(t_cons, minlength=k)
         bw_comm = self.const_bw if self.const_bw is not None else min(self.intra, self.inter)
-        table: list[list[tuple[float, int]]] = []
-        for s in range(k):
-            W = sum(self.weight[u] for u in members[s])
-            Act = sum(self.act[u] for u in members[s])
-            opts = []
-            for d in self.degrees:
-                if self.osf * W + min(depth[s], self.n_micro) * self.b / d * Act > self.cap:
-                    continue
-                c = sum(self.comp[d][u] for u in members[s])
-                comm = sum(self.lat + nb * (self.b / d) / bw_comm for nb in xfer[s])
-                if d > 1:
-                    if self.const_bw is not None:
-                        bw = self.const_bw
-                    else:
-                        bw = self.intra if (d <= self.dpn and self.dpn % d == 0) else self.inter
-                    a = 2.0 * (d - 1) / d * W / bw
-                else:
-                    a = 0.0
-                opts.append(((c + 2 * comm) / self.b + a / self.B, d))
-            if not opts:
-                opts = [(float("inf"), max(self.degrees))]
-            table.append(opts)
-        cands = sorted({t for opts in table for t, _ in opts})
+        degf = deg.astype(float)[:, None]
+        comm = xn[None, :] * self.lat + xb[None, :] * (self.b / degf) / bw_comm
+        if self.const_bw is not None:
+            bw_ar = np.full(len(deg), self.const_bw)
+        else:
+            bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
+        ar = np.where(degf > 1, 2.0 * (degf - 1) / degf * W[None, :] / bw_ar[:, None], 0.0)
+        T = ((C + 2 * comm) / self.b + ar / self.B).T               # k x |deg|
+        mem = (self.osf * W)[:, None] + (np.minimum(np.asarray(depth), self.n_micro) * self.b * Act)[:, None] / degf.T
+        ok = mem <= self.cap
+        T = np.where(ok, T, np.inf)
+        if not ok.any(axis=1).all():
+            return self._fallback(ok)
+
+        def need(t: float) -> np.ndarray:
+            fits = T <= t
+            return np.where(fits.any(axis=1), deg[fits.argmax(axis=1)], 1 << 30)
+
+        cands = np.unique(T[np.isfinite(T)])
         lo, hi = 0, len(cands) - 1
-
-        def need(t: float) -> list[int] | None:
-            out = []
-            for opts in table:
-                ds = [d for x, d in opts if x <= t]
-                if not ds:
-                    return None
-                out.append(min(ds))
-            return out
-
-        if need(cands[hi]) is None or sum(need(cands[hi])) > self.D:
-            # fall back: the cheapest-in-devices option of each stage
-            devs = [min(d for _, d in opts) for opts in table]
-            return tuple(devs) if sum(devs) <= self.D else None
+        if need(cands[hi]).sum() > self.D:
+            return self._fallback(ok)
         while lo < hi:
             mid = (lo + hi) // 2
-            r = need(cands[mid])
-            if r is not None and sum(r) <= self.D:
+            if need(cands[mid]).sum() <= self.D:
                 hi = mid
             else:
                 lo = mid + 1
-        devs = need(cands[hi])
-        assert devs is not None
+        devs = need(cands[hi]).tolist()
         # spare devices: keep raising the slowest stage while a larger degree fits and helps
+        pos = {d: i for i, d in enumerate(self.degrees)}
         free = self.D - sum(devs)
         while free > 0:
-            ranked = sorted(range(k), key=lambda s: -dict((d, x) for x, d in table[s])[devs[s]])
-            moved = False
-            for s in ranked[:1]:
-                cur = dict((d, x) for x, d in table[s])
-                ups = [d for d in sorted(cur) if d > devs[s] and d - devs[s] <= free and cur[d] < cur[devs[s]]]
-                if ups:
-                    free -= ups[0] - devs[s]
-                    devs[s] = ups[0]
-                    moved = True
-            if not moved:
+            cur = [T[s, pos[devs[s]]] for s in range(k)]
+            s = max(range(k), key=lambda x: (cur[x], -x))
+            ups = [j for j, d in enumerate(self.degrees) if d > devs[s] and d - devs[s] <= free and T[s, j] < cur[s]]
+            if not ups:
                 break
+            free -= self.degrees[ups[0]] - devs[s]
+            devs[s] = self.degrees[ups[0]]
         return tuple(devs)
 
-
-def _depths(qs: Sequence[set[int]], k: int) -> list[int] | None:
-    indeg = [0] * k
-    for s in range(k):
-        for t in qs[s]:
-            indeg[t] += 1
-    stack = [s for s in range(k) if indeg[s] == 0]
-    order = []
-    while stack:
-        s = stack.pop()
-        order.append(s)
-        for t in qs[s]:
-            indeg[t] -= 1
-            if indeg[t] == 0:
-                stack.append(t)
-    if len(order) < k:
-        return None
-    depth = [0] * k
-    for s in reversed(order):
-        depth[s] = 1 + max((depth[t] for t in qs[s]), default=0)
-    return depth
+    def _fallback(self, ok: np.ndarray) -> tuple[int, ...] | None:
+        """The fewest devices each stage fits in memory with (may still not fit in all)."""
+        devs = [self.degrees[int(r.argmax())] if r.any() else self.degrees[-1] for r in ok]
+        return tuple(devs) if sum(devs) <= self.D else None
 
 
 def canonical(state: State, ev: Eval) -> State:
