@@ -79,13 +79,18 @@ def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], 
                 if not live.any():
                     continue
                 ks = np.nonzero(live)[0]
-                X = np.maximum(p[:, ks, None], T[None, ks, :])   # (c, k, j)
+                js = np.nonzero(np.isfinite(T[ks]).any(axis=0))[0]   # states some live k reaches
+                if not js.size:
+                    continue
+                X = np.maximum(p[:, ks, None], T[np.ix_(ks, js)][None, :, :])   # (c, k, j)
                 kk = X.argmin(axis=1)
                 v = np.take_along_axis(X, kk[:, None, :], axis=1)[:, 0, :]
-                better = v < best[lo:lo + chunk]
-                best[lo:lo + chunk][better] = v[better]
-                bk[lo:lo + chunk][better] = ks[kk][better]
-                br[lo:lo + chunk][better] = r
+                cur = best[lo:lo + chunk, js]
+                better = v < cur
+                rows, cols = np.nonzero(better)
+                best[lo + rows, js[cols]] = v[rows, cols]
+                bk[lo + rows, js[cols]] = ks[kk[rows, cols]]
+                br[lo + rows, js[cols]] = r
         if allow_fewer:
             fewer = val[:, :, m - 1] <= best
             best = np.where(fewer, val[:, :, m - 1], best)
