@@ -8,20 +8,28 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
    micro-batch size ``b``, builds its own sequential seeds (balanced prefix cuts of two topological
    orders, devices re-split by a min-max over thresholds);
 2. for each ``b`` (most promising first; a ``b`` whose perfect-balance bound ``B * TPS_lb(b)``
-   cannot beat the best simulated iteration time so far is skipped) starts from the best of those
-   states and the seed plans' partitions, and runs :func:`gpp_solver.local_search.search` —
-   boundary-node moves, merges, splits, device moves and re-splits, every intermediate state a
-   valid plan (acyclic stage graph, convex stages, memory with Algorithm 2's in-flight counts);
-3. builds full plans (``plan_build.build_plan``) only for the start and the result of each ``b``,
-   picks the best by **simulated** iteration time (ties: TPS) among them and every seed plan, so
-   the answer is never worse than any seed; then tightens its micro-batch orders with the CP-SAT
-   schedule model when available and the time allows (``tighten=None``: on when the model is
-   small enough and at least a second is left).
+   cannot beat the best candidate so far is skipped) starts from the best of those states and the
+   seed plans' partitions, and runs :func:`gpp_solver.local_search.search` — boundary-node moves,
+   merges, splits, device moves and re-splits, an exact re-partition of the loaded stage with each
+   neighbour — every intermediate state a valid plan (acyclic stage graph, convex stages, memory
+   with Algorithm 2's in-flight counts); the ``RESTART_SIZES`` best sizes are then searched again
+   from their next ``restarts - 1`` start states;
+3. builds full plans (``plan_build.build_plan``) only for the start and the result of each search,
+   picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
+   the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
+   time) — so the answer is never worse than any seed in that objective; then tightens its
+   micro-batch orders with the CP-SAT schedule model when available and the time allows
+   (``tighten=None``: on when the model is small enough and at least a second is left).
+
+``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
 
 **Determinism.**  No randomness: moves are enumerated in a fixed order and the search is capped by
 ``max_iterations`` per micro-batch size; CP-SAT runs single-threaded under a *deterministic* time
 limit with ``seed``.  The wall clock (``time_limit``, default 60 s) is only a safety stop: when it
 cuts the search the status is ``time-limit`` and the result depends on the machine's speed.
+Seed planners get ``SEED_SHARE`` of the time left each (of the 60 s safety budget when no limit is
+given); one that stops on its own time limit makes its seed, and so possibly the result,
+machine-dependent — ``search.extra["seeds"]`` records their statuses.
 
 **Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
 is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
