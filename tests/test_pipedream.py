@@ -1,0 +1,206 @@
+"""PipeDream planner: antichain linearisation, the min-max DP against brute force, fidelity with the
+published optimizer on the shared profiles, and plan validity under the shared cost model."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+
+import pytest
+
+from conftest import CLUSTER, chain_dict, diamond_dict, node
+from gpp_solver.baselines.linearize import antichain_states, linearize, topological_states
+from gpp_solver.baselines.pipedream import pipedream_optimizer, plan_pipedream
+from gpp_solver.cluster import cluster_from_dict
+from gpp_solver.cost import stage_costs
+from gpp_solver.errors import InfeasibleError
+from gpp_solver.graph import graph_from_dict
+from gpp_solver.plan_build import StageSpec
+from gpp_solver.plan_io import plan_to_dict
+from gpp_solver.validate import validate
+
+
+def branchy_dict() -> dict:
+    """src -> three branches of lengths 1, 2, 3 -> join."""
+    nodes = [node("src"), node("a1", 2.0), node("b1"), node("b2", 0.5), node("c1"), node("c2"), node("c3", 3.0),
+             node("join")]
+    edges = [("src", "a1"), ("src", "b1"), ("b1", "b2"), ("src", "c1"), ("c1", "c2"), ("c2", "c3"),
+             ("a1", "join"), ("b2", "join"), ("c3", "join")]
+    return {"format": "gpp-graph/1", "name": "branchy", "micro_batch_sizes": [1, 2], "nodes": nodes,
+            "edges": [{"src": s, "dst": d} for s, d in edges]}
+
+
+def flat_cluster(devices: int, memory: float = 1e12) -> dict:
+    return {"format": "gpp-cluster/1", "devices": devices, "memory_bytes": memory,
+            "inter_node_bandwidth": 100.0, "latency": 0.01, "optimizer_state_factor": 4.0}
+
+
+def is_downset(graph, members: set[str]) -> bool:
+    return all(p in members for v in members for p in graph.preds(v))
+
+
+# ---------------------------------------------------------------- linearisation
+
+@pytest.mark.parametrize("gd", [diamond_dict(), branchy_dict(), chain_dict(5)])
+def test_antichain_states_are_exactly_the_downsets(gd):
+    g = graph_from_dict(gd)
+    lin = antichain_states(g, max_states=None)
+    got = {frozenset(lin.members(s)) for s in lin.states}
+    every = {frozenset(c) for r in range(len(g.ids) + 1) for c in itertools.combinations(g.ids, r)
+             if is_downset(g, set(c))}
+    assert got == every
+    assert lin.states[0] == 0 and len(lin.members(lin.states[-1])) == len(g.ids)
+    sizes = [len(lin.members(s)) for s in lin.states]
+    assert sizes == sorted(sizes)          # every state after its subsets
+
+
+def test_first_source_start_needs_the_first_source():
+    g = graph_from_dict(diamond_dict())
+    lin = antichain_states(g, first_source=True)
+    assert all("a" in lin.members(s) for s in lin.states[1:])
+    assert len(lin.states) == 6   # {}, {a}, {a,b}, {a,c}, {a,b,c}, all
+
+
+def test_fallback_to_topological_order_logs_a_warning(caplog):
+    g = graph_from_dict(branchy_dict())
+    with caplog.at_level(logging.WARNING):
+        lin = linearize(g, max_states=5)
+    assert lin.kind == "topological" and lin.n_states == len(g.ids) + 1
+    assert "falling back" in caplog.text
+    assert lin.states == topological_states(g).states
+
+
+# ---------------------------------------------------------------- DP against brute force
+
+def compositions(n: int):
+    """Every way to cut n items into contiguous non-empty parts (as cut lists)."""
+    for r in range(n):
+        for cuts in itertools.combinations(range(1, n), r):
+            yield [0, *cuts, n]
+
+
+def test_shared_dp_matches_brute_force_on_a_chain():
+    gd = chain_dict(5, [1.0, 3.0, 0.5, 2.0, 1.5])
+    for i, n in enumerate(gd["nodes"]):
+        n["weight_bytes"] = 50.0 * (i + 1)
+    g = graph_from_dict(gd)
+    cl = cluster_from_dict(flat_cluster(4))
+    B, b = 8, 4
+    ids = list(g.topo_order)
+    best = math.inf
+    for cuts in compositions(len(ids)):
+        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
+        for reps in itertools.product([1, 2, 4], repeat=len(parts)):
+            if sum(reps) > cl.devices:
+                continue
+            specs, dev = [], 0
+            for p, r in zip(parts, reps):
+                specs.append(StageSpec(tuple(p), tuple(range(dev, dev + r)), b))
+                dev += r
+            best = min(best, max(c.time_per_sample for c in stage_costs(g, cl, specs, B)))
+    plan = plan_pipedream(g, cl, B, micro_batch_sizes=[b])
+    assert plan.search.extra["dp_bottleneck_tps"] == pytest.approx(best, rel=1e-9)
+    assert plan.predicted.time_per_sample == pytest.approx(best, rel=1e-9)   # chain: transfers exact
+
+
+def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
+    gd = chain_dict(6, [1.0, 3.0, 0.5, 2.0, 1.5, 4.0])
+    for i, n in enumerate(gd["nodes"]):
+        n["weight_bytes"] = 1e6 * (i % 3)
+    g = graph_from_dict(gd)
+    K, bw = 4, 1e8
+    C = [g.node(v).fw_time[0] + g.node(v).bw_time[0] for v in g.topo_order]
+    W = [g.node(v).weight_bytes for v in g.topo_order]
+    best = math.inf
+    for cuts in compositions(len(C)):
+        spans = list(zip(cuts, cuts[1:]))
+        for reps in itertools.product(range(1, K + 1), repeat=len(spans)):
+            if sum(reps) != K:            # the original uses every machine
+                continue
+            t = max((sum(C[a:z]) + 4 * (r - 1) * sum(W[a:z]) / (bw * r)) / r for (a, z), r in zip(spans, reps))
+            best = min(best, t)
+    sol = pipedream_optimizer(g, [K], bw)
+    assert sol.bottleneck == pytest.approx(best, rel=1e-12)
+    assert sum(r for _, r in sol.stages) == K
+    assert sorted(v for nodes, _ in sol.stages for v in nodes) == sorted(g.ids)
+
+
+# ---------------------------------------------------------------- fidelity with the published optimizer
+
+@pytest.mark.parametrize("name, machines, expected", [("gnmt", 4, 0.025868), ("alexnet", 8, 0.011620)])
+def test_fidelity_with_the_published_optimizer(shared_dir, name, machines, expected):
+    from gpp_solver.importers import import_pipedream
+    g = import_pipedream(shared_dir / "data" / "pipedream" / f"{name}.graph.txt")
+    sol = pipedream_optimizer(g, [machines], 1e9)
+    assert sol.bottleneck == pytest.approx(expected, rel=1e-4)
+    assert sol.linearization == "antichain"
+
+
+def test_pipedream_costs_mode_builds_a_valid_plan(shared_dir):
+    from gpp_solver.importers import import_pipedream
+    g = import_pipedream(shared_dir / "data" / "pipedream" / "gnmt.graph.txt")
+    cl = cluster_from_dict(flat_cluster(4, memory=1e15))
+    plan = plan_pipedream(g, cl, 4, mode="pipedream-costs")
+    assert plan.search.extra["pipedream_bottleneck"] == pytest.approx(0.025868, rel=1e-4)
+    assert plan.devices_used <= 4 and plan.search.status == "optimal-within-search-space"
+    validate(plan, g, cl)
+
+
+# ---------------------------------------------------------------- plans under the shared model
+
+@pytest.mark.parametrize("gd", [chain_dict(6), diamond_dict(), branchy_dict()])
+@pytest.mark.parametrize("cd", [CLUSTER, flat_cluster(3)])
+def test_plans_are_valid_within_budget_and_deterministic(gd, cd):
+    g, cl = graph_from_dict(gd), cluster_from_dict(cd)
+    plan = plan_pipedream(g, cl, 8)
+    validate(plan, g, cl)
+    assert plan.devices_used <= cl.devices
+    assert plan.predicted.peak_memory_bytes <= cl.memory_bytes
+    assert plan.search.status == "feasible"
+    if gd["name"].startswith("chain"):
+        assert plan.depth == len(plan.stages)           # a sequential pipeline
+    again = plan_pipedream(g, cl, 8)
+    strip = lambda p: {k: v for k, v in plan_to_dict(p).items() if k != "search"}  # noqa: E731
+    assert strip(again) == strip(plan)
+
+
+def test_memory_limit_forces_a_split_and_infeasible_reports_the_need():
+    gd = chain_dict(4)
+    for n in gd["nodes"]:
+        n["weight_bytes"] = 1000.0
+    g = graph_from_dict(gd)
+    tight = cluster_from_dict(flat_cluster(4, memory=9000.0))   # 4000 bytes of weight state per node
+    plan = plan_pipedream(g, tight, 4)
+    assert len(plan.stages) >= 2
+    assert all(st.predicted.memory_bytes <= 9000.0 for st in plan.stages)
+    with pytest.raises(InfeasibleError) as err:
+        plan_pipedream(g, cluster_from_dict(flat_cluster(4, memory=3000.0)), 4)
+    assert err.value.required_memory_bytes >= 4000.0
+
+
+def test_agrees_with_graphpipe_on_a_chain():
+    from gpp_solver.planners import get_planner
+    from gpp_solver.errors import InvalidInputError
+    try:
+        graphpipe = get_planner("graphpipe")
+    except InvalidInputError:
+        pytest.skip("GraphPipe planner not available")
+    g = graph_from_dict(chain_dict(5, [1.0, 3.0, 0.5, 2.0, 1.5]))
+    cl = cluster_from_dict(flat_cluster(4))
+    ours = plan_pipedream(g, cl, 8, micro_batch_sizes=[4])
+    theirs = graphpipe(g, cl, 8, micro_batch_sizes=[4])
+    assert ours.predicted.time_per_sample == pytest.approx(theirs.predicted.time_per_sample, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_inception_falls_back_to_a_topological_order(shared_dir, caplog):
+    from gpp_solver.cluster import v100_cluster
+    from gpp_solver.importers import import_pipedream
+    g = import_pipedream(shared_dir / "data" / "pipedream" / "inception_v3.graph.txt", batch_size=128)
+    cl = v100_cluster(8)
+    with caplog.at_level(logging.WARNING):
+        plan = plan_pipedream(g, cl, 128)
+    assert plan.search.extra["linearization"] == "topological"
+    assert "falling back" in caplog.text
+    validate(plan, g, cl)
