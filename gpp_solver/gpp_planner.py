@@ -21,6 +21,8 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
    micro-batch orders with the CP-SAT schedule model when available and the time allows
    (``tighten=None``: on when the model is small enough and at least a second is left).
 
+With ``polish`` (default) the best plan of its own is finally searched once more with the
+iteration-time estimate as the first key (after memory), which favours shallower stage graphs.
 ``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
 
 **Determinism.**  No randomness: moves are enumerated in a fixed order and the search is capped by
@@ -208,6 +210,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
              micro_batch_sizes: Sequence[int] | None = None, seed_planners: Sequence[str] = SEED_PLANNERS,
              max_iterations: int = DEFAULT_MAX_ITERATIONS, restarts: int = 3, prove: bool = False,
              objective: str = "iteration_time", seed_plans: Mapping[str, Plan] | None = None,
+             polish: bool = True,
              **options: Any) -> Plan:
     """Plan with the best seed improved by local search over all convex partitions (module docstring)."""
     B = mini_batch_size
@@ -334,6 +337,21 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
         if not run_b(b, starts[b][1][1:]):
             timed_out = True
+    # phase 3: polish the best plan of our own for the iteration-time estimate (shallower graphs)
+    if polish and objective == "iteration_time" and time.perf_counter() < deadline:
+        own = [(p, m) for p, m in pool if p.planner == "gpp" and _uniform_b(p) is not None]
+        if own:
+            p0, m0 = min(own, key=lambda pm: score(pm[0]))
+            b = _uniform_b(p0)
+            Q = Problem(graph, cluster, B, b, tables, by_estimate=True)
+            st0 = _state_from_plan(Q, p0)[0]
+            res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
+            timed_out |= res.stopped == "time"
+            if res.ev.key[0] == 0 and res.moves:
+                plan = build_from_state(Q, res.state, res.ev, SearchInfo(0.0, "feasible"))
+                pool.append((plan, {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves}))
+            per_b.setdefault(b, {})["polish"] = {"moves": res.moves, "stopped": res.stopped,
+                                                 "estimate_before": res.ev.estimate if not res.moves else None}
     worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:

@@ -14,8 +14,8 @@ a state exactly as ``plan_build.build_plan`` + ``cost.stage_costs`` would (teste
   bandwidths, under a device placement chosen by the evaluator (contiguous ranges in the stage
   graph's topological order, or largest degree first — whichever gives the smaller key).
 
-The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time estimate)``,
-quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
+The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time estimate)``
+(``by_estimate=True``: the estimate before the TPS vector, for the final polish), quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
 """
 
 
@@ -60,8 +60,9 @@ class Problem:
     """Everything the evaluator needs for one graph, cluster, ``B`` and ``b``."""
 
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, b: int,
-                 tables: CostTables | None = None) -> None:
+                 tables: CostTables | None = None, *, by_estimate: bool = False) -> None:
         self.graph, self.cluster, self.B, self.b = graph, cluster, mini_batch_size, b
+        self.by_estimate = by_estimate     # key: iteration-time estimate before the TPS vector
         self.n_micro = mini_batch_size // b
         self.N = len(graph.nodes)
         self.D = cluster.devices
@@ -215,8 +216,11 @@ class Problem:
                     longest[t] = longest[s]
         est = max(longest) + (self.n_micro - 1) * float(per.max()) + float(ar.max())
         q = self.quantum
-        key = (int(excess / (self.cap * 1e-9)), tuple(sorted((tps / q).astype(np.int64).tolist(), reverse=True)),
-               int(est / (q * B)))
+        vec = tuple(sorted((tps / q).astype(np.int64).tolist(), reverse=True))
+        if self.by_estimate:
+            key = (int(excess / (self.cap * 1e-9)), int(est / (q * B)), vec)
+        else:
+            key = (int(excess / (self.cap * 1e-9)), vec, int(est / (q * B)))
         return Eval(key, tuple(tps.tolist()), tuple(mem.tolist()), tuple(order), offsets, est)
 
     # ------------------------------------------------------------------ devices
