@@ -204,3 +204,11 @@ def test_inception_falls_back_to_a_topological_order(shared_dir, caplog):
     assert plan.search.extra["linearization"] == "topological"
     assert "falling back" in caplog.text
     validate(plan, g, cl)
+
+
+def test_time_limit_is_reported_honestly():
+    g, cl = graph_from_dict(chain_dict(6)), cluster_from_dict(CLUSTER)
+    plan = plan_pipedream(g, cl, 8, time_limit=0.0)
+    assert plan.search.status == "time-limit"
+    assert len(plan.search.extra["tried"]) == 1        # only the first micro-batch size was tried
+    validate(plan, g, cl)

@@ -24,7 +24,13 @@ Two modes:
     the DP returns fits; the final plan is priced by ``build_plan`` (exact transfers, simulated
     iteration time) and the micro-batch size with the smallest simulated iteration time wins.
     Status ``feasible``: the DP is exact for its bottleneck objective only under the transfer
-    approximation and the memory bound, and ``b`` is chosen by simulation.
+    approximation and the memory bound, and ``b`` is chosen by simulation; ``time-limit`` when
+    ``time_limit`` stopped the loop over micro-batch sizes (one DP is never interrupted).
+    The stages are cut as a chain, but ``build_plan`` derives the stage edges from the graph's
+    edges, so two consecutive stages with no edge between them (e.g. two branches) become
+    parallel in the plan (PipeDream's runtime would forward the first one's input through it):
+    this can only shorten PipeDream's simulated iteration.  Levels: the DP charges a level-1
+    range's boundary transfers at the level-1 bandwidth (PipeDream does the same).
 ``mode="pipedream-costs"``
     PipeDream's own formulas (``optimizer_graph_hierarchical.py``): stage time
     ``(C + 4 (m-1) W / (bw m)) / m`` for ``m`` replicas (``C`` = profiled fw+bw time of the
@@ -231,13 +237,18 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
 HIERARCHICAL_MAX_STATES = 400
 
 
-def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any]) -> tuple[Plan | None, dict]:
+def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any],
+                  deadline: float | None = None) -> tuple[Plan | None, dict]:
     core, inputs, sinks = pipedream_core(graph)
     lin = linearize(graph, nodes=core, first_source=True, method=options.get("linearization", "antichain"),
                     max_states=options.get("max_states", DEFAULT_MAX_STATES))
     best: Plan | None = None
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
+    info["complete"] = True
     for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
+        if deadline is not None and best is not None and _time.perf_counter() > deadline:
+            info["complete"] = False      # remaining micro-batch sizes not tried
+            break
         res = _shared_specs(graph, cluster, lin, B, b)
         if res is None:
             info["tried"][b] = None
@@ -267,7 +278,8 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         return _plan_pipedream_costs(graph, cluster, mini_batch_size, t0, options)
     if mode != "shared":
         raise InvalidInputError(f"mode must be 'shared' or 'pipedream-costs', got {mode!r}")
-    best, info = _solve_shared(graph, cluster, mini_batch_size, options)
+    best, info = _solve_shared(graph, cluster, mini_batch_size, options,
+                               None if time_limit is None else t0 + time_limit)
     if best is None:
         loose, _ = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, options)
         need = loose.predicted.peak_memory_bytes if loose is not None else None
@@ -278,7 +290,8 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
             f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
             required_memory_bytes=need)
     info["seconds"] = _time.perf_counter() - t0
-    plan = _with_search(best, SearchInfo(info["seconds"], "feasible",
+    status = "feasible" if info["complete"] else "time-limit"
+    plan = _with_search(best, SearchInfo(info["seconds"], status,
                                          extra={**dict(best.search.extra), **info, "mode": "shared"}))
     validate(plan, graph, cluster)
     return plan
