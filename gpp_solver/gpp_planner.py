@@ -371,7 +371,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
         status = "optimal"
     extra = {"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
-             "moves": meta.get("moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
+             "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
              "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
              "iteration_time_estimate": plan.search.extra.get("iteration_time_estimate")}

@@ -181,7 +181,9 @@ def test_status_and_record():
     ex = p.search.extra
     assert ex["tps_after"] == p.predicted.time_per_sample
     assert ex["seed_planner"].startswith("chain")
-    assert ex["moves"] >= 0 and ex["tps_after"] <= ex["tps_before"] * (1 + 1e-9)
+    assert ex["moves"] >= ex["polish_moves"] >= 0
+    if ex["polish_moves"] == 0:          # the TPS search never raises the bottleneck; the polish may
+        assert ex["tps_after"] <= ex["tps_before"] * (1 + 1e-9)
     assert ex["micro_batch_size"] == p.stages[0].micro_batch_size
 
 
