@@ -269,13 +269,15 @@ def draw_plan(plan: "Plan", graph: "Graph", cluster: "Cluster | None", path: str
 
 def draw_metric_vs_devices(results: Mapping[int, Sequence["CompareRow"]], metric: str, ax: "Axes", *,
                            log: bool = False, bars: bool = True, ylabel: str | None = None,
-                           title: str | None = None) -> None:
+                           title: str | None = None, legend: bool = True) -> None:
     """Plot ``metric`` (a :class:`~gpp_solver.compare.CompareRow` field, e.g. ``throughput`` or
     ``search_seconds``) per planner against the device count.
 
     ``results`` maps a device count to that run's rows.  ``bars=True`` draws grouped bars (Fig. 6);
-    otherwise lines with markers.  Rows without the figure (infeasible, error) are left out, so a
-    missing bar means the planner found no plan.
+    otherwise lines with markers.  Rows without the figure are left out, so a missing bar means the
+    planner found no plan; a figure of a run that gave no plan (infeasible, time limit, error: no
+    throughput), such as its search time, is drawn as a black ``x``.  Each planner keeps one
+    colour (``C0``, ``C1``... in order of first appearance), so panels drawn from one sweep agree.
     """
     _matplotlib()
     devices = sorted(results)
@@ -284,17 +286,21 @@ def draw_metric_vs_devices(results: Mapping[int, Sequence["CompareRow"]], metric
         for r in results[d]:
             if r.planner not in planners:
                 planners.append(r.planner)
-    value = {(d, r.planner): getattr(r, metric) for d in devices for r in results[d]}
+    row = {(d, r.planner): r for d in devices for r in results[d]}
     width = 0.8 / max(1, len(planners))
+    failed: list[tuple[float, float]] = []
     for k, name in enumerate(planners):
-        pts = [(i, d, value.get((d, name))) for i, d in enumerate(devices)]
-        pts = [(i, d, v) for i, d, v in pts if v is not None]
-        if not pts:
-            continue
+        pts = [(i, row[(d, name)]) for i, d in enumerate(devices) if (d, name) in row]
+        pts = [(i, getattr(r, metric), r.throughput is None) for i, r in pts if getattr(r, metric) is not None]
+        x = [i - 0.4 + width * (k + 0.5) if bars else i for i, _, _ in pts]
+        failed += [(xi, v) for xi, (_, v, bad) in zip(x, pts) if bad]
         if bars:
-            ax.bar([i - 0.4 + width * (k + 0.5) for i, _, _ in pts], [v for _, _, v in pts], width, label=name)
+            ax.bar(x, [v for _, v, _ in pts], width, label=name, color=f"C{k % 10}")
         else:
-            ax.plot([i for i, _, _ in pts], [v for _, _, v in pts], marker="o", label=name)
+            ax.plot(x, [v for _, v, _ in pts], marker="o", label=name, color=f"C{k % 10}")
+    if failed:
+        ax.scatter([x for x, _ in failed], [v for _, v in failed], marker="x", color="black", s=40, zorder=4,
+                   label="no plan (infeasible, time limit or error)")
     ax.set_xticks(range(len(devices)))
     ax.set_xticklabels([str(d) for d in devices])
     ax.set_xlabel("devices")
@@ -303,5 +309,5 @@ def draw_metric_vs_devices(results: Mapping[int, Sequence["CompareRow"]], metric
         ax.set_yscale("log")
     if title:
         ax.set_title(title)
-    if planners:
-        ax.legend(fontsize=7)
+    if planners and legend:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

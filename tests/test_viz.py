@@ -127,6 +127,14 @@ def test_metric_vs_devices_skips_missing_figures():
     viz.draw_metric_vs_devices(rows, "throughput", ax)
     heights = sorted(p.get_height() for p in ax.patches)
     assert heights == [10.0, 15.0, 20.0]
+    colors = {p.get_label(): p.get_facecolor() for p in ax.patches if not p.get_label().startswith("_")}
     ax2 = Figure().add_subplot()
     viz.draw_metric_vs_devices(rows, "search_seconds", ax2, log=True, bars=False)
     assert ax2.get_yscale() == "log" and len(ax2.lines) == 2
+    # the infeasible run's search time is marked with an x, and "b" keeps its colour across panels
+    (marks,) = ax2.collections
+    assert marks.get_offsets().tolist() == [[0.0, 0.2]]
+    line_b = next(ln for ln in ax2.lines if ln.get_label() == "b")
+    bars_b = [p for p in ax.patches if p.get_height() == 15.0][0]
+    assert line_b.get_color() == "C1" and tuple(bars_b.get_facecolor()) == pytest.approx(
+        __import__("matplotlib").colors.to_rgba("C1"))
