@@ -1,0 +1,86 @@
+"""Graph pipelines vs sequential pipelines: every planner on the paper's workloads.
+
+    python benchmarks/gpp_vs_spp.py                 # mmt, dlrm, candle-uno at 4/8/16/32 devices + transformer
+    python benchmarks/gpp_vs_spp.py --devices 4 8   # fewer cells
+    python benchmarks/gpp_vs_spp.py --branches      # also candle-uno with 2..16 branches (Fig. 7 left)
+
+Workloads from ``gpp_solver.models.build_model`` at the paper's sizes, on ``v100_cluster(n)`` (V100
+16 GiB, 4 per node), mini-batch per GraphPipe A.2 (MMT and Transformer 16, DLRM 64, CANDLE-Uno 1024
+samples per device).  Every plan is validated and simulated under the shared cost model; the table
+prints simulated throughput (samples/s) and search seconds per planner, and the ratios of
+``graphpipe`` and ``gpp`` to ``pipedream-2bw`` (the sequential planner the paper measured against) and
+to the free-partition ``pipedream`` DP (GraphPipe Fig. 6, Table 1, A.3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from gpp_solver.cluster import v100_cluster
+from gpp_solver.compare import compare
+from gpp_solver.models import build_model
+from gpp_solver.planners import available_planners
+
+PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
+PLANNERS = ["gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa"]
+
+
+def run(model: str, devices: int, planners: list[str], time_limit: float, **params):
+    g = build_model(model, **params)
+    c = v100_cluster(devices)
+    rows, plans = compare(g, c, PER_DEVICE[model] * devices, planners, time_limit=time_limit)
+    return {r.planner: r for r in rows}
+
+
+def fmt_tp(r) -> str:
+    return f"{r.throughput:.4g}" if r and r.throughput else (r.status if r else "—")
+
+
+def ratio(rows, a: str, b: str) -> float | None:
+    ra, rb = rows.get(a), rows.get(b)
+    if ra and rb and ra.throughput and rb.throughput:
+        return ra.throughput / rb.throughput
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, nargs="+", default=[4, 8, 16, 32])
+    ap.add_argument("--models", nargs="+", default=["mmt", "dlrm", "candle-uno", "transformer"])
+    ap.add_argument("--branches", action="store_true", help="also candle-uno with 2..16 branches at 16 devices")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="per planner and cell (seconds)")
+    args = ap.parse_args(argv)
+    planners = [p for p in PLANNERS if p in available_planners()]
+    print(f"planners: {', '.join(planners)}; date {time.strftime('%Y-%m-%d')}\n")
+    head = ("| workload | devices | " + " | ".join(f"{p} tput (s)" for p in planners)
+            + " | graphpipe / 2bw | graphpipe / pipedream | gpp / best other |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    gp_2bw: dict[str, list[float]] = {}
+    cells = [(m, d, {}) for m in args.models for d in args.devices]
+    if args.branches:
+        cells += [("candle-uno", 16, {"branches": k}) for k in (2, 4, 8, 16)]
+    for model, devices, params in cells:
+        rows = run(model, devices, planners, args.time_limit, **params)
+        label = model + (f" ({params['branches']} branches)" if params else "")
+        cols = [f"{fmt_tp(rows.get(p))} ({rows[p].search_seconds:.2f})" if p in rows else "—" for p in planners]
+        r1, r2 = ratio(rows, "graphpipe", "pipedream-2bw"), ratio(rows, "graphpipe", "pipedream")
+        others = [r.throughput for p, r in rows.items() if p != "gpp" and r.throughput]
+        r3 = rows["gpp"].throughput / max(others) if "gpp" in rows and rows["gpp"].throughput and others else None
+        if r1 is not None and not params:
+            gp_2bw.setdefault("sequential" if model == "transformer" else "multi-branch", []).append(r1)
+        f = lambda x: "—" if x is None else f"{x:.2f}x"
+        print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r2)} | {f(r3)} |")
+        sys.stdout.flush()
+    print()
+    for kind, xs in gp_2bw.items():
+        print(f"graphpipe / pipedream-2bw simulated throughput on {kind} workloads: mean {statistics.mean(xs):.2f}x, "
+              f"min {min(xs):.2f}x, max {max(xs):.2f}x over {len(xs)} cells")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
