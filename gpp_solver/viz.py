@@ -294,6 +294,8 @@ def draw_metric_vs_devices(results: Mapping[int, Sequence["CompareRow"]], metric
         pts = [(i, getattr(r, metric), r.throughput is None) for i, r in pts if getattr(r, metric) is not None]
         x = [i - 0.4 + width * (k + 0.5) if bars else i for i, _, _ in pts]
         failed += [(xi, v) for xi, (_, v, bad) in zip(x, pts) if bad]
+        if not pts:
+            continue
         if bars:
             ax.bar(x, [v for _, v, _ in pts], width, label=name, color=f"C{k % 10}")
         else:

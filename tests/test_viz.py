@@ -13,6 +13,7 @@ from gpp_solver.compare import CompareRow
 from gpp_solver.plan_build import StageSpec
 
 pytest.importorskip("matplotlib")
+from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from gpp_solver import viz  # noqa: E402
@@ -127,7 +128,11 @@ def test_metric_vs_devices_skips_missing_figures():
     viz.draw_metric_vs_devices(rows, "throughput", ax)
     heights = sorted(p.get_height() for p in ax.patches)
     assert heights == [10.0, 15.0, 20.0]
-    colors = {p.get_label(): p.get_facecolor() for p in ax.patches if not p.get_label().startswith("_")}
+    ax3 = Figure().add_subplot()  # a planner with no figure at all is absent from the legend too
+    viz.draw_metric_vs_devices({4: [CompareRow("p", "error", 20.0)],
+                                8: [CompareRow("p", "error", 20.0), CompareRow("q", "optimal", 1.0, throughput=5.0)]},
+                               "throughput", ax3)
+    assert [t.get_text() for t in ax3.get_legend().get_texts()] == ["q"]
     ax2 = Figure().add_subplot()
     viz.draw_metric_vs_devices(rows, "search_seconds", ax2, log=True, bars=False)
     assert ax2.get_yscale() == "log" and len(ax2.lines) == 2
@@ -136,5 +141,4 @@ def test_metric_vs_devices_skips_missing_figures():
     assert marks.get_offsets().tolist() == [[0.0, 0.2]]
     line_b = next(ln for ln in ax2.lines if ln.get_label() == "b")
     bars_b = [p for p in ax.patches if p.get_height() == 15.0][0]
-    assert line_b.get_color() == "C1" and tuple(bars_b.get_facecolor()) == pytest.approx(
-        __import__("matplotlib").colors.to_rgba("C1"))
+    assert line_b.get_color() == "C1" and tuple(bars_b.get_facecolor()) == pytest.approx(to_rgba("C1"))
