@@ -127,7 +127,7 @@ def best_chain(model_spec: str, mb: int, big_b: int, nstages: int) -> tuple[list
     from runtime.profile import profile
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    g = profile(load_workload(model_spec), [mb], warmup=1, repeats=3)
+    g = profile(load_workload(model_spec), [mb], warmup=3, repeats=15)
     ids = [n["id"] for n in g["nodes"]]
     pos = {v: i for i, v in enumerate(ids)}
     edges = [(pos[e["src"]], pos[e["dst"]]) for e in g["edges"]]
@@ -153,7 +153,7 @@ def main() -> int:
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--stages", default="2", help="comma-separated stage counts for part 1")
+    ap.add_argument("--stages", default="2", help="comma-separated stage counts for part 1 (empty: skip it)")
     ap.add_argument("--mb", type=int, default=16)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2, help="alternating repetitions; the best is shown")
@@ -171,7 +171,7 @@ def main() -> int:
     print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        for k in [int(s) for s in args.stages.split(",")]:
+        for k in [int(s) for s in args.stages.split(",") if s.strip()]:
             per = (len(ids) - 1) // k
             parts = [ids[i * per:(i + 1) * per] for i in range(k)]
             parts[-1] += ids[k * per:]

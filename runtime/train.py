@@ -1,18 +1,23 @@
 """Train a workload with a gpp-plan/1 under torchrun (one rank per plan device).
 
-Commands (from the repository root; plans are JSON written by ``gpp plan`` or by hand):
+Commands (from the repository root; plans are JSON written by ``gpp plan`` or by hand, e.g. the
+ones in ``examples/plans/``):
 
     # profile the model into a graph the planner reads
     python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
-    # two-branch graph pipeline on 3 CPU ranks, check against one process
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan plan.json \\
-        --model examples.two_branch:workload --steps 5 --verify
+    # two-branch graph pipeline on 3 CPU ranks (branch 0 | branch 1 -> cat+head), checked
+    # against one-process training
+    torchrun --standalone --nproc-per-node 3 -m runtime.train \\
+        --plan examples/plans/two_branch_3ranks.json --model examples.two_branch:workload --steps 5 --verify
+    # a 2-stage 1F1B chain
+    torchrun --standalone --nproc-per-node 2 -m runtime.train \\
+        --plan examples/plans/sequential_2ranks.json --model examples.sequential:workload --steps 5 --verify
     # with metrics, a Chrome trace, and checkpoints every 2 steps
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan plan.json \\
+    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --metrics m.json --trace t.json \\
         --checkpoint ckpt --checkpoint-every 2
     # continue after a crash from the newest complete checkpoint
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan plan.json \\
+    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --checkpoint ckpt --resume
 
 Rank r runs the stage whose ``devices`` list r (replica = position in the list). Backend: NCCL
@@ -238,4 +243,10 @@ def _finish(args, setup: RankSetup, rank, device, module, rec, ex, losses, start
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip interpreter teardown: destroying c10d/gloo objects during it can abort
+    # ("terminate called without an active exception") after a run that succeeded
+    os._exit(_code)
