@@ -12,6 +12,10 @@ infeasible); ``time-limit`` when one stopped early (the best plan found is retur
 memory: :class:`InfeasibleError` with the smallest memory per device that admits a plan (a second
 MILP minimising peak memory).  Above :data:`MAX_NODE_SLOTS` nodes x stage slots or
 :data:`MAX_LAYOUTS` device layouts: :class:`SearchSpaceTooLargeError`.
+
+Measured (HiGHS, one thread, shared 2-core machine): 4-8 nodes on 4 devices solve to proven
+optimality in 0.2-1.7 s (every ``b`` of 1, 2, 4, 8); a 12-node DAG on 8 devices with B = 16 does
+not finish in 4 s (status ``time-limit``).  Use it as the exact reference on small graphs.
 """
 
 from __future__ import annotations
@@ -188,6 +192,9 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
             raise SolverError(f"milp: time limit ({time_limit} s) reached before any plan was found or "
                               f"infeasibility proven (unfinished b: {unfinished})")
         need, proven = _min_memory(graph, cluster, B, sizes, slots, deadline, solver, progress)
+        if math.isinf(need):
+            raise InfeasibleError(f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; the time "
+                                  "limit stopped the search for the memory a plan would need")
         what = "at least" if proven else "(not proven smallest) a plan exists with"
         raise InfeasibleError(
             f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; it needs {what} "
