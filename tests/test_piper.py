@@ -16,7 +16,7 @@ from gpp_solver.baselines.piper import build_instance, count_downsets, plan_pipe
 from gpp_solver.baselines.piper_cost import StageCostKernel
 from gpp_solver.baselines.piper_dp import run_dp
 from gpp_solver.baselines.piper_knapsack import HardInstances, solve_hard
-from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError
+from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, SolverError
 from gpp_solver.types import Cluster
 
 GiB = 2**30
@@ -168,6 +168,12 @@ def test_too_many_downsets_refused_fast():
     with pytest.raises(SearchSpaceTooLargeError, match="more than 500 downsets"):
         plan_piper(g, c, 4, max_downsets=500)
     assert time.monotonic() - start < 5.0
+
+
+def test_time_limit_stops_with_solver_error(diamond, cluster_dict):
+    g, c = gs.graph_from_dict(diamond), gs.cluster_from_dict(cluster_dict)
+    with pytest.raises(SolverError, match="time limit"):
+        plan_piper(g, c, 8, time_limit=0.0)
 
 
 def test_deterministic(diamond, cluster_dict):

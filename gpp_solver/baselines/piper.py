@@ -1,7 +1,7 @@
 """Piper (Tarnawski et al., NeurIPS 2021) as a baseline planner: DP over downsets with data-parallel
 degree ``d``, tensor-parallel degree ``t`` from the nodes' TMPCs, the knapsack heuristic for TMPCs
 (activation recomputation is a TMPC) and the memory model ``a * ceil(s/d) + b``
-(``piper_dp.py``, ``piper_knapsack.py``).
+(``piper_dp.py``, ``piper_cost.py``, ``piper_knapsack.py``).
 
 Two modes:
 
@@ -23,12 +23,17 @@ Two modes:
 A Piper stage with ``d`` replicas runs ``d`` micro-batches of ``b'`` samples at once; in a plan that
 is a stage with micro-batch ``d * b'`` split over ``d`` replicas (``N % d == 0`` keeps ``B % b == 0``).
 Stages get contiguous device ranges in pipeline order.  Status is ``feasible``: the knapsack step is
-a heuristic (and in the default mode the DP optimises a proxy of the shared model).
+a heuristic (and in the default mode the DP optimises a proxy of the shared model).  Every returned
+plan passes ``validate``; in ``mode="piper"`` a plan that fits Piper's memory model but not the
+shared one raises ``InfeasibleError`` naming the shared model's need.  The downsets are counted first
+(``max_downsets``, default 20,000: ``SearchSpaceTooLargeError`` past it); ``time_limit`` is checked
+between downsets (``SolverError`` when reached: the DP has no partial answer).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -164,13 +169,19 @@ def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_lim
     else:
         candidates = [b for b in graph.micro_batch_sizes if mini_batch_size % b == 0] or [1]
     best: tuple[tuple[float, float], Plan] | None = None
+    overshoot = math.inf          # least shared-model memory of a plan Piper's model accepted
     for b1 in candidates:
-        plan = _plan_for(graph, cluster, mini_batch_size, b1, mode, downsets, deadline, progress, start)
+        plan, peak = _plan_for(graph, cluster, mini_batch_size, b1, mode, downsets, deadline, progress, start)
+        overshoot = min(overshoot, peak)
         if plan is None:
             continue
         key = (plan.predicted.time_per_sample, plan.predicted.iteration_time)
         if best is None or key < best[0]:
             best = (key, plan)
+    if best is None and math.isfinite(overshoot):
+        raise InfeasibleError(
+            f"Piper's plans for graph '{graph.name}' fit its own memory model but the shared cost model needs "
+            f"{overshoot:.6g} bytes per device (limit {cluster.memory_bytes:.6g})", required_memory_bytes=overshoot)
     if best is None:
         b1 = min(candidates)
         inst = build_instance(graph, cluster, mini_batch_size, mode=mode, micro_batch_size=b1)
@@ -184,29 +195,26 @@ def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_lim
     return best[1]
 
 
-def _plan_for(graph, cluster, B, b1, mode, downsets, deadline, progress, start) -> Plan | None:
-    memory = cluster.memory_bytes
-    for attempt in range(5):
+def _plan_for(graph, cluster, B, b1, mode, downsets, deadline, progress, start) -> tuple[Plan | None, float]:
+    """The plan for per-replica micro-batch ``b1`` (or None) and the least shared-model peak memory
+    of a DP answer that did not fit (inf if none).  The default mode reruns the DP with a smaller
+    limit (up to 5 times) when the shared model's memory exceeds the cluster's."""
+    memory, peak_seen = cluster.memory_bytes, math.inf
+    for attempt in range(1 if mode == "piper" else 5):
         inst = build_instance(graph, cluster, B, mode=mode, micro_batch_size=b1, memory=memory)
         res = run_dp(inst, downsets, deadline=deadline, progress=progress)
         if not np.isfinite(res.value):
-            return None
+            return None, peak_seen
         extra = {"mode": mode, "piper_tps": res.value, "micro_batch_size_per_replica": b1,
                  "downsets": res.downsets, "downset_pairs": res.pairs, "devices_used": res.devices,
-                 "sum_data_parallel": res.s, "dp_memory_limit": memory, "attempt": attempt + 1}
+                 "sum_data_parallel": res.s, "dp_memory_limit": memory, "dp_runs": attempt + 1}
         plan = build_plan(graph, cluster, _specs(graph, res, b1), B, planner="piper",
                           search=SearchInfo(time.monotonic() - start, "feasible", None, extra))
         peak = plan.predicted.peak_memory_bytes
         if peak <= cluster.memory_bytes * (1 + 1e-9):
             validate(plan, graph, cluster)
-            return plan
-        if mode == "piper":
-            raise InfeasibleError(
-                f"Piper's plan fits its own memory model but the shared cost model needs {peak:.6g} bytes per "
-                f"device (limit {cluster.memory_bytes:.6g}); piper_tps={res.value:.6g}",
-                required_memory_bytes=peak)
-        logger.info("piper: shared-model memory %.4g > %.4g; rerunning the DP with a smaller limit",
-                    peak, cluster.memory_bytes)
+            return plan, peak_seen
+        peak_seen = min(peak_seen, peak)
+        logger.info("piper: shared-model memory %.4g > %.4g (b'=%d)", peak, cluster.memory_bytes, b1)
         memory *= cluster.memory_bytes / peak * (1 - 1e-6)
-    logger.warning("piper: no plan with b'=%d fits the shared memory model after 5 DP runs", b1)
-    return None
+    return None, peak_seen

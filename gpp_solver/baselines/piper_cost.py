@@ -130,50 +130,82 @@ class StageCostKernel:
         with np.errstate(invalid="ignore"):
             return np.where(opt.avail, comm / inst.bandwidth + opt.p / d, INF)
 
-    def cut_bytes(self, Sf: np.ndarray) -> np.ndarray:
+    def cut_bytes(self, S: np.ndarray) -> np.ndarray:
         """(P,) bytes ``2 c`` summed over the edges crossing each stage's boundary."""
         inst = self.inst
-        cut = Sf[:, inst.dst] * (1.0 - Sf[:, inst.src]) + Sf[:, inst.src] * (1.0 - Sf[:, inst.dst])
-        return cut @ (2 * inst.c)
+        return (S[:, inst.dst] ^ S[:, inst.src]) @ (2 * inst.c)
 
     # -- stage costs ----------------------------------------------------------------------------
     def costs(self, opt: DegreeOptions, S: np.ndarray, d: int, *, defer: bool = False) -> StageCosts:
+        return self.costs_many(opt, S, [d], defer=defer)[0]
+
+    def node_columns(self, opt: DegreeOptions) -> np.ndarray:
+        """(n, Q) node-additive columns: lowest memory at ``y = 0 .. S1+1``, then for each ``d`` in
+        ``self.ds`` the fastest slot's TPS share (without boundary bytes), ``a`` and ``b``."""
+        rows = np.arange(self.inst.n)
+        cols = [self.lowmem[opt.t]]
+        for d in self.ds:
+            q = self.node_tps(opt, np.zeros_like(opt.p), d)
+            f = np.argmin(q, axis=1)
+            cols.append(np.stack([q[rows, f], opt.a[rows, f], opt.b[rows, f]], axis=1))
+        out = np.concatenate(cols, axis=1)
+        out[~opt.supported] = 0.0          # stages with such nodes are rejected in costs_many
+        return out
+
+    def costs_many(self, opt: DegreeOptions, S: np.ndarray, ds: list[int], *, defer: bool = False,
+                   pre: tuple[np.ndarray, np.ndarray] | None = None) -> list[StageCosts]:
+        """:class:`StageCosts` of the stages ``S`` (rows) for each data-parallel degree in ``ds``.
+        ``pre`` = (``S @ node_columns(opt)``, ``cut_bytes(S)``) when the caller has them already."""
         inst = self.inst
         P, n = S.shape
-        Y = self.S1 // d + 2
-        ys = np.arange(Y, dtype=float)
-        Sf = S.astype(float)
-        mem_low = Sf @ self.lowmem[opt.t][:, :Y]                     # (P, Y)
+        if pre is None:
+            pre = (S.astype(float) @ self.node_columns(opt), self.cut_bytes(S))
+        col_sums, cut_raw = pre
+        mem_low_all = col_sums[:, : self.S1 + 2]
         if self.objective == "memory":
-            mem_low[:, 0] = INF
-            return StageCosts(self, opt, S, d, mem_low, np.zeros(mem_low.shape, dtype=bool))
+            out = []
+            bad = (S & ~opt.supported).any(axis=1)
+            for d in ds:
+                m = mem_low_all[:, : self.S1 // d + 2].copy()
+                m[:, 0] = INF
+                m[bad] = INF
+                out.append(StageCosts(self, opt, S, d, m, np.zeros(m.shape, dtype=bool)))
+            return out
+        sums = None
         if self.sep[opt.t]:
             # slots differ only in node-local terms: the fastest slot does not depend on the stage
-            q = self.node_tps(opt, np.zeros_like(opt.p), d)            # (n, L)
-            f = np.argmin(q, axis=1)
-            rows = np.arange(n)
-            cut = self.cut_bytes(Sf) / d / inst.bandwidth
-            tf = Sf @ q[rows, f] + cut
-            af, bf = Sf @ opt.a[rows, f], Sf @ opt.b[rows, f]
-            tps_full = None
-        else:
-            tps_full = self.node_tps(opt, self.node_bytes(opt, S), d)  # (P, n, L)
-            fast = np.argmin(tps_full, axis=2)[:, :, None]
-            pick = lambda arr: np.take_along_axis(np.broadcast_to(arr, tps_full.shape), fast, axis=2)[:, :, 0]
-            tf = np.where(S, pick(tps_full), 0.0).sum(axis=1)
-            af = np.where(S, pick(opt.a), 0.0).sum(axis=1)
-            bf = np.where(S, pick(opt.b), 0.0).sum(axis=1)
-            cut = np.zeros(P)
-        mem_f = af[:, None] * ys[None] + bf[:, None]
-        M = inst.memory
-        out = np.where(mem_f <= M, tf[:, None], INF)
-        hard = (mem_f > M) & (mem_low <= M)
-        hard[:, 0] = False
-        out[:, 0] = INF
-        c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full)
-        if not defer:
-            c.fill()
-        return c
+            sums = {d: col_sums[:, self.S1 + 2 + 3 * k: self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
+        result = []
+        for j, d in enumerate(ds):
+            Y = self.S1 // d + 2
+            ys = np.arange(Y, dtype=float)
+            mem_low = mem_low_all[:, :Y]
+            if sums is not None:
+                cut = cut_raw / d / inst.bandwidth
+                tf, af, bf = sums[d][:, 0] + cut, sums[d][:, 1], sums[d][:, 2]
+                tps_full = None
+            else:
+                tps_full = self.node_tps(opt, self.node_bytes(opt, S), d)  # (P, n, L)
+                fast = np.argmin(tps_full, axis=2)[:, :, None]
+                pick = lambda arr: np.take_along_axis(np.broadcast_to(arr, tps_full.shape), fast, axis=2)[:, :, 0]
+                tf = np.where(S, pick(tps_full), 0.0).sum(axis=1)
+                af = np.where(S, pick(opt.a), 0.0).sum(axis=1)
+                bf = np.where(S, pick(opt.b), 0.0).sum(axis=1)
+                cut = np.zeros(P)
+            mem_f = af[:, None] * ys[None] + bf[:, None]
+            M = inst.memory
+            out = np.where(mem_f <= M, tf[:, None], INF)
+            hard = (mem_f > M) & (mem_low <= M)
+            hard[:, 0] = False
+            out[:, 0] = INF
+            bad = (S & ~opt.supported).any(axis=1)
+            out[bad] = INF
+            hard[bad] = False
+            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full)
+            if not defer:
+                c.fill()
+            result.append(c)
+        return result
 
     def _sep_tables(self, opt: DegreeOptions, d: int):
         """Per ``y``: nodes sorted by the bang-per-buck ratio of their one memory-saving switch (no

@@ -129,7 +129,11 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     limit = INF if objective == "memory" else inst.memory
     Xf = X.astype(float)
     unsup = {o.t: Xf @ (~o.supported).astype(float) for o in inst.degrees}
-    minmem = {o.t: Xf @ np.where(o.supported, ker.lowmem[o.t][:, 1], 0.0) for o in inst.degrees}
+    # node-additive quantities of every downset; a stage D \ D' gets G[D] - G[D'] (no per-stage sums)
+    G = {o.t: Xf @ ker.node_columns(o) for o in inst.degrees}
+    c_in = np.zeros((inst.n, inst.n))
+    np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
+    into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
     pairs = 0
     bar = _progress(ND, progress)
     for i in range(1, ND):
@@ -139,20 +143,21 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
         pairs += len(subs)
         acc = dp[i]
         pending = []
+        z = np.where(X[i], 0.0, 1.0) @ c_in                           # 2c from outside D into each node
         for opt in inst.degrees:
             ok = unsup[opt.t][i] - unsup[opt.t][subs] < 0.5
             if limit < INF:
-                ok &= minmem[opt.t][i] - minmem[opt.t][subs] <= limit * (1 + 1e-9) + 1.0
+                ok &= G[opt.t][i, 1] - G[opt.t][subs, 1] <= limit * (1 + 1e-9) + 1.0
             rows = subs[ok]
-            if len(rows) == 0:
+            dlist = [d for d in ker.ds if d * opt.t <= K and d <= S1]
+            if len(rows) == 0 or not dlist:
                 continue
             S = X[i][None] & ~X[rows]
             sub_dp = dp[rows]
-            for d in ker.ds:
+            cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
+            pre = (G[opt.t][i] - G[opt.t][rows], cut)
+            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True, pre=pre)):
                 dt = d * opt.t
-                if dt > K or d > S1:
-                    break
-                c = ker.costs(opt, S, d, defer=True)
                 ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
                 stage = c.out[:, ycol]
                 keep = np.isfinite(stage).any(axis=1)
