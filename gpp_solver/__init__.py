@@ -10,12 +10,14 @@
 
 from .cluster import as_cluster, cluster_from_dict, cluster_to_dict, load_cluster, save_cluster, v100_cluster
 from .errors import (DeadlockError, GppError, InfeasibleError, InvalidClusterError, InvalidGraphError,
-                     InvalidInputError, InvalidPlanError, SearchSpaceTooLargeError, SolverError)
+                     InvalidInputError, InvalidPlanError, SearchSpaceTooLargeError, SolverError, TimeLimitError)
 from .graph import (as_graph, graph_from_dict, graph_from_networkx, graph_to_dict, graph_to_networkx, load_graph,
                     save_graph)
 from .plan_build import StageSpec, build_plan
 from .plan_io import load_plan, plan_from_dict, plan_to_dict, save_plan
 from .simulate import SimResult, simulate
+from .api import solve
+from .compare import compare
 from .types import (Cluster, Edge, Graph, Node, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
                     StagePrediction, Tmpc)
 from .validate import validate
@@ -23,9 +25,9 @@ from .validate import validate
 __all__ = [
     "as_cluster", "cluster_from_dict", "cluster_to_dict", "load_cluster", "save_cluster", "v100_cluster",
     "DeadlockError", "GppError", "InfeasibleError", "InvalidClusterError", "InvalidGraphError",
-    "InvalidInputError", "InvalidPlanError", "SearchSpaceTooLargeError", "SolverError",
+    "InvalidInputError", "InvalidPlanError", "SearchSpaceTooLargeError", "SolverError", "TimeLimitError",
     "as_graph", "graph_from_dict", "graph_from_networkx", "graph_to_dict", "graph_to_networkx", "load_graph",
     "save_graph", "StageSpec", "build_plan", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan",
-    "SimResult", "simulate", "Cluster", "Edge", "Graph", "Node", "Plan", "PlanPrediction", "Schedule",
+    "SimResult", "simulate", "solve", "compare", "Cluster", "Edge", "Graph", "Node", "Plan", "PlanPrediction", "Schedule",
     "SearchInfo", "Stage", "StagePrediction", "Tmpc", "validate",
 ]

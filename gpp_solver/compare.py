@@ -8,7 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from .errors import GppError, InfeasibleError, SearchSpaceTooLargeError
+from .errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from .planners import REGISTRY, get_planner
 from .simulate import simulate
 from .types import Cluster, Graph, Plan
@@ -35,10 +35,10 @@ class CompareRow:
     note: str = ""
 
 
-def row_from_plan(plan: Plan, graph: Graph, cluster: Cluster, seconds: float) -> CompareRow:
+def row_from_plan(plan: Plan, graph: Graph, cluster: Cluster, seconds: float, name: str | None = None) -> CompareRow:
     sim = simulate(plan, graph, cluster)
     mbs = sorted({s.micro_batch_size for s in plan.stages})
-    return CompareRow(planner=plan.planner, status=plan.search.status, search_seconds=seconds,
+    return CompareRow(planner=name or plan.planner, status=plan.search.status, search_seconds=seconds,
                       time_per_sample=plan.predicted.time_per_sample, iteration_time=sim.iteration_time,
                       throughput=sim.throughput, peak_memory_bytes=sim.peak_memory_bytes, stages=len(plan.stages),
                       depth=plan.depth, devices_used=plan.devices_used, micro_batch_size=mbs[0] if len(mbs) == 1 else None,
@@ -66,13 +66,16 @@ def compare(graph: Graph, cluster: Cluster, mini_batch_size: int, planners: Sequ
         except SearchSpaceTooLargeError as exc:
             rows.append(CompareRow(name, "search-space-too-large", time.perf_counter() - t0, note=str(exc)))
             continue
+        except TimeLimitError as exc:
+            rows.append(CompareRow(name, "time-limit", time.perf_counter() - t0, note=str(exc)))
+            continue
         except GppError as exc:
             rows.append(CompareRow(name, "error", time.perf_counter() - t0, note=str(exc)))
             continue
         seconds = time.perf_counter() - t0
         validate(plan, graph, cluster)
         plans[name] = plan
-        rows.append(row_from_plan(plan, graph, cluster, seconds))
+        rows.append(row_from_plan(plan, graph, cluster, seconds, name))
     return rows, plans
 
 

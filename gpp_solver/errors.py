@@ -46,12 +46,16 @@ class SolverError(GppError):
     """A solver backend failed (crashed, returned an unknown status)."""
 
 
+class TimeLimitError(SolverError):
+    """The search reached its time limit before it had any plan (status ``time-limit``)."""
+
+
 class DeadlockError(InvalidPlanError):
     """Stage orders that wait on each other forever."""
 
 
 __all__ = [
     "GppError", "InvalidInputError", "InvalidGraphError", "InvalidClusterError",
-    "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError",
+    "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError", "TimeLimitError",
     "DeadlockError",
 ]
