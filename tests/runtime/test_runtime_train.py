@@ -30,6 +30,8 @@ def test_two_branch_graph_pipeline_runs_branches_concurrently(tmp_path):
     doc = plan(8, [stage(0, TWO_BRANCH[0], [0], 2, 8, depth=1),
                    stage(1, TWO_BRANCH[1], [1], 2, 8, depth=1),
                    stage(2, TWO_BRANCH["merge"], [2], 2, 8, depth=0)], [[0, 2], [1, 2]])
+    for st in doc["stages"]:
+        st["predicted"] = {"time_per_sample": 1e-4 * (st["id"] + 1)}
     trace, met = tmp_path / "trace.json", tmp_path / "metrics.json"
     res = torchrun(3, ["--plan", write(tmp_path, doc), "--model", TWO_MODEL, "--steps", "3",
                        "--verify", "--trace", str(trace), "--metrics", str(met)])
@@ -49,6 +51,8 @@ def test_two_branch_graph_pipeline_runs_branches_concurrently(tmp_path):
     assert m["samples_per_second"] > 0
     assert [s["stage"] for s in m["stages"]] == [0, 1, 2]
     assert all(0 <= s["bubble_fraction"] <= 1 for s in m["stages"])
+    assert [s["predicted_time_per_sample"] for s in m["stages"]] == [1e-4, 2e-4, 3e-4]
+    assert all(s["measured_time_per_sample"] > 0 for s in m["stages"])
     assert len(m["losses"]) == 3
 
 
