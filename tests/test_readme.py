@@ -29,3 +29,18 @@ def test_quickstart_main_job(tmp_path):
     r = subprocess.run(job, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "plan.json").exists() and "stages" in r.stdout
+
+
+def test_training_example(tmp_path):
+    """README's profile -> plan -> torchrun block, run from the repository root."""
+    pytest.importorskip("torch")
+    root = README.parent
+    cmd = blocks("bash")[2].replace("\\\n", " ").replace("out/", f"{tmp_path}/").replace("mkdir -p out", "true")
+    cmd = re.sub(r"(?m)^gpp ", f"{sys.executable} -m gpp_solver ", cmd)
+    cmd = re.sub(r"(?m)^python ", f"{sys.executable} ", cmd)
+    cmd = re.sub(r"(?m)^torchrun ", f"{sys.executable} -m torch.distributed.run ", cmd)
+    cmd = "set -e\n" + cmd
+    r = subprocess.run(cmd, shell=True, cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "verify: OK" in r.stdout + r.stderr
+    assert (tmp_path / "plan.json").exists()
