@@ -298,3 +298,68 @@ def test_knapsack_matches_reference_and_never_beats_optimum():
         opt = min(sum(tps[i, l] for i, l in enumerate(c)) for c in itertools.product(range(2), repeat=n)
                   if sum(mem[i, l] for i, l in enumerate(c)) <= limit)
         assert got[0] >= opt - 1e-12
+
+
+def reference_slow_heuristic(tps, mem, limit):
+    """The published heuristic for more than two TMPCs per node (savings truncated to the need)."""
+    n = len(tps)
+    h = [int(np.argmin(tps[i])) for i in range(n)]
+    need = sum(mem[i][h[i]] for i in range(n)) - limit
+    while need > 1e-9:
+        best = None
+        for i in range(n):
+            for l in range(len(tps[i])):
+                saving = mem[i][h[i]] - mem[i][l]
+                if saving > 1e-9:
+                    r = (tps[i][l] - tps[i][h[i]]) / min(saving, need)
+                    if best is None or r < best[0]:
+                        best = (r, i, l)
+        if best is None:
+            return math.inf
+        _, i, l = best
+        need -= mem[i][h[i]] - mem[i][l]
+        h[i] = l
+    return sum(tps[i][h[i]] for i in range(n))
+
+
+def test_knapsack_with_three_tmpcs_follows_the_slow_heuristic():
+    rng = np.random.default_rng(1)
+    checked = 0
+    for _ in range(100):
+        n = int(rng.integers(1, 5))
+        tps = rng.uniform(1, 10, (n, 3))
+        mem = 12 - tps + rng.uniform(0, 2, (n, 3))            # faster options use more memory
+        limit = float(rng.uniform(mem.min(axis=1).sum(), mem.max(axis=1).sum()))
+        f = np.argmin(tps, axis=1)
+        if mem[np.arange(n), f].sum() <= limit:
+            continue
+        got, choice = solve_hard(HardInstances(tps[None], mem[None], np.ones((1, n), bool), f[None], limit),
+                                 want_choice=True)
+        assert got[0] == pytest.approx(reference_slow_heuristic(tps, mem, limit))
+        if np.isfinite(got[0]):
+            assert mem[np.arange(n), choice[0]].sum() <= limit + 1e-9
+        checked += 1
+    assert checked > 20
+
+
+def test_sync_bytes_keyed_like_the_published_code():
+    """``syncTimeFw`` is paid per in-edge from outside the stage (keyed by the predecessor),
+    ``syncTimeBw`` per out-edge to outside (keyed by the successor), each twice (fw + bw)."""
+    from gpp_solver.importers import piper_dict
+
+    def tm(fw, bw):
+        return {"id": "vanilla", "timePerSample": 1.0, "parameterSize": 0.0, "memoryUsageA": 0.0,
+                "memoryUsageB": 0.0, "syncTimeFw": fw, "syncTimeBw": bw}
+    doc = {"maxDevices": 2, "maxMemoryPerDevice": 1e9, "bandwidth": 1.0, "mbsInBatch": 1,
+           "nodes": [{"id": 10, "name": "u", "TMPCs": {"1": [tm({}, {"11": 0.0})], "2": [tm({}, {"11": 7.0})]}},
+                     {"id": 11, "name": "v", "TMPCs": {"1": [tm({"10": 0.0}, {})], "2": [tm({"10": 5.0}, {})]}}],
+           "edges": [{"sourceId": 10, "destId": 11, "communicationCost": 3.0}]}
+    g = gs.graph_from_dict(piper_dict(doc))
+    inst = build_instance(g, Cluster(devices=2, memory_bytes=1e9, inter_node_bandwidth=1.0), 1, mode="piper")
+    opt = next(o for o in inst.degrees if o.t == 2)
+    ker = StageCostKernel(inst)
+    cost = lambda rows: ker.costs(opt, np.array(rows, dtype=bool), 1).out[:, 1]
+    only_u, only_v, both = cost([[1, 0], [0, 1], [1, 1]])
+    assert only_u == pytest.approx(1.0 + 2 * (3.0 + 7.0))     # out-edge to v: c + sbw keyed by v
+    assert only_v == pytest.approx(1.0 + 2 * (3.0 + 5.0))     # in-edge from u: c + sfw keyed by u
+    assert both == pytest.approx(2.0)                           # internal edge: nothing to send

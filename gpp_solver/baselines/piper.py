@@ -13,12 +13,15 @@ Two modes:
   predecessors, ``sync_time_bw`` by its successors) and they are used as is; other nodes get
   ``p = f(b') + g(b')``, ``a = activation_bytes * b'``, ``b = optimizer_state_factor * weight_bytes``.
   Resync: ``4 (d-1) w / d`` bytes per ``N`` micro-batches.  The objective value is kept in
-  ``plan.search.extra["piper_tps"]`` (Piper's units).
+  ``plan.search.extra["piper_tps"]`` (Piper's units; in the default mode it is the DP's proxy, time
+  per micro-batch of ``b'`` samples).
 * default (``mode="shared"``) — the same search with the shared cost model's constants (seconds,
   ``c = bytes * b' + latency * bandwidth`` per boundary edge, ring all-reduce ``2 (d-1) w / d``,
   ``a = activation_bytes * b'``, ``b = optimizer_state_factor * weight_bytes``, no TMPC sync costs);
   the plan is priced by ``build_plan``.  If the shared model's memory (Algorithm 2 in-flight counts)
-  exceeds the limit, the DP is rerun with a proportionally smaller limit (a few times).
+  exceeds the limit, the DP is rerun with a proportionally smaller limit (a few times).  ``b'`` (per
+  replica) is the option ``micro_batch_size``, else every profiled size dividing ``B`` is tried and
+  the plan with the least TPS (then iteration time) wins.
 
 A Piper stage with ``d`` replicas runs ``d`` micro-batches of ``b'`` samples at once; in a plan that
 is a stage with micro-batch ``d * b'`` split over ``d`` replicas (``N % d == 0`` keeps ``B % b == 0``).
@@ -106,6 +109,11 @@ def build_instance(graph: Graph, cluster: Cluster, mini_batch_size: int, *, mode
     else:
         c = nbytes * b1 + (cluster.latency * bw if mode == "shared" else 0.0)
     opts = [_options(graph, cluster, v, b1, mode, native) for v in range(n)]
+    in_edges: list[list[int]] = [[] for _ in range(n)]
+    out_edges: list[list[int]] = [[] for _ in range(n)]
+    for j in range(len(edges)):
+        in_edges[dst[j]].append(j)
+        out_edges[src[j]].append(j)
     degrees = []
     for t in sorted({t for o in opts for t in o}):
         if t > cluster.devices:
@@ -119,11 +127,10 @@ def build_instance(graph: Graph, cluster: Cluster, mini_batch_size: int, *, mode
             for l, (lab, p, w, a, b, sf, sb) in enumerate(o.get(t, [])):
                 arr["p"][v, l], arr["w"][v, l], arr["a"][v, l], arr["b"][v, l] = p, w, a, b
                 avail[v, l], label[v, l] = True, lab
-                for j, ((u, x), _) in enumerate(edges):
-                    if idx[x] == v and u in sf:
-                        sfw[j, l] = sf[u]
-                    if idx[u] == v and x in sb:
-                        sbw[j, l] = sb[x]
+                for j in in_edges[v]:
+                    sfw[j, l] = sf.get(edges[j][0][0], 0.0)
+                for j in out_edges[v]:
+                    sbw[j, l] = sb.get(edges[j][0][1], 0.0)
         degrees.append(DegreeOptions(t, arr["p"], arr["w"], arr["a"], arr["b"], avail, label, sfw, sbw))
     return PiperInstance(n=n, src=src, dst=dst, c=c, degrees=tuple(degrees), devices=cluster.devices,
                          memory=cluster.memory_bytes if memory is None else memory, bandwidth=bw,
