@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import SearchSpaceTooLargeError, SolverError
+from ..errors import SearchSpaceTooLargeError, SolverError, TimeLimitError
 from .piper_cost import INF, PiperInstance, StageCostKernel
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     bar = _progress(ND, progress)
     for i in range(1, ND):
         if deadline is not None and time.monotonic() > deadline:
-            raise SolverError(f"time limit reached in Piper's DP after {i} of {ND} downsets")
+            raise TimeLimitError(f"time limit reached in Piper's DP after {i} of {ND} downsets")
         subs = tab.subs(i)
         pairs += len(subs)
         acc = dp[i]
