@@ -32,7 +32,7 @@ import time
 from gpp_solver import graph_from_dict, graph_to_dict
 from gpp_solver.baselines.milp import plan_milp
 from gpp_solver.baselines.milp_space import default_micro_batch_sizes
-from gpp_solver.errors import GppError
+from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.oracle import best_plan_bruteforce, min_peak_memory_bruteforce, random_cluster, random_graph
 from gpp_solver.planners import available_planners, get_planner
 from gpp_solver.sp_tree import decompose
@@ -60,6 +60,19 @@ def instances(cls: str, count: int, seed: int, placement: bool, tight: bool, B: 
             c = c.with_(memory_bytes=1.5 * min_peak_memory_bruteforce(g, c, B))
         out.append((g, c))
     return out
+
+
+def _graphpipe_min_tps(g, c, B: int, time_limit: float):
+    """GraphPipe once per micro-batch size (sizes without a plan in memory skipped), least TPS kept."""
+    fn, plans = get_planner("graphpipe"), []
+    for b in default_micro_batch_sizes(B):
+        try:
+            plans.append(fn(g, c, B, time_limit=time_limit, micro_batch_sizes=[b]))
+        except InfeasibleError:
+            continue
+    if not plans:
+        raise InfeasibleError("graphpipe: no micro-batch size admits a plan")
+    return min(plans, key=lambda q: q.predicted.time_per_sample)
 
 
 def fmt(x: float | None, pct: bool = True) -> str:
@@ -103,9 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 try:
                     if n == "graphpipe@min-TPS-b":
-                        fn = get_planner("graphpipe")
-                        p = min((fn(g, c, B, time_limit=args.time_limit, micro_batch_sizes=[b])
-                                 for b in default_micro_batch_sizes(B)), key=lambda q: q.predicted.time_per_sample)
+                        p = _graphpipe_min_tps(g, c, B, args.time_limit)
                     else:
                         p = get_planner(n)(g, c, B, time_limit=args.time_limit)
                 except GppError as exc:
