@@ -191,16 +191,31 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
 
 
 def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> InfeasibleError:
-    """No micro-batch size fits: say how much memory (or how many devices) would."""
+    """No micro-batch size fits *within GraphPipe's search space*: say how much memory (or how many
+    devices) would.
+
+    The search space is series-parallel-tree partitions (:mod:`gpp_solver.sp_tree`; non-SP graphs
+    are SP-ized, which forbids some convex partitions), one micro-batch size for all stages from
+    ``sizes``, 1F1B in-flight counts, power-of-two data-parallel degrees (``degree_options``).  A
+    plan outside it may still fit: the exact MILP (:mod:`gpp_solver.baselines.milp`) finds plans in
+    memory-tight cases where this planner reports infeasible (``benchmarks/optimality_gap.py
+    --tight``).  So ``required_memory_bytes`` is the smallest memory per device with which *this
+    search space* holds a plan on these devices, not the least any plan needs.
+    """
     mems = [m for m in (dp.min_memory(b) for b in sizes) if m is not None]
     need_mem = min(mems) if mems else None
     devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
     need_dev = min(devs) if devs else None
-    parts = [f"no GraphPipe plan fits in {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices"]
+    space = (f"GraphPipe's search space (series-parallel-tree partitions, one micro-batch size per plan "
+             f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})")
+    parts = [f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
+             f"{cluster.devices} devices; plans outside this search space (e.g. found by the exact MILP "
+             f"planner) may still fit"]
     if need_mem is not None:
-        parts.append(f"the smallest memory per device that admits one is {need_mem:.6g} bytes")
+        parts.append(f"the smallest memory per device with which this search space holds a plan is "
+                     f"{need_mem:.6g} bytes")
     else:
-        parts.append("no stage split fits at any memory these devices can hold")
+        parts.append("no stage split of this search space fits at any memory these devices can hold")
     if need_dev is not None and need_dev > cluster.devices:
         parts.append(f"or {need_dev} devices")
     return InfeasibleError("; ".join(parts), required_memory_bytes=need_mem,
@@ -214,8 +229,10 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
           degree_options: Sequence[int] | None = None) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path).
 
-    ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` (with
-    ``required_memory_bytes``) when no plan fits.  The plan returned has passed ``validate``.
+    ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` when no
+    plan *within GraphPipe's search space* fits (series-parallel-tree partitions, one micro-batch size,
+    1F1B, power-of-two degrees); its ``required_memory_bytes`` is the smallest memory per device of
+    that search space — the exact MILP may find a plan with less.  The plan returned has passed ``validate``.
     """
     g = as_graph(graph)
     c = as_cluster(budget)

@@ -118,6 +118,9 @@ def test_infeasible_reports_the_memory_that_would_do() -> None:
     need = ei.value.required_memory_bytes
     assert need is not None and need > 10.0
     assert "bytes" in str(ei.value)
+    # honest about the scope: the figure is the least memory of GraphPipe's search space only
+    assert "within GraphPipe's search space (series-parallel-tree partitions" in str(ei.value)
+    assert "this search space" in str(ei.value) and "MILP" in str(ei.value)
     plan = solve(d, dict(CLUSTER, memory_bytes=need), mini_batch_size=4)
     assert plan.predicted.peak_memory_bytes <= need * (1 + 1e-9)
     with pytest.raises(InfeasibleError):
