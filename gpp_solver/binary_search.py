@@ -111,6 +111,7 @@ class SweepResult:
     infeasible: tuple[int, ...]
     timed_out: bool
     probes: int
+    ranked: tuple[tuple[float, int], ...] = ()   # (score, b) of every feasible size, best first
 
 
 def sweep(dp: StageDP, micro_batch_sizes: Sequence[int], score: Callable[[TpsSearch], float], *,
@@ -119,6 +120,7 @@ def sweep(dp: StageDP, micro_batch_sizes: Sequence[int], score: Callable[[TpsSea
     (ties: the smaller DP TPS, then the larger ``b``)."""
     results = search_many(dp, micro_batch_sizes, deadline=deadline, on_pass=on_pass)
     best, best_key, best_score = None, None, float("inf")
+    ranked: list[tuple[tuple[float, float, int], int]] = []
     infeasible, timed_out, probes = [], False, 0
     for b in micro_batch_sizes:
         res = results[b]
@@ -132,9 +134,12 @@ def sweep(dp: StageDP, micro_batch_sizes: Sequence[int], score: Callable[[TpsSea
         logger.info("b=%d: TPS %.6g with %d stages (%d candidates), iteration estimate %.6g",
                     b, res.tps, len(res.stages), res.candidates, sc)
         key = (sc, res.tps, -b)
+        ranked.append((key, b))
         if best_key is None or key < best_key:
             best, best_key, best_score = res, key, sc
-    return SweepResult(best, best_score, tuple(micro_batch_sizes), tuple(infeasible), timed_out, probes)
+    ranked.sort()
+    return SweepResult(best, best_score, tuple(micro_batch_sizes), tuple(infeasible), timed_out, probes,
+                       tuple((k[0], b) for k, b in ranked))
 
 
 def default_micro_batch_sizes(mini_batch_size: int, limit: Iterable[int] | None = None) -> tuple[int, ...]:

@@ -6,6 +6,10 @@ transfers; per micro-batch size ``b`` it prices every segment at every data-para
 (:func:`gpp_solver.dp_kernel.run_dp`) and answers "how few devices reach ``t``" or, with
 :meth:`StageDP.stages`, the stages themselves (the traceback).
 
+With ``optimistic_transfers=True`` every boundary transfer is priced at the faster of the two
+bandwidths instead: the figures are then no longer upper bounds (a transfer between nodes costs
+more), so the planner only uses such a DP to *propose* stages and prices them exactly.
+
 Search space (the paper's defaults): one micro-batch size ``b`` for every stage, 1F1B (``k = 1``),
 data-parallel degrees from ``degree_options`` (default: powers of two up to the cluster's devices)
 with ``b % d == 0``; stages are SP-tree segments (see :mod:`gpp_solver.dp_kernel`).  Every figure
@@ -80,7 +84,8 @@ class StageDP:
 
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
-                 degree_options: Sequence[int] | None = None, max_devices: int | None = None) -> None:
+                 degree_options: Sequence[int] | None = None, max_devices: int | None = None,
+                 optimistic_transfers: bool = False) -> None:
         self.graph = graph
         self.cluster = cluster
         self.B = mini_batch_size
@@ -104,6 +109,15 @@ class StageDP:
         intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
         one_node = c.devices_per_node is not None and self.D <= c.devices_per_node
         self.comm_bandwidth = intra if one_node else min(intra, c.inter_node_bandwidth)
+        #: with ``optimistic_transfers`` every transfer is priced at the faster bandwidth: no longer an
+        #: upper bound, so such a DP only *proposes* stages, which the planner prices exactly
+        self.optimistic_transfers = bool(optimistic_transfers)
+        if self.optimistic_transfers:
+            self.comm_bandwidth = max(intra, c.inter_node_bandwidth)
+        #: True when some transfer may be priced at a bandwidth the plan will not get (the
+        #: conservative estimate differs from the optimistic one)
+        self.placement_sensitive = min(intra, c.inter_node_bandwidth) != max(intra, c.inter_node_bandwidth) \
+            and not one_node
         self._intra, self._low = intra, min(intra, c.inter_node_bandwidth)
         self._cache: dict[int, _BTables] = {}
 
