@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--large", action="store_true", help="also plan for 1024 devices")
     ap.add_argument("--profile", metavar="MODEL:DEVICES", help="cProfile one cell and print the top entries")
+    ap.add_argument("--devices", type=int, nargs="+", help="device counts to run (default: 4 8 16 32)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the best time is shown (default 3)")
     args = ap.parse_args(argv)
     if args.profile:
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(15)
         return 0
-    grid = [4, 8, 16, 32] + ([1024] if args.large else [])
+    grid = (args.devices or [4, 8, 16, 32]) + ([1024] if args.large else [])
     print("| model | GPUs | B | search s (ours) | paper GraphPipe s | ours / paper | b | stages | depth "
           "| devices used | TPS (s) | throughput (samples/s) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

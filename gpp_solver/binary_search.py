@@ -59,24 +59,25 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
         c = dp.candidates(b)
         cands[b] = c[c >= dp.lower_bound(b) * (1 - 1e-12)]
     live = [b for b in sizes if len(cands[b])]
-    ok = dp.min_devices_pairs([(b, float(cands[b][-1])) for b in live]) <= dp.D if live else []
-    live = [b for b, f in zip(live, ok) if f]
+    top = {b: len(cands[b]) for b in live}      # hi == top: no candidate proven feasible yet
     lo = {b: 0 for b in live}
-    hi = {b: len(cands[b]) - 1 for b in live}
-    passes, exact = 1, True
+    hi = dict(top)
+    passes, exact = 0, True
     budget = dp.batch_size()
     while True:
         active = [b for b in live if lo[b] < hi[b]]
         if not active:
             break
-        if deadline is not None and time.perf_counter() > deadline:
-            exact = False
+        if passes and deadline is not None and time.perf_counter() > deadline:
+            exact = False       # the first pass always runs: it proves the largest candidate feasible
             break
         width = max(1, budget // len(active))
         pairs, owner = [], []
         for b in active:
             n = hi[b] - lo[b]
             picks = sorted({lo[b] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[b]}) or [lo[b]]
+            if hi[b] == top[b] and picks[-1] != top[b] - 1:
+                picks.append(top[b] - 1)    # the first pass also checks that some candidate is feasible
             pairs.extend((b, float(cands[b][i])) for i in picks)
             owner.append((b, picks))
         res = dp.min_devices_pairs(pairs) <= dp.D
@@ -95,6 +96,7 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
                 if first > 0:
                     lo[b] = picks[first - 1] + 1
     out: dict[int, TpsSearch | None] = {b: None for b in sizes}
+    live = [b for b in live if hi[b] < top[b]]
     if live:
         stages = dp.stages_many([(b, float(cands[b][hi[b]])) for b in live])
         for b, st in zip(live, stages):

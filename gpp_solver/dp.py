@@ -26,8 +26,8 @@ from typing import Sequence
 import numpy as np
 
 from .cost import CostTables
-from .dp_kernel import (INF, TreeIndex, devices_by_depth, index_tree, max_depths, run_dp, segment_comm,
-                        segment_sums, stage_tps)
+from .dp_kernel import (INF, TreeIndex, degree_thresholds, devices_by_depth, devices_from_thresholds, index_tree,
+                        max_depths, run_dp, segment_comm, segment_sums, stage_tps)
 from .errors import InvalidInputError
 from .sp_tree import SPDecomposition, decompose
 from .types import Cluster, Graph
@@ -77,6 +77,7 @@ class _BTables:
     degrees: tuple[int, ...]
     tps: np.ndarray
     maxdepth: np.ndarray
+    thresholds: np.ndarray     # dp_kernel.degree_thresholds(tps, maxdepth, E)
 
 
 class StageDP:
@@ -139,7 +140,8 @@ class StageDP:
             tps = stage_tps(self.idx, compute, self.W, self.comm, b, degs, mini_batch=self.B,
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
                             allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
-            tb = _BTables(degs, tps, self._max_depths(b, degs, self.memory))
+            md = self._max_depths(b, degs, self.memory)
+            tb = _BTables(degs, tps, md, degree_thresholds(tps, md, self.E))
             self._cache[b] = tb
         return tb
 
@@ -164,7 +166,7 @@ class StageDP:
     # ---- per target ----------------------------------------------------------------------
     def _dev(self, b: int, targets) -> np.ndarray:
         tb = self.tables(b)
-        return devices_by_depth(tb.tps, tb.maxdepth, tb.degrees, targets, self.E)
+        return devices_from_thresholds(tb.thresholds, tb.degrees, targets)
 
     def batch_size(self) -> int:
         """How many targets one DP pass should test: enough to amortise the Python overhead of

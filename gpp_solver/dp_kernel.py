@@ -212,6 +212,31 @@ def devices_by_depth(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[in
     return dev
 
 
+def degree_thresholds(tps: np.ndarray, maxdepth: np.ndarray, E: int) -> np.ndarray:
+    """``thr[g, depth, j]``: the least TPS segment ``g`` reaches at ``depth`` with one of the first
+    ``j+1`` degrees (``nan`` where none is allowed — memory, or depth 0 / ``E+1`` — so that it
+    fails even the target ``inf``).
+
+    Non-increasing in ``j``, so the smallest degree meeting a target ``t`` is ``degrees[count of
+    entries not <= t]`` — :func:`devices_from_thresholds`, the same answer as :func:`devices_by_depth`
+    with one comparison per entry instead of a pass per degree.
+    """
+    depths = np.arange(E + 2)
+    ok = maxdepth[:, None, :] >= depths[None, :, None]                          # (g, depth, j)
+    thr = np.where(ok, tps[:, None, :], np.nan)
+    thr[:, 0, :] = np.nan
+    thr[:, E + 1, :] = np.nan
+    return np.fmin.accumulate(thr, axis=2)
+
+
+def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets) -> np.ndarray:
+    """``dev[i, g, depth]`` as :func:`devices_by_depth` returns it, from :func:`degree_thresholds`."""
+    targets = np.atleast_1d(np.asarray(targets, dtype=float))
+    ext = np.asarray([*degrees, INF], dtype=np.int64)
+    above = (~(thr[None] <= targets[:, None, None, None])).sum(axis=3)
+    return ext[above]
+
+
 def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     """The DP over the tree for a batch of targets (one per leading index of ``dev``).
 

@@ -225,3 +225,16 @@ def test_parallel_branches_get_their_own_stages() -> None:
     c4 = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1.0)
     res4 = search_tps(StageDP(g, c4, 4), 1)
     assert res4 is not None and math.isclose(res4.tps, 6.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
+    import numpy as np
+    from gpp_solver.dp_kernel import degree_thresholds, devices_by_depth, devices_from_thresholds
+    graph, cluster, B, b = random_instance(random.Random(500 + seed))
+    dp = StageDP(graph, cluster, B)
+    tb = dp.tables(b)
+    targets = np.concatenate([dp.candidates(b), [0.0, np.inf]])
+    want = devices_by_depth(tb.tps, tb.maxdepth, tb.degrees, targets, dp.E)
+    got = devices_from_thresholds(degree_thresholds(tb.tps, tb.maxdepth, dp.E), tb.degrees, targets)
+    assert np.array_equal(want, got)
