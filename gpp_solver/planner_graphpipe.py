@@ -15,7 +15,8 @@ Options: ``mini_batch_size`` (default: 16 samples per device, GraphPipe A.2's MM
 from ``K_OPTIONS`` by A.1's rule ``argmin_k max_y ComputeInFlight``, applied by Algorithm 2 in
 ``plan_build``; TPS does not depend on ``k`` in the cost model and ``k = 1`` is among the options,
 so the DP's memory check at ``k = 1`` stays an upper bound), ``per_stage_micro_batch`` (not
-implemented yet: raises ``InvalidInputError``), ``degree_options``
+implemented: raises ``InvalidInputError`` — the DP state would have to carry the successor side's
+``(b, k, in-flight)`` as the paper's ``cb`` does for Table 2 to stay sound with unequal sizes), ``degree_options``
 (data-parallel degrees, default powers of two), ``time_limit`` (seconds), ``progress`` (``None``:
 a tqdm bar on stderr when it is a terminal and the search runs over a second; ``False``: never).
 
@@ -155,8 +156,12 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
                     graph.name, len(dec.forced_cuts), dec.added_pairs)
     if per_stage_micro_batch:
-        raise InvalidInputError("per_stage_micro_batch=True is not implemented by the graphpipe planner yet "
-                                "(one micro-batch size for all stages, the paper's default, is searched)")
+        raise InvalidInputError(
+            "per_stage_micro_batch=True is not implemented by the graphpipe planner: its DP state carries "
+            "only the depth below a subtree (exact for one micro-batch size and 1F1B), while per-stage sizes "
+            "need the successor side's schedule configuration (b, k, in-flight samples, the paper's cb) in "
+            "the state for Table 2 to give sound in-flight counts; use micro_batch_sizes=[...] to choose the "
+            "one size, or search_k=True for per-stage k")
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options)
 
     def score(res: TpsSearch) -> float:

@@ -168,8 +168,9 @@ def test_search_k_lets_algorithm2_choose_k_and_never_holds_more() -> None:
 
 
 def test_per_stage_micro_batch_is_refused_clearly() -> None:
-    with pytest.raises(InvalidInputError, match="per_stage_micro_batch"):
+    with pytest.raises(InvalidInputError, match="per_stage_micro_batch") as ei:
         solve(diamond_dict(), CLUSTER, mini_batch_size=4, per_stage_micro_batch=True)
+    assert "successor side" in str(ei.value) and "micro_batch_sizes" in str(ei.value)
 
 
 # ---------------------------------------------------------------- placement-aware re-pricing
