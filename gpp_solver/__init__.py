@@ -18,7 +18,7 @@ from .plan_io import load_plan, plan_from_dict, plan_to_dict, save_plan
 from .simulate import SimResult, simulate
 from .api import solve
 from .compare import compare
-from .types import (Cluster, Edge, Graph, Node, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
+from .types import (Cluster, Edge, Graph, Node, Plan, PlanPrediction, Schedule, SearchInfo, SolveOptions, Stage,
                     StagePrediction, Tmpc)
 from .validate import validate
 
@@ -29,5 +29,5 @@ __all__ = [
     "as_graph", "graph_from_dict", "graph_from_networkx", "graph_to_dict", "graph_to_networkx", "load_graph",
     "save_graph", "StageSpec", "build_plan", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan",
     "SimResult", "simulate", "solve", "compare", "Cluster", "Edge", "Graph", "Node", "Plan", "PlanPrediction", "Schedule",
-    "SearchInfo", "Stage", "StagePrediction", "Tmpc", "validate",
+    "SearchInfo", "SolveOptions", "Stage", "StagePrediction", "Tmpc", "validate",
 ]

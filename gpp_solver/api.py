@@ -9,7 +9,7 @@ from .cluster import as_cluster
 from .errors import InvalidInputError
 from .graph import as_graph
 from .planners import REGISTRY, get_planner
-from .types import Plan
+from .types import Plan, SolveOptions
 from .validate import validate
 
 logger = logging.getLogger(__name__)
@@ -29,17 +29,25 @@ def default_planner() -> str:
 
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planner: str | None = None,
           time_limit: float | None = None, progress: bool = False, tighten: bool | None = None,
-          **options: Any) -> Plan:
+          options: SolveOptions | None = None, **planner_options: Any) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict or path).
 
     ``mini_batch_size`` defaults to 16 samples per device.  ``planner`` is a registry name
-    (:data:`gpp_solver.planners.REGISTRY`); other options go to the planner.  The plan returned has
+    (:data:`gpp_solver.planners.REGISTRY`); other keyword options go to the planner.  ``options``
+    (a :class:`SolveOptions`) gives the same settings as one value; explicit keywords win.  The plan returned has
     passed :func:`gpp_solver.validate`.
 
     ``tighten``: CP-SAT tightening of the micro-batch orders (``cp_schedule``).  The ``gpp`` planner
     tightens by default when it fits its time limit; the reproductions of published planners do
     not, unless ``tighten=True``.  What CP-SAT proved is recorded in ``plan.search.extra["cp_tighten"]``.
     """
+    if options is not None:
+        mini_batch_size = options.mini_batch_size if mini_batch_size is None else mini_batch_size
+        planner = planner or options.planner
+        time_limit = options.time_limit if time_limit is None else time_limit
+        tighten = options.tighten if tighten is None else tighten
+        progress = progress or options.progress
+        planner_options = {**dict(options.planner_options), **planner_options}
     g = as_graph(graph)
     c = as_cluster(budget)
     B = mini_batch_size if mini_batch_size is not None else DEFAULT_SAMPLES_PER_DEVICE * c.devices
@@ -49,8 +57,8 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     if name not in REGISTRY:
         raise InvalidInputError(f"unknown planner {name!r}; valid planners: {', '.join(REGISTRY)}")
     if name == "gpp":
-        options["tighten"] = tighten
-    plan = get_planner(name)(g, c, B, time_limit=time_limit, progress=progress, **options)
+        planner_options["tighten"] = tighten
+    plan = get_planner(name)(g, c, B, time_limit=time_limit, progress=progress, **planner_options)
     if tighten and name != "gpp":
         from .cp_schedule import tighten_plan_if_fits
 

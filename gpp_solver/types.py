@@ -235,5 +235,17 @@ class Plan:
         return nx.dag_longest_path_length(g) + 1 if g.number_of_nodes() else 0
 
 
+@dataclass(frozen=True)
+class SolveOptions:
+    """Options of :func:`gpp_solver.solve` as one value (keyword arguments override its fields)."""
+
+    mini_batch_size: int | None = None
+    planner: str | None = None
+    time_limit: float | None = None
+    tighten: bool | None = None
+    progress: bool = False
+    planner_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
 STATUSES = ("optimal", "optimal-within-epsilon", "optimal-within-search-space", "feasible",
             "time-limit", "infeasible", "search-space-too-large")

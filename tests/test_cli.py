@@ -107,3 +107,14 @@ def test_model_and_import(capsys, tmp_path, shared_dir):
 def test_python_dash_m_and_help():
     r = subprocess.run([sys.executable, "-m", "gpp_solver", "plan", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "--planner" in r.stdout and "--batch" in r.stdout
+
+
+def test_solve_options_value(diamond, cluster_dict):
+    g = gs.graph_from_dict(diamond)
+    c = gs.cluster_from_dict(cluster_dict)
+    a = gs.solve(g, c, options=gs.SolveOptions(mini_batch_size=8, planner="graphpipe"))
+    b = gs.solve(g, c, mini_batch_size=8, planner="graphpipe")
+    assert a.mini_batch_size == 8 and a.planner == "graphpipe"
+    assert a.stages == b.stages
+    with pytest.raises(gs.InvalidInputError, match="mini_batch_size must be a positive integer"):
+        gs.solve(g, c, mini_batch_size=0)
