@@ -3,10 +3,12 @@
 GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
 planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
 
-1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``pipedream-2bw``,
-   ``alpa``; a missing one or one that raises is skipped and recorded) and, for every candidate
-   micro-batch size ``b``, builds its own sequential seeds (balanced prefix cuts of two topological
-   orders, devices re-split by a min-max over thresholds);
+1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``alpa``,
+   ``pipedream-2bw``, cheapest first; a missing one, one that raises, and one stopped by its own
+   time limit are skipped and recorded) and, for every candidate micro-batch size ``b``, builds its
+   own sequential seeds (balanced prefix cuts of two topological orders with devices re-split by a
+   min-max over thresholds, and uniform chains of ``D / d`` stages with ``d`` devices each — the
+   spaces of PipeDream-2BW and Alpa);
 2. for each ``b`` (most promising first; a ``b`` whose perfect-balance bound ``B * TPS_lb(b)``
    cannot beat the best candidate so far is skipped) starts from the best of those states and the
    seed plans' partitions, and runs :func:`gpp_solver.local_search.search` — boundary-node moves,
@@ -14,24 +16,30 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
    neighbour — every intermediate state a valid plan (acyclic stage graph, convex stages, memory
    with Algorithm 2's in-flight counts); the ``RESTART_SIZES`` best sizes are then searched again
    from their next ``restarts - 1`` start states;
-3. builds full plans (``plan_build.build_plan``) only for the start and the result of each search,
+3. (``polish``, objective ``iteration_time``) searches again with the iteration-time *estimate* as
+   the first key (after memory), which favours shallower stage graphs, from the best plan of its
+   own and from the least-estimate start states of the ``POLISH_SIZES`` most promising sizes;
+4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches,
    picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
    the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
    time) — so the answer is never worse than any seed in that objective; then tightens its
-   micro-batch orders with the CP-SAT schedule model when available and the time allows
-   (``tighten=None``: on when the model is small enough and at least a second is left).
+   micro-batch orders with the CP-SAT schedule model when available (``tighten=None``: on when the
+   model is small enough and three times its budget is left).
 
-With ``polish`` (default) the best plan of its own is finally searched once more with the
-iteration-time estimate as the first key (after memory), which favours shallower stage graphs.
 ``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
 
+**Time.**  ``time_limit`` (default ``DEFAULT_TIME_LIMIT`` = 10 s) covers everything, seed planners
+included: all of them together get at most ``SEED_BUDGET_SHARE`` of it, one at most
+``SEED_MAX_SHARE`` (a seed planner that overruns its own limit delays the rest); CP-SAT gets
+``TIGHTEN_SHARE`` of it in *deterministic* time.  When the wall clock cuts the search the status
+is ``time-limit``.
+
 **Determinism.**  No randomness: moves are enumerated in a fixed order and the search is capped by
-``max_iterations`` per micro-batch size; CP-SAT runs single-threaded under a *deterministic* time
-limit with ``seed``.  The wall clock (``time_limit``, default 60 s) is only a safety stop: when it
-cuts the search the status is ``time-limit`` and the result depends on the machine's speed.
-Seed planners get ``SEED_SHARE`` of the time left each (of the 60 s safety budget when no limit is
-given); one that stops on its own time limit makes its seed, and so possibly the result,
-machine-dependent — ``search.extra["seeds"]`` records their statuses.
+``max_iterations`` per micro-batch size; CP-SAT runs single-threaded under a deterministic time
+limit with ``seed``.  What still depends on the machine's speed: whether a seed planner finishes
+within its share (``search.extra["seeds"]`` records each one's status and seconds; a time-limited
+seed is dropped, so only its presence varies), whether CP-SAT runs at all (the wall time left),
+and a search cut by the wall clock (status ``time-limit``).
 
 **Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
 is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
@@ -57,13 +65,16 @@ from .validate import validate
 
 logger = logging.getLogger(__name__)
 
-SEED_PLANNERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa")
-DEFAULT_SAFETY_SECONDS = 60.0
+SEED_PLANNERS = ("graphpipe", "pipedream", "alpa", "pipedream-2bw")   # cheapest first
+DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
 DEFAULT_MAX_ITERATIONS = 400
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
-TIGHTEN_MAX_SECONDS = 10.0
+TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
+TIGHTEN_MAX_SECONDS = 5.0        # ... at most this, and only when 3x as much wall time is left
 RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
-SEED_SHARE = 0.15                # each seed planner gets this share of the time left (also without a limit)
+POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
+SEED_BUDGET_SHARE = 0.4          # all seed planners together: at most this share of the time limit
+SEED_MAX_SHARE = 0.2             # one seed planner: at most this share of the time limit
 
 
 def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
@@ -153,36 +164,44 @@ def _seed_fn(name: str) -> Any:
     return None
 
 
-def _run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str], time_limit: float | None,
-                       deadline: float) -> tuple[dict[str, Plan], dict[str, dict[str, Any]]]:
+def _run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str],
+                       budget: float) -> tuple[dict[str, Plan], dict[str, dict[str, Any]]]:
+    """Run the seed planners in turn, each under ``min(SEED_MAX_SHARE * budget, seed time left)``
+    with ``SEED_BUDGET_SHARE * budget`` for all of them.  A plan stopped by its time limit is
+    dropped (it would make the result depend on the machine's speed); so is one that raises."""
     plans: dict[str, Plan] = {}
     info: dict[str, dict[str, Any]] = {}
+    seed_deadline = time.perf_counter() + SEED_BUDGET_SHARE * budget
     for name in names:
         fn = _seed_fn(name)
         if fn is None:
             info[name] = {"status": "missing"}
             continue
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            info[name] = {"status": "skipped (time)"}
+        left = min(SEED_MAX_SHARE * budget, seed_deadline - time.perf_counter())
+        if left <= 0.05:
+            info[name] = {"status": "skipped (seed time used up)"}
             continue
         t0 = time.perf_counter()
         try:
-            p = fn(graph, cluster, B, time_limit=max(0.05, SEED_SHARE * left))
+            p = fn(graph, cluster, B, time_limit=left)
             validate(p, graph, cluster)
         except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
             logger.info("seed planner %s skipped: %s: %s", name, type(exc).__name__, exc)
-            info[name] = {"status": f"error: {type(exc).__name__}", "seconds": time.perf_counter() - t0}
+            info[name] = {"status": f"error: {type(exc).__name__}", "seconds": time.perf_counter() - t0,
+                          "time_limit": left}
+            continue
+        if p.search.status == "time-limit":
+            info[name] = {"status": "time-limit (dropped)", "seconds": time.perf_counter() - t0, "time_limit": left}
             continue
         plans[name] = p
-        info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0,
+        info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0, "time_limit": left,
                       "time_per_sample": p.predicted.time_per_sample,
                       "iteration_time": p.predicted.iteration_time}
     return plans, info
 
 
 def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
-             deadline: float) -> tuple[Plan, dict[str, Any]]:
+             deadline: float, budget: float) -> tuple[Plan, dict[str, Any]]:
     if tighten is False:
         return plan, {"status": "off"}
     try:
@@ -192,15 +211,15 @@ def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, s
     left = deadline - time.perf_counter()
     actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
     limit_actions = getattr(cp_schedule, "MAX_ACTIONS", 4000)
-    if tighten is None and (left < 1.0 or actions > limit_actions):
+    det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
+    if tighten is None and (left < 3 * det or actions > limit_actions):
         return plan, {"status": "skipped", "actions": actions, "seconds_left": max(0.0, left)}
     try:
-        r = cp_schedule.tighten(plan, graph, cluster, time_limit=max(0.1, min(TIGHTEN_MAX_SECONDS, 0.5 * left)),
-                                seed=seed, workers=1, deterministic=True)
+        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True)
     except Exception as exc:  # noqa: BLE001
         logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
         return plan, {"status": f"error: {type(exc).__name__}"}
-    info = {"status": r.status, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
+    info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
             "improved": r.improved, "seconds": r.seconds, "actions": r.actions}
     return r.plan, info
 
@@ -229,10 +248,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         logger.debug("plan_gpp ignores options %s", sorted(options))
     log = logger.info if progress else logger.debug
     t0 = time.perf_counter()
-    deadline = t0 + (time_limit if time_limit is not None else DEFAULT_SAFETY_SECONDS)
+    budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
+    deadline = t0 + budget
     given = dict(seed_plans or {})
-    seeds, seed_info = _run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
-                                          time_limit, deadline)
+    seeds, seed_info = _run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given], budget)
     for name, p in given.items():
         try:
             validate(p, graph, cluster)
@@ -258,6 +277,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     timed_out = False
     # start states per b: own chains + the seed plans' partitions, best first (distinct)
     starts: dict[int, tuple[Problem, list[tuple[str, State, Eval]]]] = {}
+    by_estimate: dict[int, tuple[str, State, Eval]] = {}      # per b: the start with the least estimate
     for b in bs:
         P = Problem(graph, cluster, B, b, tables)
         cands = list(chain_states(P))
@@ -274,6 +294,9 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         evald.sort(key=lambda x: x[2].key)
         if evald:
             starts[b] = (P, evald[:max(1, restarts)])
+            fits = [x for x in evald if x[2].key[0] == 0]
+            if fits:
+                by_estimate[b] = min(fits, key=lambda x: (x[2].estimate, x[2].key))
         if time.perf_counter() > deadline:
             timed_out = True
             break
@@ -337,21 +360,33 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
         if not run_b(b, starts[b][1][1:]):
             timed_out = True
-    # phase 3: polish the best plan of our own for the iteration-time estimate (shallower graphs)
+    # phase 3: search with the iteration-time estimate as first key (favours shallower stage graphs)
+    # from the best plan of our own and from the least-estimate starts of the POLISH_SIZES sizes
+    # whose starts promise the least estimate
     if polish and objective == "iteration_time" and time.perf_counter() < deadline:
+        todo: list[tuple[int, str, State, dict[str, Any]]] = []
         own = [(p, m) for p, m in pool if p.planner == "gpp" and _uniform_b(p) is not None]
         if own:
             p0, m0 = min(own, key=lambda pm: score(pm[0]))
-            b = _uniform_b(p0)
+            b0 = _uniform_b(p0)
+            todo.append((b0, "best", _state_from_plan(starts[b0][0], p0)[0], m0))
+        for b in sorted(by_estimate, key=lambda x: (by_estimate[x][2].estimate, x))[:POLISH_SIZES]:
+            label, st, e0 = by_estimate[b]
+            todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps,
+                                        "moves": 0}))
+        for b, label, st0, m0 in todo:
+            if time.perf_counter() > deadline:
+                timed_out = True
+                break
             Q = Problem(graph, cluster, B, b, tables, by_estimate=True)
-            st0 = _state_from_plan(Q, p0)[0]
             res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
             timed_out |= res.stopped == "time"
-            if res.ev.key[0] == 0 and res.moves:
+            if res.ev.key[0] == 0 and (res.moves or label != "best"):
                 plan = build_from_state(Q, res.state, res.ev, SearchInfo(0.0, "feasible"))
-                pool.append((plan, {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves}))
-            per_b.setdefault(b, {})["polish"] = {"moves": res.moves, "stopped": res.stopped,
-                                                 "estimate_before": res.ev.estimate if not res.moves else None}
+                pool.append((plan, {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves,
+                                    "tps_after": res.ev.max_tps}))
+            per_b.setdefault(b, {}).setdefault("polish", []).append(
+                {"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
     worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:
@@ -365,7 +400,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     plan, meta = min(pool, key=lambda pm: score(pm[0]))
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, "feasible"))
-    plan, tinfo = _tighten(plan, graph, cluster, tighten, seed, deadline)
+    plan, tinfo = _tighten(plan, graph, cluster, tighten, seed, deadline, budget)
     timed_out |= time.perf_counter() > deadline
     status = "time-limit" if timed_out else "feasible"
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):

@@ -307,10 +307,23 @@ def _linear_partition(w: Sequence[float], k: int) -> list[int]:
     return cuts(hi) or []
 
 
+def _assign_from_cuts(P: Problem, order: Sequence[int], cuts: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    a = [0] * P.N
+    stage, bounds = 0, set(cuts)
+    for i, u in enumerate(order):
+        if i in bounds:
+            stage += 1
+        a[u] = stage
+    return tuple(a), stage + 1
+
+
 def chain_states(P: Problem) -> Iterator[tuple[str, State]]:
-    """Sequential partitions of topological orders (every prefix cut is convex) with re-split devices."""
+    """Sequential partitions of topological orders (every prefix cut is convex): ``k`` balanced
+    stages with re-split devices for every ``k``; then the uniform chains of PipeDream-2BW's and
+    Alpa's spaces — ``D / d`` stages of ``d`` devices each, balanced at degree ``d``."""
     seen = set()
-    for oi, order in enumerate(topological_orders(P)):
+    orders = topological_orders(P)
+    for oi, order in enumerate(orders):
         w = [P.comp[1][u] for u in order]
         for k in range(1, min(P.D, P.N) + 1):
             cuts = _linear_partition(w, k)
@@ -318,12 +331,13 @@ def chain_states(P: Problem) -> Iterator[tuple[str, State]]:
             if (oi, key) in seen:
                 continue
             seen.add((oi, key))
-            a = [0] * P.N
-            stage, bounds = 0, set(cuts)
-            for i, u in enumerate(order):
-                if i in bounds:
-                    stage += 1
-                a[u] = stage
-            devs = P.rebalance(a, stage + 1)
+            a, k_used = _assign_from_cuts(P, order, cuts)
+            devs = P.rebalance(a, k_used)
             if devs is not None:
-                yield f"chain{oi}", State(tuple(a), devs)
+                yield f"chain{oi}", State(a, devs)
+    for oi, order in enumerate(orders):
+        for d in P.degrees:
+            k = min(P.D // d, P.N)
+            cuts = _linear_partition([P.comp[d][u] for u in order], k)
+            a, k_used = _assign_from_cuts(P, order, cuts)
+            yield f"uniform{oi}", State(a, (d,) * k_used)

@@ -180,7 +180,7 @@ def test_status_and_record():
     assert p.search.status == "feasible"
     ex = p.search.extra
     assert ex["tps_after"] == p.predicted.time_per_sample
-    assert ex["seed_planner"].startswith("chain")
+    assert ex["seed_planner"].startswith(("chain", "uniform"))
     assert ex["moves"] >= ex["polish_moves"] >= 0
     if ex["polish_moves"] == 0:          # the TPS search never raises the bottleneck; the polish may
         assert ex["tps_after"] <= ex["tps_before"] * (1 + 1e-9)
@@ -234,3 +234,69 @@ def test_memory_bound_forces_a_split_and_infeasible_reports_need():
     with pytest.raises(InfeasibleError) as e:
         plan_gpp(g, nothing, 16, **_no_seeds())
     assert e.value.required_memory_bytes > 1.0
+
+
+def test_uniform_chain_seeds_cover_equal_degree_pipelines():
+    """Own seeds include, for every degree d | b, a chain of D // d stages with d devices each."""
+    g, c = instances(1, 13, sizes=(7,))[0]
+    P = Problem(g, c, 16, 4)
+    uni = [st for label, st in chain_states(P) if label.startswith("uniform")]
+    degs = {st.devs[0] for st in uni}
+    assert degs == set(P.degrees)
+    for st in uni:
+        assert len(set(st.devs)) == 1 and sum(st.devs) <= P.D
+        assert len(st.devs) == min(P.D // st.devs[0], P.N)
+        assert P.evaluate(st.assign, st.devs) is not None          # prefix cuts of a topological order
+
+
+def test_seed_planners_share_the_time_limit_and_time_limited_seeds_are_dropped(monkeypatch):
+    """Each seed planner gets at most SEED_MAX_SHARE of the limit; a plan stopped by its own time
+    limit is not used (it would make the result machine-dependent)."""
+    import sys
+    import types
+    from dataclasses import replace as dc_replace
+
+    from gpp_solver import gpp_planner, planners
+
+    g, c = instances(1, 19, sizes=(6,))[0]
+    gp = _seed_fn("graphpipe")
+    if gp is None:
+        pytest.skip("the graphpipe planner is not installed")
+    seen: dict[str, float] = {}
+    fake = types.ModuleType("tests_fake_seeds")
+
+    def ok(graph, cluster, B, *, time_limit=None, **kw):
+        seen["ok"] = time_limit
+        return gp(graph, cluster, B, time_limit=time_limit)
+
+    def cut(graph, cluster, B, *, time_limit=None, **kw):
+        seen["cut"] = time_limit
+        p = gp(graph, cluster, B, time_limit=time_limit)
+        return dc_replace(p, search=dc_replace(p.search, status="time-limit"))
+
+    fake.ok, fake.cut = ok, cut
+    monkeypatch.setitem(sys.modules, "tests_fake_seeds", fake)
+    monkeypatch.setitem(planners.REGISTRY, "ok", "tests_fake_seeds:ok")
+    monkeypatch.setitem(planners.REGISTRY, "cut", "tests_fake_seeds:cut")
+    p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok", "cut"), tighten=False)
+    gs.validate(p, g, c)
+    assert 0 < seen["ok"] <= gpp_planner.SEED_MAX_SHARE * 5.0 + 1e-9
+    assert 0 < seen["cut"] <= gpp_planner.SEED_MAX_SHARE * 5.0 + 1e-9
+    seeds = p.search.extra["seeds"]
+    assert seeds["ok"]["status"] != "time-limit (dropped)" and "time_per_sample" in seeds["ok"]
+    assert seeds["cut"]["status"] == "time-limit (dropped)"
+    assert p.search.extra["seed_planner"] != "cut"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,per_device", [("mmt", 16), ("dlrm", 64), ("candle-uno", 1024), ("transformer", 16)])
+def test_default_search_fits_ten_seconds_at_32_devices(model, per_device):
+    """The default time limit (seed planners included) holds at 32 devices; some slack for load."""
+    from gpp_solver.cluster import v100_cluster
+    from gpp_solver.gpp_planner import DEFAULT_TIME_LIMIT
+    from gpp_solver.models import build_model
+
+    g, c = build_model(model), v100_cluster(32)
+    p = plan_gpp(g, c, per_device * 32)
+    gs.validate(p, g, c)
+    assert p.search.seconds <= 1.5 * DEFAULT_TIME_LIMIT
