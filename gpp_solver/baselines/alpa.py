@@ -41,6 +41,7 @@ from ..types import Cluster, Graph, Plan, SearchInfo
 from ..validate import validate
 from .linearize import Linearization, topological_states
 from .pipedream_dp import INF, minmax_dp
+from .seq_eval import SequentialPricer, select_by_simulation
 from .sequential import attach_detached, candidate_micro_batches, pipedream_core
 
 logger = logging.getLogger(__name__)
@@ -217,10 +218,12 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     B = mini_batch_size
     core, inputs, sinks = pipedream_core(graph)
     lin = topological_states(graph, nodes=core)
-    best: Plan | None = None
     tried: dict[int, Any] = {}
     complete = True
     max_eps = 0.0
+    pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
+    cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
+    lower: list[float] = []
     for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
         res = _solve(graph, cluster, lin, B, b, deadline, int(options.get("max_candidates", 64)))
         if res is None:
@@ -230,10 +233,27 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         complete &= done
         max_eps = max(max_eps, eps)
         devs = _place(cluster, [s for _, _, s in chain])
-        rows = [(lin.stage_nodes(k, j), d, b) for (k, j, _), d in zip(chain, devs)]
+        core_stage = np.empty(len(lin.order), dtype=np.int64)
+        for i, (k, j, _) in enumerate(chain):    # topological prefixes: positions k..j-1
+            core_stage[k:j] = i
+        cands.append((b, objective, [(lin.stage_nodes(k, j), d) for (k, j, _), d in zip(chain, devs)]))
+        lower.append(pricer.price(core_stage, devs, b).lower_bound)
+
+    def build(i: int) -> Plan:
+        b, objective, stages = cands[i]
+        rows = [(nodes, d, b) for nodes, d in stages]
         plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="alpa",
                           search=SearchInfo(0.0, "feasible", extra={"alpa_latency": objective}))
         tried[b] = plan.predicted.iteration_time
+        return plan
+
+    # the micro-batch size with the smallest simulated iteration time (first on ties), simulating
+    # only the chains whose lower bound does not exceed the best simulated time
+    built, done = select_by_simulation(lower, build, deadline)
+    complete &= done
+    best: Plan | None = None
+    for i in sorted(built):
+        plan = built[i]
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time:
             best = plan
     if best is None:
@@ -249,6 +269,8 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     plan = replace(best, search=SearchInfo(_time.perf_counter() - t0, status,
                                            extra={**dict(best.search.extra), "tried": tried,
                                                   "group_sizes": group_sizes(cluster),
+                                                  "pruned_lower_bounds": {c[0]: lb for c, lb in zip(cands, lower)
+                                                                          if c[0] not in tried},
                                                   "t_max_epsilon": max_eps}))
     validate(plan, graph, cluster)
     return plan

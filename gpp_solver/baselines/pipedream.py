@@ -61,6 +61,7 @@ from ..types import Cluster, Graph, Plan, SearchInfo
 from ..validate import validate
 from .linearize import DEFAULT_MAX_STATES, Linearization, linearize
 from .pipedream_dp import INF, DPTable, minmax_dp
+from .seq_eval import SequentialPricer, select_by_simulation
 from .sequential import attach_detached, candidate_micro_batches, pipedream_core
 
 logger = logging.getLogger(__name__)
@@ -239,14 +240,22 @@ HIERARCHICAL_MAX_STATES = 400
 
 def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any],
                   deadline: float | None = None) -> tuple[Plan | None, dict]:
+    """The DP for every micro-batch size, then the one with the smallest simulated iteration time.
+
+    Each DP's chain is priced with numpy (:mod:`.seq_eval`) for a lower bound on its simulated
+    iteration time; chains are simulated in increasing bound order until the bound exceeds the
+    best simulated time, so the choice is the one of simulating every chain."""
     core, inputs, sinks = pipedream_core(graph)
     lin = linearize(graph, nodes=core, first_source=True, method=options.get("linearization", "antichain"),
                     max_states=options.get("max_states", DEFAULT_MAX_STATES))
-    best: Plan | None = None
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
     info["complete"] = True
+    pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
+    pos = {v: i for i, v in enumerate(lin.order)}
+    cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
+    lower: list[float] = []
     for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
-        if deadline is not None and best is not None and _time.perf_counter() > deadline:
+        if deadline is not None and cands and _time.perf_counter() > deadline:
             info["complete"] = False      # remaining micro-batch sizes not tried
             break
         res = _shared_specs(graph, cluster, lin, B, b)
@@ -254,12 +263,28 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any
             info["tried"][b] = None
             continue
         value, stages = res
+        core_stage = np.empty(len(lin.order), dtype=np.int64)
+        for s, (nodes, _) in enumerate(stages):
+            core_stage[[pos[v] for v in nodes]] = s
+        cands.append((b, value, stages))
+        lower.append(pricer.price(core_stage, [devs for _, devs in stages], b).lower_bound)
+
+    def build(i: int) -> Plan | None:
+        b, value, stages = cands[i]
         specs = attach_detached(graph, [(nodes, devs, b) for nodes, devs in stages], inputs, sinks)
         plan = build_plan(graph, cluster, specs, B, planner="pipedream",
                           search=SearchInfo(0.0, "feasible", extra={"dp_bottleneck_tps": value}))
         info["tried"][b] = plan.predicted.iteration_time
         if plan.predicted.peak_memory_bytes > cluster.memory_bytes * (1 + 1e-9):
-            continue   # cannot happen with the DP's bound; kept as a guard
+            return None   # cannot happen with the DP's bound; kept as a guard
+        return plan
+
+    built, complete = select_by_simulation(lower, build, deadline)
+    info["complete"] &= complete
+    info["pruned_lower_bounds"] = {cands[i][0]: lower[i] for i in range(len(cands)) if cands[i][0] not in info["tried"]}
+    best: Plan | None = None
+    for i in sorted(built):               # the exhaustive loop's rule, in micro-batch order
+        plan = built[i]
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time - 1e-15:
             best = plan
     return best, info

@@ -38,6 +38,7 @@ from ..errors import InfeasibleError, InvalidInputError
 from ..plan_build import build_plan
 from ..types import Cluster, Graph, Plan, SearchInfo
 from ..validate import validate
+from .seq_eval import MARGIN, SequentialPricer, select_by_simulation
 from .sequential import attach_detached, candidate_micro_batches, pipedream_core
 
 logger = logging.getLogger(__name__)
@@ -63,59 +64,85 @@ def equal_partition(weights: list[float], w: int) -> list[int]:
 
 def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
                        progress: bool = False, balance: str = "compute", **options: Any) -> Plan:
-    """Best ``(w, d, b)`` of PipeDream-2BW's space by simulated iteration time (module docstring)."""
+    """Best ``(w, d, b)`` of PipeDream-2BW's space by simulated iteration time (module docstring).
+
+    Every configuration is priced with numpy (:mod:`.seq_eval`: memory with two weight versions,
+    a lower bound on the simulated iteration time); only those whose bound does not exceed the
+    best simulated time found are built and simulated, so the answer is the exhaustive one.
+    """
     t0 = _time.perf_counter()
+    deadline = None if time_limit is None else t0 + time_limit
     if balance not in ("compute", "layers"):
         raise InvalidInputError(f"balance must be 'compute' or 'layers', got {balance!r}")
     B, K = mini_batch_size, cluster.devices
     core, inputs, sinks = pipedream_core(graph)
-    order = [v for v in graph.topo_order if v in set(core)]
+    core_set = set(core)
+    order = [v for v in graph.topo_order if v in core_set]
     sizes = graph.micro_batch_sizes
-    osf, cap = cluster.optimizer_state_factor, cluster.memory_bytes
-    best: Plan | None = None
-    best_key = None
+    cap = cluster.memory_bytes
+    pricer = SequentialPricer(graph, cluster, B, order, inputs, sinks)
+    weights_at: dict[float, list[float]] = {}
+    cuts_at: dict[tuple[float, int], list[int]] = {}
+    configs: list[tuple[int, int, int]] = []
+    lower: list[float] = []
     least_need = float("inf")
-    tried = 0
-    timed_out = False
+    enumerated = 0
     for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
         for w in range(1, min(K, len(order)) + 1):
             for d in range(1, K // w + 1):
                 if b % d:
                     continue
-                if time_limit is not None and _time.perf_counter() - t0 > time_limit and best is not None:
-                    timed_out = True
-                    break
-                x = b / d
-                if balance == "compute":
-                    weights = [interp_time(graph.node(v).fw_time, sizes, x) + interp_time(graph.node(v).bw_time, sizes, x)
-                               for v in order]
-                else:
-                    weights = [1.0] * len(order)
-                cuts = equal_partition(weights, w)
-                rows = [(order[cuts[i]:cuts[i + 1]], tuple(range(i * d, (i + 1) * d)), b) for i in range(w)]
-                specs = attach_detached(graph, rows, inputs, sinks)
-                plan = build_plan(graph, cluster, specs, B, planner="pipedream-2bw",
-                                  search=SearchInfo(0.0, "optimal-within-search-space"))
-                tried += 1
-                need = max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
-                           for st in plan.stages)
+                x = b / d if balance == "compute" else 0.0
+                cuts = cuts_at.get((x, w))
+                if cuts is None:
+                    weights = weights_at.get(x)
+                    if weights is None:
+                        weights = weights_at[x] = (
+                            [interp_time(graph.node(v).fw_time, sizes, x) + interp_time(graph.node(v).bw_time, sizes, x)
+                             for v in order] if balance == "compute" else [1.0] * len(order))
+                    cuts = cuts_at[x, w] = equal_partition(weights, w)
+                stage = np.repeat(np.arange(w), np.diff(cuts))
+                enumerated += 1
+                pr = pricer.price(stage, [tuple(range(i * d, (i + 1) * d)) for i in range(w)], b)
+                need = float(np.max(pr.memory + pr.weights))
                 least_need = min(least_need, need)
-                if need > cap:
+                if need > cap * (1 + MARGIN):
                     continue
-                key = (plan.predicted.iteration_time, w * d, w, b)
-                if best_key is None or key < best_key:
-                    best, best_key = plan, key
+                configs.append((b, w, d))
+                lower.append(pr.lower_bound)
+
+    def build(i: int) -> Plan | None:
+        b, w, d = configs[i]
+        x = b / d if balance == "compute" else 0.0
+        cuts = cuts_at[x, w]
+        rows = [(order[cuts[s]:cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
+        plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="pipedream-2bw",
+                          search=SearchInfo(0.0, "optimal-within-search-space"))
+        need = max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
+                   for st in plan.stages)
+        return plan if need <= cap else None
+
+    built, complete = select_by_simulation(lower, build, deadline)
+    best: Plan | None = None
+    best_key = None
+    for i in sorted(built):                      # the exhaustive loop's rule, in its order
+        b, w, d = configs[i]
+        plan = built[i]
+        key = (plan.predicted.iteration_time, w * d, w, b)
+        if best_key is None or key < best_key:
+            best, best_key = plan, key
     if best is None:
         raise InfeasibleError(
             f"pipedream-2bw: no (w, d, b) of graph '{graph.name}' fits {cap:.4g} bytes per device with two "
             f"weight versions on {K} devices (B={B}); the smallest configuration needs {least_need:.4g} bytes",
             required_memory_bytes=least_need)
     extra = {"w": len(best.stages), "d": best.stages[0].data_parallel, "balance": balance,
-             "configurations": tried, "memory_model": "(osf + 1) * W + activations (two weight versions)",
+             "configurations": enumerated, "within_memory": len(configs), "simulated": len(built),
+             "memory_model": "(osf + 1) * W + activations (two weight versions)",
              "weight_versions_bytes": max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
                                           for st in best.stages),
              **{k: v for k, v in best.search.extra.items()}}
-    status = "time-limit" if timed_out else "optimal-within-search-space"
+    status = "optimal-within-search-space" if complete else "time-limit"
     plan = replace(best, search=SearchInfo(_time.perf_counter() - t0, status, extra=extra))
     validate(plan, graph, cluster)
     return plan
