@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--tighten", dest="tighten", action="store_true", default=None,
                     help="tighten the micro-batch orders with CP-SAT (default: when it fits the time limit)")
     pl.add_argument("--no-tighten", dest="tighten", action="store_false")
+    pl.add_argument("--micro-batch-sizes", default=None,
+                    help="comma-separated candidate micro-batch sizes (default: powers of two dividing B)")
+    pl.add_argument("--per-stage-micro-batch", action="store_true",
+                    help="graphpipe: let every stage choose its own micro-batch size (GraphPipe §6)")
+    pl.add_argument("--search-k", action="store_true",
+                    help="graphpipe: choose each stage's k of its kFkB schedule (Algorithm 2) instead of 1F1B")
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it)")
 
     c = sub.add_parser("compare", help="run several planners and print one row each")
@@ -188,6 +194,16 @@ def _run(args: argparse.Namespace) -> int:
         opts: dict[str, Any] = {}
         if args.tighten is not None:
             opts["tighten"] = args.tighten
+        if args.micro_batch_sizes:
+            try:
+                opts["micro_batch_sizes"] = [int(x) for x in args.micro_batch_sizes.split(",") if x.strip()]
+            except ValueError:
+                raise InvalidInputError(f"--micro-batch-sizes must be comma-separated integers, got "
+                                        f"{args.micro_batch_sizes!r}") from None
+        if args.per_stage_micro_batch:
+            opts["per_stage_micro_batch"] = True
+        if args.search_k:
+            opts["search_k"] = True
         plan = solve(g, c, mini_batch_size=args.batch, planner=args.planner, time_limit=args.time_limit,
                      progress=not args.quiet and sys.stderr.isatty(), **opts)
         if args.output:
