@@ -2,13 +2,14 @@
 
 Part 1 — the paper's workloads (``gpp_solver.models.build_model``) on ``v100_cluster(n)``; the
 mini-batch is GraphPipe A.2's samples per device times devices (MMT 16, DLRM 64, CANDLE-Uno 1024;
-the plain Transformer, which A.2 does not list, 16 like MMT).  For every planner: status, search
-seconds, bottleneck TPS, simulated iteration time and throughput, stages / devices used / b, and
-the TPS gap to the perfect-balance bound ``sum_v (f_v(b) + g_v(b)) / b / devices`` at the plan's
-micro-batch size ``b`` (no plan of that ``b`` can have a lower TPS), and to the larger of that and the
-heaviest node's own best TPS (no stage is faster than its heaviest node alone).  The other planners run
-first; their plans are handed to ``gpp`` as seeds (``seed_plans=``), so ``gpp``'s search seconds
-are reported twice: its own, and its own plus those seed planners' (what a stand-alone call costs).
+the plain Transformer, which A.2 does not list, 16 like MMT).  ``gpp`` runs stand-alone with its
+default time limit (10 s, its seed planners included) twice: default objective (simulated
+iteration time) and ``gpp[TPS]`` (``objective="time_per_sample"``); the other planners run with
+``--time-limit``.  For every planner: status, search seconds, bottleneck TPS, simulated iteration
+time and throughput, stages / devices used / b, and the TPS gap to two lower bounds at the plan's
+micro-batch size ``b``: the plain perfect-balance bound (total compute per sample / devices,
+:func:`perfect_balance_tps`) and the node bound (:func:`node_bound_tps`: the least TPS of a stage
+holding the heaviest node, with its all-reduce and its neighbours' compute or transfers).
 
 Part 2 — random tiny graphs (``gpp_solver.oracle.random_graph``: chains, diamonds,
 series-parallel and general DAGs, 6-8 nodes, 4 devices): the gap of ``gpp``'s bottleneck TPS
@@ -16,7 +17,7 @@ series-parallel and general DAGs, 6-8 nodes, 4 devices): the gap of ``gpp``'s bo
 oracle, and of ``gpp``'s default plan's simulated iteration time to the oracle plan's.
 
     python benchmarks/gpp_quality.py [--models mmt,dlrm,candle-uno,transformer] [--devices 4,8,16,32]
-        [--planners graphpipe,pipedream,...] [--time-limit 60] [--gap-instances 40] [--seed 0]
+        [--planners graphpipe,pipedream,...] [--time-limit 60] [--gpp-time-limit S] [--gap-instances 40] [--seed 0]
         [--skip-workloads] [--skip-gap]
 """
 
@@ -42,42 +43,82 @@ SAMPLES_PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 
 OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
 
 
+def _degrees(b: int, devices: int) -> list[int]:
+    return [d for d in range(1, devices + 1) if b % d == 0]
+
+
 def perfect_balance_tps(graph: Graph, b: int, devices: int) -> float:
-    """Total compute per sample at micro-batch ``b`` (one replica, the cheapest per sample) / devices."""
-    return float(CostTables(graph).compute_at(float(b)).sum()) / b / devices
+    """Plain bound: every node at its cheapest device-time per sample, ``min_d d * (f_v(b/d) +
+    g_v(b/d)) / b`` over ``d | b`` (usually ``d = 1``), summed and spread over all devices."""
+    t = CostTables(graph)
+    per = [d * t.compute_at(b / d) for d in _degrees(b, devices)]
+    return float(sum(min(x[i] for x in per) for i in range(len(graph.nodes)))) / b / devices
 
 
 def node_bound_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
-    """No stage is faster than its heaviest node alone: ``max_v min_d (f_v(b/d) + g_v(b/d)) / b +
-    A_v(d) / B`` over ``d | b``, ``d <= devices`` (communication ignored, the faster bandwidth)."""
+    """No stage is faster than the one holding the heaviest node: for every node ``v`` and degree
+    ``d | b`` the least TPS of a stage containing ``v`` — its compute at ``b/d``, its all-reduce (at
+    the intra-node bandwidth only when ``d`` fits in a node), and for each neighbour either the
+    neighbour's own compute and all-reduce (it joins the stage) or one transfer at the fastest link
+    (each in-neighbour's edge; for the out-neighbours the cheapest single transfer, or all of them
+    joining); the bound is ``max_v min_d`` of that."""
     t = CostTables(graph)
-    bw = max(cluster.inter_node_bandwidth, cluster.intra_node_bandwidth or 0.0)
+    c = cluster
+    intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
+    fast = intra if c.devices_per_node is not None else c.inter_node_bandwidth
+    ds = _degrees(b, c.devices)
+    comp = {d: t.compute_at(b / d) for d in ds}
+    idx = graph.index
+    w = t.weight
+    preds: dict[int, list[tuple[int, float]]] = {i: [] for i in range(len(graph.nodes))}
+    succs: dict[int, list[tuple[int, float]]] = {i: [] for i in range(len(graph.nodes))}
+    for (u, v), nb in graph.edge_bytes_map.items():
+        preds[idx[v]].append((idx[u], nb))
+        succs[idx[u]].append((idx[v], nb))
+
+    def ar_bw(d: int) -> float:
+        if c.devices_per_node is None:
+            return c.inter_node_bandwidth
+        return intra if d <= c.devices_per_node else c.inter_node_bandwidth
+
+    def own(u: int, d: int) -> float:
+        return comp[d][u] / b + (2 * (d - 1) / d * w[u] / ar_bw(d)) / B
+
+    def xfer(nb: float, d: int) -> float:
+        return 2 * (c.latency + nb * (b / d) / fast) / b
+
     best = 0.0
-    ds = [d for d in range(1, cluster.devices + 1) if b % d == 0]
-    per_d = {d: t.compute_at(b / d) for d in ds}
-    for i, w in enumerate(t.weight):
-        best = max(best, min(per_d[d][i] / b + (2 * (d - 1) / d * w / bw) / B for d in ds))
+    for v in range(len(graph.nodes)):
+        lo = min(own(v, d)
+                 + sum(min(own(u, d), xfer(nb, d)) for u, nb in preds[v])
+                 + (min(sum(own(x, d) for x, _ in succs[v]), min(xfer(nb, d) for _, nb in succs[v]))
+                    if succs[v] else 0.0)
+                 for d in ds)
+        best = max(best, lo)
     return best
 
 
-def plan_row(name: str, plan: Plan | None, seconds: float, graph: Graph, cluster: Cluster, note: str = "",
-             own: float | None = None) -> dict[str, Any]:
+def plan_row(name: str, plan: Plan | None, seconds: float, graph: Graph, cluster: Cluster,
+             note: str = "") -> dict[str, Any]:
     if plan is None:
         return {"planner": name, "status": note, "seconds": seconds}
     bs = sorted({s.micro_batch_size for s in plan.stages})
     bound = perfect_balance_tps(graph, bs[0], cluster.devices)
     bound2 = max(bound, node_bound_tps(graph, cluster, bs[0], plan.mini_batch_size))
-    return {"gap2": plan.predicted.time_per_sample / bound2 - 1, "planner": name, "status": plan.search.status, "seconds": seconds, "own": own,
+    return {"gap2": plan.predicted.time_per_sample / bound2 - 1, "planner": name, "status": plan.search.status, "seconds": seconds,
             "tps": plan.predicted.time_per_sample, "iter": plan.predicted.iteration_time,
             "thr": plan.predicted.throughput, "stages": len(plan.stages), "devices": plan.devices_used,
             "b": bs[0] if len(bs) == 1 else f"{bs}", "gap": plan.predicted.time_per_sample / bound - 1}
 
 
-def run_workload(model: str, devices: int, planners: list[str], time_limit: float) -> list[dict[str, Any]]:
+def run_workload(model: str, devices: int, planners: list[str], time_limit: float,
+                 gpp_time_limit: float | None) -> list[dict[str, Any]]:
+    """Rows: ``gpp`` (default objective), ``gpp[TPS]`` (objective ``time_per_sample``), then the others.
+    ``gpp`` runs stand-alone (its own seed planners inside its time limit)."""
     graph = build_model(model)
     cluster = v100_cluster(devices)
     B = SAMPLES_PER_DEVICE[model] * devices
-    rows, plans = [], {}
+    rows = []
     for name in planners:
         fn = _seed_fn(name)
         if fn is None:
@@ -90,19 +131,17 @@ def run_workload(model: str, devices: int, planners: list[str], time_limit: floa
         except (GppError, ValueError) as exc:
             rows.append(plan_row(name, None, time.perf_counter() - t0, graph, cluster, f"{type(exc).__name__}"))
             continue
+        rows.append(plan_row(name, p, time.perf_counter() - t0, graph, cluster))
+    own = []
+    for label, objective in (("gpp", "iteration_time"), ("gpp[TPS]", "time_per_sample")):
+        t0 = time.perf_counter()
+        p = plan_gpp(graph, cluster, B, time_limit=gpp_time_limit, objective=objective)
         sec = time.perf_counter() - t0
-        plans[name] = p
-        rows.append(plan_row(name, p, sec, graph, cluster))
-    seeds_seconds = sum(r["seconds"] for r in rows if r["planner"] in plans and r["planner"] in
-                        ("graphpipe", "pipedream", "pipedream-2bw", "alpa"))
-    t0 = time.perf_counter()
-    p = plan_gpp(graph, cluster, B, time_limit=time_limit,
-                 seed_plans={k: v for k, v in plans.items() if k in ("graphpipe", "pipedream", "pipedream-2bw", "alpa")})
-    own = time.perf_counter() - t0
-    validate(p, graph, cluster)
-    rows.insert(0, plan_row("gpp", p, own + seeds_seconds, graph, cluster, own=own))
-    rows[0]["extra"] = p.search.extra
-    return rows
+        validate(p, graph, cluster)
+        r = plan_row(label, p, sec, graph, cluster)
+        r["extra"] = p.search.extra
+        own.append(r)
+    return own + rows
 
 
 def fmt(v: Any, spec: str) -> str:
@@ -110,14 +149,14 @@ def fmt(v: Any, spec: str) -> str:
 
 
 def workload_table(model: str, devices: int, rows: list[dict[str, Any]]) -> str:
-    best_other = max((r["thr"] for r in rows[1:] if "thr" in r), default=None)
+    others = [r for r in rows if not r["planner"].startswith("gpp") and "thr" in r]
+    best_other = max((r["thr"] for r in others), default=None)
     out = [f"### {model}, {devices} devices (B = {SAMPLES_PER_DEVICE[model] * devices})", "",
            "| planner | status | search s | TPS s | sim. iteration s | throughput /s | vs best other | stages | devices "
-           "| b | TPS gap to bound | gap to max(bound, node bound) |", "|" + "---|" * 12]
+           "| b | TPS gap to plain bound | to node bound |", "|" + "---|" * 12]
     for r in rows:
         rel = None if best_other is None or "thr" not in r else r["thr"] / best_other
-        secs = fmt(r["seconds"], ".2f") + (f" ({r['own']:.2f} own)" if r.get("own") is not None else "")
-        out.append(f"| {r['planner']} | {r['status']} | {secs} | {fmt(r.get('tps'), '.4g')} | "
+        out.append(f"| {r['planner']} | {r['status']} | {fmt(r['seconds'], '.2f')} | {fmt(r.get('tps'), '.4g')} | "
                    f"{fmt(r.get('iter'), '.4g')} | {fmt(r.get('thr'), '.5g')} | {fmt(rel, '.3f')} | "
                    f"{fmt(r.get('stages'), 'd')} | {fmt(r.get('devices'), 'd')} | {r.get('b', '—')} | "
                    f"{fmt(None if 'gap' not in r else 100 * r['gap'], '.1f')}% | "
@@ -126,15 +165,22 @@ def workload_table(model: str, devices: int, rows: list[dict[str, Any]]) -> str:
 
 
 def summary_table(results: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
-    out = ["| workload | devices | gpp throughput / best other | gpp TPS gap to bound | gap to max(bound, node) "
-           "| gpp own s | gpp + seeds s | seed | moves | TPS before → after |", "|" + "---|" * 10]
+    out = ["| workload | devices | gpp sim. throughput / best other | gpp s | gpp TPS gap: plain / node bound "
+           "| gpp[TPS] TPS / best other TPS | gpp[TPS] s | gpp[TPS] gap: plain / node bound | best other TPS gap: "
+           "plain / node | gpp from |", "|" + "---|" * 10]
     for (model, devices), rows in results.items():
-        g = rows[0]
-        best_other = max((r["thr"] for r in rows[1:] if "thr" in r), default=None)
+        g, t = rows[0], rows[1]
+        others = [r for r in rows[2:] if "thr" in r]
+        best_thr = max((r["thr"] for r in others), default=None)
+        best_tps = min(others, key=lambda r: r["tps"], default=None)
         ex = g.get("extra", {})
-        out.append(f"| {model} | {devices} | {fmt(None if best_other is None else g['thr'] / best_other, '.3f')} | "
-                   f"{100 * g['gap']:.1f}% | {100 * g['gap2']:.1f}% | {g['own']:.2f} | {g['seconds']:.2f} | {ex.get('seed_planner')} | "
-                   f"{ex.get('moves')} | {ex.get('tps_before', 0):.4g} → {ex.get('tps_after', 0):.4g} |")
+        out.append(f"| {model} | {devices} | {fmt(None if best_thr is None else g['thr'] / best_thr, '.3f')} | "
+                   f"{g['seconds']:.2f} | {100 * g['gap']:.1f}% / {100 * g['gap2']:.1f}% | "
+                   f"{fmt(None if best_tps is None else t['tps'] / best_tps['tps'], '.3f')} | {t['seconds']:.2f} | "
+                   f"{100 * t['gap']:.1f}% / {100 * t['gap2']:.1f}% | "
+                   + ("— |" if best_tps is None else
+                      f"{100 * best_tps['gap']:.1f}% / {100 * best_tps['gap2']:.1f}% ({best_tps['planner']}) |")
+                   + f" {ex.get('seed_planner')} b={ex.get('micro_batch_size')} |")
     return "\n".join(out)
 
 
@@ -178,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mmt,dlrm,candle-uno,transformer")
     ap.add_argument("--devices", default="4,8,16,32")
     ap.add_argument("--planners", default=",".join(OTHERS))
-    ap.add_argument("--time-limit", type=float, default=60.0)
+    ap.add_argument("--time-limit", type=float, default=60.0, help="other planners' time limit")
+    ap.add_argument("--gpp-time-limit", type=float, default=None, help="gpp's (default: its own, 10 s)")
     ap.add_argument("--gap-instances", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-workloads", action="store_true")
@@ -189,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for model in a.models.split(","):
             for devices in (int(x) for x in a.devices.split(",")):
-                rows = run_workload(model, devices, planners, a.time_limit)
+                rows = run_workload(model, devices, planners, a.time_limit, a.gpp_time_limit)
                 results[(model, devices)] = rows
                 print(workload_table(model, devices, rows) + "\n", flush=True)
         print("### Summary\n\n" + summary_table(results) + "\n", flush=True)
