@@ -101,30 +101,42 @@ def _fit_tables(tabs, cluster: Cluster, b: int, n: int) -> dict[tuple[int, int],
     return out
 
 
-def _sum_dp(fit: dict[tuple[int, int], np.ndarray], K: int, t_max: float, S: int):
-    """min sum of latencies over chains (every t <= t_max) per (state, devices); with arg tables."""
+def _sum_dp(fit: dict[tuple[int, int], np.ndarray], K: int, t_max: float, S: int,
+            by_m: dict[int, tuple[np.ndarray, np.ndarray]] | None = None):
+    """min sum of latencies over chains (every t <= t_max) per (state, devices); with arg tables.
+
+    ``by_m`` is ``fit`` grouped by devices (:func:`_by_devices`), built when absent.  For each
+    ``m`` every group size is tried at once; ties go to the smaller size, then the earlier state."""
+    if by_m is None:
+        by_m = _by_devices(fit)
     F = np.full((S, K + 1), INF)
     F[0, 0] = 0.0
     ak = np.full((S, K + 1), -1, dtype=np.int64)
     asz = np.zeros((S, K + 1), dtype=np.int64)
     cols = np.arange(S)
     for m in range(1, K + 1):
-        for (s, mm), t in fit.items():
-            if mm != m:
-                continue
-            prev = F[:, m - s]
-            rows = np.nonzero(np.isfinite(prev))[0]
-            if not rows.size:
-                continue
-            tt = t[rows]
-            X = np.where(tt <= t_max, prev[rows, None] + tt, INF)
-            k = X.argmin(axis=0)
-            v = X[k, cols]
-            better = v < F[:, m]
-            F[better, m] = v[better]
-            ak[better, m] = rows[k[better]]
-            asz[better, m] = s
+        if m not in by_m:
+            continue
+        ss, T = by_m[m]                                   # (g,), (g, S, S)
+        P = F[:, m - ss].T                                # (g, S): chains ending at k on m - s devices
+        X = np.where(T <= t_max, P[:, :, None] + T, INF).reshape(-1, S)
+        idx = X.argmin(axis=0)
+        v = X[idx, cols]
+        better = v < F[:, m]
+        F[better, m] = v[better]
+        ak[better, m] = idx[better] % S
+        asz[better, m] = ss[idx[better] // S]
     return F, ak, asz
+
+
+def _by_devices(fit: dict[tuple[int, int], np.ndarray]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """``{m: (group sizes ascending, stacked tables)}``."""
+    groups: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for (s, m), t in fit.items():
+        groups.setdefault(m, []).append((s, t))
+    return {m: (np.asarray([s for s, _ in sorted(g, key=lambda st: st[0])], dtype=np.int64),
+                np.stack([t for _, t in sorted(g, key=lambda st: st[0])]))
+            for m, g in groups.items()}
 
 
 def _thin(cands: np.ndarray, limit: int) -> tuple[np.ndarray, float]:
@@ -146,7 +158,10 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
     if not tabs:
         return None
     fit = _fit_tables(tabs, cluster, b, n)
-    lower_tab = minmax_dp(lin.subset, lambda m, r: fit.get((r, m), np.full((S, S), INF)), K, allow_fewer=True)
+    none = np.full((S, S), INF)
+    lower_tab = minmax_dp(lin.subset, lambda m, r: fit.get((r, m), none), K, allow_fewer=True,
+                          replicas=sorted(tabs))
+    by_m = _by_devices(fit)
     lower = float(lower_tab.value[0, last, K])
     if not math.isfinite(lower):
         return None
@@ -156,7 +171,7 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
 
     def run(t_max: float) -> None:
         nonlocal best
-        F, ak, asz = _sum_dp(fit, K, t_max, S)
+        F, ak, asz = _sum_dp(fit, K, t_max, S, by_m)
         m = int(np.argmin(F[last]))
         total = float(F[last, m] + (n - 1) * t_max)
         if total < best[0]:

@@ -207,7 +207,8 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
     dpn = cluster.devices_per_node
     if dpn is None or dpn >= K or K % dpn or lin.n_states > HIERARCHICAL_MAX_STATES:
         bw = cluster.bandwidth(range(K))
-        tab = minmax_dp(lin.subset, lambda m, r: costs.stage_time(r, bw, K - m + 1), K, allow_fewer=True)
+        tab = minmax_dp(lin.subset, lambda m, r: costs.stage_time(r, bw, K - m + 1), K, allow_fewer=True,
+                        replicas=[r for r in range(1, K + 1) if b % r == 0])   # others: `b % d` fails
         if not math.isfinite(tab.value[0, last, K]):
             return None
         out, dev = [], 0
@@ -220,7 +221,8 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
     for rho in range(1, N + 1):
         bw = cluster.intra_node_bandwidth if rho == 1 and cluster.intra_node_bandwidth else cluster.inter_node_bandwidth
         inner[rho] = minmax_dp(lin.subset, lambda m, r, rho=rho, bw=bw: costs.stage_time(r * rho, bw, K - rho * m + 1),
-                               dpn, starts=tuple(range(lin.n_states)), allow_fewer=True)
+                               dpn, starts=tuple(range(lin.n_states)), allow_fewer=True,
+                               replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0])
     outer = minmax_dp(lin.subset, lambda m, r: inner[r].value[:, :, dpn], N, allow_fewer=True)
     if not math.isfinite(outer.value[0, last, N]):
         return None

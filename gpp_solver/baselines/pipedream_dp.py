@@ -56,8 +56,13 @@ class DPTable:
 
 
 def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], devices: int, *,
-              starts: Sequence[int] = (0,), allow_fewer: bool = False) -> DPTable:
-    """Fill the table for ``1..devices`` devices (see the module docstring)."""
+              starts: Sequence[int] = (0,), allow_fewer: bool = False,
+              replicas: Sequence[int] | None = None) -> DPTable:
+    """Fill the table for ``1..devices`` devices (see the module docstring).
+
+    ``replicas``: the only replica counts ``stage_time`` may give finite times for (others are
+    skipped without calling it); default every count."""
+    allowed = None if replicas is None else set(int(r) for r in replicas)
     S = subset.shape[0]
     starts = tuple(starts)
     I = len(starts)
@@ -71,6 +76,8 @@ def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], 
         bk = np.full((I, S), -1, dtype=np.int64)
         br = np.zeros((I, S), dtype=np.int64)
         for r in range(1, m + 1):
+            if allowed is not None and r not in allowed:
+                continue
             T = np.where(subset, stage_time(m, r), INF)
             prev = val[:, :, m - r]
             for lo in range(0, I, chunk):
