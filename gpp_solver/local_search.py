@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 from .partition_eval import Eval, Problem, State, canonical
 
 MERGE_LIGHTEST = 3     # merges considered: pairs with the loaded stage or one of this many lightest stages
+FAR_MOVE_STAGES = 8    # up to this many stages, nodes also move to / are pulled from non-adjacent stages
 
 # ---------------------------------------------------------------------------------- moves
 def _members(assign: Sequence[int], k: int) -> list[list[int]]:
@@ -91,13 +92,21 @@ def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = N
     # 1. boundary nodes of s to an adjacent stage; 2. boundary nodes of neighbours into s
     if len(members[s]) > 1:
         for u in members[s]:
-            for t in sorted({assign[w] for w in P.adj[u]} - {s}):
+            near = sorted({assign[w] for w in P.adj[u]} - {s})
+            for t in near:
                 a = list(assign)
                 a[u] = t
                 yield "move", State(tuple(a), devs)
+            if k <= FAR_MOVE_STAGES:          # parallel branches share no edge but may share a stage
+                for t in range(k):
+                    if t != s and t not in near:
+                        a = list(assign)
+                        a[u] = t
+                        yield "move", State(tuple(a), devs)
     for u in range(P.N):
         t = assign[u]
-        if t != s and len(members[t]) > 1 and any(assign[w] == s for w in P.adj[u]):
+        if t != s and len(members[t]) > 1 and (
+                k <= FAR_MOVE_STAGES or any(assign[w] == s for w in P.adj[u])):
             a = list(assign)
             a[u] = s
             yield "pull", State(tuple(a), devs)

@@ -300,3 +300,28 @@ def test_default_search_fits_ten_seconds_at_32_devices(model, per_device):
     p = plan_gpp(g, c, per_device * 32)
     gs.validate(p, g, c)
     assert p.search.seconds <= 1.5 * DEFAULT_TIME_LIMIT
+
+
+def test_nodes_move_between_parallel_branches_with_no_edge_between_them():
+    """n1 fans out to n2, n3 and n4 -> n5: moving n2 into the stage of {n4, n5} (no edge joins them)
+    is a candidate, and a valid one (the MILP's optimum on such a graph needs it)."""
+    from gpp_solver.partition_eval import State
+    nodes = [{"id": f"n{i}", "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
+              "output_bytes": 1.0} for i in range(6)]
+    edges = [("n0", "n1"), ("n1", "n2"), ("n1", "n3"), ("n1", "n4"), ("n4", "n5")]
+    g = gs.graph_from_dict({"name": "fan", "micro_batch_sizes": [1], "nodes": nodes,
+                            "edges": [{"src": a, "dst": b} for a, b in edges]})
+    c = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1e9)
+    P = Problem(g, c, 8, 2)
+    idx = g.index
+    a = [0] * 6
+    for v in ("n2", "n3"):
+        a[idx[v]] = 1
+    for v in ("n4", "n5"):
+        a[idx[v]] = 2
+    st = State(tuple(a), (1, 1, 2))
+    want = list(a)
+    want[idx["n2"]] = 2
+    cands = [cand for label, cand in neighbours(P, st, 1) if label == "move"]
+    assert State(tuple(want), (1, 1, 2)) in cands
+    assert P.evaluate(tuple(want), (1, 1, 2)) is not None
