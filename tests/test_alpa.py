@@ -83,3 +83,12 @@ def test_memory_respected_and_infeasible_reported():
     with pytest.raises(InfeasibleError) as err:
         plan_alpa(g, cluster_from_dict(flat_cluster(4, memory=3000.0)), 4)
     assert err.value.required_memory_bytes >= 4000.0
+
+
+def test_tables_too_large_for_the_device_count_are_refused():
+    from gpp_solver.errors import SearchSpaceTooLargeError
+    g = graph_from_dict(chain_dict(6))
+    cl = cluster_from_dict(flat_cluster(4))
+    with pytest.raises(SearchSpaceTooLargeError, match="max_table_bytes"):
+        plan_alpa(g, cl, 8, max_table_bytes=1000)
+    assert plan_alpa(g, cl, 8, max_table_bytes=10**6).search.status == "feasible"

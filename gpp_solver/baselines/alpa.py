@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..cost import interp_time
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, SearchSpaceTooLargeError
 from ..plan_build import build_plan
 from ..types import Cluster, Graph, Plan, SearchInfo
 from ..validate import validate
@@ -149,6 +149,15 @@ def _thin(cands: np.ndarray, limit: int) -> tuple[np.ndarray, float]:
     return cands[last_of_bucket], float(eps)
 
 
+MAX_TABLE_BYTES = 2**30
+
+
+def table_bytes(cluster: Cluster, n_states: int) -> int:
+    """Bytes of the per-(group size, devices) stage tables of one micro-batch size (two copies)."""
+    K = cluster.devices
+    return 2 * 8 * n_states * n_states * sum(K - s + 1 for s in group_sizes(cluster))
+
+
 def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, deadline: float | None,
            max_candidates: int):
     """Alpa's enumeration for one micro-batch size: (objective, chain, complete?, eps) or None."""
@@ -233,6 +242,12 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     B = mini_batch_size
     core, inputs, sinks = pipedream_core(graph)
     lin = topological_states(graph, nodes=core)
+    limit = int(options.get("max_table_bytes", MAX_TABLE_BYTES))
+    if table_bytes(cluster, lin.n_states) > limit:
+        raise SearchSpaceTooLargeError(
+            f"alpa: the stage tables of graph '{graph.name}' ({lin.n_states} prefixes) on {cluster.devices} devices "
+            f"({len(group_sizes(cluster))} group sizes) need {table_bytes(cluster, lin.n_states):.3g} bytes, more than "
+            f"max_table_bytes={limit:.3g}; the (prefix, devices, group size) DP is quadratic in the devices")
     tried: dict[int, Any] = {}
     complete = True
     max_eps = 0.0
