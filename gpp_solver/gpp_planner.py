@@ -30,8 +30,8 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
 
 **Time.**  ``time_limit`` (default ``DEFAULT_TIME_LIMIT`` = 10 s) covers everything, seed planners
 included: all of them together get at most ``SEED_BUDGET_SHARE`` of it, one at most
-``SEED_MAX_SHARE`` (a seed planner that overruns its own limit delays the rest); CP-SAT gets
-``TIGHTEN_SHARE`` of it in *deterministic* time.  When the wall clock cuts the search the status
+``SEED_MAX_SHARE`` (:mod:`gpp_solver.gpp_seeds`; a seed planner that overruns its own limit delays
+the rest); CP-SAT gets ``TIGHTEN_SHARE`` of it in *deterministic* time.  When the wall clock cuts the search the status
 is ``time-limit``.
 
 **Determinism.**  No randomness: moves are enumerated in a fixed order and the search is capped by
@@ -56,6 +56,8 @@ from typing import Any, Mapping, Sequence
 
 from .cost import CostTables
 from .errors import InfeasibleError, InvalidInputError
+from .gpp_seeds import SEED_BUDGET_SHARE, SEED_MAX_SHARE, run_seed_planners  # noqa: F401
+from .gpp_seeds import seed_fn as _seed_fn  # noqa: F401  (re-exported for tests and benchmarks)
 from .local_search import SearchResult, chain_states, search
 from .partition_eval import Eval, Problem, State, canonical
 from .plan_build import StageSpec, build_plan
@@ -73,8 +75,6 @@ TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time lim
 TIGHTEN_MAX_SECONDS = 5.0        # ... at most this, and only when 3x as much wall time is left
 RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
 POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
-SEED_BUDGET_SHARE = 0.4          # all seed planners together: at most this share of the time limit
-SEED_MAX_SHARE = 0.2             # one seed planner: at most this share of the time limit
 
 
 def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
@@ -145,61 +145,6 @@ def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: Sear
 OBJECTIVES = ("iteration_time", "time_per_sample")
 
 
-_FALLBACKS = {"graphpipe": ("gpp_solver.planner_graphpipe", "plan_graphpipe")}
-
-
-def _seed_fn(name: str) -> Any:
-    """The registered planner, or (for ``graphpipe``) its module under the name it landed with."""
-    try:
-        return get_planner(name)
-    except InvalidInputError:
-        pass
-    if name in _FALLBACKS:
-        import importlib
-        mod, attr = _FALLBACKS[name]
-        try:
-            return getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError):
-            return None
-    return None
-
-
-def _run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str],
-                       budget: float) -> tuple[dict[str, Plan], dict[str, dict[str, Any]]]:
-    """Run the seed planners in turn, each under ``min(SEED_MAX_SHARE * budget, seed time left)``
-    with ``SEED_BUDGET_SHARE * budget`` for all of them.  A plan stopped by its time limit is
-    dropped (it would make the result depend on the machine's speed); so is one that raises."""
-    plans: dict[str, Plan] = {}
-    info: dict[str, dict[str, Any]] = {}
-    seed_deadline = time.perf_counter() + SEED_BUDGET_SHARE * budget
-    for name in names:
-        fn = _seed_fn(name)
-        if fn is None:
-            info[name] = {"status": "missing"}
-            continue
-        left = min(SEED_MAX_SHARE * budget, seed_deadline - time.perf_counter())
-        if left <= 0.05:
-            info[name] = {"status": "skipped (seed time used up)"}
-            continue
-        t0 = time.perf_counter()
-        try:
-            p = fn(graph, cluster, B, time_limit=left)
-            validate(p, graph, cluster)
-        except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
-            logger.info("seed planner %s skipped: %s: %s", name, type(exc).__name__, exc)
-            info[name] = {"status": f"error: {type(exc).__name__}", "seconds": time.perf_counter() - t0,
-                          "time_limit": left}
-            continue
-        if p.search.status == "time-limit":
-            info[name] = {"status": "time-limit (dropped)", "seconds": time.perf_counter() - t0, "time_limit": left}
-            continue
-        plans[name] = p
-        info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0, "time_limit": left,
-                      "time_per_sample": p.predicted.time_per_sample,
-                      "iteration_time": p.predicted.iteration_time}
-    return plans, info
-
-
 def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
              deadline: float, budget: float) -> tuple[Plan, dict[str, Any]]:
     if tighten is False:
@@ -251,7 +196,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = t0 + budget
     given = dict(seed_plans or {})
-    seeds, seed_info = _run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given], budget)
+    seeds, seed_info = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given], budget)
     for name, p in given.items():
         try:
             validate(p, graph, cluster)
