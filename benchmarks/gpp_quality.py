@@ -57,15 +57,18 @@ def perfect_balance_tps(graph: Graph, b: int, devices: int) -> float:
 
 def node_bound_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
     """No stage is faster than the one holding the heaviest node: for every node ``v`` and degree
-    ``d | b`` the least TPS of a stage containing ``v`` — its compute at ``b/d``, its all-reduce (at
-    the intra-node bandwidth only when ``d`` fits in a node), and for each neighbour either the
-    neighbour's own compute and all-reduce (it joins the stage) or one transfer at the fastest link
-    (each in-neighbour's edge; for the out-neighbours the cheapest single transfer, or all of them
-    joining); the bound is ``max_v min_d`` of that."""
+    ``d | b`` a lower bound on the TPS of a stage ``S`` containing ``v`` at degree ``d``; the bound
+    is ``max_v min_d`` of it.  ``S`` pays ``v``'s compute at ``b/d`` and all-reduce (intra-node
+    bandwidth only when ``d`` fits in a node); for each in-neighbour ``u`` either one transfer of
+    the edge's bytes, or ``u``'s own compute and all-reduce plus, for each of ``u``'s in-neighbours
+    not yet counted, its compute or a transfer; for the out-neighbours the cheapest single transfer
+    or all of them joining.  Transfers run at the intra-node bandwidth unless ``S`` fills whole
+    nodes (``d >= devices_per_node``: no other stage shares its node).  Each node and transfer is
+    counted at most once, so this is a true lower bound of the cost model."""
     t = CostTables(graph)
     c = cluster
     intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
-    fast = intra if c.devices_per_node is not None else c.inter_node_bandwidth
+    dpn = c.devices_per_node
     ds = _degrees(b, c.devices)
     comp = {d: t.compute_at(b / d) for d in ds}
     idx = graph.index
@@ -77,25 +80,32 @@ def node_bound_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
         succs[idx[u]].append((idx[v], nb))
 
     def ar_bw(d: int) -> float:
-        if c.devices_per_node is None:
-            return c.inter_node_bandwidth
-        return intra if d <= c.devices_per_node else c.inter_node_bandwidth
+        return intra if dpn is not None and d <= dpn else c.inter_node_bandwidth
+
+    def x_bw(d: int) -> float:
+        return intra if dpn is not None and d < dpn else c.inter_node_bandwidth
 
     def own(u: int, d: int) -> float:
         return comp[d][u] / b + (2 * (d - 1) / d * w[u] / ar_bw(d)) / B
 
     def xfer(nb: float, d: int) -> float:
-        return 2 * (c.latency + nb * (b / d) / fast) / b
+        return 2 * (c.latency + nb * (b / d) / x_bw(d)) / b
 
-    best = 0.0
-    for v in range(len(graph.nodes)):
-        lo = min(own(v, d)
-                 + sum(min(own(u, d), xfer(nb, d)) for u, nb in preds[v])
-                 + (min(sum(own(x, d) for x, _ in succs[v]), min(xfer(nb, d) for _, nb in succs[v]))
-                    if succs[v] else 0.0)
-                 for d in ds)
-        best = max(best, lo)
-    return best
+    def stage_lb(v: int, d: int) -> float:
+        claimed = {v} | {u for u, _ in preds[v]} | {x for x, _ in succs[v]}
+        total = own(v, d)
+        for u, nb in preds[v]:
+            join = own(u, d)
+            for x, nb2 in preds[u]:
+                if x not in claimed:
+                    claimed.add(x)
+                    join += min(own(x, d), xfer(nb2, d))
+            total += min(join, xfer(nb, d))
+        if succs[v]:
+            total += min(sum(own(x, d) for x, _ in succs[v]), min(xfer(nb, d) for _, nb in succs[v]))
+        return total
+
+    return max(min(stage_lb(v, d) for d in ds) for v in range(len(graph.nodes)))
 
 
 def plan_row(name: str, plan: Plan | None, seconds: float, graph: Graph, cluster: Cluster,

@@ -325,3 +325,29 @@ def test_nodes_move_between_parallel_branches_with_no_edge_between_them():
     cands = [cand for label, cand in neighbours(P, st, 1) if label == "move"]
     assert State(tuple(want), (1, 1, 2)) in cands
     assert P.evaluate(tuple(want), (1, 1, 2)) is not None
+
+
+def _bench(name: str):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_bounds_never_exceed_the_exact_optimum():
+    """gpp_quality's plain and node bounds are true lower bounds: at every micro-batch size they are
+    at most the brute-force optimum's TPS (flat and 2-per-node clusters)."""
+    q = _bench("gpp_quality")
+    checked = 0
+    for g, c in instances(6, 77, sizes=(6, 7)):
+        for b in (1, 4, 16):
+            opt, plan = oracle.best_plan_bruteforce(g, c, 16, micro_batch_sizes=[b])
+            if plan is None:
+                continue
+            assert q.perfect_balance_tps(g, b, c.devices) <= opt * (1 + 1e-9)
+            assert q.node_bound_tps(g, c, b, 16) <= opt * (1 + 1e-9)
+            checked += 1
+    assert checked >= 10
