@@ -23,6 +23,7 @@ from .partition_eval import Eval, Problem, State, canonical
 
 MERGE_LIGHTEST = 3     # merges considered: pairs with the loaded stage or one of this many lightest stages
 FAR_MOVE_STAGES = 8    # up to this many stages, nodes also move to / are pulled from non-adjacent stages
+EXACT_SPLITS = 48      # a stage with at most this many down-sets is split at every one of them
 
 # ---------------------------------------------------------------------------------- moves
 def _members(assign: Sequence[int], k: int) -> list[list[int]]:
@@ -126,25 +127,29 @@ def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = N
                 dv = list(devs)
                 dv[s], dv[t] = d, give[-1]
                 yield "devices", State(assign, tuple(dv))
-    # 4. split s in two along a topological order (prefix / suffix), devices shared or from the pool
+    # 4. split s in two: every down-set of s when there are at most EXACT_SPLITS of them, else the
+    #    prefixes of two topological orders; devices shared or from the pool
     if len(members[s]) > 1:
         avail = devs[s] + free
-        orders = [sorted(members[s], key=lambda u: P.topo_rank[P.graph.ids[u]])]
-        br = _branch_order(P, members[s])
-        if br != orders[0]:
-            orders.append(br)
-        for order in orders:
-            for c in range(1, len(order)):
-                p1, p2 = order[:c], order[c:]
-                dd = _split_devices(P, p1, p2, avail)
-                if dd is None:
-                    continue
-                a = list(assign)
-                for u in p2:
-                    a[u] = k
-                dv = list(devs) + [dd[1]]
-                dv[s] = dd[0]
-                yield "split", State(tuple(a), tuple(dv))
+        exact = _down_sets(P, members[s], EXACT_SPLITS)
+        if exact is not None:
+            parts = [(x, [u for u in members[s] if u not in xs]) for x in exact for xs in (set(x),)]
+        else:
+            orders = [sorted(members[s], key=lambda u: P.topo_rank[P.graph.ids[u]])]
+            br = _branch_order(P, members[s])
+            if br != orders[0]:
+                orders.append(br)
+            parts = [(order[:c], order[c:]) for order in orders for c in range(1, len(order))]
+        for p1, p2 in parts:
+            dd = _split_devices(P, p1, p2, avail)
+            if dd is None:
+                continue
+            a = list(assign)
+            for u in p2:
+                a[u] = k
+            dv = list(devs) + [dd[1]]
+            dv[s] = dd[0]
+            yield "split", State(tuple(a), tuple(dv))
     # 5. merge two adjacent stages (one of them s or one of the lightest stages); the freed devices
     #    go to s (or everything is re-split)
     light = set(sorted(range(k), key=lambda x: (tps[x], x))[:MERGE_LIGHTEST]) if tps is not None else set(range(k))

@@ -351,3 +351,19 @@ def test_benchmark_bounds_never_exceed_the_exact_optimum():
             assert q.node_bound_tps(g, c, b, 16) <= opt * (1 + 1e-9)
             checked += 1
     assert checked >= 10
+
+
+def test_small_stage_is_split_at_every_down_set():
+    """A stage of a fan (n0 -> n1, n2, n3) has down-sets that are no prefix of a topological
+    order ({n0, n2}); the split move offers each of them."""
+    from gpp_solver.partition_eval import State
+    nodes = [{"id": f"n{i}", "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
+              "output_bytes": 1.0} for i in range(4)]
+    g = gs.graph_from_dict({"name": "fan3", "micro_batch_sizes": [1], "nodes": nodes,
+                            "edges": [{"src": "n0", "dst": f"n{i}"} for i in (1, 2, 3)]})
+    c = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1e9)
+    P = Problem(g, c, 8, 2)
+    splits = {tuple(sorted(g.ids[u] for u in range(4) if cand.assign[u] == 0))
+              for label, cand in neighbours(P, State((0, 0, 0, 0), (1,)), 0) if label == "split"}
+    assert ("n0", "n2") in splits and ("n0", "n1", "n3") in splits
+    assert len(splits) == 7                        # {n0} plus any non-empty proper subset of {n1, n2, n3}
