@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from .micro_batch import powers_of_two_dividing
 from .dp import DPStage, StageDP
 
 logger = logging.getLogger(__name__)
@@ -146,15 +147,11 @@ def sweep(dp: StageDP, micro_batch_sizes: Sequence[int], score: Callable[[TpsSea
 
 def default_micro_batch_sizes(mini_batch_size: int, limit: Iterable[int] | None = None) -> tuple[int, ...]:
     """Powers of two dividing ``B`` (the paper's micro-batch sizes), optionally intersected."""
-    out, b = [], 1
-    while b <= mini_batch_size:
-        if mini_batch_size % b == 0:
-            out.append(b)
-        b *= 2
+    out = powers_of_two_dividing(mini_batch_size)
     if limit is not None:
         allowed = set(limit)
-        out = [b for b in out if b in allowed]
-    return tuple(out)
+        out = tuple(b for b in out if b in allowed)
+    return out
 
 
 __all__ = ["TpsSearch", "SweepResult", "search_tps", "search_many", "sweep", "default_micro_batch_sizes"]

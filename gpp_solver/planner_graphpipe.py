@@ -36,7 +36,8 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
-from .binary_search import TpsSearch, default_micro_batch_sizes, sweep
+from .micro_batch import check_micro_batch_sizes
+from .binary_search import TpsSearch, sweep
 from .cluster import as_cluster
 from .cost import iteration_time_estimate, stage_costs
 from .dp import DPStage, StageDP, assign_devices
@@ -126,21 +127,6 @@ class _Progress:
             self.bar.close()
 
 
-def _check_sizes(B: int, sizes: Sequence[int] | None) -> tuple[int, ...]:
-    if sizes is None:
-        return default_micro_batch_sizes(B)
-    out = []
-    for b in sizes:
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            raise InvalidInputError(f"micro_batch_sizes must be positive integers, got {b!r}")
-        if B % b:
-            raise InvalidInputError(f"`B % b == 0` must hold, but got (B={B}, b={b})")
-        out.append(b)
-    if not out:
-        raise InvalidInputError("micro_batch_sizes is empty")
-    return tuple(sorted(set(out)))
-
-
 def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
                    progress: bool | None = None, micro_batch_sizes: Sequence[int] | None = None,
                    per_stage_micro_batch: bool = False, search_k: bool = False,
@@ -150,7 +136,7 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     B = mini_batch_size
     if not isinstance(B, int) or isinstance(B, bool) or B < 1:
         raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
-    sizes = _check_sizes(B, micro_batch_sizes)
+    sizes = check_micro_batch_sizes(B, micro_batch_sizes)
     if time_limit is not None and time_limit <= 0:
         raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
     deadline = None if time_limit is None else t0 + time_limit

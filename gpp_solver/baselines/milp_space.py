@@ -24,38 +24,15 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from ..errors import InvalidInputError
+from ..micro_batch import check_micro_batch_sizes, powers_of_two_dividing  # noqa: F401 (re-exported)
 from ..types import Cluster
 
 MEMORY_REL_TOL = 1e-9
 """A stage fits when ``M(S) <= memory_bytes * (1 + MEMORY_REL_TOL)`` (the validator's tolerance)."""
 
 
-def default_micro_batch_sizes(mini_batch_size: int) -> tuple[int, ...]:
-    """The powers of two that divide ``mini_batch_size`` (1, 2, 4, ...)."""
-    out, b = [], 1
-    while mini_batch_size % b == 0 and b <= mini_batch_size:
-        out.append(b)
-        b *= 2
-    return tuple(out)
-
-
-def check_micro_batch_sizes(mini_batch_size: int, sizes: Sequence[int] | None) -> tuple[int, ...]:
-    """Validate ``B`` and the candidate micro-batch sizes (default: powers of two dividing ``B``)."""
-    if not isinstance(mini_batch_size, int) or isinstance(mini_batch_size, bool) or mini_batch_size < 1:
-        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {mini_batch_size!r}")
-    if sizes is None:
-        return default_micro_batch_sizes(mini_batch_size)
-    out = []
-    for b in sizes:
-        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
-            raise InvalidInputError(f"micro_batch_sizes must be positive integers, got {b!r}")
-        if mini_batch_size % b:
-            raise InvalidInputError(f"`B % b == 0` must hold, but got (B={mini_batch_size}, b={b})")
-        out.append(b)
-    if not out:
-        raise InvalidInputError("micro_batch_sizes is empty")
-    return tuple(sorted(set(out)))
+default_micro_batch_sizes = powers_of_two_dividing
+"""The powers of two that divide ``mini_batch_size`` (1, 2, 4, ...)."""
 
 
 def device_options(b: int, devices: int) -> tuple[int, ...]:

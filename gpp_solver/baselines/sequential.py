@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from ..errors import InvalidInputError
+from ..micro_batch import check_micro_batch_sizes
 from ..plan_build import StageSpec
 from ..types import Graph, Node
 
@@ -69,12 +69,8 @@ def attach_detached(graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[i
 
 
 def candidate_micro_batches(B: int, given: Sequence[int] | None = None) -> list[int]:
-    """``given`` (those dividing ``B``) or the powers of two dividing ``B``, ascending."""
-    if given is not None:
-        out = sorted({int(b) for b in given if int(b) >= 1 and B % int(b) == 0})
-        if not out:
-            raise InvalidInputError(f"micro_batch_sizes {list(given)}: none divides mini_batch_size={B}")
-        return out
+    """``given`` (each must divide ``B``) or the powers of two dividing ``B``, ascending."""
+    return list(check_micro_batch_sizes(B, None if given is None else list(given)))
     out, b = [], 1
     while B % b == 0:
         out.append(b)
