@@ -59,6 +59,7 @@ from .errors import InfeasibleError, InvalidInputError
 from .gpp_seeds import SEED_BUDGET_SHARE, SEED_MAX_SHARE, run_seed_planners  # noqa: F401
 from .gpp_seeds import seed_fn as _seed_fn  # noqa: F401  (re-exported for tests and benchmarks)
 from .local_search import SearchResult, chain_states, search
+from .micro_batch import powers_of_two_dividing
 from .partition_eval import Eval, Problem, State, canonical
 from .plan_build import StageSpec, build_plan
 from .planners import get_planner
@@ -78,12 +79,9 @@ POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start
 
 
 def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
-    """Powers of two dividing ``B`` with ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
-    out, b = set(), 1
-    while b <= B and B % b == 0:
-        if B // b <= max_micro_batches:
-            out.add(b)
-        b *= 2
+    """The common rule's powers of two dividing ``B`` (:mod:`gpp_solver.micro_batch`) with
+    ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
+    out = {b for b in powers_of_two_dividing(B) if B // b <= max_micro_batches}
     out.update(x for x in extra if B % x == 0)
     return sorted(out) if out else [B]
 
