@@ -31,7 +31,8 @@ import time
 from typing import Any
 
 from gpp_solver.cluster import v100_cluster
-from gpp_solver.cost import CostTables
+from gpp_solver.cost import CostTables, stage_costs
+from gpp_solver.plan_build import StageSpec
 from gpp_solver.errors import GppError
 from gpp_solver.gpp_planner import _seed_fn, plan_gpp
 from gpp_solver.models import build_model
@@ -114,11 +115,15 @@ def plan_row(name: str, plan: Plan | None, seconds: float, graph: Graph, cluster
         return {"planner": name, "status": note, "seconds": seconds}
     bs = sorted({s.micro_batch_size for s in plan.stages})
     bound = perfect_balance_tps(graph, bs[0], cluster.devices)
+    specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
+                       tmpc=s.tmpc) for s in plan.stages]
+    worst = max(stage_costs(graph, cluster, specs, plan.mini_batch_size), key=lambda sc: sc.time_per_sample)
+    comp_share = worst.compute / worst.micro_batch_size / worst.time_per_sample
     bound2 = max(bound, node_bound_tps(graph, cluster, bs[0], plan.mini_batch_size))
     return {"gap2": plan.predicted.time_per_sample / bound2 - 1, "planner": name, "status": plan.search.status, "seconds": seconds,
             "tps": plan.predicted.time_per_sample, "iter": plan.predicted.iteration_time,
             "thr": plan.predicted.throughput, "stages": len(plan.stages), "devices": plan.devices_used,
-            "b": bs[0] if len(bs) == 1 else f"{bs}", "gap": plan.predicted.time_per_sample / bound - 1}
+            "b": bs[0] if len(bs) == 1 else f"{bs}", "comp_share": comp_share, "gap": plan.predicted.time_per_sample / bound - 1}
 
 
 def run_workload(model: str, devices: int, planners: list[str], time_limit: float,
@@ -176,8 +181,8 @@ def workload_table(model: str, devices: int, rows: list[dict[str, Any]]) -> str:
 
 def summary_table(results: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
     out = ["| workload | devices | gpp sim. throughput / best other | gpp s | gpp TPS gap: plain / node bound "
-           "| gpp[TPS] TPS / best other TPS | gpp[TPS] s | gpp[TPS] gap: plain / node bound | best other TPS gap: "
-           "plain / node | gpp from |", "|" + "---|" * 10]
+           "| gpp[TPS] TPS / best other TPS | gpp[TPS] s | gpp[TPS] gap: plain / node bound | gpp[TPS] bottleneck: "
+           "compute share | best other TPS gap: plain / node | gpp from |", "|" + "---|" * 11]
     for (model, devices), rows in results.items():
         g, t = rows[0], rows[1]
         others = [r for r in rows[2:] if "thr" in r]
@@ -187,7 +192,7 @@ def summary_table(results: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
         out.append(f"| {model} | {devices} | {fmt(None if best_thr is None else g['thr'] / best_thr, '.3f')} | "
                    f"{g['seconds']:.2f} | {100 * g['gap']:.1f}% / {100 * g['gap2']:.1f}% | "
                    f"{fmt(None if best_tps is None else t['tps'] / best_tps['tps'], '.3f')} | {t['seconds']:.2f} | "
-                   f"{100 * t['gap']:.1f}% / {100 * t['gap2']:.1f}% | "
+                   f"{100 * t['gap']:.1f}% / {100 * t['gap2']:.1f}% | {100 * t['comp_share']:.0f}% | "
                    + ("— |" if best_tps is None else
                       f"{100 * best_tps['gap']:.1f}% / {100 * best_tps['gap2']:.1f}% ({best_tps['planner']}) |")
                    + f" {ex.get('seed_planner')} b={ex.get('micro_batch_size')} |")
