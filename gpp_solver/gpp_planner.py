@@ -240,7 +240,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             fits = [x for x in evald if x[2].key[0] == 0]
             if fits:
                 by_estimate[b] = min(fits, key=lambda x: (x[2].estimate, x[2].key))
-        if time.perf_counter() > deadline:
+        if time.perf_counter() > deadline and by_estimate:      # out of time, but a start fits
             timed_out = True
             break
     order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
@@ -257,7 +257,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         P = starts[b][0]
         found: list[tuple[SearchResult, str, Eval, State]] = []
         for label, st, e0 in chosen:
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > deadline and pool:         # out of time: keep at least one plan
                 return False
             found.append((search(P, st, max_iterations=max_iterations, deadline=deadline), label, e0, st))
         if not found:

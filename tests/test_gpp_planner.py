@@ -367,3 +367,28 @@ def test_small_stage_is_split_at_every_down_set():
               for label, cand in neighbours(P, State((0, 0, 0, 0), (1,)), 0) if label == "split"}
     assert ("n0", "n2") in splits and ("n0", "n1", "n3") in splits
     assert len(splits) == 7                        # {n0} plus any non-empty proper subset of {n1, n2, n3}
+
+
+def test_seed_planners_overrunning_the_whole_budget_still_leave_a_plan(monkeypatch):
+    """A seed planner that ignores its time limit eats the whole budget; gpp still returns a valid
+    plan of its own (status time-limit) instead of claiming infeasibility."""
+    import sys
+    import time as _time
+    import types
+
+    from gpp_solver import planners
+
+    fake = types.ModuleType("tests_fake_slow")
+
+    def slow(graph, cluster, B, *, time_limit=None, **kw):
+        _time.sleep(0.6)
+        raise RuntimeError("gave up")
+
+    fake.slow = slow
+    monkeypatch.setitem(sys.modules, "tests_fake_slow", fake)
+    monkeypatch.setitem(planners.REGISTRY, "slow", "tests_fake_slow:slow")
+    g, c = instances(1, 29, sizes=(6,))[0]
+    p = plan_gpp(g, c, 16, time_limit=0.5, seed_planners=("slow",), tighten=False)
+    gs.validate(p, g, c)
+    assert p.search.status == "time-limit"
+    assert p.search.extra["seeds"]["slow"]["status"].startswith("error")
