@@ -62,7 +62,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     if tighten and name != "gpp":
         from .cp_schedule import tighten_plan_if_fits
 
-        plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit)
+        plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit, progress=progress)
         logger.info("CP-SAT tightening: %s, iteration %.6g -> %.6g s", info["status"], info["makespan_before"],
                     info["makespan_after"])
     validate(plan, g, c)

@@ -44,6 +44,7 @@ from typing import Any, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
+from .progress import ProgressBar
 from .cost import in_flight_from_order, stage_costs, stage_memory
 from .errors import DeadlockError, InvalidInputError, SolverError
 from .plan_build import StageSpec, build_plan
@@ -298,8 +299,20 @@ class Solved:
     seconds: float
 
 
+class _SolutionBar(cp_model.CpSolverSolutionCallback):
+    """Shows each improving solution's makespan on a terminal progress bar (see ``progress.py``)."""
+
+    def __init__(self, bar: ProgressBar) -> None:
+        super().__init__()
+        self.bar = bar
+
+    def on_solution_callback(self) -> None:
+        self.bar.set_postfix_str(f"makespan {self.objective_value:.0f} ticks, bound {self.best_objective_bound:.0f}")
+        self.bar.update(1)
+
+
 def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, seed: int = 0, workers: int = 1,
-                deterministic: bool = False) -> Solved:
+                deterministic: bool = False, progress: bool = False) -> Solved:
     """Solve with an explicit time limit and read the orders back (each stage's actions by start)."""
     solver = cp_model.CpSolver()
     solver.parameters.random_seed = seed
@@ -314,7 +327,8 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
     else:
         solver.parameters.max_time_in_seconds = time_limit
     t0 = time.perf_counter()
-    code = solver.solve(model)
+    with ProgressBar(None, "CP-SAT schedule", "solution", progress) as bar:
+        code = solver.solve(model, _SolutionBar(bar) if bar.bar is not None else None)
     seconds = time.perf_counter() - t0
     status = solver.status_name(code)
     if status == "MODEL_INVALID":
@@ -412,7 +426,8 @@ def _memory_phase(data: ScheduleData, orders: Mapping[int, Order], makespan_tick
 
 def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 10.0, seed: int = 0,
             workers: int = 1, deterministic: bool = False, max_actions: int = MAX_ACTIONS,
-            resolution: int = DEFAULT_RESOLUTION, minimize_memory: bool = True) -> TightenResult:
+            resolution: int = DEFAULT_RESOLUTION, minimize_memory: bool = True,
+            progress: bool = False) -> TightenResult:
     """Search for better orders of the plan's partition, starting from its own orders as a hint.
 
     Phase 1 minimises the makespan (3/4 of ``time_limit`` when phase 2 runs, else all of it).
@@ -436,7 +451,7 @@ def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 1
     d = v.data
     add_order_hint(model, v, {s.id: s.schedule.order for s in plan.stages})
     res = solve_model(model, v, time_limit=time_limit * (0.75 if minimize_memory else 1.0), seed=seed,
-                      workers=workers, deterministic=deterministic)
+                      workers=workers, deterministic=deterministic, progress=progress)
     out = replace(out, status=res.status, unit=d.unit,
                   lower_bound=None if res.bound_ticks is None else res.bound_ticks * d.unit)
     if res.orders is None:
@@ -468,7 +483,7 @@ def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 1
 
 
 def tighten_plan_if_fits(plan: Plan, graph: Graph, cluster: Cluster, time_limit: float | None = 10.0, *,
-                         seed: int = 0, workers: int = 1, max_actions: int = MAX_ACTIONS) -> tuple[Plan, dict[str, Any]]:
+                         seed: int = 0, workers: int = 1, max_actions: int = MAX_ACTIONS, progress: bool = False) -> tuple[Plan, dict[str, Any]]:
     """Tighten when the model is small enough; the plan carries the record in ``search.extra["cp_tighten"]``.
 
     ``info``: ``status`` (CP-SAT's name, or ``too-large`` / ``skipped``), ``makespan_before`` /
@@ -483,7 +498,7 @@ def tighten_plan_if_fits(plan: Plan, graph: Graph, cluster: Cluster, time_limit:
                 "memory_status": "skipped", "peak_memory_before": mem, "peak_memory_after": mem, "improved": False, "seconds": 0.0, "actions": None, "max_actions": max_actions, "tick_seconds": None}
     else:
         r = tighten(plan, graph, cluster, time_limit=10.0 if time_limit is None else time_limit, seed=seed,
-                    workers=workers, max_actions=max_actions)
+                    workers=workers, max_actions=max_actions, progress=progress)
         plan = r.plan
         info = {"status": r.status, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
                 "lower_bound": r.lower_bound, "memory_status": r.memory_status,

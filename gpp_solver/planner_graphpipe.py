@@ -31,12 +31,12 @@ conservative stage estimates; the plan's exact TPS is at most that), ``time-limi
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import replace
 from typing import Any, Sequence
 
 from .micro_batch import check_micro_batch_sizes
+from .progress import ProgressBar
 from .binary_search import TpsSearch, sweep
 from .cluster import as_cluster
 from .cost import iteration_time_estimate, stage_costs
@@ -103,28 +103,15 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     return cur
 
 
-class _Progress:
-    """A tqdm bar on stderr (only for a terminal, only after a second), else nothing."""
+class _Progress(ProgressBar):
+    """GraphPipe's DP passes (one bar; see :mod:`gpp_solver.progress`)."""
 
     def __init__(self, total: int | None, enabled: bool | None) -> None:
-        self.bar = None
-        if enabled is False or not sys.stderr.isatty():
-            return
-        try:
-            from tqdm import tqdm
-        except ImportError:  # pragma: no cover - tqdm is an optional extra
-            return
-        self.bar = tqdm(total=total, desc="graphpipe: DP passes", unit="pass", delay=1.0,
-                        file=sys.stderr, leave=False)
+        super().__init__(total, "graphpipe: DP passes", "pass", enabled)
 
     def step(self, active: int) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(f"{active} micro-batch sizes open")
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.set_postfix_str(f"{active} micro-batch sizes open")
+        self.update(1)
 
 
 def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,

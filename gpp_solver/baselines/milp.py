@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import pulp
 
+from ..progress import ProgressBar
 from ..cluster import as_cluster
 from ..errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError
 from ..graph import as_graph
@@ -174,7 +175,9 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     # one MILP per b, largest first; once a plan is known, later MILPs only look for better ones
     results: list[_Solved] = []
     best: float | None = None
+    bar = ProgressBar(len(sizes), "milp: micro-batch sizes", "MILP", progress)
     for i, b in enumerate(sorted(sizes, reverse=True)):
+        bar.set_postfix_str(f"b={b}")
         left = None if deadline is None else max(0.0, deadline - time.perf_counter()) / (len(sizes) - i)
         cutoff = None if best is None else best * (1 + 1e-9)
         r = _solve(build_model(graph, cluster, B, b, slots, cutoff=cutoff), left, solver, progress)
@@ -185,6 +188,8 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
             tps = build_plan(graph, cluster, _specs(r), B, planner="milp",
                              search=SearchInfo(seconds=0.0, status="")).predicted.time_per_sample
             best = tps if best is None else min(best, tps)
+        bar.update(1)
+    bar.close()
     found = [r for r in results if r.stages is not None]
     unfinished = [r.b for r in results if r.status in ("no-solution", "time-limit")]
     if not found:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..progress import ProgressBar
 from ..errors import SearchSpaceTooLargeError, SolverError, TimeLimitError
 from .piper_cost import INF, PiperInstance, StageCostKernel
 
@@ -196,15 +197,8 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, pairs)
 
 
-def _progress(total: int, on: bool):
-    if not on:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        logger.info("Piper DP over %d downsets (install tqdm for a progress bar)", total)
-        return None
-    return tqdm(total=total - 1, desc="piper DP", unit="downset")
+def _progress(total: int, on: bool) -> ProgressBar:
+    return ProgressBar(total - 1, "piper DP", "downset", on)
 
 
 def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int, k: int, s: int) -> list[StageChoice]:

@@ -1,0 +1,48 @@
+"""Progress display for long searches: a tqdm bar on a terminal, nothing when piped or quiet.
+
+Every planner takes ``progress``: ``False`` never shows a bar; ``True`` or ``None`` shows one on
+stderr when stderr is a terminal and tqdm is installed (the ``viz`` extra), after ``delay`` seconds
+so short searches stay silent.  The bar goes to stderr, so ``gpp plan ... > plan.json`` stays clean.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class ProgressBar:
+    """``update``/``set_postfix_str``/``close`` that do nothing when no bar is shown."""
+
+    def __init__(self, total: int | None, desc: str, unit: str, enabled: bool | None, delay: float = 1.0) -> None:
+        self.bar: Any = None
+        if enabled is False or not sys.stderr.isatty():
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:  # tqdm is an optional extra
+            logger.info("%s (install tqdm for a progress bar)", desc)
+            return
+        self.bar = tqdm(total=total, desc=desc, unit=unit, delay=delay, file=sys.stderr, leave=False)
+
+    def update(self, n: int = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def set_postfix_str(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "ProgressBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
