@@ -54,6 +54,7 @@ import time
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from .progress import ProgressBar
 from .cost import CostTables
 from .errors import InfeasibleError, InvalidInputError
 from .gpp_seeds import SEED_BUDGET_SHARE, SEED_MAX_SHARE, run_seed_planners  # noqa: F401
@@ -290,7 +291,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         return all(f[0].stopped != "time" for f in found)
 
     # phase 1: one search per micro-batch size from its best start (skipping hopeless sizes)
+    bar = ProgressBar(len(order), "gpp: local search", "micro-batch size", progress)
     for b in order:
+        bar.set_postfix_str(f"b={b}")
+        bar.update(1)
         P, start_list = starts[b]
         best_now = min((score(p) for p, _ in pool), default=None)
         if best_now is not None and (B * P.lb_tps if objective == "iteration_time" else P.lb_tps) >= best_now[0]:
@@ -299,6 +303,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         if not run_b(b, start_list[:1]):
             timed_out = True
             per_b.setdefault(b, {})["stopped"] = "time"
+    bar.close()
     # phase 2: the other starts, for the most promising sizes
     for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
         if not run_b(b, starts[b][1][1:]):
