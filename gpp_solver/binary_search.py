@@ -38,6 +38,7 @@ class TpsSearch:
     probes: int                 # DP passes (each tests several targets at once)
     candidates: int
     exact: bool                 # False when stopped by the time limit before the interval closed
+    depth_bound: int | None = None   # the bound on the stage graph's depth searched under (E: none)
 
 
 def search_tps(dp: StageDP, b: int, *, deadline: float | None = None) -> TpsSearch | None:
@@ -55,54 +56,93 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
     feasible and everything below ``lo`` is not.  At the deadline each ``b`` keeps its feasible
     ``cands[hi]`` (``exact=False``).
     """
+    found = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass)
+    return {b: found.get((b, dp.E)) for b in sizes}
+
+
+def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None,
+                  on_pass: Callable[[int], None] | None = None) -> dict[int, list[TpsSearch]]:
+    """For every ``b``: the smallest DP target TPS at every bound on the stage graph's depth.
+
+    An extension beyond the paper (whose search keeps only the smallest TPS): a shallower stage
+    graph fills and drains faster, so at a slightly larger bottleneck it can finish an iteration
+    sooner (a 4-stage chain against pure data parallelism).  The DP's root table already holds the
+    fewest devices for every depth bound ``e`` (``R[0, e]``), so one search per ``(b, e)`` shares
+    every DP pass with the others, and each pass's answers narrow all depth bounds of its ``b``.
+    Returns, per ``b``, the Pareto points only (each strictly smaller TPS than every shallower one),
+    shallowest first; the last is :func:`search_many`'s answer.  ``[]`` when nothing fits.
+    """
+    keys = [(b, e) for b in sizes for e in range(1, dp.E + 1)]
+    found = _search_keys(dp, sizes, keys, deadline, on_pass)
+    out: dict[int, list[TpsSearch]] = {}
+    for b in sizes:
+        pts: list[TpsSearch] = []
+        for e in range(1, dp.E + 1):
+            r = found.get((b, e))
+            if r is not None and (not pts or r.tps < pts[-1].tps):
+                pts.append(r)
+        out[b] = pts
+    return out
+
+
+def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
+                 on_pass: Callable[[int], None] | None) -> dict[tuple[int, int], TpsSearch]:
+    """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
+
+    A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
+    on at most ``D`` devices with stage-graph depth at most ``e`` (the root entry ``R[0, e]``; it
+    is monotone in ``t``).  Keys of one ``b`` share their probes: every probe of a pass answers all
+    depth bounds of its ``b`` at once.
+    """
     cands: dict[int, np.ndarray] = {}
     for b in sizes:
         c = dp.candidates(b)
         cands[b] = c[c >= dp.lower_bound(b) * (1 - 1e-12)]
-    live = [b for b in sizes if len(cands[b])]
-    top = {b: len(cands[b]) for b in live}      # hi == top: no candidate proven feasible yet
-    lo = {b: 0 for b in live}
+    keys = [k for k in keys if len(cands[k[0]])]
+    top = {k: len(cands[k[0]]) for k in keys}       # hi == top: no candidate proven feasible yet
+    lo = {k: 0 for k in keys}
     hi = dict(top)
+    of_b: dict[int, list[tuple[int, int]]] = {}
+    for k in keys:
+        of_b.setdefault(k[0], []).append(k)
     passes, exact = 0, True
     budget = dp.batch_size()
     while True:
-        active = [b for b in live if lo[b] < hi[b]]
+        active = [k for k in keys if lo[k] < hi[k]]
         if not active:
             break
         if passes and deadline is not None and time.perf_counter() > deadline:
             exact = False       # the first pass always runs: it proves the largest candidate feasible
             break
         width = max(1, budget // len(active))
-        pairs, owner = [], []
-        for b in active:
-            n = hi[b] - lo[b]
-            picks = sorted({lo[b] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[b]}) or [lo[b]]
-            if hi[b] == top[b] and picks[-1] != top[b] - 1:
-                picks.append(top[b] - 1)    # the first pass also checks that some candidate is feasible
-            pairs.extend((b, float(cands[b][i])) for i in picks)
-            owner.append((b, picks))
-        res = dp.min_devices_pairs(pairs) <= dp.D
+        probes: dict[int, set[int]] = {}
+        for k in active:
+            n = hi[k] - lo[k]
+            picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
+            if hi[k] == top[k]:
+                picks.add(top[k] - 1)       # the first pass also checks that some candidate is feasible
+            probes.setdefault(k[0], set()).update(picks)
+        pairs = [(b, i) for b in probes for i in sorted(probes[b])]
+        res = dp.min_devices_by_depth([(b, float(cands[b][i])) for b, i in pairs]) <= dp.D   # (pairs, E+1)
         passes += 1
         if on_pass is not None:
             on_pass(len(active))
-        at = 0
-        for b, picks in owner:
-            flags = res[at:at + len(picks)]
-            at += len(picks)
-            first = next((i for i, f in enumerate(flags) if f), None)
-            if first is None:
-                lo[b] = picks[-1] + 1
-            else:
-                hi[b] = picks[first]
-                if first > 0:
-                    lo[b] = picks[first - 1] + 1
-    out: dict[int, TpsSearch | None] = {b: None for b in sizes}
-    live = [b for b in live if hi[b] < top[b]]
+        for (b, i), row in zip(pairs, res):
+            for k in of_b[b]:
+                if row[k[1]]:
+                    if i < hi[k]:
+                        hi[k] = i
+                elif i >= lo[k]:
+                    lo[k] = i + 1
+    live = [k for k in keys if hi[k] < top[k]]
+    out: dict[tuple[int, int], TpsSearch] = {}
     if live:
-        stages = dp.stages_many([(b, float(cands[b][hi[b]])) for b in live])
-        for b, st in zip(live, stages):
-            out[b] = TpsSearch(b, float(cands[b][hi[b]]), tuple(st), passes + 1, len(cands[b]),
-                               exact or lo[b] == hi[b])
+        uniq = sorted({(k[0], hi[k]) for k in live})
+        stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq])))
+        for k in live:
+            b = k[0]
+            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + 1, len(cands[b]),
+                               exact or lo[k] == hi[k], depth_bound=k[1])
     return out
 
 
@@ -154,4 +194,4 @@ def default_micro_batch_sizes(mini_batch_size: int, limit: Iterable[int] | None 
     return out
 
 
-__all__ = ["TpsSearch", "SweepResult", "search_tps", "search_many", "sweep", "default_micro_batch_sizes"]
+__all__ = ["TpsSearch", "SweepResult", "search_tps", "search_many", "search_depths", "sweep", "default_micro_batch_sizes"]

@@ -183,14 +183,23 @@ class StageDP:
     def min_devices_pairs(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
         """``min_devices`` for several ``(b, t)`` pairs — different micro-batch sizes too — in one
         batched DP pass."""
+        return self.min_devices_by_depth(pairs)[:, self.E]
+
+    def min_devices_by_depth(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
+        """``out[i, e]``: fewest devices for ``pairs[i] = (b, t)`` with the stage graph's depth at
+        most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
         by_b: dict[int, list[int]] = {}
         for i, (b, _) in enumerate(pairs):
             by_b.setdefault(b, []).append(i)
-        dev = np.empty((len(pairs), len(self.idx.seg_lo), self.E + 2), dtype=np.int64)
-        for b, rows in by_b.items():
-            dev[rows] = self._dev(b, [pairs[i][1] for i in rows])
+        if len(by_b) == 1:
+            b, = by_b
+            dev = self._dev(b, [t for _, t in pairs])
+        else:
+            dev = np.empty((len(pairs), len(self.idx.seg_lo), self.E + 2), dtype=np.int64)
+            for b, rows in by_b.items():
+                dev[rows] = self._dev(b, [pairs[i][1] for i in rows])
         R, _, _ = run_dp(self.idx, dev, self.E)
-        return R[:, 0, self.E]
+        return R[:, 0, :]
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),

@@ -5,10 +5,15 @@ mini_batch_size, ...)`` is the same behind the planner protocol of :mod:`gpp_sol
 
 Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.sp_tree`; non-SP graphs
 are SP-ized by adding dependencies); for every micro-batch size find the smallest bottleneck TPS
-the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.dp`); keep the size whose
-plan has the smallest iteration-time estimate; give every stage a contiguous device range
-(:func:`gpp_solver.dp.assign_devices`); let ``plan_build`` derive stage edges, Algorithm 2 in-flight
-counts, kFkB orders and the cost model's exact figures; validate.
+the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.dp`); give every stage a
+contiguous device range (:func:`gpp_solver.dp.assign_devices`, then the leftover-device pass); let
+``plan_build`` derive stage edges, Algorithm 2 in-flight counts, kFkB orders, the cost model's
+exact figures and the simulated iteration time; keep the micro-batch size whose plan has the least
+*simulated* iteration time (the paper's sweep "to maximize training throughput", A.2; ties: smaller
+TPS, then larger ``b``).  Only the ``simulate_top`` (default 3) sizes with the least iteration
+*estimate* are built and simulated — a simulation costs O(stages x B/b) Python steps, so the many
+small-``b`` sizes of a large mini-batch are ranked by the estimate only; ``simulate_top`` at least
+the number of sizes simulates every one.  The DP stays exact for each ``b``.
 
 Options: ``mini_batch_size`` (default: 16 samples per device, GraphPipe A.2's MMT setting),
 ``micro_batch_sizes`` (default: powers of two dividing it), ``search_k`` (each stage's kFkB ``k``
@@ -23,9 +28,18 @@ plan's exact TPS, else ``feasible``), ``degree_options``
 (data-parallel degrees, default powers of two), ``time_limit`` (seconds), ``progress`` (``None``:
 a tqdm bar on stderr when it is a terminal and the search runs over a second; ``False``: never).
 
+``depth_tradeoff=True`` (an extension beyond the paper, off by default): the search also finds,
+for every ``b`` and every bound ``e`` on the stage graph's depth, the smallest TPS the DP reaches
+(:func:`gpp_solver.binary_search.search_depths`; the DP's root table already holds every ``e``), so
+a shallower staging at a slightly larger bottleneck — fewer warm-up/cool-down bubbles, e.g. one
+data-parallel stage instead of a 4-stage chain — can win the simulated comparison.
+
 ``search.status`` is ``optimal-within-search-space`` when every micro-batch size was searched to
-the end (the bottleneck TPS is then the smallest the DP's search space holds, measured with its
-conservative stage estimates; the plan's exact TPS is at most that), ``time-limit`` otherwise.
+the end and the plan's stages are the DP's min-TPS staging of the chosen ``b`` (its bottleneck
+TPS, ``search.extra["dp_time_per_sample"]``, is then the smallest the DP's search space holds at
+that ``b``, measured with its conservative stage estimates; the plan's exact TPS is at most that);
+``feasible`` when ``depth_tradeoff`` chose a shallower staging with a larger TPS
+(``dp_min_time_per_sample`` is that ``b``'s optimum); ``time-limit`` when the search was cut short.
 """
 
 from __future__ import annotations
@@ -37,7 +51,7 @@ from typing import Any, Sequence
 
 from .micro_batch import check_micro_batch_sizes
 from .progress import ProgressBar
-from .binary_search import TpsSearch, sweep
+from .binary_search import TpsSearch, search_depths, search_many
 from .cluster import as_cluster
 from .cost import iteration_time_estimate, stage_costs
 from .dp import DPStage, StageDP, assign_devices
@@ -55,6 +69,8 @@ SAMPLES_PER_DEVICE = 16
 
 
 K_OPTIONS = (1, 2, 4, 8)
+#: how many stagings (micro-batch sizes), best by iteration estimate, are built and simulated
+SIMULATE_TOP = 3
 
 
 def _specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None, k: int | None = 1) -> list[StageSpec]:
@@ -117,7 +133,8 @@ class _Progress(ProgressBar):
 def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
                    progress: bool | None = None, micro_batch_sizes: Sequence[int] | None = None,
                    per_stage_micro_batch: bool = False, search_k: bool = False,
-                   degree_options: Sequence[int] | None = None, validate_plan: bool = True) -> Plan:
+                   degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False,
+                   simulate_top: int = SIMULATE_TOP, validate_plan: bool = True) -> Plan:
     """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring)."""
     t0 = time.perf_counter()
     B = mini_batch_size
@@ -138,40 +155,90 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
             validate(plan, graph, cluster)
         return plan
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options)
-
-    def score(res: TpsSearch) -> float:
-        return _estimate(graph, cluster, _specs(res.stages, res.b, cluster.devices_per_node), B)
-
     bar = _Progress(None, progress)
     try:
-        sw = sweep(dp, sizes, score, deadline=deadline, on_pass=bar.step)
+        if depth_tradeoff:
+            per_b = search_depths(dp, sizes, deadline=deadline, on_pass=bar.step)
+        else:
+            one = search_many(dp, sizes, deadline=deadline, on_pass=bar.step)
+            per_b = {b: [] if one[b] is None else [one[b]] for b in sizes}
     finally:
         bar.close()
-    if sw.best is None:
+    results = [r for b in sizes for r in per_b[b]]
+    if not results:
         raise _infeasible(dp, sizes, cluster)
-    best = sw.best
-    status = "time-limit" if sw.timed_out else "optimal-within-search-space"
-    extra = {"micro_batch_size": best.b, "dp_time_per_sample": best.tps, "dp_runs": sw.probes,
-             "micro_batch_sizes_searched": list(sw.tried), "micro_batch_sizes_infeasible": list(sw.infeasible), "sp_added_dependencies": dec.added_pairs,
-             "objective": "min bottleneck TPS per micro-batch size (DP estimate), then min iteration estimate"}
-    stages, b_final = best.stages, best.b
-    if sum(st.degree for st in stages) < cluster.devices:
-        stages = spend_leftover_devices(graph, cluster, stages, best.b, B, dp.degree_options)
-    if dp.placement_sensitive and not sw.timed_out:
-        stages, b_final = _reprice_optimistic(graph, cluster, B, dec, dp, sw, stages, deadline, extra)
-    if b_final != best.b:
-        extra["micro_batch_size"] = b_final
-    specs = _specs(stages, b_final, cluster.devices_per_node, None if search_k else 1)
-    plan = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                      search=SearchInfo(seconds=0.0, status=status, epsilon=None, extra=extra),
-                      k_options=K_OPTIONS if search_k else (1,))
-    if plan.predicted.time_per_sample > best.tps * (1 + 1e-9) + 1e-15:
+    timed_out = any(not r.exact for r in results)
+    min_tps = {b: min(r.tps for r in per_b[b]) for b in sizes if per_b[b]}
+    dpn = cluster.devices_per_node
+    ranked = sorted(results, key=lambda r: (_estimate(graph, cluster, _specs(r.stages, r.b, dpn), B), r.tps, -r.b))
+    short = ranked[:max(1, simulate_top)]
+    cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
+    for r in short:
+        st = r.stages
+        if sum(s.degree for s in st) < cluster.devices:
+            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options)
+        cands.append(("conservative DP", r, tuple(st)))
+    proposals: list[dict] = []
+    if dp.placement_sensitive and not timed_out:
+        cands += _optimistic_proposals(graph, cluster, B, dec, dp, [r for r in short if r.tps == min_tps[r.b]],
+                                       deadline, proposals)
+    best = None         # (plan, origin, search result)
+    tried = []
+    for origin, r, st in cands:
+        specs = _specs(st, r.b, dpn, None if search_k else 1)
+        plan = build_plan(graph, cluster, specs, B, planner=PLANNER,
+                          search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra={}),
+                          k_options=K_OPTIONS if search_k else (1,))
+        tried.append({"micro_batch_size": r.b, "dp_time_per_sample": r.tps, "stages_from": origin,
+                      "depth": plan.depth, "stages": len(plan.stages),
+                      "simulated_iteration_time": plan.predicted.iteration_time})
+        if best is None or _better(plan, best[0]):
+            best = (plan, origin, r)
+    assert best is not None
+    plan, origin, chosen = best
+    for p in proposals:
+        p["accepted"] = origin.startswith("optimistic") and p["micro_batch_size"] == chosen.b
+    b_final = chosen.b
+    if timed_out:
+        status = "time-limit"
+    elif chosen.tps <= min_tps[b_final]:
+        status = "optimal-within-search-space"
+    else:
+        status = "feasible"     # a shallower staging at a larger bottleneck (depth_tradeoff)
+    extra = {"micro_batch_size": b_final, "dp_time_per_sample": chosen.tps,
+             "dp_min_time_per_sample": min_tps[b_final], "dp_runs": max(r.probes for r in results),
+             "micro_batch_sizes_searched": list(sizes),
+             "micro_batch_sizes_infeasible": [b for b in sizes if not per_b[b]],
+             "sp_added_dependencies": dec.added_pairs, "stages_from": origin,
+             "objective": "min bottleneck TPS per micro-batch size (DP estimate)"
+                          + (" and per bound on the stage graph's depth" if depth_tradeoff else "")
+                          + f"; of the {len(short)} with the least iteration estimate, the least simulated "
+                            "iteration time",
+             "simulated_candidates": tried}
+    if depth_tradeoff:
+        extra["depth_tradeoff"] = True
+        extra["depth_bound"] = chosen.depth_bound
+    if dp.placement_sensitive and not timed_out:
+        extra["optimistic_transfer_proposals"] = proposals
+    plan = replace(plan, search=replace(plan.search, status=status, extra={**plan.search.extra, **extra}))
+    if plan.predicted.time_per_sample > chosen.tps * (1 + 1e-9) + 1e-15:
         logger.warning("plan TPS %.9g exceeds the DP's target %.9g: the DP estimate is not an upper bound here",
-                       plan.predicted.time_per_sample, best.tps)
+                       plan.predicted.time_per_sample, chosen.tps)
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0))
     if validate_plan:
         validate(plan, graph, cluster)
     return plan
+
+
+def _better(plan: Plan, than: Plan) -> bool:
+    """Least simulated iteration time; ties (relative 1e-12) by the smaller TPS, then the larger ``b``."""
+    a, b = plan.predicted.iteration_time, than.predicted.iteration_time
+    if abs(a - b) > 1e-12 * max(abs(a), abs(b)):
+        return a < b
+    ta, tb = plan.predicted.time_per_sample, than.predicted.time_per_sample
+    if abs(ta - tb) > 1e-12 * max(abs(ta), abs(tb)):
+        return ta < tb
+    return plan.stages[0].micro_batch_size > than.stages[0].micro_batch_size
 
 
 def _per_stage_specs(stages: Sequence[Any], devices_per_node: int | None) -> list[StageSpec]:
@@ -269,48 +336,38 @@ def _plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence
     return replace(plan, search=replace(plan.search, status=status))
 
 
-def _reprice_optimistic(graph: Graph, cluster: Cluster, B: int, dec, dp: StageDP, sw, stages: Sequence[DPStage],
-                        deadline: float | None, extra: dict) -> tuple[tuple[DPStage, ...], int]:
+def _optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: StageDP, results: Sequence[TpsSearch],
+                          deadline: float | None, log: list[dict]) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
     """Second opinion from a DP that prices every transfer at the faster bandwidth.
 
     The search's stage estimate counts every transfer at the slower (inter-node) bandwidth unless
     the whole cluster is one node — an upper bound, but a loose one where most transfers end up
     inside a node (DLRM on 8 V100s: DP TPS 5.6e-5 for a plan whose exact TPS is 4.3e-5), so the DP
-    stops at a bottleneck that is not the real one.  Here the optimistic DP searches the two best
-    micro-batch sizes of the conservative sweep; its stages get devices the same way
+    stops at a bottleneck that is not the real one.  Here the optimistic DP searches the micro-batch
+    sizes of ``results`` (the shortlisted ones); its stages get devices the same way
     (:func:`assign_devices`, leftover pass) and are priced *exactly* by the cost model.  A proposal
-    is kept only when its exact TPS is at most the conservative DP's target (so the claim "plan TPS
-    <= DP optimum" still holds) and its exact iteration estimate beats the current plan's.
+    becomes a candidate (to be simulated beside the others) only when its exact TPS is at most the
+    conservative DP's optimum at that ``b`` (so the claim "plan TPS <= DP optimum" still holds).
     """
-    from .binary_search import search_many
-
-    best = sw.best
-    dpn = cluster.devices_per_node
-    cur_specs = _specs(stages, best.b, dpn)
-    cur = (_estimate(graph, cluster, cur_specs, B), tuple(stages), best.b)
     odp = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options, optimistic_transfers=True)
-    sizes = [b for _, b in sw.ranked[:2]]
-    found = search_many(odp, sizes, deadline=deadline)
-    tried = []
-    for b in sizes:
-        res = found.get(b)
+    found = search_many(odp, [r.b for r in results], deadline=deadline)
+    out = []
+    for r in results:
+        res = found.get(r.b)
         if res is None:
             continue
         st = tuple(res.stages)
         if sum(s.degree for s in st) < cluster.devices:
-            st = spend_leftover_devices(graph, cluster, st, b, B, dp.degree_options)
-        specs = _specs(st, b, dpn)
+            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options)
+        specs = _specs(st, r.b, cluster.devices_per_node)
         tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
-        est = _estimate(graph, cluster, specs, B)
-        ok = tps <= best.tps * (1 + 1e-9)
-        tried.append({"micro_batch_size": b, "optimistic_dp_tps": res.tps, "exact_tps": tps,
-                      "iteration_estimate": est, "accepted": bool(ok and est < cur[0] * (1 - 1e-12))})
-        if ok and est < cur[0] * (1 - 1e-12):
-            cur = (est, st, b)
-    extra["optimistic_transfer_proposals"] = tried
-    extra["stages_from"] = "optimistic-transfer DP, exactly priced" if any(t["accepted"] for t in tried) \
-        else "conservative DP"
-    return cur[1], cur[2]
+        ok = tps <= r.tps * (1 + 1e-9)
+        log.append({"micro_batch_size": r.b, "optimistic_dp_tps": res.tps, "exact_tps": tps,
+                    "iteration_estimate": _estimate(graph, cluster, specs, B), "meets_dp_optimum": bool(ok),
+                    "accepted": False})
+        if ok:
+            out.append(("optimistic-transfer DP, exactly priced", r, st))
+    return out
 
 
 def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> InfeasibleError:
@@ -349,7 +406,7 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
           micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
           search_k: bool = False, time_limit: float | None = None, progress: bool | None = None,
-          degree_options: Sequence[int] | None = None) -> Plan:
+          degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path).
 
     ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` when no
@@ -362,4 +419,4 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
     B = SAMPLES_PER_DEVICE * c.devices if mini_batch_size is None else mini_batch_size
     return plan_graphpipe(g, c, B, time_limit=time_limit, progress=progress, micro_batch_sizes=micro_batch_sizes,
                           per_stage_micro_batch=per_stage_micro_batch, search_k=search_k,
-                          degree_options=degree_options)
+                          degree_options=degree_options, depth_tradeoff=depth_tradeoff)

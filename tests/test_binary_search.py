@@ -71,3 +71,32 @@ def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:
     for b in sizes:
         alone = search_tps(mmt_dp, b)
         assert together[b].tps == alone.tps and together[b].stages == alone.stages
+
+
+def test_search_depths_gives_the_least_target_at_every_depth_bound(mmt_dp: StageDP) -> None:
+    from gpp_solver.binary_search import search_depths, search_many
+    sizes = [2, 8, 32]
+    pareto = search_depths(mmt_dp, sizes)
+    plain = search_many(mmt_dp, sizes)
+    D = mmt_dp.D
+    for b in sizes:
+        pts = pareto[b]
+        assert pts, b
+        # the deepest point is the paper's answer (smallest TPS at b), stages included
+        assert pts[-1].tps == plain[b].tps and pts[-1].stages == plain[b].stages
+        assert [p.tps for p in pts] == sorted({p.tps for p in pts}, reverse=True)
+        assert [p.depth_bound for p in pts] == sorted({p.depth_bound for p in pts})
+        cands = [float(x) for x in mmt_dp.candidates(b)]
+        for p in pts:
+            e = p.depth_bound
+            assert max(s.depth for s in p.stages) <= e
+            assert sum(s.degree for s in p.stages) <= D
+            assert max(s.tps_estimate for s in p.stages) <= p.tps
+            below = [x for x in cands if x < p.tps]
+            if below:       # nothing smaller reaches depth <= e
+                assert mmt_dp.min_devices_by_depth([(b, below[-1])])[0, e] > D
+        # a depth bound that is not a Pareto point gains nothing over the next shallower one
+        for e in range(1, mmt_dp.E + 1):
+            best = [p.tps for p in pts if p.depth_bound <= e]
+            if best:
+                assert mmt_dp.min_devices_by_depth([(b, min(best))])[0, e] <= D

@@ -221,3 +221,46 @@ def test_repricing_keeps_the_bound_on_multi_node_clusters(seed: int) -> None:
         if prop["accepted"]:
             assert prop["exact_tps"] <= extra["dp_time_per_sample"] * (1 + 1e-9)
             assert prop["micro_batch_size"] == plan.stages[0].micro_batch_size
+
+
+# ---------------------------------------------------------------- micro-batch sweep by simulation
+def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
+    """With every size simulated, the plan is the fastest per-b DP plan in simulation (the paper's
+    sweep "to maximize training throughput"), and each b's staging is still the DP's optimum."""
+    from gpp_solver.binary_search import search_many
+    from gpp_solver.dp import StageDP
+    g = build_model("mmt", branches=2, layers=2)
+    c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
+                inter_node_bandwidth=12.5e9, latency=1e-5)
+    B = 128
+    plan = plan_graphpipe(g, c, B, simulate_top=100)
+    extra = plan.search.extra
+    sims = extra["simulated_candidates"]
+    assert {s["micro_batch_size"] for s in sims} == set(extra["micro_batch_sizes_searched"])
+    assert plan.predicted.iteration_time <= min(s["simulated_iteration_time"] for s in sims) * (1 + 1e-12)
+    assert plan.search.status == "optimal-within-search-space"
+    b = plan.stages[0].micro_batch_size
+    dp_opt = search_many(StageDP(g, c, B), [b])[b].tps
+    assert extra["dp_min_time_per_sample"] == dp_opt
+    assert plan.predicted.time_per_sample <= dp_opt * (1 + 1e-9)
+    # the default shortlist (best few by estimate) never beats the full simulation
+    short = plan_graphpipe(g, c, B)
+    assert len(short.search.extra["simulated_candidates"]) <= len(sims)
+    assert short.predicted.iteration_time >= plan.predicted.iteration_time * (1 - 1e-12)
+
+
+def test_depth_tradeoff_finds_the_shallow_plan_the_min_tps_search_misses() -> None:
+    """A 4-device chain whose all-reduce is cheap enough that one data-parallel stage beats the
+    4-stage pipeline in simulation although its bottleneck TPS is larger (transformer, 4 V100s)."""
+    from gpp_solver.cluster import v100_cluster
+    g, c = build_model("transformer"), v100_cluster(4)
+    base = plan_graphpipe(g, c, 64)
+    ext = plan_graphpipe(g, c, 64, depth_tradeoff=True)
+    validate(ext, g, c)
+    assert ext.predicted.iteration_time < base.predicted.iteration_time
+    assert ext.depth < base.depth
+    # honest status: the extension's plan does not have the smallest TPS at its b
+    assert ext.predicted.time_per_sample > ext.search.extra["dp_min_time_per_sample"] * (1 + 1e-9)
+    assert ext.search.status == "feasible"
+    assert ext.search.extra["depth_bound"] >= ext.depth
+    assert base.search.status == "optimal-within-search-space"
