@@ -107,41 +107,52 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         of_b.setdefault(k[0], []).append(k)
     passes, exact = 0, True
     budget = dp.batch_size()
+    keep = dp.keep_tables()
+    found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
         active = [k for k in keys if lo[k] < hi[k]]
         if not active:
             break
         if passes and deadline is not None and time.perf_counter() > deadline:
-            exact = False       # the first pass always runs: it proves the largest candidate feasible
+            exact = False       # the first pass always runs (with a deadline it proves the largest candidate feasible)
             break
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
         for k in active:
             n = hi[k] - lo[k]
             picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
-            if hi[k] == top[k]:
-                picks.add(top[k] - 1)       # the first pass also checks that some candidate is feasible
+            if hi[k] == top[k] and deadline is not None:
+                picks.add(top[k] - 1)       # so that the first pass leaves a feasible answer at the deadline
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
-        res = dp.min_devices_by_depth([(b, float(cands[b][i])) for b, i in pairs]) <= dp.D   # (pairs, E+1)
+        probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep)
+        res = probe.devices <= dp.D                                         # (pairs, E+1)
         passes += 1
         if on_pass is not None:
             on_pass(len(active))
-        for (b, i), row in zip(pairs, res):
+        for row_i, ((b, i), row) in enumerate(zip(pairs, res)):
             for k in of_b[b]:
                 if row[k[1]]:
                     if i < hi[k]:
                         hi[k] = i
+                        if keep:
+                            found_at[(b, i)] = (probe, row_i)
                 elif i >= lo[k]:
                     lo[k] = i + 1
+        if keep:        # drop the tables no key's answer refers to any more
+            want = {(k[0], hi[k]) for k in keys}
+            found_at = {bi: v for bi, v in found_at.items() if bi in want}
     live = [k for k in keys if hi[k] < top[k]]
     out: dict[tuple[int, int], TpsSearch] = {}
     if live:
         uniq = sorted({(k[0], hi[k]) for k in live})
-        stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq])))
+        if keep:        # the probes that proved the answers feasible hold their tables
+            stages = {bi: dp.traceback(*found_at[bi]) for bi in uniq}
+        else:
+            stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq])))
         for k in live:
             b = k[0]
-            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + 1, len(cands[b]),
+            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + (not keep), len(cands[b]),
                                exact or lo[k] == hi[k], depth_bound=k[1])
     return out
 

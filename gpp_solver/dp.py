@@ -72,6 +72,16 @@ def assign_devices(stages: Sequence[DPStage], devices_per_node: int | None) -> l
     return out
 
 
+@dataclass(frozen=True)
+class DPProbe:
+    """One batched DP pass: ``devices[i, e]`` = fewest devices for ``pairs[i]`` at depth ``<= e``;
+    ``kept`` the DP's tables for :meth:`StageDP.traceback` (``None`` when not kept)."""
+
+    pairs: tuple[tuple[int, float], ...]
+    devices: np.ndarray
+    kept: tuple | None = None
+
+
 @dataclass
 class _BTables:
     degrees: tuple[int, ...]
@@ -188,6 +198,11 @@ class StageDP:
     def min_devices_by_depth(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
         """``out[i, e]``: fewest devices for ``pairs[i] = (b, t)`` with the stage graph's depth at
         most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
+        return self.probe(pairs, keep=False).devices
+
+    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True) -> "DPProbe":
+        """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
+        :meth:`traceback` needs, so a search need not run the pass again for its answer."""
         by_b: dict[int, list[int]] = {}
         for i, (b, _) in enumerate(pairs):
             by_b.setdefault(b, []).append(i)
@@ -198,8 +213,21 @@ class StageDP:
             dev = np.empty((len(pairs), len(self.idx.seg_lo), self.E + 2), dtype=np.int64)
             for b, rows in by_b.items():
                 dev[rows] = self._dev(b, [pairs[i][1] for i in rows])
-        R, _, _ = run_dp(self.idx, dev, self.E)
-        return R[:, 0, :]
+        Rroot, tables, R = run_dp(self.idx, dev, self.E, keep=keep)
+        return DPProbe(tuple(pairs), Rroot[:, 0, :], (dev, Rroot, tables, R) if keep else None)
+
+    def keep_tables(self) -> bool:
+        """Whether a search may hold every probe's tables for its tracebacks (a few MB at most)."""
+        size = self.E + 1
+        per_target = sum(len(kids) + 1 for _, kids in self.idx.nodes) * size * size * 8
+        return per_target * self.batch_size() <= 4 << 20
+
+    def traceback(self, probe: "DPProbe", i: int) -> list[DPStage]:
+        """The stages of ``probe``'s ``i``-th pair (it must be feasible)."""
+        assert probe.kept is not None, "probe ran without keep=True"
+        dev, Rroot, tables, R = probe.kept
+        b, t = probe.pairs[i]
+        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R])
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
@@ -247,10 +275,8 @@ class StageDP:
 
     def stages_many(self, pairs: Sequence[tuple[int, float]]) -> list[list[DPStage]]:
         """Tracebacks for several ``(b, t)`` pairs from one batched DP pass."""
-        dev = np.concatenate([self._dev(b, [t]) for b, t in pairs])
-        Rroot, tables, R = run_dp(self.idx, dev, self.E, keep=True)
-        return [self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R])
-                for i, (b, t) in enumerate(pairs)]
+        pr = self.probe(pairs)
+        return [self.traceback(pr, i) for i in range(len(pairs))]
 
     def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list
                    ) -> list[DPStage]:

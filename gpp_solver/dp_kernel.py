@@ -219,22 +219,47 @@ def degree_thresholds(tps: np.ndarray, maxdepth: np.ndarray, E: int) -> np.ndarr
 
     Non-increasing in ``j``, so the smallest degree meeting a target ``t`` is ``degrees[count of
     entries not <= t]`` — :func:`devices_from_thresholds`, the same answer as :func:`devices_by_depth`
-    with one comparison per entry instead of a pass per degree.
+    with one comparison per entry instead of a pass per degree.  Stored degree-major (each
+    ``thr[:, :, j]`` contiguous) for that lookup.
     """
     depths = np.arange(E + 2)
-    ok = maxdepth[:, None, :] >= depths[None, :, None]                          # (g, depth, j)
-    thr = np.where(ok, tps[:, None, :], np.nan)
-    thr[:, 0, :] = np.nan
-    thr[:, E + 1, :] = np.nan
-    return np.fmin.accumulate(thr, axis=2)
+    thr = np.empty((tps.shape[1], tps.shape[0], E + 2))                         # (j, g, depth)
+    for j in range(tps.shape[1]):
+        np.copyto(thr[j], np.where(maxdepth[:, j, None] >= depths[None, :], tps[:, j, None], np.nan))
+    thr[:, :, 0] = np.nan
+    thr[:, :, E + 1] = np.nan
+    for j in range(1, len(thr)):            # fmin.accumulate along axis 0, without its slow path
+        np.fmin(thr[j - 1], thr[j], out=thr[j])
+    return np.moveaxis(thr, 0, 2)
 
 
 def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets) -> np.ndarray:
-    """``dev[i, g, depth]`` as :func:`devices_by_depth` returns it, from :func:`degree_thresholds`."""
-    targets = np.atleast_1d(np.asarray(targets, dtype=float))
-    ext = np.asarray([*degrees, INF], dtype=np.int64)
-    above = (~(thr[None] <= targets[:, None, None, None])).sum(axis=3)
-    return ext[above]
+    """``dev[i, g, depth]`` as :func:`devices_by_depth` returns it, from :func:`degree_thresholds`:
+    the largest degree first, each smaller one overwriting where it already meets the target."""
+    t = np.atleast_1d(np.asarray(targets, dtype=float))[:, None, None]
+    dev = np.full((t.shape[0],) + thr.shape[:2], INF, dtype=np.int64)
+    for j in range(thr.shape[2] - 1, -1, -1):
+        np.copyto(dev, degrees[j], where=thr[:, :, j] <= t)
+    return dev
+
+
+def node_groups(idx: TreeIndex) -> list[list[int]]:
+    """Internal tree nodes in groups that :func:`run_dp` solves together: same kind, same number
+    of children, the same children internal, and the same level (1 + the deepest internal child's;
+    so no member is an ancestor of another).  Groups come children-first.  The branches of a
+    multi-branch model (MMT's, CANDLE-Uno's) share one group, which turns their per-child Python
+    steps into one."""
+    cached = getattr(idx, "_groups", None)
+    if cached is not None:
+        return cached
+    level: list[int] = []
+    groups: dict[tuple, list[int]] = {}
+    for t, (kind, kids) in enumerate(idx.nodes):
+        level.append(1 + max((level[c] for h, c in kids if h == "node"), default=-1))
+        groups.setdefault((level[t], kind, tuple(h == "node" for h, _ in kids)), []).append(t)
+    out = [groups[key] for key in sorted(groups, key=lambda key: key[0])]
+    idx._groups = out      # type: ignore[attr-defined]
+    return out
 
 
 def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
@@ -243,7 +268,8 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     Returns ``(R_root, tables, R)``: ``R_root[i, s, e]`` as in the module docstring for target
     ``i`` (values ``>= INF`` mean impossible), with ``keep`` every node's suffix tables
     ``tables[t][i, p]`` for the traceback, and every internal node's ``R``.  Batching targets shares
-    the Python overhead of the recursion, which dominates on small trees.
+    the Python overhead of the recursion, which dominates on small trees; so does solving each
+    group of like tree nodes (:func:`node_groups`) at once.
     """
     T = dev.shape[0]
     size = E + 1
@@ -251,49 +277,51 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     e_idx = np.arange(size)[None, :]
     empty_series = np.where(e_idx >= s_idx, 0, INF).astype(np.int64)
     lower = ~(e_idx >= s_idx + 1)       # a base stage at depth s+1 needs e >= s+1
-    R: list[np.ndarray] = []
-    tables: list[np.ndarray] = []
-    for t, (kind, kids) in enumerate(idx.nodes):
-        k = len(kids)
-        segs = idx.seg[t]
-        suf = np.empty((T, k + 1, size, size), dtype=np.int64)
-        if kind == "S":
-            suf[:, k] = empty_series
-            for p in range(k - 1, -1, -1):
-                child_internal = kids[p][0] == "node"
-                q0 = p + 1 if child_internal else p
-                out = suf[:, p]
+    n = len(idx.nodes)
+    R: list[np.ndarray] = [None] * n        # type: ignore[list-item]
+    tables: list[np.ndarray] = [None] * n   # type: ignore[list-item]
+    for group in node_groups(idx):
+        kind, kids0 = idx.nodes[group[0]]
+        k, g = len(kids0), len(group)
+        segs = np.stack([idx.seg[t] for t in group])                          # (g, k, k)
+        suf = np.empty((T, g, k + 1, size, size), dtype=np.int64)
+        for p in range(k - 1, -1, -1):
+            child_internal = kids0[p][0] == "node"
+            q0 = p + 1 if child_internal else p
+            out = suf[:, :, p]
+            Rc = np.stack([R[idx.nodes[t][1][p][1]] for t in group], axis=1) if child_internal else None
+            if kind == "S":
+                if p == k - 1:
+                    suf[:, :, k] = empty_series
                 if q0 < k:
-                    D = dev[:, segs[p, q0:k], 1:size + 1]                   # D[i, q, m] = dev at depth m+1
-                    X = (D[:, :, None, :] + suf[:, q0 + 1:k + 1]).min(axis=1)  # X[i, s, m]
-                    np.minimum.accumulate(X, axis=2, out=X)
-                    out[:, :, 0] = INF
-                    out[:, :, 1:] = X[:, :, :-1]                             # m <= e-1
+                    D = dev[:, segs[:, p, q0:k], 1:size + 1]                  # D[i, j, q, m] = dev at depth m+1
+                    X = (D[:, :, :, None, :] + suf[:, :, q0 + 1:k + 1]).min(axis=2)   # X[i, j, s, m]
+                    np.minimum.accumulate(X, axis=3, out=X)
+                    out[..., 0] = INF
+                    out[..., 1:] = X[..., :-1]                                 # m <= e-1
                 if child_internal:
-                    Rc = R[kids[p][1]]
-                    Y = (suf[:, p + 1][:, :, :, None] + Rc[:, None, :, :]).min(axis=2)
+                    Y = (suf[:, :, p + 1][..., None] + Rc[:, :, None]).min(axis=3)
                     if q0 < k:
                         np.minimum(out, Y, out=out)
                     else:
                         out[...] = Y
-        else:
-            suf[:, k] = 0
-            for p in range(k - 1, -1, -1):
-                child_internal = kids[p][0] == "node"
-                q0 = p + 1 if child_internal else p
-                out = suf[:, p]
+            else:
+                if p == k - 1:
+                    suf[:, :, k] = 0
                 if q0 < k:
-                    D = dev[:, segs[p, q0:k], 1:size + 1]                   # D[i, q, s] = dev at depth s+1
-                    X = (D[:, :, :, None] + suf[:, q0 + 1:k + 1]).min(axis=1)
-                    X[:, lower] = INF
+                    D = dev[:, segs[:, p, q0:k], 1:size + 1]                  # D[i, j, q, s] = dev at depth s+1
+                    X = (D[..., None] + suf[:, :, q0 + 1:k + 1]).min(axis=2)
+                    X[:, :, lower] = INF
                     out[...] = X
                 if child_internal:
-                    Y = R[kids[p][1]] + suf[:, p + 1]
+                    Y = Rc + suf[:, :, p + 1]
                     if q0 < k:
                         np.minimum(out, Y, out=out)
                     else:
                         out[...] = Y
-        R.append(np.minimum(suf[:, 0], INF))
-        if keep:
-            tables.append(suf)
-    return R[idx.root[1]], tables, R
+        Rg = np.minimum(suf[:, :, 0], INF)
+        for j, t in enumerate(group):
+            R[t] = Rg[:, j]
+            if keep:
+                tables[t] = suf[:, j]
+    return R[idx.root[1]], (tables if keep else []), R

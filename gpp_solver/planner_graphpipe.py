@@ -53,7 +53,7 @@ from .micro_batch import check_micro_batch_sizes
 from .progress import ProgressBar
 from .binary_search import TpsSearch, search_depths, search_many
 from .cluster import as_cluster
-from .cost import iteration_time_estimate, stage_costs
+from .cost import CostTables, allreduce_time, comm_time, iteration_time_estimate, stage_costs, stage_transfers
 from .dp import DPStage, StageDP, assign_devices
 from .errors import GppError, InfeasibleError, InvalidInputError
 from .graph import as_graph
@@ -84,8 +84,42 @@ def _estimate(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], B: int
     return iteration_time_estimate(costs, stage_graph_edges(graph, stage_of), B)
 
 
+def _price(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, tables: CostTables
+           ) -> tuple[float, float]:
+    """``(TPS, iteration estimate)`` of DP stages at ``b`` on their :func:`assign_devices` ranges:
+    the figures of :func:`gpp_solver.cost.stage_costs` and :func:`~gpp_solver.cost.iteration_time_estimate`
+    (same formulas, same transfers), with each stage's compute summed from ``tables`` at once
+    instead of node by node — this runs for every candidate staging and every leftover-device step."""
+    devs = assign_devices(stages, cluster.devices_per_node)
+    stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
+    transfers = stage_transfers(graph, stage_of)
+    per_mb, allreduce, tps = [], [], 0.0
+    for i, (st, dv) in enumerate(zip(stages, devs)):
+        d = len(dv)
+        ix = [graph.index[v] for v in st.nodes]
+        comm_half = sum(comm_time(nb, b / d, cluster.bandwidth(dv + devs[peer]), cluster.latency)
+                        for peer, nb in transfers.get(i, []))
+        a = allreduce_time(float(tables.weight[ix].sum()), d, cluster.bandwidth(dv))
+        m = float(tables.compute_at(b / d)[ix].sum()) + 2 * comm_half
+        per_mb.append(m)
+        allreduce.append(a)
+        tps = max(tps, m / b + a / B)
+    preds: dict[int, list[int]] = {i: [] for i in range(len(stages))}
+    for u, v in stage_graph_edges(graph, stage_of):
+        preds[v].append(u)
+    longest: dict[int, float] = {}
+
+    def path(i: int) -> float:         # longest path of per-micro-batch times ending at stage i
+        if i not in longest:
+            longest[i] = per_mb[i] + max((path(u) for u in preds[i]), default=0.0)
+        return longest[i]
+
+    L = max(path(i) for i in range(len(stages)))
+    return tps, L + (B // b - 1) * max(per_mb) + max(allreduce)
+
+
 def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
-                           degree_options: Sequence[int]) -> tuple[DPStage, ...]:
+                           degree_options: Sequence[int], tables: CostTables | None = None) -> tuple[DPStage, ...]:
     """Give devices the DP left unused to stages, greedily, while the iteration estimate improves.
 
     The DP stops at the fewest devices that reach the optimal bottleneck; the rest would idle.  A
@@ -95,11 +129,11 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     memory (the stage graph, hence the in-flight counts, are unchanged), so memory stays within
     the limit; the plan's TPS stays at most the DP's target.
     """
+    tables = tables or CostTables(graph)
     cur = tuple(stages)
     opts = sorted(d for d in degree_options if b % d == 0)
     free = cluster.devices - sum(s.degree for s in cur)
-    best = _estimate(graph, cluster, _specs(cur, b, cluster.devices_per_node), B)
-    tps0 = max(c.time_per_sample for c in stage_costs(graph, cluster, _specs(cur, b, cluster.devices_per_node), B))
+    tps0, best = _price(graph, cluster, cur, b, B, tables)
     while free > 0:
         step = None
         for i, st in enumerate(cur):
@@ -107,9 +141,7 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
             if not bigger:
                 continue
             trial = cur[:i] + (replace(st, degree=bigger[0]),) + cur[i + 1:]
-            specs = _specs(trial, b, cluster.devices_per_node)
-            tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
-            est = _estimate(graph, cluster, specs, B)
+            tps, est = _price(graph, cluster, trial, b, B, tables)
             if est < best * (1 - 1e-12) and tps <= tps0 * (1 + 1e-12) and (step is None or est < step[0]):
                 step = (est, trial, bigger[0] - st.degree)
         if step is None:
@@ -170,28 +202,37 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     timed_out = any(not r.exact for r in results)
     min_tps = {b: min(r.tps for r in per_b[b]) for b in sizes if per_b[b]}
     dpn = cluster.devices_per_node
-    ranked = sorted(results, key=lambda r: (_estimate(graph, cluster, _specs(r.stages, r.b, dpn), B), r.tps, -r.b))
+    tables = dp._costs
+    ranked = sorted(results, key=lambda r: (_price(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b))
     short = ranked[:max(1, simulate_top)]
+    proposals: list[dict] = []
+    optimistic: dict[int, tuple[str, TpsSearch, tuple[DPStage, ...]]] = {}
+    if dp.placement_sensitive and not timed_out:
+        for c in _optimistic_proposals(graph, cluster, B, dec, dp, [r for r in short if r.tps == min_tps[r.b]],
+                                       deadline, proposals):
+            optimistic[c[1].b] = c
     cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
-    for r in short:
+    for r in short:          # best estimate first, each b's optimistic proposal right after it
         st = r.stages
         if sum(s.degree for s in st) < cluster.devices:
-            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options)
+            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, tables)
         cands.append(("conservative DP", r, tuple(st)))
-    proposals: list[dict] = []
-    if dp.placement_sensitive and not timed_out:
-        cands += _optimistic_proposals(graph, cluster, B, dec, dp, [r for r in short if r.tps == min_tps[r.b]],
-                                       deadline, proposals)
+        if r.b in optimistic and r.tps == min_tps[r.b]:
+            cands.append(optimistic[r.b])
     best = None         # (plan, origin, search result)
     tried = []
     for origin, r, st in cands:
+        entry = {"micro_batch_size": r.b, "dp_time_per_sample": r.tps, "stages_from": origin}
+        tried.append(entry)
+        bound = B * _price(graph, cluster, st, r.b, B, tables)[0]     # every stage is busy B * TPS(S)
+        if best is not None and bound > best[0].predicted.iteration_time * (1 + 1e-12):
+            entry["not_simulated_lower_bound"] = bound      # cannot beat the best simulated plan
+            continue
         specs = _specs(st, r.b, dpn, None if search_k else 1)
         plan = build_plan(graph, cluster, specs, B, planner=PLANNER,
                           search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra={}),
                           k_options=K_OPTIONS if search_k else (1,))
-        tried.append({"micro_batch_size": r.b, "dp_time_per_sample": r.tps, "stages_from": origin,
-                      "depth": plan.depth, "stages": len(plan.stages),
-                      "simulated_iteration_time": plan.predicted.iteration_time})
+        entry.update(depth=plan.depth, stages=len(plan.stages), simulated_iteration_time=plan.predicted.iteration_time)
         if best is None or _better(plan, best[0]):
             best = (plan, origin, r)
     assert best is not None
@@ -358,7 +399,7 @@ def _optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: Stage
             continue
         st = tuple(res.stages)
         if sum(s.degree for s in st) < cluster.devices:
-            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options)
+            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, dp._costs)
         specs = _specs(st, r.b, cluster.devices_per_node)
         tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
         ok = tps <= r.tps * (1 + 1e-9)

@@ -237,7 +237,21 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
     extra = plan.search.extra
     sims = extra["simulated_candidates"]
     assert {s["micro_batch_size"] for s in sims} == set(extra["micro_batch_sizes_searched"])
-    assert plan.predicted.iteration_time <= min(s["simulated_iteration_time"] for s in sims) * (1 + 1e-12)
+    done = [s for s in sims if "simulated_iteration_time" in s]
+    assert plan.predicted.iteration_time <= min(s["simulated_iteration_time"] for s in done) * (1 + 1e-12)
+    # a size left unsimulated is one whose bound (every stage busy B * TPS) already exceeds the winner
+    for s in sims:
+        assert ("simulated_iteration_time" in s) != ("not_simulated_lower_bound" in s)
+        if "not_simulated_lower_bound" in s:
+            assert s["not_simulated_lower_bound"] > plan.predicted.iteration_time
+    # ... and that bound is a true lower bound of the simulated iteration time
+    from gpp_solver.planner_graphpipe import _specs
+    from gpp_solver.plan_build import build_plan
+    from gpp_solver.types import SearchInfo
+    for b, r in search_many(StageDP(g, c, B), extra["micro_batch_sizes_searched"]).items():
+        p = build_plan(g, c, _specs(r.stages, b, c.devices_per_node), B, planner="x",
+                       search=SearchInfo(0.0, "feasible", None, {}))
+        assert p.predicted.iteration_time >= B * p.predicted.time_per_sample * (1 - 1e-12)
     assert plan.search.status == "optimal-within-search-space"
     b = plan.stages[0].micro_batch_size
     dp_opt = search_many(StageDP(g, c, B), [b])[b].tps
@@ -264,3 +278,26 @@ def test_depth_tradeoff_finds_the_shallow_plan_the_min_tps_search_misses() -> No
     assert ext.search.status == "feasible"
     assert ext.search.extra["depth_bound"] >= ext.depth
     assert base.search.status == "optimal-within-search-space"
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
+    """The planner ranks stagings with ``_price`` (vectorised compute); it must give the cost
+    model's own TPS and iteration estimate."""
+    import random
+    from test_dp import random_instance
+    from gpp_solver.binary_search import search_many
+    from gpp_solver.cost import CostTables
+    from gpp_solver.dp import StageDP
+    from gpp_solver.planner_graphpipe import _estimate, _price, _specs
+    graph, cluster, B, _ = random_instance(random.Random(500 + seed))
+    cluster = cluster.with_(devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4,
+                            memory_bytes=1e9)
+    dp = StageDP(graph, cluster, B)
+    for b, r in search_many(dp, [x for x in (1, 2, 4, 8) if B % x == 0]).items():
+        if r is None:
+            continue
+        specs = _specs(r.stages, b, cluster.devices_per_node)
+        tps, est = _price(graph, cluster, r.stages, b, B, CostTables(graph))
+        assert math.isclose(tps, max(x.time_per_sample for x in stage_costs(graph, cluster, specs, B)), rel_tol=1e-9)
+        assert math.isclose(est, _estimate(graph, cluster, specs, B), rel_tol=1e-9)
