@@ -55,7 +55,7 @@ from .binary_search import TpsSearch, search_depths, search_many
 from .cluster import as_cluster
 from .cost import CostTables, allreduce_time, comm_time, iteration_time_estimate, stage_costs, stage_transfers
 from .dp import DPStage, StageDP, assign_devices
-from .errors import GppError, InfeasibleError, InvalidInputError
+from .errors import InfeasibleError, InvalidInputError
 from .graph import as_graph
 from .plan_build import StageSpec, build_plan, stage_graph_edges
 from .sp_tree import decompose
@@ -181,7 +181,9 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
                     graph.name, len(dec.forced_cuts), dec.added_pairs)
     if per_stage_micro_batch:
-        plan = _plan_per_stage(graph, cluster, B, dec, sizes, search_k, degree_options, deadline)
+        from .graphpipe_per_stage import plan_per_stage
+
+        plan = plan_per_stage(graph, cluster, B, dec, sizes, search_k, degree_options, deadline)
         plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0))
         if validate_plan:
             validate(plan, graph, cluster)
@@ -280,101 +282,6 @@ def _better(plan: Plan, than: Plan) -> bool:
     if abs(ta - tb) > 1e-12 * max(abs(ta), abs(tb)):
         return ta < tb
     return plan.stages[0].micro_batch_size > than.stages[0].micro_batch_size
-
-
-def _per_stage_specs(stages: Sequence[Any], devices_per_node: int | None) -> list[StageSpec]:
-    devs = assign_devices(stages, devices_per_node)
-    return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=s.micro_batch_size, k=s.k)
-            for s, d in zip(stages, devs)]
-
-
-def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: int, opts: Sequence[int]) -> tuple:
-    """:func:`spend_leftover_devices` with each stage's own ``b``: raise one degree at a time
-    (``b % d == 0``) while the iteration estimate improves and the exact TPS does not rise."""
-    dpn = cluster.devices_per_node
-    free = cluster.devices - sum(s.degree for s in stages)
-    specs = _per_stage_specs(stages, dpn)
-    best_est = _estimate(graph, cluster, specs, B)
-    tps0 = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
-    while free > 0:
-        step = None
-        for i, st in enumerate(stages):
-            bigger = [d for d in opts if d > st.degree and d - st.degree <= free and st.micro_batch_size % d == 0]
-            if not bigger:
-                continue
-            trial = stages[:i] + (replace(st, degree=bigger[0]),) + stages[i + 1:]
-            tspecs = _per_stage_specs(trial, dpn)
-            tps = max(c.time_per_sample for c in stage_costs(graph, cluster, tspecs, B))
-            est = _estimate(graph, cluster, tspecs, B)
-            if est < best_est * (1 - 1e-12) and tps <= tps0 * (1 + 1e-12) and (step is None or est < step[0]):
-                step = (est, trial, bigger[0] - st.degree)
-        if step is None:
-            break
-        best_est, stages, used = step
-        free -= used
-    return stages
-
-
-def _plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[int], search_k: bool,
-                    degree_options: Sequence[int] | None, deadline: float | None) -> Plan:
-    """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.dp_general`, then the leftover-device
-    pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
-    and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
-    from .dp_general import GeneralStageDP
-
-    gdp = GeneralStageDP(graph, cluster, B, micro_batch_sizes=sizes, k_options=K_OPTIONS if search_k else (1,),
-                         decomposition=dec, degree_options=degree_options)
-    res = gdp.search(deadline=deadline)
-    if res is None:
-        need = gdp.min_memory(deadline=deadline)
-        msg = (f"no plan within GraphPipe's per-stage search space (series-parallel-tree partitions, a "
-               f"micro-batch size per stage from {list(sizes)}, k from {sorted({k for _, k in gdp.configs})}, "
-               f"data-parallel degrees {list(gdp.base.degree_options)}) fits in {cluster.memory_bytes:.6g} bytes "
-               f"per device on {cluster.devices} devices")
-        if need is not None:
-            msg += f"; the smallest memory per device with which this search space holds a plan is {need:.6g} bytes"
-        raise InfeasibleError(msg, required_memory_bytes=need)
-    dpn, opts = cluster.devices_per_node, sorted(gdp.base.degree_options)
-    cands = []                      # (origin, specs, DP stages or None)
-    for st in gdp.stage_sets(res.tps):
-        st = _spend_leftover_per_stage(graph, cluster, tuple(st), B, opts)
-        specs = _per_stage_specs(st, dpn)
-        cands.append(("per-stage DP", specs, st))
-    left = None if deadline is None else deadline - time.perf_counter()
-    if left is None or left > 0:
-        try:        # the uniform sweep's plan lies in this search space too; keep it if it meets the target
-            uni = plan_graphpipe(graph, cluster, B, time_limit=left, progress=False, micro_batch_sizes=sizes,
-                                 search_k=search_k, degree_options=degree_options, validate_plan=False)
-        except GppError:
-            uni = None
-        if uni is not None and uni.predicted.time_per_sample <= res.tps * (1 + 1e-9):
-            specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, s.schedule.k) for s in uni.stages]
-            cands.append(("uniform-b sweep", specs, None))
-    extra = {"per_stage_micro_batch": True, "dp_time_per_sample": res.tps, "dp_runs": res.probes,
-             "micro_batch_sizes_searched": list(sizes), "k_options": sorted({k for _, k in gdp.configs}),
-             "sp_added_dependencies": dec.added_pairs,
-             "objective": "min bottleneck TPS (DP estimate) over per-stage micro-batch sizes"
-                          + (" and k" if search_k else "") + ", then min simulated iteration time"}
-    plan = None
-    for origin, specs, stages in cands:     # every candidate meets the DP's optimal target
-        ex = {**extra, "stages_from": origin, "dp_stages": None if stages is None else
-              [{"nodes": sorted(s.nodes, key=graph.index.__getitem__), "micro_batch_size": s.micro_batch_size,
-                "k": s.k, "degree": s.degree, "in_flight_bound": s.in_flight_bound} for s in stages]}
-        trial = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                           search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra=ex))
-        if plan is None or trial.predicted.iteration_time < plan.predicted.iteration_time * (1 - 1e-12):
-            plan = trial
-    assert plan is not None
-    tps = plan.predicted.time_per_sample
-    if tps > res.tps * (1 + 1e-9) + 1e-15:
-        logger.warning("plan TPS %.9g exceeds the DP's target %.9g", tps, res.tps)
-    if not res.exact:
-        status = "time-limit"
-    elif abs(tps - res.tps) <= 1e-9 * abs(res.tps):
-        status = "optimal-within-search-space"
-    else:
-        status = "feasible"        # the DP's conservative transfer estimate is above the exact figure
-    return replace(plan, search=replace(plan.search, status=status))
 
 
 def _optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: StageDP, results: Sequence[TpsSearch],
