@@ -112,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated candidate micro-batch sizes (default: powers of two dividing B)")
     pl.add_argument("--per-stage-micro-batch", action="store_true",
                     help="graphpipe: let every stage choose its own micro-batch size (GraphPipe §6)")
+    pl.add_argument("--depth-tradeoff", action="store_true",
+                    help="graphpipe: also try shallower stage graphs at a larger bottleneck (beyond the paper)")
     pl.add_argument("--search-k", action="store_true",
                     help="graphpipe: choose each stage's k of its kFkB schedule (Algorithm 2) instead of 1F1B")
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it)")
@@ -204,6 +206,8 @@ def _run(args: argparse.Namespace) -> int:
             opts["per_stage_micro_batch"] = True
         if args.search_k:
             opts["search_k"] = True
+        if args.depth_tradeoff:
+            opts["depth_tradeoff"] = True
         plan = solve(g, c, mini_batch_size=args.batch, planner=args.planner, time_limit=args.time_limit,
                      progress=not args.quiet and sys.stderr.isatty(), **opts)
         if args.output:
