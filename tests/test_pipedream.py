@@ -212,3 +212,85 @@ def test_time_limit_is_reported_honestly():
     assert plan.search.status == "time-limit"
     assert len(plan.search.extra["tried"]) == 1        # only the first micro-batch size was tried
     validate(plan, g, cl)
+
+
+# ---------------------------------------------------------------- shared-mode DP pricing vs exact
+
+def two_sources_dict() -> dict:
+    """Two source branches s1->a1->a2 and s2->b1->b2 joined by j -> t (no producer fans out)."""
+    ts = {"s1": 1.0, "a1": 2.0, "a2": 0.5, "s2": 1.5, "b1": 0.7, "b2": 2.5, "j": 1.0, "t": 0.8}
+    nodes = [node(v, f, w=100.0 * (i + 1)) for i, (v, f) in enumerate(ts.items())]
+    edges = [("s1", "a1"), ("a1", "a2"), ("a2", "j"), ("s2", "b1"), ("b1", "b2"), ("b2", "j"), ("j", "t")]
+    return {"format": "gpp-graph/1", "name": "two_sources", "micro_batch_sizes": [1, 2], "nodes": nodes,
+            "edges": [{"src": s, "dst": d} for s, d in edges]}
+
+
+def random_dag_dict(rng, n: int) -> dict:
+    """A random DAG on n nodes in index order, several sources, random fan-out and edge bytes."""
+    nodes = [node(f"v{i}", rng.uniform(0.2, 3.0), w=rng.uniform(0, 500), o=rng.uniform(1, 20)) for i in range(n)]
+    edges = []
+    for j in range(1, n):
+        for i in rng.sample(range(j), min(j, rng.choice([0, 1, 1, 2]))):
+            edges.append({"src": f"v{i}", "dst": f"v{j}", "bytes": rng.uniform(1, 20)})
+    has_succ = {e["src"] for e in edges}
+    edges += [{"src": f"v{i}", "dst": f"v{n - 1}", "bytes": rng.uniform(1, 20)}
+              for i in range(n - 1) if f"v{i}" not in has_succ]          # connected: sinks join the last
+    return {"format": "gpp-graph/1", "name": f"rand{n}", "micro_batch_sizes": [1, 2], "nodes": nodes,
+            "edges": edges}
+
+
+def test_shared_mode_linearises_every_source_and_beats_every_topological_chain():
+    """The old first-source start jumped over whole source branches; now every downset is a
+    state, so the DP (exact here: no producer fans out) is <= every chain of the topological order."""
+    g = graph_from_dict(two_sources_dict())
+    cl = cluster_from_dict(flat_cluster(4))
+    B, b = 8, 2
+    plan = plan_pipedream(g, cl, B, micro_batch_sizes=[b])
+    every = sum(1 for r in range(len(g.ids) + 1) for c in itertools.combinations(g.ids, r) if is_downset(g, set(c)))
+    assert plan.search.extra["n_states"] == every
+    ids = list(g.topo_order)
+    best = math.inf
+    for cuts in compositions(len(ids)):
+        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
+        for reps in itertools.product([1, 2], repeat=len(parts)):
+            if sum(reps) > cl.devices:
+                continue
+            specs, dev = [], 0
+            for p, r in zip(parts, reps):
+                specs.append(StageSpec(tuple(p), tuple(range(dev, dev + r)), b))
+                dev += r
+            best = min(best, max(c.time_per_sample for c in stage_costs(g, cl, specs, B)))
+    assert plan.search.extra["dp_bottleneck_tps"] == pytest.approx(plan.predicted.time_per_sample, rel=1e-9)
+    assert plan.predicted.time_per_sample <= best * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_range_transfers_price_random_chains_like_the_shared_model(seed):
+    """In-transfers exact; out-transfers exact unless a producer feeds two later stages (then a
+    lower bound); so on a flat network the DP value is the exact TPS of its plan or below it."""
+    import random
+    rng = random.Random(seed)
+    g = graph_from_dict(random_dag_dict(rng, rng.randint(5, 9)))
+    cl = cluster_from_dict(flat_cluster(4))
+    lin = linearize(g, max_states=None)
+    in_b, in_c, out_b, out_c = lin.range_transfers(g)
+    for _ in range(20):
+        chain = [0]
+        while chain[-1] != lin.n_states - 1:       # a random chain of nested states to the full set
+            nxt = [j for j in range(lin.n_states) if lin.subset[chain[-1], j]]
+            chain.append(rng.choice(nxt))
+        b = 2
+        specs = [StageSpec(tuple(lin.stage_nodes(k, j)), (s,), b) for s, (k, j) in enumerate(zip(chain, chain[1:]))]
+        if len(specs) > cl.devices:
+            continue
+        stage = {v: s for s, sp in enumerate(specs) for v in sp.nodes}
+        fans = any(len({stage[w] for w in g.succs(v) if stage[w] != stage[v]}) > 1 for v in g.ids)
+        for s, (sc, (k, j)) in enumerate(zip(stage_costs(g, cl, specs, 8), zip(chain, chain[1:]))):
+            dp = 2.0 * ((in_c[k, j] + out_c[k, j]) * cl.latency + (in_b[k, j] + out_b[k, j]) * b / cl.inter_node_bandwidth)
+            if fans:
+                assert dp <= sc.comm * (1 + 1e-9) + 1e-12
+            else:
+                assert dp == pytest.approx(sc.comm, rel=1e-9, abs=1e-12)
+    for b in (1, 2, 4):
+        plan = plan_pipedream(g, cl, 8, micro_batch_sizes=[b])
+        assert plan.search.extra["dp_bottleneck_tps"] <= plan.predicted.time_per_sample * (1 + 1e-9)

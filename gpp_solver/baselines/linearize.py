@@ -103,6 +103,46 @@ class Linearization:
         return nbytes_arr, count_arr
 
 
+    def range_transfers(self, graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For every range ``(k, j]`` (states ``k`` ⊂ ``j``) the shared model's transfers of the stage
+        ``j \\ k``, as ``S x S`` arrays ``(in_bytes, in_count, out_bytes, out_count)`` (bytes per sample):
+
+        - *in*: one transfer per producer ``u`` in ``k`` with a consumer in ``j \\ k``, of the
+          largest bytes among those edges — exact, whatever the other stages are;
+        - *out*: one transfer per producer ``u`` in ``j \\ k`` with a consumer outside ``j``, of the
+          largest bytes among those edges — exact when ``u``'s consumers outside ``j`` lie in one
+          later stage, else a lower bound (the shared model then counts one transfer per
+          consumer stage).  Entries for ranges that are not ``k`` ⊂ ``j`` are meaningless."""
+        pos = {v: i for i, v in enumerate(self.order)}
+        inc = self.incidence.astype(bool)                  # S x n
+        S, n = inc.shape
+        cons: dict[int, list[tuple[float, int]]] = {}
+        for (u, v), nbytes in graph.edge_bytes_map.items():
+            if u in pos and v in pos:
+                cons.setdefault(pos[u], []).append((float(nbytes), pos[v]))
+        in_b, in_c = np.zeros((S, S)), np.zeros((S, S))
+        P_b, P_c = np.zeros((n, S)), np.zeros((n, S))      # producer u's largest edge leaving state j
+        for u, outs in cons.items():
+            outs.sort(key=lambda t: -t[0])
+            u_in = inc[:, u]
+            covered = np.zeros((S, S), dtype=bool)
+            left = np.zeros(S, dtype=bool)
+            for nbytes, v in outs:                          # largest edge first: it sets the max
+                v_in = inc[:, v]
+                new = u_in[:, None] & ~v_in[:, None] & v_in[None, :] & ~covered   # u in k, v in j \ k
+                in_b += nbytes * new
+                in_c += new
+                covered |= new
+                gone = u_in & ~v_in & ~left                # u in j, v outside j
+                P_b[u] += nbytes * gone
+                P_c[u] += gone
+                left |= gone
+        notk = 1.0 - inc.astype(np.float64)                 # u not in k
+        out_b = notk @ P_b
+        out_c = notk @ P_c
+        return in_b, in_c, out_b, out_c
+
+
 def _order(graph: Graph, nodes: Iterable[str] | None) -> tuple[str, ...]:
     keep = set(graph.ids if nodes is None else nodes)
     return tuple(v for v in graph.topo_order if v in keep)

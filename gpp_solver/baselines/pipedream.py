@@ -13,9 +13,13 @@ Two modes:
 ``mode="shared"`` (default)
     Stage times are the shared cost model's, for each candidate micro-batch size ``b`` (powers of
     two dividing ``B``): ``TPS = (C(b/d) + comm) / b + A / B`` with replicas ``d | b``; ``comm``
-    charges the transfers that leave the stage's first state (in) and its last state (out), one
-    per producer node — PipeDream's approximation of a stage's boundary (exact when no edge skips
-    over a stage).  Hierarchical as in the paper: with ``devices_per_node`` and several nodes, level
+    charges the stage's own transfers (:meth:`.Linearization.range_transfers`): every producer
+    before the stage feeding it (exact) and every producer in it feeding a later node, once
+    (exact unless that producer feeds two later stages: then a lower bound).  The states are
+    every downset from a virtual source (not PipeDream's first-source start, which on graphs with
+    several sources, e.g. mmt, jumped over whole branches), or the topological-order prefixes
+    beyond ``max_states``.  On a flat network the DP value is therefore the exact TPS of its
+    plan, or a lower bound when a producer fans out to two later stages.  Hierarchical as in the paper: with ``devices_per_node`` and several nodes, level
     1 partitions a state range over the devices of one node (intra-node bandwidth), level 2 over
     whole nodes; a level-2 stage on ``n'`` nodes is its level-1 pipeline replicated ``n'`` times,
     so each of its stages gets ``r`` devices in each of those nodes (inter-node bandwidth).
@@ -30,7 +34,9 @@ Two modes:
     edges, so two consecutive stages with no edge between them (e.g. two branches) become
     parallel in the plan (PipeDream's runtime would forward the first one's input through it):
     this can only shorten PipeDream's simulated iteration.  Levels: the DP charges a level-1
-    range's boundary transfers at the level-1 bandwidth (PipeDream does the same).
+    range's boundary transfers at the level-1 bandwidth (PipeDream does the same), so with
+    several nodes transfers that cross a node are under-priced and the DP value is an estimate
+    (the plan is priced exactly by ``build_plan``).
 ``mode="pipedream-costs"``
     PipeDream's own formulas (``optimizer_graph_hierarchical.py``): stage time
     ``(C + 4 (m-1) W / (bw m)) / m`` for ``m`` replicas (``C`` = profiled fw+bw time of the
@@ -162,9 +168,7 @@ class _SharedCosts:
         act = lin.state_sums([n.activation_bytes for n in nodes])
         self.W = W[None, :] - W[:, None]
         self.act = act[None, :] - act[:, None]
-        cut, cnt = lin.cut_bytes(graph)
-        self.cut, self.cnt = cut, cnt
-        self.last = lin.n_states - 1
+        self.in_b, self.in_c, self.out_b, self.out_c = lin.range_transfers(graph)
         self._comp: dict[float, np.ndarray] = {}
         self._nodes = nodes
 
@@ -186,13 +190,9 @@ class _SharedCosts:
             return np.full(self.W.shape, INF)
         x = b / d
         lat = self.cluster.latency
-        half = self.cnt * lat + self.cut * x / bw
-        h_in = half.copy()
-        h_in[0] = 0.0
-        h_out = half.copy()
-        h_out[self.last] = 0.0
+        comm = 2.0 * ((self.in_c + self.out_c) * lat + (self.in_b + self.out_b) * x / bw)
         ar = 0.0 if d == 1 else 2.0 * (d - 1) / d / bw
-        tps = (self.compute(x) + 2.0 * (h_in[:, None] + h_out[None, :])) / b + ar * self.W / self.B
+        tps = (self.compute(x) + comm) / b + ar * self.W / self.B
         f = min(self.n_micro, max(1, in_flight_stages)) * b
         mem = self.cluster.optimizer_state_factor * self.W + f / d * self.act
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)
@@ -248,7 +248,7 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any
     iteration time; chains are simulated in increasing bound order until the bound exceeds the
     best simulated time, so the choice is the one of simulating every chain."""
     core, inputs, sinks = pipedream_core(graph)
-    lin = linearize(graph, nodes=core, first_source=True, method=options.get("linearization", "antichain"),
+    lin = linearize(graph, nodes=core, first_source=False, method=options.get("linearization", "antichain"),
                     max_states=options.get("max_states", DEFAULT_MAX_STATES))
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
     info["complete"] = True
