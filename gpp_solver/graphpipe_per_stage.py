@@ -18,7 +18,7 @@ from .dp import assign_devices
 from .dp_general import GeneralStageDP
 from .errors import GppError, InfeasibleError
 from .plan_build import StageSpec, build_plan
-from .planner_graphpipe import K_OPTIONS, PLANNER, _estimate
+from .planner_graphpipe import K_OPTIONS, PLANNER, _estimate, raise_degrees
 from .types import Cluster, Graph, Plan, SearchInfo
 
 logger = logging.getLogger(__name__)
@@ -34,27 +34,14 @@ def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: 
     """:func:`spend_leftover_devices` with each stage's own ``b``: raise one degree at a time
     (``b % d == 0``) while the iteration estimate improves and the exact TPS does not rise."""
     dpn = cluster.devices_per_node
-    free = cluster.devices - sum(s.degree for s in stages)
-    specs = _per_stage_specs(stages, dpn)
-    best_est = _estimate(graph, cluster, specs, B)
-    tps0 = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
-    while free > 0:
-        step = None
-        for i, st in enumerate(stages):
-            bigger = [d for d in opts if d > st.degree and d - st.degree <= free and st.micro_batch_size % d == 0]
-            if not bigger:
-                continue
-            trial = stages[:i] + (replace(st, degree=bigger[0]),) + stages[i + 1:]
-            tspecs = _per_stage_specs(trial, dpn)
-            tps = max(c.time_per_sample for c in stage_costs(graph, cluster, tspecs, B))
-            est = _estimate(graph, cluster, tspecs, B)
-            if est < best_est * (1 - 1e-12) and tps <= tps0 * (1 + 1e-12) and (step is None or est < step[0]):
-                step = (est, trial, bigger[0] - st.degree)
-        if step is None:
-            break
-        best_est, stages, used = step
-        free -= used
-    return stages
+
+    def price(trial: tuple) -> tuple[float, float]:
+        specs = _per_stage_specs(trial, dpn)
+        return (max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B)),
+                _estimate(graph, cluster, specs, B))
+
+    return raise_degrees(stages, cluster.devices, lambda st: [d for d in opts if st.micro_batch_size % d == 0],
+                         price)
 
 
 def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[int], search_k: bool,

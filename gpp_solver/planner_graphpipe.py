@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .micro_batch import check_micro_batch_sizes
 from .progress import ProgressBar
@@ -130,18 +130,26 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     the limit; the plan's TPS stays at most the DP's target.
     """
     tables = tables or CostTables(graph)
-    cur = tuple(stages)
     opts = sorted(d for d in degree_options if b % d == 0)
-    free = cluster.devices - sum(s.degree for s in cur)
-    tps0, best = _price(graph, cluster, cur, b, B, tables)
+    return raise_degrees(tuple(stages), cluster.devices, lambda st: opts,
+                         lambda trial: _price(graph, cluster, trial, b, B, tables))
+
+
+def raise_degrees(stages: tuple, devices: int, allowed: Callable[[Any], Sequence[int]],
+                  price: Callable[[tuple], tuple[float, float]]) -> tuple:
+    """The greedy loop of :func:`spend_leftover_devices`: ``price(stages) -> (exact TPS, estimate)``;
+    ``allowed(stage)`` lists the degrees a stage may take (ascending)."""
+    cur = stages
+    free = devices - sum(s.degree for s in cur)
+    tps0, best = price(cur)
     while free > 0:
         step = None
         for i, st in enumerate(cur):
-            bigger = [d for d in opts if d > st.degree and d - st.degree <= free]
+            bigger = [d for d in allowed(st) if d > st.degree and d - st.degree <= free]
             if not bigger:
                 continue
             trial = cur[:i] + (replace(st, degree=bigger[0]),) + cur[i + 1:]
-            tps, est = _price(graph, cluster, trial, b, B, tables)
+            tps, est = price(trial)
             if est < best * (1 - 1e-12) and tps <= tps0 * (1 + 1e-12) and (step is None or est < step[0]):
                 step = (est, trial, bigger[0] - st.degree)
         if step is None:
