@@ -235,6 +235,6 @@ def linearize(graph: Graph, *, method: str = "antichain", nodes: Iterable[str] |
         lin = antichain_states(graph, nodes=nodes, first_source=first_source, max_states=max_states)
         if lin is not None:
             return lin
-        logger.warning("graph '%s': more than %d antichain states; falling back to the prefixes of one "
-                       "topological order (fewer candidate cuts)", graph.name, max_states)
+        logger.info("graph '%s': more than %d antichain states; falling back to the prefixes of one "
+                    "topological order (fewer candidate cuts)", graph.name, max_states)
     return topological_states(graph, nodes=nodes)
