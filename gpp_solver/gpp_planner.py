@@ -4,8 +4,8 @@ GraphPipe's DP only reaches partitions that follow the series-parallel tree, and
 planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
 
 1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``alpa``,
-   ``pipedream-2bw``, cheapest first; a missing one, one that raises, and one stopped by its own
-   time limit are skipped and recorded) and, for every candidate micro-batch size ``b``, builds its
+   ``pipedream-2bw``, cheapest first; a missing one and one that raises are skipped and recorded)
+   and, for every candidate micro-batch size ``b``, builds its
    own sequential seeds (balanced prefix cuts of two topological orders with devices re-split by a
    min-max over thresholds, and uniform chains of ``D / d`` stages with ``d`` devices each — the
    spaces of PipeDream-2BW and Alpa);
@@ -24,22 +24,24 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
    the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
    time) — so the answer is never worse than any seed in that objective; then tightens its
    micro-batch orders with the CP-SAT schedule model when available (``tighten=None``: on when the
-   model is small enough and three times its budget is left).
+   model has at most ``TIGHTEN_MAX_ACTIONS`` actions and no safety stop was reached).
 
 ``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
 
 **Time.**  ``time_limit`` (default ``DEFAULT_TIME_LIMIT`` = 10 s) covers everything, seed planners
-included: all of them together get at most ``SEED_BUDGET_SHARE`` of it, one at most
-``SEED_MAX_SHARE`` (:mod:`gpp_solver.gpp_seeds`; a seed planner that overruns its own limit delays
-the rest); CP-SAT gets ``TIGHTEN_SHARE`` of it in *deterministic* time.  When the wall clock cuts the search the status
-is ``time-limit``.
+included.  The wall clock is only a *safety stop*: the seed planners run with their natural
+algorithms until ``SEED_SAFETY_SHARE`` of it (:mod:`gpp_solver.gpp_seeds`), the local searches are
+capped by ``max_iterations`` and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
+(at most ``TIGHTEN_MAX_SECONDS``) in CP-SAT's *deterministic* time.  Whenever a safety stop is (or
+may have been) reached — a seed planner reports ``time-limit`` or fails after the seed stop, a
+search or a loop stops at the deadline, CP-SAT's wall guard may have fired — the status is
+``time-limit``.
 
-**Determinism.**  No randomness: moves are enumerated in a fixed order and the search is capped by
-``max_iterations`` per micro-batch size; CP-SAT runs single-threaded under a deterministic time
-limit with ``seed``.  What still depends on the machine's speed: whether a seed planner finishes
-within its share (``search.extra["seeds"]`` records each one's status and seconds; a time-limited
-seed is dropped, so only its presence varies), whether CP-SAT runs at all (the wall time left),
-and a search cut by the wall clock (status ``time-limit``).
+**Determinism.**  No randomness: moves are enumerated in a fixed order; CP-SAT runs
+single-threaded with ``seed`` under a deterministic time limit, and whether it runs at all
+(``tighten=None``) depends only on the plan's number of actions (``TIGHTEN_MAX_ACTIONS``).  So
+whenever the status is not ``time-limit`` the plan does not depend on the machine's speed or load;
+``search.extra["seeds"]`` records each seed planner's status and seconds.
 
 **Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
 is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
@@ -57,7 +59,7 @@ from typing import Any, Mapping, Sequence
 from .progress import ProgressBar
 from .cost import CostTables
 from .errors import InfeasibleError, InvalidInputError
-from .gpp_seeds import SEED_BUDGET_SHARE, SEED_MAX_SHARE, run_seed_planners  # noqa: F401
+from .gpp_seeds import SEED_SAFETY_SHARE, run_seed_planners  # noqa: F401
 from .gpp_seeds import seed_fn as _seed_fn  # noqa: F401  (re-exported for tests and benchmarks)
 from .local_search import SearchResult, chain_states, search
 from .micro_batch import powers_of_two_dividing
@@ -74,7 +76,8 @@ DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
 DEFAULT_MAX_ITERATIONS = 400
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
 TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
-TIGHTEN_MAX_SECONDS = 5.0        # ... at most this, and only when 3x as much wall time is left
+TIGHTEN_MAX_SECONDS = 5.0        # ... at most this
+TIGHTEN_MAX_ACTIONS = 4000       # CP-SAT runs (tighten=None) only on plans with at most this many F/B actions
 RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
 POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
 
@@ -145,27 +148,35 @@ OBJECTIVES = ("iteration_time", "time_per_sample")
 
 
 def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
-             deadline: float, budget: float) -> tuple[Plan, dict[str, Any]]:
+             budget: float, cut: bool) -> tuple[Plan, dict[str, Any], bool]:
+    """CP-SAT order tightening under a deterministic-time budget; also whether a wall-clock guard
+    may have stopped it (then its result depends on the machine's speed).
+
+    ``tighten=None`` runs it when the model has at most ``TIGHTEN_MAX_ACTIONS`` actions and the
+    search was not already ``cut`` by the wall clock — both independent of the machine's speed."""
     if tighten is False:
-        return plan, {"status": "off"}
+        return plan, {"status": "off"}, False
     try:
         from . import cp_schedule
     except Exception as exc:  # noqa: BLE001
-        return plan, {"status": f"unavailable: {type(exc).__name__}"}
-    left = deadline - time.perf_counter()
+        return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
     actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
-    limit_actions = getattr(cp_schedule, "MAX_ACTIONS", 4000)
+    limit_actions = min(TIGHTEN_MAX_ACTIONS, getattr(cp_schedule, "MAX_ACTIONS", TIGHTEN_MAX_ACTIONS))
+    if tighten is None and (cut or actions > limit_actions):
+        return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,
+                      "reason": "time limit reached" if cut else "too many actions"}, False
     det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
-    if tighten is None and (left < 3 * det or actions > limit_actions):
-        return plan, {"status": "skipped", "actions": actions, "seconds_left": max(0.0, left)}
     try:
         r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True)
     except Exception as exc:  # noqa: BLE001
         logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
-        return plan, {"status": f"error: {type(exc).__name__}"}
+        return plan, {"status": f"error: {type(exc).__name__}"}, False
+    # cp_schedule guards each deterministic-time phase with a wall limit of 4x it + 1 s; below
+    # det + 1 wall seconds in all neither guard can have been reached
+    guard = r.seconds >= det + 1.0
     info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
-            "improved": r.improved, "seconds": r.seconds, "actions": r.actions}
-    return r.plan, info
+            "improved": r.improved, "seconds": r.seconds, "actions": r.actions, "wall_guard_possible": guard}
+    return r.plan, info, guard
 
 
 def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
@@ -195,7 +206,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = t0 + budget
     given = dict(seed_plans or {})
-    seeds, seed_info = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given], budget)
+    seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
+                                                    budget)
     for name, p in given.items():
         try:
             validate(p, graph, cluster)
@@ -218,7 +230,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     else:
         bs = candidate_micro_batch_sizes(B, extra_b)
     tables = CostTables(graph)
-    timed_out = False
+    timed_out = seeds_cut
     # start states per b: own chains + the seed plans' partitions, best first (distinct)
     starts: dict[int, tuple[Problem, list[tuple[str, State, Eval]]]] = {}
     by_estimate: dict[int, tuple[str, State, Eval]] = {}      # per b: the start with the least estimate
@@ -338,7 +350,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:
-        proven = _prove(graph, cluster, B, deadline, pool)
+        proven, prove_cut = _prove(graph, cluster, B, deadline, pool)
+        timed_out |= prove_cut
     if not pool:
         need = worst_memory_found
         raise InfeasibleError(
@@ -348,8 +361,9 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     plan, meta = min(pool, key=lambda pm: score(pm[0]))
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, "feasible"))
-    plan, tinfo = _tighten(plan, graph, cluster, tighten, seed, deadline, budget)
     timed_out |= time.perf_counter() > deadline
+    plan, tinfo, guard = _tighten(plan, graph, cluster, tighten, seed, budget, timed_out)
+    timed_out |= guard
     status = "time-limit" if timed_out else "feasible"
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
         status = "optimal"
@@ -364,20 +378,21 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
 
 
 def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
-           pool: list[tuple[Plan, dict[str, Any]]]) -> float | None:
-    """Run the exact planner (``milp``) if installed; its optimal TPS, or ``None``."""
+           pool: list[tuple[Plan, dict[str, Any]]]) -> tuple[float | None, bool]:
+    """Run the exact planner (``milp``) if installed in the time left: its optimal TPS (or
+    ``None``) and whether the wall clock cut it (no time left, or its status ``time-limit``)."""
     try:
         fn = get_planner("milp")
     except InvalidInputError:
-        return None
+        return None, False
     left = deadline - time.perf_counter()
     if left <= 0:
-        return None
+        return None, True
     try:
         p = fn(graph, cluster, B, time_limit=left)
         validate(p, graph, cluster)
     except Exception as exc:  # noqa: BLE001
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
-        return None
+        return None, time.perf_counter() > deadline
     pool.append((p, {"origin": "milp", "micro_batch_size": _uniform_b(p)}))
-    return p.predicted.time_per_sample if p.search.status == "optimal" else None
+    return (p.predicted.time_per_sample if p.search.status == "optimal" else None), p.search.status == "time-limit"
