@@ -9,50 +9,25 @@ degree assignment by scanning every threshold.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 
-import networkx as nx
 import pytest
 
 from gpp_solver.binary_search import search_tps
 from gpp_solver.cost import interp_time
 from gpp_solver.dp import StageDP, assign_devices, power_of_two_degrees
 from gpp_solver.graph import graph_from_dict
-from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
+from gpp_solver.sp_tree import Leaf, decompose, order_pairs
 from gpp_solver.types import Cluster
+from tiny_graphs import random_dag_edges
 
 
 # ---------------------------------------------------------------- random tiny instances
 def random_instance(rng: random.Random):
     n = rng.randint(1, 8)
     names = [f"v{i}" for i in range(n)]
-    edges = set()
-    if rng.random() < 0.5:      # SP by composition
-        def build(lo: int, hi: int) -> tuple[list[int], list[int]]:
-            if hi - lo == 1:
-                return [lo], [lo]
-            m = rng.randint(lo + 1, hi - 1)
-            s1, t1 = build(lo, m)
-            s2, t2 = build(m, hi)
-            if rng.random() < 0.6:
-                edges.update((u, v) for u in t1 for v in s2)
-                return s1, t2
-            return s1 + s2, t1 + t2
-        build(0, n)
-    else:                       # any DAG (SP-ized by the decomposition)
-        for i in range(n):
-            for j in range(i + 1, n):
-                if rng.random() < 0.35:
-                    edges.add((i, j))
-    # keep it weakly connected: chain the components
-    g = nx.Graph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from(edges)
-    comps = sorted(min(c) for c in nx.connected_components(g))
-    for a, b in zip(comps, comps[1:]):
-        edges.add((a, b))
+    edges = random_dag_edges(rng, n, 0.5, 0.35)
     sizes = [1, 2, 4]
     nodes = []
     for v in names:

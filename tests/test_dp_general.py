@@ -27,6 +27,7 @@ from gpp_solver.schedule import compute_in_flight, schedule_stage_graph
 from gpp_solver.sp_tree import decompose, order_pairs
 from gpp_solver.types import Cluster
 from gpp_solver.validate import validate
+from tiny_graphs import random_dag_edges
 
 from test_dp import partitions, stage_estimate
 
@@ -37,26 +38,7 @@ SIZES = (1, 2, 4)
 def tiny_instance(rng: random.Random):
     """<= 6 operators, <= 3 devices, sizes {1, 2, 4}, B = 8; memory often binding."""
     n = rng.randint(1, 6)
-    edges: set[tuple[int, int]] = set()
-    if rng.random() < 0.6:
-        def build(lo: int, hi: int) -> tuple[list[int], list[int]]:
-            if hi - lo == 1:
-                return [lo], [lo]
-            m = rng.randint(lo + 1, hi - 1)
-            s1, t1 = build(lo, m)
-            s2, t2 = build(m, hi)
-            if rng.random() < 0.6:
-                edges.update((u, v) for u in t1 for v in s2)
-                return s1, t2
-            return s1 + s2, t1 + t2
-        build(0, n)
-    else:
-        edges.update((i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < 0.4)
-    g = nx.Graph()
-    g.add_nodes_from(range(n))
-    g.add_edges_from(edges)
-    comps = sorted(min(c) for c in nx.connected_components(g))
-    edges.update(zip(comps, comps[1:]))
+    edges = random_dag_edges(rng, n, 0.6, 0.4)
     nodes = []
     for i in range(n):
         f1 = rng.uniform(0.5, 3.0)

@@ -20,3 +20,31 @@ def chain_dict(n: int = 4, times: list[float] | None = None) -> dict:
     return {"format": "gpp-graph/1", "name": f"chain{n}", "micro_batch_sizes": [1, 2],
             "nodes": [node(f"n{i}", times[i]) for i in range(n)],
             "edges": [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(n - 1)]}
+
+
+def random_dag_edges(rng, n: int, p_sp: float, p_edge: float) -> set[tuple[int, int]]:
+    """Edges of a random weakly connected DAG on ``0..n-1``: with probability ``p_sp`` series-parallel by
+    recursive composition, else any DAG with edge probability ``p_edge``; components are chained."""
+    import networkx as nx
+
+    edges: set[tuple[int, int]] = set()
+    if rng.random() < p_sp:
+        def build(lo: int, hi: int) -> tuple[list[int], list[int]]:
+            if hi - lo == 1:
+                return [lo], [lo]
+            m = rng.randint(lo + 1, hi - 1)
+            s1, t1 = build(lo, m)
+            s2, t2 = build(m, hi)
+            if rng.random() < 0.6:
+                edges.update((u, v) for u in t1 for v in s2)
+                return s1, t2
+            return s1 + s2, t1 + t2
+        build(0, n)
+    else:
+        edges.update((i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < p_edge)
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    g.add_edges_from(edges)
+    comps = sorted(min(c) for c in nx.connected_components(g))
+    edges.update(zip(comps, comps[1:]))
+    return edges
