@@ -79,6 +79,22 @@ def compositions(n: int):
         for cuts in itertools.combinations(range(1, n), r):
             yield [0, *cuts, n]
 
+def best_chain_tps(g, cl, B, b, ids, replicas):
+    """Brute force: the least bottleneck TPS over contiguous splits of ``ids`` and replica counts."""
+    best = math.inf
+    for cuts in compositions(len(ids)):
+        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
+        for reps in itertools.product(replicas, repeat=len(parts)):
+            if sum(reps) > cl.devices:
+                continue
+            specs, dev = [], 0
+            for p, r in zip(parts, reps):
+                specs.append(StageSpec(tuple(p), tuple(range(dev, dev + r)), b))
+                dev += r
+            best = min(best, max(c.time_per_sample for c in stage_costs(g, cl, specs, B)))
+    return best
+
+
 
 def test_shared_dp_matches_brute_force_on_a_chain():
     gd = chain_dict(5, [1.0, 3.0, 0.5, 2.0, 1.5])
@@ -88,17 +104,7 @@ def test_shared_dp_matches_brute_force_on_a_chain():
     cl = cluster_from_dict(flat_cluster(4))
     B, b = 8, 4
     ids = list(g.topo_order)
-    best = math.inf
-    for cuts in compositions(len(ids)):
-        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
-        for reps in itertools.product([1, 2, 4], repeat=len(parts)):
-            if sum(reps) > cl.devices:
-                continue
-            specs, dev = [], 0
-            for p, r in zip(parts, reps):
-                specs.append(StageSpec(tuple(p), tuple(range(dev, dev + r)), b))
-                dev += r
-            best = min(best, max(c.time_per_sample for c in stage_costs(g, cl, specs, B)))
+    best = best_chain_tps(g, cl, B, b, ids, (1, 2, 4))
     plan = plan_pipedream(g, cl, B, micro_batch_sizes=[b])
     assert plan.search.extra["dp_bottleneck_tps"] == pytest.approx(best, rel=1e-9)
     assert plan.predicted.time_per_sample == pytest.approx(best, rel=1e-9)   # chain: transfers exact
@@ -249,17 +255,7 @@ def test_shared_mode_linearises_every_source_and_beats_every_topological_chain()
     every = sum(1 for r in range(len(g.ids) + 1) for c in itertools.combinations(g.ids, r) if is_downset(g, set(c)))
     assert plan.search.extra["n_states"] == every
     ids = list(g.topo_order)
-    best = math.inf
-    for cuts in compositions(len(ids)):
-        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
-        for reps in itertools.product([1, 2], repeat=len(parts)):
-            if sum(reps) > cl.devices:
-                continue
-            specs, dev = [], 0
-            for p, r in zip(parts, reps):
-                specs.append(StageSpec(tuple(p), tuple(range(dev, dev + r)), b))
-                dev += r
-            best = min(best, max(c.time_per_sample for c in stage_costs(g, cl, specs, B)))
+    best = best_chain_tps(g, cl, B, b, ids, (1, 2))
     assert plan.search.extra["dp_bottleneck_tps"] == pytest.approx(plan.predicted.time_per_sample, rel=1e-9)
     assert plan.predicted.time_per_sample <= best * (1 + 1e-9)
 
