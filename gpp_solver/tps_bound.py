@@ -1,0 +1,283 @@
+"""A communication-aware lower bound on the bottleneck time-per-sample (TPS) of every plan.
+
+Scope: plans of ``spec/cost-model.md`` with one micro-batch size ``b`` for every stage, data
+parallelism only (no TMPC, ``tensor_parallel = 1``), any partition of the nodes into stages (convex
+or not), ``d_s | b`` devices per stage, ``sum_s d_s <= D``, every stage holding at least one
+micro-batch (``b`` samples) in flight.  :func:`relaxed_tps_bound` returns a value ``T`` with
+``TPS(P) >= T`` for every such plan ``P`` with micro-batch size ``b`` that fits in memory.
+
+Notation: ``c_v(d) = f_v(b/d) + g_v(b/d)``; ``W_v``, ``a_v`` weight and activation bytes; ``L``
+latency; ``bw*`` = max(intra, inter) bandwidth; ``beta`` = the least bytes of any graph edge;
+``kappa`` = the number of weakly connected components of the graph; ``M = memory * (1 + 1e-9)``
+(the validator's tolerance).  The cost model gives, for a stage ``s`` of node set ``X_s`` and
+degree ``d = d_s`` with transfer set ``T_s``:
+
+    TPS_s = sum_{v in X_s} c_v(d)/b + sum_{tau in T_s} 2 (L/b + bytes_tau / (d bw_tau))
+            + 2 (d-1)/d W_{X_s} / (bw_s B),                       TPS(P) = max_s TPS_s.
+
+Proof of validity (each step only lowers the right-hand side):
+
+1. Bandwidths.  ``bw_s`` (all-reduce) is at most ``bw_ar(d) = bw*`` when ``d <= devices_per_node``
+   and else the inter-node one (``d`` devices cannot sit in one node; a flat network is always
+   inter-node).  A transfer's bandwidth is at most ``bw_x(d) = bw*`` when ``d < devices_per_node``,
+   else the inter-node one: the union with the peer's ``>= 1`` devices exceeds one node.  So
+   ``TPS_s >= sum_v u_v(d) + |T_s| tau(d)`` with ``u_v(d) = c_v(d)/b + 2(d-1)/d W_v/(bw_ar(d) B)``
+   and ``tau(d) = 2 (L/b + beta/(d bw_x(d)))`` (a transfer carries the max bytes of its edges,
+   ``>= beta``).  The all-reduce is additive over nodes, so it is charged node by node.
+2. Transfers.  A transfer is one (producer node, consumer stage) pair; both stages *take part* in
+   it (``cost.stage_transfers``).  The stage graph is a quotient of the node graph, so it has at
+   most ``kappa`` weakly connected components and hence at least ``S - kappa`` edges, each carried
+   by at least one transfer: ``sum_s |T_s| >= 2 (S - kappa)``.  With ``kappa = 1`` and ``S >= 2``
+   every stage has a neighbour, so ``|T_s| >= 1``.
+3. Devices.  ``D TPS(P) >= sum_s d_s TPS_s`` since ``sum_s d_s <= D`` and ``TPS_s <= TPS(P)``.
+4. Memory.  Stage ``s`` holds ``>= b`` samples (its order runs ``F0`` before ``B0``), so
+   ``sum_{v in X_s} (osf W_v + (b/d) a_v) <= M``.
+5. Single stage (``S = 1``) is priced exactly: ``min_d sum_v c_v(d)/b + A(W_V, d)/B`` over ``d | b``,
+   ``d <= D`` that fit in memory (no transfers), with the best bandwidth a placement of ``d``
+   devices can get.
+6. ``S >= 2``: the MILP below minimises ``t`` over (i) at most ``K = min(D, n)`` stage *slots*, each
+   with one degree (binary ``y[k,d]``), (ii) integer counts ``x[k,c,d]`` of the nodes of each
+   *class* ``c`` (nodes with identical times, weights and activations — interchangeable in every
+   constraint) per slot, (iii) integer transfer participations ``r[k,d]`` subject to step 2,
+   with ``t >= sum_{c,d} x u_c(d) + sum_d r tau(d)`` per slot (step 1),
+   ``D t >= sum_{k,c,d} d x u_c(d) + sum_{k,d} d r tau(d)`` (step 3), memory per slot (step 4),
+   ``sum d y <= D``, ``sum y >= 2``.  Any plan maps to a feasible point with ``t = TPS(P)`` (slot
+   ``k`` = stage ``k`` in the order of the symmetry-breaking key ``(n+1) d_k + |X_k|``,
+   non-increasing; ``r`` = ``|T_s|``), so the MILP's optimum — or any proven dual bound of it — is
+   ``<= TPS(P)``.
+7. ``TPS(P) >= perfect balance`` (total cheapest device-time per sample / ``D``) holds for every
+   plan, so the returned value is ``max(perfect balance, min(single stage, S >= 2 bound))``.
+
+The dual bound is taken from HiGHS (``mip_dual_bound``) and lowered by a relative ``1e-6`` for the
+solver's tolerances.  Statuses: ``optimal`` (the relaxation is solved: ``proven``), ``dual-bound``
+(time limit: HiGHS's proven dual bound, weaker than the relaxation), ``perfect-balance`` (no usable
+dual bound: the value is only the perfect-balance bound), ``infeasible`` (no plan with this ``b``
+fits in memory: the value is ``inf``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import networkx as nx
+import pulp
+
+from .cost import CostTables, allreduce_time
+from .errors import InvalidInputError, SolverError
+from .micro_batch import check_micro_batch_sizes
+from .types import Cluster, Graph
+
+logger = logging.getLogger(__name__)
+
+MEMORY_REL_TOL = 1e-9
+"""The validator's memory tolerance: a stage fits when ``M(S) <= memory * (1 + 1e-9)``."""
+SAFETY = 1e-6
+"""Relative margin taken off the solver's dual bound for its feasibility tolerances."""
+
+
+@dataclass(frozen=True)
+class TpsBound:
+    """A lower bound on the bottleneck TPS of every plan with micro-batch size ``micro_batch_size``."""
+
+    value: float            # the bound (inf: no plan with this b fits in memory)
+    proven: bool            # the relaxation was solved to optimality (value is its optimum)
+    perfect_balance: float
+    single_stage: float     # exact best one-stage TPS (inf when none fits)
+    multi_stage: float      # lower bound for plans of >= 2 stages (inf: none exists)
+    status: str             # optimal | dual-bound | perfect-balance | infeasible
+    micro_batch_size: int
+    seconds: float
+    detail: str
+
+
+def degrees(b: int, devices: int) -> list[int]:
+    """Data-parallel degrees a stage may take: ``1 <= d <= devices`` with ``b % d == 0``."""
+    return [d for d in range(1, devices + 1) if b % d == 0]
+
+
+def perfect_balance_tps(graph: Graph, b: int, devices: int) -> float:
+    """Every node at its cheapest device-time per sample ``min_d d c_v(d) / b``, summed, over ``D``."""
+    t = CostTables(graph)
+    per = [d * t.compute_at(b / d) for d in degrees(b, devices)]
+    return float(sum(min(x[i] for x in per) for i in range(len(graph.nodes)))) / b / devices
+
+
+def _bandwidths(cluster: Cluster) -> tuple[float, float, int | None]:
+    inter = cluster.inter_node_bandwidth
+    best = max(inter, cluster.intra_node_bandwidth or inter)
+    return inter, best, cluster.devices_per_node
+
+
+def allreduce_bandwidth_ub(cluster: Cluster, d: int) -> float:
+    """The largest bandwidth an all-reduce among ``d`` devices can get (step 1 of the proof)."""
+    inter, best, dpn = _bandwidths(cluster)
+    return best if dpn is not None and d <= dpn else inter
+
+
+def transfer_bandwidth_ub(cluster: Cluster, d: int) -> float:
+    """The largest bandwidth a transfer of a stage of ``d`` devices can get (step 1 of the proof)."""
+    inter, best, dpn = _bandwidths(cluster)
+    return best if dpn is not None and d < dpn else inter
+
+
+def single_stage_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
+    """Exact least TPS of a one-stage plan with micro-batch ``b`` that fits in memory (inf if none)."""
+    t = CostTables(graph)
+    W, A = float(t.weight.sum()), float(t.activation.sum())
+    limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
+    best = math.inf
+    for d in degrees(b, cluster.devices):
+        if cluster.optimizer_state_factor * W + b / d * A > limit:
+            continue
+        tps = float(t.compute_at(b / d).sum()) / b + allreduce_time(W, d, allreduce_bandwidth_ub(cluster, d)) / B
+        best = min(best, tps)
+    return best
+
+
+def node_classes(graph: Graph) -> list[list[int]]:
+    """Node indices grouped by identical (fw times, bw times, weight, activation bytes)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        groups.setdefault((n.fw_time, n.bw_time, n.weight_bytes, n.activation_bytes), []).append(i)
+    return list(groups.values())
+
+
+@dataclass(frozen=True)
+class _MultiResult:
+    value: float        # lower bound for >= 2 stages (inf: infeasible), or nan: nothing proven
+    status: str         # optimal | dual-bound | none | infeasible
+    detail: str
+
+
+def _solver(time_limit: float | None) -> pulp.LpSolver:
+    try:
+        import highspy  # noqa: F401
+    except ImportError as exc:   # pragma: no cover - highspy is a dependency of the environment
+        raise SolverError("tps_bound needs HiGHS (the highspy package)") from exc
+    return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1,
+                      mip_feasibility_tolerance=1e-9)
+
+
+def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: float, *,
+                      time_limit: float | None = None) -> _MultiResult:
+    """Step 6 of the proof: the class MILP for plans of at least two stages."""
+    n, D = len(graph.nodes), cluster.devices
+    K = min(D, n)
+    if K < 2:
+        return _MultiResult(math.inf, "infeasible", "fewer than 2 nodes or devices: no 2-stage plan")
+    tab = CostTables(graph)
+    classes = node_classes(graph)
+    ds = degrees(b, D)
+    kappa = nx.number_weakly_connected_components(graph.to_networkx())
+    beta = min(graph.edge_bytes_map.values(), default=0.0)
+    n_edges = max(1, len(graph.edge_bytes_map))
+    osf, limit = cluster.optimizer_state_factor, cluster.memory_bytes * (1 + MEMORY_REL_TOL)
+    comp = {d: tab.compute_at(b / d) for d in ds}
+    u = {(c, d): (float(comp[d][m[0]]) / b
+                  + allreduce_time(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
+         for c, m in enumerate(classes) for d in ds}
+    tau = {d: 2 * (cluster.latency / b + beta / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
+    mem = {(c, d): (osf * float(tab.weight[m[0]]) + b / d * float(tab.activation[m[0]])) / limit
+           for c, m in enumerate(classes) for d in ds}
+
+    prob = pulp.LpProblem("tps_bound", pulp.LpMinimize)
+    t = prob.add_variable("t", 0)
+    y = {(k, d): prob.add_variable(f"y_{k}_{d}", cat=pulp.LpBinary) for k in range(K) for d in ds}
+    x = {(k, c, d): prob.add_variable(f"x_{k}_{c}_{d}", 0, len(m), cat=pulp.LpInteger)
+         for k in range(K) for c, m in enumerate(classes) for d in ds}
+    r = {(k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
+         for k in range(K) for d in ds}
+    prob += t
+    S = pulp.lpSum(y.values())
+    prob += S >= 2
+    prob += pulp.lpSum(d * y[k, d] for k in range(K) for d in ds) <= D
+    prob += pulp.lpSum(r.values()) >= 2 * S - 2 * kappa
+    for c, m in enumerate(classes):
+        prob += pulp.lpSum(x[k, c, d] for k in range(K) for d in ds) == len(m)
+    key = []
+    for k in range(K):
+        prob += pulp.lpSum(y[k, d] for d in ds) <= 1
+        for d in ds:
+            xs = [x[k, c, d] for c in range(len(classes))]
+            for c, m in enumerate(classes):
+                prob += x[k, c, d] <= len(m) * y[k, d]
+            prob += pulp.lpSum(xs) >= y[k, d]
+            prob += r[k, d] <= 2 * n_edges * y[k, d]
+            if kappa == 1:
+                prob += r[k, d] >= y[k, d]
+            prob += pulp.lpSum(mem[c, d] * x[k, c, d] for c in range(len(classes))) <= y[k, d]
+        prob += t >= (pulp.lpSum(u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
+                      + pulp.lpSum(tau[d] * r[k, d] for d in ds))
+        key.append(pulp.lpSum((n + 1) * d * y[k, d] for d in ds)
+                   + pulp.lpSum(x[k, c, d] for c in range(len(classes)) for d in ds))
+    for k in range(K - 1):
+        prob += key[k] >= key[k + 1]
+    prob += D * t >= (pulp.lpSum(d * u[c, d] * x[k, c, d] for k in range(K) for c in range(len(classes)) for d in ds)
+                      + pulp.lpSum(d * tau[d] * r[k, d] for k in range(K) for d in ds))
+    try:
+        prob.solve(_solver(time_limit))
+    except pulp.PulpSolverError as exc:
+        raise SolverError(f"tps_bound: the solver failed on b={b}: {exc}") from exc
+    import highspy
+    h = prob.solverModel
+    st = h.getModelStatus()
+    info = h.getInfo()
+    size = f"{K} slots x {len(classes)} classes x {len(ds)} degrees"
+    if st == highspy.HighsModelStatus.kInfeasible:
+        return _MultiResult(math.inf, "infeasible", f"S>=2 MILP ({size}) infeasible (memory)")
+    dual = float(info.mip_dual_bound)
+    if st == highspy.HighsModelStatus.kOptimal and math.isfinite(dual):
+        return _MultiResult(dual * scale * (1 - SAFETY), "optimal", f"S>=2 MILP ({size}) optimal")
+    if math.isfinite(dual) and dual > 0:
+        return _MultiResult(dual * scale * (1 - SAFETY), "dual-bound",
+                            f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}): dual bound only")
+    return _MultiResult(math.nan, "none", f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}) "
+                        "without a dual bound")
+
+
+def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
+                      time_limit: float | None = None) -> TpsBound:
+    """A lower bound on the bottleneck TPS of every plan with micro-batch size ``b`` (module docstring).
+
+    ``time_limit`` (seconds) caps the MILP; when it stops the solver the value is HiGHS's proven
+    dual bound (``status="dual-bound"``, ``proven=False``), or the perfect-balance bound when none.
+    """
+    t0 = time.perf_counter()
+    if not isinstance(b, int) or isinstance(b, bool) or b < 1 or not isinstance(B, int) or B % b:
+        raise InvalidInputError(f"`B % b == 0` must hold with positive integers, but got (B={B!r}, b={b!r})")
+    if time_limit is not None and not time_limit > 0:
+        raise InvalidInputError(f"tps_bound: time_limit must be positive, got {time_limit!r}")
+    pb = perfect_balance_tps(graph, b, cluster.devices)
+    one = single_stage_tps(graph, cluster, b, B)
+    scale = pb if pb > 0 else 1e-6
+    multi = multi_stage_bound(graph, cluster, b, B, scale, time_limit=time_limit)
+    scope = "uniform b, data parallelism only" + (
+        " (graph has TMPCs: plans using them are NOT covered)" if any(nd.tmpc for nd in graph.nodes) else "")
+    if multi.status == "none":
+        value, status, proven = pb, "perfect-balance", False
+    else:
+        best = min(one, multi.value)
+        if math.isinf(best):
+            value, status, proven = math.inf, "infeasible", multi.status == "infeasible"
+        else:
+            value = max(pb, best)
+            # a dual bound above the exact single-stage value cannot change min(single, relaxation)
+            proven = multi.status in ("optimal", "infeasible") or one <= multi.value
+            status = "optimal" if proven else "dual-bound"
+    detail = (f"b={b}: perfect balance {pb:.6g}, single stage {one:.6g}, >=2 stages {multi.value:.6g} "
+              f"[{multi.detail}]; {scope}")
+    logger.debug("tps_bound %s", detail)
+    return TpsBound(value=value, proven=proven, perfect_balance=pb, single_stage=one, multi_stage=multi.value,
+                    status=status, micro_batch_size=b, seconds=time.perf_counter() - t0, detail=detail)
+
+
+def relaxed_tps_bounds(graph: Graph, cluster: Cluster, B: int, *, micro_batch_sizes: Sequence[int] | None = None,
+                       time_limit: float | None = None) -> dict[int, TpsBound]:
+    """:func:`relaxed_tps_bound` for every candidate ``b`` (default: powers of two dividing ``B``);
+    ``min(v.value for v in result.values())`` bounds every uniform-``b`` plan among them."""
+    return {b: relaxed_tps_bound(graph, cluster, b, B, time_limit=time_limit)
+            for b in check_micro_batch_sizes(B, micro_batch_sizes)}
