@@ -26,13 +26,27 @@ from typing import Sequence
 import numpy as np
 
 from .cost import CostTables
-from .dp_kernel import (INF, TreeIndex, degree_thresholds, devices_by_depth, devices_from_thresholds, index_tree,
-                        max_depths, run_dp, segment_comm, segment_sums, stage_tps)
+from .dp_kernel import (INF, TreeIndex, attach_parts, degree_thresholds, devices_by_depth, devices_from_thresholds,
+                        index_tree, max_depths, prefix_series, run_dp, segment_comm, segment_sums, stage_tps)
 from .errors import InvalidInputError
 from .sp_tree import SPDecomposition, decompose
 from .types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
+
+
+#: The DP's value is lexicographic: fewest devices, then fewest stages — each stage counts
+#: ``devices << STAGE_BITS | 1`` (:func:`encode`), so among stagings with equal devices the sums
+#: prefer fewer stages (fewer transfers and pipeline steps); :func:`decode` recovers the devices.
+STAGE_BITS = 12
+
+
+def encode(dev: np.ndarray) -> np.ndarray:
+    return np.where(dev >= INF, INF, (dev << STAGE_BITS) + 1)
+
+
+def decode(val):
+    return np.where(np.asarray(val) >= INF, INF, np.asarray(val) >> STAGE_BITS)
 
 
 @dataclass(frozen=True)
@@ -96,13 +110,15 @@ class StageDP:
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
                  degree_options: Sequence[int] | None = None, max_devices: int | None = None,
-                 optimistic_transfers: bool = False) -> None:
+                 optimistic_transfers: bool = False, shared_sinks: bool = True) -> None:
         self.graph = graph
         self.cluster = cluster
         self.B = mini_batch_size
         self.D = cluster.devices if max_devices is None else max_devices
         self.decomposition = decomposition or decompose(graph)
-        self.idx: TreeIndex = index_tree(self.decomposition.tree)
+        #: GraphPipe's shared terminals: a parallel block's sink side may join one branch's last stage
+        self.shared_sinks = bool(shared_sinks)
+        self.idx: TreeIndex = index_tree(self.decomposition.tree, self.shared_sinks)
         self.comm = segment_comm(self.idx, graph.edge_bytes_map)
         opts = power_of_two_degrees(self.D) if degree_options is None else tuple(sorted(set(degree_options)))
         if not opts or opts[0] < 1:
@@ -176,7 +192,7 @@ class StageDP:
     # ---- per target ----------------------------------------------------------------------
     def _dev(self, b: int, targets) -> np.ndarray:
         tb = self.tables(b)
-        return devices_from_thresholds(tb.thresholds, tb.degrees, targets)
+        return encode(devices_from_thresholds(tb.thresholds, tb.degrees, targets))
 
     def batch_size(self) -> int:
         """How many targets one DP pass should test: enough to amortise the Python overhead of
@@ -188,7 +204,7 @@ class StageDP:
     def min_devices_many(self, b: int, targets) -> np.ndarray:
         """``min_devices`` for several targets in one batched pass."""
         R, _, _ = run_dp(self.idx, self._dev(b, targets), self.E)
-        return R[:, 0, self.E]
+        return decode(R[:, 0, self.E])
 
     def min_devices_pairs(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
         """``min_devices`` for several ``(b, t)`` pairs — different micro-batch sizes too — in one
@@ -214,7 +230,7 @@ class StageDP:
             for b, rows in by_b.items():
                 dev[rows] = self._dev(b, [pairs[i][1] for i in rows])
         Rroot, tables, R = run_dp(self.idx, dev, self.E, keep=keep)
-        return DPProbe(tuple(pairs), Rroot[:, 0, :], (dev, Rroot, tables, R) if keep else None)
+        return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None)
 
     def keep_tables(self) -> bool:
         """Whether a search may hold every probe's tables for its tracebacks (a few MB at most)."""
@@ -222,12 +238,13 @@ class StageDP:
         per_target = sum(len(kids) + 1 for _, kids in self.idx.nodes) * size * size * 8
         return per_target * self.batch_size() <= 4 << 20
 
-    def traceback(self, probe: "DPProbe", i: int) -> list[DPStage]:
-        """The stages of ``probe``'s ``i``-th pair (it must be feasible)."""
+    def traceback(self, probe: "DPProbe", i: int, prefer_shared: bool = True) -> list[DPStage]:
+        """The stages of ``probe``'s ``i``-th pair (it must be feasible).  Where a shared-sink stage
+        and separate stages reach the same value, ``prefer_shared`` picks the former."""
         assert probe.kept is not None, "probe ran without keep=True"
         dev, Rroot, tables, R = probe.kept
         b, t = probe.pairs[i]
-        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R])
+        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R], prefer_shared)
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
@@ -243,8 +260,8 @@ class StageDP:
 
         def ok(mem: float) -> bool:
             md = self._max_depths(b, tb.degrees, mem)
-            dev = devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E)
-            return run_dp(self.idx, dev, self.E)[0][0, 0, self.E] <= self.D
+            dev = encode(devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E))
+            return decode(run_dp(self.idx, dev, self.E)[0][0, 0, self.E]) <= self.D
 
         if not ok(float(cands[-1]) * (1 + 1e-12)):
             return None
@@ -273,15 +290,15 @@ class StageDP:
         """The stages of a plan meeting ``t`` with at most ``D`` devices (traceback of the DP)."""
         return self.stages_many([(b, t)])[0]
 
-    def stages_many(self, pairs: Sequence[tuple[int, float]]) -> list[list[DPStage]]:
+    def stages_many(self, pairs: Sequence[tuple[int, float]], prefer_shared: bool = True) -> list[list[DPStage]]:
         """Tracebacks for several ``(b, t)`` pairs from one batched DP pass."""
         pr = self.probe(pairs)
-        return [self.traceback(pr, i) for i in range(len(pairs))]
+        return [self.traceback(pr, i, prefer_shared) for i in range(len(pairs))]
 
-    def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list
-                   ) -> list[DPStage]:
+    def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list,
+                   prefer_shared: bool = True) -> list[DPStage]:
         tb = self.tables(b)
-        feas = np.nonzero(Rroot[0] <= self.D)[0]
+        feas = np.nonzero(decode(Rroot[0]) <= self.D)[0]
         if len(feas) == 0:
             raise ValueError(f"target {t!r} is infeasible at b={b}")
         e0 = int(feas[0])
@@ -289,19 +306,23 @@ class StageDP:
         col = {d: j for j, d in enumerate(tb.degrees)}
 
         def emit(g: int, depth: int) -> None:
-            lo, hi = int(idx.seg_lo[g]), int(idx.seg_hi[g])
-            d = int(dev[g, depth])
-            out.append(DPStage(tuple(idx.leaf_order[lo:hi]), d, depth, float(tb.tps[g, col[d]]), lo))
+            d = int(decode(dev[g, depth]))
+            out.append(DPStage(idx.leaves(g), d, depth, float(tb.tps[g, col[d]]), int(idx.seg_lo[g])))
 
-        def walk(t_id: int, s: int, e: int) -> None:
+        def walk(t_id: int, s: int, e: int, p: int = 0) -> None:
             kind, kids = idx.nodes[t_id]
             suf, segs, k = tables[t_id], idx.seg[t_id], len(kids)
-            p = 0
             while p < k:
                 target = suf[p][s, e]
                 assert target < INF
                 internal = kids[p][0] == "node"
                 found = None
+                site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
+                if site is not None and prefer_shared:   # fewer stages and transfers at the same value
+                    qm = attach_walk(site, suf, s, e, target)
+                    if qm is not None:
+                        p, e = qm[0] + 1, qm[1] - 1
+                        continue
                 if kind == "S":
                     for m in range(s, e):
                         for q in range(k - 1, p - 1, -1):
@@ -314,6 +335,11 @@ class StageDP:
                                 break
                         if found:
                             break
+                    if found is None and site is not None and not prefer_shared:
+                        qm = attach_walk(site, suf, s, e, target)
+                        assert qm is not None
+                        p, e = qm[0] + 1, qm[1] - 1
+                        continue
                     assert found is not None
                     q, m = found
                     if q == p and internal:
@@ -337,6 +363,73 @@ class StageDP:
                     else:
                         emit(int(segs[p, q]), s + 1)
                     p = q + 1
+
+        def attach_walk(site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
+            """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
+            par_suf = tables[site.par]
+            Rb = [None if x is None else x[None] for x in R]
+            parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], self.E)
+            for i, opts in enumerate(site.tails):
+                for u, qs in opts:
+                    for q, g in qs:
+                        for m in range(s + 1, self.E + 1):
+                            val = (int(dev[g, m]) + int(suf[q + 1][s, m - 1]) + int(parts.heads[i][u][0, m, e])
+                                   + int(parts.others[i][0, m, e]))
+                            if val == target:
+                                emit(g, m)
+                                head_walk(site, i, u, m, e, parts.heads[i])
+                                others_walk(site, i, m, e, parts.prepar)
+                                return q, m
+            return None
+
+        def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
+            hb, cb = idx.nodes[site.par][1][i]
+            if u == 0:
+                return
+            kids, segs = idx.nodes[cb][1], idx.seg[cb]
+            while u > 0:
+                target = pre[u][0, m, e]
+                internal = kids[u - 1][0] == "node"
+                nxt = None
+                for v in range(u - 1, -1, -1):
+                    if v == u - 1 and internal:
+                        continue
+                    g = int(segs[v, u - 1])
+                    rest = pre[v][0, m + 1, e] if m + 1 <= self.E else INF
+                    if dev[g, m + 1] + rest == target:
+                        emit(g, m + 1)
+                        nxt = (v, m + 1)
+                        break
+                if nxt is None:
+                    c = kids[u - 1][1]
+                    m2 = next(x for x in range(self.E + 1) if R[c][m, x] + pre[u - 1][0, x, e] == target)
+                    walk(c, m, m2)
+                    nxt = (u - 1, m2)
+                u, m = nxt
+
+        def others_walk(site, i: int, m: int, e: int, prepar: list) -> None:
+            if i + 1 < len(idx.nodes[site.par][1]):
+                walk(site.par, m, e, i + 1)
+            kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
+            j = i
+            while j > 0:
+                target = prepar[j][0, m, e]
+                internal = kids[j - 1][0] == "node"
+                nxt = None
+                for v in range(j - 1, -1, -1):
+                    if v == j - 1 and internal:
+                        continue
+                    g = int(segs[v, j - 1])
+                    if e >= m + 1 and dev[g, m + 1] + prepar[v][0, m, e] == target:
+                        emit(g, m + 1)
+                        nxt = v
+                        break
+                if nxt is None:
+                    c = kids[j - 1][1]
+                    assert R[c][m, e] + prepar[j - 1][0, m, e] == target
+                    walk(c, m, e)
+                    nxt = j - 1
+                j = nxt
 
         walk(idx.root[1], 0, e0)
         out.sort(key=lambda st: st.first)

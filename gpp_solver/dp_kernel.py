@@ -36,7 +36,7 @@ micro-batches).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -65,9 +65,41 @@ class TreeIndex:
     seg_hi: np.ndarray
     root: tuple[str, int]
     height: int            # longest chain of operators in the (SP-ized) order
+    #: second leaf range of a segment (empty ``0:0`` for the tree's own segments; a shared-sink
+    #: stage is a branch's tail plus the series children after its parallel block)
+    seg_lo2: np.ndarray | None = None
+    seg_hi2: np.ndarray | None = None
+    #: shared-sink sites: series node -> its :class:`AttachSite` list (empty without ``shared_sinks``)
+    sites: dict[int, list["AttachSite"]] = field(default_factory=dict)
+    n_tree_segments: int = 0
+
+    def ranges(self, g: int) -> list[tuple[int, int]]:
+        """Leaf ranges of segment ``g`` (one, or two for a shared-sink stage)."""
+        out = [(int(self.seg_lo[g]), int(self.seg_hi[g]))]
+        if self.seg_lo2 is not None and self.seg_hi2[g] > self.seg_lo2[g]:
+            out.append((int(self.seg_lo2[g]), int(self.seg_hi2[g])))
+        return out
+
+    def leaves(self, g: int) -> tuple:
+        return tuple(v for lo, hi in self.ranges(g) for v in self.leaf_order[lo:hi])
 
 
-def index_tree(tree: SPNode) -> TreeIndex:
+@dataclass(frozen=True)
+class AttachSite:
+    """Where GraphPipe's shared sink applies: child ``p`` of series node ``series`` is the parallel
+    node ``par``; ``tails[i]`` lists, for branch ``i`` of ``par``, ``(u, ((q, segment), ...))``:
+    the branch's children ``u..`` (``u = 0`` for a one-operator branch) joined with the series
+    children ``p+1..q`` into one stage, whose segment id is ``segment``."""
+
+    series: int
+    p: int
+    par: int
+    tails: tuple[tuple[tuple[int, tuple[tuple[int, int], ...]], ...], ...]
+
+
+def index_tree(tree: SPNode, shared_sinks: bool = False) -> TreeIndex:
+    """Flatten ``tree``; with ``shared_sinks`` also list the shared-sink stages (see
+    :func:`add_shared_sinks`)."""
     leaf_order: list = []
     nodes: list = []
     child_range: list = []
@@ -102,8 +134,59 @@ def index_tree(tree: SPNode) -> TreeIndex:
         # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
         tree = Series((tree,))
     root, _, _, height = walk(tree)
-    return TreeIndex(tuple(leaf_order), nodes, child_range, seg, np.concatenate(lo_list),
-                     np.concatenate(hi_list), root, height)
+    lo, hi = np.concatenate(lo_list), np.concatenate(hi_list)
+    idx = TreeIndex(tuple(leaf_order), nodes, child_range, seg, lo, hi, root, height,
+                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo))
+    if shared_sinks:
+        add_shared_sinks(idx)
+    return idx
+
+
+def add_shared_sinks(idx: TreeIndex) -> None:
+    """GraphPipe's decompositions share terminals: the branches of a parallel block end in the
+    block's sink, the node after it, so the stage holding that node may also hold the last
+    operators of one branch (§7.5: "one stage necessarily contains the concatenation operator").
+    For every series child ``p`` that is a parallel node with series children after it, every
+    branch ``i`` and every tail of that branch (its last series children ``u..``, or the whole
+    branch when it is one operator or not a series), and every extent ``q > p``, append the
+    segment *tail + children p+1..q* (two leaf ranges) and record the site."""
+    lo2, hi2 = [], []
+    lo_new, hi_new = [], []
+    nxt = len(idx.seg_lo)
+    for t, (kind, kids) in enumerate(idx.nodes):
+        if kind != "S":
+            continue
+        sites = []
+        for p, (h, c) in enumerate(kids[:-1]):
+            if h != "node" or idx.nodes[c][0] != "P":
+                continue
+            tails = []
+            for i, (hb, cb) in enumerate(idx.nodes[c][1]):
+                b_lo, b_hi = idx.child_range[c][i]
+                if hb == "node" and idx.nodes[cb][0] == "S":
+                    starts = [(u, idx.child_range[cb][u][0]) for u in range(len(idx.nodes[cb][1]))]
+                else:
+                    starts = [(0, b_lo)]
+                opts = []
+                for u, t_lo in starts:
+                    qs = []
+                    for q in range(p + 1, len(kids)):
+                        lo_new.append(t_lo)
+                        hi_new.append(b_hi)
+                        lo2.append(idx.child_range[t][p + 1][0])
+                        hi2.append(idx.child_range[t][q][1])
+                        qs.append((q, nxt))
+                        nxt += 1
+                    opts.append((u, tuple(qs)))
+                tails.append(tuple(opts))
+            sites.append(AttachSite(t, p, c, tuple(tails)))
+        if sites:
+            idx.sites[t] = sites
+    if lo_new:
+        idx.seg_lo = np.concatenate([idx.seg_lo, np.asarray(lo_new, dtype=np.int64)])
+        idx.seg_hi = np.concatenate([idx.seg_hi, np.asarray(hi_new, dtype=np.int64)])
+        idx.seg_lo2 = np.concatenate([idx.seg_lo2, np.asarray(lo2, dtype=np.int64)])
+        idx.seg_hi2 = np.concatenate([idx.seg_hi2, np.asarray(hi2, dtype=np.int64)])
 
 
 @dataclass
@@ -155,13 +238,30 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
                 g = idx.seg[t][i, j]
                 count[g] = len(in_max) + out_cnt
                 nbytes[g] = in_sum + max(out_sum, 0.0)
+    for g in range(idx.n_tree_segments, len(idx.seg_lo)):     # shared-sink stages: from the set
+        inside = {w for lo, hi in idx.ranges(g) for w in range(lo, hi)}
+        ins: dict[int, float] = {}
+        out_cnt, out_sum = 0, 0.0
+        for w in inside:
+            for pu, nb in pred[w]:
+                if pu not in inside:
+                    ins[pu] = max(ins.get(pu, 0.0), nb)
+            for pv, nb in succ[w]:
+                if pv not in inside:
+                    out_cnt += 1
+                    out_sum += nb
+        count[g] = len(ins) + out_cnt
+        nbytes[g] = sum(ins.values()) + out_sum
     return SegmentComm(count, nbytes)
 
 
 def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
     """``sum`` of a per-leaf quantity over every segment (prefix-sum differences)."""
     pre = np.concatenate([[0.0], np.cumsum(per_leaf)])
-    return pre[idx.seg_hi] - pre[idx.seg_lo]
+    out = pre[idx.seg_hi] - pre[idx.seg_lo]
+    if idx.seg_lo2 is not None and len(idx.seg_lo) > idx.n_tree_segments:
+        out = out + (pre[idx.seg_hi2] - pre[idx.seg_lo2])
+    return out
 
 
 def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
@@ -280,6 +380,8 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     n = len(idx.nodes)
     R: list[np.ndarray] = [None] * n        # type: ignore[list-item]
     tables: list[np.ndarray] = [None] * n   # type: ignore[list-item]
+    site_pars = {st.par for sts in idx.sites.values() for st in sts}
+    par_suf: dict[int, np.ndarray] = {}
     for group in node_groups(idx):
         kind, kids0 = idx.nodes[group[0]]
         k, g = len(kids0), len(group)
@@ -319,9 +421,120 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
                         np.minimum(out, Y, out=out)
                     else:
                         out[...] = Y
+            if kind == "S" and idx.sites:
+                for j, t in enumerate(group):
+                    for site in idx.sites.get(t, ()):
+                        if site.p == p:
+                            sv = [0] if t == idx.root[1] else range(size)
+                            A = attach_values(idx, site, dev, suf[:, j], R, par_suf[site.par], E, sv)
+                            np.minimum(suf[:, j, p], A, out=suf[:, j, p])
         Rg = np.minimum(suf[:, :, 0], INF)
         for j, t in enumerate(group):
             R[t] = Rg[:, j]
+            if t in site_pars:
+                par_suf[t] = suf[:, j]
             if keep:
                 tables[t] = suf[:, j]
     return R[idx.root[1]], (tables if keep else []), R
+
+
+# ---------------------------------------------------------------- shared sinks (GraphPipe §5, §7.5)
+def _head_base(T: int, size: int) -> np.ndarray:
+    """Nothing before: the successor (depth ``m``) is itself a source stage, so ``m <= e``."""
+    m_idx, e_idx = np.arange(size)[:, None], np.arange(size)[None, :]
+    return np.broadcast_to(np.where(m_idx <= e_idx, 0, INF).astype(np.int64), (T, size, size)).copy()
+
+
+def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int) -> list[np.ndarray]:
+    """``pre[u][i, m, e]`` for ``u = 0..upto``: fewest devices staging the first ``u`` children of
+    series node ``t`` when the stage after them has depth ``m`` and every stage has depth ``<= e``
+    (the mirror image of :func:`run_dp`'s series suffix)."""
+    T, size = dev.shape[0], E + 1
+    kids, segs = idx.nodes[t][1], idx.seg[t]
+    pre = [_head_base(T, size)]
+    inf_row = np.full((T, 1, size), INF, dtype=np.int64)
+    for u in range(1, upto + 1):
+        best = np.full((T, size, size), INF, dtype=np.int64)
+        internal = kids[u - 1][0] == "node"
+        for v in range(u):
+            if v == u - 1 and internal:
+                continue
+            D = dev[:, segs[v, u - 1], 1:size + 1]                        # stage at depth m+1
+            shifted = np.concatenate([pre[v][:, 1:, :], inf_row], axis=1)  # pre[v][m+1, e]
+            np.minimum(best, D[:, :, None] + shifted, out=best)
+        if internal:
+            Rc = R[kids[u - 1][1]]                                         # [m, m']
+            np.minimum(best, (Rc[:, :, :, None] + pre[u - 1][:, None, :, :]).min(axis=2), out=best)
+        pre.append(np.minimum(best, INF))
+    return pre
+
+
+def prefix_parallel(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int) -> list[np.ndarray]:
+    """``pre[i][., s, e]`` for ``i = 0..upto``: fewest devices staging the first ``i`` branches of
+    parallel node ``t`` in consecutive groups (the mirror image of :func:`run_dp`'s parallel suffix)."""
+    T, size = dev.shape[0], E + 1
+    kids, segs = idx.nodes[t][1], idx.seg[t]
+    s_idx, e_idx = np.arange(size)[:, None], np.arange(size)[None, :]
+    lower = ~(e_idx >= s_idx + 1)
+    pre = [np.zeros((T, size, size), dtype=np.int64)]
+    for i in range(1, upto + 1):
+        best = np.full((T, size, size), INF, dtype=np.int64)
+        internal = kids[i - 1][0] == "node"
+        for v in range(i):
+            if v == i - 1 and internal:
+                continue
+            X = dev[:, segs[v, i - 1], 1:size + 1][:, :, None] + pre[v]
+            X[:, lower] = INF
+            np.minimum(best, X, out=best)
+        if internal:
+            np.minimum(best, R[kids[i - 1][1]] + pre[i - 1], out=best)
+        pre.append(np.minimum(best, INF))
+    return pre
+
+
+@dataclass
+class AttachParts:
+    """The tables one site's choices combine (for the values and for the traceback)."""
+
+    others: list[np.ndarray]              # others[i][., m, e]: every branch but i, successor depth m
+    heads: list[list[np.ndarray]]         # heads[i][u][., m, e]: branch i's children before u
+    prepar: list[np.ndarray]
+
+
+def attach_parts(idx: TreeIndex, site: AttachSite, dev: np.ndarray, R: list, par_suf: np.ndarray, E: int
+                 ) -> AttachParts:
+    T, size = dev.shape[0], E + 1
+    kidsP = idx.nodes[site.par][1]
+    prepar = prefix_parallel(idx, site.par, dev, R, E, len(kidsP) - 1)
+    others, heads = [], []
+    for i, opts in enumerate(site.tails):
+        others.append(np.minimum(prepar[i] + par_suf[:, i + 1], INF))
+        hb, cb = kidsP[i]
+        if hb == "node" and idx.nodes[cb][0] == "S":
+            heads.append(prefix_series(idx, cb, dev, R, E, max(u for u, _ in opts)))
+        else:
+            heads.append([_head_base(T, size)])
+    return AttachParts(others, heads, prepar)
+
+
+def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.ndarray, R: list,
+                  par_suf: np.ndarray, E: int, s_values: Sequence[int]) -> np.ndarray:
+    """``out[i, s, e]`` (``s`` in ``s_values``, else ``INF``): the least devices over the site's
+    shared-sink choices for the series suffix starting at the site's child ``p`` — the shared
+    stage (branch tail + series children ``p+1..q``) at depth ``m``, the series rest after ``q``
+    below it (``suf[:, q+1][s, m-1]``), the branch's head and every other branch before it
+    (successor depth ``m``).  ``suf`` is the series node's suffix table (positions ``> p`` done)."""
+    T, size = dev.shape[0], E + 1
+    out = np.full((T, size, size), INF, dtype=np.int64)
+    sv = np.asarray(list(s_values), dtype=np.int64)
+    parts = attach_parts(idx, site, dev, R, par_suf, E)
+    for i, opts in enumerate(site.tails):
+        for u, qs in opts:
+            HO = np.minimum(parts.heads[i][u] + parts.others[i], INF)       # [., m, e]
+            F = np.full((T, len(sv), size), INF, dtype=np.int64)            # [., s, m]
+            for q, g in qs:
+                np.minimum(F[:, :, 1:], dev[:, g, None, 1:size] + suf[:, q + 1][:, sv, :size - 1], out=F[:, :, 1:])
+            val = (F[:, :, :, None] + HO[:, None, :, :]).min(axis=2)         # [., s, e]
+            np.minimum(out[:, sv], val, out=val)
+            out[:, sv] = val
+    return np.minimum(out, INF)

@@ -216,19 +216,25 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     ranked = sorted(results, key=lambda r: (_price(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b))
     short = ranked[:max(1, simulate_top)]
     proposals: list[dict] = []
-    optimistic: dict[int, tuple[str, TpsSearch, tuple[DPStage, ...]]] = {}
+    optimistic: dict[int, list[tuple[str, TpsSearch, tuple[DPStage, ...]]]] = {}
     if dp.placement_sensitive and not timed_out:
         for c in _optimistic_proposals(graph, cluster, B, dec, dp, [r for r in short if r.tps == min_tps[r.b]],
                                        deadline, proposals):
-            optimistic[c[1].b] = c
+            optimistic.setdefault(c[1].b, []).append(c)
     cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
-    for r in short:          # best estimate first, each b's optimistic proposal right after it
-        st = r.stages
-        if sum(s.degree for s in st) < cluster.devices:
-            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, tables)
-        cands.append(("conservative DP", r, tuple(st)))
+    for r in short:          # best estimate first, each b's optimistic proposals right after it
+        variants = [("conservative DP", r.stages)]
+        if dp.idx.sites and (deadline is None or time.perf_counter() < deadline):
+            # the same optimum traced back with separate sink-side stages where both reach it
+            alt = tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=False)[0])
+            if alt != tuple(r.stages):
+                variants.append(("conservative DP, separate sink stages", alt))
+        for origin, st in variants:
+            if sum(s.degree for s in st) < cluster.devices:
+                st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, tables)
+            cands.append((origin, r, tuple(st)))
         if r.b in optimistic and r.tps == min_tps[r.b]:
-            cands.append(optimistic[r.b])
+            cands.extend(optimistic[r.b])
     best = None         # (plan, origin, search result)
     tried = []
     for origin, r, st in cands:
@@ -312,17 +318,22 @@ def _optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: Stage
         res = found.get(r.b)
         if res is None:
             continue
-        st = tuple(res.stages)
-        if sum(s.degree for s in st) < cluster.devices:
-            st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, dp._costs)
-        specs = _specs(st, r.b, cluster.devices_per_node)
-        tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
-        ok = tps <= r.tps * (1 + 1e-9)
-        log.append({"micro_batch_size": r.b, "optimistic_dp_tps": res.tps, "exact_tps": tps,
-                    "iteration_estimate": _estimate(graph, cluster, specs, B), "meets_dp_optimum": bool(ok),
-                    "accepted": False})
-        if ok:
-            out.append(("optimistic-transfer DP, exactly priced", r, st))
+        variants = [("optimistic-transfer DP, exactly priced", tuple(res.stages))]
+        if odp.idx.sites and (deadline is None or time.perf_counter() < deadline):
+            alt = tuple(odp.stages_many([(r.b, res.tps)], prefer_shared=False)[0])
+            if alt != variants[0][1]:
+                variants.append(("optimistic-transfer DP, separate sink stages, exactly priced", alt))
+        for origin, st in variants:
+            if sum(s.degree for s in st) < cluster.devices:
+                st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, dp._costs)
+            specs = _specs(st, r.b, cluster.devices_per_node)
+            tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
+            ok = tps <= r.tps * (1 + 1e-9)
+            log.append({"micro_batch_size": r.b, "optimistic_dp_tps": res.tps, "exact_tps": tps, "variant": origin,
+                        "iteration_estimate": _estimate(graph, cluster, specs, B), "meets_dp_optimum": bool(ok),
+                        "accepted": False})
+            if ok:
+                out.append((origin, r, st))
     return out
 
 

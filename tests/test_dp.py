@@ -18,7 +18,7 @@ from gpp_solver.binary_search import search_tps
 from gpp_solver.cost import interp_time
 from gpp_solver.dp import StageDP, assign_devices, power_of_two_degrees
 from gpp_solver.graph import graph_from_dict
-from gpp_solver.sp_tree import Leaf, decompose, order_pairs
+from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
 from gpp_solver.types import Cluster
 from tiny_graphs import random_dag_edges
 
@@ -50,21 +50,20 @@ def random_instance(rng: random.Random):
 
 
 # ---------------------------------------------------------------- brute force
-def partitions(t):
-    """Every partition following the tree, as lists of frozensets of operators."""
-    if isinstance(t, Leaf):
-        return [[frozenset([t.node])]]
-    kids = t.children
+def _leaves_of(c):
+    return frozenset([c.node]) if isinstance(c, Leaf) else frozenset().union(*(_leaves_of(x) for x in c.children))
 
-    def leaves_of(c):
-        return frozenset([c.node]) if isinstance(c, Leaf) else frozenset().union(*(leaves_of(x) for x in c.children))
+
+def _chain_parts(kids, shared, is_series):
+    """Partitions of consecutive children: segments, each one stage or (a single child) split
+    recursively; with ``shared`` a series' parallel child may hand one branch's tail to the stage
+    that holds the children after it (GraphPipe's shared sink)."""
+    out = []
 
     def seg_options(i, j):
         if i == j:
-            return partitions(kids[i])
-        return [[frozenset().union(*(leaves_of(kids[x]) for x in range(i, j + 1)))]]
-
-    out = []
+            return partitions(kids[i], shared)
+        return [[frozenset().union(*(_leaves_of(kids[x]) for x in range(i, j + 1)))]]
 
     def rec(p, acc):
         if p == len(kids):
@@ -73,8 +72,36 @@ def partitions(t):
         for q in range(p, len(kids)):
             for opt in seg_options(p, q):
                 rec(q + 1, acc + opt)
+        if is_series and shared and isinstance(kids[p], Parallel) and p + 1 < len(kids):
+            branches = kids[p].children
+            for i, br in enumerate(branches):
+                parts = list(br.children) if isinstance(br, Series) else [br]
+                for u in range(len(parts)):
+                    tail = frozenset().union(*(_leaves_of(x) for x in parts[u:]))
+                    heads = _chain_parts(parts[:u], shared, True) if u else [[]]
+                    before = _chain_parts(list(branches[:i]), shared, False) if i else [[]]
+                    after = _chain_parts(list(branches[i + 1:]), shared, False) if i + 1 < len(branches) else [[]]
+                    for q in range(p + 1, len(kids)):
+                        X = tail | frozenset().union(*(_leaves_of(kids[x]) for x in range(p + 1, q + 1)))
+                        for h in heads:
+                            for b1 in before:
+                                for b2 in after:
+                                    rec(q + 1, acc + [X] + h + b1 + b2)
 
     rec(0, [])
+    return out
+
+
+_SHARED = {"on": False}
+
+
+def partitions(t, shared=None):
+    """Every partition following the tree, as lists of frozensets of operators."""
+    if shared is None:
+        shared = _SHARED["on"]
+    if isinstance(t, Leaf):
+        return [[frozenset([t.node])]]
+    out = _chain_parts(list(t.children), shared, isinstance(t, Series))
     uniq = {tuple(sorted(tuple(sorted(s)) for s in part)): part for part in out}
     return list(uniq.values())
 
@@ -106,7 +133,8 @@ def stage_estimate(graph, cluster, nodes, b, d, B):
     return (C + 2 * comm_half) / b + ar / B
 
 
-def brute_force(graph, cluster, B, b, tree):
+def brute_force(graph, cluster, B, b, tree, shared_sinks=False):
+    _SHARED["on"] = shared_sinks
     pairs = order_pairs(tree)
     degrees = [d for d in power_of_two_degrees(cluster.devices) if b % d == 0]
     n_micro = B // b
@@ -144,13 +172,14 @@ def brute_force(graph, cluster, B, b, tree):
 
 
 # ---------------------------------------------------------------- tests
+@pytest.mark.parametrize("shared_sinks", [False, True])
 @pytest.mark.parametrize("seed", range(220))
-def test_dp_equals_brute_force(seed: int) -> None:
+def test_dp_equals_brute_force(seed: int, shared_sinks: bool) -> None:
     graph, cluster, B, b = random_instance(random.Random(seed))
     dec = decompose(graph)
-    dp = StageDP(graph, cluster, B, decomposition=dec)
+    dp = StageDP(graph, cluster, B, decomposition=dec, shared_sinks=shared_sinks)
     res = search_tps(dp, b)
-    want = brute_force(graph, cluster, B, b, dec.tree)
+    want = brute_force(graph, cluster, B, b, dec.tree, shared_sinks)
     if want is None:
         assert res is None
         return
@@ -194,12 +223,18 @@ def test_parallel_branches_get_their_own_stages() -> None:
                          "edges": [{"src": "a1", "dst": "a2"}, {"src": "b1", "dst": "b2"},
                                    {"src": "a2", "dst": "j"}, {"src": "b2", "dst": "j"}]})
     c = Cluster(devices=5, memory_bytes=1e9, inter_node_bandwidth=1.0)
-    res = search_tps(StageDP(g, c, 4), 1)
+    res = search_tps(StageDP(g, c, 4, shared_sinks=False), 1)
     assert res is not None and math.isclose(res.tps, 3.0)
     assert len(res.stages) == 5 and max(s.depth for s in res.stages) == 3
     c4 = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1.0)
-    res4 = search_tps(StageDP(g, c4, 4), 1)
+    res4 = search_tps(StageDP(g, c4, 4, shared_sinks=False), 1)
     assert res4 is not None and math.isclose(res4.tps, 6.0)
+    # GraphPipe's shared sink (§7.5: "one stage necessarily contains the concatenation operator"):
+    # the join rides with one branch's last stage, so four devices reach TPS 3
+    res_shared = search_tps(StageDP(g, c4, 4), 1)
+    assert res_shared is not None and math.isclose(res_shared.tps, 3.0)
+    assert len(res_shared.stages) == 4 and max(s.depth for s in res_shared.stages) == 3
+    assert any(set(s.nodes) in ({"a2", "j"}, {"b2", "j"}) for s in res_shared.stages)
 
 
 @pytest.mark.parametrize("seed", range(20))
