@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="graphpipe: let every stage choose its own micro-batch size (GraphPipe §6)")
     pl.add_argument("--depth-tradeoff", action="store_true",
                     help="graphpipe: also try shallower stage graphs at a larger bottleneck (beyond the paper)")
+    pl.add_argument("--no-shared-sinks", dest="shared_sinks", action="store_false",
+                    help="graphpipe: strict vertex-SP stages (a parallel block's sink never joins a branch's stage)")
     pl.add_argument("--search-k", action="store_true",
                     help="graphpipe: choose each stage's k of its kFkB schedule (Algorithm 2) instead of 1F1B")
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it)")
@@ -208,6 +210,8 @@ def _run(args: argparse.Namespace) -> int:
             opts["search_k"] = True
         if args.depth_tradeoff:
             opts["depth_tradeoff"] = True
+        if not args.shared_sinks:
+            opts["shared_sinks"] = False
         plan = solve(g, c, mini_batch_size=args.batch, planner=args.planner, time_limit=args.time_limit,
                      progress=not args.quiet and sys.stderr.isatty(), **opts)
         if args.output:

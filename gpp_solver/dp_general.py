@@ -92,7 +92,7 @@ class GeneralStageDP:
                  decomposition: SPDecomposition | None = None, degree_options: Sequence[int] | None = None,
                  max_devices: int | None = None) -> None:
         self.base = StageDP(graph, cluster, mini_batch_size, decomposition=decomposition,
-                            degree_options=degree_options, max_devices=max_devices)
+                            degree_options=degree_options, max_devices=max_devices, shared_sinks=False)
         self.B, self.D = mini_batch_size, self.base.D
         self.idx = self.base.idx
         self.sizes = tuple(sorted(set(micro_batch_sizes)))

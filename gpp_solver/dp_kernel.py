@@ -13,6 +13,13 @@ which target, building stages).  The search space is the SP tree's (:mod:`gpp_so
 * with one micro-batch size ``b`` and 1F1B (``k = 1``), Table 2 gives ``i_x = max_y i_y + b``, so a
   stage's in-flight samples are ``depth * b`` where ``depth`` is 1 + the longest path to a sink.
 
+**Shared sinks** (:func:`add_shared_sinks`, GraphPipe's shared terminals): at a series node whose
+child ``p`` is a parallel node, a stage may join the tail of one branch (its last series children)
+with the series children ``p+1..q``; the other branches (consecutive groups on either side of that
+branch) and the branch's head then have that stage as their successor (:func:`attach_values`,
+mirrored prefix DPs :func:`prefix_series` / :func:`prefix_parallel`).  Such a stage is two leaf
+ranges (``seg_lo2``/``seg_hi2``); its transfers are counted from its node set like any segment's.
+
 **DP value.**  For a target TPS ``t`` and a tree node ``T``: ``R_T[s, e]`` = the fewest devices
 with which ``T``'s operators can be staged so that every stage has ``TPS <= t``, fits in memory,
 the stages after ``T`` have depth ``s`` (``0`` = none) and ``T``'s source stages have depth

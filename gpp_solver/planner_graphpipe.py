@@ -15,6 +15,15 @@ TPS, then larger ``b``).  Only the ``simulate_top`` (default 3) sizes with the l
 small-``b`` sizes of a large mini-batch are ranked by the estimate only; ``simulate_top`` at least
 the number of sizes simulates every one.  The DP stays exact for each ``b``.
 
+**Shared sinks** (on by default; ``shared_sinks=False`` for the strict vertex-SP space): GraphPipe's
+decompositions share terminals — a series split's halves share the boundary node, a parallel
+split's branches share source and sink — so the stage holding a parallel block's sink (MMT's and
+CANDLE-Uno's concat, DLRM's interaction) may also hold the last operators of one branch; §7.5's
+plan is of that kind ("one stage necessarily contains the concatenation operator").  The DP adds
+those stages (:func:`gpp_solver.dp_kernel.add_shared_sinks`); where the optimum is reached both
+with and without one, both tracebacks are simulated.  The per-stage micro-batch DP
+(``per_stage_micro_batch``) does not have them.
+
 Options: ``mini_batch_size`` (default: 16 samples per device, GraphPipe A.2's MMT setting),
 ``micro_batch_sizes`` (default: powers of two dividing it), ``search_k`` (each stage's kFkB ``k``
 from ``K_OPTIONS`` by A.1's rule ``argmin_k max_y ComputeInFlight``, applied by Algorithm 2 in
@@ -174,7 +183,7 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
                    progress: bool | None = None, micro_batch_sizes: Sequence[int] | None = None,
                    per_stage_micro_batch: bool = False, search_k: bool = False,
                    degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False,
-                   simulate_top: int = SIMULATE_TOP, validate_plan: bool = True) -> Plan:
+                   simulate_top: int = SIMULATE_TOP, validate_plan: bool = True, shared_sinks: bool = True) -> Plan:
     """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring)."""
     t0 = time.perf_counter()
     B = mini_batch_size
@@ -196,7 +205,7 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         if validate_plan:
             validate(plan, graph, cluster)
         return plan
-    dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options)
+    dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options, shared_sinks=shared_sinks)
     bar = _Progress(None, progress)
     try:
         if depth_tradeoff:
@@ -311,7 +320,8 @@ def _optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: Stage
     becomes a candidate (to be simulated beside the others) only when its exact TPS is at most the
     conservative DP's optimum at that ``b`` (so the claim "plan TPS <= DP optimum" still holds).
     """
-    odp = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options, optimistic_transfers=True)
+    odp = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options, optimistic_transfers=True,
+                  shared_sinks=dp.shared_sinks)
     found = search_many(odp, [r.b for r in results], deadline=deadline)
     out = []
     for r in results:
@@ -353,7 +363,8 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
     need_mem = min(mems) if mems else None
     devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
     need_dev = min(devs) if devs else None
-    space = (f"GraphPipe's search space (series-parallel-tree partitions, one micro-batch size per plan "
+    space = (f"GraphPipe's search space (series-parallel-tree partitions"
+             f"{' with shared sinks' if dp.shared_sinks else ''}, one micro-batch size per plan "
              f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})")
     parts = [f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
              f"{cluster.devices} devices; plans outside this search space (e.g. found by the exact MILP "
@@ -373,11 +384,11 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
           micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
           search_k: bool = False, time_limit: float | None = None, progress: bool | None = None,
-          degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False) -> Plan:
+          degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False, shared_sinks: bool = True) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path).
 
     ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` when no
-    plan *within GraphPipe's search space* fits (series-parallel-tree partitions, one micro-batch size,
+    plan *within GraphPipe's search space* fits (series-parallel-tree partitions with shared sinks, one micro-batch size,
     1F1B, power-of-two degrees); its ``required_memory_bytes`` is the smallest memory per device of
     that search space — the exact MILP may find a plan with less.  The plan returned has passed ``validate``.
     """
@@ -386,4 +397,4 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
     B = SAMPLES_PER_DEVICE * c.devices if mini_batch_size is None else mini_batch_size
     return plan_graphpipe(g, c, B, time_limit=time_limit, progress=progress, micro_batch_sizes=micro_batch_sizes,
                           per_stage_micro_batch=per_stage_micro_batch, search_k=search_k,
-                          degree_options=degree_options, depth_tradeoff=depth_tradeoff)
+                          degree_options=degree_options, depth_tradeoff=depth_tradeoff, shared_sinks=shared_sinks)

@@ -92,13 +92,9 @@ def _chain_parts(kids, shared, is_series):
     return out
 
 
-_SHARED = {"on": False}
-
-
-def partitions(t, shared=None):
-    """Every partition following the tree, as lists of frozensets of operators."""
-    if shared is None:
-        shared = _SHARED["on"]
+def partitions(t, shared=False):
+    """Every partition following the tree, as lists of frozensets of operators (``shared``: with
+    GraphPipe's shared-sink stages)."""
     if isinstance(t, Leaf):
         return [[frozenset([t.node])]]
     out = _chain_parts(list(t.children), shared, isinstance(t, Series))
@@ -134,12 +130,11 @@ def stage_estimate(graph, cluster, nodes, b, d, B):
 
 
 def brute_force(graph, cluster, B, b, tree, shared_sinks=False):
-    _SHARED["on"] = shared_sinks
     pairs = order_pairs(tree)
     degrees = [d for d in power_of_two_degrees(cluster.devices) if b % d == 0]
     n_micro = B // b
     best = None
-    for part in partitions(tree):
+    for part in partitions(tree, shared_sinks):
         k = len(part)
         after = {i: [j for j in range(k) if j != i and any((u, v) in pairs for u in part[i] for v in part[j])]
                  for i in range(k)}
