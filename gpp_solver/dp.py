@@ -373,7 +373,7 @@ class StageDP:
                 for u, qs in opts:
                     for q, g in qs:
                         for m in range(s + 1, self.E + 1):
-                            val = (int(dev[g, m]) + int(suf[q + 1][s, m - 1]) + int(parts.heads[i][u][0, m, e])
+                            val = (int(dev[g, m]) + int(suf[q + 1][s, m - 1]) + int(parts.heads[i][0, u, m, e])
                                    + int(parts.others[i][0, m, e]))
                             if val == target:
                                 emit(g, m)
@@ -388,21 +388,21 @@ class StageDP:
                 return
             kids, segs = idx.nodes[cb][1], idx.seg[cb]
             while u > 0:
-                target = pre[u][0, m, e]
+                target = pre[0, u, m, e]
                 internal = kids[u - 1][0] == "node"
                 nxt = None
                 for v in range(u - 1, -1, -1):
                     if v == u - 1 and internal:
                         continue
                     g = int(segs[v, u - 1])
-                    rest = pre[v][0, m + 1, e] if m + 1 <= self.E else INF
+                    rest = pre[0, v, m + 1, e] if m + 1 <= self.E else INF
                     if dev[g, m + 1] + rest == target:
                         emit(g, m + 1)
                         nxt = (v, m + 1)
                         break
                 if nxt is None:
                     c = kids[u - 1][1]
-                    m2 = next(x for x in range(self.E + 1) if R[c][m, x] + pre[u - 1][0, x, e] == target)
+                    m2 = next(x for x in range(self.E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
                     walk(c, m, m2)
                     nxt = (u - 1, m2)
                 u, m = nxt

@@ -452,27 +452,45 @@ def _head_base(T: int, size: int) -> np.ndarray:
     return np.broadcast_to(np.where(m_idx <= e_idx, 0, INF).astype(np.int64), (T, size, size)).copy()
 
 
-def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int) -> list[np.ndarray]:
-    """``pre[u][i, m, e]`` for ``u = 0..upto``: fewest devices staging the first ``u`` children of
+def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int) -> np.ndarray:
+    """``pre[:, u, m, e]`` for ``u = 0..upto``: fewest devices staging the first ``u`` children of
     series node ``t`` when the stage after them has depth ``m`` and every stage has depth ``<= e``
     (the mirror image of :func:`run_dp`'s series suffix)."""
     T, size = dev.shape[0], E + 1
     kids, segs = idx.nodes[t][1], idx.seg[t]
-    pre = [_head_base(T, size)]
-    inf_row = np.full((T, 1, size), INF, dtype=np.int64)
+    pre = np.empty((T, upto + 1, size, size), dtype=np.int64)
+    pre[:, 0] = _head_base(T, size)
+    shifted = np.full((T, upto + 1, size, size), INF, dtype=np.int64)   # shifted[:, v, m] = pre[:, v, m+1]
+    shifted[:, 0, :-1] = pre[:, 0, 1:]
     for u in range(1, upto + 1):
-        best = np.full((T, size, size), INF, dtype=np.int64)
         internal = kids[u - 1][0] == "node"
-        for v in range(u):
-            if v == u - 1 and internal:
-                continue
-            D = dev[:, segs[v, u - 1], 1:size + 1]                        # stage at depth m+1
-            shifted = np.concatenate([pre[v][:, 1:, :], inf_row], axis=1)  # pre[v][m+1, e]
-            np.minimum(best, D[:, :, None] + shifted, out=best)
+        D = dev[:, segs[0:u, u - 1], 1:size + 1]                          # (T, v, m): stage at depth m+1
+        if internal:
+            D = D.copy()
+            D[:, u - 1] = INF
+        best = (D[:, :, :, None] + shifted[:, :u]).min(axis=1)
         if internal:
             Rc = R[kids[u - 1][1]]                                         # [m, m']
-            np.minimum(best, (Rc[:, :, :, None] + pre[u - 1][:, None, :, :]).min(axis=2), out=best)
-        pre.append(np.minimum(best, INF))
+            np.minimum(best, (Rc[:, :, :, None] + pre[:, u - 1][:, None, :, :]).min(axis=2), out=best)
+        pre[:, u] = np.minimum(best, INF)
+        shifted[:, u, :-1] = pre[:, u, 1:]
+    return pre
+
+
+def prefix_leaf_series(idx: TreeIndex, ts: Sequence[int], dev: np.ndarray, E: int, upto: int) -> np.ndarray:
+    """:func:`prefix_series` for several series nodes of operators only (no internal child) at
+    once: ``pre[:, j, u, m, e]`` for node ``ts[j]``."""
+    T, size = dev.shape[0], E + 1
+    SEGS = np.stack([idx.seg[t][:upto, :upto] for t in ts])                        # (j, v, u)
+    n = len(ts)
+    pre = np.empty((T, n, upto + 1, size, size), dtype=np.int64)
+    pre[:, :, 0] = _head_base(T, size)[:, None]
+    shifted = np.full((T, n, upto + 1, size, size), INF, dtype=np.int64)
+    shifted[:, :, 0, :-1] = pre[:, :, 0, 1:]
+    for u in range(1, upto + 1):
+        D = dev[:, SEGS[:, 0:u, u - 1], 1:size + 1]                                   # (T, j, v, m)
+        pre[:, :, u] = np.minimum((D[..., None] + shifted[:, :, :u]).min(axis=2), INF)
+        shifted[:, :, u, :-1] = pre[:, :, u, 1:]
     return pre
 
 
@@ -504,7 +522,7 @@ class AttachParts:
     """The tables one site's choices combine (for the values and for the traceback)."""
 
     others: list[np.ndarray]              # others[i][., m, e]: every branch but i, successor depth m
-    heads: list[list[np.ndarray]]         # heads[i][u][., m, e]: branch i's children before u
+    heads: list[np.ndarray]               # heads[i][., u, m, e]: branch i's children before u
     prepar: list[np.ndarray]
 
 
@@ -514,13 +532,22 @@ def attach_parts(idx: TreeIndex, site: AttachSite, dev: np.ndarray, R: list, par
     kidsP = idx.nodes[site.par][1]
     prepar = prefix_parallel(idx, site.par, dev, R, E, len(kidsP) - 1)
     others, heads = [], []
+    batch: dict[int, list[int]] = {}       # branches of operators only, by length: one batched prefix DP
     for i, opts in enumerate(site.tails):
         others.append(np.minimum(prepar[i] + par_suf[:, i + 1], INF))
         hb, cb = kidsP[i]
         if hb == "node" and idx.nodes[cb][0] == "S":
-            heads.append(prefix_series(idx, cb, dev, R, E, max(u for u, _ in opts)))
+            if all(h == "leaf" for h, _ in idx.nodes[cb][1]):
+                batch.setdefault(max(u for u, _ in opts), []).append(i)
+                heads.append(None)
+            else:
+                heads.append(prefix_series(idx, cb, dev, R, E, max(u for u, _ in opts)))
         else:
-            heads.append([_head_base(T, size)])
+            heads.append(_head_base(T, size)[:, None])
+    for upto, members in batch.items():
+        pre = prefix_leaf_series(idx, [kidsP[i][1] for i in members], dev, E, upto)
+        for j, i in enumerate(members):
+            heads[i] = pre[:, j]
     return AttachParts(others, heads, prepar)
 
 
@@ -536,12 +563,13 @@ def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.nda
     sv = np.asarray(list(s_values), dtype=np.int64)
     parts = attach_parts(idx, site, dev, R, par_suf, E)
     for i, opts in enumerate(site.tails):
-        for u, qs in opts:
-            HO = np.minimum(parts.heads[i][u] + parts.others[i], INF)       # [., m, e]
-            F = np.full((T, len(sv), size), INF, dtype=np.int64)            # [., s, m]
-            for q, g in qs:
-                np.minimum(F[:, :, 1:], dev[:, g, None, 1:size] + suf[:, q + 1][:, sv, :size - 1], out=F[:, :, 1:])
-            val = (F[:, :, :, None] + HO[:, None, :, :]).min(axis=2)         # [., s, e]
-            np.minimum(out[:, sv], val, out=val)
-            out[:, sv] = val
+        us = [u for u, _ in opts]
+        qs = [q for q, _ in opts[0][1]]
+        G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)          # (u, q)
+        rest = np.stack([suf[:, q + 1][:, sv, :size - 1] for q in qs], axis=1)         # (T, q, s, m-1)
+        F = np.full((T, len(us), len(sv), size), INF, dtype=np.int64)                   # (T, u, s, m)
+        F[..., 1:] = (dev[:, G, 1:size][:, :, :, None, :] + rest[:, None]).min(axis=2)
+        HO = np.minimum(parts.heads[i][:, us] + parts.others[i][:, None], INF)          # (T, u, m, e)
+        val = (F[:, :, :, :, None] + HO[:, :, None, :, :]).min(axis=(1, 3))           # (T, s, e)
+        out[:, sv] = np.minimum(out[:, sv], val)
     return np.minimum(out, INF)
