@@ -13,7 +13,7 @@ from gpp_solver.tps_bound import TpsBound, perfect_balance_tps, relaxed_tps_boun
 from gpp_solver.types import Cluster
 
 # the bound solves its relaxation with HiGHS; some highspy wheels fail to load (undefined symbol)
-pytest.importorskip("highspy")
+pytest.importorskip("highspy", exc_type=ImportError)
 
 oracle = pytest.importorskip("gpp_solver.oracle")
 
