@@ -42,17 +42,18 @@ Proof of validity (each step only lowers the right-hand side):
    with ``t >= sum_{c,d} x u_c(d) + sum_d r tau(d)`` per slot (step 1),
    ``D t >= sum_{k,c,d} d x u_c(d) + sum_{k,d} d r tau(d)`` (step 3), memory per slot (step 4),
    ``sum d y <= D``, ``sum y >= 2``.  Any plan maps to a feasible point with ``t = TPS(P)`` (slot
-   ``k`` = stage ``k`` in the order of the symmetry-breaking key ``(n+1) d_k + |X_k|``,
-   non-increasing; ``r`` = ``|T_s|``), so the MILP's optimum — or any proven dual bound of it — is
-   ``<= TPS(P)``.
+   ``k`` = stage ``k`` in order of non-increasing degree, unused slots last; ``r = |T_s|``), so
+   the MILP's optimum — or any proven dual bound of it — is ``<= TPS(P)``.  (The step-3 row is
+   implied by the others for integer points; it tightens the LP relaxation.)
 7. ``TPS(P) >= perfect balance`` (total cheapest device-time per sample / ``D``) holds for every
    plan, so the returned value is ``max(perfect balance, min(single stage, S >= 2 bound))``.
 
-The dual bound is taken from HiGHS (``mip_dual_bound``) and lowered by a relative ``1e-6`` for the
-solver's tolerances.  Statuses: ``optimal`` (the relaxation is solved: ``proven``), ``dual-bound``
-(time limit: HiGHS's proven dual bound, weaker than the relaxation), ``perfect-balance`` (no usable
-dual bound: the value is only the perfect-balance bound), ``infeasible`` (no plan with this ``b``
-fits in memory: the value is ``inf``).
+The value is always HiGHS's proven dual bound (``mip_dual_bound``) of the MILP, lowered by a
+relative ``1e-6`` for the solver's tolerances — never its best solution.  Statuses: ``optimal``
+(HiGHS closed the gap to :data:`MIP_REL_GAP`: the value is the relaxation's optimum up to that,
+``proven``), ``dual-bound`` (time limit: the dual bound so far, ``relaxation_gap`` says how far from
+the best relaxed solution found), ``perfect-balance`` (no usable dual bound: the value is only the
+perfect-balance bound), ``infeasible`` (no plan with this ``b`` fits in memory: the value is ``inf``).
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ MEMORY_REL_TOL = 1e-9
 """The validator's memory tolerance: a stage fits when ``M(S) <= memory * (1 + 1e-9)``."""
 SAFETY = 1e-6
 """Relative margin taken off the solver's dual bound for its feasibility tolerances."""
+MIP_REL_GAP = 1e-3
+"""HiGHS stops once its dual bound is within this of its best solution (``optimal``); the value is
+always the dual bound, so this trades only tightness (at most 1e-3 relative) for time."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class TpsBound:
     single_stage: float     # exact best one-stage TPS (inf when none fits)
     multi_stage: float      # lower bound for plans of >= 2 stages (inf: none exists)
     status: str             # optimal | dual-bound | perfect-balance | infeasible
+    relaxation_gap: float   # (best relaxed solution - dual bound) / best, of the >= 2-stage MILP (nan: none)
     micro_batch_size: int
     seconds: float
     detail: str
@@ -151,6 +156,7 @@ class _MultiResult:
     value: float        # lower bound for >= 2 stages (inf: infeasible), or nan: nothing proven
     status: str         # optimal | dual-bound | none | infeasible
     detail: str
+    gap: float = math.nan   # (primal - dual) / primal
 
 
 def _solver(time_limit: float | None) -> pulp.LpSolver:
@@ -158,7 +164,7 @@ def _solver(time_limit: float | None) -> pulp.LpSolver:
         import highspy  # noqa: F401
     except ImportError as exc:   # pragma: no cover - highspy is a dependency of the environment
         raise SolverError("tps_bound needs HiGHS (the highspy package)") from exc
-    return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1,
+    return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=MIP_REL_GAP, gapAbs=1e-12, threads=1,
                       mip_feasibility_tolerance=1e-9)
 
 
@@ -198,7 +204,6 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
     prob += pulp.lpSum(r.values()) >= 2 * S - 2 * kappa
     for c, m in enumerate(classes):
         prob += pulp.lpSum(x[k, c, d] for k in range(K) for d in ds) == len(m)
-    key = []
     for k in range(K):
         prob += pulp.lpSum(y[k, d] for d in ds) <= 1
         for d in ds:
@@ -212,10 +217,9 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
             prob += pulp.lpSum(mem[c, d] * x[k, c, d] for c in range(len(classes))) <= y[k, d]
         prob += t >= (pulp.lpSum(u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
                       + pulp.lpSum(tau[d] * r[k, d] for d in ds))
-        key.append(pulp.lpSum((n + 1) * d * y[k, d] for d in ds)
-                   + pulp.lpSum(x[k, c, d] for c in range(len(classes)) for d in ds))
-    for k in range(K - 1):
-        prob += key[k] >= key[k + 1]
+    for k in range(K - 1):   # symmetry: used slots first, degrees non-increasing
+        prob += pulp.lpSum(y[k, d] for d in ds) >= pulp.lpSum(y[k + 1, d] for d in ds)
+        prob += pulp.lpSum(d * y[k, d] for d in ds) >= pulp.lpSum(d * y[k + 1, d] for d in ds)
     prob += D * t >= (pulp.lpSum(d * u[c, d] * x[k, c, d] for k in range(K) for c in range(len(classes)) for d in ds)
                       + pulp.lpSum(d * tau[d] * r[k, d] for k in range(K) for d in ds))
     try:
@@ -229,12 +233,14 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
     size = f"{K} slots x {len(classes)} classes x {len(ds)} degrees"
     if st == highspy.HighsModelStatus.kInfeasible:
         return _MultiResult(math.inf, "infeasible", f"S>=2 MILP ({size}) infeasible (memory)")
-    dual = float(info.mip_dual_bound)
+    dual, primal = float(info.mip_dual_bound), float(info.objective_function_value)
+    gap = (primal - dual) / primal if math.isfinite(dual) and math.isfinite(primal) and primal > 0 else math.nan
     if st == highspy.HighsModelStatus.kOptimal and math.isfinite(dual):
-        return _MultiResult(dual * scale * (1 - SAFETY), "optimal", f"S>=2 MILP ({size}) optimal")
+        return _MultiResult(dual * scale * (1 - SAFETY), "optimal", f"S>=2 MILP ({size}) optimal", gap)
     if math.isfinite(dual) and dual > 0:
         return _MultiResult(dual * scale * (1 - SAFETY), "dual-bound",
-                            f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}): dual bound only")
+                            f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}): dual bound, "
+                            f"gap {gap:.2e} to its best solution", gap)
     return _MultiResult(math.nan, "none", f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}) "
                         "without a dual bound")
 
@@ -272,7 +278,7 @@ def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
               f"[{multi.detail}]; {scope}")
     logger.debug("tps_bound %s", detail)
     return TpsBound(value=value, proven=proven, perfect_balance=pb, single_stage=one, multi_stage=multi.value,
-                    status=status, micro_batch_size=b, seconds=time.perf_counter() - t0, detail=detail)
+                    status=status, relaxation_gap=multi.gap, micro_batch_size=b, seconds=time.perf_counter() - t0, detail=detail)
 
 
 def relaxed_tps_bounds(graph: Graph, cluster: Cluster, B: int, *, micro_batch_sizes: Sequence[int] | None = None,

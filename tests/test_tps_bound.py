@@ -74,7 +74,7 @@ def test_hand_made_chain_bound_above_perfect_balance(edge_bytes, weight):
     hand = min(4 * alpha, 2 * alpha + 2 * weight / bw / B, 2 * alpha + 2 * edge_bytes / bw)
     r = relaxed_tps_bound(g, c, b, B)
     assert r.perfect_balance == pytest.approx(2 * alpha)
-    assert r.value == pytest.approx(hand, rel=1e-5)
+    assert hand * (1 - 1e-3) <= r.value <= hand * (1 + 1e-9)   # the dual bound, within MIP_REL_GAP
     assert r.value > 1.1 * r.perfect_balance   # a 10% target is provably out of reach here
     opt, _ = oracle.best_plan_bruteforce(g, c, B, micro_batch_sizes=[b])
     assert r.value <= opt * (1 + 1e-9) and opt == pytest.approx(hand)
