@@ -45,6 +45,17 @@ Proof of validity (each step only lowers the right-hand side):
    ``k`` = stage ``k`` in order of non-increasing degree, unused slots last; ``r = |T_s|``), so
    the MILP's optimum — or any proven dual bound of it — is ``<= TPS(P)``.  (The step-3 row is
    implied by the others for integer points; it tightens the LP relaxation.)
+6b. Watched nodes: a node ``v`` alone in its class (so ``x[k,c_v,d]`` in {0, 1} says whether ``v``
+   is in slot ``k``).  Let ``U_{v,c}`` be ``v``'s in-neighbours of class ``c`` not already listed
+   for an earlier watched node (the sets are disjoint), ``m = |U_{v,c}|``.  If ``v`` is in stage
+   ``s``, each ``u`` of ``U_{v,c}`` outside ``s`` gives the transfer ``(u, s)`` — distinct ``u``,
+   distinct transfers — of bytes ``>= bytes(u, v)``; at most ``x[k,c,d]`` of ``U_{v,c}`` are
+   inside ``s``, so ``s`` takes part in ``>= m x[k,c_v,d] - x[k,c,d]`` of them.  If ``v`` has
+   ``m'`` out-neighbours in class ``c`` and ``m' x[k,c_v,d] > x[k,c,d]``, one is outside ``s`` and
+   ``s`` takes part in a transfer ``(v, .)`` of bytes ``>=`` ``v``'s least out-edge bytes (binary
+   ``o``).  Producers differ (outside ``s`` / the distinct watched ``v`` in ``s``), so these are
+   distinct transfers of ``s``: ``r[k,d] >=`` their number, and each costs ``2 (bytes - beta) /
+   (d bw_x(d))`` more than the ``beta`` that ``r`` charges (added to the slot's rows of steps 1, 3).
 7. ``TPS(P) >= perfect balance`` (total cheapest device-time per sample / ``D``) holds for every
    plan, so the returned value is ``max(perfect balance, min(single stage, S >= 2 bound))``.
 
@@ -152,6 +163,41 @@ def node_classes(graph: Graph) -> list[list[int]]:
 
 
 @dataclass(frozen=True)
+class Watched:
+    """A node alone in its class (step 6b): its in-neighbours per class and its out-edges."""
+
+    cls: int                                    # its own class
+    ins: tuple[tuple[int, int, float], ...]     # (class c, m = |U_{v,c}|, least bytes of those edges)
+    outs: tuple[tuple[int, int], ...]           # (class c, out-neighbours of v in c)
+    out_bytes: float                            # least bytes of v's out-edges
+
+
+def watched_nodes(graph: Graph, classes: list[list[int]]) -> list[Watched]:
+    """Step 6b's data; in-neighbour sets ``U_{v,c}`` are made disjoint across watched nodes."""
+    cls_of = {i: c for c, m in enumerate(classes) for i in m}
+    ids, idx, eb = graph.ids, graph.index, graph.edge_bytes_map
+    claimed: set[int] = set()
+    out = []
+    for c, m in enumerate(classes):
+        if len(m) != 1:
+            continue
+        v = m[0]
+        ins: dict[int, list[float]] = {}
+        for uid in graph.preds(ids[v]):
+            u = idx[uid]
+            if u not in claimed:
+                claimed.add(u)
+                ins.setdefault(cls_of[u], []).append(eb[(uid, ids[v])])
+        outs: dict[int, int] = {}
+        for wid in graph.succs(ids[v]):
+            outs[cls_of[idx[wid]]] = outs.get(cls_of[idx[wid]], 0) + 1
+        ob = min((eb[(ids[v], w)] for w in graph.succs(ids[v])), default=0.0)
+        out.append(Watched(c, tuple((cc, len(bs), min(bs)) for cc, bs in sorted(ins.items())),
+                           tuple(sorted(outs.items())), ob))
+    return out
+
+
+@dataclass(frozen=True)
 class _MultiResult:
     value: float        # lower bound for >= 2 stages (inf: infeasible), or nan: nothing proven
     status: str         # optimal | dual-bound | none | infeasible
@@ -198,6 +244,8 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
     r = {(k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
          for k in range(K) for d in ds}
     prob += t
+    watched = watched_nodes(graph, classes)
+    extra: dict[tuple[int, int], pulp.LpAffineExpression] = {}
     S = pulp.lpSum(y.values())
     prob += S >= 2
     prob += pulp.lpSum(d * y[k, d] for k in range(K) for d in ds) <= D
@@ -215,13 +263,32 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
             if kappa == 1:
                 prob += r[k, d] >= y[k, d]
             prob += pulp.lpSum(mem[c, d] * x[k, c, d] for c in range(len(classes))) <= y[k, d]
+            # step 6b: transfers a watched node's stage must take part in, at their edges' bytes
+            per_byte = 2 / (d * transfer_bandwidth_ub(cluster, d)) / scale
+            known, cost = [], []
+            for j, w in enumerate(watched):
+                for c, m, bytes_in in w.ins:
+                    miss = prob.add_variable(f"miss_{k}_{d}_{j}_{c}", 0, m)
+                    prob += miss >= m * x[k, w.cls, d] - x[k, c, d]
+                    known.append(miss)
+                    cost.append((bytes_in - beta) * per_byte * miss)
+                if w.outs:
+                    o = prob.add_variable(f"out_{k}_{d}_{j}", cat=pulp.LpBinary)
+                    for c, m in w.outs:
+                        prob += m * o >= m * x[k, w.cls, d] - x[k, c, d]
+                    known.append(o)
+                    cost.append((w.out_bytes - beta) * per_byte * o)
+            if known:
+                prob += r[k, d] >= pulp.lpSum(known)
+            extra[k, d] = pulp.lpSum(cost)
         prob += t >= (pulp.lpSum(u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
-                      + pulp.lpSum(tau[d] * r[k, d] for d in ds))
+                      + pulp.lpSum(tau[d] * r[k, d] for d in ds) + pulp.lpSum(extra[k, d] for d in ds))
     for k in range(K - 1):   # symmetry: used slots first, degrees non-increasing
         prob += pulp.lpSum(y[k, d] for d in ds) >= pulp.lpSum(y[k + 1, d] for d in ds)
         prob += pulp.lpSum(d * y[k, d] for d in ds) >= pulp.lpSum(d * y[k + 1, d] for d in ds)
     prob += D * t >= (pulp.lpSum(d * u[c, d] * x[k, c, d] for k in range(K) for c in range(len(classes)) for d in ds)
-                      + pulp.lpSum(d * tau[d] * r[k, d] for k in range(K) for d in ds))
+                      + pulp.lpSum(d * tau[d] * r[k, d] for k in range(K) for d in ds)
+                      + pulp.lpSum(d * e for (k, d), e in extra.items()))
     try:
         prob.solve(_solver(time_limit))
     except pulp.PulpSolverError as exc:
@@ -230,7 +297,7 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
     h = prob.solverModel
     st = h.getModelStatus()
     info = h.getInfo()
-    size = f"{K} slots x {len(classes)} classes x {len(ds)} degrees"
+    size = f"{K} slots x {len(classes)} classes x {len(ds)} degrees, {len(watched)} watched nodes"
     if st == highspy.HighsModelStatus.kInfeasible:
         return _MultiResult(math.inf, "infeasible", f"S>=2 MILP ({size}) infeasible (memory)")
     dual, primal = float(info.mip_dual_bound), float(info.objective_function_value)

@@ -1,4 +1,5 @@
-"""The relaxed TPS bound: never above the exact optimum (brute-force oracle), never below perfect
+"""The relaxed TPS bound: never above the exact optimum (brute-force oracle; graphs with and without
+classes of identical nodes, flat and 2-per-node clusters, some memory-tight), never below perfect
 balance, equal to a hand-computed optimum where communication makes perfect balance unreachable."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from gpp_solver.graph import graph_from_dict
+from gpp_solver.graph import graph_from_dict, graph_to_dict
 from gpp_solver.tps_bound import TpsBound, perfect_balance_tps, relaxed_tps_bound, relaxed_tps_bounds
 from gpp_solver.types import Cluster
 
@@ -20,12 +21,25 @@ oracle = pytest.importorskip("gpp_solver.oracle")
 KINDS = ("chain", "diamond", "sp", "dag")
 
 
+def _with_twins(g, rng: random.Random):
+    """Copy one node's times, weight and activation bytes to 1-3 others (a class of size > 1; their
+    output bytes, hence edge bytes, stay different)."""
+    d = graph_to_dict(g)
+    src, *twins = rng.sample(range(len(d["nodes"])), rng.randint(2, 4))
+    for t in twins:
+        for key in ("fw_time", "bw_time", "weight_bytes", "activation_bytes"):
+            d["nodes"][t][key] = d["nodes"][src][key]
+    return graph_from_dict(d)
+
+
 def _instances(count: int, seed: int):
     rng = random.Random(seed)
     for i in range(count):
         kind = KINDS[i % len(KINDS)]
-        n = rng.choice((5, 6, 7))
+        n = rng.choice((5, 6, 6, 7))
         g = oracle.random_graph(rng, kind, n, name=f"{kind}-{n}-{i}")
+        if i % 2 == 0:
+            g = _with_twins(g, rng)
         c = oracle.random_cluster(rng, 4, placement=i % 2 == 1)
         b = rng.choice((2, 4, 8))
         if i % 3 == 2:   # memory tight enough that some plans do not fit
@@ -36,7 +50,7 @@ def _instances(count: int, seed: int):
 
 def test_never_above_the_exact_optimum_never_below_perfect_balance():
     above = 0
-    for i, g, c, b in _instances(36, seed=7):
+    for i, g, c, b in _instances(32, seed=7):
         opt, plan = oracle.best_plan_bruteforce(g, c, 16, micro_batch_sizes=[b])
         assert plan is not None, i
         r = relaxed_tps_bound(g, c, b, 16, time_limit=20)
@@ -78,6 +92,27 @@ def test_hand_made_chain_bound_above_perfect_balance(edge_bytes, weight):
     assert r.value > 1.1 * r.perfect_balance   # a 10% target is provably out of reach here
     opt, _ = oracle.best_plan_bruteforce(g, c, B, micro_batch_sizes=[b])
     assert r.value <= opt * (1 + 1e-9) and opt == pytest.approx(hand)
+
+
+def test_a_producer_feeding_one_stage_twice_is_one_transfer():
+    """a -> v1, a -> v2 on 2 devices (b = 4, B = 8, flat 1e9 B/s): a costs 2*alpha per sample,
+    v1 and v2 alpha each, huge weights (no replication).  Best plan {a} | {v1, v2}: one transfer
+    (a, stage 2) of E bytes, so TPS = 2*alpha + 2*E/bw = 2.5*alpha — counting it once per consumer
+    edge would give 3*alpha, above the optimum."""
+    alpha, sizes, E, bw = 1e-3, [1, 2, 4, 8], 2.5e5, 1e9
+    def node(i, share, w):
+        return {"id": i, "fw_time": [share * alpha * x for x in sizes], "bw_time": [share * alpha * x for x in sizes],
+                "weight_bytes": w, "activation_bytes": 1e3, "output_bytes": E}
+    g = graph_from_dict({"name": "fan", "micro_batch_sizes": sizes,
+                         "nodes": [node("a", 1.0, 1e10), node("v1", 0.5, 1e10), node("v2", 0.5, 1.1e10)],
+                         "edges": [{"src": "a", "dst": "v1"}, {"src": "a", "dst": "v2"}]})
+    c = Cluster(devices=2, memory_bytes=1e12, inter_node_bandwidth=bw, latency=0.0)
+    hand = 2 * alpha + 2 * E / bw
+    opt, _ = oracle.best_plan_bruteforce(g, c, 8, micro_batch_sizes=[4])
+    assert opt == pytest.approx(hand)
+    r = relaxed_tps_bound(g, c, 4, 8)
+    assert r.perfect_balance == pytest.approx(2 * alpha)
+    assert hand * (1 - 1e-3) <= r.value <= hand * (1 + 1e-9)
 
 
 def test_time_limit_keeps_a_valid_bound():
