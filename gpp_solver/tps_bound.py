@@ -56,6 +56,13 @@ Proof of validity (each step only lowers the right-hand side):
    ``o``).  Producers differ (outside ``s`` / the distinct watched ``v`` in ``s``), so these are
    distinct transfers of ``s``: ``r[k,d] >=`` their number, and each costs ``2 (bytes - beta) /
    (d bw_x(d))`` more than the ``beta`` that ``r`` charges (added to the slot's rows of steps 1, 3).
+6c. Inter-node transfers (``devices_per_node`` set, intra faster than inter, ``D >`` a node).  Call a
+   stage edge *intra* when both stages' devices sit in one node.  A connected group of stages
+   joined by intra edges lies in one node, so it has ``<= devices_per_node`` devices, or is one
+   stage: the number of groups is ``>= sum_s min(d_s, dpn) / dpn``.  The groups are joined by
+   ``>= groups - kappa`` stage edges, each with a transfer at the inter-node bandwidth that both
+   its stages take part in: integer ``q[k,d] <= r[k,d]``, ``sum q >= 2 (sum min(d,dpn)/dpn y -
+   kappa)``, each costing ``2 beta (1/inter - 1/bw_x(d)) / d`` more than ``tau(d)``.
 7. ``TPS(P) >= perfect balance`` (total cheapest device-time per sample / ``D``) holds for every
    plan, so the returned value is ``max(perfect balance, min(single stage, S >= 2 bound))``.
 
@@ -233,6 +240,10 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
                   + allreduce_time(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
          for c, m in enumerate(classes) for d in ds}
     tau = {d: 2 * (cluster.latency / b + beta / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
+    # step 6c: participations forced onto the inter-node bandwidth, and their extra cost over tau
+    dpn, inter = cluster.devices_per_node, cluster.inter_node_bandwidth
+    islands = dpn is not None and transfer_bandwidth_ub(cluster, 1) > inter and D > dpn
+    tau_up = {d: 2 * beta * (1 / (d * inter) - 1 / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
     mem = {(c, d): (osf * float(tab.weight[m[0]]) + b / d * float(tab.activation[m[0]])) / limit
            for c, m in enumerate(classes) for d in ds}
 
@@ -243,6 +254,13 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
          for k in range(K) for c, m in enumerate(classes) for d in ds}
     r = {(k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
          for k in range(K) for d in ds}
+    up = {(k, d): prob.add_variable(f"inter_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
+          for k in range(K) for d in ds if islands}   # all degrees count towards the sum
+    for (k, d), v in up.items():
+        prob += v <= r[k, d]
+    if up:
+        prob += pulp.lpSum(up.values()) >= 2 * pulp.lpSum(min(d, dpn) / dpn * y[k, d] for k in range(K) for d in ds) \
+            - 2 * kappa
     prob += t
     watched = watched_nodes(graph, classes)
     extra: dict[tuple[int, int], pulp.LpAffineExpression] = {}
@@ -280,6 +298,8 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
                     cost.append((w.out_bytes - beta) * per_byte * o)
             if known:
                 prob += r[k, d] >= pulp.lpSum(known)
+            if (k, d) in up:
+                cost.append(tau_up[d] * up[k, d])
             extra[k, d] = pulp.lpSum(cost)
         prob += t >= (pulp.lpSum(u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
                       + pulp.lpSum(tau[d] * r[k, d] for d in ds) + pulp.lpSum(extra[k, d] for d in ds))

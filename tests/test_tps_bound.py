@@ -115,6 +115,39 @@ def test_a_producer_feeding_one_stage_twice_is_one_transfer():
     assert hand * (1 - 1e-3) <= r.value <= hand * (1 + 1e-9)
 
 
+def test_stages_filling_one_node_each_pay_an_inter_node_transfer():
+    """a -> b on 4 devices, 2 per node (intra 1e10, inter 1e9 B/s), b = 4, B = 8.  Best plan: one
+    stage of 2 devices per node: alpha + all-reduce w/(intra B) + one transfer E/inter (the two
+    stages sit in different nodes).  The inter-node counting (step 6c) must allow it."""
+    alpha, sizes, E, w = 1e-3, [1, 2, 4, 8], 1e5, 1e6
+    def node(i, wb):
+        return {"id": i, "fw_time": [alpha * x for x in sizes], "bw_time": [alpha * x for x in sizes],
+                "weight_bytes": wb, "activation_bytes": 1e3, "output_bytes": E}
+    g = graph_from_dict({"name": "pair", "micro_batch_sizes": sizes, "nodes": [node("a", w), node("b", w * 1.0001)],
+                         "edges": [{"src": "a", "dst": "b"}]})
+    c = Cluster(devices=4, memory_bytes=1e12, devices_per_node=2, intra_node_bandwidth=1e10,
+                inter_node_bandwidth=1e9, latency=0.0)
+    hand = alpha + w * 1.0001 / 1e10 / 8 + E / 1e9
+    opt, _ = oracle.best_plan_bruteforce(g, c, 8, micro_batch_sizes=[4])
+    assert opt == pytest.approx(hand)
+    r = relaxed_tps_bound(g, c, 4, 8)
+    assert r.perfect_balance == pytest.approx(alpha)
+    assert hand * (1 - 1e-3) <= r.value <= hand * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_never_above_the_exact_optimum_many_seeds():
+    checked = 0
+    for seed in range(400, 425):
+        for i, g, c, b in _instances(12, seed):
+            opt, plan = oracle.best_plan_bruteforce(g, c, 16, micro_batch_sizes=[b])
+            if plan is not None:
+                r = relaxed_tps_bound(g, c, b, 16)
+                assert r.value <= opt * (1 + 1e-9), (seed, i, r.value, opt, r.detail)
+                checked += 1
+    assert checked >= 250
+
+
 def test_time_limit_keeps_a_valid_bound():
     rng = random.Random(3)
     g = oracle.random_graph(rng, "dag", 8)
