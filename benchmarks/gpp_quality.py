@@ -9,7 +9,12 @@ iteration time) and ``gpp[TPS]`` (``objective="time_per_sample"``); the other pl
 time and throughput, stages / devices used / b, and the TPS gap to two lower bounds at the plan's
 micro-batch size ``b``: the plain perfect-balance bound (total compute per sample / devices,
 :func:`perfect_balance_tps`) and the node bound (:func:`node_bound_tps`: the least TPS of a stage
-holding the heaviest node, with its all-reduce and its neighbours' compute or transfers).
+holding the heaviest node, with its all-reduce and its neighbours' compute or transfers), and the
+TPS gap to the *relaxed bound* (:func:`gpp_solver.tps_bound.relaxed_tps_bound`: a MILP relaxation
+that charges every stage its transfers and every replicated stage its all-reduce; status in
+brackets when the MILP time limit ``--bound-time-limit`` left only a dual bound).  After each
+workload table, one line per cell: at ``gpp[TPS]``'s ``b`` and over every micro-batch size, whether
+``1.1 x perfect balance`` is below the relaxed bound (the 10% target provably unreachable).
 
 Part 2 — random tiny graphs (``gpp_solver.oracle.random_graph``: chains, diamonds,
 series-parallel and general DAGs, 6-8 nodes, 4 devices): the gap of ``gpp``'s bottleneck TPS
@@ -18,7 +23,7 @@ oracle, and of ``gpp``'s default plan's simulated iteration time to the oracle p
 
     python benchmarks/gpp_quality.py [--models mmt,dlrm,candle-uno,transformer] [--devices 4,8,16,32]
         [--planners graphpipe,pipedream,...] [--time-limit 60] [--gpp-time-limit S] [--gap-instances 40] [--seed 0]
-        [--skip-workloads] [--skip-gap]
+        [--bound-time-limit 20] [--skip-all-b] [--skip-workloads] [--skip-gap]
 """
 
 from __future__ import annotations
@@ -37,11 +42,22 @@ from gpp_solver.errors import GppError
 from gpp_solver.gpp_planner import _seed_fn, plan_gpp
 from gpp_solver.models import build_model
 from gpp_solver.planners import REGISTRY
+from gpp_solver.tps_bound import TpsBound, relaxed_tps_bound
 from gpp_solver.types import Cluster, Graph, Plan
 from gpp_solver.validate import validate
 
 SAMPLES_PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
+BOUND_TIME_LIMIT = [20.0]   # seconds per relaxed-bound MILP (--bound-time-limit)
+_RELAXED: dict[tuple[str, int, int, int], TpsBound] = {}
+
+
+def relaxed_bound(graph: Graph, cluster: Cluster, b: int, B: int) -> TpsBound:
+    """:func:`relaxed_tps_bound` at ``b``, cached per (graph, devices, b, B)."""
+    key = (graph.name, cluster.devices, b, B)
+    if key not in _RELAXED:
+        _RELAXED[key] = relaxed_tps_bound(graph, cluster, b, B, time_limit=BOUND_TIME_LIMIT[0])
+    return _RELAXED[key]
 
 
 def _degrees(b: int, devices: int) -> list[int]:
@@ -120,7 +136,9 @@ def plan_row(name: str, plan: Plan | None, seconds: float, graph: Graph, cluster
     worst = max(stage_costs(graph, cluster, specs, plan.mini_batch_size), key=lambda sc: sc.time_per_sample)
     comp_share = worst.compute / worst.micro_batch_size / worst.time_per_sample
     bound2 = max(bound, node_bound_tps(graph, cluster, bs[0], plan.mini_batch_size))
-    return {"gap2": plan.predicted.time_per_sample / bound2 - 1, "planner": name, "status": plan.search.status, "seconds": seconds,
+    relaxed = relaxed_bound(graph, cluster, bs[0], plan.mini_batch_size) if len(bs) == 1 else None
+    return {"relaxed": relaxed, "gap3": None if relaxed is None else plan.predicted.time_per_sample / relaxed.value - 1,
+            "gap2": plan.predicted.time_per_sample / bound2 - 1, "planner": name, "status": plan.search.status, "seconds": seconds,
             "tps": plan.predicted.time_per_sample, "iter": plan.predicted.iteration_time,
             "thr": plan.predicted.throughput, "stages": len(plan.stages), "devices": plan.devices_used,
             "b": bs[0] if len(bs) == 1 else f"{bs}", "comp_share": comp_share, "gap": plan.predicted.time_per_sample / bound - 1}
@@ -168,14 +186,49 @@ def workload_table(model: str, devices: int, rows: list[dict[str, Any]]) -> str:
     best_other = max((r["thr"] for r in others), default=None)
     out = [f"### {model}, {devices} devices (B = {SAMPLES_PER_DEVICE[model] * devices})", "",
            "| planner | status | search s | TPS s | sim. iteration s | throughput /s | vs best other | stages | devices "
-           "| b | TPS gap to plain bound | to node bound |", "|" + "---|" * 12]
+           "| b | TPS gap to plain bound | to node bound | relaxed bound s | to relaxed bound |", "|" + "---|" * 14]
     for r in rows:
         rel = None if best_other is None or "thr" not in r else r["thr"] / best_other
         out.append(f"| {r['planner']} | {r['status']} | {fmt(r['seconds'], '.2f')} | {fmt(r.get('tps'), '.4g')} | "
                    f"{fmt(r.get('iter'), '.4g')} | {fmt(r.get('thr'), '.5g')} | {fmt(rel, '.3f')} | "
                    f"{fmt(r.get('stages'), 'd')} | {fmt(r.get('devices'), 'd')} | {r.get('b', '—')} | "
                    f"{fmt(None if 'gap' not in r else 100 * r['gap'], '.1f')}% | "
-                   f"{fmt(None if 'gap2' not in r else 100 * r['gap2'], '.1f')}% |")
+                   f"{fmt(None if 'gap2' not in r else 100 * r['gap2'], '.1f')}% | {relaxed_cell(r.get('relaxed'))} | "
+                   f"{fmt(None if r.get('gap3') is None else 100 * r['gap3'], '.1f')}% |")
+    return "\n".join(out)
+
+
+def relaxed_cell(r: TpsBound | None) -> str:
+    if r is None:
+        return "—"
+    return f"{r.value:.4g}" + ("" if r.status == "optimal" else f" ({r.status})")
+
+
+def unreachable_lines(model: str, devices: int, rows: list[dict[str, Any]], all_b: bool) -> str:
+    """Is ``1.1 x perfect balance`` below the relaxed bound (the 10% target provably unreachable)?
+    At ``gpp[TPS]``'s ``b``, and (``all_b``) at every power-of-two ``b`` dividing ``B``."""
+    graph, cluster = build_model(model), v100_cluster(devices)
+    B = SAMPLES_PER_DEVICE[model] * devices
+    t = next((r for r in rows if r["planner"] == "gpp[TPS]"), None)
+    out = []
+    if t is not None and t.get("relaxed") is not None:
+        r = t["relaxed"]
+        verdict = "yes: the 10% target is provably unreachable" if 1.1 * r.perfect_balance < r.value else "no (not proven)"
+        out.append(f"- b = {r.micro_batch_size} (gpp[TPS]'s): perfect balance {r.perfect_balance:.4g}, relaxed bound "
+                   f"{relaxed_cell(r)} (+{100 * (r.value / r.perfect_balance - 1):.1f}%), gpp[TPS] TPS {t['tps']:.4g}; "
+                   f"1.1 x perfect balance < relaxed bound: {verdict}")
+    if all_b:
+        from gpp_solver.micro_batch import powers_of_two_dividing
+        bounds = [relaxed_bound(graph, cluster, b, B) for b in powers_of_two_dividing(B)]
+        best = min(bounds, key=lambda r: r.value)
+        out_of = [r.micro_batch_size for r in bounds if not 1.1 * r.perfect_balance < r.value]
+        unproven = [r.micro_batch_size for r in bounds if r.status != "optimal"]
+        gpp_tps = "" if t is None else f"; gpp[TPS] TPS / least relaxed bound = {t['tps'] / best.value:.3f}"
+        out.append(f"- every b (1..{bounds[-1].micro_batch_size}): least relaxed bound {best.value:.4g} at b = "
+                   f"{best.micro_batch_size}{gpp_tps}; 10% target provably unreachable at "
+                   f"{len(bounds) - len(out_of)}/{len(bounds)} sizes"
+                   + (f" (not at b = {out_of})" if out_of else "")
+                   + (f"; MILP stopped by the time limit (dual bound) at b = {unproven}" if unproven else ""))
     return "\n".join(out)
 
 
@@ -243,9 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpp-time-limit", type=float, default=None, help="gpp's (default: its own, 10 s)")
     ap.add_argument("--gap-instances", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bound-time-limit", type=float, default=20.0, help="time limit of each relaxed-bound MILP")
+    ap.add_argument("--skip-all-b", action="store_true", help="relaxed bound only at the plans' micro-batch sizes")
     ap.add_argument("--skip-workloads", action="store_true")
     ap.add_argument("--skip-gap", action="store_true")
     a = ap.parse_args(argv)
+    BOUND_TIME_LIMIT[0] = a.bound_time_limit
     planners = [p for p in a.planners.split(",") if p and p != "gpp" and (p in REGISTRY or p == "graphpipe")]
     if not a.skip_workloads:
         results = {}
@@ -254,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows = run_workload(model, devices, planners, a.time_limit, a.gpp_time_limit)
                 results[(model, devices)] = rows
                 print(workload_table(model, devices, rows) + "\n", flush=True)
+                print(unreachable_lines(model, devices, rows, not a.skip_all_b) + "\n", flush=True)
         print("### Summary\n\n" + summary_table(results) + "\n", flush=True)
     if not a.skip_gap:
         print(optimality_gap(a.gap_instances, a.seed), flush=True)

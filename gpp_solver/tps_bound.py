@@ -72,6 +72,8 @@ relative ``1e-6`` for the solver's tolerances — never its best solution.  Stat
 ``proven``), ``dual-bound`` (time limit: the dual bound so far, ``relaxation_gap`` says how far from
 the best relaxed solution found), ``perfect-balance`` (no usable dual bound: the value is only the
 perfect-balance bound), ``infeasible`` (no plan with this ``b`` fits in memory: the value is ``inf``).
+A dual bound reached under a time limit depends on the machine's speed (how far HiGHS got); it is
+valid either way.
 """
 
 from __future__ import annotations
