@@ -38,7 +38,7 @@ from typing import Any
 from gpp_solver.cluster import v100_cluster
 from gpp_solver.cost import CostTables, stage_costs
 from gpp_solver.plan_build import StageSpec
-from gpp_solver.errors import GppError
+from gpp_solver.errors import GppError, SolverError
 from gpp_solver.gpp_planner import _seed_fn, plan_gpp
 from gpp_solver.models import build_model
 from gpp_solver.planners import REGISTRY
@@ -49,14 +49,18 @@ from gpp_solver.validate import validate
 SAMPLES_PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
 BOUND_TIME_LIMIT = [20.0]   # seconds per relaxed-bound MILP (--bound-time-limit)
-_RELAXED: dict[tuple[str, int, int, int], TpsBound] = {}
+_RELAXED: dict[tuple[str, int, int, int], TpsBound | None] = {}
 
 
-def relaxed_bound(graph: Graph, cluster: Cluster, b: int, B: int) -> TpsBound:
-    """:func:`relaxed_tps_bound` at ``b``, cached per (graph, devices, b, B)."""
+def relaxed_bound(graph: Graph, cluster: Cluster, b: int, B: int) -> TpsBound | None:
+    """:func:`relaxed_tps_bound` at ``b``, cached per (graph, devices, b, B); ``None`` without HiGHS."""
     key = (graph.name, cluster.devices, b, B)
     if key not in _RELAXED:
-        _RELAXED[key] = relaxed_tps_bound(graph, cluster, b, B, time_limit=BOUND_TIME_LIMIT[0])
+        try:
+            _RELAXED[key] = relaxed_tps_bound(graph, cluster, b, B, time_limit=BOUND_TIME_LIMIT[0])
+        except SolverError as exc:
+            print(f"relaxed bound unavailable: {exc}", file=sys.stderr)
+            _RELAXED[key] = None
     return _RELAXED[key]
 
 
@@ -219,7 +223,9 @@ def unreachable_lines(model: str, devices: int, rows: list[dict[str, Any]], all_
                    f"1.1 x perfect balance < relaxed bound: {verdict}")
     if all_b:
         from gpp_solver.micro_batch import powers_of_two_dividing
-        bounds = [relaxed_bound(graph, cluster, b, B) for b in powers_of_two_dividing(B)]
+        bounds = [r for r in (relaxed_bound(graph, cluster, b, B) for b in powers_of_two_dividing(B)) if r is not None]
+        if not bounds:
+            return "\n".join(out)
         best = min(bounds, key=lambda r: r.value)
         out_of = [r.micro_batch_size for r in bounds if not 1.1 * r.perfect_balance < r.value]
         unproven = [r.micro_batch_size for r in bounds if r.status != "optimal"]
