@@ -42,7 +42,7 @@ from gpp_solver.errors import GppError, SolverError
 from gpp_solver.gpp_planner import _seed_fn, plan_gpp
 from gpp_solver.models import build_model
 from gpp_solver.planners import REGISTRY
-from gpp_solver.tps_bound import TpsBound, relaxed_tps_bound
+from gpp_solver.tps_bound import TpsBound, degrees as _degrees, perfect_balance_tps, relaxed_tps_bound
 from gpp_solver.types import Cluster, Graph, Plan
 from gpp_solver.validate import validate
 
@@ -62,18 +62,6 @@ def relaxed_bound(graph: Graph, cluster: Cluster, b: int, B: int) -> TpsBound | 
             print(f"relaxed bound unavailable: {exc}", file=sys.stderr)
             _RELAXED[key] = None
     return _RELAXED[key]
-
-
-def _degrees(b: int, devices: int) -> list[int]:
-    return [d for d in range(1, devices + 1) if b % d == 0]
-
-
-def perfect_balance_tps(graph: Graph, b: int, devices: int) -> float:
-    """Plain bound: every node at its cheapest device-time per sample, ``min_d d * (f_v(b/d) +
-    g_v(b/d)) / b`` over ``d | b`` (usually ``d = 1``), summed and spread over all devices."""
-    t = CostTables(graph)
-    per = [d * t.compute_at(b / d) for d in _degrees(b, devices)]
-    return float(sum(min(x[i] for x in per) for i in range(len(graph.nodes)))) / b / devices
 
 
 def node_bound_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
@@ -262,7 +250,7 @@ def optimality_gap(instances: int, seed: int) -> str:
     from gpp_solver.oracle import best_plan_bruteforce, random_cluster, random_graph
     rng = random.Random(seed)
     gp = _seed_fn("graphpipe")
-    gaps, gp_gaps, sim_rel, rows = [], [], [], []
+    gaps, gp_gaps, sim_rel = [], [], []
     for i in range(instances):
         kind = ("chain", "diamond", "sp", "dag")[i % 4]
         n = rng.randint(6, 8)

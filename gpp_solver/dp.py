@@ -27,7 +27,7 @@ import numpy as np
 
 from .cost import CostTables
 from .dp_kernel import (INF, TreeIndex, attach_parts, degree_thresholds, devices_by_depth, devices_from_thresholds,
-                        index_tree, max_depths, prefix_series, run_dp, segment_comm, segment_sums, stage_tps)
+                        index_tree, max_depths, run_dp, segment_comm, segment_sums, stage_tps)
 from .errors import InvalidInputError
 from .sp_tree import SPDecomposition, decompose
 from .types import Cluster, Graph
