@@ -212,6 +212,16 @@ def _run(args: argparse.Namespace) -> int:
             opts["depth_tradeoff"] = True
         if not args.shared_sinks:
             opts["shared_sinks"] = False
+        only_gp = [flag for flag, key in (("--per-stage-micro-batch", "per_stage_micro_batch"),
+                                          ("--search-k", "search_k"), ("--depth-tradeoff", "depth_tradeoff"),
+                                          ("--no-shared-sinks", "shared_sinks")) if key in opts]
+        if only_gp:
+            from .api import default_planner
+
+            chosen = args.planner or default_planner()
+            if chosen != "graphpipe":
+                raise InvalidInputError(f"{', '.join(only_gp)}: only for --planner graphpipe, "
+                                        f"but the planner is {chosen!r}")
         plan = solve(g, c, mini_batch_size=args.batch, planner=args.planner, time_limit=args.time_limit,
                      progress=not args.quiet and sys.stderr.isatty(), **opts)
         if args.output:
