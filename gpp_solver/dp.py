@@ -369,17 +369,41 @@ class StageDP:
             par_suf = tables[site.par]
             Rb = [None if x is None else x[None] for x in R]
             parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], self.E)
-            for i, opts in enumerate(site.tails):
-                for u, qs in opts:
-                    for q, g in qs:
-                        for m in range(s + 1, self.E + 1):
-                            val = (int(dev[g, m]) + int(suf[q + 1][s, m - 1]) + int(parts.heads[i][0, u, m, e])
-                                   + int(parts.others[i][0, m, e]))
-                            if val == target:
-                                emit(g, m)
-                                head_walk(site, i, u, m, e, parts.heads[i])
-                                others_walk(site, i, m, e, parts.prepar)
-                                return q, m
+            ms = np.arange(s + 1, self.E + 1)
+            for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
+                if len(ms) == 0:
+                    break
+                us = [u for u, _ in opts]
+                qs = [q for q, _ in opts[0][1]]
+                G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)      # (u, q)
+                rest = np.stack([suf[q + 1][s, ms - 1] for q in qs])                       # (q, m)
+                val = (dev[G][:, :, ms] + rest[None] + parts.heads[i][0, us][:, None, ms, e]
+                       + parts.others[i][0, ms, e][None, None])
+                hit = np.argwhere(val == target)
+                if len(hit):
+                    ui, qi, mi = (int(x) for x in hit[0])
+                    m = int(ms[mi])
+                    emit(int(G[ui, qi]), m)
+                    head_walk(site, i, us[ui], m, e, parts.heads[i])
+                    others_walk(site, i, i, m, e, parts.prepar)
+                    return qs[qi], m
+            mg = np.arange(s + 1, e + 1)
+            if site.groups and len(mg):
+                qs = [q for q, _ in site.groups[0][2]]
+                G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
+                a = np.asarray([x for x, _, _ in site.groups])
+                c = np.asarray([z for _, z, _ in site.groups])
+                rest = np.stack([suf[q + 1][s, mg - 1] for q in qs])                           # (q, m)
+                PP = np.stack([x[0] for x in parts.prepar])                                    # (i, m, e)
+                other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]                             # (grp, m)
+                val = dev[G][:, :, mg] + rest[None] + other[:, None]
+                hit = np.argwhere(val == target)
+                if len(hit):
+                    gi, qi, mi = (int(x) for x in hit[0])
+                    m = int(mg[mi])
+                    emit(int(G[gi, qi]), m)
+                    others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
+                    return qs[qi], m
             return None
 
         def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
@@ -407,11 +431,12 @@ class StageDP:
                     nxt = (u - 1, m2)
                 u, m = nxt
 
-        def others_walk(site, i: int, m: int, e: int, prepar: list) -> None:
-            if i + 1 < len(idx.nodes[site.par][1]):
-                walk(site.par, m, e, i + 1)
+        def others_walk(site, a: int, c: int, m: int, e: int, prepar: list) -> None:
+            """The branches before ``a`` and after ``c`` (their successor at depth ``m``)."""
+            if c + 1 < len(idx.nodes[site.par][1]):
+                walk(site.par, m, e, c + 1)
             kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
-            j = i
+            j = a
             while j > 0:
                 target = prepar[j][0, m, e]
                 internal = kids[j - 1][0] == "node"

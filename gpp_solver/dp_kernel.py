@@ -14,10 +14,11 @@ which target, building stages).  The search space is the SP tree's (:mod:`gpp_so
   stage's in-flight samples are ``depth * b`` where ``depth`` is 1 + the longest path to a sink.
 
 **Shared sinks** (:func:`add_shared_sinks`, GraphPipe's shared terminals): at a series node whose
-child ``p`` is a parallel node, a stage may join the tail of one branch (its last series children)
+child ``p`` is a parallel node, a stage may join the tail of one branch (its last series children),
+or a group of whole consecutive branches (the parallel split's group that keeps the shared sink),
 with the series children ``p+1..q``; the other branches (consecutive groups on either side of that
-branch) and the branch's head then have that stage as their successor (:func:`attach_values`,
-mirrored prefix DPs :func:`prefix_series` / :func:`prefix_parallel`).  Such a stage is two leaf
+branch or group) and the branch's head then have that stage as their successor
+(:func:`attach_values`, mirrored prefix DPs :func:`prefix_series` / :func:`prefix_parallel`).  Such a stage is two leaf
 ranges (``seg_lo2``/``seg_hi2``); its transfers are counted from its node set like any segment's.
 
 **DP value.**  For a target TPS ``t`` and a tree node ``T``: ``R_T[s, e]`` = the fewest devices
@@ -102,6 +103,9 @@ class AttachSite:
     p: int
     par: int
     tails: tuple[tuple[tuple[int, tuple[tuple[int, int], ...]], ...], ...]
+    #: ``(a, c, ((q, segment), ...))``: branches ``a..c`` (``c > a``) whole, joined with the series
+    #: children ``p+1..q`` into one stage (the parallel split's group that keeps the shared sink)
+    groups: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...] = ()
 
 
 def index_tree(tree: SPNode, shared_sinks: bool = False) -> TreeIndex:
@@ -156,7 +160,9 @@ def add_shared_sinks(idx: TreeIndex) -> None:
     For every series child ``p`` that is a parallel node with series children after it, every
     branch ``i`` and every tail of that branch (its last series children ``u..``, or the whole
     branch when it is one operator or not a series), and every extent ``q > p``, append the
-    segment *tail + children p+1..q* (two leaf ranges) and record the site."""
+    segment *tail + children p+1..q* (two leaf ranges) and record the site.  Likewise for every
+    range ``a..c`` (``c > a``) of whole branches: a parallel split's group of branches shares the
+    block's sink too, and the stage holding it may hold the whole group."""
     lo2, hi2 = [], []
     lo_new, hi_new = [], []
     nxt = len(idx.seg_lo)
@@ -186,7 +192,20 @@ def add_shared_sinks(idx: TreeIndex) -> None:
                         nxt += 1
                     opts.append((u, tuple(qs)))
                 tails.append(tuple(opts))
-            sites.append(AttachSite(t, p, c, tuple(tails)))
+            groups = []
+            nb = len(idx.nodes[c][1])
+            for a in range(nb):
+                for z in range(a + 1, nb):
+                    qs = []
+                    for q in range(p + 1, len(kids)):
+                        lo_new.append(idx.child_range[c][a][0])
+                        hi_new.append(idx.child_range[c][z][1])
+                        lo2.append(idx.child_range[t][p + 1][0])
+                        hi2.append(idx.child_range[t][q][1])
+                        qs.append((q, nxt))
+                        nxt += 1
+                    groups.append((a, z, tuple(qs)))
+            sites.append(AttachSite(t, p, c, tuple(tails), tuple(groups)))
         if sites:
             idx.sites[t] = sites
     if lo_new:
@@ -572,4 +591,28 @@ def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.nda
         HO = np.minimum(parts.heads[i][:, us] + parts.others[i][:, None], INF)          # (T, u, m, e)
         val = (F[:, :, :, :, None] + HO[:, :, None, :, :]).min(axis=(1, 3))           # (T, s, e)
         out[:, sv] = np.minimum(out[:, sv], val)
+    if site.groups:
+        F, O = group_parts(site, dev, suf, par_suf, parts.prepar, sv, size)
+        step = max(1, (1 << 21) // max(1, T * len(sv) * size * size))       # bound the temporary
+        for lo in range(0, len(site.groups), step):
+            val = (F[:, lo:lo + step, :, :, None] + O[:, lo:lo + step, None]).min(axis=(1, 3))   # (T, s, e)
+            out[:, sv] = np.minimum(out[:, sv], val)
     return np.minimum(out, INF)
+
+
+def group_parts(site: AttachSite, dev: np.ndarray, suf: np.ndarray, par_suf: np.ndarray,
+                prepar: list[np.ndarray], sv: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """For the site's whole-branch groups ``(a, c)``: ``F[., grp, s, m]``, the shared stage at depth
+    ``m`` with the series rest after it (successor depth ``s``), and ``O[., grp, m, e]``, the
+    branches before ``a`` and after ``c`` with that stage as successor (``m <= e``: nothing before)."""
+    T = dev.shape[0]
+    qs = [q for q, _ in site.groups[0][2]]
+    rest = np.stack([suf[:, q + 1][:, sv, :size - 1] for q in qs], axis=1)             # (T, q, s, m-1)
+    G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
+    F = np.full((T, len(G), len(sv), size), INF, dtype=np.int64)
+    F[..., 1:] = (dev[:, G, 1:size][:, :, :, None, :] + rest[:, None]).min(axis=2)
+    a = np.asarray([x for x, _, _ in site.groups])
+    c = np.asarray([z for _, z, _ in site.groups])
+    PP = np.stack(prepar, axis=1)                                                        # (T, i, m, e)
+    O = PP[:, a] + par_suf[:, c + 1] + _head_base(T, size)[:, None]
+    return F, np.minimum(O, INF)

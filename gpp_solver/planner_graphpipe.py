@@ -18,7 +18,8 @@ the number of sizes simulates every one.  The DP stays exact for each ``b``.
 **Shared sinks** (on by default; ``shared_sinks=False`` for the strict vertex-SP space): GraphPipe's
 decompositions share terminals — a series split's halves share the boundary node, a parallel
 split's branches share source and sink — so the stage holding a parallel block's sink (MMT's and
-CANDLE-Uno's concat, DLRM's interaction) may also hold the last operators of one branch; §7.5's
+CANDLE-Uno's concat, DLRM's interaction) may also hold the last operators of one branch, or a
+group of whole branches (the parallel split's group that keeps the sink); §7.5's
 plan is of that kind ("one stage necessarily contains the concatenation operator").  The DP adds
 those stages (:func:`gpp_solver.dp_kernel.add_shared_sinks`); where the optimum is reached both
 with and without one, both tracebacks are simulated.  The per-stage micro-batch DP

@@ -57,7 +57,7 @@ def _leaves_of(c):
 def _chain_parts(kids, shared, is_series):
     """Partitions of consecutive children: segments, each one stage or (a single child) split
     recursively; with ``shared`` a series' parallel child may hand one branch's tail to the stage
-    that holds the children after it (GraphPipe's shared sink)."""
+    that holds the children after it, or a group of whole branches (GraphPipe's shared sink)."""
     out = []
 
     def seg_options(i, j):
@@ -87,6 +87,16 @@ def _chain_parts(kids, shared, is_series):
                             for b1 in before:
                                 for b2 in after:
                                     rec(q + 1, acc + [X] + h + b1 + b2)
+            for a in range(len(branches)):         # a group of whole branches keeps the sink
+                for c in range(a + 1, len(branches)):
+                    grp = frozenset().union(*(_leaves_of(x) for x in branches[a:c + 1]))
+                    before = _chain_parts(list(branches[:a]), shared, False) if a else [[]]
+                    after = _chain_parts(list(branches[c + 1:]), shared, False) if c + 1 < len(branches) else [[]]
+                    for q in range(p + 1, len(kids)):
+                        X = grp | frozenset().union(*(_leaves_of(kids[x]) for x in range(p + 1, q + 1)))
+                        for b1 in before:
+                            for b2 in after:
+                                rec(q + 1, acc + [X] + b1 + b2)
 
     rec(0, [])
     return out
@@ -230,6 +240,27 @@ def test_parallel_branches_get_their_own_stages() -> None:
     assert res_shared is not None and math.isclose(res_shared.tps, 3.0)
     assert len(res_shared.stages) == 4 and max(s.depth for s in res_shared.stages) == 3
     assert any(set(s.nodes) in ({"a2", "j"}, {"b2", "j"}) for s in res_shared.stages)
+
+
+def test_a_group_of_whole_branches_keeps_the_shared_sink() -> None:
+    """One heavy two-operator branch and two light one-operator branches before a join: with three
+    devices the light branches and the join form one stage (the parallel split's group that keeps
+    the sink) and each heavy operator gets a device: TPS 3.  With one branch's tail at most, the
+    best is 4.5 (the join rides with the heavy branch's last operator)."""
+    times = {"a1": (1.0, 2.0), "a2": (1.0, 2.0), "b": (0.25, 0.5), "c": (0.25, 0.5), "j": (0.5, 1.0)}
+    nodes = [{"id": v, "fw_time": [f], "bw_time": [g], "weight_bytes": 0, "activation_bytes": 0,
+              "output_bytes": 0} for v, (f, g) in times.items()]
+    edges = [("a1", "a2"), ("a2", "j"), ("b", "j"), ("c", "j")]
+    g = graph_from_dict({"name": "group", "micro_batch_sizes": [1], "nodes": nodes,
+                         "edges": [{"src": u, "dst": v} for u, v in edges]})
+    c3 = Cluster(devices=3, memory_bytes=1e9, inter_node_bandwidth=1.0)
+    res = search_tps(StageDP(g, c3, 4), 1)
+    assert res is not None and math.isclose(res.tps, 3.0)
+    assert sorted(sorted(s.nodes) for s in res.stages) == [["a1"], ["a2"], ["b", "c", "j"]]
+    dec = decompose(g)
+    assert math.isclose(brute_force(g, c3, 4, 1, dec.tree, True), 3.0)
+    strict = search_tps(StageDP(g, c3, 4, shared_sinks=False), 1)
+    assert strict is not None and strict.tps > 3.0
 
 
 @pytest.mark.parametrize("seed", range(20))
