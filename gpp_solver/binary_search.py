@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -71,28 +71,43 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     every DP pass with the others, and each pass's answers narrow all depth bounds of its ``b``.
     Returns, per ``b``, the Pareto points only (each strictly smaller TPS than every shallower one),
     shallowest first; the last is :func:`search_many`'s answer.  ``[]`` when nothing fits.
+
+    Two phases: :func:`search_many` first (the least TPS at ``b`` and the depth ``e0`` of its
+    staging, the smallest depth that reaches it); every bound ``e >= e0`` has that same answer, so
+    only ``e < e0`` is searched next, by DP passes bounded to depth ``max e0 - 1`` (small tables).
     """
-    keys = [(b, e) for b in sizes for e in range(1, dp.E + 1)]
-    found = _search_keys(dp, sizes, keys, deadline, on_pass)
+    first = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass)
+    e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
+    keys = [(b, e) for b in e0 for e in range(1, e0[b])]
+    found = {}
+    if keys:
+        found = _search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
+                             E=max(e for _, e in keys))
     out: dict[int, list[TpsSearch]] = {}
     for b in sizes:
         pts: list[TpsSearch] = []
-        for e in range(1, dp.E + 1):
+        for e in range(1, e0.get(b, 0)):
             r = found.get((b, e))
             if r is not None and (not pts or r.tps < pts[-1].tps):
                 pts.append(r)
+        if b in e0:
+            r = first[(b, dp.E)]
+            if not pts or r.tps < pts[-1].tps:
+                more = max((x.probes for x in found.values()), default=0)       # the second phase's passes
+                pts.append(replace(r, depth_bound=e0[b], probes=r.probes + more))
         out[b] = pts
     return out
 
 
 def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
-                 on_pass: Callable[[int], None] | None) -> dict[tuple[int, int], TpsSearch]:
+                 on_pass: Callable[[int], None] | None, E: int | None = None) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
     on at most ``D`` devices with stage-graph depth at most ``e`` (the root entry ``R[0, e]``; it
     is monotone in ``t``).  Keys of one ``b`` share their probes: every probe of a pass answers all
-    depth bounds of its ``b`` at once.
+    depth bounds of its ``b`` at once.  ``E``: run the passes bounded to that depth (every key's
+    ``e`` must be at most ``E``).
     """
     cands: dict[int, np.ndarray] = {}
     for b in sizes:
@@ -125,7 +140,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                 picks.add(top[k] - 1)       # so that the first pass leaves a feasible answer at the deadline
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
-        probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep)
+        probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E)
         res = probe.devices <= dp.D                                         # (pairs, E+1)
         passes += 1
         if on_pass is not None:

@@ -94,6 +94,7 @@ class DPProbe:
     pairs: tuple[tuple[int, float], ...]
     devices: np.ndarray
     kept: tuple | None = None
+    E: int | None = None        # the depth bound the pass ran under (``None``: the DP's own ``E``)
 
 
 @dataclass
@@ -190,9 +191,13 @@ class StageDP:
         return float(max(one, work))
 
     # ---- per target ----------------------------------------------------------------------
-    def _dev(self, b: int, targets) -> np.ndarray:
+    def _dev(self, b: int, targets, E: int | None = None) -> np.ndarray:
         tb = self.tables(b)
-        return encode(devices_from_thresholds(tb.thresholds, tb.degrees, targets))
+        thr = tb.thresholds
+        if E is not None and E < self.E:        # depths above E impossible
+            thr = thr[:, :E + 2].copy()
+            thr[:, E + 1] = np.nan
+        return encode(devices_from_thresholds(thr, tb.degrees, targets))
 
     def batch_size(self) -> int:
         """How many targets one DP pass should test: enough to amortise the Python overhead of
@@ -216,21 +221,25 @@ class StageDP:
         most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
         return self.probe(pairs, keep=False).devices
 
-    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True) -> "DPProbe":
+    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None) -> "DPProbe":
         """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
-        :meth:`traceback` needs, so a search need not run the pass again for its answer."""
+        :meth:`traceback` needs, so a search need not run the pass again for its answer.  With
+        ``E`` below the DP's own bound the pass only considers stage graphs of depth ``<= E``: the
+        answers for those depths are the same (a stage's depth never exceeds its source's), and
+        the tables are much smaller."""
+        E = self.E if E is None or E >= self.E else max(1, int(E))
         by_b: dict[int, list[int]] = {}
         for i, (b, _) in enumerate(pairs):
             by_b.setdefault(b, []).append(i)
         if len(by_b) == 1:
             b, = by_b
-            dev = self._dev(b, [t for _, t in pairs])
+            dev = self._dev(b, [t for _, t in pairs], E)
         else:
-            dev = np.empty((len(pairs), len(self.idx.seg_lo), self.E + 2), dtype=np.int64)
+            dev = np.empty((len(pairs), len(self.idx.seg_lo), E + 2), dtype=np.int64)
             for b, rows in by_b.items():
-                dev[rows] = self._dev(b, [pairs[i][1] for i in rows])
-        Rroot, tables, R = run_dp(self.idx, dev, self.E, keep=keep)
-        return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None)
+                dev[rows] = self._dev(b, [pairs[i][1] for i in rows], E)
+        Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep)
+        return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
 
     def keep_tables(self) -> bool:
         """Whether a search may hold every probe's tables for its tracebacks (a few MB at most)."""
@@ -244,7 +253,8 @@ class StageDP:
         assert probe.kept is not None, "probe ran without keep=True"
         dev, Rroot, tables, R = probe.kept
         b, t = probe.pairs[i]
-        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R], prefer_shared)
+        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R], prefer_shared,
+                               self.E if probe.E is None else probe.E)
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
@@ -296,7 +306,8 @@ class StageDP:
         return [self.traceback(pr, i, prefer_shared) for i in range(len(pairs))]
 
     def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list,
-                   prefer_shared: bool = True) -> list[DPStage]:
+                   prefer_shared: bool = True, E: int | None = None) -> list[DPStage]:
+        E = self.E if E is None else E
         tb = self.tables(b)
         feas = np.nonzero(decode(Rroot[0]) <= self.D)[0]
         if len(feas) == 0:
@@ -368,8 +379,8 @@ class StageDP:
             """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
             par_suf = tables[site.par]
             Rb = [None if x is None else x[None] for x in R]
-            parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], self.E)
-            ms = np.arange(s + 1, self.E + 1)
+            parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E)
+            ms = np.arange(s + 1, E + 1)
             for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
                 if len(ms) == 0:
                     break
@@ -419,14 +430,14 @@ class StageDP:
                     if v == u - 1 and internal:
                         continue
                     g = int(segs[v, u - 1])
-                    rest = pre[0, v, m + 1, e] if m + 1 <= self.E else INF
+                    rest = pre[0, v, m + 1, e] if m + 1 <= E else INF
                     if dev[g, m + 1] + rest == target:
                         emit(g, m + 1)
                         nxt = (v, m + 1)
                         break
                 if nxt is None:
                     c = kids[u - 1][1]
-                    m2 = next(x for x in range(self.E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
+                    m2 = next(x for x in range(E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
                     walk(c, m, m2)
                     nxt = (u - 1, m2)
                 u, m = nxt

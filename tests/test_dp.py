@@ -274,3 +274,24 @@ def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
     want = devices_by_depth(tb.tps, tb.maxdepth, tb.degrees, targets, dp.E)
     got = devices_from_thresholds(degree_thresholds(tb.tps, tb.maxdepth, dp.E), tb.degrees, targets)
     assert np.array_equal(want, got)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_pass_bounded_in_depth_gives_the_same_answers_up_to_its_bound(seed: int) -> None:
+    import numpy as np
+    graph, cluster, B, b = random_instance(random.Random(700 + seed))
+    dp = StageDP(graph, cluster, B)
+    cands = dp.candidates(b)
+    if len(cands) == 0:
+        return
+    targets = [float(x) for x in np.quantile(cands, [0.0, 0.3, 0.6, 1.0])]
+    full = dp.probe([(b, t) for t in targets])
+    for E in range(1, dp.E):
+        small = dp.probe([(b, t) for t in targets], E=E)
+        assert small.devices.shape[1] == E + 1
+        assert np.array_equal(np.minimum(small.devices, 10**9), np.minimum(full.devices[:, :E + 1], 10**9))
+        for i in range(len(targets)):
+            if small.devices[i, E] <= dp.D:
+                st = dp.traceback(small, i)
+                assert max(s.depth for s in st) <= E
+                assert sorted(v for s in st for v in s.nodes) == sorted(graph.ids)
