@@ -61,7 +61,9 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
 
 
 def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None,
-                  on_pass: Callable[[int], None] | None = None) -> dict[int, list[TpsSearch]]:
+                  on_pass: Callable[[int], None] | None = None,
+                  deepen: Callable[[dict[int, TpsSearch]], Iterable[int]] | None = None,
+                  max_bound: int | None = None) -> dict[int, list[TpsSearch]]:
     """For every ``b``: the smallest DP target TPS at every bound on the stage graph's depth.
 
     An extension beyond the paper (whose search keeps only the smallest TPS): a shallower stage
@@ -75,10 +77,16 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     Two phases: :func:`search_many` first (the least TPS at ``b`` and the depth ``e0`` of its
     staging, the smallest depth that reaches it); every bound ``e >= e0`` has that same answer, so
     only ``e < e0`` is searched next, by DP passes bounded to depth ``max e0 - 1`` (small tables).
+    ``deepen(first)``, given the first phase's answers ``{b: TpsSearch}``, may name the sizes worth
+    the second phase (the others keep their one point); by default every size.  ``max_bound``
+    limits the second phase to depth bounds ``e <= max_bound`` (the passes' tables grow with the
+    square of the bound: a chain of 100 operators on 32 devices has stagings 32 deep).
     """
     first = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass)
     e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
-    keys = [(b, e) for b in e0 for e in range(1, e0[b])]
+    wide = set(e0) if deepen is None else set(deepen({b: first[(b, dp.E)] for b in e0})) & set(e0)
+    cap = dp.E if max_bound is None else max(1, int(max_bound))
+    keys = [(b, e) for b in sorted(wide) for e in range(1, min(e0[b] - 1, cap) + 1)]
     found = {}
     if keys:
         found = _search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,

@@ -112,8 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated candidate micro-batch sizes (default: powers of two dividing B)")
     pl.add_argument("--per-stage-micro-batch", action="store_true",
                     help="graphpipe: let every stage choose its own micro-batch size (GraphPipe §6)")
-    pl.add_argument("--depth-tradeoff", action="store_true",
-                    help="graphpipe: also try shallower stage graphs at a larger bottleneck (beyond the paper)")
+    pl.add_argument("--depth-tradeoff", dest="depth_tradeoff", action="store_true", default=None,
+                    help="graphpipe: also try shallower stage graphs at a larger bottleneck (the default)")
+    pl.add_argument("--no-depth-tradeoff", dest="depth_tradeoff", action="store_false",
+                    help="graphpipe: the least TPS per micro-batch size only (Algorithm 1's objective)")
     pl.add_argument("--no-shared-sinks", dest="shared_sinks", action="store_false",
                     help="graphpipe: strict vertex-SP stages (a parallel block's sink never joins a branch's stage)")
     pl.add_argument("--search-k", action="store_true",
@@ -208,12 +210,14 @@ def _run(args: argparse.Namespace) -> int:
             opts["per_stage_micro_batch"] = True
         if args.search_k:
             opts["search_k"] = True
-        if args.depth_tradeoff:
-            opts["depth_tradeoff"] = True
+        if args.depth_tradeoff is not None:
+            opts["depth_tradeoff"] = args.depth_tradeoff
         if not args.shared_sinks:
             opts["shared_sinks"] = False
         only_gp = [flag for flag, key in (("--per-stage-micro-batch", "per_stage_micro_batch"),
-                                          ("--search-k", "search_k"), ("--depth-tradeoff", "depth_tradeoff"),
+                                          ("--search-k", "search_k"),
+                                          ("--depth-tradeoff" if args.depth_tradeoff else "--no-depth-tradeoff",
+                                           "depth_tradeoff"),
                                           ("--no-shared-sinks", "shared_sinks")) if key in opts]
         if only_gp:
             from .api import default_planner

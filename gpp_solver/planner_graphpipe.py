@@ -8,12 +8,25 @@ are SP-ized by adding dependencies); for every micro-batch size find the smalles
 the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.dp`); give every stage a
 contiguous device range (:func:`gpp_solver.dp.assign_devices`, then the leftover-device pass); let
 ``plan_build`` derive stage edges, Algorithm 2 in-flight counts, kFkB orders, the cost model's
-exact figures and the simulated iteration time; keep the micro-batch size whose plan has the least
+exact figures and the simulated iteration time; keep the staging whose plan has the least
 *simulated* iteration time (the paper's sweep "to maximize training throughput", A.2; ties: smaller
-TPS, then larger ``b``).  Only the ``simulate_top`` (default 3) sizes with the least iteration
-*estimate* are built and simulated — a simulation costs O(stages x B/b) Python steps, so the many
-small-``b`` sizes of a large mini-batch are ranked by the estimate only; ``simulate_top`` at least
-the number of sizes simulates every one.  The DP stays exact for each ``b``.
+TPS, then larger ``b``).  Candidates are simulated best iteration *estimate* first, and one whose
+lower bound ``B * TPS`` (its busiest stage's work) already exceeds the best simulated iteration is
+skipped, so the pick is the best of them all; ``simulate_top=k`` simulates only the best ``k`` by
+estimate.  The DP stays exact for each ``b``.
+
+**Depth sweep** (``depth_tradeoff``, on by default; ``False`` keeps Algorithm 1's objective alone:
+the least TPS per ``b``): the paper's DP returns, for every target TPS, the fewest in-flight
+micro-batches at the source (the stage graph's depth), and its binary search keeps only the least
+target.  The sweep also keeps, for every ``b`` and every bound ``e`` on the depth below that
+staging's depth (up to ``max_depth_bound``, default 8), the least TPS the DP reaches
+(:func:`gpp_solver.binary_search.search_depths`), so a shallower staging at a slightly larger
+bottleneck — fewer warm-up/cool-down bubbles, e.g. one data-parallel stage instead of a 4-stage
+chain, or 3 stages instead of 4 when a mini-batch holds two micro-batches — can win the simulated
+comparison.  This is how the baselines pick too (PipeDream-2BW, for one, keeps the least simulated
+iteration time among its configurations).  Sizes whose every plan is provably slower than the
+least-TPS search's best staging (``B * StageDP.lower_bound(b)`` above its simulated iteration) are
+not swept.
 
 **Shared sinks** (on by default; ``shared_sinks=False`` for the strict vertex-SP space): GraphPipe's
 decompositions share terminals — a series split's halves share the boundary node, a parallel
@@ -38,17 +51,11 @@ plan's exact TPS, else ``feasible``), ``degree_options``
 (data-parallel degrees, default powers of two), ``time_limit`` (seconds), ``progress`` (``None``:
 a tqdm bar on stderr when it is a terminal and the search runs over a second; ``False``: never).
 
-``depth_tradeoff=True`` (an extension beyond the paper, off by default): the search also finds,
-for every ``b`` and every bound ``e`` on the stage graph's depth, the smallest TPS the DP reaches
-(:func:`gpp_solver.binary_search.search_depths`; the DP's root table already holds every ``e``), so
-a shallower staging at a slightly larger bottleneck — fewer warm-up/cool-down bubbles, e.g. one
-data-parallel stage instead of a 4-stage chain — can win the simulated comparison.
-
 ``search.status`` is ``optimal-within-search-space`` when every micro-batch size was searched to
 the end and the plan's stages are the DP's min-TPS staging of the chosen ``b`` (its bottleneck
 TPS, ``search.extra["dp_time_per_sample"]``, is then the smallest the DP's search space holds at
 that ``b``, measured with its conservative stage estimates; the plan's exact TPS is at most that);
-``feasible`` when ``depth_tradeoff`` chose a shallower staging with a larger TPS
+``feasible`` when the depth sweep chose a shallower staging with a larger TPS
 (``dp_min_time_per_sample`` is that ``b``'s optimum); ``time-limit`` when the search was cut short.
 """
 
@@ -79,8 +86,14 @@ SAMPLES_PER_DEVICE = 16
 
 
 K_OPTIONS = (1, 2, 4, 8)
-#: how many stagings (micro-batch sizes), best by iteration estimate, are built and simulated
-SIMULATE_TOP = 3
+#: how many stagings, best by iteration estimate, are built and simulated (``None``: all of them,
+#: each skipped when its lower bound ``B * TPS`` already exceeds the best simulated iteration)
+SIMULATE_TOP = None
+#: the stagings, best by iteration estimate, that also get a second opinion (the optimistic-transfer
+#: DP's proposal, the traceback with separate sink-side stages): each costs DP passes
+VARIANTS_TOP = 3
+#: the depth sweep's largest bound below the least-TPS staging's depth (see ``depth_tradeoff``)
+MAX_DEPTH_BOUND = 8
 
 
 def _specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None, k: int | None = 1) -> list[StageSpec]:
@@ -183,8 +196,9 @@ class _Progress(ProgressBar):
 def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
                    progress: bool | None = None, micro_batch_sizes: Sequence[int] | None = None,
                    per_stage_micro_batch: bool = False, search_k: bool = False,
-                   degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False,
-                   simulate_top: int = SIMULATE_TOP, validate_plan: bool = True, shared_sinks: bool = True) -> Plan:
+                   degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True,
+                   simulate_top: int | None = SIMULATE_TOP, validate_plan: bool = True, shared_sinks: bool = True,
+                   max_depth_bound: int | None = MAX_DEPTH_BOUND) -> Plan:
     """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring)."""
     t0 = time.perf_counter()
     B = mini_batch_size
@@ -210,7 +224,19 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     bar = _Progress(None, progress)
     try:
         if depth_tradeoff:
-            per_b = search_depths(dp, sizes, deadline=deadline, on_pass=bar.step)
+            def deepen(first: dict[int, TpsSearch]) -> list[int]:
+                """The sizes where a shallower staging could beat the incumbent: the first phase's
+                best staging by estimate, simulated; no plan at ``b`` finishes an iteration in less
+                than ``B * dp.lower_bound(b)`` (its busiest device's compute alone)."""
+                if not first:
+                    return []
+                r = min(first.values(), key=lambda r: (_price(graph, cluster, r.stages, r.b, B, dp._costs)[1],
+                                                       r.tps, -r.b))
+                inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k).predicted.iteration_time
+                return [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
+
+            per_b = search_depths(dp, sizes, deadline=deadline, on_pass=bar.step, deepen=deepen,
+                                  max_bound=max_depth_bound)
         else:
             one = search_many(dp, sizes, deadline=deadline, on_pass=bar.step)
             per_b = {b: [] if one[b] is None else [one[b]] for b in sizes}
@@ -224,17 +250,17 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     dpn = cluster.devices_per_node
     tables = dp._costs
     ranked = sorted(results, key=lambda r: (_price(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b))
-    short = ranked[:max(1, simulate_top)]
+    short = ranked if simulate_top is None else ranked[:max(1, simulate_top)]
     proposals: list[dict] = []
     optimistic: dict[int, list[tuple[str, TpsSearch, tuple[DPStage, ...]]]] = {}
     if dp.placement_sensitive and not timed_out:
-        for c in _optimistic_proposals(graph, cluster, B, dec, dp, [r for r in short if r.tps == min_tps[r.b]],
-                                       deadline, proposals):
+        for c in _optimistic_proposals(graph, cluster, B, dec, dp,
+                                       [r for r in short[:VARIANTS_TOP] if r.tps == min_tps[r.b]], deadline, proposals):
             optimistic.setdefault(c[1].b, []).append(c)
     cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
-    for r in short:          # best estimate first, each b's optimistic proposals right after it
+    for rank, r in enumerate(short):          # best estimate first, each b's optimistic proposals right after it
         variants = [("conservative DP", r.stages)]
-        if dp.idx.sites and (deadline is None or time.perf_counter() < deadline):
+        if dp.idx.sites and rank < VARIANTS_TOP and (deadline is None or time.perf_counter() < deadline):
             # the same optimum traced back with separate sink-side stages where both reach it
             alt = tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=False)[0])
             if alt != tuple(r.stages):
@@ -254,10 +280,7 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         if best is not None and bound > best[0].predicted.iteration_time * (1 + 1e-12):
             entry["not_simulated_lower_bound"] = bound      # cannot beat the best simulated plan
             continue
-        specs = _specs(st, r.b, dpn, None if search_k else 1)
-        plan = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                          search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra={}),
-                          k_options=K_OPTIONS if search_k else (1,))
+        plan = _build(graph, cluster, st, r.b, B, dp, search_k, leftover=False)
         entry.update(depth=plan.depth, stages=len(plan.stages), simulated_iteration_time=plan.predicted.iteration_time)
         if best is None or _better(plan, best[0]):
             best = (plan, origin, r)
@@ -279,8 +302,9 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
              "sp_added_dependencies": dec.added_pairs, "stages_from": origin,
              "objective": "min bottleneck TPS per micro-batch size (DP estimate)"
                           + (" and per bound on the stage graph's depth" if depth_tradeoff else "")
-                          + f"; of the {len(short)} with the least iteration estimate, the least simulated "
-                            "iteration time",
+                          + ("; of all of them" if len(short) == len(ranked)
+                             else f"; of the {len(short)} with the least iteration estimate")
+                          + ", the least simulated iteration time",
              "simulated_candidates": tried}
     if depth_tradeoff:
         extra["depth_tradeoff"] = True
@@ -295,6 +319,18 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     if validate_plan:
         validate(plan, graph, cluster)
     return plan
+
+
+def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, dp: StageDP, search_k: bool,
+           leftover: bool = True) -> Plan:
+    """The priced plan of DP stages at ``b`` (devices by :func:`assign_devices`; with ``leftover``
+    the unused devices first go through :func:`spend_leftover_devices`)."""
+    if leftover and sum(s.degree for s in stages) < cluster.devices:
+        stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs)
+    specs = _specs(stages, b, cluster.devices_per_node, None if search_k else 1)
+    return build_plan(graph, cluster, specs, B, planner=PLANNER,
+                      search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra={}),
+                      k_options=K_OPTIONS if search_k else (1,))
 
 
 def _better(plan: Plan, than: Plan) -> bool:
@@ -385,7 +421,7 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
           micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
           search_k: bool = False, time_limit: float | None = None, progress: bool | None = None,
-          degree_options: Sequence[int] | None = None, depth_tradeoff: bool = False, shared_sinks: bool = True) -> Plan:
+          degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True, shared_sinks: bool = True) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path).
 
     ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` when no

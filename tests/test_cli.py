@@ -62,6 +62,8 @@ def test_simulate_grid_and_trace(files, capsys, tmp_path):
     (lambda g, c, p, t: ["plan", str(g), "--cluster", "v100:0", "--batch", "8"], "N >= 1"),
     (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "alpa",
                          "--no-shared-sinks"], "--no-shared-sinks: only for --planner graphpipe"),
+    (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "pipedream",
+                         "--no-depth-tradeoff"], "--no-depth-tradeoff: only for --planner graphpipe"),
     (lambda g, c, p, t: ["model", "nope", "-o", str(t / "x.json")], "unknown model 'nope'"),
     (lambda g, c, p, t: ["import", "pipedream", str(t / "nothere.txt"), "-o", str(t / "x.json")], "nothere"),
     (lambda g, c, p, t: ["frobnicate"], "invalid choice"),
