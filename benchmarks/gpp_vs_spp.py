@@ -9,7 +9,9 @@ Workloads from ``gpp_solver.models.build_model`` at the paper's sizes, on ``v100
 samples per device).  Every plan is validated and simulated under the shared cost model; the table
 prints simulated throughput (samples/s) and search seconds per planner, and the ratios of
 ``graphpipe`` and ``gpp`` to ``pipedream-2bw`` (the sequential planner the paper measured against) and
-to the free-partition ``pipedream`` DP (GraphPipe Fig. 6, Table 1, A.3).
+to the free-partition ``pipedream`` DP (GraphPipe Fig. 6, Table 1, A.3).  The column
+``graphpipe Alg. 1`` is the GraphPipe planner without its depth sweep (``depth_tradeoff=False``):
+the paper's objective alone, the least bottleneck TPS per micro-batch size.
 """
 
 from __future__ import annotations
@@ -20,19 +22,28 @@ import sys
 import time
 
 from gpp_solver.cluster import v100_cluster
-from gpp_solver.compare import compare
+from gpp_solver.compare import compare, row_from_plan
 from gpp_solver.models import build_model
-from gpp_solver.planners import available_planners
+from gpp_solver.planners import available_planners, get_planner
 
 PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 PLANNERS = ["gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa"]
 
 
+ALG1 = "graphpipe Alg. 1"
+
+
 def run(model: str, devices: int, planners: list[str], time_limit: float, **params):
     g = build_model(model, **params)
     c = v100_cluster(devices)
-    rows, plans = compare(g, c, PER_DEVICE[model] * devices, planners, time_limit=time_limit)
-    return {r.planner: r for r in rows}
+    B = PER_DEVICE[model] * devices
+    rows, plans = compare(g, c, B, planners, time_limit=time_limit)
+    out = {r.planner: r for r in rows}
+    if "graphpipe" in planners:     # the paper's objective alone: the least TPS per micro-batch size
+        t0 = time.perf_counter()
+        plan = get_planner("graphpipe")(g, c, B, time_limit=time_limit, depth_tradeoff=False)
+        out[ALG1] = row_from_plan(plan, g, c, time.perf_counter() - t0, name=ALG1)
+    return out
 
 
 def fmt_tp(r) -> str:
@@ -55,30 +66,37 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     planners = [p for p in PLANNERS if p in available_planners()]
     print(f"planners: {', '.join(planners)}; date {time.strftime('%Y-%m-%d')}\n")
-    head = ("| workload | devices | " + " | ".join(f"{p} tput (s)" for p in planners)
-            + " | graphpipe / 2bw | graphpipe / pipedream | gpp / best other |")
+    columns = planners + ([ALG1] if "graphpipe" in planners else [])
+    head = ("| workload | devices | " + " | ".join(f"{p} tput (s)" for p in columns)
+            + " | graphpipe / 2bw | Alg. 1 / 2bw | graphpipe / pipedream | gpp / best other |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     gp_2bw: dict[str, list[float]] = {}
+    alg1_2bw: dict[str, list[float]] = {}
     cells = [(m, d, {}) for m in args.models for d in args.devices]
     if args.branches:
         cells += [("candle-uno", 16, {"branches": k}) for k in (2, 4, 8, 16)]
     for model, devices, params in cells:
         rows = run(model, devices, planners, args.time_limit, **params)
         label = model + (f" ({params['branches']} branches)" if params else "")
-        cols = [f"{fmt_tp(rows.get(p))} ({rows[p].search_seconds:.2f})" if p in rows else "—" for p in planners]
+        cols = [f"{fmt_tp(rows.get(p))} ({rows[p].search_seconds:.2f})" if p in rows else "—" for p in columns]
         r1, r2 = ratio(rows, "graphpipe", "pipedream-2bw"), ratio(rows, "graphpipe", "pipedream")
-        others = [r.throughput for p, r in rows.items() if p != "gpp" and r.throughput]
+        r4 = ratio(rows, ALG1, "pipedream-2bw")
+        others = [r.throughput for p, r in rows.items() if p not in ("gpp", ALG1) and r.throughput]
         r3 = rows["gpp"].throughput / max(others) if "gpp" in rows and rows["gpp"].throughput and others else None
+        kind = "sequential" if model == "transformer" else "multi-branch"
         if r1 is not None and not params:
-            gp_2bw.setdefault("sequential" if model == "transformer" else "multi-branch", []).append(r1)
+            gp_2bw.setdefault(kind, []).append(r1)
+        if r4 is not None and not params:
+            alg1_2bw.setdefault(kind, []).append(r4)
         f = lambda x: "—" if x is None else f"{x:.2f}x"
-        print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r2)} | {f(r3)} |")
+        print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r4)} | {f(r2)} | {f(r3)} |")
         sys.stdout.flush()
     print()
-    for kind, xs in gp_2bw.items():
-        print(f"graphpipe / pipedream-2bw simulated throughput on {kind} workloads: mean {statistics.mean(xs):.2f}x, "
-              f"min {min(xs):.2f}x, max {max(xs):.2f}x over {len(xs)} cells")
+    for name, table in (("graphpipe", gp_2bw), (ALG1, alg1_2bw)):
+        for kind, xs in table.items():
+            print(f"{name} / pipedream-2bw simulated throughput on {kind} workloads: mean {statistics.mean(xs):.3f}x, "
+                  f"min {min(xs):.2f}x, max {max(xs):.2f}x over {len(xs)} cells")
     return 0
 
 
