@@ -13,10 +13,10 @@ the planners' default micro-batch sizes (the MILP and the oracle: the powers of 
 
 Gap = planner TPS / MILP TPS - 1 (bottleneck time-per-sample of the cost model, the MILP's
 objective; the MILP is proven optimal on every instance or the row says so).  Planners that choose
-between plans by iteration time (GraphPipe picks ``b`` by the iteration-time estimate) trade TPS
+between plans by iteration time (GraphPipe picks ``b`` and the depth by simulated iteration time) trade TPS
 for a shorter pipeline fill, so the simulated iteration-time ratio to the MILP plan is shown too.
-``graphpipe@min-TPS-b`` runs GraphPipe once per micro-batch size and keeps the least TPS: its gap
-is that of the DP's search space alone.  ``gpp[TPS]`` is ``gpp`` with ``objective="time_per_sample"``
+``graphpipe@min-TPS-b`` runs GraphPipe's Algorithm 1 (no depth sweep) once per micro-batch size and
+keeps the least TPS: its gap is that of the DP's search space alone.  ``gpp[TPS]`` is ``gpp`` with ``objective="time_per_sample"``
 (the MILP's objective); plain ``gpp`` (default objective: simulated iteration time) is judged by
 its iteration-time ratio to the MILP plan's (mean and worst).  A last table counts the instances
 where ``gpp`` is worse than ``graphpipe``: ``gpp[TPS]`` by TPS, ``gpp`` by simulated iteration time.  The second table checks the MILP against the brute-force
@@ -70,7 +70,7 @@ def _graphpipe_min_tps(g, c, B: int, time_limit: float):
     fn, plans = get_planner("graphpipe"), []
     for b in default_micro_batch_sizes(B):
         try:
-            plans.append(fn(g, c, B, time_limit=time_limit, micro_batch_sizes=[b]))
+            plans.append(fn(g, c, B, time_limit=time_limit, micro_batch_sizes=[b], depth_tradeoff=False))
         except InfeasibleError:
             continue
     if not plans:

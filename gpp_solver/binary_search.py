@@ -66,8 +66,9 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
                   max_bound: int | None = None) -> dict[int, list[TpsSearch]]:
     """For every ``b``: the smallest DP target TPS at every bound on the stage graph's depth.
 
-    An extension beyond the paper (whose search keeps only the smallest TPS): a shallower stage
-    graph fills and drains faster, so at a slightly larger bottleneck it can finish an iteration
+    The paper's DP gives, for every target, the fewest in-flight micro-batches at the source (the
+    depth); its binary search keeps only the smallest target.  This keeps the whole staircase: a
+    shallower stage graph fills and drains faster, so at a slightly larger bottleneck it can finish an iteration
     sooner (a 4-stage chain against pure data parallelism).  The DP's root table already holds the
     fewest devices for every depth bound ``e`` (``R[0, e]``), so one search per ``(b, e)`` shares
     every DP pass with the others, and each pass's answers narrow all depth bounds of its ``b``.
