@@ -21,6 +21,11 @@ keeps the least TPS: its gap is that of the DP's search space alone.  ``gpp[TPS]
 its iteration-time ratio to the MILP plan's (mean and worst).  A last table counts the instances
 where ``gpp`` is worse than ``graphpipe``: ``gpp[TPS]`` by TPS, ``gpp`` by simulated iteration time.  The second table checks the MILP against the brute-force
 oracle and times both.
+
+``--workloads`` goes on with the paper's workloads at 4-32 devices (issue 8's second part):
+every planner's simulated throughput, search time and TPS gap to the perfect-balance bound and to
+the relaxed bound — ``benchmarks/gpp_quality.py --skip-gap --skip-all-b`` (run that script
+directly for its other options, e.g. the relaxed bound over every micro-batch size).
 """
 
 from __future__ import annotations
@@ -93,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="mini-batch size B (default 8)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per planner call (default 60 s)")
     ap.add_argument("--planners", help="comma-separated names (default: every available planner but milp)")
+    ap.add_argument("--workloads", action="store_true",
+                    help="then the paper's workloads: every planner's throughput, search time and TPS gap to the "
+                         "perfect-balance and relaxed bounds (benchmarks/gpp_quality.py --skip-gap --skip-all-b)")
     args = ap.parse_args(argv)
     B = args.batch
     logging.basicConfig(level=logging.ERROR)
@@ -176,6 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         print("|---|---|---|---|")
         for r in vs_rows:
             print("| " + " | ".join(map(str, r)) + " |")
+    if args.workloads:
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.spec_from_file_location("gpp_quality", Path(__file__).with_name("gpp_quality.py"))
+        quality = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(quality)
+        print()
+        sys.stdout.flush()
+        return quality.main(["--skip-gap", "--skip-all-b", "--time-limit", str(args.time_limit)])
     return 0
 
 
