@@ -57,6 +57,14 @@ def ratio(rows, a: str, b: str) -> float | None:
     return None
 
 
+def time_ratio(rows, a: str, b: str) -> float | None:
+    """Search-time ratio (Table 1's comparison), only where ``a`` produced a plan."""
+    ra, rb = rows.get(a), rows.get(b)
+    if ra and rb and ra.throughput and rb.search_seconds > 0:
+        return ra.search_seconds / rb.search_seconds
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--devices", type=int, nargs="+", default=[4, 8, 16, 32])
@@ -68,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"planners: {', '.join(planners)}; date {time.strftime('%Y-%m-%d')}\n")
     columns = planners + ([ALG1] if "graphpipe" in planners else [])
     head = ("| workload | devices | " + " | ".join(f"{p} tput (s)" for p in columns)
-            + " | graphpipe / 2bw | Alg. 1 / 2bw | graphpipe / pipedream | gpp / best other |")
+            + " | graphpipe / 2bw | Alg. 1 / 2bw | graphpipe / pipedream | gpp / best other "
+            + "| search s: pipedream / graphpipe | piper / graphpipe |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     gp_2bw: dict[str, list[float]] = {}
@@ -90,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         if r4 is not None and not params:
             alg1_2bw.setdefault(kind, []).append(r4)
         f = lambda x: "—" if x is None else f"{x:.2f}x"
-        print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r4)} | {f(r2)} | {f(r3)} |")
+        s1, s2 = time_ratio(rows, "pipedream", "graphpipe"), time_ratio(rows, "piper", "graphpipe")
+        print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r4)} | {f(r2)} | {f(r3)} "
+              f"| {f(s1)} | {f(s2)} |")
         sys.stdout.flush()
     print()
     for name, table in (("graphpipe", gp_2bw), (ALG1, alg1_2bw)):
