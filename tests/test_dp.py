@@ -74,29 +74,26 @@ def _chain_parts(kids, shared, is_series):
                 rec(q + 1, acc + opt)
         if is_series and shared and isinstance(kids[p], Parallel) and p + 1 < len(kids):
             branches = kids[p].children
-            for i, br in enumerate(branches):
+
+            def shared_stage(core, heads, a, c):
+                """``core`` (branches a..c's part) joins children p+1..q; the other branches before/after."""
+                before = _chain_parts(list(branches[:a]), shared, False) if a else [[]]
+                after = _chain_parts(list(branches[c + 1:]), shared, False) if c + 1 < len(branches) else [[]]
+                for q in range(p + 1, len(kids)):
+                    X = core | frozenset().union(*(_leaves_of(kids[x]) for x in range(p + 1, q + 1)))
+                    for h in heads:
+                        for b1 in before:
+                            for b2 in after:
+                                rec(q + 1, acc + [X] + h + b1 + b2)
+
+            for i, br in enumerate(branches):     # one branch's tail keeps the sink
                 parts = list(br.children) if isinstance(br, Series) else [br]
                 for u in range(len(parts)):
                     tail = frozenset().union(*(_leaves_of(x) for x in parts[u:]))
-                    heads = _chain_parts(parts[:u], shared, True) if u else [[]]
-                    before = _chain_parts(list(branches[:i]), shared, False) if i else [[]]
-                    after = _chain_parts(list(branches[i + 1:]), shared, False) if i + 1 < len(branches) else [[]]
-                    for q in range(p + 1, len(kids)):
-                        X = tail | frozenset().union(*(_leaves_of(kids[x]) for x in range(p + 1, q + 1)))
-                        for h in heads:
-                            for b1 in before:
-                                for b2 in after:
-                                    rec(q + 1, acc + [X] + h + b1 + b2)
+                    shared_stage(tail, _chain_parts(parts[:u], shared, True) if u else [[]], i, i)
             for a in range(len(branches)):         # a group of whole branches keeps the sink
                 for c in range(a + 1, len(branches)):
-                    grp = frozenset().union(*(_leaves_of(x) for x in branches[a:c + 1]))
-                    before = _chain_parts(list(branches[:a]), shared, False) if a else [[]]
-                    after = _chain_parts(list(branches[c + 1:]), shared, False) if c + 1 < len(branches) else [[]]
-                    for q in range(p + 1, len(kids)):
-                        X = grp | frozenset().union(*(_leaves_of(kids[x]) for x in range(p + 1, q + 1)))
-                        for b1 in before:
-                            for b2 in after:
-                                rec(q + 1, acc + [X] + b1 + b2)
+                    shared_stage(frozenset().union(*(_leaves_of(x) for x in branches[a:c + 1])), [[]], a, c)
 
     rec(0, [])
     return out
