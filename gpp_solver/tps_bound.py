@@ -85,10 +85,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import networkx as nx
+from . import _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
 import pulp
 
 from .cost import CostTables, allreduce_time
 from .errors import InvalidInputError, SolverError
+from .highs_worker import highs_available, solve_highs
 from .micro_batch import check_micro_batch_sizes
 from .types import Cluster, Graph
 
@@ -214,13 +216,11 @@ class _MultiResult:
     gap: float = math.nan   # (primal - dual) / primal
 
 
-def _solver(time_limit: float | None) -> pulp.LpSolver:
-    try:
-        import highspy  # noqa: F401
-    except ImportError as exc:   # pragma: no cover - highspy is a dependency of the environment
-        raise SolverError("tps_bound needs HiGHS (the highspy package)") from exc
-    return pulp.HiGHS(msg=False, timeLimit=time_limit, gapRel=MIP_REL_GAP, gapAbs=1e-12, threads=1,
-                      mip_feasibility_tolerance=1e-9)
+def _solver_options(time_limit: float | None) -> dict:
+    if not highs_available():   # pragma: no cover - highspy is a dependency of the environment
+        raise SolverError("tps_bound needs HiGHS (the highspy package)")
+    return dict(msg=False, timeLimit=time_limit, gapRel=MIP_REL_GAP, gapAbs=1e-12, threads=1,
+                mip_feasibility_tolerance=1e-9)
 
 
 def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: float, *,
@@ -312,25 +312,21 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
                       + pulp.lpSum(d * tau[d] * r[k, d] for k in range(K) for d in ds)
                       + pulp.lpSum(d * e for (k, d), e in extra.items()))
     try:
-        prob.solve(_solver(time_limit))
-    except pulp.PulpSolverError as exc:
+        out = solve_highs(prob, **_solver_options(time_limit))
+    except SolverError as exc:
         raise SolverError(f"tps_bound: the solver failed on b={b}: {exc}") from exc
-    import highspy
-    h = prob.solverModel
-    st = h.getModelStatus()
-    info = h.getInfo()
     size = f"{K} slots x {len(classes)} classes x {len(ds)} degrees, {len(watched)} watched nodes"
-    if st == highspy.HighsModelStatus.kInfeasible:
+    if out.model_status == "kInfeasible":
         return _MultiResult(math.inf, "infeasible", f"S>=2 MILP ({size}) infeasible (memory)")
-    dual, primal = float(info.mip_dual_bound), float(info.objective_function_value)
+    dual, primal = out.dual_bound, out.objective
     gap = (primal - dual) / primal if math.isfinite(dual) and math.isfinite(primal) and primal > 0 else math.nan
-    if st == highspy.HighsModelStatus.kOptimal and math.isfinite(dual):
+    if out.model_status == "kOptimal" and math.isfinite(dual):
         return _MultiResult(dual * scale * (1 - SAFETY), "optimal", f"S>=2 MILP ({size}) optimal", gap)
     if math.isfinite(dual) and dual > 0:
         return _MultiResult(dual * scale * (1 - SAFETY), "dual-bound",
-                            f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}): dual bound, "
+                            f"S>=2 MILP ({size}) stopped ({out.model_status_text}): dual bound, "
                             f"gap {gap:.2e} to its best solution", gap)
-    return _MultiResult(math.nan, "none", f"S>=2 MILP ({size}) stopped ({h.modelStatusToString(st)}) "
+    return _MultiResult(math.nan, "none", f"S>=2 MILP ({size}) stopped ({out.model_status_text}) "
                         "without a dual bound")
 
 

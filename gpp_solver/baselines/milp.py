@@ -27,6 +27,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from .. import _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
 import pulp
 
 from ..progress import ProgressBar
@@ -36,6 +37,7 @@ from ..graph import as_graph
 from ..plan_build import StageSpec, build_plan
 from ..types import Cluster, Graph, Plan, SearchInfo
 from ..validate import validate
+from ..highs_worker import highs_available, solve_highs
 from .milp_model import MilpModel, build_model
 from .milp_space import check_micro_batch_sizes, constant_bandwidth, contiguous_ranges, layouts
 
@@ -49,19 +51,18 @@ MAX_LAYOUTS = 4096
 _OPTIONS = {"solver"}
 
 
-def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSolver:
-    """HiGHS when ``highspy`` is importable (or asked for), else CBC; exact gaps, one thread."""
+def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSolver | dict:
+    """HiGHS when ``highspy`` is installed (or asked for) — its options, for
+    :func:`gpp_solver.highs_worker.solve_highs` — else CBC; exact gaps, one thread."""
     want = (name or "auto").lower()
     if want not in ("auto", "highs", "cbc"):
         raise InvalidInputError(f"milp: option solver must be 'highs' or 'cbc', got {name!r}")
     if want in ("auto", "highs"):
-        try:
-            import highspy  # noqa: F401
-            return pulp.HiGHS(msg=msg, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1,
-                              mip_feasibility_tolerance=1e-9)
-        except ImportError:
-            if want == "highs":
-                raise InvalidInputError("milp: solver 'highs' needs the highspy package") from None
+        if highs_available():
+            return dict(msg=msg, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1,
+                        mip_feasibility_tolerance=1e-9)
+        if want == "highs":
+            raise InvalidInputError("milp: solver 'highs' needs the highspy package")
     with warnings.catch_warnings():   # PuLP 3.3 flags its bundled CBC as deprecated for PuLP 4
         warnings.simplefilter("ignore", DeprecationWarning)
         return pulp.PULP_CBC_CMD(msg=msg, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1)
@@ -83,9 +84,13 @@ def _solve(model: MilpModel, time_limit: float | None, solver: str | None, progr
     if time_limit is not None and time_limit <= 0:
         return _Solved(model.b, "no-solution", None, None, None, None, 0.0)
     prob = model.problem
+    chosen = _solver(solver, time_limit, False)
     try:
-        prob.solve(_solver(solver, time_limit, False))
-    except pulp.PulpSolverError as exc:
+        if isinstance(chosen, dict):
+            solve_highs(prob, **chosen)
+        else:
+            prob.solve(chosen)
+    except (pulp.PulpSolverError, SolverError) as exc:
         raise SolverError(f"milp: the solver failed on b={model.b}: {exc}") from exc
     secs = time.perf_counter() - t0
     sol = prob.sol_status
@@ -219,7 +224,8 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     tps, _, b, plan = min(plans, key=lambda p: p[:3])
     status = "time-limit" if unfinished else "feasible" if mismatch else "optimal"
     extra = {"micro_batch_size": b, "solver_seconds": {r.b: round(r.seconds, 4) for r in results},
-             "per_b_status": {r.b: r.status for r in results}, "slots": slots}
+             "per_b_status": {r.b: r.status for r in results}, "slots": slots,
+             "solver": "HiGHS (worker process)" if isinstance(_solver(solver, None, False), dict) else "CBC"}
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0, status=status,
                                         extra={**dict(plan.search.extra), **extra}))
     validate(plan, graph, cluster)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
 import pulp
 
 from ..cost import interp_time
