@@ -34,7 +34,9 @@ _WORKER: subprocess.Popen | None = None
 
 @dataclass(frozen=True)
 class HighsOutcome:
-    """What HiGHS reported (the variable values are already in the caller's problem)."""
+    """What HiGHS reported (the variable values are already in the caller's problem).  The figures
+    are of the model as HiGHS saw it: PuLP hands it a maximisation negated, and ``dual_bound`` is a
+    MIP's (for a pure LP HiGHS leaves it 0: use ``objective``)."""
 
     model_status: str          # HiGHS's model status name, e.g. "kOptimal", "kInfeasible", "kTimeLimit"
     model_status_text: str     # its readable form ("Optimal", "Time limit reached", ...)
@@ -59,8 +61,9 @@ def solve_highs(prob: pulp.LpProblem, **options: Any) -> HighsOutcome:
     with _LOCK:
         for attempt in (1, 2):           # a worker that died (killed, crashed) is restarted once
             if _WORKER is None or _WORKER.poll() is not None:
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # this package too
                 _WORKER = subprocess.Popen([sys.executable, "-m", "gpp_solver.highs_worker"], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
             try:
                 pickle.dump((prob.toDict(), options), _WORKER.stdin)
                 _WORKER.stdin.flush()
