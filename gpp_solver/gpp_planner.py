@@ -51,11 +51,13 @@ joins the candidates.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
+from .planners import reject_unknown_options
 from .progress import ProgressBar
 from .cost import CostTables
 from .errors import InfeasibleError, InvalidInputError
@@ -200,7 +202,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         return (it, tps) if objective == "iteration_time" else (tps, it)
 
     if options:
-        logger.debug("plan_gpp ignores options %s", sorted(options))
+        named = {k for k, p in inspect.signature(plan_gpp).parameters.items() if p.kind is p.KEYWORD_ONLY}
+        reject_unknown_options("gpp", options, named)
     log = logger.info if progress else logger.debug
     t0 = time.perf_counter()
     budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT

@@ -207,6 +207,9 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     sizes = check_micro_batch_sizes(B, micro_batch_sizes)
     if time_limit is not None and time_limit <= 0:
         raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
+    for name, v in (("simulate_top", simulate_top), ("max_depth_bound", max_depth_bound)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise InvalidInputError(f"{name} must be a positive integer or None, got {v!r}")
     deadline = None if time_limit is None else t0 + time_limit
     dec = decompose(graph)
     if dec.forced_cuts:

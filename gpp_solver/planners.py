@@ -59,3 +59,12 @@ def get_planner(name: str) -> Planner:
 def register(name: str, target: str) -> None:
     """Register (or replace) a planner as ``"module:function"``."""
     REGISTRY[name] = target
+
+
+def reject_unknown_options(planner: str, options: dict, known: set[str]) -> None:
+    """Raise :class:`InvalidInputError` naming any option ``planner`` does not take (a misspelt
+    option would otherwise be ignored and the plan would not be what was asked for)."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InvalidInputError(f"planner {planner!r} has no option {', '.join(map(repr, unknown))}; "
+                                f"its options: {', '.join(sorted(known))}")

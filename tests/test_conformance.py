@@ -81,3 +81,11 @@ def test_nothing_fits_is_infeasible(name):
         fn(g, c, 8, time_limit=20)
     if e.value.required_memory_bytes is not None:
         assert e.value.required_memory_bytes > 10.0
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_an_unknown_option_is_refused_by_name(name):
+    """A misspelt option must not be ignored (the plan would not be what was asked for)."""
+    planner_or_skip(name)
+    with pytest.raises(InvalidInputError, match="micro_batch_size_s"):
+        gs.solve(GRAPHS["diamond"], CLUSTER, mini_batch_size=4, planner=name, micro_batch_size_s=[2])

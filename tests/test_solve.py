@@ -321,3 +321,11 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
         tps, est = _price(graph, cluster, r.stages, b, B, CostTables(graph))
         assert math.isclose(tps, max(x.time_per_sample for x in stage_costs(graph, cluster, specs, B)), rel_tol=1e-9)
         assert math.isclose(est, _estimate(graph, cluster, specs, B), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("option, value", [("simulate_top", 0), ("max_depth_bound", "8"), ("max_depth_bound", True)])
+def test_bad_sweep_options_name_themselves(option, value) -> None:
+    from gpp_solver.cluster import cluster_from_dict
+    from gpp_solver.errors import InvalidInputError
+    with pytest.raises(InvalidInputError, match=option):
+        plan_graphpipe(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), 4, **{option: value})

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..planners import reject_unknown_options
 from ..cost import interp_time
 from ..errors import InfeasibleError, SearchSpaceTooLargeError
 from ..plan_build import build_plan
@@ -237,6 +238,7 @@ def _place(cluster: Cluster, sizes: list[int]) -> list[tuple[int, ...]]:
 def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
               progress: bool = False, **options: Any) -> Plan:
     """Alpa-style stage DP (module docstring); ``micro_batch_sizes`` overrides the candidates."""
+    reject_unknown_options("alpa", options, {"micro_batch_sizes", "max_table_bytes", "max_candidates"})
     t0 = _time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     B = mini_batch_size

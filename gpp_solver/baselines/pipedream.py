@@ -61,6 +61,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..planners import reject_unknown_options
 from ..errors import InfeasibleError, InvalidInputError
 from ..plan_build import StageSpec, build_plan
 from ..types import Cluster, Graph, Plan, SearchInfo
@@ -300,6 +301,9 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     ``linearization`` (``"antichain"`` or ``"topological"``), ``max_states``; for
     ``mode="pipedream-costs"`` also ``bandwidth`` (default 1e9) and ``activation_compression_ratio``.
     """
+    known = {"micro_batch_sizes", "linearization", "max_states"}
+    reject_unknown_options("pipedream", options,
+                           known | ({"bandwidth", "activation_compression_ratio"} if mode == "pipedream-costs" else set()))
     t0 = _time.perf_counter()
     if mode == "pipedream-costs":
         return _plan_pipedream_costs(graph, cluster, mini_batch_size, t0, options)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ..planners import reject_unknown_options
 from ..cost import interp_time
 from ..errors import InfeasibleError, InvalidInputError
 from ..plan_build import build_plan
@@ -70,6 +71,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     a lower bound on the simulated iteration time); only those whose bound does not exceed the
     best simulated time found are built and simulated, so the answer is the exhaustive one.
     """
+    reject_unknown_options("pipedream-2bw", options, {"micro_batch_sizes"})
     t0 = _time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     if balance not in ("compute", "layers"):
