@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 
 from gpp_solver.cluster import v100_cluster
 from gpp_solver.cp_schedule import MAX_ACTIONS, tighten

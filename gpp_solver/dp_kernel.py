@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .sp_tree import Leaf, Parallel, Series, SPNode
+from .sp_tree import Leaf, Series, SPNode
 
 INF = 1 << 40          # "impossible" device count; sums of two stay far from int64 overflow
 BIG_DEPTH = 1 << 30    # memory never binds

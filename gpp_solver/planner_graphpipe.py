@@ -250,7 +250,6 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         raise _infeasible(dp, sizes, cluster)
     timed_out = any(not r.exact for r in results)
     min_tps = {b: min(r.tps for r in per_b[b]) for b in sizes if per_b[b]}
-    dpn = cluster.devices_per_node
     tables = dp._costs
     ranked = sorted(results, key=lambda r: (_price(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b))
     short = ranked if simulate_top is None else ranked[:max(1, simulate_top)]
