@@ -1,7 +1,7 @@
 """What CP-SAT tightening of the stage orders buys on the paper's workloads (a markdown table).
 
-For each workload (``gpp_solver.models.build_model``) on a V100 cluster, the GraphPipe planner's
-plan (``gpp_solver.planner_graphpipe.plan_graphpipe``, equal micro-batch sizes, Algorithm 2 kFkB
+For each workload (``gpp_solver.workloads.build_model``) on a V100 cluster, the GraphPipe planner's
+plan (``gpp_solver.planners.graphpipe.planner.plan_graphpipe``, equal micro-batch sizes, Algorithm 2 kFkB
 orders) is tightened with :func:`gpp_solver.cp_schedule.tighten`; a second row re-prices the same
 partition with every other stage's micro-batch size halved (where ``b % d`` allows), the setting
 where Algorithm 2's orders leave the most room.  Iteration times are the simulator's (exact under
@@ -17,12 +17,12 @@ import argparse
 import sys
 import time
 
-from gpp_solver.cluster import v100_cluster
+from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.cp_schedule import MAX_ACTIONS, tighten
-from gpp_solver.models import build_model
-from gpp_solver.plan_build import StageSpec, build_plan
+from gpp_solver.workloads import build_model
+from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Plan, SearchInfo
-from gpp_solver.validate import validate
+from gpp_solver.plan.validate import validate
 
 GiB = 2**30
 
@@ -30,10 +30,10 @@ GiB = 2**30
 def planner():
     """The GraphPipe planner (registry name ``graphpipe``, or the module that implements it)."""
     try:
-        from gpp_solver.planners import get_planner
+        from gpp_solver.planners.registry import get_planner
         return get_planner("graphpipe")
     except Exception:   # noqa: BLE001 - registry entry not importable yet: use the module directly
-        from gpp_solver.planner_graphpipe import plan_graphpipe
+        from gpp_solver.planners.graphpipe.planner import plan_graphpipe
         return plan_graphpipe
 
 

@@ -1,6 +1,6 @@
 """Plan quality of the ``gpp`` planner against every other installed planner (markdown tables).
 
-Part 1 — the paper's workloads (``gpp_solver.models.build_model``) on ``v100_cluster(n)``; the
+Part 1 — the paper's workloads (``gpp_solver.workloads.build_model``) on ``v100_cluster(n)``; the
 mini-batch is GraphPipe A.2's samples per device times devices (MMT 16, DLRM 64, CANDLE-Uno 1024;
 the plain Transformer, which A.2 does not list, 16 like MMT).  ``gpp`` runs stand-alone with its
 default time limit (10 s, its seed planners included) twice: default objective (simulated
@@ -10,13 +10,13 @@ time and throughput, stages / devices used / b, and the TPS gap to two lower bou
 micro-batch size ``b``: the plain perfect-balance bound (total compute per sample / devices,
 :func:`perfect_balance_tps`) and the node bound (:func:`node_bound_tps`: the least TPS of a stage
 holding the heaviest node, with its all-reduce and its neighbours' compute or transfers), and the
-TPS gap to the *relaxed bound* (:func:`gpp_solver.tps_bound.relaxed_tps_bound`: a MILP relaxation
+TPS gap to the *relaxed bound* (:func:`gpp_solver.oracles.tps_bound.relaxed_tps_bound`: a MILP relaxation
 that charges every stage its transfers and every replicated stage its all-reduce; status in
 brackets when the MILP time limit ``--bound-time-limit`` left only a dual bound).  After each
 workload table, one line per cell: at ``gpp[TPS]``'s ``b`` and over every micro-batch size, whether
 ``1.1 x perfect balance`` is below the relaxed bound (the 10% target provably unreachable).
 
-Part 2 — random tiny graphs (``gpp_solver.oracle.random_graph``: chains, diamonds,
+Part 2 — random tiny graphs (``gpp_solver.oracles.brute_force.random_graph``: chains, diamonds,
 series-parallel and general DAGs, 6-8 nodes, 4 devices): the gap of ``gpp``'s bottleneck TPS
 (``objective="time_per_sample"``) and of GraphPipe's to the exact optimum of the brute-force
 oracle, and of ``gpp``'s default plan's simulated iteration time to the oracle plan's.
@@ -35,16 +35,16 @@ import sys
 import time
 from typing import Any
 
-from gpp_solver.cluster import v100_cluster
-from gpp_solver.cost import CostTables, stage_costs
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.cost.model import CostTables, stage_costs
+from gpp_solver.plan.build import StageSpec
 from gpp_solver.errors import GppError, SolverError
-from gpp_solver.gpp_planner import _seed_fn, plan_gpp
-from gpp_solver.models import build_model
-from gpp_solver.planners import REGISTRY
-from gpp_solver.tps_bound import TpsBound, degrees as _degrees, perfect_balance_tps, relaxed_tps_bound
+from gpp_solver.planners.gpp.planner import _seed_fn, plan_gpp
+from gpp_solver.workloads import build_model
+from gpp_solver.planners.registry import REGISTRY
+from gpp_solver.oracles.tps_bound import TpsBound, degrees as _degrees, perfect_balance_tps, relaxed_tps_bound
 from gpp_solver.types import Cluster, Graph, Plan
-from gpp_solver.validate import validate
+from gpp_solver.plan.validate import validate
 
 SAMPLES_PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
@@ -210,7 +210,7 @@ def unreachable_lines(model: str, devices: int, rows: list[dict[str, Any]], all_
                    f"{relaxed_cell(r)} (+{100 * (r.value / r.perfect_balance - 1):.1f}%), gpp[TPS] TPS {t['tps']:.4g}; "
                    f"1.1 x perfect balance < relaxed bound: {verdict}")
     if all_b:
-        from gpp_solver.micro_batch import powers_of_two_dividing
+        from gpp_solver.cost.micro_batch import powers_of_two_dividing
         bounds = [r for r in (relaxed_bound(graph, cluster, b, B) for b in powers_of_two_dividing(B)) if r is not None]
         if not bounds:
             return "\n".join(out)
@@ -247,7 +247,7 @@ def summary_table(results: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
 
 
 def optimality_gap(instances: int, seed: int) -> str:
-    from gpp_solver.oracle import best_plan_bruteforce, random_cluster, random_graph
+    from gpp_solver.oracles.brute_force import best_plan_bruteforce, random_cluster, random_graph
     rng = random.Random(seed)
     gp = _seed_fn("graphpipe")
     gaps, gp_gaps, sim_rel = [], [], []

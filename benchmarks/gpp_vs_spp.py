@@ -4,7 +4,7 @@
     python benchmarks/gpp_vs_spp.py --devices 4 8   # fewer cells
     python benchmarks/gpp_vs_spp.py --branches      # also candle-uno with 2..16 branches (Fig. 7 left)
 
-Workloads from ``gpp_solver.models.build_model`` at the paper's sizes, on ``v100_cluster(n)`` (V100
+Workloads from ``gpp_solver.workloads.build_model`` at the paper's sizes, on ``v100_cluster(n)`` (V100
 16 GiB, 4 per node), mini-batch per GraphPipe A.2 (MMT and Transformer 16, DLRM 64, CANDLE-Uno 1024
 samples per device).  Every plan is validated and simulated under the shared cost model; the table
 prints simulated throughput (samples/s) and search seconds per planner, and the ratios of
@@ -21,10 +21,10 @@ import statistics
 import sys
 import time
 
-from gpp_solver.cluster import v100_cluster
+from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.compare import compare, row_from_plan
-from gpp_solver.models import build_model
-from gpp_solver.planners import available_planners, get_planner
+from gpp_solver.workloads import build_model
+from gpp_solver.planners.registry import available_planners, get_planner
 
 PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 PLANNERS = ["gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa"]

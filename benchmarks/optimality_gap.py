@@ -4,7 +4,7 @@
     python benchmarks/optimality_gap.py --per-class 20 --tight --placement --batch 64
 
 Classes: ``chain``, ``SP`` (diamonds and random series-parallel graphs), ``non-SP`` (random DAGs
-that are not series-parallel, several sources/sinks allowed) — ``gpp_solver.oracle.random_graph``.
+that are not series-parallel, several sources/sinks allowed) — ``gpp_solver.oracles.brute_force.random_graph``.
 Cluster: 4 devices, flat network (``--placement``: two devices per node, faster intra-node link;
 planners may place devices differently from the MILP's contiguous-in-topological-order rule, so
 a negative gap is then possible).  Memory: 64 GB (loose); ``--tight``: activation-heavy graphs
@@ -37,12 +37,14 @@ import statistics
 import sys
 import time
 
-from gpp_solver import graph_from_dict, graph_to_dict
-from gpp_solver.baselines.milp import plan_milp
-from gpp_solver.baselines.milp_space import default_micro_batch_sizes
+from gpp_solver import graph_from_dict
+from gpp_solver import graph_to_dict
+from gpp_solver.planners.milp.planner import plan_milp
+from gpp_solver.planners.milp.space import default_micro_batch_sizes
 from gpp_solver.errors import GppError, InfeasibleError
-from gpp_solver.oracle import best_plan_bruteforce, min_peak_memory_bruteforce, random_cluster, random_graph
-from gpp_solver.planners import available_planners, get_planner
+from gpp_solver.oracles.brute_force import (best_plan_bruteforce, min_peak_memory_bruteforce, random_cluster,
+                                            random_graph)
+from gpp_solver.planners.registry import available_planners, get_planner
 from gpp_solver.sp_tree import decompose
 
 CLASSES = {"chain": ("chain",), "SP": ("diamond", "sp"), "non-SP": ("dag",)}

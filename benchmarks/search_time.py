@@ -4,9 +4,9 @@
     python benchmarks/search_time.py --large    # also 1024 devices
     python benchmarks/search_time.py --profile mmt:32   # cProfile one cell
 
-Workloads: ``gpp_solver.models.build_model`` (``mmt`` = 4 branches x 8 layers, ``dlrm``,
+Workloads: ``gpp_solver.workloads.build_model`` (``mmt`` = 4 branches x 8 layers, ``dlrm``,
 ``candle-uno``) with GraphPipe A.2's mini-batch sizes (MMT 16, DLRM 64, CANDLE-Uno 1024 samples
-per device).  Cluster: ``gpp_solver.cluster.v100_cluster`` — 4 GPUs per node, 16 GiB each (V100),
+per device).  Cluster: ``gpp_solver.formats.cluster.v100_cluster`` — 4 GPUs per node, 16 GiB each (V100),
 intra-node 50e9 B/s (NVLink-ish), inter-node 12.5e9 B/s (100 Gb/s InfiniBand), latency 1e-5 s,
 optimizer_state_factor 4.  Search time is the wall time of ``plan_graphpipe`` (decomposition,
 every micro-batch size, traceback and ``build_plan`` with its simulation), without the final
@@ -14,7 +14,7 @@ every micro-batch size, traceback and ``build_plan`` with its simulation), witho
 
 Two timings per cell: the paper's search (Algorithm 1: the least TPS per micro-batch size,
 ``depth_tradeoff=False``, what Table 1 times) and the planner's default, which adds the depth sweep
-(the least TPS per bound on the stage graph's depth too, see :mod:`gpp_solver.planner_graphpipe`).
+(the least TPS per bound on the stage graph's depth too, see :mod:`gpp_solver.planners.graphpipe.planner`).
 The plan columns describe the default's plan.
 """
 
@@ -26,9 +26,9 @@ import pstats
 import sys
 import time
 
-from gpp_solver.cluster import v100_cluster
-from gpp_solver.models import build_model
-from gpp_solver.planner_graphpipe import plan_graphpipe
+from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.workloads import build_model
+from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 
 PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024}
 PAPER = {  # GraphPipe, Table 1 (seconds)

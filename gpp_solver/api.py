@@ -6,12 +6,12 @@ import inspect
 import logging
 from typing import Any
 
-from .cluster import as_cluster
-from .errors import InvalidInputError
-from .graph import as_graph
-from .planners import REGISTRY, get_planner
-from .types import Plan, SolveOptions
-from .validate import validate
+from gpp_solver.formats.cluster import as_cluster
+from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.graph import as_graph
+from gpp_solver.planners.registry import REGISTRY, get_planner
+from gpp_solver.types import Plan, SolveOptions
+from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict or path).
 
     ``mini_batch_size`` defaults to 16 samples per device.  ``planner`` is a registry name
-    (:data:`gpp_solver.planners.REGISTRY`); other keyword options go to the planner.  ``options``
+    (:data:`gpp_solver.planners.registry.REGISTRY`); other keyword options go to the planner.  ``options``
     (a :class:`SolveOptions`) gives the same settings as one value; explicit keywords win.  The plan returned has
     passed :func:`gpp_solver.validate`.
 
@@ -70,7 +70,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
                                     f"its options: {', '.join(valid) or 'none'}")
     plan = fn(g, c, B, time_limit=time_limit, progress=progress, **planner_options)
     if tighten and name != "gpp":
-        from .cp_schedule import tighten_plan_if_fits
+        from gpp_solver.cp_schedule import tighten_plan_if_fits
 
         plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit, progress=progress)
         logger.info("CP-SAT tightening: %s, iteration %.6g -> %.6g s", info["status"], info["makespan_before"],

@@ -2,9 +2,9 @@
 
 The paper bisects ``[0, MAXTPS]`` until the interval is below ``epsilon``.  The optimum is always
 the TPS of one stage the DP can form, so — as Alpa's stage DP does — we enumerate those values
-(:meth:`gpp_solver.dp.StageDP.candidates`: every segment at every degree), sort them and
+(:meth:`gpp_solver.planners.graphpipe.dp.StageDP.candidates`: every segment at every degree), sort them and
 binary-search the sorted list: the search ends *exactly* at the smallest feasible value, with no epsilon.  Each DP pass tests
-several targets at once (a k-ary search, :meth:`gpp_solver.dp.StageDP.batch_size`), which shares
+several targets at once (a k-ary search, :meth:`gpp_solver.planners.graphpipe.dp.StageDP.batch_size`), which shares
 the Python overhead of the recursion; with one target per pass it is the plain binary search.  The result is optimal within the DP's search
 space and with respect to its (conservative) stage estimates.
 
@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .micro_batch import powers_of_two_dividing
-from .dp import DPStage, StageDP
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
+from gpp_solver.planners.graphpipe.dp import DPStage, StageDP
 
 logger = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cluster import load_cluster, v100_cluster
-from .errors import GppError, InfeasibleError, InvalidInputError
-from .graph import load_graph, save_graph
-from .plan_io import load_plan, save_plan
-from .types import Cluster
+from gpp_solver.formats.cluster import load_cluster, v100_cluster
+from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError
+from gpp_solver.formats.graph import load_graph, save_graph
+from gpp_solver.formats.plan_json import load_plan, save_plan
+from gpp_solver.types import Cluster
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,8 +62,8 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .models import MODELS
-    from .planners import REGISTRY
+    from gpp_solver.workloads import MODELS
+    from gpp_solver.planners.registry import REGISTRY
 
     p = _Parser(prog="gpp", description="Plan graph pipeline parallelism (GraphPipe) for DNN training.",
                 epilog="Exit codes: 0 ok, 1 no feasible plan or solver failure, 2 bad input or usage.")
@@ -151,10 +151,10 @@ def _summary(plan: Any) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .plan_io import plan_to_dict
+    from gpp_solver.formats.plan_json import plan_to_dict
 
     if args.command == "model":
-        from .models import MODELS, build_model
+        from gpp_solver.workloads import MODELS, build_model
 
         params = {q: getattr(args, q) for q in MODELS[args.name].params if getattr(args, q, None) is not None} \
             if args.name in MODELS else {}
@@ -168,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}: graph {g.name!r}, {len(g.nodes)} nodes, {len(g.edges)} edges")
         return 0
     if args.command == "import":
-        from .importers import import_pipedream, import_piper
+        from gpp_solver.formats.importers import import_pipedream, import_piper
 
         g = import_pipedream(args.file, batch_size=args.batch_size, name=args.name) if args.kind == "pipedream" \
             else import_piper(args.file, name=args.name)
@@ -176,7 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}: graph {g.name!r}, {len(g.nodes)} nodes, {len(g.edges)} edges")
         return 0
     if args.command == "validate":
-        from .validate import validate
+        from gpp_solver.plan.validate import validate
 
         g = load_graph(args.graph)
         if args.plan:
@@ -193,7 +193,7 @@ def _run(args: argparse.Namespace) -> int:
                   f"{list(g.micro_batch_sizes)}" + (f"; cluster {args.cluster} is valid" if args.cluster else ""))
         return 0
     if args.command == "plan":
-        from .api import solve
+        from gpp_solver.api import solve
 
         g = load_graph(args.graph)
         c = _cluster(args.cluster)
@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
                                            "depth_tradeoff"),
                                           ("--no-shared-sinks", "shared_sinks")) if key in opts]
         if only_gp:
-            from .api import default_planner
+            from gpp_solver.api import default_planner
 
             chosen = args.planner or default_planner()
             if chosen != "graphpipe":
@@ -235,7 +235,7 @@ def _run(args: argparse.Namespace) -> int:
             print(json.dumps(plan_to_dict(plan), indent=1))
         return 0
     if args.command == "compare":
-        from .compare import compare, rows_to_json, rows_to_markdown
+        from gpp_solver.compare import compare, rows_to_json, rows_to_markdown
 
         g = load_graph(args.graph)
         c = _cluster(args.cluster)
@@ -244,12 +244,12 @@ def _run(args: argparse.Namespace) -> int:
         print(rows_to_markdown(rows) if args.format == "md" else rows_to_json(rows))
         return 0
     if args.command == "simulate":
-        from .simulate import simulate
+        from gpp_solver.plan.simulate import simulate
 
         g = load_graph(args.graph)
         c = _cluster(args.cluster)
         plan = load_plan(args.plan)
-        from .validate import validate
+        from gpp_solver.plan.validate import validate
 
         validate(plan, g, c, check_predictions=False)
         sim = simulate(plan, g, c)
@@ -259,7 +259,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  stage {st.stage}: busy {st.busy:.6g} s, idle {st.idle_fraction:.1%}, "
                   f"peak in-flight {st.peak_in_flight_samples} samples, memory {st.memory_bytes / 2**30:.3f} GiB")
         if args.grid or args.trace:
-            from . import trace as trace_mod
+            from gpp_solver.plan import trace as trace_mod
 
             if args.grid:
                 print(trace_mod.grid_text(plan, sim))
@@ -268,7 +268,7 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"wrote {args.trace}")
         return 0
     if args.command == "show":
-        from .viz import draw_plan
+        from gpp_solver.viz import draw_plan
 
         g = load_graph(args.graph)
         c = _cluster(args.cluster) if args.cluster else None

@@ -8,11 +8,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from .errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
-from .planners import REGISTRY, get_planner
-from .simulate import simulate
-from .types import Cluster, Graph, Plan
-from .validate import validate
+from gpp_solver.errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
+from gpp_solver.planners.registry import REGISTRY, get_planner
+from gpp_solver.plan.simulate import simulate
+from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
 

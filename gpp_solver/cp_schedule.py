@@ -6,7 +6,7 @@ rounding of durations to integer ticks:
 
 * data — per stage ``S``: ``n_S = B / b_S`` micro-batches, durations ``F(S)`` (forward compute +
   forward halves of its transfers), ``B(S)`` (backward halves), all-reduce tail ``A(S)`` from
-  :func:`gpp_solver.cost.stage_costs`, the largest number of micro-batches ``K_S`` the memory
+  :func:`gpp_solver.cost.model.stage_costs`, the largest number of micro-batches ``K_S`` the memory
   limit lets it hold (``M(S) <= memory_bytes`` with ``in_flight = K_S * b_S``);
 * variables — one fixed-size interval ``F_s{S}_j{j}`` / ``B_s{S}_j{j}`` per action, ``makespan``;
 * constraints — see the commented blocks in :func:`build_schedule_model`;
@@ -44,13 +44,13 @@ from typing import Any, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .progress import ProgressBar
-from .cost import in_flight_from_order, stage_costs, stage_memory
-from .errors import DeadlockError, InvalidInputError, SolverError
-from .plan_build import StageSpec, build_plan
-from .simulate import simulate, simulate_orders
-from .types import Cluster, Graph, Plan
-from .validate import check_order, validate
+from gpp_solver._backend.progress import ProgressBar
+from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
+from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.simulate import simulate, simulate_orders
+from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.plan.validate import check_order, validate
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def _ticks(seconds: float, unit: float) -> int:
 def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> dict[int, int]:
     """``K_S``: most micro-batches stage ``S`` may hold with ``M(S) <= memory_bytes`` (0: none fits).
 
-    Uses :func:`gpp_solver.cost.stage_memory` and the validator's tolerance, so an order passes
+    Uses :func:`gpp_solver.cost.model.stage_memory` and the validator's tolerance, so an order passes
     the memory check exactly when its peak is at most ``K_S``.
     """
     out = {}
@@ -384,7 +384,7 @@ def verify_orders(plan: Plan, graph: Graph, cluster: Cluster, *,
 
 
 def _with_orders(plan: Plan, orders: Mapping[int, Order]) -> Plan:
-    from .types import Schedule
+    from gpp_solver.types import Schedule
     return replace(plan, stages=tuple(replace(s, schedule=Schedule("custom", s.schedule.k, tuple(orders[s.id])))
                                       for s in plan.stages))
 

@@ -43,7 +43,7 @@ from typing import Any, Hashable, Iterator, Sequence, Union
 
 import networkx as nx
 
-from .errors import InvalidGraphError
+from gpp_solver.errors import InvalidGraphError
 
 __all__ = ["Leaf", "Series", "Parallel", "SPNode", "SPDecomposition", "decompose", "leaves",
            "order_pairs", "reachability_pairs", "describe"]

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from gpp_solver.binary_search import default_micro_batch_sizes, search_tps, sweep
-from gpp_solver.dp import StageDP
-from gpp_solver.models import build_model
+from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.workloads import build_model
 from gpp_solver.types import Cluster
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import gpp_solver as gs
 from gpp_solver.cli import main
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.plan.build import StageSpec
 
 
 def run(argv, capsys):

@@ -9,7 +9,7 @@ import pytest
 
 import gpp_solver as gs
 from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError
-from gpp_solver.planners import REGISTRY, get_planner
+from gpp_solver.planners.registry import REGISTRY, get_planner
 
 from tiny_graphs import chain_dict, diamond_dict, node
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost import (allreduce_time, in_flight_from_order, interp_time, iteration_time_estimate,
-                             stage_costs, stage_memory, stage_transfers)
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.cost.model import (allreduce_time, in_flight_from_order, interp_time, iteration_time_estimate,
+                                   stage_costs, stage_memory, stage_transfers)
+from gpp_solver.plan.build import StageSpec
 
 
 def test_interpolation_rule():

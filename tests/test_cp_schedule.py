@@ -9,7 +9,7 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.cp_schedule import (build_schedule_model, max_in_flight_micro_batches, solve_model, tighten,
                                     tighten_plan_if_fits, verify_orders)
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.plan.build import StageSpec
 
 SEARCH = gs.SearchInfo(0.0, "feasible")
 

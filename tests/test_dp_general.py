@@ -1,4 +1,4 @@
-"""The per-stage micro-batch DP (:mod:`gpp_solver.dp_general`) and ``plan_graphpipe(...,
+"""The per-stage micro-batch DP (:mod:`gpp_solver.planners.graphpipe.dp_general`) and ``plan_graphpipe(...,
 per_stage_micro_batch=True)``.
 
 The brute force shares only the SP tree with the DP: it lists every partition that follows the tree
@@ -18,15 +18,15 @@ import networkx as nx
 import pytest
 
 from gpp_solver.binary_search import search_tps
-from gpp_solver.dp import StageDP, power_of_two_degrees
-from gpp_solver.dp_general import GeneralStageDP, in_flight_delta
-from gpp_solver.graph import graph_from_dict
-from gpp_solver.planner_graphpipe import plan_graphpipe
-from gpp_solver.plan_io import plan_to_dict
-from gpp_solver.schedule import compute_in_flight, schedule_stage_graph
+from gpp_solver.planners.graphpipe.dp import StageDP, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP, in_flight_delta
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.planners.graphpipe.planner import plan_graphpipe
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.schedule import compute_in_flight, schedule_stage_graph
 from gpp_solver.sp_tree import decompose, order_pairs
 from gpp_solver.types import Cluster
-from gpp_solver.validate import validate
+from gpp_solver.plan.validate import validate
 from tiny_graphs import random_dag_edges
 
 from test_dp import partitions, stage_estimate

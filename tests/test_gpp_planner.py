@@ -9,15 +9,15 @@ import random
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost import stage_costs
+from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.gpp_planner import _seed_fn, build_from_state, plan_gpp
-from gpp_solver.local_search import chain_states, neighbours, repartitions, search
-from gpp_solver.partition_eval import Problem
-from gpp_solver.plan_build import StageSpec, build_plan
+from gpp_solver.planners.gpp.planner import _seed_fn, build_from_state, plan_gpp
+from gpp_solver.planners.gpp.local_search import chain_states, neighbours, repartitions, search
+from gpp_solver.planners.gpp.partition_eval import Problem
+from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, SearchInfo
 
-oracle = pytest.importorskip("gpp_solver.oracle")
+oracle = pytest.importorskip("gpp_solver.oracles.brute_force")
 
 KINDS = ("chain", "diamond", "sp", "dag")
 
@@ -103,7 +103,7 @@ def test_repartition_covers_every_two_stage_split_of_a_pair():
     a = [0] * P.N
     for u in order[3:]:
         a[u] = 1
-    from gpp_solver.partition_eval import State
+    from gpp_solver.planners.gpp.partition_eval import State
     cands = list(repartitions(P, State(tuple(a), (2, 2)), 0))
     assert cands and all(lbl == "repartition" for lbl, _ in cands)
     assert all(P.evaluate(st.assign, st.devs) is not None for _, st in cands)
@@ -258,7 +258,8 @@ def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_th
     import types
     from dataclasses import replace as dc_replace
 
-    from gpp_solver import gpp_seeds, planners
+    from gpp_solver.planners.gpp import seeds as gpp_seeds
+    from gpp_solver import planners
 
     g, c = instances(1, 19, sizes=(6,))[0]
     gp = _seed_fn("graphpipe")
@@ -331,9 +332,9 @@ def test_same_plan_on_a_five_times_slower_machine(monkeypatch):
 @pytest.mark.parametrize("model,per_device", [("mmt", 16), ("dlrm", 64), ("candle-uno", 1024), ("transformer", 16)])
 def test_default_search_fits_ten_seconds_at_32_devices(model, per_device):
     """The default time limit (seed planners included) holds at 32 devices; some slack for load."""
-    from gpp_solver.cluster import v100_cluster
-    from gpp_solver.gpp_planner import DEFAULT_TIME_LIMIT
-    from gpp_solver.models import build_model
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.planners.gpp.planner import DEFAULT_TIME_LIMIT
+    from gpp_solver.workloads import build_model
 
     g, c = build_model(model), v100_cluster(32)
     p = plan_gpp(g, c, per_device * 32)
@@ -344,7 +345,7 @@ def test_default_search_fits_ten_seconds_at_32_devices(model, per_device):
 def test_nodes_move_between_parallel_branches_with_no_edge_between_them():
     """n1 fans out to n2, n3 and n4 -> n5: moving n2 into the stage of {n4, n5} (no edge joins them)
     is a candidate, and a valid one (the MILP's optimum on such a graph needs it)."""
-    from gpp_solver.partition_eval import State
+    from gpp_solver.planners.gpp.partition_eval import State
     nodes = [{"id": f"n{i}", "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
               "output_bytes": 1.0} for i in range(6)]
     edges = [("n0", "n1"), ("n1", "n2"), ("n1", "n3"), ("n1", "n4"), ("n4", "n5")]
@@ -395,7 +396,7 @@ def test_benchmark_bounds_never_exceed_the_exact_optimum():
 def test_small_stage_is_split_at_every_down_set():
     """A stage of a fan (n0 -> n1, n2, n3) has down-sets that are no prefix of a topological
     order ({n0, n2}); the split move offers each of them."""
-    from gpp_solver.partition_eval import State
+    from gpp_solver.planners.gpp.partition_eval import State
     nodes = [{"id": f"n{i}", "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
               "output_bytes": 1.0} for i in range(4)]
     g = gs.graph_from_dict({"name": "fan3", "micro_batch_sizes": [1], "nodes": nodes,

@@ -8,14 +8,14 @@ import textwrap
 
 import pytest
 
-from gpp_solver.highs_worker import highs_available
+from gpp_solver._backend.highs_worker import highs_available
 
 pytestmark = pytest.mark.skipif(not highs_available(), reason="HiGHS (highspy) is not installed")
 
 
 def test_the_solution_comes_back_into_the_problem() -> None:
     import pulp
-    from gpp_solver.highs_worker import solve_highs
+    from gpp_solver._backend.highs_worker import solve_highs
 
     prob = pulp.LpProblem("t", pulp.LpMinimize)
     x = prob.add_variable("x", 0, 10, cat="Integer")
@@ -32,7 +32,7 @@ def test_the_solution_comes_back_into_the_problem() -> None:
 
 def test_a_killed_worker_is_restarted() -> None:
     import pulp
-    from gpp_solver import highs_worker
+    from gpp_solver._backend import highs_worker
 
     prob = pulp.LpProblem("t", pulp.LpMaximize)
     x = prob.add_variable("x", 0, 3)
@@ -49,8 +49,8 @@ def test_milp_then_cp_sat_in_one_fresh_process() -> None:
     code = textwrap.dedent("""
         import sys
         from gpp_solver.compare import compare
-        from gpp_solver.models import build_model
-        from gpp_solver.cluster import v100_cluster
+        from gpp_solver.workloads import build_model
+        from gpp_solver.formats.cluster import v100_cluster
         rows, plans = compare(build_model("candle-uno", branches=2), v100_cluster(4), 64, ["milp", "gpp"],
                               time_limit=20)
         assert plans["milp"].search.status == "optimal", plans["milp"].search

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.graph import graph_from_dict, graph_to_dict
-from gpp_solver.importers import import_pipedream, import_piper, pipedream_dict, piper_dict
+from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
+from gpp_solver.formats.importers import import_pipedream, import_piper, pipedream_dict, piper_dict
 
 DATA = Path("/work/shared/data")
 PIPEDREAM = sorted((DATA / "pipedream").glob("*.graph.txt"))

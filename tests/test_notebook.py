@@ -31,9 +31,9 @@ import networkx as nx
 _src = """
 import time
 import networkx as nx
-from gpp_solver.plan_build import StageSpec, build_plan
+from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo
-from gpp_solver.validate import validate
+from gpp_solver.plan.validate import validate
 
 
 def _micro_batch(B):
@@ -76,7 +76,7 @@ _mod = types.ModuleType("gpp_notebook_stubs")
 exec(_src, _mod.__dict__)
 sys.modules["gpp_notebook_stubs"] = _mod
 
-import gpp_solver.planners as _planners
+import gpp_solver.planners.registry as _planners
 _planners.REGISTRY.clear()
 _planners.REGISTRY.update({"graphpipe": "gpp_notebook_stubs:stub_graph",
                            "pipedream": "gpp_notebook_stubs:stub_chain",

@@ -10,15 +10,15 @@ import math
 import pytest
 
 from conftest import CLUSTER, chain_dict, diamond_dict, node
-from gpp_solver.baselines.linearize import antichain_states, linearize, topological_states
-from gpp_solver.baselines.pipedream import pipedream_optimizer, plan_pipedream
-from gpp_solver.cluster import cluster_from_dict
-from gpp_solver.cost import stage_costs
+from gpp_solver.planners.sequential.linearize import antichain_states, linearize, topological_states
+from gpp_solver.planners.sequential.pipedream import pipedream_optimizer, plan_pipedream
+from gpp_solver.formats.cluster import cluster_from_dict
+from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.graph import graph_from_dict
-from gpp_solver.plan_build import StageSpec
-from gpp_solver.plan_io import plan_to_dict
-from gpp_solver.validate import validate
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.plan.build import StageSpec
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.validate import validate
 
 
 def branchy_dict() -> dict:
@@ -136,7 +136,7 @@ def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
 
 @pytest.mark.parametrize("name, machines, expected", [("gnmt", 4, 0.025868), ("alexnet", 8, 0.011620)])
 def test_fidelity_with_the_published_optimizer(shared_dir, name, machines, expected):
-    from gpp_solver.importers import import_pipedream
+    from gpp_solver.formats.importers import import_pipedream
     g = import_pipedream(shared_dir / "data" / "pipedream" / f"{name}.graph.txt")
     sol = pipedream_optimizer(g, [machines], 1e9)
     assert sol.bottleneck == pytest.approx(expected, rel=1e-4)
@@ -144,7 +144,7 @@ def test_fidelity_with_the_published_optimizer(shared_dir, name, machines, expec
 
 
 def test_pipedream_costs_mode_builds_a_valid_plan(shared_dir):
-    from gpp_solver.importers import import_pipedream
+    from gpp_solver.formats.importers import import_pipedream
     g = import_pipedream(shared_dir / "data" / "pipedream" / "gnmt.graph.txt")
     cl = cluster_from_dict(flat_cluster(4, memory=1e15))
     plan = plan_pipedream(g, cl, 4, mode="pipedream-costs")
@@ -186,7 +186,7 @@ def test_memory_limit_forces_a_split_and_infeasible_reports_the_need():
 
 
 def test_agrees_with_graphpipe_on_a_chain():
-    from gpp_solver.planners import get_planner
+    from gpp_solver.planners.registry import get_planner
     from gpp_solver.errors import InvalidInputError
     try:
         graphpipe = get_planner("graphpipe")
@@ -201,8 +201,8 @@ def test_agrees_with_graphpipe_on_a_chain():
 
 @pytest.mark.slow
 def test_inception_falls_back_to_a_topological_order(shared_dir, caplog):
-    from gpp_solver.cluster import v100_cluster
-    from gpp_solver.importers import import_pipedream
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.formats.importers import import_pipedream
     g = import_pipedream(shared_dir / "data" / "pipedream" / "inception_v3.graph.txt", batch_size=128)
     cl = v100_cluster(8)
     with caplog.at_level(logging.INFO):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from conftest import CLUSTER, chain_dict, diamond_dict
-from gpp_solver.baselines.pipedream_2bw import equal_partition, plan_pipedream_2bw
-from gpp_solver.cluster import cluster_from_dict
+from gpp_solver.planners.sequential.pipedream_2bw import equal_partition, plan_pipedream_2bw
+from gpp_solver.formats.cluster import cluster_from_dict
 from gpp_solver.errors import InfeasibleError, InvalidInputError
-from gpp_solver.graph import graph_from_dict
-from gpp_solver.plan_build import StageSpec, build_plan
-from gpp_solver.plan_io import plan_to_dict
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.types import SearchInfo
-from gpp_solver.validate import validate
+from gpp_solver.plan.validate import validate
 from test_pipedream import branchy_dict, flat_cluster
 
 

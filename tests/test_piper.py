@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.baselines.piper import build_instance, count_downsets, plan_piper
-from gpp_solver.baselines.piper_cost import StageCostKernel
-from gpp_solver.baselines.piper_dp import run_dp
-from gpp_solver.baselines.piper_knapsack import HardInstances, solve_hard
+from gpp_solver.planners.piper.planner import build_instance, count_downsets, plan_piper
+from gpp_solver.planners.piper.cost import StageCostKernel
+from gpp_solver.planners.piper.dp import run_dp
+from gpp_solver.planners.piper.knapsack import HardInstances, solve_hard
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, SolverError
 from gpp_solver.types import Cluster
 
@@ -28,7 +28,7 @@ def piper_cluster(k: int, mem_gb: float) -> Cluster:
 
 
 def piper_graph(shared_dir, name: str):
-    from gpp_solver.importers import import_piper
+    from gpp_solver.formats.importers import import_piper
     return import_piper(shared_dir / "data" / "piper" / f"{name}.json")
 
 
@@ -95,7 +95,7 @@ def test_graph_without_tmpcs_gives_a_valid_plan(diamond, cluster_dict):
 
 
 def test_registry_finds_piper():
-    from gpp_solver.planners import get_planner
+    from gpp_solver.planners.registry import get_planner
     assert get_planner("piper") is plan_piper
 
 
@@ -345,7 +345,7 @@ def test_knapsack_with_three_tmpcs_follows_the_slow_heuristic():
 def test_sync_bytes_keyed_like_the_published_code():
     """``syncTimeFw`` is paid per in-edge from outside the stage (keyed by the predecessor),
     ``syncTimeBw`` per out-edge to outside (keyed by the successor), each twice (fw + bw)."""
-    from gpp_solver.importers import piper_dict
+    from gpp_solver.formats.importers import piper_dict
 
     def tm(fw, bw):
         return {"id": "vanilla", "timePerSample": 1.0, "parameterSize": 0.0, "memoryUsageA": 0.0,

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from gpp_solver.cost import in_flight_from_order
+from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.schedule import compute_in_flight, kfkb_order, schedule_stage_graph, warmup_micro_batches
+from gpp_solver.plan.schedule import compute_in_flight, kfkb_order, schedule_stage_graph, warmup_micro_batches
 
 # Table 2 of the paper, transcribed row by row: (condition, result) on (kx, bx, ky, by, iy).
 TABLE2 = {

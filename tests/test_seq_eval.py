@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from conftest import CLUSTER, chain_dict, diamond_dict
-from gpp_solver.baselines.pipedream_2bw import equal_partition, plan_pipedream_2bw
-from gpp_solver.baselines.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.baselines.sequential import attach_detached, candidate_micro_batches, pipedream_core
-from gpp_solver.cluster import cluster_from_dict
-from gpp_solver.cost import stage_costs
-from gpp_solver.graph import graph_from_dict
-from gpp_solver.plan_build import build_plan
+from gpp_solver.planners.sequential.pipedream_2bw import equal_partition, plan_pipedream_2bw
+from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
+from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
+from gpp_solver.formats.cluster import cluster_from_dict
+from gpp_solver.cost.model import stage_costs
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.plan.build import build_plan
 from gpp_solver.types import SearchInfo
 from test_pipedream import branchy_dict, flat_cluster
 
@@ -97,7 +97,7 @@ def test_2bw_equals_the_exhaustive_search(gd, cd):
                 if b % d:
                     continue
                 x = b / d
-                from gpp_solver.cost import interp_time
+                from gpp_solver.cost.model import interp_time
                 wts = [interp_time(g.node(v).fw_time, g.micro_batch_sizes, x)
                        + interp_time(g.node(v).bw_time, g.micro_batch_sizes, x) for v in order]
                 cuts = equal_partition(wts, w)

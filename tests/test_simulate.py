@@ -10,10 +10,10 @@ import pytest
 
 import gpp_solver as gs
 from gpp_solver.errors import DeadlockError
-from gpp_solver.plan_build import StageSpec
-from gpp_solver.schedule import kfkb_order
-from gpp_solver.simulate import simulate_orders
-from gpp_solver.trace import grid_text, order_grid, to_chrome_trace, write_trace
+from gpp_solver.plan.build import StageSpec
+from gpp_solver.plan.schedule import kfkb_order
+from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.plan.trace import grid_text, order_grid, to_chrome_trace, write_trace
 
 SEARCH = gs.SearchInfo(0.0, "feasible")
 

@@ -9,15 +9,15 @@ import math
 import networkx as nx
 import pytest
 
-from gpp_solver.cost import stage_costs
+from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, InvalidInputError
-from gpp_solver.graph import graph_from_dict
-from gpp_solver.models import build_model
-from gpp_solver.plan_io import plan_to_dict
-from gpp_solver.planner_graphpipe import plan_graphpipe, solve
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.workloads import build_model
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.planners.graphpipe.planner import plan_graphpipe, solve
+from gpp_solver.plan.build import StageSpec
 from gpp_solver.types import Cluster
-from gpp_solver.validate import validate
+from gpp_solver.plan.validate import validate
 
 from conftest import CLUSTER, chain_dict, diamond_dict
 
@@ -31,7 +31,7 @@ def _strip(plan) -> dict:
 def test_diamond_plan_is_valid() -> None:
     plan = solve(diamond_dict(), CLUSTER, mini_batch_size=4)
     g = graph_from_dict(diamond_dict())
-    from gpp_solver.cluster import cluster_from_dict
+    from gpp_solver.formats.cluster import cluster_from_dict
     validate(plan, g, cluster_from_dict(CLUSTER))
     assert plan.planner == "graphpipe"
     extra = plan.search.extra
@@ -195,8 +195,8 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
     and the interaction form one stage and the conservative DP itself does better: checked last.)  It still leaves devices idle, and that is right: more devices cannot lower the
     bottleneck (an operator is atomic; at degree 2 its 1.2 GB all-reduce costs more than the halved
     compute), and no degree raise lowers the iteration estimate (what the leftover pass checks)."""
-    from gpp_solver.cluster import v100_cluster
-    from gpp_solver.planner_graphpipe import _estimate
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.planners.graphpipe.planner import _estimate
     g, c = build_model("dlrm"), v100_cluster(8)
     plan = plan_graphpipe(g, c, 512, shared_sinks=False)
     validate(plan, g, c)
@@ -248,7 +248,7 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
     """With every size simulated, the plan is the fastest per-b DP plan in simulation (the paper's
     sweep "to maximize training throughput"), and each b's staging is still the DP's optimum."""
     from gpp_solver.binary_search import search_many
-    from gpp_solver.dp import StageDP
+    from gpp_solver.planners.graphpipe.dp import StageDP
     g = build_model("mmt", branches=2, layers=2)
     c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
                 inter_node_bandwidth=12.5e9, latency=1e-5)
@@ -265,8 +265,8 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
         if "not_simulated_lower_bound" in s:
             assert s["not_simulated_lower_bound"] > plan.predicted.iteration_time
     # ... and that bound is a true lower bound of the simulated iteration time
-    from gpp_solver.planner_graphpipe import _specs
-    from gpp_solver.plan_build import build_plan
+    from gpp_solver.planners.graphpipe.planner import _specs
+    from gpp_solver.plan.build import build_plan
     from gpp_solver.types import SearchInfo
     for b, r in search_many(StageDP(g, c, B), extra["micro_batch_sizes_searched"]).items():
         p = build_plan(g, c, _specs(r.stages, b, c.devices_per_node), B, planner="x",
@@ -286,7 +286,7 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
 def test_depth_tradeoff_finds_the_shallow_plan_the_min_tps_search_misses() -> None:
     """A 4-device chain whose all-reduce is cheap enough that one data-parallel stage beats the
     4-stage pipeline in simulation although its bottleneck TPS is larger (transformer, 4 V100s)."""
-    from gpp_solver.cluster import v100_cluster
+    from gpp_solver.formats.cluster import v100_cluster
     g, c = build_model("transformer"), v100_cluster(4)
     base = plan_graphpipe(g, c, 64, depth_tradeoff=False)
     ext = plan_graphpipe(g, c, 64)
@@ -307,9 +307,9 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
     import random
     from test_dp import random_instance
     from gpp_solver.binary_search import search_many
-    from gpp_solver.cost import CostTables
-    from gpp_solver.dp import StageDP
-    from gpp_solver.planner_graphpipe import _estimate, _price, _specs
+    from gpp_solver.cost.model import CostTables
+    from gpp_solver.planners.graphpipe.dp import StageDP
+    from gpp_solver.planners.graphpipe.planner import _estimate, _price, _specs
     graph, cluster, B, _ = random_instance(random.Random(500 + seed))
     cluster = cluster.with_(devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4,
                             memory_bytes=1e9)
@@ -325,7 +325,7 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
 
 @pytest.mark.parametrize("option, value", [("simulate_top", 0), ("max_depth_bound", "8"), ("max_depth_bound", True)])
 def test_bad_sweep_options_name_themselves(option, value) -> None:
-    from gpp_solver.cluster import cluster_from_dict
+    from gpp_solver.formats.cluster import cluster_from_dict
     from gpp_solver.errors import InvalidInputError
     with pytest.raises(InvalidInputError, match=option):
         plan_graphpipe(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), 4, **{option: value})

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.sp_tree import (Leaf, Parallel, Series, decompose, describe, leaves, order_pairs,
-                                reachability_pairs)
+from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, describe, leaves, order_pairs, reachability_pairs
 
 DATA = Path("/work/shared/data/pipedream")
 
@@ -132,7 +131,7 @@ def test_cycle_and_empty_are_rejected() -> None:
 
 
 def test_project_graph_type_and_models() -> None:
-    from gpp_solver.models import build_model
+    from gpp_solver.workloads import build_model
     g = build_model("candle-uno")
     res = decompose(g)
     assert res.is_series_parallel
@@ -143,7 +142,7 @@ def test_project_graph_type_and_models() -> None:
 
 @pytest.mark.skipif(not (DATA / "inception_v3.graph.txt").exists(), reason="PipeDream profiles not present")
 def test_inception_decomposes_quickly() -> None:
-    from gpp_solver.importers.pipedream import import_pipedream
+    from gpp_solver.formats.pipedream import import_pipedream
     g = import_pipedream(DATA / "inception_v3.graph.txt")
     assert len(g.nodes) == 326
     t0 = time.perf_counter()

@@ -8,7 +8,7 @@ import pytest
 
 import gpp_solver as gs
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.plan.build import StageSpec
 
 
 @pytest.fixture

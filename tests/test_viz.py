@@ -10,7 +10,7 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.cli import main
 from gpp_solver.compare import CompareRow
-from gpp_solver.plan_build import StageSpec
+from gpp_solver.plan.build import StageSpec
 
 pytest.importorskip("matplotlib")
 from matplotlib.colors import to_rgba  # noqa: E402

@@ -1,0 +1,260 @@
+"""The cost model of ``spec/cost-model.md`` — and nothing else.
+
+Every planner, the validator and the simulator take their figures from here, so that plans of
+different planners are compared on one footing.
+
+Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-parallel degree ``d``
+(``len(devices) / tensor_parallel``), mini-batch size ``B``, ``n = B / b`` micro-batches.
+
+* compute per micro-batch on each replica: ``C(S) = sum_v f_v(b/d) + g_v(b/d)``;
+* a *transfer* is one (producer node ``u``, consumer stage) pair across a stage boundary carrying
+  ``max bytes(u, v)`` per sample; each stage taking part pays ``latency + bytes*(b/d)/bandwidth`` in
+  the forward pass and again in the backward pass (``b``, ``d`` of the paying stage; the intra-node
+  bandwidth when both stages' devices sit in one node, else the inter-node one);
+* ring all-reduce once per iteration: ``A(S) = 2 (d-1)/d * W_S / bandwidth``;
+* ``TPS(S) = (C(S) + comm(S)) / b + A(S) / B``; the plan's TPS is the max over stages;
+* memory per device: ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``;
+* iteration-time estimate: ``L + max_S (n_S - 1)(C(S) + comm(S)) + max_S A(S)``, ``L`` the longest
+  path of per-micro-batch ``C + comm`` through the stage graph (with one micro-batch size this is
+  the page's ``L + (n-1) max_S (C+comm) + max_S A``).
+
+With TMPCs (Piper), ``stage.tmpc[node] = i`` replaces the node's times, weights and activation
+bytes by those of its ``i``-th TMPC; the stage's tensor-parallel degree divides its devices.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Protocol, Sequence
+
+import networkx as nx
+import numpy as np
+
+from gpp_solver.types import Cluster, Graph, Node
+
+
+def interp_time(times: Sequence[float], sizes: Sequence[int], x: float) -> float:
+    """Time for ``x`` samples from times measured at ``sizes`` (the graph format's rule).
+
+    Linear between measured sizes; above the largest, linear in samples (constant time per sample);
+    below the smallest, the smallest's time.
+    """
+    if x <= sizes[0]:
+        return float(times[0])
+    if x >= sizes[-1]:
+        return float(times[-1]) * x / sizes[-1]
+    i = bisect.bisect_right(sizes, x)
+    x0, x1 = sizes[i - 1], sizes[i]
+    t0, t1 = times[i - 1], times[i]
+    return float(t0 + (t1 - t0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """The figures of one node in one configuration (its own, or one of its TMPCs)."""
+
+    fw_time: tuple[float, ...]
+    bw_time: tuple[float, ...]
+    weight_bytes: float
+    activation_bytes: float
+
+
+def node_config(node: Node, tmpc_index: int | None = None) -> NodeConfig:
+    if tmpc_index is None:
+        return NodeConfig(node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes)
+    t = node.tmpc[tmpc_index]
+    return NodeConfig(t.fw_time, t.bw_time, t.weight_bytes, t.activation_bytes)
+
+
+class StageLike(Protocol):
+    nodes: Sequence[str]
+    devices: Sequence[int]
+    micro_batch_size: int
+    tensor_parallel: int
+    tmpc: Mapping[str, int] | None
+
+
+def data_parallel(stage: StageLike) -> int:
+    return max(1, len(stage.devices) // max(1, stage.tensor_parallel))
+
+
+def _configs(graph: Graph, stage: StageLike) -> list[NodeConfig]:
+    tm = stage.tmpc or {}
+    return [node_config(graph.node(v), tm.get(v)) for v in stage.nodes]
+
+
+def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
+    """(forward, backward) compute time of one micro-batch on one replica."""
+    x = stage.micro_batch_size / data_parallel(stage)
+    sizes = graph.micro_batch_sizes
+    fw = bw = 0.0
+    for c in _configs(graph, stage):
+        fw += interp_time(c.fw_time, sizes, x)
+        bw += interp_time(c.bw_time, sizes, x)
+    return fw, bw
+
+
+def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
+    """``C(S)`` for a stage of ``nodes`` with micro-batch ``b`` over ``d`` replicas (no TMPC)."""
+    sizes = graph.micro_batch_sizes
+    x = b / d
+    return sum(interp_time(n.fw_time, sizes, x) + interp_time(n.bw_time, sizes, x)
+               for n in (graph.node(v) for v in nodes))
+
+
+def stage_weight_bytes(graph: Graph, stage: StageLike) -> float:
+    return sum(c.weight_bytes for c in _configs(graph, stage))
+
+
+def stage_activation_bytes(graph: Graph, stage: StageLike) -> float:
+    return sum(c.activation_bytes for c in _configs(graph, stage))
+
+
+def comm_time(bytes_per_sample: float, samples: float, bandwidth: float, latency: float) -> float:
+    """One message of the affine model: ``latency + bytes / bandwidth``."""
+    return latency + bytes_per_sample * samples / bandwidth
+
+
+def allreduce_time(weight_bytes: float, d: int, bandwidth: float) -> float:
+    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas."""
+    return 0.0 if d <= 1 else 2.0 * (d - 1) / d * weight_bytes / bandwidth
+
+
+def stage_transfers(graph: Graph, stage_of: Mapping[str, int]) -> dict[int, list[tuple[int, float]]]:
+    """For each stage, the transfers it takes part in as ``(peer stage, bytes per sample)``.
+
+    A transfer is one (producer node, consumer stage) pair across a boundary; several edges from
+    the producer into the same consumer stage are one transfer of the largest bytes.
+    """
+    pairs: dict[tuple[str, int], float] = {}
+    for (u, v), nbytes in graph.edge_bytes_map.items():
+        su, sv = stage_of[u], stage_of[v]
+        if su != sv:
+            key = (u, sv)
+            pairs[key] = max(pairs.get(key, 0.0), nbytes)
+    out: dict[int, list[tuple[int, float]]] = {}
+    for (u, sv), nbytes in sorted(pairs.items(), key=lambda kv: (graph.index[kv[0][0]], kv[0][1])):
+        su = stage_of[u]
+        out.setdefault(su, []).append((sv, nbytes))
+        out.setdefault(sv, []).append((su, nbytes))
+    return out
+
+
+def stage_memory(graph: Graph, cluster: Cluster, stage: StageLike, in_flight_samples: float) -> float:
+    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``."""
+    return (cluster.optimizer_state_factor * stage_weight_bytes(graph, stage)
+            + in_flight_samples / data_parallel(stage) * stage_activation_bytes(graph, stage))
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Every cost-model figure of one stage."""
+
+    compute_fw: float       # sum f_v(b/d)
+    compute_bw: float       # sum g_v(b/d)
+    comm_fw: float          # forward halves of the stage's transfers
+    comm_bw: float          # backward halves
+    allreduce: float        # A(S)
+    time_per_sample: float  # TPS(S)
+    micro_batch_size: int
+    data_parallel: int
+
+    @property
+    def compute(self) -> float:
+        return self.compute_fw + self.compute_bw
+
+    @property
+    def comm(self) -> float:
+        return self.comm_fw + self.comm_bw
+
+    @property
+    def forward(self) -> float:
+        """Duration of one ``F(S, j)`` in the simulator."""
+        return self.compute_fw + self.comm_fw
+
+    @property
+    def backward(self) -> float:
+        """Duration of one ``B(S, j)`` in the simulator."""
+        return self.compute_bw + self.comm_bw
+
+    @property
+    def per_micro_batch(self) -> float:
+        return self.compute + self.comm
+
+
+def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
+                mini_batch_size: int) -> list[StageCost]:
+    """The cost of every stage of a partition (``stages[i]`` is stage ``i`` of the result)."""
+    stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
+    transfers = stage_transfers(graph, stage_of)
+    out = []
+    for i, s in enumerate(stages):
+        b, d = s.micro_batch_size, data_parallel(s)
+        cf, cb = stage_compute_parts(graph, s)
+        comm_half = 0.0
+        for peer, nbytes in transfers.get(i, []):
+            bw = cluster.bandwidth(list(s.devices) + list(stages[peer].devices))
+            comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
+        a = allreduce_time(stage_weight_bytes(graph, s), d, cluster.bandwidth(s.devices))
+        tps = (cf + cb + 2 * comm_half) / b + a / mini_batch_size
+        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d))
+    return out
+
+
+def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
+    """Peak samples a stage holds under ``order``: max of (forwards done - backwards done) * b."""
+    live = peak = 0
+    for kind, _ in order:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak * b
+
+
+def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[int, int]],
+                            mini_batch_size: int) -> float:
+    """``L + max_S (n_S - 1)(C+comm) + max_S A`` (Alpa's ``sum + (B-1) max`` on a DAG)."""
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(costs)))
+    g.add_edges_from(edges)
+    longest = {}
+    for s in nx.topological_sort(g):
+        longest[s] = costs[s].per_micro_batch + max((longest[p] for p in g.predecessors(s)), default=0.0)
+    L = max(longest.values())
+    steady = max((mini_batch_size // c.micro_batch_size - 1) * c.per_micro_batch for c in costs)
+    return L + steady + max(c.allreduce for c in costs)
+
+
+class CostTables:
+    """Vectorised node times for planners that evaluate many candidate stages.
+
+    ``compute_prefix(x)`` gives prefix sums of ``f + g`` at ``x`` samples over ``order`` so a
+    contiguous range of nodes costs O(1).
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.sizes = np.asarray(graph.micro_batch_sizes, dtype=float)
+        self.fw = np.asarray([n.fw_time for n in graph.nodes], dtype=float)
+        self.bw = np.asarray([n.bw_time for n in graph.nodes], dtype=float)
+        self.weight = np.asarray([n.weight_bytes for n in graph.nodes], dtype=float)
+        self.activation = np.asarray([n.activation_bytes for n in graph.nodes], dtype=float)
+        self._at: dict[float, np.ndarray] = {}
+
+    def compute_at(self, x: float) -> np.ndarray:
+        """``f_v(x) + g_v(x)`` for every node (graph order)."""
+        r = self._at.get(x)
+        if r is None:
+            s = self.sizes
+            if x <= s[0]:
+                f, g = self.fw[:, 0], self.bw[:, 0]
+            elif x >= s[-1]:
+                f, g = self.fw[:, -1] * x / s[-1], self.bw[:, -1] * x / s[-1]
+            else:
+                i = int(np.searchsorted(s, x, side="right"))
+                w = (x - s[i - 1]) / (s[i] - s[i - 1])
+                f = self.fw[:, i - 1] + (self.fw[:, i] - self.fw[:, i - 1]) * w
+                g = self.bw[:, i - 1] + (self.bw[:, i] - self.bw[:, i - 1]) * w
+            r = f + g
+            self._at[x] = r
+        return r

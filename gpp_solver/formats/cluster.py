@@ -1,0 +1,73 @@
+"""Read, validate and write ``gpp-cluster/1`` documents.
+
+Required: ``devices`` (>= 1), ``memory_bytes`` (> 0), ``inter_node_bandwidth`` (> 0).
+Defaults when absent: ``intra_node_bandwidth`` = the inter-node one, ``devices_per_node`` absent
+(flat network: the inter-node bandwidth everywhere), ``latency`` = 0, ``optimizer_state_factor`` = 4.0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpp_solver.errors import InvalidClusterError
+from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
+from gpp_solver.types import CLUSTER_FORMAT, Cluster
+
+E = InvalidClusterError
+
+
+def cluster_from_dict(d: Any) -> Cluster:
+    if not isinstance(d, dict):
+        raise E(f"cluster must be a JSON object, got {type(d).__name__}")
+    fmt = d.get("format", CLUSTER_FORMAT)
+    if fmt != CLUSTER_FORMAT:
+        raise E(f"cluster: format must be '{CLUSTER_FORMAT}', got {fmt!r}")
+    devices = integer(require(d, "devices", "cluster", E), "cluster: devices", E, minimum=1)
+    memory = number(require(d, "memory_bytes", "cluster", E), "cluster: memory_bytes", E, positive=True)
+    inter = number(require(d, "inter_node_bandwidth", "cluster", E), "cluster: inter_node_bandwidth", E,
+                   positive=True)
+    intra_raw = d.get("intra_node_bandwidth")
+    intra = None if intra_raw is None else number(intra_raw, "cluster: intra_node_bandwidth", E, positive=True)
+    dpn_raw = d.get("devices_per_node")
+    dpn = None if dpn_raw is None else integer(dpn_raw, "cluster: devices_per_node", E, minimum=1)
+    latency = number(d.get("latency", 0.0), "cluster: latency", E)
+    osf = number(d.get("optimizer_state_factor", 4.0), "cluster: optimizer_state_factor", E)
+    return Cluster(devices=devices, memory_bytes=memory, inter_node_bandwidth=inter,
+                   intra_node_bandwidth=intra if intra is not None else inter,
+                   devices_per_node=dpn, latency=latency, optimizer_state_factor=osf)
+
+
+def cluster_to_dict(c: Cluster) -> dict[str, Any]:
+    d: dict[str, Any] = {"format": CLUSTER_FORMAT, "devices": c.devices, "memory_bytes": c.memory_bytes}
+    if c.devices_per_node is not None:
+        d["devices_per_node"] = c.devices_per_node
+    d.update({"intra_node_bandwidth": c.intra_node_bandwidth, "inter_node_bandwidth": c.inter_node_bandwidth,
+              "latency": c.latency, "optimizer_state_factor": c.optimizer_state_factor})
+    return d
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    return cluster_from_dict(read_json(path, "cluster", E))
+
+
+def save_cluster(c: Cluster, path: str | Path) -> None:
+    write_json(cluster_to_dict(c), path)
+
+
+def as_cluster(obj: Any) -> Cluster:
+    """Accept a :class:`Cluster`, a ``gpp-cluster/1`` dict or a path (the ``budget`` of ``solve``)."""
+    if isinstance(obj, Cluster):
+        return obj
+    if isinstance(obj, dict):
+        return cluster_from_dict(obj)
+    if isinstance(obj, (str, Path)):
+        return load_cluster(obj)
+    raise E(f"cannot read a cluster from {type(obj).__name__}")
+
+
+def v100_cluster(devices: int, *, devices_per_node: int = 4) -> Cluster:
+    """The paper's setting (Summit): V100 16 GB, NVLink inside a node, InfiniBand between nodes."""
+    return Cluster(devices=devices, memory_bytes=16 * 2**30, devices_per_node=devices_per_node,
+                   intra_node_bandwidth=50e9, inter_node_bandwidth=12.5e9, latency=1e-5,
+                   optimizer_state_factor=4.0)

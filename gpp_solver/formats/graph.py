@@ -1,0 +1,217 @@
+"""Read, validate and write ``gpp-graph/1`` documents; convert from/to ``networkx.DiGraph``.
+
+Every rejection listed in ``spec/formats.md`` raises :class:`InvalidGraphError` with one message
+naming the node or edge: duplicate ids, edges to unknown ids, self-loops, cycles (one cycle named),
+negative or non-finite numbers, time lists of the wrong length, an empty or disconnected graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import networkx as nx
+
+from gpp_solver.errors import InvalidGraphError
+from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
+from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
+
+E = InvalidGraphError
+_NODE_FIELDS = {"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "output_bytes", "tmpc"}
+_TMPC_FIELDS = {"t", "recompute", "fw_time", "bw_time", "weight_bytes", "activation_bytes"}
+
+
+def _times(value: Any, where: str, n: int) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise E(f"{where} must be a list of {n} numbers, got {value!r}")
+    if len(value) != n:
+        raise E(f"{where} has {len(value)} entries but micro_batch_sizes has {n}")
+    return tuple(number(v, f"{where}[{i}]", E) for i, v in enumerate(value))
+
+
+def _tmpc(d: Any, where: str, n: int) -> Tmpc:
+    if not isinstance(d, dict):
+        raise E(f"{where} must be an object")
+    t = integer(d.get("t", 1), f"{where}.t", E, minimum=1)
+    rec = d.get("recompute", False)
+    if not isinstance(rec, bool):
+        raise E(f"{where}.recompute must be true or false, got {rec!r}")
+    return Tmpc(t=t, recompute=rec,
+                fw_time=_times(require(d, "fw_time", where, E), f"{where}.fw_time", n),
+                bw_time=_times(require(d, "bw_time", where, E), f"{where}.bw_time", n),
+                weight_bytes=number(require(d, "weight_bytes", where, E), f"{where}.weight_bytes", E),
+                activation_bytes=number(require(d, "activation_bytes", where, E),
+                                        f"{where}.activation_bytes", E),
+                extra={k: v for k, v in d.items() if k not in _TMPC_FIELDS})
+
+
+def graph_from_dict(d: Any) -> Graph:
+    """Validate a ``gpp-graph/1`` document and return a :class:`Graph`."""
+    if not isinstance(d, dict):
+        raise E(f"graph must be a JSON object, got {type(d).__name__}")
+    fmt = d.get("format", GRAPH_FORMAT)
+    if fmt != GRAPH_FORMAT:
+        raise E(f"graph: format must be '{GRAPH_FORMAT}', got {fmt!r}")
+    name = d.get("name", "graph")
+    if not isinstance(name, str):
+        raise E(f"graph: name must be a string, got {name!r}")
+    sizes_raw = require(d, "micro_batch_sizes", "graph", E)
+    if not isinstance(sizes_raw, list) or not sizes_raw:
+        raise E("graph: micro_batch_sizes must be a non-empty list of positive integers")
+    sizes = tuple(integer(s, f"graph: micro_batch_sizes[{i}]", E, minimum=1) for i, s in enumerate(sizes_raw))
+    for i in range(1, len(sizes)):
+        if sizes[i] <= sizes[i - 1]:
+            raise E(f"graph: micro_batch_sizes must be strictly increasing, got {list(sizes)}")
+    n = len(sizes)
+    nodes_raw = require(d, "nodes", "graph", E)
+    if not isinstance(nodes_raw, list):
+        raise E("graph: nodes must be a list")
+    if not nodes_raw:
+        raise E("graph is empty: it has no nodes")
+    nodes: list[Node] = []
+    seen: set[str] = set()
+    for i, nd in enumerate(nodes_raw):
+        where = f"node #{i}"
+        nid = require(nd, "id", where, E)
+        if not isinstance(nid, str) or not nid:
+            raise E(f"{where}: id must be a non-empty string, got {nid!r}")
+        where = f"node '{nid}'"
+        if nid in seen:
+            raise E(f"duplicate node id '{nid}'")
+        seen.add(nid)
+        tm = nd.get("tmpc", [])
+        if not isinstance(tm, list):
+            raise E(f"{where}.tmpc must be a list")
+        nodes.append(Node(
+            id=nid,
+            fw_time=_times(require(nd, "fw_time", where, E), f"{where}.fw_time", n),
+            bw_time=_times(require(nd, "bw_time", where, E), f"{where}.bw_time", n),
+            weight_bytes=number(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes", E),
+            activation_bytes=number(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes", E),
+            output_bytes=number(require(nd, "output_bytes", where, E), f"{where}.output_bytes", E),
+            tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
+            extra={k: v for k, v in nd.items() if k not in _NODE_FIELDS},
+        ))
+    edges_raw = d.get("edges", [])
+    if not isinstance(edges_raw, list):
+        raise E("graph: edges must be a list")
+    edges: list[Edge] = []
+    for i, ed in enumerate(edges_raw):
+        if isinstance(ed, list) and len(ed) == 2:  # tolerate the compact [src, dst] form
+            ed = {"src": ed[0], "dst": ed[1]}
+        src = require(ed, "src", f"edge #{i}", E)
+        dst = require(ed, "dst", f"edge #{i}", E)
+        where = f"edge {src!r} -> {dst!r}"
+        for end in (src, dst):
+            if not isinstance(end, str) or end not in seen:
+                raise E(f"{where} refers to unknown node {end!r}")
+        if src == dst:
+            raise E(f"{where} is a self-loop")
+        b = ed.get("bytes")
+        edges.append(Edge(src, dst, None if b is None else number(b, f"{where}.bytes", E)))
+    g = Graph(name=name, micro_batch_sizes=sizes, nodes=tuple(nodes), edges=tuple(edges),
+              extra={k: v for k, v in d.items() if k not in {"format", "name", "micro_batch_sizes", "nodes", "edges"}})
+    _check_structure(g)
+    return g
+
+
+def _check_structure(g: Graph) -> None:
+    nxg = nx.DiGraph()
+    nxg.add_nodes_from(g.ids)
+    nxg.add_edges_from((e.src, e.dst) for e in g.edges)
+    try:
+        cycle = nx.find_cycle(nxg)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        names = [u for u, _ in cycle] + [cycle[0][0]]
+        raise E("graph has a cycle: " + " -> ".join(names))
+    if len(g.ids) > 1 and not nx.is_weakly_connected(nxg):
+        comps = sorted(nx.weakly_connected_components(nxg), key=lambda c: min(g.index[x] for x in c))
+        other = min(comps[1], key=lambda x: g.index[x])
+        raise E(f"graph is disconnected: node '{other}' is not connected to node '{g.ids[0]}' "
+                f"({len(comps)} weakly connected components)")
+
+
+def graph_to_dict(g: Graph) -> dict[str, Any]:
+    """The ``gpp-graph/1`` document of ``g`` (round-trips with :func:`graph_from_dict`)."""
+    nodes = []
+    for n in g.nodes:
+        nd: dict[str, Any] = {"id": n.id, "fw_time": list(n.fw_time), "bw_time": list(n.bw_time),
+                              "weight_bytes": n.weight_bytes, "activation_bytes": n.activation_bytes,
+                              "output_bytes": n.output_bytes}
+        if n.tmpc:
+            nd["tmpc"] = [{"t": t.t, "recompute": t.recompute, "fw_time": list(t.fw_time),
+                           "bw_time": list(t.bw_time), "weight_bytes": t.weight_bytes,
+                           "activation_bytes": t.activation_bytes, **dict(t.extra)} for t in n.tmpc]
+        nd.update(n.extra)
+        nodes.append(nd)
+    edges = []
+    for e in g.edges:
+        ed: dict[str, Any] = {"src": e.src, "dst": e.dst}
+        if e.bytes is not None:
+            ed["bytes"] = e.bytes
+        edges.append(ed)
+    out = {"format": GRAPH_FORMAT, "name": g.name, "micro_batch_sizes": list(g.micro_batch_sizes),
+           "nodes": nodes, "edges": edges}
+    out.update(g.extra)
+    return out
+
+
+def load_graph(path: str | Path) -> Graph:
+    return graph_from_dict(read_json(path, "graph", E))
+
+
+def save_graph(g: Graph, path: str | Path) -> None:
+    write_json(graph_to_dict(g), path)
+
+
+def as_graph(obj: Any) -> Graph:
+    """Accept a :class:`Graph`, a ``gpp-graph/1`` dict, a path, or a ``networkx.DiGraph``."""
+    if isinstance(obj, Graph):
+        return obj
+    if isinstance(obj, dict):
+        return graph_from_dict(obj)
+    if isinstance(obj, (str, Path)):
+        return load_graph(obj)
+    if isinstance(obj, nx.DiGraph):
+        return graph_from_networkx(obj)
+    raise E(f"cannot read a graph from {type(obj).__name__}")
+
+
+def graph_from_networkx(G: nx.DiGraph, *, name: str | None = None,
+                        micro_batch_sizes: tuple[int, ...] | list[int] = (1,),
+                        fw_time: str = "fw_time", bw_time: str = "bw_time",
+                        weight_bytes: str = "weight_bytes", activation_bytes: str = "activation_bytes",
+                        output_bytes: str = "output_bytes", edge_bytes: str = "bytes") -> Graph:
+    """Build a graph from a DiGraph whose node attributes carry the costs.
+
+    A scalar time attribute is accepted when there is one micro-batch size.  Node ids are
+    converted with ``str``.  Missing byte attributes default to 0.
+    """
+    sizes = list(micro_batch_sizes)
+
+    def times(v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return [v] * len(sizes) if len(sizes) == 1 else v
+        return list(v) if isinstance(v, (list, tuple)) else v
+
+    nodes = []
+    for n, a in G.nodes(data=True):
+        if fw_time not in a or bw_time not in a:
+            raise E(f"node '{n}': networkx attributes '{fw_time}' and '{bw_time}' are required")
+        nodes.append({"id": str(n), "fw_time": times(a[fw_time]), "bw_time": times(a[bw_time]),
+                      "weight_bytes": a.get(weight_bytes, 0), "activation_bytes": a.get(activation_bytes, 0),
+                      "output_bytes": a.get(output_bytes, 0)})
+    edges = []
+    for u, v, a in G.edges(data=True):
+        ed = {"src": str(u), "dst": str(v)}
+        if a.get(edge_bytes) is not None:
+            ed["bytes"] = a[edge_bytes]
+        edges.append(ed)
+    return graph_from_dict({"format": GRAPH_FORMAT, "name": name or G.graph.get("name", "graph"),
+                            "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges})
+
+
+def graph_to_networkx(g: Graph) -> nx.DiGraph:
+    return g.to_networkx()

@@ -1,0 +1,1 @@
+"""A plan's pieces: micro-batch orders, building, simulation, traces and validation."""

@@ -1,0 +1,124 @@
+"""Turn a partition (stage node sets, devices, micro-batch sizes) into a complete :class:`Plan`.
+
+Every planner ends here, so all plans get their stage edges, Algorithm 2 in-flight counts, kFkB
+orders and predicted figures the same way — from ``cost.py`` and ``simulate.py`` — and the
+validator recomputes exactly these numbers.
+
+``predicted.iteration_time`` is the simulated makespan of the plan's own orders (exact under the
+cost model); ``predicted.throughput = mini_batch_size / iteration_time``; the cheaper estimate of
+the cost model is kept as ``search.iteration_time_estimate``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+import networkx as nx
+
+from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs, stage_memory
+from gpp_solver.errors import DeadlockError, InvalidPlanError
+from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
+from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.types import Cluster, Graph, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What a planner decides for one stage; ``build_plan`` derives the rest."""
+
+    nodes: tuple[str, ...]
+    devices: tuple[int, ...]
+    micro_batch_size: int
+    k: int | None = 1
+    tensor_parallel: int = 1
+    tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
+    order: tuple[tuple[str, int], ...] | None = None   # an explicit order overrides kFkB
+
+
+def stage_graph_edges(graph: Graph, stage_of: Mapping[str, int]) -> list[tuple[int, int]]:
+    """Stage pairs ``[from, to]`` implied by graph edges across stages (C2), sorted."""
+    return sorted({(stage_of[e.src], stage_of[e.dst]) for e in graph.edges if stage_of[e.src] != stage_of[e.dst]})
+
+
+def _topological_renumbering(graph: Graph, specs: Sequence[StageSpec]) -> list[int]:
+    stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(specs)))
+    g.add_edges_from(stage_graph_edges(graph, stage_of))
+    if not nx.is_directed_acyclic_graph(g):
+        cyc = nx.find_cycle(g)
+        raise InvalidPlanError("stage graph has a cycle: " + " -> ".join(str(a) for a, _ in cyc)
+                               + " (a stage is not convex or stages depend on each other both ways)")
+    first = [min(graph.index[v] for v in s.nodes) for s in specs]
+    return list(nx.lexicographical_topological_sort(g, key=lambda i: first[i]))
+
+
+def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_batch_size: int, *,
+               planner: str, search: SearchInfo, k_options: Sequence[int] = (1,)) -> Plan:
+    """Assemble and price a plan.  Stages are numbered in topological order of the stage graph."""
+    seen: dict[str, int] = {}
+    for i, s in enumerate(specs):
+        if not s.nodes:
+            raise InvalidPlanError(f"stage spec #{i} has no nodes")
+        for v in s.nodes:
+            if v in seen:
+                raise InvalidPlanError(f"node '{v}' is in two stages (#{seen[v]} and #{i})")
+            seen[v] = i
+    missing = [v for v in graph.ids if v not in seen]
+    if missing:
+        raise InvalidPlanError(f"node '{missing[0]}' is in no stage")
+    perm = _topological_renumbering(graph, specs)
+    specs = [specs[i] for i in perm]
+    for s in specs:
+        if mini_batch_size % s.micro_batch_size:
+            raise InvalidPlanError(f"`B % b == 0` must hold, but got (B={mini_batch_size}, b={s.micro_batch_size})")
+    # keep each stage's nodes in graph order so plans are deterministic
+    specs = [replace(s, nodes=tuple(sorted(s.nodes, key=graph.index.__getitem__))) for s in specs]
+    stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
+    edges = stage_graph_edges(graph, stage_of)
+    succs: dict[int, list[int]] = {i: [] for i in range(len(specs))}
+    for a, b in edges:
+        succs[a].append(b)
+    bsz = {i: s.micro_batch_size for i, s in enumerate(specs)}
+    if all(s.k is None for s in specs):
+        inflight = schedule_stage_graph(succs, bsz, None, k_options=k_options)
+    else:
+        inflight = schedule_stage_graph(succs, bsz, {i: (s.k or 1) for i, s in enumerate(specs)})
+    orders: dict[int, tuple[tuple[str, int], ...]] = {}
+    for i, s in enumerate(specs):
+        n = mini_batch_size // s.micro_batch_size
+        orders[i] = s.order if s.order is not None else kfkb_order(
+            n, warmup_micro_batches(inflight[i][1], s.micro_batch_size, n))
+    costs = stage_costs(graph, cluster, specs, mini_batch_size)
+    sim_args = (bsz, {i: c.forward for i, c in enumerate(costs)}, {i: c.backward for i, c in enumerate(costs)},
+                {i: c.allreduce for i, c in enumerate(costs)}, edges, mini_batch_size)
+    kind = "kFkB"
+    try:
+        makespan, _ = simulate_orders(orders, *sim_args)
+    except DeadlockError as exc:
+        logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
+        orders = {i: tuple([("F", j) for j in range(len(o) // 2)] + [("B", j) for j in range(len(o) // 2)])
+                  for i, o in orders.items()}
+        makespan, _ = simulate_orders(orders, *sim_args)
+        kind = "GPipe"
+    stages = []
+    for i, (s, c) in enumerate(zip(specs, costs)):
+        peak = in_flight_from_order(orders[i], s.micro_batch_size)
+        stages.append(Stage(
+            id=i, nodes=s.nodes, devices=tuple(s.devices), micro_batch_size=s.micro_batch_size,
+            schedule=Schedule(kind=kind if s.order is None else "custom", k=inflight[i][0], order=orders[i]),
+            in_flight_samples=peak,
+            predicted=StagePrediction(time_per_sample=c.time_per_sample,
+                                      memory_bytes=stage_memory(graph, cluster, s, peak)),
+            tensor_parallel=s.tensor_parallel, tmpc=dict(s.tmpc) if s.tmpc else None))
+    estimate = iteration_time_estimate(costs, edges, mini_batch_size)
+    pred = PlanPrediction(time_per_sample=max(c.time_per_sample for c in costs), iteration_time=makespan,
+                          throughput=mini_batch_size / makespan if makespan > 0 else float("inf"),
+                          peak_memory_bytes=max(st.predicted.memory_bytes for st in stages))
+    search = replace(search, extra={**dict(search.extra), "iteration_time_estimate": estimate})
+    return Plan(planner=planner, graph=graph.name, mini_batch_size=mini_batch_size, stages=tuple(stages),
+                edges=tuple(edges), predicted=pred, search=search)

@@ -1,0 +1,168 @@
+"""Event simulation of a plan under the cost model (``spec/cost-model.md``, *Iteration time*).
+
+Every stage runs its ``schedule.order`` in sequence.  ``F(S, j)`` lasts the stage's forward compute
+plus the forward halves of its transfers and starts when the stage is free and every predecessor
+stage has finished the forwards covering micro-batch ``j``'s samples ``[j*b, (j+1)*b)`` (with
+unequal micro-batch sizes that can be several micro-batches or part of one); ``B(S, j)`` likewise
+waits for the backwards of every successor covering those samples.  Each stage ends with its
+all-reduce ``A(S)`` after its last backward.  The makespan is the iteration time.  Orders that
+wait on each other forever raise :class:`DeadlockError` naming the waiting stages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from gpp_solver.cost.model import StageCost, stage_costs
+from gpp_solver.errors import DeadlockError
+from gpp_solver.types import Cluster, Graph, Plan
+
+
+@dataclass(frozen=True)
+class Task:
+    stage: int          # stage id
+    kind: str           # "F" or "B"
+    micro_batch: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class StageStats:
+    stage: int
+    busy: float               # compute + communication + all-reduce
+    idle_fraction: float      # 1 - busy / makespan
+    peak_in_flight_samples: int
+    memory_bytes: float
+    idle: float = 0.0         # makespan - busy (the stage's bubbles, seconds)
+    allreduce: float = 0.0    # A(S), run right after the stage's last backward
+
+
+@dataclass(frozen=True)
+class SimResult:
+    iteration_time: float
+    throughput: float
+    tasks: tuple[Task, ...]
+    stages: tuple[StageStats, ...]
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(s.memory_bytes for s in self.stages)
+
+    def stage_tasks(self, stage: int) -> list[Task]:
+        """The timed actions of one stage, in the order it ran them."""
+        return sorted((t for t in self.tasks if t.stage == stage), key=lambda t: (t.start, t.end))
+
+    def allreduce_span(self, stage: int) -> tuple[float, float]:
+        """``(start, end)`` of the stage's all-reduce tail: it starts when its last action ends."""
+        st = next(s for s in self.stages if s.stage == stage)
+        start = max((t.end for t in self.tasks if t.stage == stage), default=0.0)
+        return start, start + st.allreduce
+
+
+def _covering(j: int, b_self: int, b_other: int) -> range:
+    """Micro-batches of a neighbour (size ``b_other``) covering samples of our micro-batch ``j``."""
+    lo = (j * b_self) // b_other
+    hi = ((j + 1) * b_self - 1) // b_other
+    return range(lo, hi + 1)
+
+
+def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int, int],
+              preds: Mapping[int, list[int]], succs: Mapping[int, list[int]],
+              micro_batch: Mapping[int, int], done: Mapping[tuple[int, str, int], float]) -> DeadlockError:
+    """A :class:`DeadlockError` naming every waiting stage, what it waits for, and the grid.
+
+    The error carries ``waiting``: ``((stage, kind, micro_batch, step), ...)`` of the stuck stages.
+    """
+    from gpp_solver.plan.trace import order_grid
+
+    waiting = []
+    parts = []
+    for s, order in orders.items():
+        if ptr[s] >= len(order):
+            continue
+        kind, j = order[ptr[s]]
+        deps = preds[s] if kind == "F" else succs[s]
+        missing = [f"{kind}{q} of stage {p}" for p in deps
+                   for q in _covering(j, micro_batch[s], micro_batch[p]) if (p, kind, q) not in done]
+        waiting.append((s, kind, j, ptr[s]))
+        parts.append(f"stage {s} at {kind}{j} (step {ptr[s]}) waits for " + ", ".join(missing[:3])
+                     + (" ..." if len(missing) > 3 else ""))
+    grid = order_grid(orders, marks={(s, step) for s, _, _, step in waiting})
+    exc = DeadlockError("schedule deadlocks: " + "; ".join(parts) + " — they wait on each other forever\n" + grid)
+    exc.waiting = tuple(waiting)  # type: ignore[attr-defined]
+    return exc
+
+
+def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
+                    forward: Mapping[int, float], backward: Mapping[int, float],
+                    allreduce: Mapping[int, float], edges: Sequence[tuple[int, int]],
+                    mini_batch_size: int) -> tuple[float, list[Task]]:
+    """The makespan and the timed tasks of the given per-stage orders (pure, no cost model)."""
+    stages = list(orders)
+    preds: dict[int, list[int]] = {s: [] for s in stages}
+    succs: dict[int, list[int]] = {s: [] for s in stages}
+    for a, b in edges:
+        succs[a].append(b)
+        preds[b].append(a)
+    done: dict[tuple[int, str, int], float] = {}
+    ptr = {s: 0 for s in stages}
+    free = {s: 0.0 for s in stages}
+    tasks: list[Task] = []
+    remaining = sum(len(o) for o in orders.values())
+    while remaining:
+        progress = False
+        for s in stages:
+            order = orders[s]
+            while ptr[s] < len(order):
+                kind, j = order[ptr[s]]
+                deps = preds[s] if kind == "F" else succs[s]
+                ready = free[s]
+                ok = True
+                for p in deps:
+                    for q in _covering(j, micro_batch[s], micro_batch[p]):
+                        t = done.get((p, kind, q))
+                        if t is None:
+                            ok = False
+                            break
+                        ready = max(ready, t)
+                    if not ok:
+                        break
+                if not ok:
+                    break
+                dur = forward[s] if kind == "F" else backward[s]
+                end = ready + dur
+                done[(s, kind, j)] = end
+                tasks.append(Task(s, kind, j, ready, end))
+                free[s] = end
+                ptr[s] += 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            raise _deadlock(orders, ptr, preds, succs, micro_batch, done)
+    makespan = max(free[s] + allreduce[s] for s in stages)
+    return makespan, tasks
+
+
+def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
+    """Simulate ``plan`` (its own orders) and report iteration time, throughput, bubbles, memory."""
+    from gpp_solver.cost.model import in_flight_from_order, stage_memory
+
+    costs: list[StageCost] = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
+    by_id = {s.id: (s, c) for s, c in zip(plan.stages, costs)}
+    orders = {s.id: s.schedule.order for s in plan.stages}
+    makespan, tasks = simulate_orders(
+        orders, {i: s.micro_batch_size for i, (s, _) in by_id.items()},
+        {i: c.forward for i, (_, c) in by_id.items()}, {i: c.backward for i, (_, c) in by_id.items()},
+        {i: c.allreduce for i, (_, c) in by_id.items()}, plan.edges, plan.mini_batch_size)
+    stats = []
+    for i, (s, c) in by_id.items():
+        n = len(s.schedule.order) // 2
+        busy = n * (c.forward + c.backward) + c.allreduce
+        peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
+        stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,
+                                stage_memory(graph, cluster, s, peak), idle=makespan - busy,
+                                allreduce=c.allreduce))
+    return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
+                     tuple(tasks), tuple(stats))

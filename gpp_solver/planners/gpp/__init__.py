@@ -1,0 +1,1 @@
+"""``gpp``: the project's own planner: seeds from every planner, local search, CP-SAT tightening."""

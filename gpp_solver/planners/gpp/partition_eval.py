@@ -1,0 +1,297 @@
+"""Exact, fast pricing of a partition state for the ``gpp`` planner's local search.
+
+A *state* is a partition of the graph's nodes into stages (``assign[u]`` = stage label) and a
+data-parallel degree per stage (``devs[label]``, ``b % d == 0``, ``sum(devs) <= devices``), with
+one micro-batch size ``b`` for every stage and 1F1B (``k = 1``).  :meth:`Problem.evaluate` prices
+a state exactly as ``plan_build.build_plan`` + ``cost.stage_costs`` would (tested against them):
+
+* validity: the quotient (stage) graph is acyclic — which also makes every stage convex (a path
+  leaving a stage and re-entering it is a cycle of the quotient);
+* memory: Algorithm 2 with uniform ``b`` and ``k = 1`` gives ``depth * b`` in-flight samples
+  (``depth`` = 1 + longest path to a sink stage); the kFkB order caps it at ``n = B / b``
+  micro-batches, so ``M(S) = osf * W_S + min(depth, n) * b / d * Act_S``;
+* time: ``TPS(S) = (C(S) + comm(S)) / b + A(S) / B`` with the cost model's transfers and
+  bandwidths, under a device placement chosen by the evaluator (contiguous ranges in the stage
+  graph's topological order, or largest degree first — whichever gives the smaller key).
+
+The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time estimate)``
+(``by_estimate=True``: the estimate before the TPS vector, for the final polish), quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
+"""
+
+
+from __future__ import annotations
+
+import heapq
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from gpp_solver.cost.model import CostTables
+from gpp_solver.types import Cluster, Graph
+
+logger = logging.getLogger(__name__)
+
+MEM_REL_TOL = 5e-10      # stricter than the validator's 1e-9, so float order never flips a verdict
+
+
+@dataclass(frozen=True)
+class State:
+    assign: tuple[int, ...]     # node index (graph order) -> stage label 0..k-1
+    devs: tuple[int, ...]       # stage label -> data-parallel degree
+
+
+@dataclass(frozen=True)
+class Eval:
+    key: tuple
+    tps: tuple[float, ...]      # per stage label
+    memory: tuple[float, ...]   # per stage label, bytes per device
+    order: tuple[int, ...]      # topological order of the stage labels
+    offsets: tuple[int, ...]    # first device of each stage label
+    estimate: float             # iteration-time estimate of the cost model
+
+    @property
+    def max_tps(self) -> float:
+        return max(self.tps)
+
+
+class Problem:
+    """Everything the evaluator needs for one graph, cluster, ``B`` and ``b``."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, b: int,
+                 tables: CostTables | None = None, *, by_estimate: bool = False) -> None:
+        self.graph, self.cluster, self.B, self.b = graph, cluster, mini_batch_size, b
+        self.by_estimate = by_estimate     # key: iteration-time estimate before the TPS vector
+        self.n_micro = mini_batch_size // b
+        self.N = len(graph.nodes)
+        self.D = cluster.devices
+        idx = graph.index
+        self.succ: list[list[tuple[int, float]]] = [[] for _ in range(self.N)]
+        self.adj: list[list[int]] = [[] for _ in range(self.N)]
+        for (u, v), nbytes in sorted(graph.edge_bytes_map.items(), key=lambda kv: (idx[kv[0][0]], idx[kv[0][1]])):
+            self.succ[idx[u]].append((idx[v], nbytes))
+            self.adj[idx[u]].append(idx[v])
+            self.adj[idx[v]].append(idx[u])
+        self.adj = [sorted(set(a)) for a in self.adj]
+        tables = tables or CostTables(graph)
+        self.weight = tables.weight.tolist()
+        self.act = tables.activation.tolist()
+        self.degrees = tuple(d for d in range(1, self.D + 1) if b % d == 0)
+        self.comp = {d: tables.compute_at(b / d).tolist() for d in self.degrees}
+        self.topo_rank = {v: i for i, v in enumerate(graph.topo_order)}
+        c = cluster
+        self.osf, self.lat = c.optimizer_state_factor, c.latency
+        self.inter = c.inter_node_bandwidth
+        self.intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
+        self.dpn = c.devices_per_node
+        self.cap = c.memory_bytes * (1 + MEM_REL_TOL)
+        flat = self.dpn is None or self.intra == self.inter
+        self.const_bw = self.inter if flat else (self.intra if self.D <= self.dpn else None)
+        self.lb_tps = sum(self.comp[1]) / b / self.D     # perfect balance at b (d = 1 is the cheapest per sample)
+        self.quantum = max(self.lb_tps, 1e-300) * 1e-9
+        self.evaluations = 0
+        # arrays for the vectorised evaluator
+        self._ar = np.arange(self.N)
+        self._comp_by_d = np.zeros((self.D + 1, self.N))
+        for d in self.degrees:
+            self._comp_by_d[d] = tables.compute_at(b / d)
+        self._w = np.asarray(self.weight)
+        self._a = np.asarray(self.act)
+        es = [(u, v, nb) for u in range(self.N) for v, nb in self.succ[u]]
+        self._esrc = np.asarray([e[0] for e in es], dtype=np.int64)
+        self._edst = np.asarray([e[1] for e in es], dtype=np.int64)
+        self._ebytes = np.asarray([e[2] for e in es], dtype=float)
+        self._deg = np.asarray(self.degrees, dtype=np.int64)
+        self._table_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    # ------------------------------------------------------------------ structure
+    def _structure(self, a: np.ndarray, k: int):
+        """Quotient successors, a topological order (ties: first node), sink depths and the
+        transfers ``(producer stage, consumer stage, bytes)``; ``None`` when the quotient is cyclic."""
+        sa, sb = a[self._esrc], a[self._edst]
+        m = sa != sb
+        sa, sb = sa[m], sb[m]
+        qkeys = np.unique(sa * k + sb).tolist()
+        qs: list[list[int]] = [[] for _ in range(k)]
+        indeg = [0] * k
+        for key in qkeys:
+            qs[key // k].append(key % k)
+            indeg[key % k] += 1
+        _, first = np.unique(a, return_index=True)
+        first = first.tolist()
+        heap = [(first[s], s) for s in range(k) if indeg[s] == 0]
+        heapq.heapify(heap)
+        order: list[int] = []
+        while heap:
+            _, s = heapq.heappop(heap)
+            order.append(s)
+            for t in qs[s]:
+                indeg[t] -= 1
+                if indeg[t] == 0:
+                    heapq.heappush(heap, (first[t], t))
+        if len(order) < k:
+            return None
+        depth = [0] * k
+        for s in reversed(order):
+            depth[s] = 1 + max((depth[t] for t in qs[s]), default=0)
+        # transfers: one per (producer node, consumer stage), the largest edge
+        tk = self._esrc[m] * k + sb
+        nb = self._ebytes[m]
+        if len(tk):
+            srt = np.lexsort((nb, tk))
+            tk, nb = tk[srt], nb[srt]
+            last = np.r_[tk[1:] != tk[:-1], True]
+            tk, nb = tk[last], nb[last]
+        t_cons = tk % k
+        t_prod = a[tk // k]
+        return qs, order, depth, t_prod, t_cons, nb
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
+        """Exact cost-model figures of a state, or ``None`` when its stage graph has a cycle."""
+        self.evaluations += 1
+        k = len(devs)
+        a = np.asarray(assign, dtype=np.int64)
+        st = self._structure(a, k)
+        if st is None:
+            return None
+        qs, order, depth, t_prod, t_cons, nb = st
+        dv = np.asarray(devs, dtype=np.int64)
+        C = np.bincount(a, weights=self._comp_by_d[dv[a], self._ar], minlength=k)
+        W = np.bincount(a, weights=self._w, minlength=k)
+        Act = np.bincount(a, weights=self._a, minlength=k)
+        b, n = self.b, self.n_micro
+        mem = self.osf * W + np.minimum(np.asarray(depth), n) * (b / dv) * Act
+        excess = float(np.maximum(mem - self.cap, 0.0).sum())
+        best: Eval | None = None
+        for offsets in self._placements(order, devs):
+            e = self._price(dv, order, qs, t_prod, t_cons, nb, C, W, mem, excess, offsets)
+            if best is None or e.key < best.key:
+                best = e
+        return best
+
+    def _placements(self, order: Sequence[int], devs: Sequence[int]) -> Iterator[tuple[int, ...]]:
+        """Contiguous device ranges in topological order; then (when placement matters) largest first."""
+        k = len(devs)
+        modes = [list(order)]
+        if self.const_bw is None:
+            pos = {s: i for i, s in enumerate(order)}
+            aligned = sorted(order, key=lambda s: (-devs[s], pos[s]))
+            if aligned != modes[0]:
+                modes.append(aligned)
+        for mode in modes:
+            off = [0] * k
+            o = 0
+            for s in mode:
+                off[s] = o
+                o += devs[s]
+            yield tuple(off)
+
+    def _price(self, dv, order, qs, t_prod, t_cons, nb, C, W, mem, excess, offsets) -> Eval:
+        k = len(dv)
+        b, B = self.b, self.B
+        if self.const_bw is not None:
+            bw_t = self.const_bw
+            bw_s = np.full(k, self.const_bw)
+        else:
+            off = np.asarray(offsets, dtype=np.int64)
+            lo, hi = off // self.dpn, (off + dv - 1) // self.dpn
+            home = np.where(lo == hi, lo, -1)
+            hp, hc = home[t_prod], home[t_cons]
+            bw_t = np.where((hp >= 0) & (hp == hc), self.intra, self.inter)
+            bw_s = np.where(home >= 0, self.intra, self.inter)
+        lat = self.lat
+        comm = (np.bincount(t_prod, weights=lat + nb * (b / dv[t_prod]) / bw_t, minlength=k)
+                + np.bincount(t_cons, weights=lat + nb * (b / dv[t_cons]) / bw_t, minlength=k))
+        ar = np.where(dv > 1, 2.0 * (dv - 1) / dv * W / bw_s, 0.0)
+        per = C + 2.0 * comm
+        tps = per / b + ar / B
+        perl = per.tolist()
+        longest = [0.0] * k
+        for s in order:
+            longest[s] += perl[s]
+            for t in qs[s]:
+                if longest[s] > longest[t]:
+                    longest[t] = longest[s]
+        est = max(longest) + (self.n_micro - 1) * float(per.max()) + float(ar.max())
+        q = self.quantum
+        vec = tuple(sorted((tps / q).astype(np.int64).tolist(), reverse=True))
+        if self.by_estimate:
+            key = (int(excess / (self.cap * 1e-9)), int(est / (q * B)), vec)
+        else:
+            key = (int(excess / (self.cap * 1e-9)), vec, int(est / (q * B)))
+        return Eval(key, tuple(tps.tolist()), tuple(mem.tolist()), tuple(order), offsets, est)
+
+    # ------------------------------------------------------------------ devices
+    def rebalance(self, assign: Sequence[int], k: int) -> tuple[int, ...] | None:
+        """Data-parallel degrees minimising the bottleneck TPS for a fixed partition (min-max over
+        thresholds; transfers priced at the slower bandwidth unless it is constant, the all-reduce
+        at the intra-node one when an aligned group fits a node).  ``None`` when the stage graph
+        is cyclic."""
+        a = np.asarray(assign, dtype=np.int64)
+        st = self._structure(a, k)
+        if st is None:
+            return None
+        _, _, depth, t_prod, t_cons, nb = st
+        deg = self._deg
+        onehot = np.zeros((k, self.N))
+        onehot[a, self._ar] = 1.0
+        C = self._comp_by_d[deg] @ onehot.T                        # |deg| x k
+        W = onehot @ self._w
+        Act = onehot @ self._a
+        xb = np.bincount(t_prod, weights=nb, minlength=k) + np.bincount(t_cons, weights=nb, minlength=k)
+        xn = np.bincount(t_prod, minlength=k) + np.bincount(t_cons, minlength=k)
+        bw_comm = self.const_bw if self.const_bw is not None else min(self.intra, self.inter)
+        degf = deg.astype(float)[:, None]
+        comm = xn[None, :] * self.lat + xb[None, :] * (self.b / degf) / bw_comm
+        if self.const_bw is not None:
+            bw_ar = np.full(len(deg), self.const_bw)
+        else:
+            bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
+        ar = np.where(degf > 1, 2.0 * (degf - 1) / degf * W[None, :] / bw_ar[:, None], 0.0)
+        T = ((C + 2 * comm) / self.b + ar / self.B).T               # k x |deg|
+        mem = (self.osf * W)[:, None] + (np.minimum(np.asarray(depth), self.n_micro) * self.b * Act)[:, None] / degf.T
+        ok = mem <= self.cap
+        T = np.where(ok, T, np.inf)
+        if not ok.any(axis=1).all():
+            return self._fallback(ok)
+
+        def need(t: float) -> np.ndarray:
+            fits = T <= t
+            return np.where(fits.any(axis=1), deg[fits.argmax(axis=1)], 1 << 30)
+
+        cands = np.unique(T[np.isfinite(T)])
+        lo, hi = 0, len(cands) - 1
+        if need(cands[hi]).sum() > self.D:
+            return self._fallback(ok)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if need(cands[mid]).sum() <= self.D:
+                hi = mid
+            else:
+                lo = mid + 1
+        devs = need(cands[hi]).tolist()
+        # spare devices: keep raising the slowest stage while a larger degree fits and helps
+        pos = {d: i for i, d in enumerate(self.degrees)}
+        free = self.D - sum(devs)
+        while free > 0:
+            cur = [T[s, pos[devs[s]]] for s in range(k)]
+            s = max(range(k), key=lambda x: (cur[x], -x))
+            ups = [j for j, d in enumerate(self.degrees) if d > devs[s] and d - devs[s] <= free and T[s, j] < cur[s]]
+            if not ups:
+                break
+            free -= self.degrees[ups[0]] - devs[s]
+            devs[s] = self.degrees[ups[0]]
+        return tuple(devs)
+
+    def _fallback(self, ok: np.ndarray) -> tuple[int, ...] | None:
+        """The fewest devices each stage fits in memory with (may still not fit in all)."""
+        devs = [self.degrees[int(r.argmax())] if r.any() else self.degrees[-1] for r in ok]
+        return tuple(devs) if sum(devs) <= self.D else None
+
+
+def canonical(state: State, ev: Eval) -> State:
+    """Relabel stages in the evaluated topological order (deterministic labels)."""
+    relabel = {s: i for i, s in enumerate(ev.order)}
+    return State(tuple(relabel[s] for s in state.assign), tuple(state.devs[s] for s in ev.order))

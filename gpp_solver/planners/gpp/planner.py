@@ -1,0 +1,401 @@
+"""``plan_gpp``: the project's own planner — the best seed plan, improved over ALL convex partitions.
+
+GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
+planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
+
+1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``alpa``,
+   ``pipedream-2bw``, cheapest first; a missing one and one that raises are skipped and recorded)
+   and, for every candidate micro-batch size ``b``, builds its
+   own sequential seeds (balanced prefix cuts of two topological orders with devices re-split by a
+   min-max over thresholds, and uniform chains of ``D / d`` stages with ``d`` devices each — the
+   spaces of PipeDream-2BW and Alpa);
+2. for each ``b`` (most promising first; a ``b`` whose perfect-balance bound ``B * TPS_lb(b)``
+   cannot beat the best candidate so far is skipped) starts from the best of those states and the
+   seed plans' partitions, and runs :func:`gpp_solver.planners.gpp.local_search.search` — boundary-node moves,
+   merges, splits, device moves and re-splits, an exact re-partition of the loaded stage with each
+   neighbour — every intermediate state a valid plan (acyclic stage graph, convex stages, memory
+   with Algorithm 2's in-flight counts); the ``RESTART_SIZES`` best sizes are then searched again
+   from their next ``restarts - 1`` start states;
+3. (``polish``, objective ``iteration_time``) searches again with the iteration-time *estimate* as
+   the first key (after memory), which favours shallower stage graphs, from the best plan of its
+   own and from the least-estimate start states of the ``POLISH_SIZES`` most promising sizes;
+4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches,
+   picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
+   the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
+   time) — so the answer is never worse than any seed in that objective; then tightens its
+   micro-batch orders with the CP-SAT schedule model when available (``tighten=None``: on when the
+   model has at most ``TIGHTEN_MAX_ACTIONS`` actions and no safety stop was reached).
+
+``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
+
+**Time.**  ``time_limit`` (default ``DEFAULT_TIME_LIMIT`` = 10 s) covers everything, seed planners
+included.  The wall clock is only a *safety stop*: the seed planners run with their natural
+algorithms until ``SEED_SAFETY_SHARE`` of it (:mod:`gpp_solver.planners.gpp.seeds`), the local searches are
+capped by ``max_iterations`` and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
+(at most ``TIGHTEN_MAX_SECONDS``) in CP-SAT's *deterministic* time.  Whenever a safety stop is (or
+may have been) reached — a seed planner reports ``time-limit`` or fails after the seed stop, a
+search or a loop stops at the deadline, CP-SAT's wall guard may have fired — the status is
+``time-limit``.
+
+**Determinism.**  No randomness: moves are enumerated in a fixed order; CP-SAT runs
+single-threaded with ``seed`` under a deterministic time limit, and whether it runs at all
+(``tighten=None``) depends only on the plan's number of actions (``TIGHTEN_MAX_ACTIONS``).  So
+whenever the status is not ``time-limit`` the plan does not depend on the machine's speed or load;
+``search.extra["seeds"]`` records each seed planner's status and seconds.
+
+**Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
+is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
+status is ``optimal`` (optimal bottleneck TPS over convex partitions with one ``b``); its plan also
+joins the candidates.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
+
+from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver._backend.progress import ProgressBar
+from gpp_solver.cost.model import CostTables
+from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.planners.gpp.seeds import SEED_SAFETY_SHARE, run_seed_planners  # noqa: F401
+from gpp_solver.planners.gpp.seeds import seed_fn as _seed_fn  # noqa: F401  (re-exported for tests and benchmarks)
+from gpp_solver.planners.gpp.local_search import SearchResult, chain_states, search
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
+from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.registry import get_planner
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.plan.validate import validate
+
+logger = logging.getLogger(__name__)
+
+SEED_PLANNERS = ("graphpipe", "pipedream", "alpa", "pipedream-2bw")   # cheapest first
+DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
+DEFAULT_MAX_ITERATIONS = 400
+MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
+TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
+TIGHTEN_MAX_SECONDS = 5.0        # ... at most this
+TIGHTEN_MAX_ACTIONS = 4000       # CP-SAT runs (tighten=None) only on plans with at most this many F/B actions
+RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
+POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
+
+
+def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
+    """The common rule's powers of two dividing ``B`` (:mod:`gpp_solver.cost.micro_batch`) with
+    ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
+    out = {b for b in powers_of_two_dividing(B) if B // b <= max_micro_batches}
+    out.update(x for x in extra if B % x == 0)
+    return sorted(out) if out else [B]
+
+
+def _uniform_b(plan: Plan) -> int | None:
+    bs = {s.micro_batch_size for s in plan.stages}
+    if len(bs) != 1 or any(s.tensor_parallel != 1 or s.tmpc for s in plan.stages):
+        return None
+    return bs.pop()
+
+
+def _state_from_plan(P: Problem, plan: Plan) -> list[State]:
+    """The seed plan's partition at ``P.b``: its own degrees when valid there, and re-split ones."""
+    idx = P.graph.index
+    a = [0] * P.N
+    for i, s in enumerate(plan.stages):
+        for v in s.nodes:
+            a[idx[v]] = i
+    k = len(plan.stages)
+    out = []
+    devs = tuple(len(s.devices) // max(1, s.tensor_parallel) for s in plan.stages)
+    if all(d in P.degrees for d in devs) and sum(devs) <= P.D:
+        out.append(State(tuple(a), devs))
+    rb = P.rebalance(a, k)
+    if rb is not None:
+        out.append(State(tuple(a), rb))
+    return out
+
+
+def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
+    """A full, priced plan of a state (stage devices as placed by the evaluator)."""
+    k = len(state.devs)
+    members: list[list[int]] = [[] for _ in range(k)]
+    for u, s in enumerate(state.assign):
+        members[s].append(u)
+    ids = P.graph.ids
+    specs = [StageSpec(nodes=tuple(ids[u] for u in members[s]),
+                       devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
+                       micro_batch_size=P.b, k=1) for s in range(k)]
+    plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info)
+    if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
+        logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
+                       plan.predicted.time_per_sample)
+    return plan
+
+
+def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo) -> Plan:
+    """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
+    def specs(keep_orders: bool) -> list[StageSpec]:
+        return [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
+                          tmpc=s.tmpc, order=s.schedule.order if keep_orders else None) for s in plan.stages]
+    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info)
+    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
+            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
+        out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)
+    return out
+
+
+OBJECTIVES = ("iteration_time", "time_per_sample")
+
+
+def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
+             budget: float, cut: bool) -> tuple[Plan, dict[str, Any], bool]:
+    """CP-SAT order tightening under a deterministic-time budget; also whether a wall-clock guard
+    may have stopped it (then its result depends on the machine's speed).
+
+    ``tighten=None`` runs it when the model has at most ``TIGHTEN_MAX_ACTIONS`` actions and the
+    search was not already ``cut`` by the wall clock — both independent of the machine's speed."""
+    if tighten is False:
+        return plan, {"status": "off"}, False
+    try:
+        from gpp_solver import cp_schedule
+    except Exception as exc:  # noqa: BLE001
+        return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
+    actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
+    limit_actions = min(TIGHTEN_MAX_ACTIONS, getattr(cp_schedule, "MAX_ACTIONS", TIGHTEN_MAX_ACTIONS))
+    if tighten is None and (cut or actions > limit_actions):
+        return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,
+                      "reason": "time limit reached" if cut else "too many actions"}, False
+    det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
+    try:
+        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True)
+    except Exception as exc:  # noqa: BLE001
+        logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
+        return plan, {"status": f"error: {type(exc).__name__}"}, False
+    # cp_schedule guards each deterministic-time phase with a wall limit of 4x it + 1 s; below
+    # det + 1 wall seconds in all neither guard can have been reached
+    guard = r.seconds >= det + 1.0
+    info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
+            "improved": r.improved, "seconds": r.seconds, "actions": r.actions, "wall_guard_possible": guard}
+    return r.plan, info, guard
+
+
+def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
+             progress: bool = False, seed: int = 0, tighten: bool | None = None,
+             micro_batch_sizes: Sequence[int] | None = None, seed_planners: Sequence[str] = SEED_PLANNERS,
+             max_iterations: int = DEFAULT_MAX_ITERATIONS, restarts: int = 3, prove: bool = False,
+             objective: str = "iteration_time", seed_plans: Mapping[str, Plan] | None = None,
+             polish: bool = True,
+             **options: Any) -> Plan:
+    """Plan with the best seed improved by local search over all convex partitions (module docstring)."""
+    B = mini_batch_size
+    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
+        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    if time_limit is not None and not time_limit > 0:
+        raise InvalidInputError(f"`time_limit > 0` must hold, but got (time_limit={time_limit})")
+    if objective not in OBJECTIVES:
+        raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+
+    def score(p: Plan) -> tuple[float, float]:
+        it, tps = p.predicted.iteration_time, p.predicted.time_per_sample
+        return (it, tps) if objective == "iteration_time" else (tps, it)
+
+    if options:
+        named = {k for k, p in inspect.signature(plan_gpp).parameters.items() if p.kind is p.KEYWORD_ONLY}
+        reject_unknown_options("gpp", options, named)
+    log = logger.info if progress else logger.debug
+    t0 = time.perf_counter()
+    budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
+    deadline = t0 + budget
+    given = dict(seed_plans or {})
+    seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
+                                                    budget)
+    for name, p in given.items():
+        try:
+            validate(p, graph, cluster)
+        except InvalidInputError as exc:
+            seed_info[name] = {"status": f"error: {type(exc).__name__}", "given": True}
+            continue
+        if p.mini_batch_size != B:
+            seed_info[name] = {"status": "error: mini_batch_size differs", "given": True}
+            continue
+        seeds[name] = p
+        seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
+                           "time_per_sample": p.predicted.time_per_sample,
+                           "iteration_time": p.predicted.iteration_time}
+    extra_b = [b for b in (_uniform_b(p) for p in seeds.values()) if b is not None]
+    if micro_batch_sizes is not None:
+        bad = [b for b in micro_batch_sizes if not isinstance(b, int) or b < 1 or B % b]
+        if bad:
+            raise InvalidInputError(f"`B % b == 0` must hold, but got (B={B}, b={bad[0]})")
+        bs = sorted(set(micro_batch_sizes))
+    else:
+        bs = candidate_micro_batch_sizes(B, extra_b)
+    tables = CostTables(graph)
+    timed_out = seeds_cut
+    # start states per b: own chains + the seed plans' partitions, best first (distinct)
+    starts: dict[int, tuple[Problem, list[tuple[str, State, Eval]]]] = {}
+    by_estimate: dict[int, tuple[str, State, Eval]] = {}      # per b: the start with the least estimate
+    for b in bs:
+        P = Problem(graph, cluster, B, b, tables)
+        cands = list(chain_states(P))
+        for name, p in seeds.items():
+            cands += [(name, st) for st in _state_from_plan(P, p)]
+        evald, seen = [], set()
+        for label, st in cands:
+            e = P.evaluate(st.assign, st.devs)
+            if e is not None:
+                c = canonical(st, e)
+                if c not in seen:
+                    seen.add(c)
+                    evald.append((label, c, P.evaluate(c.assign, c.devs)))
+        evald.sort(key=lambda x: x[2].key)
+        if evald:
+            starts[b] = (P, evald[:max(1, restarts)])
+            fits = [x for x in evald if x[2].key[0] == 0]
+            if fits:
+                by_estimate[b] = min(fits, key=lambda x: (x[2].estimate, x[2].key))
+        if time.perf_counter() > deadline and by_estimate:      # out of time, but a start fits
+            timed_out = True
+            break
+    order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
+    pool: list[tuple[Plan, dict[str, Any]]] = []
+    for name, p in seeds.items():
+        pool.append((p, {"origin": name, "micro_batch_size": _uniform_b(p)}))
+    per_b: dict[int, dict[str, Any]] = {}
+    best_key: dict[int, tuple] = {}
+    best_score: dict[int, tuple[float, float]] = {}
+    worst_memory: list[float] = []
+
+    def run_b(b: int, chosen: list[tuple[str, State, Eval]]) -> bool:
+        """Search from each chosen start at ``b``; keep the best result (and its start) as candidates."""
+        P = starts[b][0]
+        found: list[tuple[SearchResult, str, Eval, State]] = []
+        for label, st, e0 in chosen:
+            if time.perf_counter() > deadline and pool:         # out of time: keep at least one plan
+                return False
+            found.append((search(P, st, max_iterations=max_iterations, deadline=deadline), label, e0, st))
+        if not found:
+            return True
+        res, label, e0, st = min(found, key=lambda f: f[0].ev.key)
+        info = per_b.setdefault(b, {"restarts": 0, "iterations": 0})
+        info["restarts"] += len(found)
+        info["iterations"] += sum(f[0].iterations for f in found)
+        info["evaluations"] = P.evaluations
+        if any(f[0].stopped == "time" for f in found):
+            info["stopped"] = "time"
+        if b in best_key and best_key[b] <= res.ev.key:
+            return all(f[0].stopped != "time" for f in found)
+        best_key[b] = res.ev.key
+        info.update({"start": label, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps, "moves": res.moves,
+                     "move_counts": res.move_counts, "stopped": info.get("stopped", res.stopped)})
+        if res.ev.key[0] > 0:
+            worst_memory.append(max(res.ev.memory))
+            info["infeasible"] = True
+            return True
+        meta = {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps,
+                "moves": res.moves}
+        for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
+            if e_.key[0] == 0:
+                plan = build_from_state(P, s_, e_, SearchInfo(0.0, "feasible"))
+                pool.append((plan, m_))
+                best_score[b] = min(best_score.get(b, score(plan)), score(plan))
+        log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
+            res.moves, res.stopped)
+        return all(f[0].stopped != "time" for f in found)
+
+    # phase 1: one search per micro-batch size from its best start (skipping hopeless sizes)
+    bar = ProgressBar(len(order), "gpp: local search", "micro-batch size", progress)
+    for b in order:
+        bar.set_postfix_str(f"b={b}")
+        bar.update(1)
+        P, start_list = starts[b]
+        best_now = min((score(p) for p, _ in pool), default=None)
+        if best_now is not None and (B * P.lb_tps if objective == "iteration_time" else P.lb_tps) >= best_now[0]:
+            per_b[b] = {"skipped": "bound"}
+            continue
+        if not run_b(b, start_list[:1]):
+            timed_out = True
+            per_b.setdefault(b, {})["stopped"] = "time"
+    bar.close()
+    # phase 2: the other starts, for the most promising sizes
+    for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
+        if not run_b(b, starts[b][1][1:]):
+            timed_out = True
+    # phase 3: search with the iteration-time estimate as first key (favours shallower stage graphs)
+    # from the best plan of our own and from the least-estimate starts of the POLISH_SIZES sizes
+    # whose starts promise the least estimate
+    if polish and objective == "iteration_time" and time.perf_counter() < deadline:
+        todo: list[tuple[int, str, State, dict[str, Any]]] = []
+        own = [(p, m) for p, m in pool if p.planner == "gpp" and _uniform_b(p) is not None]
+        if own:
+            p0, m0 = min(own, key=lambda pm: score(pm[0]))
+            b0 = _uniform_b(p0)
+            todo.append((b0, "best", _state_from_plan(starts[b0][0], p0)[0], m0))
+        for b in sorted(by_estimate, key=lambda x: (by_estimate[x][2].estimate, x))[:POLISH_SIZES]:
+            label, st, e0 = by_estimate[b]
+            todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps,
+                                        "moves": 0}))
+        for b, label, st0, m0 in todo:
+            if time.perf_counter() > deadline:
+                timed_out = True
+                break
+            Q = Problem(graph, cluster, B, b, tables, by_estimate=True)
+            res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
+            timed_out |= res.stopped == "time"
+            if res.ev.key[0] == 0 and (res.moves or label != "best"):
+                plan = build_from_state(Q, res.state, res.ev, SearchInfo(0.0, "feasible"))
+                pool.append((plan, {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves,
+                                    "tps_after": res.ev.max_tps}))
+            per_b.setdefault(b, {}).setdefault("polish", []).append(
+                {"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
+    worst_memory_found = min(worst_memory) if worst_memory else None
+    proven = None
+    if prove:
+        proven, prove_cut = _prove(graph, cluster, B, deadline, pool)
+        timed_out |= prove_cut
+    if not pool:
+        need = worst_memory_found
+        raise InfeasibleError(
+            f"no plan fits in {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices"
+            + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
+            required_memory_bytes=need)
+    plan, meta = min(pool, key=lambda pm: score(pm[0]))
+    if plan.planner != "gpp":
+        plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, "feasible"))
+    timed_out |= time.perf_counter() > deadline
+    plan, tinfo, guard = _tighten(plan, graph, cluster, tighten, seed, budget, timed_out)
+    timed_out |= guard
+    status = "time-limit" if timed_out else "feasible"
+    if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
+        status = "optimal"
+    extra = {"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
+             "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
+             "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
+             "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
+             "iteration_time_estimate": plan.search.extra.get("iteration_time_estimate")}
+    plan = replace(plan, planner="gpp", search=SearchInfo(time.perf_counter() - t0, status, None, extra))
+    validate(plan, graph, cluster)
+    return plan
+
+
+def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
+           pool: list[tuple[Plan, dict[str, Any]]]) -> tuple[float | None, bool]:
+    """Run the exact planner (``milp``) if installed in the time left: its optimal TPS (or
+    ``None``) and whether the wall clock cut it (no time left, or its status ``time-limit``)."""
+    try:
+        fn = get_planner("milp")
+    except InvalidInputError:
+        return None, False
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return None, True
+    try:
+        p = fn(graph, cluster, B, time_limit=left)
+        validate(p, graph, cluster)
+    except Exception as exc:  # noqa: BLE001
+        logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
+        return None, time.perf_counter() > deadline
+    pool.append((p, {"origin": "milp", "micro_batch_size": _uniform_b(p)}))
+    return (p.predicted.time_per_sample if p.search.status == "optimal" else None), p.search.status == "time-limit"

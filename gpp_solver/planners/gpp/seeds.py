@@ -1,0 +1,84 @@
+"""The seed planners of ``plan_gpp``, each run with its natural (deterministic) algorithm.
+
+The wall clock is only a safety stop: all seed planners together may run until
+``SEED_SAFETY_SHARE * budget`` seconds after the first starts; each gets the time left until then
+as its ``time_limit``.  A planner that reports ``time-limit`` (or raises, or is skipped, after that
+stop passed) makes the run *cut*: ``plan_gpp`` then reports status ``time-limit``, because what
+it returns now depends on the machine's speed.  A plan stopped by its own limit is still valid and
+is kept as a candidate.  When nothing is cut, the seed plans do not depend on the machine's speed.
+Every outcome is recorded (status, seconds, the limit it got).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from typing import Any, Sequence
+
+from gpp_solver.errors import InvalidInputError
+from gpp_solver.planners.registry import get_planner
+from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.plan.validate import validate
+
+logger = logging.getLogger(__name__)
+
+SEED_SAFETY_SHARE = 0.6          # all seed planners together: stopped after this share of the time limit
+
+FALLBACKS = {"graphpipe": ("gpp_solver.planners.graphpipe.planner", "plan_graphpipe")}
+
+
+def seed_fn(name: str) -> Any:
+    """The registered planner, or (for ``graphpipe``) its module under the name it landed with."""
+    try:
+        return get_planner(name)
+    except InvalidInputError:
+        pass
+    if name in FALLBACKS:
+        mod, attr = FALLBACKS[name]
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError):
+            return None
+    return None
+
+
+def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str],
+                      budget: float) -> tuple[dict[str, Plan], dict[str, dict[str, Any]], bool]:
+    """Run the seed planners in turn under one safety stop ``SEED_SAFETY_SHARE * budget`` from now.
+
+    Returns the plans, a record per planner and ``cut``: whether the safety stop was reached (a
+    planner reported ``time-limit``, or raised or was skipped after the stop), so that the caller's
+    result may depend on the machine's speed."""
+    plans: dict[str, Plan] = {}
+    info: dict[str, dict[str, Any]] = {}
+    stop = time.perf_counter() + SEED_SAFETY_SHARE * budget
+    cut = False
+    for name in names:
+        fn = seed_fn(name)
+        if fn is None:
+            info[name] = {"status": "missing"}
+            continue
+        left = stop - time.perf_counter()
+        if left <= 0.0:
+            info[name] = {"status": "skipped (seed time used up)"}
+            cut = True
+            continue
+        t0 = time.perf_counter()
+        try:
+            p = fn(graph, cluster, B, time_limit=left)
+            validate(p, graph, cluster)
+        except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
+            late = time.perf_counter() > stop
+            cut |= late
+            logger.info("seed planner %s skipped: %s: %s", name, type(exc).__name__, exc)
+            info[name] = {"status": f"error: {type(exc).__name__}", "seconds": time.perf_counter() - t0,
+                          "time_limit": left, **({"after_safety_stop": True} if late else {})}
+            continue
+        plans[name] = p
+        if p.search.status == "time-limit":
+            cut = True
+        info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0, "time_limit": left,
+                      "time_per_sample": p.predicted.time_per_sample,
+                      "iteration_time": p.predicted.iteration_time}
+    return plans, info, cut

@@ -1,0 +1,473 @@
+"""GraphPipe's stage DP (Algorithm 1, lines 13-48) over the SP tree: orchestration.
+
+:class:`StageDP` prepares, once per graph and cluster, the SP tree's segments and their boundary
+transfers; per micro-batch size ``b`` it prices every segment at every data-parallel degree
+(:func:`gpp_solver.planners.graphpipe.dp_kernel.stage_tps`, :func:`~gpp_solver.planners.graphpipe.dp_kernel.max_depths`); per target TPS ``t`` it runs the numeric kernel
+(:func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp`) and answers "how few devices reach ``t``" or, with
+:meth:`StageDP.stages`, the stages themselves (the traceback).
+
+With ``optimistic_transfers=True`` every boundary transfer is priced at the faster of the two
+bandwidths instead: the figures are then no longer upper bounds (a transfer between nodes costs
+more), so the planner only uses such a DP to *propose* stages and prices them exactly.
+
+Search space (the paper's defaults): one micro-batch size ``b`` for every stage, 1F1B (``k = 1``),
+data-parallel degrees from ``degree_options`` (default: powers of two up to the cluster's devices)
+with ``b % d == 0``; stages are SP-tree segments (see :mod:`gpp_solver.planners.graphpipe.dp_kernel`).  Every figure
+the DP uses is an upper bound of the cost model's exact one, so the plan built from its stages has
+``TPS <= t`` and fits in memory (``plan_build`` recomputes the exact figures).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from gpp_solver.cost.model import CostTables
+from gpp_solver.planners.graphpipe.dp_kernel import (INF, TreeIndex, attach_parts, degree_thresholds, devices_by_depth,
+                                                     devices_from_thresholds, index_tree, max_depths, run_dp,
+                                                     segment_comm, segment_sums, stage_tps)
+from gpp_solver.errors import InvalidInputError
+from gpp_solver.sp_tree import SPDecomposition, decompose
+from gpp_solver.types import Cluster, Graph
+
+logger = logging.getLogger(__name__)
+
+
+#: The DP's value is lexicographic: fewest devices, then fewest stages — each stage counts
+#: ``devices << STAGE_BITS | 1`` (:func:`encode`), so among stagings with equal devices the sums
+#: prefer fewer stages (fewer transfers and pipeline steps); :func:`decode` recovers the devices.
+STAGE_BITS = 12
+
+
+def encode(dev: np.ndarray) -> np.ndarray:
+    return np.where(dev >= INF, INF, (dev << STAGE_BITS) + 1)
+
+
+def decode(val):
+    return np.where(np.asarray(val) >= INF, INF, np.asarray(val) >> STAGE_BITS)
+
+
+@dataclass(frozen=True)
+class DPStage:
+    """One stage chosen by the DP: operators, data-parallel degree, depth (1 = sink) and the DP's
+    TPS estimate (an upper bound of the exact figure)."""
+
+    nodes: tuple[str, ...]
+    degree: int
+    depth: int
+    tps_estimate: float
+    first: int          # position of its first operator in the tree's leaf order
+
+
+def power_of_two_degrees(limit: int) -> tuple[int, ...]:
+    out, d = [], 1
+    while d <= limit:
+        out.append(d)
+        d *= 2
+    return tuple(out)
+
+
+def assign_devices(stages: Sequence[DPStage], devices_per_node: int | None) -> list[tuple[int, ...]]:
+    """Contiguous device ranges: largest degree first, then leaf order.
+
+    With power-of-two degrees every range starts at a multiple of its size, so a stage whose
+    degree divides ``devices_per_node`` sits inside one node (the DP's all-reduce estimate relies
+    on this).  Neighbouring stages of equal degree get neighbouring devices.
+    """
+    order = sorted(range(len(stages)), key=lambda i: (-stages[i].degree, stages[i].first))
+    out: list[tuple[int, ...]] = [()] * len(stages)
+    nxt = 0
+    for i in order:
+        d = stages[i].degree
+        out[i] = tuple(range(nxt, nxt + d))
+        nxt += d
+    return out
+
+
+@dataclass(frozen=True)
+class DPProbe:
+    """One batched DP pass: ``devices[i, e]`` = fewest devices for ``pairs[i]`` at depth ``<= e``;
+    ``kept`` the DP's tables for :meth:`StageDP.traceback` (``None`` when not kept)."""
+
+    pairs: tuple[tuple[int, float], ...]
+    devices: np.ndarray
+    kept: tuple | None = None
+    E: int | None = None        # the depth bound the pass ran under (``None``: the DP's own ``E``)
+
+
+@dataclass
+class _BTables:
+    degrees: tuple[int, ...]
+    tps: np.ndarray
+    maxdepth: np.ndarray
+    thresholds: np.ndarray     # dp_kernel.degree_thresholds(tps, maxdepth, E)
+
+
+class StageDP:
+    """The DP for one graph, cluster and mini-batch size (uniform ``b``, 1F1B)."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
+                 decomposition: SPDecomposition | None = None,
+                 degree_options: Sequence[int] | None = None, max_devices: int | None = None,
+                 optimistic_transfers: bool = False, shared_sinks: bool = True) -> None:
+        self.graph = graph
+        self.cluster = cluster
+        self.B = mini_batch_size
+        self.D = cluster.devices if max_devices is None else max_devices
+        self.decomposition = decomposition or decompose(graph)
+        #: GraphPipe's shared terminals: a parallel block's sink side may join one branch's last stage
+        self.shared_sinks = bool(shared_sinks)
+        self.idx: TreeIndex = index_tree(self.decomposition.tree, self.shared_sinks)
+        self.comm = segment_comm(self.idx, graph.edge_bytes_map)
+        opts = power_of_two_degrees(self.D) if degree_options is None else tuple(sorted(set(degree_options)))
+        if not opts or opts[0] < 1:
+            raise InvalidInputError(f"degree_options must be positive integers, got {degree_options!r}")
+        self.degree_options = opts
+        self._pow2 = all(d & (d - 1) == 0 for d in opts)
+        self.E = max(1, min(self.D, self.idx.height))
+        perm = np.asarray([graph.index[v] for v in self.idx.leaf_order], dtype=np.int64)
+        self._perm = perm
+        self._costs = CostTables(graph)
+        self.W = segment_sums(self.idx, self._costs.weight[perm])
+        self.A = segment_sums(self.idx, self._costs.activation[perm])
+        self.memory = cluster.memory_bytes
+        c = cluster
+        intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
+        one_node = c.devices_per_node is not None and self.D <= c.devices_per_node
+        self.comm_bandwidth = intra if one_node else min(intra, c.inter_node_bandwidth)
+        #: with ``optimistic_transfers`` every transfer is priced at the faster bandwidth: no longer an
+        #: upper bound, so such a DP only *proposes* stages, which the planner prices exactly
+        self.optimistic_transfers = bool(optimistic_transfers)
+        if self.optimistic_transfers:
+            self.comm_bandwidth = max(intra, c.inter_node_bandwidth)
+        #: True when some transfer may be priced at a bandwidth the plan will not get (the
+        #: conservative estimate differs from the optimistic one)
+        self.placement_sensitive = min(intra, c.inter_node_bandwidth) != max(intra, c.inter_node_bandwidth) \
+            and not one_node
+        self._intra, self._low = intra, min(intra, c.inter_node_bandwidth)
+        self._cache: dict[int, _BTables] = {}
+
+    # ---- per micro-batch size -------------------------------------------------------------
+    def degrees(self, b: int) -> tuple[int, ...]:
+        return tuple(d for d in self.degree_options if b % d == 0 and d <= self.D)
+
+    def _allreduce_bandwidth(self, d: int) -> float:
+        dpn = self.cluster.devices_per_node
+        if dpn is not None and self._pow2 and dpn % d == 0:
+            return self._intra
+        return self._low
+
+    def tables(self, b: int) -> _BTables:
+        tb = self._cache.get(b)
+        if tb is None:
+            degs = self.degrees(b)
+            compute = [self._costs.compute_at(b / d)[self._perm] for d in degs]
+            tps = stage_tps(self.idx, compute, self.W, self.comm, b, degs, mini_batch=self.B,
+                            latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
+                            allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
+            md = self._max_depths(b, degs, self.memory)
+            tb = _BTables(degs, tps, md, degree_thresholds(tps, md, self.E))
+            self._cache[b] = tb
+        return tb
+
+    def _max_depths(self, b: int, degs: Sequence[int], memory: float) -> np.ndarray:
+        return max_depths(self.W, self.A, b, degs, mini_batch=self.B, memory=memory,
+                          osf=self.cluster.optimizer_state_factor)
+
+    def candidates(self, b: int) -> np.ndarray:
+        """Sorted distinct stage TPS values the DP can produce at ``b`` (the optimum is one)."""
+        tb = self.tables(b)
+        return np.unique(tb.tps[tb.maxdepth >= 1])
+
+    def lower_bound(self, b: int) -> float:
+        """A TPS no plan at ``b`` beats: the slowest operator at its best degree, and the total
+        device-time spread over every device."""
+        degs = self.degrees(b)
+        per = np.stack([self._costs.compute_at(b / d) for d in degs])       # (deg, nodes)
+        one = per.min(axis=0).max() / b
+        work = (per * np.asarray(degs)[:, None]).min(axis=0).sum() / (b * self.D)
+        return float(max(one, work))
+
+    # ---- per target ----------------------------------------------------------------------
+    def _dev(self, b: int, targets, E: int | None = None) -> np.ndarray:
+        tb = self.tables(b)
+        thr = tb.thresholds
+        if E is not None and E < self.E:        # depths above E impossible
+            thr = thr[:, :E + 2].copy()
+            thr[:, E + 1] = np.nan
+        return encode(devices_from_thresholds(thr, tb.degrees, targets))
+
+    def batch_size(self) -> int:
+        """How many targets one DP pass should test: enough to amortise the Python overhead of
+        the recursion on small tables, few enough that array work stays modest on large ones."""
+        size = self.E + 1
+        work = sum(len(kids) ** 2 for _, kids in self.idx.nodes) * size * size
+        return int(max(1, min(32, 4e5 // max(work, 1))))
+
+    def min_devices_many(self, b: int, targets) -> np.ndarray:
+        """``min_devices`` for several targets in one batched pass."""
+        R, _, _ = run_dp(self.idx, self._dev(b, targets), self.E)
+        return decode(R[:, 0, self.E])
+
+    def min_devices_pairs(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
+        """``min_devices`` for several ``(b, t)`` pairs — different micro-batch sizes too — in one
+        batched DP pass."""
+        return self.min_devices_by_depth(pairs)[:, self.E]
+
+    def min_devices_by_depth(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
+        """``out[i, e]``: fewest devices for ``pairs[i] = (b, t)`` with the stage graph's depth at
+        most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
+        return self.probe(pairs, keep=False).devices
+
+    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None) -> "DPProbe":
+        """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
+        :meth:`traceback` needs, so a search need not run the pass again for its answer.  With
+        ``E`` below the DP's own bound the pass only considers stage graphs of depth ``<= E``: the
+        answers for those depths are the same (a stage's depth never exceeds its source's), and
+        the tables are much smaller."""
+        E = self.E if E is None or E >= self.E else max(1, int(E))
+        by_b: dict[int, list[int]] = {}
+        for i, (b, _) in enumerate(pairs):
+            by_b.setdefault(b, []).append(i)
+        if len(by_b) == 1:
+            b, = by_b
+            dev = self._dev(b, [t for _, t in pairs], E)
+        else:
+            dev = np.empty((len(pairs), len(self.idx.seg_lo), E + 2), dtype=np.int64)
+            for b, rows in by_b.items():
+                dev[rows] = self._dev(b, [pairs[i][1] for i in rows], E)
+        Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep)
+        return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
+
+    def keep_tables(self) -> bool:
+        """Whether a search may hold every probe's tables for its tracebacks (a few MB at most)."""
+        size = self.E + 1
+        per_target = sum(len(kids) + 1 for _, kids in self.idx.nodes) * size * size * 8
+        return per_target * self.batch_size() <= 4 << 20
+
+    def traceback(self, probe: "DPProbe", i: int, prefer_shared: bool = True) -> list[DPStage]:
+        """The stages of ``probe``'s ``i``-th pair (it must be feasible).  Where a shared-sink stage
+        and separate stages reach the same value, ``prefer_shared`` picks the former."""
+        assert probe.kept is not None, "probe ran without keep=True"
+        dev, Rroot, tables, R = probe.kept
+        b, t = probe.pairs[i]
+        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R], prefer_shared,
+                               self.E if probe.E is None else probe.E)
+
+    def min_memory(self, b: int) -> float | None:
+        """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
+        found by binary search over every stage's memory figure; ``None`` if none does."""
+        tb = self.tables(b)
+        degs = np.asarray(tb.degrees, dtype=float)
+        n = self.B // b
+        depth = np.minimum(np.arange(1, self.E + 1), n).astype(float)
+        osf = self.cluster.optimizer_state_factor
+        cands = (osf * self.W[:, None, None]
+                 + depth[None, None, :] * b / degs[None, :, None] * self.A[:, None, None])
+        cands = np.unique(cands)
+
+        def ok(mem: float) -> bool:
+            md = self._max_depths(b, tb.degrees, mem)
+            dev = encode(devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E))
+            return decode(run_dp(self.idx, dev, self.E)[0][0, 0, self.E]) <= self.D
+
+        if not ok(float(cands[-1]) * (1 + 1e-12)):
+            return None
+        lo, hi = 0, len(cands) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ok(float(cands[mid]) * (1 + 1e-12)):
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(cands[lo])
+
+    def min_devices_any_tps(self, b: int) -> int | None:
+        """Fewest devices for a plan at ``b`` that fits in memory, ignoring TPS (None: never fits)."""
+        r = self.min_devices(b, float("inf"))
+        return None if r >= INF else r
+
+    def min_devices(self, b: int, t: float) -> int:
+        """Fewest devices with which every stage meets TPS ``t`` and memory (``INF`` if none)."""
+        return int(self.min_devices_many(b, [t])[0])
+
+    def feasible(self, b: int, t: float) -> bool:
+        return self.min_devices(b, t) <= self.D
+
+    def stages(self, b: int, t: float) -> list[DPStage]:
+        """The stages of a plan meeting ``t`` with at most ``D`` devices (traceback of the DP)."""
+        return self.stages_many([(b, t)])[0]
+
+    def stages_many(self, pairs: Sequence[tuple[int, float]], prefer_shared: bool = True) -> list[list[DPStage]]:
+        """Tracebacks for several ``(b, t)`` pairs from one batched DP pass."""
+        pr = self.probe(pairs)
+        return [self.traceback(pr, i, prefer_shared) for i in range(len(pairs))]
+
+    def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list,
+                   prefer_shared: bool = True, E: int | None = None) -> list[DPStage]:
+        E = self.E if E is None else E
+        tb = self.tables(b)
+        feas = np.nonzero(decode(Rroot[0]) <= self.D)[0]
+        if len(feas) == 0:
+            raise ValueError(f"target {t!r} is infeasible at b={b}")
+        e0 = int(feas[0])
+        idx, out = self.idx, []
+        col = {d: j for j, d in enumerate(tb.degrees)}
+
+        def emit(g: int, depth: int) -> None:
+            d = int(decode(dev[g, depth]))
+            out.append(DPStage(idx.leaves(g), d, depth, float(tb.tps[g, col[d]]), int(idx.seg_lo[g])))
+
+        def walk(t_id: int, s: int, e: int, p: int = 0) -> None:
+            kind, kids = idx.nodes[t_id]
+            suf, segs, k = tables[t_id], idx.seg[t_id], len(kids)
+            while p < k:
+                target = suf[p][s, e]
+                assert target < INF
+                internal = kids[p][0] == "node"
+                found = None
+                site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
+                if site is not None and prefer_shared:   # fewer stages and transfers at the same value
+                    qm = attach_walk(site, suf, s, e, target)
+                    if qm is not None:
+                        p, e = qm[0] + 1, qm[1] - 1
+                        continue
+                if kind == "S":
+                    for m in range(s, e):
+                        for q in range(k - 1, p - 1, -1):
+                            if q == p and internal:
+                                val = R[kids[p][1]][m, e] + suf[p + 1][s, m]
+                            else:
+                                val = dev[segs[p, q], m + 1] + suf[q + 1][s, m]
+                            if val == target:
+                                found = (q, m)
+                                break
+                        if found:
+                            break
+                    if found is None and site is not None and not prefer_shared:
+                        qm = attach_walk(site, suf, s, e, target)
+                        assert qm is not None
+                        p, e = qm[0] + 1, qm[1] - 1
+                        continue
+                    assert found is not None
+                    q, m = found
+                    if q == p and internal:
+                        walk(kids[p][1], m, e)
+                    else:
+                        emit(int(segs[p, q]), m + 1)
+                    p, e = q + 1, m
+                else:
+                    for q in range(k - 1, p - 1, -1):
+                        if q == p and internal:
+                            val = R[kids[p][1]][s, e] + suf[p + 1][s, e]
+                        else:
+                            val = (dev[segs[p, q], s + 1] if e >= s + 1 else INF) + suf[q + 1][s, e]
+                        if val == target:
+                            found = (q, 0)
+                            break
+                    assert found is not None
+                    q = found[0]
+                    if q == p and internal:
+                        walk(kids[p][1], s, e)
+                    else:
+                        emit(int(segs[p, q]), s + 1)
+                    p = q + 1
+
+        def attach_walk(site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
+            """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
+            par_suf = tables[site.par]
+            Rb = [None if x is None else x[None] for x in R]
+            parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E)
+            ms = np.arange(s + 1, E + 1)
+            for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
+                if len(ms) == 0:
+                    break
+                us = [u for u, _ in opts]
+                qs = [q for q, _ in opts[0][1]]
+                G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)      # (u, q)
+                rest = np.stack([suf[q + 1][s, ms - 1] for q in qs])                       # (q, m)
+                val = (dev[G][:, :, ms] + rest[None] + parts.heads[i][0, us][:, None, ms, e]
+                       + parts.others[i][0, ms, e][None, None])
+                hit = np.argwhere(val == target)
+                if len(hit):
+                    ui, qi, mi = (int(x) for x in hit[0])
+                    m = int(ms[mi])
+                    emit(int(G[ui, qi]), m)
+                    head_walk(site, i, us[ui], m, e, parts.heads[i])
+                    others_walk(site, i, i, m, e, parts.prepar)
+                    return qs[qi], m
+            mg = np.arange(s + 1, e + 1)
+            if site.groups and len(mg):
+                qs = [q for q, _ in site.groups[0][2]]
+                G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
+                a = np.asarray([x for x, _, _ in site.groups])
+                c = np.asarray([z for _, z, _ in site.groups])
+                rest = np.stack([suf[q + 1][s, mg - 1] for q in qs])                           # (q, m)
+                PP = np.stack([x[0] for x in parts.prepar])                                    # (i, m, e)
+                other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]                             # (grp, m)
+                val = dev[G][:, :, mg] + rest[None] + other[:, None]
+                hit = np.argwhere(val == target)
+                if len(hit):
+                    gi, qi, mi = (int(x) for x in hit[0])
+                    m = int(mg[mi])
+                    emit(int(G[gi, qi]), m)
+                    others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
+                    return qs[qi], m
+            return None
+
+        def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
+            hb, cb = idx.nodes[site.par][1][i]
+            if u == 0:
+                return
+            kids, segs = idx.nodes[cb][1], idx.seg[cb]
+            while u > 0:
+                target = pre[0, u, m, e]
+                internal = kids[u - 1][0] == "node"
+                nxt = None
+                for v in range(u - 1, -1, -1):
+                    if v == u - 1 and internal:
+                        continue
+                    g = int(segs[v, u - 1])
+                    rest = pre[0, v, m + 1, e] if m + 1 <= E else INF
+                    if dev[g, m + 1] + rest == target:
+                        emit(g, m + 1)
+                        nxt = (v, m + 1)
+                        break
+                if nxt is None:
+                    c = kids[u - 1][1]
+                    m2 = next(x for x in range(E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
+                    walk(c, m, m2)
+                    nxt = (u - 1, m2)
+                u, m = nxt
+
+        def others_walk(site, a: int, c: int, m: int, e: int, prepar: list) -> None:
+            """The branches before ``a`` and after ``c`` (their successor at depth ``m``)."""
+            if c + 1 < len(idx.nodes[site.par][1]):
+                walk(site.par, m, e, c + 1)
+            kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
+            j = a
+            while j > 0:
+                target = prepar[j][0, m, e]
+                internal = kids[j - 1][0] == "node"
+                nxt = None
+                for v in range(j - 1, -1, -1):
+                    if v == j - 1 and internal:
+                        continue
+                    g = int(segs[v, j - 1])
+                    if e >= m + 1 and dev[g, m + 1] + prepar[v][0, m, e] == target:
+                        emit(g, m + 1)
+                        nxt = v
+                        break
+                if nxt is None:
+                    c = kids[j - 1][1]
+                    assert R[c][m, e] + prepar[j - 1][0, m, e] == target
+                    walk(c, m, e)
+                    nxt = j - 1
+                j = nxt
+
+        walk(idx.root[1], 0, e0)
+        out.sort(key=lambda st: st.first)
+        return out

@@ -1,0 +1,106 @@
+"""GraphPipe with a micro-batch size per stage (``plan_graphpipe(..., per_stage_micro_batch=True)``).
+
+The DP of :mod:`gpp_solver.planners.graphpipe.dp_general` (its state carries the successor side's Table 2 summary),
+then the leftover-device pass with each stage's own ``b``, then ``build_plan``; the uniform-b
+sweep's plan is kept as a candidate when it meets the per-stage DP's target.  Split out of
+``planner_graphpipe.py`` to keep modules small.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from gpp_solver.cost.model import stage_costs
+from gpp_solver.planners.graphpipe.dp import assign_devices
+from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
+from gpp_solver.errors import GppError, InfeasibleError
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.graphpipe.planner import K_OPTIONS, PLANNER, _estimate, raise_degrees
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+
+logger = logging.getLogger(__name__)
+
+
+def _per_stage_specs(stages: Sequence[Any], devices_per_node: int | None) -> list[StageSpec]:
+    devs = assign_devices(stages, devices_per_node)
+    return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=s.micro_batch_size, k=s.k)
+            for s, d in zip(stages, devs)]
+
+
+def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: int, opts: Sequence[int]) -> tuple:
+    """:func:`spend_leftover_devices` with each stage's own ``b``: raise one degree at a time
+    (``b % d == 0``) while the iteration estimate improves and the exact TPS does not rise."""
+    dpn = cluster.devices_per_node
+
+    def price(trial: tuple) -> tuple[float, float]:
+        specs = _per_stage_specs(trial, dpn)
+        return (max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B)),
+                _estimate(graph, cluster, specs, B))
+
+    return raise_degrees(stages, cluster.devices, lambda st: [d for d in opts if st.micro_batch_size % d == 0],
+                         price)
+
+
+def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[int], search_k: bool,
+                    degree_options: Sequence[int] | None, deadline: float | None) -> Plan:
+    """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, then the leftover-device
+    pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
+    and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
+    from gpp_solver.planners.graphpipe.planner import plan_graphpipe
+
+    gdp = GeneralStageDP(graph, cluster, B, micro_batch_sizes=sizes, k_options=K_OPTIONS if search_k else (1,),
+                         decomposition=dec, degree_options=degree_options)
+    res = gdp.search(deadline=deadline)
+    if res is None:
+        need = gdp.min_memory(deadline=deadline)
+        msg = (f"no plan within GraphPipe's per-stage search space (series-parallel-tree partitions, a "
+               f"micro-batch size per stage from {list(sizes)}, k from {sorted({k for _, k in gdp.configs})}, "
+               f"data-parallel degrees {list(gdp.base.degree_options)}) fits in {cluster.memory_bytes:.6g} bytes "
+               f"per device on {cluster.devices} devices")
+        if need is not None:
+            msg += f"; the smallest memory per device with which this search space holds a plan is {need:.6g} bytes"
+        raise InfeasibleError(msg, required_memory_bytes=need)
+    dpn, opts = cluster.devices_per_node, sorted(gdp.base.degree_options)
+    cands = []                      # (origin, specs, DP stages or None)
+    for st in gdp.stage_sets(res.tps):
+        st = _spend_leftover_per_stage(graph, cluster, tuple(st), B, opts)
+        specs = _per_stage_specs(st, dpn)
+        cands.append(("per-stage DP", specs, st))
+    left = None if deadline is None else deadline - time.perf_counter()
+    if left is None or left > 0:
+        try:        # the uniform sweep's plan lies in this search space too; keep it if it meets the target
+            uni = plan_graphpipe(graph, cluster, B, time_limit=left, progress=False, micro_batch_sizes=sizes,
+                                 search_k=search_k, degree_options=degree_options, validate_plan=False)
+        except GppError:
+            uni = None
+        if uni is not None and uni.predicted.time_per_sample <= res.tps * (1 + 1e-9):
+            specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, s.schedule.k) for s in uni.stages]
+            cands.append(("uniform-b sweep", specs, None))
+    extra = {"per_stage_micro_batch": True, "dp_time_per_sample": res.tps, "dp_runs": res.probes,
+             "micro_batch_sizes_searched": list(sizes), "k_options": sorted({k for _, k in gdp.configs}),
+             "sp_added_dependencies": dec.added_pairs,
+             "objective": "min bottleneck TPS (DP estimate) over per-stage micro-batch sizes"
+                          + (" and k" if search_k else "") + ", then min simulated iteration time"}
+    plan = None
+    for origin, specs, stages in cands:     # every candidate meets the DP's optimal target
+        ex = {**extra, "stages_from": origin, "dp_stages": None if stages is None else
+              [{"nodes": sorted(s.nodes, key=graph.index.__getitem__), "micro_batch_size": s.micro_batch_size,
+                "k": s.k, "degree": s.degree, "in_flight_bound": s.in_flight_bound} for s in stages]}
+        trial = build_plan(graph, cluster, specs, B, planner=PLANNER,
+                           search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra=ex))
+        if plan is None or trial.predicted.iteration_time < plan.predicted.iteration_time * (1 - 1e-12):
+            plan = trial
+    assert plan is not None
+    tps = plan.predicted.time_per_sample
+    if tps > res.tps * (1 + 1e-9) + 1e-15:
+        logger.warning("plan TPS %.9g exceeds the DP's target %.9g", tps, res.tps)
+    if not res.exact:
+        status = "time-limit"
+    elif abs(tps - res.tps) <= 1e-9 * abs(res.tps):
+        status = "optimal-within-search-space"
+    else:
+        status = "feasible"        # the DP's conservative transfer estimate is above the exact figure
+    return replace(plan, search=replace(plan.search, status=status))

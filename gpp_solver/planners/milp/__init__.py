@@ -1,0 +1,1 @@
+"""The exact MILP planner (PuLP) for small graphs."""

@@ -1,0 +1,85 @@
+"""The search space shared by the exact MILP (``milp.py``) and the brute-force oracle (``oracle.py``).
+
+A candidate plan is
+
+* a partition of the nodes into stages, each convex, with an acyclic stage graph (C1, C2);
+* one micro-batch size ``b`` for every stage (default: the powers of two dividing ``B``);
+* ``d >= 1`` devices per stage with ``b % d == 0`` (data parallelism only, no TMPC), at most
+  ``cluster.devices`` in all;
+* 1F1B (``k = 1``) everywhere, so a stage at depth ``j`` from the sinks of the stage graph holds
+  ``min(j + 1, B / b) * b`` samples in flight — what ``plan_build`` (Algorithm 2 + the kFkB order)
+  gives for uniform ``b`` and ``k = 1``;
+* **placement rule**: the stages are numbered in *a* topological order of the stage graph (the
+  planner chooses which one) and take contiguous device ranges in that order from device 0:
+  stage ``i`` gets ``[o_i, o_i + d_i)`` with ``o_i = d_0 + ... + d_{i-1}``; unused devices are the
+  highest ones.  Where placement cannot change any bandwidth (flat network, all devices in one
+  node, or equal intra/inter bandwidth) every order costs the same.
+
+The objective is the bottleneck time-per-sample of ``spec/cost-model.md`` (communication and the
+all-reduce included).  Memory feasibility uses the validator's tolerance (``M(S) <= memory * (1 +
+1e-9)``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes, powers_of_two_dividing  # noqa: F401 (re-exported)
+from gpp_solver.types import Cluster
+
+MEMORY_REL_TOL = 1e-9
+"""A stage fits when ``M(S) <= memory_bytes * (1 + MEMORY_REL_TOL)`` (the validator's tolerance)."""
+
+
+default_micro_batch_sizes = powers_of_two_dividing
+"""The powers of two that divide ``mini_batch_size`` (1, 2, 4, ...)."""
+
+
+def device_options(b: int, devices: int) -> tuple[int, ...]:
+    """Data-parallel degrees a stage may take: ``1 <= d <= devices`` with ``b % d == 0``."""
+    return tuple(d for d in range(1, devices + 1) if b % d == 0)
+
+
+def contiguous_ranges(counts: Sequence[int]) -> list[tuple[int, ...]]:
+    """The placement rule: stage ``i`` gets devices ``[o_i, o_i + counts[i])``, ``o_i`` the prefix sum."""
+    out, o = [], 0
+    for c in counts:
+        out.append(tuple(range(o, o + c)))
+        o += c
+    return out
+
+
+def constant_bandwidth(cluster: Cluster) -> float | None:
+    """The bandwidth every group of devices gets when placement cannot matter, else ``None``.
+
+    Mirrors ``Cluster.bandwidth``: a flat network (``devices_per_node`` absent) always uses the
+    inter-node bandwidth; when one node holds every device, every group is inside it.
+    """
+    inter, intra, dpn = cluster.inter_node_bandwidth, cluster.intra_node_bandwidth, cluster.devices_per_node
+    if dpn is None or intra is None or intra == inter:
+        return inter
+    if cluster.devices <= dpn:
+        return intra
+    return None
+
+
+def layouts(b: int, devices: int, max_stages: int) -> Iterator[tuple[int, ...]]:
+    """Every tuple of per-stage device counts (1..``max_stages`` stages, each in ``device_options``,
+    total at most ``devices``) — the device side of the search space, in placement order."""
+    opts = device_options(b, devices)
+
+    def rec(prefix: tuple[int, ...], left: int) -> Iterator[tuple[int, ...]]:
+        if prefix:
+            yield prefix
+        if len(prefix) == max_stages:
+            return
+        for d in opts:
+            if d <= left:
+                yield from rec(prefix + (d,), left - d)
+
+    yield from rec((), devices)
+
+
+def in_flight_samples(depth: int, b: int, mini_batch_size: int) -> int:
+    """1F1B in-flight samples of a stage ``depth`` stages above the sinks (clamped at ``B / b`` micro-batches)."""
+    return min(depth + 1, mini_batch_size // b) * b

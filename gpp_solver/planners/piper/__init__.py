@@ -1,0 +1,1 @@
+"""Piper's planner: the downset DP with its knapsack and cost model."""

@@ -1,0 +1,279 @@
+"""Piper's stage cost ``TPS(S, t, d, s)`` (Tarnawski et al. 2021, §4) for many stages at once.
+
+A :class:`PiperInstance` is Piper's input in arrays: edges with bytes ``c`` per micro-batch and,
+for every tensor-parallel degree ``t``, each node's TMPC options (:class:`DegreeOptions`, padded to
+``L`` slots).  A node's TPS contribution in slot ``l`` of a stage ``S`` with data-parallel degree
+``d`` is, as in the published code (``getAllTPSsForIdealPair``),
+
+    (e_v / d + R (d-1) w / d / N) / bandwidth + p / d,
+
+``e_v`` = sum over its edges that cross the stage boundary of ``2 (c + sync)`` (sync: the TMPC's
+``c^fw`` keyed by the in-edge's tail, ``c^bw`` keyed by the out-edge's head), ``R`` the resync
+factor (4 in Piper's own model).  Memory at ``y = ceil(s/d)`` is ``sum_v a y + b``; the TMPCs are
+chosen by the knapsack heuristic (``piper_knapsack``).  With ``objective="memory"`` the cost is the
+stage's lowest possible memory instead (every node on its lowest-memory TMPC).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpp_solver.planners.piper.knapsack import EPS_BYTES, HardInstances, solve_hard
+
+INF = np.inf
+
+
+@dataclass(frozen=True)
+class DegreeOptions:
+    """The TMPC options of every node for one tensor-parallel degree ``t`` (``L`` padded slots)."""
+
+    t: int
+    p: np.ndarray       # (n, L) compute time per micro-batch (incl. tensor-parallel communication)
+    w: np.ndarray       # (n, L) weight bytes per device (data-parallel resync)
+    a: np.ndarray       # (n, L) memory per in-flight micro-batch
+    b: np.ndarray       # (n, L) constant memory
+    avail: np.ndarray   # (n, L) bool
+    label: np.ndarray   # (n, L) int: what the slot stands for (index into node.tmpc, -1 = base config)
+    sfw: np.ndarray     # (E, L) sync bytes of edge j paid by its head node in slot l
+    sbw: np.ndarray     # (E, L) sync bytes of edge j paid by its tail node in slot l
+
+    @property
+    def supported(self) -> np.ndarray:
+        return self.avail.any(axis=1)
+
+
+@dataclass(frozen=True)
+class PiperInstance:
+    n: int
+    src: np.ndarray     # (E,) edge tails (node indices)
+    dst: np.ndarray     # (E,) edge heads
+    c: np.ndarray       # (E,) bytes per micro-batch carried by each edge
+    degrees: tuple[DegreeOptions, ...]
+    devices: int        # K
+    memory: float       # M
+    bandwidth: float
+    micro_batches: int  # N
+    resync_factor: float = 4.0
+
+    @property
+    def bound_s(self) -> int:
+        return min(self.micro_batches, self.devices)
+
+
+@dataclass
+class StageCosts:
+    """Costs of stages ``S[r]`` at ``y = 0 .. Y-1`` (``out``, ``y = 0`` unused).  Instances that
+    need the heuristic may be deferred: ``inf`` in ``out``, listed in ``hard``, bounded below by
+    ``tf`` (the all-fastest TPS) until :meth:`fill` solves them."""
+
+    kernel: "StageCostKernel"
+    opt: DegreeOptions
+    S: np.ndarray
+    d: int
+    out: np.ndarray
+    hard: np.ndarray
+    tf: np.ndarray | None = None
+    cut: np.ndarray | None = None
+    mem_f: np.ndarray | None = None
+    tps_full: np.ndarray | None = None
+
+    def fill(self, mask: np.ndarray | None = None) -> None:
+        mask = self.hard if mask is None else mask & self.hard
+        if not mask.any():
+            return
+        r, yi = np.nonzero(mask)
+        k, opt = self.kernel, self.opt
+        if self.tps_full is None and opt.p.shape[1] <= 2:
+            vals = k.sep_hard(opt, self.S, self.d, r, yi, self.tf - self.cut, self.mem_f)
+        else:
+            vals, _ = k.hard_values(opt, self.S, self.d, r, yi, self.tps_full)
+        self.out[r, yi] = vals + self.cut[r]
+        self.hard &= ~mask
+
+
+class StageCostKernel:
+    """Stage costs for all stages ``D \\ D'`` of one downset ``D`` at once (rows of ``S``)."""
+
+    def __init__(self, inst: PiperInstance, objective: str = "tps") -> None:
+        self.inst, self.objective = inst, objective
+        self.S1 = inst.bound_s
+        self.ds = [d for d in range(1, inst.devices + 1) if inst.micro_batches % d == 0]
+        E = len(inst.c)
+        ys = np.arange(self.S1 + 2, dtype=float)
+        self.sep, self.win, self.wout, self.lowmem, self._tables = {}, {}, {}, {}, {}
+        for opt in inst.degrees:
+            self.sep[opt.t] = not (opt.sfw.any() or opt.sbw.any())
+            L = opt.p.shape[1]
+            win, wout = np.zeros((L, E, inst.n)), np.zeros((L, E, inst.n))
+            for l in range(L):
+                win[l, np.arange(E), inst.dst] = 2 * (inst.c + opt.sfw[:, l])
+                wout[l, np.arange(E), inst.src] = 2 * (inst.c + opt.sbw[:, l])
+            self.win[opt.t], self.wout[opt.t] = win, wout
+            with np.errstate(invalid="ignore"):
+                mem = np.where(opt.avail[None], opt.a[None] * ys[:, None, None] + opt.b[None], INF)
+            self.lowmem[opt.t] = mem.min(axis=2).T          # (n, Y): lowest memory of each node at y
+
+    # -- per-node pieces ------------------------------------------------------------------------
+    def node_bytes(self, opt: DegreeOptions, S: np.ndarray) -> np.ndarray:
+        """(P, n, L): boundary bytes each node pays in each slot."""
+        Sf = S.astype(float)
+        in_cut = Sf[:, self.inst.dst] * (1.0 - Sf[:, self.inst.src])
+        out_cut = Sf[:, self.inst.src] * (1.0 - Sf[:, self.inst.dst])
+        win, wout = self.win[opt.t], self.wout[opt.t]
+        return np.stack([in_cut @ win[l] + out_cut @ wout[l] for l in range(win.shape[0])], axis=2)
+
+    def node_tps(self, opt: DegreeOptions, e: np.ndarray, d: int) -> np.ndarray:
+        inst = self.inst
+        comm = e / d + inst.resync_factor * (d - 1) * opt.w / d / inst.micro_batches
+        with np.errstate(invalid="ignore"):
+            return np.where(opt.avail, comm / inst.bandwidth + opt.p / d, INF)
+
+    def cut_bytes(self, S: np.ndarray) -> np.ndarray:
+        """(P,) bytes ``2 c`` summed over the edges crossing each stage's boundary."""
+        inst = self.inst
+        return (S[:, inst.dst] ^ S[:, inst.src]) @ (2 * inst.c)
+
+    # -- stage costs ----------------------------------------------------------------------------
+    def costs(self, opt: DegreeOptions, S: np.ndarray, d: int, *, defer: bool = False) -> StageCosts:
+        return self.costs_many(opt, S, [d], defer=defer)[0]
+
+    def node_columns(self, opt: DegreeOptions) -> np.ndarray:
+        """(n, Q) node-additive columns: lowest memory at ``y = 0 .. S1+1``, then for each ``d`` in
+        ``self.ds`` the fastest slot's TPS share (without boundary bytes), ``a`` and ``b``."""
+        rows = np.arange(self.inst.n)
+        cols = [self.lowmem[opt.t]]
+        for d in self.ds:
+            q = self.node_tps(opt, np.zeros_like(opt.p), d)
+            f = np.argmin(q, axis=1)
+            cols.append(np.stack([q[rows, f], opt.a[rows, f], opt.b[rows, f]], axis=1))
+        out = np.concatenate(cols, axis=1)
+        out[~opt.supported] = 0.0          # stages with such nodes are rejected in costs_many
+        return out
+
+    def costs_many(self, opt: DegreeOptions, S: np.ndarray, ds: list[int], *, defer: bool = False,
+                   pre: tuple[np.ndarray, np.ndarray] | None = None) -> list[StageCosts]:
+        """:class:`StageCosts` of the stages ``S`` (rows) for each data-parallel degree in ``ds``.
+        ``pre`` = (``S @ node_columns(opt)``, ``cut_bytes(S)``) when the caller has them already."""
+        inst = self.inst
+        P, n = S.shape
+        if pre is None:
+            pre = (S.astype(float) @ self.node_columns(opt), self.cut_bytes(S))
+        col_sums, cut_raw = pre
+        mem_low_all = col_sums[:, : self.S1 + 2]
+        if self.objective == "memory":
+            out = []
+            bad = (S & ~opt.supported).any(axis=1)
+            for d in ds:
+                m = mem_low_all[:, : self.S1 // d + 2].copy()
+                m[:, 0] = INF
+                m[bad] = INF
+                out.append(StageCosts(self, opt, S, d, m, np.zeros(m.shape, dtype=bool)))
+            return out
+        sums = None
+        if self.sep[opt.t]:
+            # slots differ only in node-local terms: the fastest slot does not depend on the stage
+            sums = {d: col_sums[:, self.S1 + 2 + 3 * k: self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
+        result = []
+        for j, d in enumerate(ds):
+            Y = self.S1 // d + 2
+            ys = np.arange(Y, dtype=float)
+            mem_low = mem_low_all[:, :Y]
+            if sums is not None:
+                cut = cut_raw / d / inst.bandwidth
+                tf, af, bf = sums[d][:, 0] + cut, sums[d][:, 1], sums[d][:, 2]
+                tps_full = None
+            else:
+                tps_full = self.node_tps(opt, self.node_bytes(opt, S), d)  # (P, n, L)
+                fast = np.argmin(tps_full, axis=2)[:, :, None]
+                pick = lambda arr: np.take_along_axis(np.broadcast_to(arr, tps_full.shape), fast, axis=2)[:, :, 0]
+                tf = np.where(S, pick(tps_full), 0.0).sum(axis=1)
+                af = np.where(S, pick(opt.a), 0.0).sum(axis=1)
+                bf = np.where(S, pick(opt.b), 0.0).sum(axis=1)
+                cut = np.zeros(P)
+            mem_f = af[:, None] * ys[None] + bf[:, None]
+            M = inst.memory
+            out = np.where(mem_f <= M, tf[:, None], INF)
+            hard = (mem_f > M) & (mem_low <= M)
+            hard[:, 0] = False
+            out[:, 0] = INF
+            bad = (S & ~opt.supported).any(axis=1)
+            out[bad] = INF
+            hard[bad] = False
+            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full)
+            if not defer:
+                c.fill()
+            result.append(c)
+        return result
+
+    def _sep_tables(self, opt: DegreeOptions, d: int):
+        """Per ``y``: nodes sorted by the bang-per-buck ratio of their one memory-saving switch (no
+        sync costs and <= 2 slots: the ratio and so the order are the same for every stage)."""
+        key = (opt.t, d)
+        if key not in self._tables:
+            n = self.inst.n
+            Y = self.S1 // d + 2
+            q = self.node_tps(opt, np.zeros_like(opt.p), d)
+            f = np.argmin(q, axis=1)
+            o = 1 - f if opt.p.shape[1] == 2 else f
+            rows = np.arange(n)
+            ys = np.arange(Y, dtype=float)[:, None]
+            with np.errstate(invalid="ignore"):
+                mem_f = opt.a[rows, f] * ys + opt.b[rows, f]
+                mem_o = np.where(opt.avail[rows, o], opt.a[rows, o] * ys + opt.b[rows, o], INF)
+                sav = mem_f - mem_o                                           # (Y, n)
+                cand = opt.avail[rows, f] & np.isfinite(mem_o) & (sav > EPS_BYTES)
+                dq = np.where(opt.avail[rows, o], q[rows, o] - q[rows, f], 0.0)
+                ratio = np.where(cand, dq / np.where(cand, sav, 1.0), INF)
+            order = np.argsort(ratio, axis=1, kind="stable")                  # ties: lower node first
+            take = lambda arr: np.take_along_axis(arr, order, axis=1)
+            self._tables[key] = (order, take(np.where(cand, sav, 0.0)),
+                                 take(np.where(cand, np.broadcast_to(dq, sav.shape), 0.0)), take(cand))
+        return self._tables[key]
+
+    def sep_hard(self, opt, S, d, r, yi, tf, mem_f) -> np.ndarray:
+        """The fast heuristic for stages ``S[r]`` at ``y = yi`` via the shared per-``y`` order."""
+        order, savS, dqS, candS = self._sep_tables(opt, d)
+        idx = order[yi]                                                       # (H, n)
+        member = S[r[:, None], idx] & candS[yi]
+        cums = np.cumsum(np.where(member, savS[yi], 0.0), axis=1)
+        need = mem_f[r, yi] - self.inst.memory
+        done = member & (need[:, None] - cums < EPS_BYTES)
+        ok = done.any(axis=1)
+        k = np.argmax(done, axis=1)
+        extra = np.cumsum(np.where(member, dqS[yi], 0.0), axis=1)[np.arange(len(r)), k]
+        return np.where(ok, tf[r] + extra, INF)
+
+    def hard_values(self, opt: DegreeOptions, S: np.ndarray, d: int, r: np.ndarray, yi: np.ndarray,
+                    tps_full: np.ndarray | None, want_choice: bool = False):
+        """The heuristic on stages ``S[r]`` at ``y = yi`` (general form).  Without sync costs
+        (``tps_full`` None) the boundary bytes are the same in every slot of a node and are left out
+        (the caller adds them): they do not change the choice."""
+        if tps_full is None:
+            tps = np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape)
+        else:
+            tps = tps_full[r]
+        y = yi.astype(float)[:, None, None]
+        with np.errstate(invalid="ignore"):
+            mem = np.where(opt.avail[None], opt.a[None] * y + opt.b[None], INF)
+        f = np.argmin(tps, axis=2)
+        return solve_hard(HardInstances(tps=tps, mem=mem, in_s=S[r], fastest=f, limit=self.inst.memory),
+                          want_choice=want_choice)
+
+    def choice(self, opt: DegreeOptions, S_row: np.ndarray, d: int, y: int) -> tuple[int, ...]:
+        """Labels of the slots the heuristic picks for the nodes of one stage at ``y``."""
+        S = S_row[None]
+        tps = None if self.sep[opt.t] else self.node_tps(opt, self.node_bytes(opt, S), d)
+        f = np.argmin(self.node_tps(opt, np.zeros_like(opt.p), d) if tps is None else tps[0], axis=-1)
+        nodes = np.flatnonzero(S_row)
+        if self.objective == "memory":
+            with np.errstate(invalid="ignore"):
+                slots = np.argmin(np.where(opt.avail, opt.a * y + opt.b, INF), axis=1)
+        else:
+            rows = np.arange(self.inst.n)
+            slots = f
+            if float((opt.a[rows, f] * y + opt.b[rows, f])[nodes].sum()) > self.inst.memory:
+                _, ch = self.hard_values(opt, S, d, np.array([0]), np.array([y]), tps, True)
+                slots = ch[0]
+        return tuple(int(opt.label[v, slots[v]]) for v in nodes)

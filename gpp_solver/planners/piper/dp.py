@@ -1,0 +1,234 @@
+"""Piper's dynamic programme over downsets (Tarnawski et al. 2021, §4 and Appendix D) — a pure
+numeric kernel; ``piper.py`` turns graphs into a :class:`PiperInstance` and results into plans.
+
+A *downset* is a set of nodes closed under successors; every contiguous stage is ``D \\ D'`` for
+downsets ``D' ⊂ D`` (Fact 4.2).  ``dp[D][k][s]`` is the least bottleneck TPS of a partition of ``D``
+on at most ``k`` devices whose data-parallel degrees sum to at most ``s`` (the published code's
+"at most" form: the empty set costs 0 everywhere and every table is made monotone in ``k``, ``s``):
+
+    dp[D][k][s] = min over D' ⊂ D, t, d (d | N, d*t <= k, d <= s) of
+                  max(dp[D'][k - d*t][s - d], TPS(D \\ D', t, d, s))
+
+with ``TPS`` from ``piper_cost`` and ``s <= min(N, K)``.  The answer is the first ``(k, s)`` (by
+``k`` then ``s``) reaching the least ``dp[V][k][s]``, as in the published code.
+
+Speed-ups that change no result: stages whose lowest possible memory (at ``y = 1``) exceeds ``M``
+are skipped, and knapsack instances that need the heuristic are solved only where their lower bound
+(the all-fastest TPS) could still improve the table.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpp_solver._backend.progress import ProgressBar
+from gpp_solver.errors import SearchSpaceTooLargeError, SolverError, TimeLimitError
+from gpp_solver.planners.piper.cost import INF, PiperInstance, StageCostKernel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    nodes: tuple[int, ...]
+    t: int
+    d: int
+    slots: tuple[int, ...]   # label of the chosen slot of each node (same order as ``nodes``)
+    tps: float
+
+
+@dataclass(frozen=True)
+class DPResult:
+    value: float                     # bottleneck TPS (or memory); inf when nothing fits
+    devices: int
+    s: int
+    stages: tuple[StageChoice, ...]  # pipeline order (first stage first)
+    downsets: int
+    pairs: int
+
+
+def enumerate_downsets(n: int, succ: list[int], limit: int) -> list[int]:
+    """All successor-closed node sets as bit masks (``succ[v]``: mask of ``v``'s successors),
+    sorted by size then value; raises :class:`SearchSpaceTooLargeError` once past ``limit``."""
+    pred = [0] * n
+    for v in range(n):
+        m = succ[v]
+        while m:
+            low = m & -m
+            pred[low.bit_length() - 1] |= 1 << v
+            m ^= low
+    seen = {0: sum(1 << v for v in range(n) if succ[v] == 0)}   # downset -> nodes that may be added
+    stack = [0]
+    while stack:
+        D = stack.pop()
+        add = seen[D]
+        m = add
+        while m:
+            low = m & -m
+            m ^= low
+            E = D | low
+            if E in seen:
+                continue
+            new_add = add & ~low
+            pm = pred[low.bit_length() - 1]
+            while pm:
+                lp = pm & -pm
+                pm ^= lp
+                if succ[lp.bit_length() - 1] & ~E == 0:
+                    new_add |= lp
+            seen[E] = new_add
+            if len(seen) > limit:
+                raise SearchSpaceTooLargeError(
+                    f"search space too large: more than {limit} downsets; raise max_downsets")
+            stack.append(E)
+    return sorted(seen, key=lambda x: (x.bit_count(), x))
+
+
+def _bits(masks: list[int], n: int) -> np.ndarray:
+    nbytes = max(1, (n + 7) // 8)
+    raw = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m in masks), dtype=np.uint8)
+    return np.unpackbits(raw.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :n].astype(bool)
+
+
+class _Table:
+    """Downsets as bit rows, their sub-downset lists and the dp table."""
+
+    def __init__(self, inst: PiperInstance, downsets: list[int]) -> None:
+        self.X = _bits(downsets, inst.n)
+        self.packed = np.packbits(self.X, axis=1, bitorder="little")
+        self.sizes = self.X.sum(axis=1)
+        self.dp = np.full((len(downsets), inst.devices + 1, inst.bound_s + 1), INF)
+        self.dp[0] = 0.0
+
+    def subs(self, i: int) -> np.ndarray:
+        """Indices of the proper sub-downsets of downset ``i``."""
+        head = self.packed[: np.searchsorted(self.sizes, self.sizes[i])]
+        return np.flatnonzero(((head & ~self.packed[i]) == 0).all(axis=1))
+
+
+def _update(acc: np.ndarray, sub_dp: np.ndarray, stage: np.ndarray, dt: int, d: int) -> None:
+    """``acc[k][s] = min(acc[k][s], max(sub_dp[r][k-dt][s-d], stage[r][s-d]))`` over rows ``r``."""
+    K1, S1 = acc.shape
+    cand = np.maximum(sub_dp[:, : K1 - dt, : S1 - d], stage[:, None, :])
+    np.minimum(acc[dt:, d:], cand.min(axis=0), out=acc[dt:, d:])
+
+
+def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
+           deadline: float | None = None, progress: bool = False) -> DPResult:
+    """Fill the table over ``downsets`` (sorted by size, the empty set first, the full set last) and
+    rebuild the best partition.  ``deadline`` (a ``time.monotonic()`` instant) raises SolverError."""
+    K, S1 = inst.devices, inst.bound_s
+    tab = _Table(inst, downsets)
+    X, dp = tab.X, tab.dp
+    ND = len(downsets)
+    ker = StageCostKernel(inst, objective)
+    limit = INF if objective == "memory" else inst.memory
+    Xf = X.astype(float)
+    unsup = {o.t: Xf @ (~o.supported).astype(float) for o in inst.degrees}
+    # node-additive quantities of every downset; a stage D \ D' gets G[D] - G[D'] (no per-stage sums)
+    G = {o.t: Xf @ ker.node_columns(o) for o in inst.degrees}
+    c_in = np.zeros((inst.n, inst.n))
+    np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
+    into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
+    pairs = 0
+    bar = _progress(ND, progress)
+    for i in range(1, ND):
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeLimitError(f"time limit reached in Piper's DP after {i} of {ND} downsets")
+        subs = tab.subs(i)
+        pairs += len(subs)
+        acc = dp[i]
+        pending = []
+        z = np.where(X[i], 0.0, 1.0) @ c_in                           # 2c from outside D into each node
+        for opt in inst.degrees:
+            ok = unsup[opt.t][i] - unsup[opt.t][subs] < 0.5
+            if limit < INF:
+                ok &= G[opt.t][i, 1] - G[opt.t][subs, 1] <= limit * (1 + 1e-9) + 1.0
+            rows = subs[ok]
+            dlist = [d for d in ker.ds if d * opt.t <= K and d <= S1]
+            if len(rows) == 0 or not dlist:
+                continue
+            S = X[i][None] & ~X[rows]
+            sub_dp = dp[rows]
+            cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
+            pre = (G[opt.t][i] - G[opt.t][rows], cut)
+            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True, pre=pre)):
+                dt = d * opt.t
+                ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
+                stage = c.out[:, ycol]
+                keep = np.isfinite(stage).any(axis=1)
+                if keep.any():
+                    _update(acc, sub_dp[keep], stage[keep], dt, d)
+                if c.hard.any():
+                    pending.append((c, sub_dp, dt, d, ycol))
+        for c, sub_dp, dt, d, ycol in pending:
+            hr = np.flatnonzero(c.hard.any(axis=1))
+            lb = np.where(c.hard[hr][:, ycol], c.tf[hr][:, None], INF)     # (H, S1+1-d)
+            better = (np.maximum(sub_dp[hr, : K + 1 - dt, : S1 + 1 - d], lb[:, None, :]) < acc[dt:, d:]).any(axis=1)
+            want = np.zeros(c.hard.shape, dtype=bool)
+            rr, ss = np.nonzero(better)
+            want[hr[rr], ycol[ss]] = True
+            if not want.any():
+                continue
+            c.fill(want)
+            rows = np.flatnonzero(want.any(axis=1))
+            _update(acc, sub_dp[rows], c.out[rows][:, ycol], dt, d)
+        np.minimum.accumulate(acc, axis=0, out=acc)
+        np.minimum.accumulate(acc, axis=1, out=acc)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    full = ND - 1
+    best, bk, bs = INF, 0, 0
+    for k in range(K + 1):
+        for s in range(1, S1 + 1):
+            v = dp[full, k, s]
+            if v + 1e-9 * max(1.0, abs(v)) < best:
+                best, bk, bs = float(v), k, s
+    if not np.isfinite(best):
+        return DPResult(INF, 0, 0, (), ND, pairs)
+    stages = _reconstruct(inst, ker, tab, full, bk, bs)
+    return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, pairs)
+
+
+def _progress(total: int, on: bool) -> ProgressBar:
+    return ProgressBar(total - 1, "piper DP", "downset", on)
+
+
+def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int, k: int, s: int) -> list[StageChoice]:
+    """Walk back from ``dp[i][k][s]``: at each step the first (largest sub-downset, t, d) whose
+    ``max(dp[D'][k-dt][s-d], TPS)`` attains the table's value."""
+    X, dp = tab.X, tab.dp
+    stages: list[StageChoice] = []
+    while i != 0:
+        target = dp[i, k, s]
+        subs = tab.subs(i)[::-1]
+        best = None
+        for opt in inst.degrees:
+            rows = np.array([j for j in subs if not (X[i] & ~X[j] & ~opt.supported).any()], dtype=int)
+            if len(rows) == 0:
+                continue
+            S = X[i][None] & ~X[rows]
+            for d in ker.ds:
+                dt = d * opt.t
+                if dt > k or d > s:
+                    break
+                cost = ker.costs(opt, S, d).out[:, math.ceil(s / d)]
+                val = np.maximum(dp[rows, k - dt, s - d], cost)
+                j = int(np.argmin(val))
+                if best is None or val[j] < best[0]:
+                    best = (float(val[j]), int(rows[j]), opt, d, float(cost[j]))
+        if best is None or not best[0] <= target * (1 + 1e-9) + 1e-12:
+            raise SolverError(f"Piper DP reconstruction found no stage for value {target!r}")
+        _, j, opt, d, tps = best
+        S_row = X[i] & ~X[j]
+        nodes = tuple(int(v) for v in np.flatnonzero(S_row))
+        stages.append(StageChoice(nodes, opt.t, d, ker.choice(opt, S_row, d, math.ceil(s / d)), tps))
+        k, s, i = k - d * opt.t, s - d, j
+    return stages

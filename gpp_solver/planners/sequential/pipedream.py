@@ -1,0 +1,375 @@
+"""PipeDream's planner (Narayanan et al., SOSP'19, §3.1; msr-fiddle/pipedream ``optimizer/``).
+
+The DAG is linearised into PipeDream's antichain states (:mod:`.linearize`): after PipeDream's own
+pre-processing — ``Input`` sources (and, for graphs without op names, zero-cost sources) are set
+aside and placed with their first consumer, zero-cost ``__getitem__``-style sinks are set aside and
+placed with their producer — the states are the downsets reached from the first source.  When
+there are more than ``max_states`` of them the prefixes of one topological order are used instead
+(logged warning).  Then the min-max DP over state ranges and replica counts (:mod:`.pipedream_dp`)
+gives a chain of stages, each replicated (data-parallel degree = replicas), run with 1F1B.
+
+Two modes:
+
+``mode="shared"`` (default)
+    Stage times are the shared cost model's, for each candidate micro-batch size ``b`` (powers of
+    two dividing ``B``): ``TPS = (C(b/d) + comm) / b + A / B`` with replicas ``d | b``; ``comm``
+    charges the stage's own transfers (:meth:`.Linearization.range_transfers`): every producer
+    before the stage feeding it (exact) and every producer in it feeding a later node, once
+    (exact unless that producer feeds two later stages: then a lower bound).  The states are
+    every downset from a virtual source (not PipeDream's first-source start, which on graphs with
+    several sources, e.g. mmt, jumped over whole branches), or the topological-order prefixes
+    beyond ``max_states``.  On a flat network the DP value is therefore the exact TPS of its
+    plan, or a lower bound when a producer fans out to two later stages.  Hierarchical as in the paper: with ``devices_per_node`` and several nodes, level
+    1 partitions a state range over the devices of one node (intra-node bandwidth), level 2 over
+    whole nodes; a level-2 stage on ``n'`` nodes is its level-1 pipeline replicated ``n'`` times,
+    so each of its stages gets ``r`` devices in each of those nodes (inter-node bandwidth).
+    Memory is checked in the DP with an upper bound on in-flight samples (1F1B: a stage holds
+    ``min(n, stages after + 1) * b`` samples, and stages after <= devices after), so every plan
+    the DP returns fits; the final plan is priced by ``build_plan`` (exact transfers, simulated
+    iteration time) and the micro-batch size with the smallest simulated iteration time wins.
+    Status ``feasible``: the DP is exact for its bottleneck objective only under the transfer
+    approximation and the memory bound, and ``b`` is chosen by simulation; ``time-limit`` when
+    ``time_limit`` stopped the loop over micro-batch sizes (one DP is never interrupted).
+    The stages are cut as a chain, but ``build_plan`` derives the stage edges from the graph's
+    edges, so two consecutive stages with no edge between them (e.g. two branches) become
+    parallel in the plan (PipeDream's runtime would forward the first one's input through it):
+    this can only shorten PipeDream's simulated iteration.  Levels: the DP charges a level-1
+    range's boundary transfers at the level-1 bandwidth (PipeDream does the same), so with
+    several nodes transfers that cross a node are under-priced and the DP value is an estimate
+    (the plan is priced exactly by ``build_plan``).
+``mode="pipedream-costs"``
+    PipeDream's own formulas (``optimizer_graph_hierarchical.py``): stage time
+    ``(C + 4 (m-1) W / (bw m)) / m`` for ``m`` replicas (``C`` = profiled fw+bw time of the
+    stage for the profiled mini-batch, ``W`` its parameter bytes), flat network at ``bandwidth``
+    (default 1e9 B/s, or per level ``bandwidths``), no memory constraint, all machines used.  Like
+    the original, activation transfers enter only with ``activation_compression_ratio`` (then as
+    ``2 a / (bw m ratio)`` terms of the max, ``a`` here the bytes leaving the state per producer
+    rather than PipeDream's augmented-antichain sum).  :func:`pipedream_optimizer` returns the
+    bottleneck figure PipeDream prints ("Time per stage in pipeline", seconds per mini-batch); the
+    plan built from its partition carries it in ``search.extra["pipedream_bottleneck"]``.
+    At a second level the original's quirks are kept: its single-stage initialisation divides the
+    sync time by the machines of the level below; ranges are formed only between nested states.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time as _time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.plan.validate import validate
+from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES, Linearization, linearize
+from gpp_solver.planners.sequential.pipedream_dp import INF, DPTable, minmax_dp
+from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
+from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PipeDreamSolution:
+    """PipeDream's answer in its own model: bottleneck (s per mini-batch) and the stages."""
+
+    bottleneck: float
+    stages: tuple[tuple[tuple[str, ...], int], ...]   # (node ids, replicas), in pipeline order
+    n_states: int
+    linearization: str
+    seconds: float
+
+
+# --------------------------------------------------------------------------------------------
+# PipeDream's own cost model
+# --------------------------------------------------------------------------------------------
+
+def pipedream_optimizer(graph: Graph, machines: Sequence[int], bandwidths: Sequence[float] | float = 1e9, *,
+                        activation_compression_ratio: float | None = None, use_fewer_machines: bool = False,
+                        max_states: int | None = DEFAULT_MAX_STATES) -> PipeDreamSolution:
+    """Run PipeDream's hierarchical optimizer on ``graph`` (times at its first profiled size).
+
+    ``machines[l]`` machines at level ``l`` (level 0 innermost), ``bandwidths[l]`` bytes/s.
+    """
+    t0 = _time.perf_counter()
+    machines = list(machines)
+    if isinstance(bandwidths, (int, float)):
+        bandwidths = [float(bandwidths)] * len(machines)
+    if len(bandwidths) != len(machines) or not machines or min(machines) < 1:
+        raise InvalidInputError(f"machines and bandwidths must be non-empty lists of equal length, "
+                                f"got machines={machines}, bandwidths={list(bandwidths)}")
+    core, _, _ = pipedream_core(graph)
+    lin = linearize(graph, nodes=core, first_source=True, max_states=max_states)
+    order_nodes = [graph.node(v) for v in lin.order]
+    mb = graph.micro_batch_sizes[0]
+    C = lin.state_sums([n.fw_time[0] + n.bw_time[0] for n in order_nodes])
+    W = lin.state_sums([n.weight_bytes for n in order_nodes])
+    cut, _ = lin.cut_bytes(graph)
+    cut = cut * mb
+    S = lin.n_states
+    last = S - 1
+    sub = lin.subset
+    comp = C[None, :] - C[:, None]
+    wts = W[None, :] - W[:, None]
+    tables: list[DPTable] = []
+    below = 1
+    for level, (K, bw) in enumerate(zip(machines, bandwidths)):
+        final = level == len(machines) - 1
+        if level > 0:
+            comp = tables[-1].value[:, :, machines[level - 1]]   # best range time one level down
+
+        def T(m: int, r: int, comp=comp, bw=bw, below=below) -> np.ndarray:
+            t = (comp + 4.0 * (r - 1) * wts / (bw * r)) / r
+            if below > 1 and r == m:   # the original's single-stage initialisation
+                t = t.copy()
+                t[0] = (comp[0] + 4.0 * (r - 1) * wts[0] / (bw * r) / below) / r
+            if activation_compression_ratio is not None:
+                xfer_in = 2.0 * cut / (bw * r) / activation_compression_ratio
+                xfer_in[0] = 0.0
+                xfer_out = 2.0 * cut / (bw * r) / activation_compression_ratio
+                xfer_out[last] = 0.0
+                t = np.maximum(t, np.maximum(xfer_in[:, None], xfer_out[None, :]))
+            return t
+
+        starts = (0,) if final else tuple(range(S))
+        tables.append(minmax_dp(sub, T, K, starts=starts, allow_fewer=use_fewer_machines))
+        below = K
+    bottleneck = float(tables[-1].value[0, last, machines[-1]])
+    stages: list[tuple[tuple[str, ...], int]] = []
+
+    def unfold(level: int, k: int, j: int, outer: int) -> None:
+        for a, c, r in tables[level].stages(k, j, machines[level]):
+            if level == 0:
+                stages.append((tuple(lin.stage_nodes(a, c)), r * outer))
+            else:
+                unfold(level - 1, a, c, r * outer)
+
+    if math.isfinite(bottleneck):
+        unfold(len(tables) - 1, 0, last, 1)
+    return PipeDreamSolution(bottleneck, tuple(stages), S, lin.kind, _time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# The shared cost model
+# --------------------------------------------------------------------------------------------
+
+class _SharedCosts:
+    """Stage-time arrays ``T[k, j]`` under the shared cost model for one micro-batch size."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int) -> None:
+        self.graph, self.cluster, self.lin, self.B, self.b = graph, cluster, lin, B, b
+        self.n_micro = B // b
+        nodes = [graph.node(v) for v in lin.order]
+        W = lin.state_sums([n.weight_bytes for n in nodes])
+        act = lin.state_sums([n.activation_bytes for n in nodes])
+        self.W = W[None, :] - W[:, None]
+        self.act = act[None, :] - act[:, None]
+        self.in_b, self.in_c, self.out_b, self.out_c = lin.range_transfers(graph)
+        self._comp: dict[float, np.ndarray] = {}
+        self._nodes = nodes
+
+    def compute(self, x: float) -> np.ndarray:
+        c = self._comp.get(x)
+        if c is None:
+            from gpp_solver.cost.model import interp_time
+            sizes = self.graph.micro_batch_sizes
+            per = [interp_time(n.fw_time, sizes, x) + interp_time(n.bw_time, sizes, x) for n in self._nodes]
+            s = self.lin.state_sums(per)
+            c = self._comp[x] = s[None, :] - s[:, None]
+        return c
+
+    def stage_time(self, d: int, bw: float, in_flight_stages: int) -> np.ndarray:
+        """TPS of every range with ``d`` replicas, transfers and all-reduce at ``bw``; ``inf`` when
+        the stage does not fit with ``in_flight_stages`` micro-batches in flight or ``b % d``."""
+        b = self.b
+        if b % d:
+            return np.full(self.W.shape, INF)
+        x = b / d
+        lat = self.cluster.latency
+        comm = 2.0 * ((self.in_c + self.out_c) * lat + (self.in_b + self.out_b) * x / bw)
+        ar = 0.0 if d == 1 else 2.0 * (d - 1) / d / bw
+        tps = (self.compute(x) + comm) / b + ar * self.W / self.B
+        f = min(self.n_micro, max(1, in_flight_stages)) * b
+        mem = self.cluster.optimizer_state_factor * self.W + f / d * self.act
+        return np.where(mem <= self.cluster.memory_bytes, tps, INF)
+
+
+def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int,
+                  ) -> tuple[float, list[tuple[list[str], tuple[int, ...]]]] | None:
+    """Run the DP for micro-batch ``b``; ``(bottleneck, [(nodes, devices), ...])`` or ``None``."""
+    K = cluster.devices
+    costs = _SharedCosts(graph, cluster, lin, B, b)
+    last = lin.n_states - 1
+    dpn = cluster.devices_per_node
+    if dpn is None or dpn >= K or K % dpn or lin.n_states > HIERARCHICAL_MAX_STATES:
+        bw = cluster.bandwidth(range(K))
+        tab = minmax_dp(lin.subset, lambda m, r: costs.stage_time(r, bw, K - m + 1), K, allow_fewer=True,
+                        replicas=[r for r in range(1, K + 1) if b % r == 0])   # others: `b % d` fails
+        if not math.isfinite(tab.value[0, last, K]):
+            return None
+        out, dev = [], 0
+        for k, j, r in tab.stages(0, last, K):
+            out.append((lin.stage_nodes(k, j), tuple(range(dev, dev + r))))
+            dev += r
+        return float(tab.value[0, last, K]), out
+    N = K // dpn
+    inner: dict[int, DPTable] = {}
+    for rho in range(1, N + 1):
+        bw = cluster.intra_node_bandwidth if rho == 1 and cluster.intra_node_bandwidth else cluster.inter_node_bandwidth
+        inner[rho] = minmax_dp(lin.subset, lambda m, r, rho=rho, bw=bw: costs.stage_time(r * rho, bw, K - rho * m + 1),
+                               dpn, starts=tuple(range(lin.n_states)), allow_fewer=True,
+                               replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0])
+    outer = minmax_dp(lin.subset, lambda m, r: inner[r].value[:, :, dpn], N, allow_fewer=True)
+    if not math.isfinite(outer.value[0, last, N]):
+        return None
+    out, node0 = [], 0
+    for k, j, n_nodes in outer.stages(0, last, N):
+        offset = 0
+        for a, c, r in inner[n_nodes].stages(k, j, dpn):
+            devs = tuple(sorted((node0 + t) * dpn + offset + q for t in range(n_nodes) for q in range(r)))
+            out.append((lin.stage_nodes(a, c), devs))
+            offset += r
+        node0 += n_nodes
+    return float(outer.value[0, last, N]), out
+
+
+HIERARCHICAL_MAX_STATES = 400
+
+
+def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any],
+                  deadline: float | None = None) -> tuple[Plan | None, dict]:
+    """The DP for every micro-batch size, then the one with the smallest simulated iteration time.
+
+    Each DP's chain is priced with numpy (:mod:`.seq_eval`) for a lower bound on its simulated
+    iteration time; chains are simulated in increasing bound order until the bound exceeds the
+    best simulated time, so the choice is the one of simulating every chain."""
+    core, inputs, sinks = pipedream_core(graph)
+    lin = linearize(graph, nodes=core, first_source=False, method=options.get("linearization", "antichain"),
+                    max_states=options.get("max_states", DEFAULT_MAX_STATES))
+    info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
+    info["complete"] = True
+    pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
+    pos = {v: i for i, v in enumerate(lin.order)}
+    cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
+    lower: list[float] = []
+    for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
+        if deadline is not None and cands and _time.perf_counter() > deadline:
+            info["complete"] = False      # remaining micro-batch sizes not tried
+            break
+        res = _shared_specs(graph, cluster, lin, B, b)
+        if res is None:
+            info["tried"][b] = None
+            continue
+        value, stages = res
+        core_stage = np.empty(len(lin.order), dtype=np.int64)
+        for s, (nodes, _) in enumerate(stages):
+            core_stage[[pos[v] for v in nodes]] = s
+        cands.append((b, value, stages))
+        lower.append(pricer.price(core_stage, [devs for _, devs in stages], b).lower_bound)
+
+    def build(i: int) -> Plan | None:
+        b, value, stages = cands[i]
+        specs = attach_detached(graph, [(nodes, devs, b) for nodes, devs in stages], inputs, sinks)
+        plan = build_plan(graph, cluster, specs, B, planner="pipedream",
+                          search=SearchInfo(0.0, "feasible", extra={"dp_bottleneck_tps": value}))
+        info["tried"][b] = plan.predicted.iteration_time
+        if plan.predicted.peak_memory_bytes > cluster.memory_bytes * (1 + 1e-9):
+            return None   # cannot happen with the DP's bound; kept as a guard
+        return plan
+
+    built, complete = select_by_simulation(lower, build, deadline)
+    info["complete"] &= complete
+    info["pruned_lower_bounds"] = {cands[i][0]: lower[i] for i in range(len(cands)) if cands[i][0] not in info["tried"]}
+    best: Plan | None = None
+    for i in sorted(built):               # the exhaustive loop's rule, in micro-batch order
+        plan = built[i]
+        if best is None or plan.predicted.iteration_time < best.predicted.iteration_time - 1e-15:
+            best = plan
+    return best, info
+
+
+def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
+                   progress: bool = False, mode: str = "shared", **options: Any) -> Plan:
+    """PipeDream's plan for ``graph`` on ``cluster`` (see the module docstring for the modes).
+
+    Options: ``micro_batch_sizes`` (candidates; default powers of two dividing ``B``),
+    ``linearization`` (``"antichain"`` or ``"topological"``), ``max_states``; for
+    ``mode="pipedream-costs"`` also ``bandwidth`` (default 1e9) and ``activation_compression_ratio``.
+    """
+    known = {"micro_batch_sizes", "linearization", "max_states"}
+    reject_unknown_options("pipedream", options,
+                           known | ({"bandwidth", "activation_compression_ratio"} if mode == "pipedream-costs" else set()))
+    t0 = _time.perf_counter()
+    if mode == "pipedream-costs":
+        return _plan_pipedream_costs(graph, cluster, mini_batch_size, t0, options)
+    if mode != "shared":
+        raise InvalidInputError(f"mode must be 'shared' or 'pipedream-costs', got {mode!r}")
+    best, info = _solve_shared(graph, cluster, mini_batch_size, options,
+                               None if time_limit is None else t0 + time_limit)
+    if best is None:
+        loose, _ = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, options)
+        need = loose.predicted.peak_memory_bytes if loose is not None else None
+        raise InfeasibleError(
+            f"pipedream: no plan of graph '{graph.name}' fits {cluster.memory_bytes:.4g} bytes per device on "
+            f"{cluster.devices} devices (B={mini_batch_size}); the best plan without a memory limit needs "
+            f"{need:.4g} bytes per device" if need is not None else
+            f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
+            required_memory_bytes=need)
+    info["seconds"] = _time.perf_counter() - t0
+    status = "feasible" if info["complete"] else "time-limit"
+    plan = _with_search(best, SearchInfo(info["seconds"], status,
+                                         extra={**dict(best.search.extra), **info, "mode": "shared"}))
+    validate(plan, graph, cluster)
+    return plan
+
+
+def _with_search(plan: Plan, search: SearchInfo) -> Plan:
+    from dataclasses import replace
+    return replace(plan, search=search)
+
+
+def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, options: dict[str, Any]) -> Plan:
+    dpn = cluster.devices_per_node
+    if "bandwidth" in options or dpn is None or dpn >= cluster.devices or cluster.devices % dpn:
+        machines, bws = [cluster.devices], [float(options.get("bandwidth", 1e9))]
+    else:
+        machines = [dpn, cluster.devices // dpn]
+        bws = [cluster.intra_node_bandwidth or cluster.inter_node_bandwidth, cluster.inter_node_bandwidth]
+    sol = pipedream_optimizer(graph, machines, bws, max_states=options.get("max_states", DEFAULT_MAX_STATES),
+                              activation_compression_ratio=options.get("activation_compression_ratio"))
+    if not sol.stages:
+        raise InfeasibleError(f"pipedream-costs: no partition of '{graph.name}' on {machines} machines")
+    _, inputs, sinks = pipedream_core(graph)
+    lcm = math.lcm(*(r for _, r in sol.stages))
+    best: Plan | None = None
+    for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
+        if b % lcm:
+            continue
+        rows, dev = [], 0
+        for nodes, r in sol.stages:
+            rows.append((list(nodes), tuple(range(dev, dev + r)), b))
+            dev += r
+        plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="pipedream",
+                          search=SearchInfo(0.0, "optimal-within-search-space"))
+        if best is None or plan.predicted.iteration_time < best.predicted.iteration_time:
+            best = plan
+    if best is None:
+        raise InvalidInputError(f"pipedream-costs: the partition replicates stages {[r for _, r in sol.stages]} "
+                                f"times; `b % d == 0` needs a micro-batch size divisible by {lcm} that divides "
+                                f"B={B}")
+    if best.predicted.peak_memory_bytes > cluster.memory_bytes:
+        raise InfeasibleError(f"pipedream-costs: PipeDream's partition (no memory constraint) needs "
+                              f"{best.predicted.peak_memory_bytes:.4g} bytes per device, the cluster has "
+                              f"{cluster.memory_bytes:.4g}", required_memory_bytes=best.predicted.peak_memory_bytes)
+    plan = _with_search(best, SearchInfo(
+        _time.perf_counter() - t0, "optimal-within-search-space",
+        extra={"mode": "pipedream-costs", "pipedream_bottleneck": sol.bottleneck, "machines": machines,
+               "bandwidths": bws, "n_states": sol.n_states, "linearization": sol.linearization,
+               "note": "optimal for PipeDream's own cost model; predicted figures are the shared model's"}))
+    validate(plan, graph, cluster)
+    return plan

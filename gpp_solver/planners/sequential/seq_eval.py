@@ -1,0 +1,200 @@
+"""Cheap exact pricing of sequential-pipeline candidates, so baselines simulate only a few plans.
+
+The sequential baselines (PipeDream, PipeDream-2BW, Alpa) choose among candidate plans (micro-batch
+sizes, stage counts, replication degrees) by *simulated* iteration time, and a simulation costs
+``O(stages * B / b)`` Python steps.  This module prices a candidate without building it:
+
+- :class:`SequentialPricer` maps a candidate (the pipeline stage of every core node, each stage's
+  devices, the micro-batch size) to its stages under the shared cost model, vectorised with numpy:
+  compute, transfers, all-reduce, the stage graph, the exact 1F1B peak in-flight samples and memory
+  (``build_plan`` with ``k = 1`` and one micro-batch size: a stage ``j`` stages above the sinks
+  holds ``min(n, j + 1) * b``), and a **lower bound** on the simulated iteration time: for every
+  stage ``S``, its first forward cannot start before micro-batch 0 went forward through the
+  longest chain of predecessors (``EF``), it runs ``n`` forwards and backwards back to back, and
+  after its last backward comes its all-reduce or the last backwards of its predecessors with
+  theirs (``BB``): ``T >= EF(S) + n (C + comm)(S) + max(A(S), BB(S))``.
+- :func:`select_by_simulation` builds candidates in increasing order of that bound and stops when
+  the next bound exceeds the best simulated time found (a small relative margin covers rounding),
+  so the best candidate by simulated time is exactly the one an exhaustive loop would find.
+
+The detached nodes (``Input`` sources, dangling sinks) are placed as
+:func:`.sequential.attach_detached` places them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time as _time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from gpp_solver.cost.model import CostTables
+from gpp_solver.types import Cluster, Graph, Plan
+
+logger = logging.getLogger(__name__)
+
+MARGIN = 1e-9   # relative slack of the bound against rounding differences with the simulator
+
+
+@dataclass(frozen=True)
+class Priced:
+    """Figures of one candidate (arrays indexed by pipeline stage)."""
+
+    lower_bound: float          # <= the simulated iteration time of the built plan
+    memory: np.ndarray          # per-device memory of each stage (shared formula, 1F1B in-flight)
+    weights: np.ndarray         # weight bytes of each stage
+    per_micro_batch: np.ndarray  # C + comm of each stage
+
+
+class SequentialPricer:
+    """Prices candidates of one graph, cluster and mini-batch size (module docstring)."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, core_order: Sequence[str],
+                 inputs: Sequence[str], sinks: Sequence[str]) -> None:
+        self.graph, self.cluster, self.B = graph, cluster, mini_batch_size
+        idx = graph.index
+        self.core_idx = np.asarray([idx[v] for v in core_order], dtype=np.int64)
+        self.n_nodes = len(graph.nodes)
+        core_set = set(core_order)
+        # attach rules: an input joins the earliest stage of its core consumers (default 0), a
+        # sink the latest stage of its placed producers (default the last stage)
+        self.inputs = [(idx[v], np.asarray([idx[s] for s in graph.succs(v) if s in core_set], dtype=np.int64))
+                       for v in inputs]
+        placed = core_set | set(inputs)
+        self.sinks = []
+        for v in sinks:
+            self.sinks.append((idx[v], np.asarray([idx[p] for p in graph.preds(v) if p in placed], dtype=np.int64)))
+            placed.add(v)
+        pairs = graph.edge_bytes_map
+        self.src = np.asarray([idx[u] for u, _ in pairs], dtype=np.int64)
+        self.dst = np.asarray([idx[v] for _, v in pairs], dtype=np.int64)
+        self.ebytes = np.asarray(list(pairs.values()), dtype=np.float64)
+        self.tables = CostTables(graph)
+        self._fg: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+        self._bw: dict[tuple[int, ...], float] = {}
+
+    # ---------------------------------------------------------------------------------------
+    def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward time of every node (graph order) at ``x`` samples."""
+        r = self._fg.get(x)
+        if r is None:
+            t = self.tables
+            s = t.sizes
+            if x <= s[0]:
+                f, g = t.fw[:, 0], t.bw[:, 0]
+            elif x >= s[-1]:
+                f, g = t.fw[:, -1] * x / s[-1], t.bw[:, -1] * x / s[-1]
+            else:
+                i = int(np.searchsorted(s, x, side="right"))
+                w = (x - s[i - 1]) / (s[i] - s[i - 1])
+                f = t.fw[:, i - 1] + (t.fw[:, i] - t.fw[:, i - 1]) * w
+                g = t.bw[:, i - 1] + (t.bw[:, i] - t.bw[:, i - 1]) * w
+            r = self._fg[x] = (f, g)
+        return r
+
+    def _bandwidth(self, devices: tuple[int, ...]) -> float:
+        bw = self._bw.get(devices)
+        if bw is None:
+            bw = self._bw[devices] = self.cluster.bandwidth(devices)
+        return bw
+
+    def stage_of(self, core_stage: np.ndarray, n_stages: int) -> np.ndarray:
+        """Pipeline stage of every node (graph order), detached nodes attached."""
+        st = np.zeros(self.n_nodes, dtype=np.int64)
+        st[self.core_idx] = core_stage
+        for v, cons in self.inputs:
+            st[v] = st[cons].min() if cons.size else 0
+        for v, prods in self.sinks:
+            st[v] = st[prods].max() if prods.size else n_stages - 1
+        return st
+
+    # ---------------------------------------------------------------------------------------
+    def price(self, core_stage: np.ndarray, devices: Sequence[tuple[int, ...]], b: int) -> Priced:
+        """Figures of the candidate whose core node ``i`` (``core_order``) is in stage
+        ``core_stage[i]`` (pipeline order, 0-based), stage ``s`` on ``devices[s]``, micro-batch ``b``."""
+        S = len(devices)
+        cl = self.cluster
+        n = self.B // b
+        st = self.stage_of(core_stage, S)
+        d = np.asarray([len(dv) for dv in devices], dtype=np.float64)
+        x = b / d
+        cf = np.zeros(S)
+        cb = np.zeros(S)
+        for xv in np.unique(x):
+            f, g = self.fw_bw_at(float(xv))
+            m = x[st] == xv
+            cf += np.bincount(st[m], weights=f[m], minlength=S)
+            cb += np.bincount(st[m], weights=g[m], minlength=S)
+        t = self.tables
+        W = np.bincount(st, weights=t.weight, minlength=S)
+        act = np.bincount(st, weights=t.activation, minlength=S)
+        # transfers: one per (producer, consumer stage) across a boundary, of the largest bytes
+        su_e, sv_e = st[self.src], st[self.dst]
+        cross = su_e != sv_e
+        comm = np.zeros(S)
+        preds: list[list[int]] = [[] for _ in range(S)]
+        succ_any = np.zeros(S, dtype=bool)
+        if cross.any():
+            u, sv, nb = self.src[cross], sv_e[cross], self.ebytes[cross]
+            key = u * S + sv
+            order = np.argsort(key, kind="stable")
+            key, nb = key[order], nb[order]
+            first = np.r_[True, key[1:] != key[:-1]]
+            starts = np.nonzero(first)[0]
+            nb = np.maximum.reduceat(nb, starts)
+            key = key[starts]
+            pu, pv = st[key // S], key % S
+            sp = np.unique(pu * S + pv)
+            bw_pair = {}
+            for k in sp.tolist():
+                a, c = divmod(k, S)
+                if a >= c:
+                    raise AssertionError(f"stage edge {a}->{c} goes backwards in the pipeline order")
+                bw_pair[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
+                preds[c].append(a)
+                succ_any[a] = True
+            bw = np.asarray([bw_pair[k] for k in (pu * S + pv).tolist()])
+            lat = cl.latency
+            comm += np.bincount(pu, weights=lat + nb * x[pu] / bw, minlength=S)
+            comm += np.bincount(pv, weights=lat + nb * x[pv] / bw, minlength=S)
+        ar = np.asarray([0.0 if d[s] <= 1 else 2.0 * (d[s] - 1) / d[s] * W[s] / self._bandwidth(tuple(devices[s]))
+                         for s in range(S)])
+        fwd, bwd = cf + comm, cb + comm
+        ef = np.zeros(S)
+        bb = np.zeros(S)
+        for s in range(S):
+            for p in preds[s]:
+                ef[s] = max(ef[s], ef[p] + fwd[p])
+                bb[s] = max(bb[s], bwd[p] + max(ar[p], bb[p]))
+        lower = float(np.max(ef + n * (fwd + bwd) + np.maximum(ar, bb)))
+        # 1F1B in-flight: (longest path to a sink + 1) micro-batches, at most n
+        depth = np.zeros(S, dtype=np.int64)
+        for s in range(S - 1, -1, -1):
+            for p in preds[s]:
+                depth[p] = max(depth[p], depth[s] + 1)
+        in_flight = np.minimum(n, depth + 1) * b
+        memory = cl.optimizer_state_factor * W + in_flight / d * act
+        return Priced(lower, memory, W, fwd + bwd)
+
+
+def select_by_simulation(lower_bounds: Sequence[float], build: Callable[[int], Plan | None],
+                         deadline: float | None = None) -> tuple[dict[int, Plan], bool]:
+    """Build candidates in increasing ``lower_bounds`` order until the next bound exceeds the best
+    simulated iteration time among the built plans (``build`` returns ``None`` for a candidate it
+    rejects, e.g. over memory).  Returns ``{candidate: plan}`` of every plan built (the caller
+    picks among them with its own rule, in its own order) and whether the search ran to its proof
+    (``False`` when ``deadline`` stopped it after at least one plan was accepted)."""
+    built: dict[int, Plan] = {}
+    best = float("inf")
+    for i in np.argsort(np.asarray(lower_bounds, dtype=np.float64), kind="stable").tolist():
+        if lower_bounds[i] > best * (1.0 + MARGIN):
+            break
+        if deadline is not None and best < float("inf") and _time.perf_counter() > deadline:
+            return built, False
+        plan = build(i)
+        if plan is not None:
+            built[i] = plan
+            best = min(best, plan.predicted.iteration_time)
+    return built, True
