@@ -21,7 +21,7 @@ from gpp_solver.plan.simulate import SimResult, simulate
 from gpp_solver.api import solve
 from gpp_solver.compare import compare
 from gpp_solver.types import (Cluster, Edge, Graph, Node, Plan, PlanPrediction, Schedule, SearchInfo, SolveOptions,
-                              Stage, StagePrediction, Tmpc)
+                              Stage, StagePrediction, Status, Tmpc)
 from gpp_solver.plan.validate import validate
 
 __all__ = [
@@ -31,5 +31,5 @@ __all__ = [
     "as_graph", "graph_from_dict", "graph_from_networkx", "graph_to_dict", "graph_to_networkx", "load_graph",
     "save_graph", "StageSpec", "build_plan", "load_plan", "plan_from_dict", "plan_to_dict", "save_plan",
     "SimResult", "simulate", "solve", "compare", "Cluster", "Edge", "Graph", "Node", "Plan", "PlanPrediction", "Schedule",
-    "SearchInfo", "SolveOptions", "Stage", "StagePrediction", "Tmpc", "validate",
+    "SearchInfo", "SolveOptions", "Stage", "StagePrediction", "Status", "Tmpc", "validate",
 ]

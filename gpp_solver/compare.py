@@ -11,7 +11,7 @@ from typing import Any, Sequence
 from gpp_solver.errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.plan.simulate import simulate
-from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.types import Cluster, Graph, Plan, Status
 from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ DEFAULT_PLANNERS = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "
 @dataclass(frozen=True)
 class CompareRow:
     planner: str
-    status: str
+    status: str                     # the plan's Status, or the error that stopped the planner
     search_seconds: float
     time_per_sample: float | None = None
     iteration_time: float | None = None
@@ -61,13 +61,13 @@ def compare(graph: Graph, cluster: Cluster, mini_batch_size: int, planners: Sequ
         try:
             plan = fn(graph, cluster, mini_batch_size, time_limit=time_limit, **options)
         except InfeasibleError as exc:
-            rows.append(CompareRow(name, "infeasible", time.perf_counter() - t0, note=str(exc)))
+            rows.append(CompareRow(name, Status.INFEASIBLE, time.perf_counter() - t0, note=str(exc)))
             continue
         except SearchSpaceTooLargeError as exc:
-            rows.append(CompareRow(name, "search-space-too-large", time.perf_counter() - t0, note=str(exc)))
+            rows.append(CompareRow(name, Status.SEARCH_SPACE_TOO_LARGE, time.perf_counter() - t0, note=str(exc)))
             continue
         except TimeLimitError as exc:
-            rows.append(CompareRow(name, "time-limit", time.perf_counter() - t0, note=str(exc)))
+            rows.append(CompareRow(name, Status.TIME_LIMIT, time.perf_counter() - t0, note=str(exc)))
             continue
         except GppError as exc:
             rows.append(CompareRow(name, "error", time.perf_counter() - t0, note=str(exc)))

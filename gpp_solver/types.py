@@ -8,6 +8,7 @@ Units: seconds, bytes, samples.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Any, Iterable, Mapping
 
@@ -198,12 +199,32 @@ class PlanPrediction:
     peak_memory_bytes: float
 
 
+class Status(StrEnum):
+    """What a plan's search proved (``search.status``); each value is the plan JSON's string."""
+
+    OPTIMAL = "optimal"
+    OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
+    OPTIMAL_WITHIN_SEARCH_SPACE = "optimal-within-search-space"
+    FEASIBLE = "feasible"
+    TIME_LIMIT = "time-limit"
+    INFEASIBLE = "infeasible"
+    SEARCH_SPACE_TOO_LARGE = "search-space-too-large"
+    UNKNOWN = "unknown"          # a plan file whose ``search`` has no status
+
+
 @dataclass(frozen=True)
 class SearchInfo:
+    """How the plan was found.  ``status`` is a :class:`Status` (a plain string is converted; an
+    unknown one raises ``ValueError``)."""
+
     seconds: float
-    status: str
+    status: Status
     epsilon: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if type(self.status) is not Status:
+            object.__setattr__(self, "status", Status(self.status))
 
 
 @dataclass(frozen=True)
@@ -247,5 +268,4 @@ class SolveOptions:
     planner_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
-STATUSES = ("optimal", "optimal-within-epsilon", "optimal-within-search-space", "feasible",
-            "time-limit", "infeasible", "search-space-too-large")
+STATUSES = tuple(s.value for s in Status if s is not Status.UNKNOWN)

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpp_solver.errors import InvalidPlanError
 from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
-from gpp_solver.types import PLAN_FORMAT, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction
+from gpp_solver.types import PLAN_FORMAT, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction, Status
 
 E = InvalidPlanError
 
@@ -21,6 +21,13 @@ def _order(raw: Any, where: str) -> tuple[tuple[str, int], ...]:
             raise E(f"{where}.order[{i}] must be [\"F\", j] or [\"B\", j], got {a!r}")
         out.append((a[0], integer(a[1], f"{where}.order[{i}]", E, minimum=0)))
     return tuple(out)
+
+
+def _status(raw: Any) -> Status:
+    try:
+        return Status(raw)
+    except (ValueError, TypeError):
+        raise E(f"plan: search.status must be one of {', '.join(s.value for s in Status)}, got {raw!r}") from None
 
 
 def plan_from_dict(d: Any) -> Plan:
@@ -83,7 +90,7 @@ def plan_from_dict(d: Any) -> Plan:
             throughput=number(p.get("throughput", 0.0), "plan: predicted.throughput", E),
             peak_memory_bytes=number(p.get("peak_memory_bytes", 0.0), "plan: predicted.peak_memory_bytes", E)),
         search=SearchInfo(seconds=number(srch.get("seconds", 0.0), "plan: search.seconds", E),
-                          status=str(srch.get("status", "unknown")),
+                          status=_status(srch.get("status", Status.UNKNOWN)),
                           epsilon=srch.get("epsilon"),
                           extra={k: v for k, v in srch.items() if k not in {"seconds", "status", "epsilon"}}),
     )
@@ -103,7 +110,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
         if s.tmpc:
             sd["tmpc"] = dict(s.tmpc)
         stages.append(sd)
-    search: dict[str, Any] = {"seconds": p.search.seconds, "status": p.search.status}
+    search: dict[str, Any] = {"seconds": p.search.seconds, "status": p.search.status.value}
     if p.search.epsilon is not None:
         search["epsilon"] = p.search.epsilon
     search.update(p.search.extra)

@@ -27,7 +27,7 @@ from gpp_solver.cost.model import allreduce_time, interp_time
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _plan(graph: Graph, cluster: Cluster, B: int, cand: Candidate, seconds: floa
     specs = [StageSpec(nodes=p, devices=r, micro_batch_size=cand.micro_batch_size)
              for p, r in zip(cand.stages, contiguous_ranges(cand.devices))]
     return build_plan(graph, cluster, specs, B, planner="oracle",
-                      search=SearchInfo(seconds=seconds, status="optimal"))
+                      search=SearchInfo(seconds=seconds, status=Status.OPTIMAL))
 
 
 def best_plan_bruteforce(graph: Graph, cluster: Cluster, mini_batch_size: int, *,

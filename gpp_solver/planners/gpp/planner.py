@@ -68,7 +68,7 @@ from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.planners.registry import get_planner
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
@@ -298,7 +298,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                 "moves": res.moves}
         for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
             if e_.key[0] == 0:
-                plan = build_from_state(P, s_, e_, SearchInfo(0.0, "feasible"))
+                plan = build_from_state(P, s_, e_, SearchInfo(0.0, Status.FEASIBLE))
                 pool.append((plan, m_))
                 best_score[b] = min(best_score.get(b, score(plan)), score(plan))
         log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
@@ -345,7 +345,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
             timed_out |= res.stopped == "time"
             if res.ev.key[0] == 0 and (res.moves or label != "best"):
-                plan = build_from_state(Q, res.state, res.ev, SearchInfo(0.0, "feasible"))
+                plan = build_from_state(Q, res.state, res.ev, SearchInfo(0.0, Status.FEASIBLE))
                 pool.append((plan, {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves,
                                     "tps_after": res.ev.max_tps}))
             per_b.setdefault(b, {}).setdefault("polish", []).append(
@@ -363,13 +363,13 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             required_memory_bytes=need)
     plan, meta = min(pool, key=lambda pm: score(pm[0]))
     if plan.planner != "gpp":
-        plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, "feasible"))
+        plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE))
     timed_out |= time.perf_counter() > deadline
     plan, tinfo, guard = _tighten(plan, graph, cluster, tighten, seed, budget, timed_out)
     timed_out |= guard
-    status = "time-limit" if timed_out else "feasible"
+    status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
-        status = "optimal"
+        status = Status.OPTIMAL
     extra = {"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
              "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
@@ -398,4 +398,4 @@ def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
         return None, time.perf_counter() > deadline
     pool.append((p, {"origin": "milp", "micro_batch_size": _uniform_b(p)}))
-    return (p.predicted.time_per_sample if p.search.status == "optimal" else None), p.search.status == "time-limit"
+    return (p.predicted.time_per_sample if p.search.status is Status.OPTIMAL else None), p.search.status is Status.TIME_LIMIT

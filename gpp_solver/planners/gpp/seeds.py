@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.registry import get_planner
-from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.types import Cluster, Graph, Plan, Status
 from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[st
                           "time_limit": left, **({"after_safety_stop": True} if late else {})}
             continue
         plans[name] = p
-        if p.search.status == "time-limit":
+        if p.search.status is Status.TIME_LIMIT:
             cut = True
         info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0, "time_limit": left,
                       "time_per_sample": p.predicted.time_per_sample,

@@ -19,7 +19,7 @@ from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.planners.graphpipe.planner import K_OPTIONS, PLANNER, _estimate, raise_degrees
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
               [{"nodes": sorted(s.nodes, key=graph.index.__getitem__), "micro_batch_size": s.micro_batch_size,
                 "k": s.k, "degree": s.degree, "in_flight_bound": s.in_flight_bound} for s in stages]}
         trial = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                           search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra=ex))
+                           search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra=ex))
         if plan is None or trial.predicted.iteration_time < plan.predicted.iteration_time * (1 - 1e-12):
             plan = trial
     assert plan is not None
@@ -98,9 +98,9 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
     if tps > res.tps * (1 + 1e-9) + 1e-15:
         logger.warning("plan TPS %.9g exceeds the DP's target %.9g", tps, res.tps)
     if not res.exact:
-        status = "time-limit"
+        status = Status.TIME_LIMIT
     elif abs(tps - res.tps) <= 1e-9 * abs(res.tps):
-        status = "optimal-within-search-space"
+        status = Status.OPTIMAL_WITHIN_SEARCH_SPACE
     else:
-        status = "feasible"        # the DP's conservative transfer estimate is above the exact figure
+        status = Status.FEASIBLE        # the DP's conservative transfer estimate is above the exact figure
     return replace(plan, search=replace(plan.search, status=status))

@@ -77,7 +77,7 @@ from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import StageSpec, build_plan, stage_graph_edges
 from gpp_solver.sp_tree import decompose
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
@@ -293,11 +293,11 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         p["accepted"] = origin.startswith("optimistic") and p["micro_batch_size"] == chosen.b
     b_final = chosen.b
     if timed_out:
-        status = "time-limit"
+        status = Status.TIME_LIMIT
     elif chosen.tps <= min_tps[b_final]:
-        status = "optimal-within-search-space"
+        status = Status.OPTIMAL_WITHIN_SEARCH_SPACE
     else:
-        status = "feasible"     # a shallower staging at a larger bottleneck (depth_tradeoff)
+        status = Status.FEASIBLE     # a shallower staging at a larger bottleneck (depth_tradeoff)
     extra = {"micro_batch_size": b_final, "dp_time_per_sample": chosen.tps,
              "dp_min_time_per_sample": min_tps[b_final], "dp_runs": max(r.probes for r in results),
              "micro_batch_sizes_searched": list(sizes),
@@ -332,7 +332,7 @@ def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B:
         stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs)
     specs = _specs(stages, b, cluster.devices_per_node, None if search_k else 1)
     return build_plan(graph, cluster, specs, B, planner=PLANNER,
-                      search=SearchInfo(seconds=0.0, status="time-limit", epsilon=None, extra={}),
+                      search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),
                       k_options=K_OPTIONS if search_k else (1,))
 
 

@@ -35,7 +35,7 @@ from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError
 from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.planners.milp.model import MilpModel, build_model
@@ -71,7 +71,8 @@ def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSol
 @dataclass(frozen=True)
 class _Solved:
     b: int
-    status: str                         # optimal | time-limit | infeasible | no-better | no-solution
+    status: str                         # the MILP's outcome for this b (its own objective): optimal |
+                                        # time-limit | infeasible | no-better | no-solution; not a plan Status
     objective: float | None             # cost-model units (seconds per sample, or bytes)
     bound: float | None
     stages: tuple[tuple[str, ...], ...] | None
@@ -147,7 +148,7 @@ def _min_memory(graph: Graph, cluster: Cluster, B: int, sizes: Sequence[int], sl
             proven = False
         if s.stages is not None:
             plan = build_plan(graph, cluster, _specs(s), B, planner="milp",
-                              search=SearchInfo(seconds=0.0, status="infeasible"))
+                              search=SearchInfo(seconds=0.0, status=Status.INFEASIBLE))
             best = min(best, plan.predicted.peak_memory_bytes)
     return best, proven
 
@@ -191,7 +192,7 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         results.append(r)
         if r.stages is not None:
             tps = build_plan(graph, cluster, _specs(r), B, planner="milp",
-                             search=SearchInfo(seconds=0.0, status="")).predicted.time_per_sample
+                             search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)).predicted.time_per_sample
             best = tps if best is None else min(best, tps)
         bar.update(1)
     bar.close()
@@ -212,7 +213,7 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
 
     plans, mismatch = [], []
     for r in found:
-        plan = build_plan(graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=""))
+        plan = build_plan(graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE))
         tps = plan.predicted.time_per_sample
         # an incumbent stopped by the time limit may carry slack (objective above its true TPS);
         # a proven optimum must agree with the cost model, else (solver tolerances) it is not proven
@@ -222,7 +223,7 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
             mismatch.append(r.b)
         plans.append((tps, plan.predicted.iteration_time, r.b, plan))
     tps, _, b, plan = min(plans, key=lambda p: p[:3])
-    status = "time-limit" if unfinished else "feasible" if mismatch else "optimal"
+    status = Status.TIME_LIMIT if unfinished else Status.FEASIBLE if mismatch else Status.OPTIMAL
     extra = {"micro_batch_size": b, "solver_seconds": {r.b: round(r.seconds, 4) for r in results},
              "per_b_status": {r.b: r.status for r in results}, "slots": slots,
              "solver": "HiGHS (worker process)" if isinstance(_solver(solver, None, False), dict) else "CBC"}

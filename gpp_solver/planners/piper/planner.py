@@ -45,7 +45,7 @@ import numpy as np
 from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.piper.cost import DegreeOptions, PiperInstance
 from gpp_solver.planners.piper.dp import DPResult, enumerate_downsets, run_dp
@@ -216,7 +216,7 @@ def _plan_for(graph, cluster, B, b1, mode, downsets, deadline, progress, start) 
                  "downsets": res.downsets, "downset_pairs": res.pairs, "devices_used": res.devices,
                  "sum_data_parallel": res.s, "dp_memory_limit": memory, "dp_runs": attempt + 1}
         plan = build_plan(graph, cluster, _specs(graph, res, b1), B, planner="piper",
-                          search=SearchInfo(time.monotonic() - start, "feasible", None, extra))
+                          search=SearchInfo(time.monotonic() - start, Status.FEASIBLE, None, extra))
         peak = plan.predicted.peak_memory_bytes
         if peak <= cluster.memory_bytes * (1 + 1e-9):
             validate(plan, graph, cluster)

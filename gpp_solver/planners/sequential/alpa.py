@@ -38,7 +38,7 @@ from gpp_solver.planners.registry import reject_unknown_options
 from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import Linearization, topological_states
 from gpp_solver.planners.sequential.pipedream_dp import INF, minmax_dp
@@ -275,7 +275,7 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         b, objective, stages = cands[i]
         rows = [(nodes, d, b) for nodes, d in stages]
         plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="alpa",
-                          search=SearchInfo(0.0, "feasible", extra={"alpa_latency": objective}))
+                          search=SearchInfo(0.0, Status.FEASIBLE, extra={"alpa_latency": objective}))
         tried[b] = plan.predicted.iteration_time
         return plan
 
@@ -297,7 +297,7 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
                                   required_memory_bytes=exc.required_memory_bytes) from None
         raise InfeasibleError(f"alpa: no plan of graph '{graph.name}' with group sizes {group_sizes(cluster)} "
                               f"fits {cluster.memory_bytes:.4g} bytes per device (B={B})")
-    status = "feasible" if complete else "time-limit"
+    status = Status.FEASIBLE if complete else Status.TIME_LIMIT
     plan = replace(best, search=SearchInfo(_time.perf_counter() - t0, status,
                                            extra={**dict(best.search.extra), "tried": tried,
                                                   "group_sizes": group_sizes(cluster),

@@ -64,7 +64,7 @@ import numpy as np
 from gpp_solver.planners.registry import reject_unknown_options
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES, Linearization, linearize
 from gpp_solver.planners.sequential.pipedream_dp import INF, DPTable, minmax_dp
@@ -276,7 +276,7 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any
         b, value, stages = cands[i]
         specs = attach_detached(graph, [(nodes, devs, b) for nodes, devs in stages], inputs, sinks)
         plan = build_plan(graph, cluster, specs, B, planner="pipedream",
-                          search=SearchInfo(0.0, "feasible", extra={"dp_bottleneck_tps": value}))
+                          search=SearchInfo(0.0, Status.FEASIBLE, extra={"dp_bottleneck_tps": value}))
         info["tried"][b] = plan.predicted.iteration_time
         if plan.predicted.peak_memory_bytes > cluster.memory_bytes * (1 + 1e-9):
             return None   # cannot happen with the DP's bound; kept as a guard
@@ -321,7 +321,7 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
             f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
             required_memory_bytes=need)
     info["seconds"] = _time.perf_counter() - t0
-    status = "feasible" if info["complete"] else "time-limit"
+    status = Status.FEASIBLE if info["complete"] else Status.TIME_LIMIT
     plan = _with_search(best, SearchInfo(info["seconds"], status,
                                          extra={**dict(best.search.extra), **info, "mode": "shared"}))
     validate(plan, graph, cluster)
@@ -355,7 +355,7 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, opt
             rows.append((list(nodes), tuple(range(dev, dev + r)), b))
             dev += r
         plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="pipedream",
-                          search=SearchInfo(0.0, "optimal-within-search-space"))
+                          search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE))
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time:
             best = plan
     if best is None:
@@ -367,7 +367,7 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, opt
                               f"{best.predicted.peak_memory_bytes:.4g} bytes per device, the cluster has "
                               f"{cluster.memory_bytes:.4g}", required_memory_bytes=best.predicted.peak_memory_bytes)
     plan = _with_search(best, SearchInfo(
-        _time.perf_counter() - t0, "optimal-within-search-space",
+        _time.perf_counter() - t0, Status.OPTIMAL_WITHIN_SEARCH_SPACE,
         extra={"mode": "pipedream-costs", "pipedream_bottleneck": sol.bottleneck, "machines": machines,
                "bandwidths": bws, "n_states": sol.n_states, "linearization": sol.linearization,
                "note": "optimal for PipeDream's own cost model; predicted figures are the shared model's"}))

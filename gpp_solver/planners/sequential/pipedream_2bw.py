@@ -37,7 +37,7 @@ from gpp_solver.planners.registry import reject_unknown_options
 from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer, select_by_simulation
 from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
@@ -119,7 +119,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
         cuts = cuts_at[x, w]
         rows = [(order[cuts[s]:cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
         plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="pipedream-2bw",
-                          search=SearchInfo(0.0, "optimal-within-search-space"))
+                          search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE))
         need = max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
                    for st in plan.stages)
         return plan if need <= cap else None
@@ -144,7 +144,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
              "weight_versions_bytes": max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
                                           for st in best.stages),
              **{k: v for k, v in best.search.extra.items()}}
-    status = "optimal-within-search-space" if complete else "time-limit"
+    status = Status.OPTIMAL_WITHIN_SEARCH_SPACE if complete else Status.TIME_LIMIT
     plan = replace(best, search=SearchInfo(_time.perf_counter() - t0, status, extra=extra))
     validate(plan, graph, cluster)
     return plan

@@ -1,0 +1,66 @@
+"""Typed records that cross modules: a plan's status, its JSON round trip through every planner."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+import gpp_solver as gs
+from gpp_solver.errors import InvalidPlanError, SearchSpaceTooLargeError
+from gpp_solver.planners.registry import REGISTRY, get_planner
+from gpp_solver.types import Status
+
+from tiny_graphs import diamond_dict
+
+CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
+           "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0, "latency": 0.001}
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, gs.Plan]:
+    """One plan of every installed planner on the diamond."""
+    g, c = gs.graph_from_dict(copy.deepcopy(diamond_dict())), gs.cluster_from_dict(CLUSTER)
+    out = {}
+    for name in sorted(REGISTRY):
+        try:
+            out[name] = get_planner(name)(g, c, 8, time_limit=20)
+        except (gs.InvalidInputError, SearchSpaceTooLargeError):
+            continue
+    assert {"gpp", "graphpipe", "pipedream"} <= set(out)
+    return out
+
+
+def test_every_planner_reports_a_status_member(plans):
+    for name, p in plans.items():
+        assert type(p.search.status) is Status, name
+        assert p.search.status is not Status.UNKNOWN
+
+
+def test_plan_json_round_trips_byte_identical(plans):
+    for name, p in plans.items():
+        text = json.dumps(gs.plan_to_dict(p))
+        again = gs.plan_from_dict(json.loads(text))
+        assert json.dumps(gs.plan_to_dict(again)) == text, name
+        assert again.search.status is p.search.status
+
+
+def test_status_values_are_the_json_strings():
+    assert [s.value for s in Status] == [str(s) for s in Status] == [f"{s}" for s in Status]
+    assert json.dumps({"s": Status.TIME_LIMIT}) == '{"s": "time-limit"}'
+    assert gs.SearchInfo(0.0, "feasible").status is Status.FEASIBLE       # a string is converted
+    with pytest.raises(ValueError):
+        gs.SearchInfo(0.0, "optimall")
+
+
+def test_unknown_status_is_rejected_by_name(plans):
+    d = gs.plan_to_dict(plans["graphpipe"])
+    d["search"]["status"] = "optimall"
+    with pytest.raises(InvalidPlanError, match=r"search\.status .*'optimall'"):
+        gs.plan_from_dict(d)
+    d["search"]["status"] = ["feasible"]
+    with pytest.raises(InvalidPlanError, match=r"search\.status"):
+        gs.plan_from_dict(d)
+    del d["search"]
+    assert gs.plan_from_dict(d).search.status is Status.UNKNOWN
