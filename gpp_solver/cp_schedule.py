@@ -47,6 +47,7 @@ from ortools.sat.python import cp_model
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
+from gpp_solver.plan.action import Action
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.simulate import simulate, simulate_orders
 from gpp_solver.types import Cluster, Graph, Plan
@@ -54,7 +55,7 @@ from gpp_solver.plan.validate import check_order, validate
 
 logger = logging.getLogger(__name__)
 
-Order = tuple[tuple[str, int], ...]
+Order = tuple[Action, ...]
 Key = tuple[int, str, int]          # (stage, "F"/"B", micro-batch)
 
 DEFAULT_RESOLUTION = 1_000_000      # ticks in the serial horizon
@@ -340,7 +341,7 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
     for s in d.stages:
         keys = [(s, k, j) for j in range(d.n[s]) for k in ("F", "B")]
         keys.sort(key=lambda key: solver.value(v.start[key]))
-        orders[s] = tuple((k, j) for _, k, j in keys)
+        orders[s] = tuple(Action.of(k, j) for _, k, j in keys)
     return Solved(status, orders, int(solver.objective_value), int(math.ceil(solver.best_objective_bound - 1e-9)),
                   seconds)
 

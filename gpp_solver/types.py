@@ -14,6 +14,8 @@ from typing import Any, Iterable, Mapping
 
 import networkx as nx
 
+from gpp_solver.plan.action import Action, as_order, order_text
+
 GRAPH_FORMAT = "gpp-graph/1"
 CLUSTER_FORMAT = "gpp-cluster/1"
 PLAN_FORMAT = "gpp-plan/1"
@@ -157,15 +159,19 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A stage's micro-batch order: ``("F", j)`` / ``("B", j)`` actions in the order it runs them."""
+    """A stage's micro-batch order: :class:`~gpp_solver.plan.action.Action` records (``F j`` / ``B j``)
+    in the order it runs them; pairs such as ``("F", 0)`` are converted."""
 
     kind: str
     k: int
-    order: tuple[tuple[str, int], ...]
+    order: tuple[Action, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", as_order(self.order))
 
     def text(self) -> str:
-        """Compact form, e.g. ``F0 F1 B0 F2 B1 B2``."""
-        return " ".join(f"{a}{j}" for a, j in self.order)
+        """Compact form, e.g. ``F0 F1 B0 F2 B1 B2`` (:func:`gpp_solver.plan.action.parse_order` reads it)."""
+        return order_text(self.order)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Typed records that cross modules: a plan's status, its JSON round trip through every planner."""
+"""Typed records that cross modules: a plan's status, a schedule action, and the plan JSON round
+trip of every planner."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.errors import InvalidPlanError, SearchSpaceTooLargeError
 from gpp_solver.planners.registry import REGISTRY, get_planner
+from gpp_solver.plan.action import Action, Kind, order_text, parse_order
 from gpp_solver.types import Status
 
 from tiny_graphs import diamond_dict
@@ -64,3 +66,32 @@ def test_unknown_status_is_rejected_by_name(plans):
         gs.plan_from_dict(d)
     del d["search"]
     assert gs.plan_from_dict(d).search.status is Status.UNKNOWN
+
+
+def test_every_action_of_every_planner_round_trips_its_text(plans):
+    n = 0
+    for name, p in plans.items():
+        for s in p.stages:
+            assert all(type(a) is Action and type(a.kind) is Kind for a in s.schedule.order), name
+            for a in s.schedule.order:
+                assert Action.parse(str(a)) == a and str(a) == f"{a.kind}{a.micro_batch}"
+                n += 1
+            assert parse_order(s.schedule.text()) == s.schedule.order
+    assert n >= 2 * 8 // 4 * len(plans)
+
+
+def test_action_is_a_pair_and_its_json_is_unchanged():
+    a = Action.parse("F12")
+    kind, j = a
+    assert (kind, j) == ("F", 12) and a == ("F", 12) and hash(a) == hash(("F", 12))
+    assert a.to_json() == ["F", 12] and json.dumps(a.to_json()) == '["F", 12]'
+    assert repr(a) == "Action(kind='F', micro_batch=12)"
+    sched = gs.Schedule("custom", 1, (("F", 0), ("B", 0)))                  # pairs are converted
+    assert sched.order == (Action(Kind.F, 0), Action(Kind.B, 0)) and sched.text() == "F0 B0"
+    assert order_text([("F", 0), ("F", 1), ("B", 0), ("B", 1)]) == "F0 F1 B0 B1"
+
+
+@pytest.mark.parametrize("bad", ["", "F", "f0", "X1", "F-1", "F01", "F 1", "B1x", 5, None])
+def test_action_text_rejects_malformed(bad):
+    with pytest.raises(InvalidPlanError, match="an action is F or B"):
+        Action.parse(bad)

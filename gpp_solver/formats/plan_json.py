@@ -6,20 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from gpp_solver.errors import InvalidPlanError
+from gpp_solver.plan.action import Action
 from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
 from gpp_solver.types import PLAN_FORMAT, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction, Status
 
 E = InvalidPlanError
 
 
-def _order(raw: Any, where: str) -> tuple[tuple[str, int], ...]:
+def _order(raw: Any, where: str) -> tuple[Action, ...]:
     if not isinstance(raw, list):
         raise E(f"{where}.order must be a list of [\"F\"|\"B\", micro-batch] pairs")
     out = []
     for i, a in enumerate(raw):
         if not (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B")):
             raise E(f"{where}.order[{i}] must be [\"F\", j] or [\"B\", j], got {a!r}")
-        out.append((a[0], integer(a[1], f"{where}.order[{i}]", E, minimum=0)))
+        out.append(Action.of(a[0], integer(a[1], f"{where}.order[{i}]", E, minimum=0)))
     return tuple(out)
 
 
@@ -101,7 +102,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     for s in p.stages:
         sd: dict[str, Any] = {
             "id": s.id, "nodes": list(s.nodes), "devices": list(s.devices), "micro_batch_size": s.micro_batch_size,
-            "schedule": {"kind": s.schedule.kind, "k": s.schedule.k, "order": [[a, j] for a, j in s.schedule.order]},
+            "schedule": {"kind": s.schedule.kind, "k": s.schedule.k, "order": [a.to_json() for a in s.schedule.order]},
             "in_flight_samples": s.in_flight_samples,
             "predicted": {"time_per_sample": s.predicted.time_per_sample, "memory_bytes": s.predicted.memory_bytes},
         }

@@ -19,6 +19,7 @@ import networkx as nx
 
 from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidPlanError
+from gpp_solver.plan.action import Action, Kind, as_order
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.types import Cluster, Graph, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction
@@ -36,7 +37,7 @@ class StageSpec:
     k: int | None = 1
     tensor_parallel: int = 1
     tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
-    order: tuple[tuple[str, int], ...] | None = None   # an explicit order overrides kFkB
+    order: tuple[Action, ...] | None = None   # an explicit order overrides kFkB (("F", j) pairs are converted)
 
 
 def stage_graph_edges(graph: Graph, stage_of: Mapping[str, int]) -> list[tuple[int, int]]:
@@ -88,10 +89,10 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
         inflight = schedule_stage_graph(succs, bsz, None, k_options=k_options)
     else:
         inflight = schedule_stage_graph(succs, bsz, {i: (s.k or 1) for i, s in enumerate(specs)})
-    orders: dict[int, tuple[tuple[str, int], ...]] = {}
+    orders: dict[int, tuple[Action, ...]] = {}
     for i, s in enumerate(specs):
         n = mini_batch_size // s.micro_batch_size
-        orders[i] = s.order if s.order is not None else kfkb_order(
+        orders[i] = as_order(s.order) if s.order is not None else kfkb_order(
             n, warmup_micro_batches(inflight[i][1], s.micro_batch_size, n))
     costs = stage_costs(graph, cluster, specs, mini_batch_size)
     sim_args = (bsz, {i: c.forward for i, c in enumerate(costs)}, {i: c.backward for i, c in enumerate(costs)},
@@ -101,8 +102,8 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
         makespan, _ = simulate_orders(orders, *sim_args)
     except DeadlockError as exc:
         logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
-        orders = {i: tuple([("F", j) for j in range(len(o) // 2)] + [("B", j) for j in range(len(o) // 2)])
-                  for i, o in orders.items()}
+        orders = {i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)]
+                           + [Action(Kind.B, j) for j in range(len(o) // 2)]) for i, o in orders.items()}
         makespan, _ = simulate_orders(orders, *sim_args)
         kind = "GPipe"
     stages = []

@@ -16,6 +16,7 @@ from typing import Iterable, Mapping, Sequence
 import networkx as nx
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.plan.action import Action, Kind
 
 
 def compute_in_flight(kx: int, bx: int, ky: int, by: int, iy: int) -> int:
@@ -83,16 +84,16 @@ def warmup_micro_batches(in_flight_samples: int, b: int, n_micro: int) -> int:
     return max(1, min(n_micro, math.ceil(in_flight_samples / b)))
 
 
-def kfkb_order(n_micro: int, warmup: int) -> tuple[tuple[str, int], ...]:
+def kfkb_order(n_micro: int, warmup: int) -> tuple[Action, ...]:
     """``warmup`` forwards, then B/F alternating (backward as early as possible), then the rest."""
     if n_micro < 1:
         raise InvalidInputError(f"a stage needs at least one micro-batch, got {n_micro}")
     w = max(1, min(warmup, n_micro))
-    order: list[tuple[str, int]] = [("F", j) for j in range(w)]
+    order = [Action(Kind.F, j) for j in range(w)]
     nxt = w
     for j in range(n_micro):
-        order.append(("B", j))
+        order.append(Action(Kind.B, j))
         if nxt < n_micro:
-            order.append(("F", nxt))
+            order.append(Action(Kind.F, nxt))
             nxt += 1
     return tuple(order)
