@@ -40,7 +40,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
 
     ``tighten``: CP-SAT tightening of the micro-batch orders (``cp_schedule``).  The ``gpp`` planner
     tightens by default when it fits its time limit; the reproductions of published planners do
-    not, unless ``tighten=True``.  What CP-SAT proved is recorded in ``plan.search.extra["cp_tighten"]``.
+    not, unless ``tighten=True``.  What CP-SAT proved is recorded in ``plan.search.cp_tighten``.
     """
     if options is not None:
         mini_batch_size = options.mini_batch_size if mini_batch_size is None else mini_batch_size

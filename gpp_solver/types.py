@@ -218,19 +218,41 @@ class Status(StrEnum):
     UNKNOWN = "unknown"          # a plan file whose ``search`` has no status
 
 
+#: keys of a plan's ``search`` object that are typed fields of :class:`SearchInfo` (the rest is ``extra``)
+SEARCH_FIELDS = ("iteration_time_estimate", "micro_batch_size", "cp_tighten")
+
+
 @dataclass(frozen=True)
 class SearchInfo:
-    """How the plan was found.  ``status`` is a :class:`Status` (a plain string is converted; an
-    unknown one raises ``ValueError``)."""
+    """How the plan was found: the plan JSON's ``search`` object.
+
+    ``status`` is a :class:`Status` (a plain string is converted; an unknown one raises
+    ``ValueError``).  The keys several planners or readers share are typed fields
+    (:data:`SEARCH_FIELDS`); planner-specific records stay in ``extra``.  In JSON all of them are
+    keys of ``search`` as before.  A typed field's key given in ``extra`` moves into the field (so
+    ``replace(search, extra={**search.extra, "cp_tighten": info})`` sets ``cp_tighten``); ``extra``
+    never holds one.
+    """
 
     seconds: float
     status: Status
     epsilon: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: the cost model's critical-path estimate of the iteration time (``plan.build.build_plan`` sets it)
+    iteration_time_estimate: float | None = None
+    #: the one micro-batch size the search chose for every stage (``None``: stages differ, or not said)
+    micro_batch_size: int | None = None
+    #: what CP-SAT's tightening of the orders did (``cp_schedule.tighten_plan_if_fits``), when it ran
+    cp_tighten: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if type(self.status) is not Status:
             object.__setattr__(self, "status", Status(self.status))
+        if any(k in self.extra for k in SEARCH_FIELDS):
+            for k in SEARCH_FIELDS:
+                if k in self.extra:
+                    object.__setattr__(self, k, self.extra[k])
+            object.__setattr__(self, "extra", {k: v for k, v in self.extra.items() if k not in SEARCH_FIELDS})
 
 
 @dataclass(frozen=True)

@@ -193,15 +193,15 @@ def test_too_large_and_integration_helper(diamond_plan):
     r = tighten(plan, graph, cluster, max_actions=10)
     assert r.status == "too-large" and r.plan is plan and r.actions == 32
     out, info = tighten_plan_if_fits(plan, graph, cluster, 1.0, max_actions=10)
-    assert info["status"] == "too-large" and out.search.extra["cp_tighten"] == info
+    assert info["status"] == "too-large" and out.search.cp_tighten == info and "cp_tighten" not in out.search.extra
     gs.validate(out, graph, cluster)
     p5, g5, c5 = five_stage(4)
     out, info = tighten_plan_if_fits(p5, g5, c5, 2.0)
     assert info["status"] == "OPTIMAL" and info["improved"]
     assert info["makespan_after"] == pytest.approx(out.predicted.iteration_time)
     assert info["makespan_after"] < info["makespan_before"]
-    assert out.search.extra["cp_tighten"]["status"] == "OPTIMAL"
+    assert out.search.cp_tighten["status"] == "OPTIMAL"
     gs.validate(out, g5, c5)
-    assert gs.plan_from_dict(gs.plan_to_dict(out)).search.extra["cp_tighten"]["status"] == "OPTIMAL"
+    assert gs.plan_from_dict(gs.plan_to_dict(out)).search.cp_tighten["status"] == "OPTIMAL"
     _, skipped = tighten_plan_if_fits(p5, g5, c5, 0)
     assert skipped["status"] == "skipped"

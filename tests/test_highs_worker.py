@@ -55,7 +55,7 @@ def test_milp_then_cp_sat_in_one_fresh_process() -> None:
                               time_limit=20)
         assert plans["milp"].search.status == "optimal", plans["milp"].search
         assert "highs" in plans["milp"].search.extra["solver"].lower(), plans["milp"].search.extra
-        tight = plans["gpp"].search.extra["cp_tighten"]["status"]
+        tight = plans["gpp"].search.cp_tighten["status"]
         assert not tight.startswith("unavailable"), tight
         assert "highspy" not in sys.modules
         print("ok")

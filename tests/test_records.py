@@ -1,5 +1,5 @@
-"""Typed records that cross modules: a plan's status, a schedule action, and the plan JSON round
-trip of every planner."""
+"""Typed records that cross modules: a plan's status, a schedule action, SearchInfo's common fields,
+and the plan JSON round trip of every planner."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import gpp_solver as gs
 from gpp_solver.errors import InvalidPlanError, SearchSpaceTooLargeError
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.plan.action import Action, Kind, order_text, parse_order
-from gpp_solver.types import Status
+from gpp_solver.types import SEARCH_FIELDS, SearchInfo, Status
 
 from tiny_graphs import diamond_dict
 
@@ -95,3 +95,38 @@ def test_action_is_a_pair_and_its_json_is_unchanged():
 def test_action_text_rejects_malformed(bad):
     with pytest.raises(InvalidPlanError, match="an action is F or B"):
         Action.parse(bad)
+
+
+def test_search_common_keys_are_typed_fields(plans):
+    for name, p in plans.items():
+        assert not set(SEARCH_FIELDS) & set(p.search.extra), name
+        assert isinstance(p.search.iteration_time_estimate, float) and p.search.iteration_time_estimate > 0, name
+        d = gs.plan_to_dict(p)["search"]
+        assert d["iteration_time_estimate"] == p.search.iteration_time_estimate       # JSON: a key of search
+        again = gs.plan_from_dict(gs.plan_to_dict(p)).search
+        typed = lambda s: json.loads(json.dumps([s.iteration_time_estimate, s.micro_batch_size, s.cp_tighten,  # noqa: E731
+                                                 dict(s.extra)]))
+        assert typed(again) == typed(p.search), name
+    for name in ("gpp", "graphpipe", "milp"):
+        if name in plans:
+            assert plans[name].search.micro_batch_size == plans[name].stages[0].micro_batch_size, name
+    assert plans["gpp"].search.cp_tighten["status"]
+
+
+def test_a_typed_key_given_in_extra_moves_into_its_field():
+    s = SearchInfo(1.0, Status.FEASIBLE, extra={"cp_tighten": {"status": "OPTIMAL"}, "mine": 1},
+                   iteration_time_estimate=2.0)
+    assert s.cp_tighten == {"status": "OPTIMAL"} and dict(s.extra) == {"mine": 1} and s.iteration_time_estimate == 2.0
+    from dataclasses import replace
+    t = replace(s, extra={**s.extra, "micro_batch_size": 4})
+    assert (t.micro_batch_size, t.cp_tighten, t.iteration_time_estimate, dict(t.extra)) == (4, s.cp_tighten, 2.0,
+                                                                                           {"mine": 1})
+
+
+@pytest.mark.parametrize("key,value", [("iteration_time_estimate", "fast"), ("iteration_time_estimate", -1.0),
+                                       ("micro_batch_size", 0), ("micro_batch_size", 2.5), ("cp_tighten", [1])])
+def test_typed_search_keys_are_checked_when_read(plans, key, value):
+    d = gs.plan_to_dict(plans["graphpipe"])
+    d["search"][key] = value
+    with pytest.raises(InvalidPlanError, match=rf"search\.{key}"):
+        gs.plan_from_dict(d)

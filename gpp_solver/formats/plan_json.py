@@ -8,7 +8,8 @@ from typing import Any
 from gpp_solver.errors import InvalidPlanError
 from gpp_solver.plan.action import Action
 from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
-from gpp_solver.types import PLAN_FORMAT, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction, Status
+from gpp_solver.types import (PLAN_FORMAT, SEARCH_FIELDS, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
+                              StagePrediction, Status)
 
 E = InvalidPlanError
 
@@ -29,6 +30,19 @@ def _status(raw: Any) -> Status:
         return Status(raw)
     except (ValueError, TypeError):
         raise E(f"plan: search.status must be one of {', '.join(s.value for s in Status)}, got {raw!r}") from None
+
+
+def _search(srch: dict[str, Any]) -> SearchInfo:
+    ite, mbs, tight = (srch.get(k) for k in SEARCH_FIELDS)
+    if tight is not None and not isinstance(tight, dict):
+        raise E(f"plan: search.cp_tighten must be a JSON object, got {tight!r}")
+    return SearchInfo(
+        seconds=number(srch.get("seconds", 0.0), "plan: search.seconds", E),
+        status=_status(srch.get("status", Status.UNKNOWN)), epsilon=srch.get("epsilon"),
+        extra={k: v for k, v in srch.items() if k not in {"seconds", "status", "epsilon", *SEARCH_FIELDS}},
+        iteration_time_estimate=None if ite is None else number(ite, "plan: search.iteration_time_estimate", E),
+        micro_batch_size=None if mbs is None else integer(mbs, "plan: search.micro_batch_size", E, minimum=1),
+        cp_tighten=tight)
 
 
 def plan_from_dict(d: Any) -> Plan:
@@ -90,10 +104,7 @@ def plan_from_dict(d: Any) -> Plan:
             iteration_time=number(p.get("iteration_time", 0.0), "plan: predicted.iteration_time", E),
             throughput=number(p.get("throughput", 0.0), "plan: predicted.throughput", E),
             peak_memory_bytes=number(p.get("peak_memory_bytes", 0.0), "plan: predicted.peak_memory_bytes", E)),
-        search=SearchInfo(seconds=number(srch.get("seconds", 0.0), "plan: search.seconds", E),
-                          status=_status(srch.get("status", Status.UNKNOWN)),
-                          epsilon=srch.get("epsilon"),
-                          extra={k: v for k, v in srch.items() if k not in {"seconds", "status", "epsilon"}}),
+        search=_search(srch),
     )
 
 
@@ -114,7 +125,12 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     search: dict[str, Any] = {"seconds": p.search.seconds, "status": p.search.status.value}
     if p.search.epsilon is not None:
         search["epsilon"] = p.search.epsilon
+    for key in ("iteration_time_estimate", "micro_batch_size"):
+        if getattr(p.search, key) is not None:
+            search[key] = getattr(p.search, key)
     search.update(p.search.extra)
+    if p.search.cp_tighten is not None:
+        search["cp_tighten"] = p.search.cp_tighten
     return {
         "format": PLAN_FORMAT, "planner": p.planner, "graph": p.graph, "mini_batch_size": p.mini_batch_size,
         "stages": stages, "edges": [list(e) for e in p.edges],

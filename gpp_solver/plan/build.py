@@ -120,6 +120,6 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
     pred = PlanPrediction(time_per_sample=max(c.time_per_sample for c in costs), iteration_time=makespan,
                           throughput=mini_batch_size / makespan if makespan > 0 else float("inf"),
                           peak_memory_bytes=max(st.predicted.memory_bytes for st in stages))
-    search = replace(search, extra={**dict(search.extra), "iteration_time_estimate": estimate})
+    search = replace(search, iteration_time_estimate=estimate)
     return Plan(planner=planner, graph=graph.name, mini_batch_size=mini_batch_size, stages=tuple(stages),
                 edges=tuple(edges), predicted=pred, search=search)

@@ -224,10 +224,10 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         plans.append((tps, plan.predicted.iteration_time, r.b, plan))
     tps, _, b, plan = min(plans, key=lambda p: p[:3])
     status = Status.TIME_LIMIT if unfinished else Status.FEASIBLE if mismatch else Status.OPTIMAL
-    extra = {"micro_batch_size": b, "solver_seconds": {r.b: round(r.seconds, 4) for r in results},
+    extra = {"solver_seconds": {r.b: round(r.seconds, 4) for r in results},
              "per_b_status": {r.b: r.status for r in results}, "slots": slots,
              "solver": "HiGHS (worker process)" if isinstance(_solver(solver, None, False), dict) else "CBC"}
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0, status=status,
-                                        extra={**dict(plan.search.extra), **extra}))
+                                        micro_batch_size=b, extra={**dict(plan.search.extra), **extra}))
     validate(plan, graph, cluster)
     return plan

@@ -298,7 +298,7 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         raise InfeasibleError(f"alpa: no plan of graph '{graph.name}' with group sizes {group_sizes(cluster)} "
                               f"fits {cluster.memory_bytes:.4g} bytes per device (B={B})")
     status = Status.FEASIBLE if complete else Status.TIME_LIMIT
-    plan = replace(best, search=SearchInfo(_time.perf_counter() - t0, status,
+    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status,
                                            extra={**dict(best.search.extra), "tried": tried,
                                                   "group_sizes": group_sizes(cluster),
                                                   "pruned_lower_bounds": {c[0]: lb for c, lb in zip(cands, lower)

@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 import math
 import time as _time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -320,16 +320,14 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
             f"{need:.4g} bytes per device" if need is not None else
             f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
             required_memory_bytes=need)
-    info["seconds"] = _time.perf_counter() - t0
     status = Status.FEASIBLE if info["complete"] else Status.TIME_LIMIT
-    plan = _with_search(best, SearchInfo(info["seconds"], status,
-                                         extra={**dict(best.search.extra), **info, "mode": "shared"}))
+    plan = _with_search(best, replace(best.search, seconds=_time.perf_counter() - t0, status=status,
+                                      extra={**dict(best.search.extra), **info, "mode": "shared"}))
     validate(plan, graph, cluster)
     return plan
 
 
 def _with_search(plan: Plan, search: SearchInfo) -> Plan:
-    from dataclasses import replace
     return replace(plan, search=search)
 
 

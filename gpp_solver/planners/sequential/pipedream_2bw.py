@@ -145,6 +145,6 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                                           for st in best.stages),
              **{k: v for k, v in best.search.extra.items()}}
     status = Status.OPTIMAL_WITHIN_SEARCH_SPACE if complete else Status.TIME_LIMIT
-    plan = replace(best, search=SearchInfo(_time.perf_counter() - t0, status, extra=extra))
+    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status, extra=extra))
     validate(plan, graph, cluster)
     return plan
