@@ -46,6 +46,7 @@ from gpp_solver.oracles.brute_force import (best_plan_bruteforce, min_peak_memor
                                             random_graph)
 from gpp_solver.planners.registry import available_planners, get_planner
 from gpp_solver.sp_tree import decompose
+from gpp_solver.types import Status
 
 CLASSES = {"chain": ("chain",), "SP": ("diamond", "sp"), "non-SP": ("dag",)}
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             ref = plan_milp(g, c, B, time_limit=args.time_limit)
             milp_t.append(time.perf_counter() - t0)
-            proven += ref.search.status == "optimal"
+            proven += ref.search.status is Status.OPTIMAL_TIME_PER_SAMPLE
             t0 = time.perf_counter()
             want, _ = best_plan_bruteforce(g, c, B)
             oracle_t.append(time.perf_counter() - t0)

@@ -146,8 +146,15 @@ def _summary(plan: Any) -> str:
     p = plan.predicted
     return (f"{plan.planner}: {len(plan.stages)} stages, depth {plan.depth}, {plan.devices_used} devices, "
             f"TPS {p.time_per_sample:.6g} s, iteration {p.iteration_time:.6g} s, throughput {p.throughput:.6g} "
-            f"samples/s, peak memory {p.peak_memory_bytes / 2**30:.3f} GiB, status {plan.search.status}, "
+            f"samples/s, peak memory {p.peak_memory_bytes / 2**30:.3f} GiB, status {_status(plan.search)}, "
             f"search {plan.search.seconds:.3f} s")
+
+
+def _status(search: Any) -> str:
+    """The status, and for an ``optimal-*`` one the objective it was proven for when the plan names it."""
+    if search.status.startswith("optimal") and search.objective:
+        return f"{search.status} ({search.objective})"
+    return str(search.status)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -206,20 +206,34 @@ class PlanPrediction:
 
 
 class Status(StrEnum):
-    """What a plan's search proved (``search.status``); each value is the plan JSON's string."""
+    """What a plan's search proved (``search.status``); each value is the plan JSON's string.
 
-    OPTIMAL = "optimal"
-    OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
+    An ``optimal-*`` status names the objective it was proven for: a plan optimal for the bottleneck
+    time-per-sample (TPS) may have a far longer iteration time than the best plan (README, "Plan
+    statuses").
+    """
+
+    #: least bottleneck TPS of the cost model proven over ``milp``'s space (convex stages, any acyclic
+    #: stage graph, one micro-batch size, 1F1B); says nothing about the iteration time
+    OPTIMAL_TIME_PER_SAMPLE = "optimal-time-per-sample"
+    #: least simulated iteration time proven (reserved for an exact iteration-time method: no planner proves it yet)
+    OPTIMAL_ITERATION_TIME = "optimal-iteration-time"
+    #: the best plan of the planner's own restricted space for the objective named in ``search.objective``
     OPTIMAL_WITHIN_SEARCH_SPACE = "optimal-within-search-space"
-    FEASIBLE = "feasible"
-    TIME_LIMIT = "time-limit"
-    INFEASIBLE = "infeasible"
-    SEARCH_SPACE_TOO_LARGE = "search-space-too-large"
-    UNKNOWN = "unknown"          # a plan file whose ``search`` has no status
+    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (formats.md's example; no
+    #: built-in planner reports it)
+    OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
+    FEASIBLE = "feasible"                    # a valid plan, nothing proven about its quality
+    TIME_LIMIT = "time-limit"                # the time limit stopped the search; the best plan found so far
+    INFEASIBLE = "infeasible"                # no plan fits (comparison rows; a planner raises InfeasibleError)
+    SEARCH_SPACE_TOO_LARGE = "search-space-too-large"   # comparison rows: the planner refused the instance
+    UNKNOWN = "unknown"                      # a plan file whose ``search`` has no status
+    #: written before statuses named their objective (read only; it meant ``optimal-time-per-sample``)
+    OPTIMAL = "optimal"
 
 
 #: keys of a plan's ``search`` object that are typed fields of :class:`SearchInfo` (the rest is ``extra``)
-SEARCH_FIELDS = ("iteration_time_estimate", "micro_batch_size", "cp_tighten")
+SEARCH_FIELDS = ("objective", "iteration_time_estimate", "micro_batch_size", "cp_tighten")
 
 
 @dataclass(frozen=True)
@@ -238,6 +252,8 @@ class SearchInfo:
     status: Status
     epsilon: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: what the search optimised, in words (every ``optimal-within-search-space`` plan says it)
+    objective: str | None = None
     #: the cost model's critical-path estimate of the iteration time (``plan.build.build_plan`` sets it)
     iteration_time_estimate: float | None = None
     #: the one micro-batch size the search chose for every stage (``None``: stages differ, or not said)
@@ -294,6 +310,3 @@ class SolveOptions:
     tighten: bool | None = None
     progress: bool = False
     planner_options: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-
-STATUSES = tuple(s.value for s in Status if s is not Status.UNKNOWN)

@@ -150,6 +150,7 @@ def test_pipedream_costs_mode_builds_a_valid_plan(shared_dir):
     plan = plan_pipedream(g, cl, 4, mode="pipedream-costs")
     assert plan.search.extra["pipedream_bottleneck"] == pytest.approx(0.025868, rel=1e-4)
     assert plan.devices_used <= 4 and plan.search.status == "optimal-within-search-space"
+    assert "PipeDream's own cost model" in plan.search.objective
     validate(plan, g, cl)
 
 

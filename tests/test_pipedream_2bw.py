@@ -35,6 +35,7 @@ def test_plans_are_valid_within_budget_and_deterministic(gd, cd):
     assert len(plan.stages) == w and all(len(s.devices) == d for s in plan.stages)
     assert w * d <= cl.devices
     assert plan.search.status == "optimal-within-search-space"
+    assert plan.search.objective.startswith("least simulated iteration time")
     assert plan.search.extra["weight_versions_bytes"] <= cl.memory_bytes
     strip = lambda p: {k: v for k, v in plan_to_dict(p).items() if k != "search"}  # noqa: E731
     assert strip(plan_pipedream_2bw(g, cl, 8)) == strip(plan)

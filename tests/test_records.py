@@ -130,3 +130,29 @@ def test_typed_search_keys_are_checked_when_read(plans, key, value):
     d["search"][key] = value
     with pytest.raises(InvalidPlanError, match=rf"search\.{key}"):
         gs.plan_from_dict(d)
+
+
+def test_statuses_name_their_objective(plans, tmp_path, capsys):
+    """milp's optimum is for the bottleneck TPS only: its status and the CLI say so (issue 15)."""
+    if "milp" not in plans:
+        pytest.skip("milp is not installed")
+    p = plans["milp"]
+    assert p.search.status is Status.OPTIMAL_TIME_PER_SAMPLE and "time per sample" in p.search.objective
+    assert all(p.search.status is not Status.OPTIMAL for p in plans.values())    # the legacy name is not written
+    from gpp_solver.cli import main
+    g, c = tmp_path / "g.json", tmp_path / "c.json"
+    g.write_text(json.dumps(diamond_dict()))
+    c.write_text(json.dumps(CLUSTER))
+    assert main(["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "milp",
+                 "-o", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "status optimal-time-per-sample (least bottleneck time per sample" in out
+    assert "the iteration time is not optimised" in out
+
+
+def test_a_legacy_optimal_plan_still_loads_and_round_trips(plans):
+    d = gs.plan_to_dict(plans["graphpipe"])
+    d["search"]["status"] = "optimal"
+    text = json.dumps(d)
+    p = gs.plan_from_dict(json.loads(text))
+    assert p.search.status is Status.OPTIMAL and json.dumps(gs.plan_to_dict(p)) == text

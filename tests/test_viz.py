@@ -122,15 +122,15 @@ def test_missing_matplotlib_gives_a_clear_error(setup, tmp_path, monkeypatch):
 
 
 def test_metric_vs_devices_skips_missing_figures():
-    rows = {4: [CompareRow("a", "optimal", 0.1, throughput=10.0), CompareRow("b", "infeasible", 0.2)],
-            8: [CompareRow("a", "optimal", 0.3, throughput=20.0), CompareRow("b", "feasible", 0.4, throughput=15.0)]}
+    rows = {4: [CompareRow("a", "optimal-time-per-sample", 0.1, throughput=10.0), CompareRow("b", "infeasible", 0.2)],
+            8: [CompareRow("a", "optimal-time-per-sample", 0.3, throughput=20.0), CompareRow("b", "feasible", 0.4, throughput=15.0)]}
     ax = Figure().add_subplot()
     viz.draw_metric_vs_devices(rows, "throughput", ax)
     heights = sorted(p.get_height() for p in ax.patches)
     assert heights == [10.0, 15.0, 20.0]
     ax3 = Figure().add_subplot()  # a planner with no figure at all is absent from the legend too
     viz.draw_metric_vs_devices({4: [CompareRow("p", "error", 20.0)],
-                                8: [CompareRow("p", "error", 20.0), CompareRow("q", "optimal", 1.0, throughput=5.0)]},
+                                8: [CompareRow("p", "error", 20.0), CompareRow("q", "optimal-time-per-sample", 1.0, throughput=5.0)]},
                                "throughput", ax3)
     assert [t.get_text() for t in ax3.get_legend().get_texts()] == ["q"]
     ax2 = Figure().add_subplot()

@@ -33,14 +33,16 @@ def _status(raw: Any) -> Status:
 
 
 def _search(srch: dict[str, Any]) -> SearchInfo:
-    ite, mbs, tight = (srch.get(k) for k in SEARCH_FIELDS)
+    objective, ite, mbs, tight = (srch.get(k) for k in SEARCH_FIELDS)
+    if objective is not None and not isinstance(objective, str):
+        raise E(f"plan: search.objective must be a string, got {objective!r}")
     if tight is not None and not isinstance(tight, dict):
         raise E(f"plan: search.cp_tighten must be a JSON object, got {tight!r}")
     return SearchInfo(
         seconds=number(srch.get("seconds", 0.0), "plan: search.seconds", E),
         status=_status(srch.get("status", Status.UNKNOWN)), epsilon=srch.get("epsilon"),
         extra={k: v for k, v in srch.items() if k not in {"seconds", "status", "epsilon", *SEARCH_FIELDS}},
-        iteration_time_estimate=None if ite is None else number(ite, "plan: search.iteration_time_estimate", E),
+        objective=objective, iteration_time_estimate=None if ite is None else number(ite, "plan: search.iteration_time_estimate", E),
         micro_batch_size=None if mbs is None else integer(mbs, "plan: search.micro_batch_size", E, minimum=1),
         cp_tighten=tight)
 
@@ -125,7 +127,7 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     search: dict[str, Any] = {"seconds": p.search.seconds, "status": p.search.status.value}
     if p.search.epsilon is not None:
         search["epsilon"] = p.search.epsilon
-    for key in ("iteration_time_estimate", "micro_batch_size"):
+    for key in ("objective", "iteration_time_estimate", "micro_batch_size"):
         if getattr(p.search, key) is not None:
             search[key] = getattr(p.search, key)
     search.update(p.search.extra)

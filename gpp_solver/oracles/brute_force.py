@@ -146,7 +146,7 @@ def _plan(graph: Graph, cluster: Cluster, B: int, cand: Candidate, seconds: floa
     specs = [StageSpec(nodes=p, devices=r, micro_batch_size=cand.micro_batch_size)
              for p, r in zip(cand.stages, contiguous_ranges(cand.devices))]
     return build_plan(graph, cluster, specs, B, planner="oracle",
-                      search=SearchInfo(seconds=seconds, status=Status.OPTIMAL))
+                      search=SearchInfo(seconds=seconds, status=Status.OPTIMAL_TIME_PER_SAMPLE))
 
 
 def best_plan_bruteforce(graph: Graph, cluster: Cluster, mini_batch_size: int, *,

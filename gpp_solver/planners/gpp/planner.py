@@ -45,7 +45,7 @@ whenever the status is not ``time-limit`` the plan does not depend on the machin
 
 **Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
 is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
-status is ``optimal`` (optimal bottleneck TPS over convex partitions with one ``b``); its plan also
+status is ``optimal-time-per-sample`` (least bottleneck TPS over convex partitions with one ``b``); its plan also
 joins the candidates.
 """
 
@@ -369,7 +369,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     timed_out |= guard
     status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
-        status = Status.OPTIMAL
+        status = Status.OPTIMAL_TIME_PER_SAMPLE
     extra = {"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
              "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
@@ -398,4 +398,4 @@ def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
         return None, time.perf_counter() > deadline
     pool.append((p, {"origin": "milp", "micro_batch_size": _uniform_b(p)}))
-    return (p.predicted.time_per_sample if p.search.status is Status.OPTIMAL else None), p.search.status is Status.TIME_LIMIT
+    return (p.predicted.time_per_sample if p.search.status is Status.OPTIMAL_TIME_PER_SAMPLE else None), p.search.status is Status.TIME_LIMIT

@@ -7,8 +7,11 @@ stage with ``b % d == 0``, 1F1B in-flight from the stage depth, contiguous devic
 stage-slot order.  The objective is the cost model's bottleneck time-per-sample, so the answer is
 optimal under ``spec/cost-model.md`` for that space (model in ``milp_model.py``).
 
-Statuses: ``optimal`` only when every per-``b`` MILP was solved to proven optimality (or proven
-infeasible); ``time-limit`` when one stopped early (the best plan found is returned).  No plan in
+Statuses: ``optimal-time-per-sample`` only when every per-``b`` MILP was solved to proven
+optimality (or proven infeasible) — optimal for the bottleneck TPS, not the iteration time: a plan
+of least TPS may be deep and slow per iteration (issue 15 measured one 2.6x below ``gpp``'s
+throughput); ``feasible`` when the cost model disagrees with a proven MILP optimum (solver
+tolerance); ``time-limit`` when one stopped early (the best plan found is returned).  No plan in
 memory: :class:`InfeasibleError` with the smallest memory per device that admits a plan (a second
 MILP minimising peak memory).  Above :data:`MAX_NODE_SLOTS` nodes x stage slots or
 :data:`MAX_LAYOUTS` device layouts: :class:`SearchSpaceTooLargeError`.
@@ -49,6 +52,9 @@ MAX_LAYOUTS = 4096
 """Refuse when placement matters and there are more device layouts than this for some ``b``."""
 
 _OPTIONS = {"solver"}
+
+OBJECTIVE = ("least bottleneck time per sample (cost model) over convex stages with an acyclic stage graph and "
+             "one micro-batch size; the iteration time is not optimised")
 
 
 def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSolver | dict:
@@ -223,11 +229,12 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
             mismatch.append(r.b)
         plans.append((tps, plan.predicted.iteration_time, r.b, plan))
     tps, _, b, plan = min(plans, key=lambda p: p[:3])
-    status = Status.TIME_LIMIT if unfinished else Status.FEASIBLE if mismatch else Status.OPTIMAL
+    status = Status.TIME_LIMIT if unfinished else Status.FEASIBLE if mismatch else Status.OPTIMAL_TIME_PER_SAMPLE
     extra = {"solver_seconds": {r.b: round(r.seconds, 4) for r in results},
              "per_b_status": {r.b: r.status for r in results}, "slots": slots,
              "solver": "HiGHS (worker process)" if isinstance(_solver(solver, None, False), dict) else "CBC"}
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0, status=status,
-                                        micro_batch_size=b, extra={**dict(plan.search.extra), **extra}))
+                                        micro_batch_size=b, objective=OBJECTIVE,
+                                        extra={**dict(plan.search.extra), **extra}))
     validate(plan, graph, cluster)
     return plan

@@ -366,6 +366,8 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, opt
                               f"{cluster.memory_bytes:.4g}", required_memory_bytes=best.predicted.peak_memory_bytes)
     plan = _with_search(best, SearchInfo(
         _time.perf_counter() - t0, Status.OPTIMAL_WITHIN_SEARCH_SPACE,
+        objective="least bottleneck stage time in PipeDream's own cost model over the chains of its "
+                  "linearisation; then the micro-batch size of least simulated iteration time",
         extra={"mode": "pipedream-costs", "pipedream_bottleneck": sol.bottleneck, "machines": machines,
                "bandwidths": bws, "n_states": sol.n_states, "linearization": sol.linearization,
                "note": "optimal for PipeDream's own cost model; predicted figures are the shared model's"}))

@@ -21,7 +21,7 @@ validator know only the shared formula, so this planner checks the extra ``W`` i
 accepts a configuration (and reports it in ``search.extra["weight_versions_bytes"]``).
 
 Among the valid ``(w, d, b)`` the one with the smallest simulated iteration time wins (ties: fewer
-devices, then fewer stages, then smaller ``b``).
+devices, then fewer stages, then smaller ``b``): ``search.objective`` says so.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
+
+OBJECTIVE = ("least simulated iteration time over chains of w equal-compute stages, each replicated d times, and "
+             "micro-batch sizes b (PipeDream-2BW's space, enumerated)")
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer, select_by_simulation
 from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
@@ -145,6 +148,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                                           for st in best.stages),
              **{k: v for k, v in best.search.extra.items()}}
     status = Status.OPTIMAL_WITHIN_SEARCH_SPACE if complete else Status.TIME_LIMIT
-    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status, extra=extra))
+    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status, extra=extra,
+                                        objective=OBJECTIVE))
     validate(plan, graph, cluster)
     return plan
