@@ -39,7 +39,8 @@ from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.cost.model import CostTables, stage_costs
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.errors import GppError, SolverError
-from gpp_solver.planners.gpp.planner import _seed_fn, plan_gpp
+from gpp_solver.planners.gpp.planner import plan_gpp
+from gpp_solver.planners.gpp.seeds import seed_fn
 from gpp_solver.workloads import build_model
 from gpp_solver.planners.registry import REGISTRY
 from gpp_solver.oracles.tps_bound import TpsBound, degrees as _degrees, perfect_balance_tps, relaxed_tps_bound
@@ -145,7 +146,7 @@ def run_workload(model: str, devices: int, planners: list[str], time_limit: floa
     B = SAMPLES_PER_DEVICE[model] * devices
     rows = []
     for name in planners:
-        fn = _seed_fn(name)
+        fn = seed_fn(name)
         if fn is None:
             rows.append({"planner": name, "status": "missing", "seconds": 0.0})
             continue
@@ -249,7 +250,7 @@ def summary_table(results: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
 def optimality_gap(instances: int, seed: int) -> str:
     from gpp_solver.oracles.brute_force import best_plan_bruteforce, random_cluster, random_graph
     rng = random.Random(seed)
-    gp = _seed_fn("graphpipe")
+    gp = seed_fn("graphpipe")
     gaps, gp_gaps, sim_rel = [], [], []
     for i in range(instances):
         kind = ("chain", "diamond", "sp", "dag")[i % 4]

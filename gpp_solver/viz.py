@@ -159,7 +159,8 @@ def draw_stage_graph(plan: "Plan", graph: "Graph | None", ax: "Axes", *, title: 
     return pos
 
 
-def _time_unit(t: float) -> tuple[float, str]:
+def time_unit(t: float) -> tuple[float, str]:
+    """``(scale, unit)`` the Gantt chart's time axis uses for a span of ``t`` seconds (s, ms or µs)."""
     if t >= 10:
         return 1.0, "s"
     if t >= 10e-3:
@@ -187,7 +188,7 @@ def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, 
                                                                           plan.mini_batch_size))}
     T = sim.iteration_time
     span = max(T, time_max or 0.0)
-    scale, unit = _time_unit(span)
+    scale, unit = time_unit(span)
     ids = [s.id for s in plan.stages]
     row = {sid: k for k, sid in enumerate(ids)}
     h = 0.8

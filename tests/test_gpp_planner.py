@@ -11,7 +11,8 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.planners.gpp.planner import _seed_fn, build_from_state, plan_gpp
+from gpp_solver.planners.gpp.planner import build_from_state, plan_gpp
+from gpp_solver.planners.gpp.seeds import seed_fn
 from gpp_solver.planners.gpp.local_search import chain_states, neighbours, repartitions, search
 from gpp_solver.planners.gpp.partition_eval import Problem
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -141,7 +142,7 @@ def test_reaches_the_exact_optimum_in_most_cases_many():
 
 @pytest.mark.parametrize("g,c", instances(4, 99))
 def test_never_worse_than_graphpipe(g, c):
-    gp = _seed_fn("graphpipe")
+    gp = seed_fn("graphpipe")
     if gp is None:
         pytest.skip("the graphpipe planner is not installed")
     ref = gp(g, c, 16)
@@ -263,7 +264,7 @@ def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_th
     from gpp_solver import planners
 
     g, c = instances(1, 19, sizes=(6,))[0]
-    gp = _seed_fn("graphpipe")
+    gp = seed_fn("graphpipe")
     if gp is None:
         pytest.skip("the graphpipe planner is not installed")
     seen: dict[str, float] = {}

@@ -38,8 +38,8 @@ def test_a_killed_worker_is_restarted() -> None:
     x = prob.add_variable("x", 0, 3)
     prob += x
     highs_worker.solve_highs(prob, msg=False)
-    highs_worker._WORKER.kill()
-    highs_worker._WORKER.wait()
+    highs_worker.worker().kill()
+    highs_worker.worker().wait()
     assert highs_worker.solve_highs(prob, msg=False).model_status == "kOptimal" and x.varValue == 3.0
 
 

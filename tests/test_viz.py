@@ -75,7 +75,7 @@ def test_gantt_draws_every_simulated_task_and_the_allreduce_tail(setup):
     assert bars == n_tasks + 1  # one all-reduce tail: stage d, the only one on more than one device
     hatched = [c for c in ax.collections if c.get_hatch()]
     assert hatched, "the all-reduce tail is not hatched"
-    scale, unit = viz._time_unit(sim.iteration_time)
+    scale, unit = viz.time_unit(sim.iteration_time)
     assert ax.get_xlim()[1] >= sim.iteration_time * scale and unit in ax.get_xlabel()  # covers the makespan
     assert [t.get_text() for t in ax.get_yticklabels()][0].startswith("S0")
     assert any(t.get_text() == "0" for t in ax.texts), "no micro-batch index inside any bar"
@@ -85,7 +85,7 @@ def test_gantt_time_max_fixes_the_axis(setup):
     graph, cluster, plan = setup
     ax = Figure().add_subplot()
     sim = viz.draw_gantt(plan, graph, cluster, ax, time_max=10 * plan.predicted.iteration_time)
-    assert ax.get_xlim()[1] == pytest.approx(10 * sim.iteration_time * 1.02 * viz._time_unit(10 * sim.iteration_time)[0])
+    assert ax.get_xlim()[1] == pytest.approx(10 * sim.iteration_time * 1.02 * viz.time_unit(10 * sim.iteration_time)[0])
 
 
 def _check_png(path):

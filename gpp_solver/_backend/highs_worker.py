@@ -32,6 +32,12 @@ _LOCK = threading.Lock()
 _WORKER: subprocess.Popen | None = None
 
 
+def worker() -> subprocess.Popen | None:
+    """The worker process now serving :func:`solve_highs` (``None`` before the first solve); a worker
+    that dies is replaced at the next solve."""
+    return _WORKER
+
+
 @dataclass(frozen=True)
 class HighsOutcome:
     """What HiGHS reported (the variable values are already in the caller's problem).  The figures
