@@ -156,3 +156,10 @@ def test_a_legacy_optimal_plan_still_loads_and_round_trips(plans):
     text = json.dumps(d)
     p = gs.plan_from_dict(json.loads(text))
     assert p.search.status is Status.OPTIMAL and json.dumps(gs.plan_to_dict(p)) == text
+
+
+def test_action_module_example_holds():
+    import doctest
+
+    import gpp_solver.plan.action as action
+    assert doctest.testmod(action).failed == 0
