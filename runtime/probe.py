@@ -1,0 +1,267 @@
+"""Measure the cluster the ranks run on and write it as a ``gpp-cluster/1`` file for the planner.
+
+    torchrun --standalone --nproc-per-node 4 -m runtime.probe -o cluster.json
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m runtime.probe -o cluster.json --details probe.json
+
+What is measured (every rank takes part; rank 0 alone logs and writes):
+
+- **nodes**: ranks are grouped by host name; ``devices_per_node`` is the ranks per host (torchrun's
+  ``LOCAL_WORLD_SIZE``). Hosts with different rank counts: the field is left out (flat network,
+  the inter-node figure everywhere) and the log says so.
+- **point-to-point latency and bandwidth**, for every pair of ranks in turn (the others wait at a
+  barrier): ping-pong with blocking ``send``/``recv`` at each of ``--sizes`` bytes, ``--repeats``
+  round trips after ``--warmup``; the one-way time is half the median round trip. ``latency`` =
+  one-way time of the smallest size, bandwidth = ``(largest - smallest) / (t(largest) -
+  t(smallest))`` (the slope of the affine model ``latency + bytes / bandwidth``). A pair is
+  intra-node when both ranks share a host. The cluster gets the median over the pairs of each kind
+  (the log gives min/max); a single host has no inter-node pair, so ``inter_node_bandwidth`` is
+  then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
+- **all-reduce**: median time of ``all_reduce`` (sum) of the largest size over all ranks; logged
+  and in ``--details`` with the ring model's effective bandwidth ``2 (n-1)/n * bytes / time``
+  (the cluster format has no all-reduce field: the cost model prices it with the bandwidths).
+- **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
+  ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides. The cluster
+  gets the minimum over ranks.
+- ``optimizer_state_factor`` is not measured: ``--optimizer-state-factor`` (default 4.0, fp32 Adam).
+
+Backend: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available (unless ``--cpu``), else gloo. Exit
+codes: 0 ok, 2 bad arguments (one message from rank 0), 1 a communication failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
+
+logger = logging.getLogger("runtime.probe")
+
+DEFAULT_SIZES = "4,65536,1048576,8388608"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="torchrun ... -m runtime.probe",
+                                 description="Measure the ranks' network and memory; write gpp-cluster/1.")
+    ap.add_argument("-o", "--output", required=True, help="cluster JSON to write (gpp-cluster/1)")
+    ap.add_argument("--sizes", default=DEFAULT_SIZES,
+                    help="message sizes in bytes, comma-separated, at least two (default %(default)s)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed round trips per size and pair")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed round trips per size and pair")
+    ap.add_argument("--memory", type=float, default=None, help="usable bytes per device (skip measuring)")
+    ap.add_argument("--optimizer-state-factor", type=float, default=4.0,
+                    help="bytes of weights+grads+optimizer state per weight byte (4.0: fp32 Adam)")
+    ap.add_argument("--details", default=None, help="also write every pair's figures here (JSON)")
+    ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a silent peer is fatal")
+    return ap.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> list[int]:
+    """The message sizes; ValueError naming the bad argument."""
+    try:
+        sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    except ValueError:
+        raise ValueError(f"--sizes must be comma-separated integers, got {args.sizes!r}") from None
+    if len(sizes) < 2 or sizes[0] < 4:
+        raise ValueError(f"--sizes needs at least two distinct sizes of at least 4 bytes, got {args.sizes!r}")
+    if args.repeats < 1 or args.warmup < 0:
+        raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+    if args.memory is not None and not args.memory > 0:
+        raise ValueError(f"--memory must be a positive number of bytes, got {args.memory:g}")
+    if not args.optimizer_state_factor > 0:
+        raise ValueError("--optimizer-state-factor must be positive")
+    return sizes
+
+
+def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
+    """``(latency, bandwidth)`` from one-way times: latency at the smallest size, slope to the largest."""
+    lat = max(one_way[0], 0.0)
+    dt = one_way[-1] - one_way[0]
+    bw = (sizes[-1] - sizes[0]) / dt if dt > 0 else float("inf")
+    return lat, bw
+
+
+def host_available_memory() -> float:
+    """``MemAvailable`` of /proc/meminfo in bytes (0 where unavailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def ping_pong(rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int,
+              device: torch.device) -> float:
+    """Median one-way time (half a round trip) of ``nbytes`` between ranks ``a`` and ``b``."""
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        if rank == a:
+            dist.send(buf, b)
+            dist.recv(buf, b)
+        else:
+            dist.recv(buf, a)
+            dist.send(buf, a)
+        _sync(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) / 2)
+    return statistics.median(times)
+
+
+def allreduce_time(nbytes: int, warmup: int, repeats: int, device: torch.device) -> float:
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    times = []
+    for i in range(warmup + repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int,
+            device: torch.device) -> dict | None:
+    """Every rank runs this; rank 0 gets the details dict, the others None."""
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    pairs = []
+    for a in range(world):
+        for b in range(a + 1, world):
+            if rank in (a, b):
+                one_way = [ping_pong(rank, a, b, s, args.warmup, args.repeats, device) for s in sizes]
+                if rank == a:
+                    lat, bw = affine_fit(sizes, one_way)
+                    pairs.append({"ranks": [a, b], "intra_node": hosts[a] == hosts[b],
+                                  "one_way_seconds": one_way, "latency": lat, "bandwidth": bw})
+            dist.barrier()
+    ar = allreduce_time(sizes[-1], args.warmup, args.repeats, device) if world > 1 else 0.0
+    if args.memory is not None:
+        mem = float(args.memory)
+    elif device.type == "cuda":
+        mem = float(torch.cuda.mem_get_info(device)[0])
+    else:
+        mem = host_available_memory() / max(1, hosts.count(hosts[rank]))
+    mine = {"rank": rank, "host": hosts[rank], "memory_bytes": mem, "pairs": pairs}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    if rank != 0:
+        return None
+    return {"hosts": hosts, "ranks": gathered, "sizes": sizes,
+            "pairs": [p for g in gathered for p in g["pairs"]],
+            "allreduce": {"bytes": sizes[-1], "seconds": ar,
+                          "ring_bandwidth": (2 * (world - 1) / world * sizes[-1] / ar) if ar > 0 else None},
+            "backend": dist.get_backend(), "device": device.type}
+
+
+def cluster_doc(details: dict, world: int, osf: float) -> dict:
+    """The ``gpp-cluster/1`` document from the measured details (see the module docstring)."""
+    hosts = details["hosts"]
+    counts = {h: hosts.count(h) for h in hosts}
+    intra = [p for p in details["pairs"] if p["intra_node"]]
+    inter = [p for p in details["pairs"] if not p["intra_node"]]
+
+    def med(ps, key, default):
+        vals = [p[key] for p in ps if p[key] != float("inf")]
+        return statistics.median(vals) if vals else default
+
+    lat = med(details["pairs"], "latency", 0.0)
+    intra_bw = med(intra, "bandwidth", None)
+    inter_bw = med(inter, "bandwidth", None)
+    if intra_bw is None and inter_bw is None:  # one rank: nothing to measure; a placeholder
+        intra_bw = inter_bw = 1e12
+    intra_bw = intra_bw if intra_bw is not None else inter_bw
+    inter_bw = inter_bw if inter_bw is not None else intra_bw
+    doc = {"format": "gpp-cluster/1", "devices": world,
+           "memory_bytes": min(r["memory_bytes"] for r in details["ranks"])}
+    if len(set(counts.values())) == 1:
+        doc["devices_per_node"] = next(iter(counts.values()))
+    doc.update({"intra_node_bandwidth": intra_bw, "inter_node_bandwidth": inter_bw,
+                "latency": lat, "optimizer_state_factor": osf})
+    return doc
+
+
+def _summary(details: dict, doc: dict) -> str:
+    lines = [f"{doc['devices']} ranks on {len(set(details['hosts']))} host(s), backend "
+             f"{details['backend']} ({details['device']})"]
+    for kind, flag in (("intra-node", True), ("inter-node", False)):
+        ps = [p for p in details["pairs"] if p["intra_node"] == flag]
+        if ps:
+            bws = [p["bandwidth"] for p in ps]
+            lats = [p["latency"] for p in ps]
+            lines.append(f"{kind}: {len(ps)} pairs, bandwidth {min(bws) / 1e9:.3g}..{max(bws) / 1e9:.3g} GB/s, "
+                         f"latency {min(lats) * 1e6:.1f}..{max(lats) * 1e6:.1f} us")
+    ar = details["allreduce"]
+    if ar["seconds"]:
+        lines.append(f"all-reduce of {ar['bytes']} B over {doc['devices']} ranks: {ar['seconds'] * 1e3:.3f} ms "
+                     f"(ring bandwidth {ar['ring_bandwidth'] / 1e9:.3g} GB/s)")
+    if "devices_per_node" not in doc:
+        lines.append("hosts have different rank counts: devices_per_node left out (flat network)")
+    lines.append(f"memory per device: {doc['memory_bytes'] / 2**30:.2f} GiB")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[probe] %(message)s")
+    try:
+        sizes = check_args(args)
+    except ValueError as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr)
+        return 2
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        details = measure(args, sizes, rank, world, device)
+        dist.barrier()
+    except RuntimeError as exc:
+        print(f"[probe] rank {rank}: error: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+        os._exit(1)
+    if details is not None:
+        doc = cluster_doc(details, world, args.optimizer_state_factor)
+        save_cluster(cluster_from_dict(doc), args.output)  # validates the document on the way
+        logger.info("%s", _summary(details, doc))
+        logger.info("wrote %s", args.output)
+        if args.details:
+            with open(args.details, "w") as f:
+                json.dump({**details, "cluster": doc}, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    _code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_code)  # skip interpreter teardown of c10d objects (see runtime.train)

@@ -1,0 +1,72 @@
+"""``runtime.probe`` under a real torchrun (2 gloo ranks, small messages): a valid gpp-cluster/1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpp_solver import load_cluster
+from runtime.probe import affine_fit, cluster_doc
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC_FIELDS = {"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
+               "inter_node_bandwidth", "latency", "optimizer_state_factor"}
+
+
+def _probe(nproc: int, args: list[str]):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "runtime.probe", "--cpu", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_two_ranks_write_a_valid_cluster(tmp_path):
+    out, det = tmp_path / "cluster.json", tmp_path / "details.json"
+    res = _probe(2, ["-o", str(out), "--sizes", "4,16384,262144", "--repeats", "3", "--warmup", "1",
+                     "--details", str(det), "--optimizer-state-factor", "2"])
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert set(doc) == SPEC_FIELDS
+    c = load_cluster(out)
+    assert c.devices == 2 and c.devices_per_node == 2  # one host: both ranks in one node
+    assert c.optimizer_state_factor == 2.0
+    assert 0 < c.latency < 0.5
+    assert 1e6 < c.intra_node_bandwidth < 1e12
+    assert c.inter_node_bandwidth == c.intra_node_bandwidth  # no inter-node pair on one host
+    assert c.memory_bytes > 0
+    d = json.loads(det.read_text())
+    assert [p["ranks"] for p in d["pairs"]] == [[0, 1]] and d["pairs"][0]["intra_node"]
+    assert d["allreduce"]["seconds"] > 0 and d["backend"] == "gloo"
+    assert "intra-node: 1 pairs" in res.stderr + res.stdout
+
+
+def test_memory_flag_and_bad_sizes(tmp_path):
+    out = tmp_path / "c.json"
+    res = _probe(2, ["-o", str(out), "--sizes", "4,4096", "--repeats", "1", "--warmup", "0",
+                     "--memory", "123456789"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert load_cluster(out).memory_bytes == 123456789
+    res = _probe(1, ["-o", str(out), "--sizes", "4096"])
+    assert res.returncode != 0
+    assert "--sizes needs at least two distinct sizes" in res.stderr
+
+
+def test_affine_fit_and_cluster_doc_by_host():
+    lat, bw = affine_fit([4, 1004], [1e-5, 1e-5 + 1e-6])
+    assert lat == pytest.approx(1e-5) and bw == pytest.approx(1e9)
+    pairs = [{"ranks": [0, 1], "intra_node": True, "latency": 1e-5, "bandwidth": 10e9},
+             {"ranks": [0, 2], "intra_node": False, "latency": 3e-5, "bandwidth": 1e9},
+             {"ranks": [1, 3], "intra_node": False, "latency": 3e-5, "bandwidth": 3e9},
+             {"ranks": [2, 3], "intra_node": True, "latency": 1e-5, "bandwidth": 20e9}]
+    details = {"hosts": ["a", "a", "b", "b"], "pairs": pairs,
+               "ranks": [{"memory_bytes": m} for m in (4e9, 3e9, 5e9, 6e9)]}
+    doc = cluster_doc(details, 4, 4.0)
+    assert doc["devices_per_node"] == 2 and doc["memory_bytes"] == 3e9
+    assert doc["intra_node_bandwidth"] == 15e9 and doc["inter_node_bandwidth"] == 2e9
+    details["hosts"] = ["a", "a", "a", "b"]  # uneven hosts: flat network, no devices_per_node
+    assert "devices_per_node" not in cluster_doc(details, 4, 4.0)
