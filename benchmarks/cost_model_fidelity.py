@@ -1,0 +1,349 @@
+"""Benchmark: does a plan's predicted iteration time hold when it trains? (issue 13 item 5)
+
+    # emulated devices: operators sleep their profiled time (runtime.emulate), up to 8 ranks
+    python benchmarks/cost_model_fidelity.py --mode emulated --devices 2,4,8
+    # real compute on CPU ranks (one thread each, at most as many ranks as cores)
+    python benchmarks/cost_model_fidelity.py --mode cpu --devices 1,2
+    # the same on GPUs (one rank per GPU)
+    python benchmarks/cost_model_fidelity.py --mode cpu --backend nccl --devices 1,2,4,8
+    # the default-suite smoke test (tiny, seconds; checks that it runs, not the targets)
+    python benchmarks/cost_model_fidelity.py --quick
+
+For each model, device count and planner: plan (``gpp_solver.solve``), predict the iteration time
+with the simulator (``gpp_solver.simulate``) on the *measured* cluster (``runtime.probe`` run first
+on the largest device count, or ``--cluster``), train the plan for ``--steps`` steps under torchrun
+(``runtime.train``; ``--warmup-steps`` excluded) and take its measured seconds per step. Identical
+plans (same stages, devices, micro-batches and orders) are trained once. Prints one row per plan
+and the summary: Pearson correlation of predicted vs measured, mean absolute error and mean
+absolute percentage error, the share of plans within 10% of the prediction, and whether the
+ranking of plans holds (Kendall tau and pairwise agreement over pairs of plans of one model and
+mini-batch, all pairs and those whose predictions differ by more than 10%).
+
+Models. ``emulated``: built-in workloads of ``gpp_solver.workloads`` (``mmt``, ``dlrm``,
+``candle-uno``, ``transformer`` at small sizes) with every time scaled so that one device would
+take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms per iteration), bytes as
+``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated);
+``--graph FILE`` adds a profiled graph. ``cpu``: ``examples.sequential:bench`` and
+``examples.two_branch:bench`` profiled with ``python -m runtime.profile`` (``--threads 1`` when
+the profiler has it), trained with one thread per rank.
+
+Per plan the JSON (``--json``) also has each stage's measured compute per step vs the simulator's
+busy time and its measured wait time, so a gap can be located: busy matches but the step is
+longer -> the runtime waits where the simulator does not (schedule/communication), busy is
+longer -> per-action overhead or contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpp_solver import GppError, load_cluster, save_plan, simulate, solve  # noqa: E402
+from gpp_solver.formats.cluster import cluster_from_dict  # noqa: E402
+from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
+from gpp_solver.workloads import build_model  # noqa: E402
+from runtime.emulate import realised_graph  # noqa: E402
+
+PLANNERS = "graphpipe,pipedream,gpp,piper"
+EMULATED_MODELS = {
+    "mmt": dict(branches=2, layers=2, seq=128, hidden=512, heads=8, ffn=2048, vocab=8000, max_micro_batch=32),
+    "dlrm": dict(dense_branches=2, sparse_branches=2, dense_layers=2, hidden=1024, dense_features=1024,
+                 table_rows=10000, embed_dim=32, bag_size=10, top_layers=2, max_micro_batch=64),
+    "candle-uno": dict(branches=3, layers=2, hidden=1024, top_layers=2, input_features=1024, max_micro_batch=64),
+    "transformer": dict(layers=6, seq=128, hidden=512, heads=8, ffn=2048, vocab=8000, max_micro_batch=32),
+}
+QUICK_MODELS = {"candle-uno": dict(branches=2, layers=1, hidden=256, top_layers=1, input_features=256,
+                                   max_micro_batch=16)}
+CPU_MODELS = ["examples.sequential:bench", "examples.two_branch:bench"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("emulated", "cpu"), default="emulated")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                    help="gloo: CPU ranks; nccl: one GPU per rank")
+    ap.add_argument("--devices", default=None, help="device counts (default emulated 2,4,8; cpu 1,2)")
+    ap.add_argument("--planners", default=PLANNERS)
+    ap.add_argument("--models", default=None, help="comma-separated (emulated: workload names; cpu: MODULE:FN)")
+    ap.add_argument("--graph", action="append", default=[], help="emulated: also this gpp-graph/1 file")
+    ap.add_argument("--batch", type=int, default=32, help="mini-batch size")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument("--seq-seconds", type=float, default=0.6,
+                    help="emulated: one device's compute time for a mini-batch after scaling")
+    ap.add_argument("--max-output-bytes", type=float, default=16 * 1024, help="emulated: per sample")
+    ap.add_argument("--max-weight-bytes", type=float, default=1 * 2**20, help="emulated: per node")
+    ap.add_argument("--time-limit", type=float, default=20.0, help="per planner call (seconds)")
+    ap.add_argument("--cluster", default=None, help="use this gpp-cluster/1 instead of probing")
+    ap.add_argument("--json", default=None, help="write every row and the summary here")
+    ap.add_argument("--workdir", default=None, help="keep graphs/plans/metrics here")
+    ap.add_argument("--quick", action="store_true", help="tiny smoke run (2 ranks, one small model)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.devices = args.devices or "2"
+        args.planners = "graphpipe,pipedream"
+        args.steps, args.warmup_steps, args.batch, args.seq_seconds = 3, 1, 8, 0.1
+    args.device_counts = [int(x) for x in (args.devices or ("2,4,8" if args.mode == "emulated" else "1,2")).split(",")]
+    return args
+
+
+# -- launching ------------------------------------------------------------------------------
+def torchrun(nproc: int, module_args: list[str], env: dict | None = None, timeout: float = 900):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *module_args]
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    res = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[3:])} failed (exit {res.returncode}): "
+                           + (res.stderr.strip().splitlines() or ["?"])[-1])
+    return res
+
+
+def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
+    out = work / "cluster.json"
+    sizes = "4,16384,262144" if quick else "4,65536,1048576,4194304"
+    torchrun(nproc, ["-m", "runtime.probe", "-o", str(out), "--sizes", sizes, "--repeats", "3" if quick else "7",
+                     "--details", str(work / "probe.json")] + (["--cpu"] if backend == "gloo" else []))
+    return out
+
+
+def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path) -> tuple[dict, float]:
+    """The run's metrics summary and its measured iteration time (see :func:`steady_period`)."""
+    trace = metrics.with_suffix(".trace.json")
+    torchrun(nproc, ["-m", "runtime.train", "--plan", str(plan_path), "--model", model,
+                     "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--lr", "1e-4",
+                     "--metrics", str(metrics), "--trace", str(trace), "--quiet", "--threads", "1",
+                     "--timeout", "300"] + (["--cpu"] if args.backend == "gloo" else []), env=env)
+    return json.loads(metrics.read_text()), steady_period(json.loads(trace.read_text()), args.warmup_steps)
+
+
+def steady_period(trace: dict, warmup: int) -> float:
+    """Seconds per iteration: the span between the ends of the last warm-up step and the last step.
+
+    A step ends, on each rank, with its ``optimizer`` event; the iteration ends when the last rank's
+    does. Taking ends only (not ``min start .. max end`` over ranks, which also counts the offset
+    between the ranks' step boundaries once) measures the steady-state period.
+    """
+    ends: dict[int, list[float]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e["name"] == "optimizer":
+            ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
+    per_step = [max(x) for x in zip(*(sorted(v) for v in ends.values()))]
+    if len(per_step) <= warmup or warmup < 1:
+        raise RuntimeError(f"need more steps than --warmup-steps >= 1 (got {len(per_step)} steps)")
+    return (per_step[-1] - per_step[warmup - 1]) / (len(per_step) - warmup) / 1e6
+
+
+# -- models ---------------------------------------------------------------------------------
+def scaled(graph: dict, seq_seconds: float, batch: int) -> dict:
+    """Times multiplied so that one device's forward+backward of a mini-batch takes ``seq_seconds``."""
+    from gpp_solver.cost.model import interp_time
+
+    sizes = graph["micro_batch_sizes"]
+    total = sum(interp_time(n["fw_time"], sizes, batch) + interp_time(n["bw_time"], sizes, batch)
+                for n in graph["nodes"])
+    k = seq_seconds / total
+    for n in graph["nodes"]:
+        n["fw_time"] = [t * k for t in n["fw_time"]]
+        n["bw_time"] = [t * k for t in n["bw_time"]]
+    return graph
+
+
+def emulated_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
+    """(label, graph dict, MODULE:FN, env) per model, the graph being exactly what is emulated."""
+    specs = QUICK_MODELS if args.quick else EMULATED_MODELS
+    names = args.models.split(",") if args.models else list(specs)
+    graphs = [(n, graph_to_dict(build_model(n, **specs.get(n, {})))) for n in names]
+    graphs += [(Path(p).stem, graph_to_dict(as_graph(p))) for p in args.graph]
+    out = []
+    for label, g in graphs:
+        g = realised_graph(scaled(g, args.seq_seconds, args.batch), args.max_output_bytes, args.max_weight_bytes)
+        path = work / f"graph-{label}.json"
+        path.write_text(json.dumps(g))
+        out.append((label, g, "runtime.emulate:workload", {"GPP_EMULATE_GRAPH": str(path)}))
+    return out
+
+
+def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
+    names = args.models.split(",") if args.models else CPU_MODELS
+    helptext = subprocess.run([sys.executable, "-m", "runtime.profile", "--help"], cwd=REPO, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    threads = ["--threads", "1"] if "--threads" in helptext else []
+    out = []
+    for spec in names:
+        label = spec.removeprefix("examples.").replace(":", "-")
+        path = work / f"graph-{label}.json"
+        sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32) if b <= args.batch)
+        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--batch-sizes", sizes,
+               "-o", str(path), *threads]
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"profiling {spec} failed: {res.stderr.strip()[-300:]}")
+        out.append((label, json.loads(path.read_text()), spec, {}))
+    return out
+
+
+# -- statistics -----------------------------------------------------------------------------
+def pearson(x: list[float], y: list[float]) -> float:
+    n = len(x)
+    if n < 2:
+        return float("nan")
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    syy = sum((b - my) ** 2 for b in y)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else float("nan")
+
+
+def ranking(rows: list[dict], min_gap: float = 0.0) -> tuple[float, int, int]:
+    """(Kendall tau-a, agreeing pairs, pairs) over pairs of one group whose predictions differ > min_gap."""
+    agree = total = 0
+    for i, a in enumerate(rows):
+        for b in rows[i + 1:]:
+            if a["group"] != b["group"]:
+                continue
+            p, m = a["predicted"] - b["predicted"], a["measured"] - b["measured"]
+            if p == 0 or abs(p) <= min_gap * min(a["predicted"], b["predicted"]):
+                continue
+            total += 1
+            agree += (p > 0) == (m > 0)
+    tau = (2 * agree - total) / total if total else float("nan")
+    return tau, agree, total
+
+
+def summary(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r.get("measured")]
+    pred, meas = [r["predicted"] for r in ok], [r["measured"] for r in ok]
+    errs = [abs(m - p) for p, m in zip(pred, meas)]
+    rel = [abs(m - p) / p for p, m in zip(pred, meas)]
+    tau, agree, pairs = ranking(ok)
+    tau10, agree10, pairs10 = ranking(ok, 0.10)
+    return {"plans": len(ok), "pearson": pearson(pred, meas),
+            "mae_seconds": sum(errs) / len(errs) if errs else float("nan"),
+            "mape": sum(rel) / len(rel) if rel else float("nan"),
+            "within_10pct": sum(e <= 0.10 for e in rel), "kendall_tau": tau, "pairs_agree": agree,
+            "pairs": pairs, "kendall_tau_10pct": tau10, "pairs_agree_10pct": agree10, "pairs_10pct": pairs10}
+
+
+# -- one plan -------------------------------------------------------------------------------
+def stage_diagnostics(plan, sim, metrics: dict) -> list[dict]:
+    """Per stage: simulated busy per step vs measured compute per step, measured bubble."""
+    B = plan.mini_batch_size
+    out = []
+    for st, ms in zip(sim.stages, metrics.get("stages", [])):
+        meas_busy = ms["measured_time_per_sample"] * B if ms.get("measured_time_per_sample") else None
+        out.append({"stage": st.stage, "sim_busy": st.busy, "measured_busy": meas_busy,
+                    "sim_idle_fraction": st.idle_fraction, "measured_bubble": ms.get("bubble_fraction")})
+    return out
+
+
+def signature(plan) -> str:
+    return json.dumps([[list(s.nodes), list(s.devices), s.micro_batch_size, [list(o) for o in s.schedule.order]]
+                       for s in plan.stages])
+
+
+def run(args) -> tuple[list[dict], dict]:
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fidelity-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    cpath = Path(args.cluster) if args.cluster else probe(max(args.device_counts + [2]), args.backend, work,
+                                                          args.quick)
+    measured_cluster = load_cluster(cpath)
+    models = emulated_models(args, work) if args.mode == "emulated" else cpu_models(args, work)
+    rows: list[dict] = []
+    done: dict[str, dict] = {}
+    for label, g, model_spec, env in models:
+        graph = as_graph(g)
+        for n in args.device_counts:
+            cdoc = {"format": "gpp-cluster/1", "devices": n,
+                    "memory_bytes": 1e15 if args.mode == "emulated" else measured_cluster.memory_bytes,
+                    "intra_node_bandwidth": measured_cluster.intra_node_bandwidth,
+                    "inter_node_bandwidth": measured_cluster.inter_node_bandwidth,
+                    "latency": measured_cluster.latency,
+                    "optimizer_state_factor": measured_cluster.optimizer_state_factor}
+            if measured_cluster.devices_per_node:
+                cdoc["devices_per_node"] = measured_cluster.devices_per_node
+            for planner in args.planners.split(","):
+                row = {"model": label, "devices": n, "planner": planner, "group": (label, args.batch)}
+                rows.append(row)
+                try:
+                    plan = solve(graph, cdoc, mini_batch_size=args.batch, planner=planner,
+                                 time_limit=args.time_limit)
+                except GppError as exc:
+                    row["error"] = f"no plan: {str(exc).splitlines()[0][:120]}"
+                    continue
+                sim = simulate(plan, graph, cluster_from_dict(cdoc))
+                row.update(predicted=sim.iteration_time, stages=len(plan.stages),
+                           used=sum(len(s.devices) for s in plan.stages),
+                           micro_batch=sorted({s.micro_batch_size for s in plan.stages}))
+                sig = signature(plan)
+                if sig in done:
+                    row.update(measured=done[sig]["measured"], same_as=done[sig]["id"],
+                               diagnostics=done[sig]["diagnostics"])
+                    continue
+                row["id"] = f"{label}-{n}-{planner}"
+                ppath = work / f"plan-{row['id']}.json"
+                save_plan(plan, ppath)
+                try:
+                    m, period = train(ppath, row["used"], model_spec, env, args,
+                                      work / f"metrics-{row['id']}.json")
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    row["error"] = f"training failed: {str(exc)[:200]}"
+                    continue
+                row["measured"] = period
+                row["span_per_step"] = m["seconds_per_step"]
+                row["diagnostics"] = stage_diagnostics(plan, sim, m)
+                done[sig] = row
+    info = {"mode": args.mode, "backend": args.backend, "cluster": str(cpath), "batch": args.batch,
+            "steps": args.steps, "warmup_steps": args.warmup_steps, "workdir": str(work),
+            "seconds": time.time() - t0, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return rows, info
+
+
+def table(rows: list[dict], s: dict, info: dict) -> str:
+    lines = [f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
+             f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}", "",
+             "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r and not r.get("measured"):
+            lines.append(f"| {r['model']} | {r['devices']} | {r['planner']} | {r['error']} |||||| ")
+            continue
+        err = (r["measured"] - r["predicted"]) / r["predicted"]
+        same = f" (= {r['same_as']})" if r.get("same_as") else ""
+        lines.append(f"| {r['model']} | {r['devices']} | {r['planner']}{same} | {r['stages']} | {r['used']} | "
+                     f"{','.join(map(str, r['micro_batch']))} | {r['predicted'] * 1e3:.1f} | "
+                     f"{r['measured'] * 1e3:.1f} | {err:+.1%} |")
+    lines += ["", f"plans measured: {s['plans']}; Pearson r = {s['pearson']:.3f}; mean absolute error "
+              f"{s['mae_seconds'] * 1e3:.1f} ms ({s['mape']:.1%} of predicted); within 10%: "
+              f"{s['within_10pct']}/{s['plans']}",
+              f"ranking: Kendall tau {s['kendall_tau']:.3f} ({s['pairs_agree']}/{s['pairs']} pairs in the "
+              f"predicted order); pairs predicted >10% apart: tau {s['kendall_tau_10pct']:.3f} "
+              f"({s['pairs_agree_10pct']}/{s['pairs_10pct']})"]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows, info = run(args)
+    s = summary(rows)
+    print(table(rows, s, info))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"}
+                                                            for r in rows]}, f, indent=1)
+    return 0 if s["plans"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

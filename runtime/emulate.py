@@ -1,0 +1,214 @@
+"""Emulated devices: a model built from a ``gpp-graph/1`` whose operators *sleep* their profiled time.
+
+    GPP_EMULATE_GRAPH=graph.json torchrun --standalone --nproc-per-node 8 -m runtime.train \\
+        --plan plan.json --model runtime.emulate:workload --steps 5 --cpu --threads 1
+
+:func:`build_model` returns an ``nn.Module`` that ``torch.fx`` traces into exactly the graph's
+nodes (one ``call_module`` per node, named by the node id, so a plan made from the graph addresses
+it) and edges. On forward, node ``v`` called with ``x`` rows sleeps ``f_v(x)``; on backward it
+sleeps ``g_v(x)`` (a custom ``autograd.Function``); ``x`` is the micro-batch (or the data-parallel
+share of it) the runtime gives it, and the times are interpolated by the cost model's own
+:func:`gpp_solver.cost.model.interp_time`. Sleeping instead of computing lets 8 ranks on 2 cores
+realise a simulated schedule without competing for the cores, so a measured iteration checks the
+*runtime's* schedule against the simulator, not the machine's arithmetic.
+
+What is real and what is scaled (see :func:`realised_graph`, which returns the graph as emulated
+so that predictions are made for exactly what runs):
+
+- node outputs are real float32 tensors of ``output_bytes / 4`` values per sample, at most
+  ``max_output_bytes`` (default 256 KiB) per sample; edges' ``bytes`` overrides are not realised
+  (each transfer carries the producer's output, as the runtime does);
+- every node owns one real float32 parameter of ``weight_bytes / 4`` values, at most
+  ``max_weight_bytes`` (default 4 MiB), at least one value (a weight-free node gets one float so
+  that it has a backward to run): the data-parallel gradient all-reduce of ``runtime.train`` is
+  a real all-reduce of these bytes, not a sleep; gradients are zero, so SGD leaves them unchanged;
+- activation memory is not emulated (nothing is saved for backward beyond shapes);
+- sleeps are exact on average: each process carries the over-sleep of one ``time.sleep`` into
+  the next (error feedback), so many short operators do not accumulate scheduler overshoot.
+
+Graphs with several sinks are refused (the model returns one tensor and may not add nodes).
+``workload()`` reads the graph path from ``GPP_EMULATE_GRAPH`` (and optional
+``GPP_EMULATE_MAX_OUTPUT_BYTES`` / ``GPP_EMULATE_MAX_WEIGHT_BYTES``): the ``MODULE:FUNCTION`` that
+``runtime.train`` takes.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from gpp_solver.cost.model import interp_time
+from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.graph import as_graph, graph_to_dict
+from gpp_solver.types import Graph
+
+ENV_GRAPH = "GPP_EMULATE_GRAPH"
+DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
+DEFAULT_MAX_WEIGHT_BYTES = 4 * 2**20
+
+
+class Sleeper:
+    """``time.sleep`` with error feedback: over-sleeping is taken off the next request."""
+
+    def __init__(self) -> None:
+        self.debt = 0.0
+        self.requested = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.requested += seconds
+        want = seconds - self.debt
+        if want <= 0:
+            self.debt = -want
+            return
+        t0 = time.perf_counter()
+        time.sleep(want)
+        self.debt = time.perf_counter() - t0 - want
+
+
+SLEEPER = Sleeper()
+
+
+class _Sleep(torch.autograd.Function):
+    """Forward sleeps ``fw(rows)`` and returns zeros of the op's width; backward sleeps ``bw(rows)``."""
+
+    @staticmethod
+    def forward(ctx, op: "EmulatedOp", weight: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+        rows = xs[0].shape[0]
+        SLEEPER.sleep(op.fw(rows))
+        ctx.op, ctx.rows = op, rows
+        ctx.in_meta = [(x.shape, x.dtype) for x in xs]
+        # a zero-stride view of one zero: no allocation inside a stage; a send materialises it
+        return torch.zeros((), dtype=torch.float32, device=weight.device).expand(rows, op.width)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        SLEEPER.sleep(ctx.op.bw(ctx.rows))
+        grads = [torch.zeros((), dtype=dtype, device=grad.device).expand(shape) if need else None
+                 for (shape, dtype), need in zip(ctx.in_meta, ctx.needs_input_grad[2:])]
+        return (None, None, *grads)
+
+
+class EmulatedOp(nn.Module):
+    """One graph node: sleeps its profiled times, outputs ``width`` floats per sample."""
+
+    def __init__(self, node_id: str, fw_time, bw_time, sizes, width: int, weight_values: int) -> None:
+        super().__init__()
+        self.node_id = node_id
+        self.fw_time, self.bw_time, self.sizes = tuple(fw_time), tuple(bw_time), tuple(sizes)
+        self.width = width
+        self.weight = nn.Parameter(torch.zeros(weight_values))
+
+    def fw(self, rows: int) -> float:
+        return interp_time(self.fw_time, self.sizes, rows)
+
+    def bw(self, rows: int) -> float:
+        return interp_time(self.bw_time, self.sizes, rows)
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        return _Sleep.apply(self, self.weight, *xs)
+
+
+# torch.fx's default tracer keeps modules of torch.nn as leaves (one call_module node each) and
+# traces through all others; the emulated op must be one node, so it declares itself one of them.
+EmulatedOp.__module__ = "torch.nn.modules.gpp_emulated"
+
+
+class EmulatedModel(nn.Module):
+    """The graph as a module: forward(x) runs every node in topological order, returns the sink."""
+
+    def __init__(self, graph: Graph, max_output_bytes: float, max_weight_bytes: float) -> None:
+        super().__init__()
+        sinks = [v for v in graph.topo_order if not graph.succs(v)]
+        if len(sinks) != 1:
+            raise InvalidInputError(
+                f"graph {graph.name!r} has {len(sinks)} sinks ({', '.join(sinks[:4])}); the emulated "
+                "model returns one tensor and needs exactly one sink")
+        self.sink = sinks[0]
+        self.order = list(graph.topo_order)
+        self.preds = {v: list(graph.preds(v)) for v in self.order}
+        self.ops: dict[str, EmulatedOp] = {}
+        for n in graph.nodes:
+            width = max(1, int(min(n.output_bytes, max_output_bytes) // 4))
+            values = max(1, int(min(n.weight_bytes, max_weight_bytes) // 4))
+            op = EmulatedOp(n.id, n.fw_time, n.bw_time, graph.micro_batch_sizes, width, values)
+            self._place(n.id, op)
+            self.ops[n.id] = op
+
+    def _place(self, node_id: str, op: EmulatedOp) -> None:
+        parts = node_id.split(".")
+        if any(not p for p in parts):
+            raise InvalidInputError(f"node id {node_id!r} cannot name a module (empty name part)")
+        parent: nn.Module = self
+        for i, p in enumerate(parts):
+            last = i == len(parts) - 1
+            child = parent._modules.get(p)
+            if isinstance(parent, EmulatedOp) or (child is not None and (last or isinstance(child, EmulatedOp))):
+                raise InvalidInputError(
+                    f"node id {node_id!r} cannot name a module: another node's id is a prefix of it "
+                    "or equal to it")
+            if child is None:
+                child = op if last else nn.Module()
+                try:
+                    parent.add_module(p, child)
+                except (KeyError, TypeError) as exc:
+                    raise InvalidInputError(f"node id {node_id!r} cannot name a module: {exc}") from None
+            parent = child
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        env: dict[str, Any] = {}
+        for v in self.order:
+            ins = [env[u] for u in self.preds[v]] or [x]
+            env[v] = self.ops[v](*ins)
+        return env[self.sink]
+
+
+def realised_graph(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
+                   max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES) -> dict:
+    """The graph as the emulated model realises it (gpp-graph/1 dict): bytes as actually sent."""
+    g = graph_to_dict(as_graph(graph))
+    g = copy.deepcopy(g)
+    for n in g["nodes"]:
+        n["output_bytes"] = 4 * max(1, int(min(n["output_bytes"], max_output_bytes) // 4))
+        n["weight_bytes"] = 4 * max(1, int(min(n["weight_bytes"], max_weight_bytes) // 4))
+    for e in g["edges"]:
+        e.pop("bytes", None)
+    return g
+
+
+def build_model(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
+                max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES) -> EmulatedModel:
+    """The emulated model of ``graph`` (a Graph, a gpp-graph/1 dict or a path)."""
+    return EmulatedModel(as_graph(graph), max_output_bytes, max_weight_bytes)
+
+
+def make_workload(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
+                  max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES) -> SimpleNamespace:
+    """A ``runtime.train`` workload: the emulated model, one-column zero inputs, loss = sum of the output."""
+    model = build_model(graph, max_output_bytes, max_weight_bytes)
+
+    def sample(batch_size: int, step: int):
+        return (torch.zeros(batch_size, 1),), torch.zeros(batch_size, 1)
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return output.sum()
+
+    return SimpleNamespace(model=model, sample=sample, loss=loss)
+
+
+def workload() -> SimpleNamespace:
+    """``runtime.emulate:workload``: the graph named by ``$GPP_EMULATE_GRAPH``."""
+    path = os.environ.get(ENV_GRAPH)
+    if not path:
+        raise InvalidInputError(f"runtime.emulate:workload needs the graph path in ${ENV_GRAPH}")
+    try:
+        out_cap = float(os.environ.get("GPP_EMULATE_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES))
+        w_cap = float(os.environ.get("GPP_EMULATE_MAX_WEIGHT_BYTES", DEFAULT_MAX_WEIGHT_BYTES))
+    except ValueError as exc:
+        raise InvalidInputError(f"GPP_EMULATE_MAX_*_BYTES must be numbers: {exc}") from None
+    return make_workload(path, out_cap, w_cap)
