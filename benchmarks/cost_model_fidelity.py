@@ -116,31 +116,57 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
     return out
 
 
-def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path) -> tuple[dict, float]:
-    """The run's metrics summary and its measured iteration time (see :func:`steady_period`)."""
-    trace = metrics.with_suffix(".trace.json")
+def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path) -> tuple[float, dict]:
+    """The measured iteration time (:func:`steady_period`) and per-rank timings (:func:`rank_times`)."""
+    trace_path = metrics.with_suffix(".trace.json")
     torchrun(nproc, ["-m", "runtime.train", "--plan", str(plan_path), "--model", model,
                      "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--lr", "1e-4",
-                     "--metrics", str(metrics), "--trace", str(trace), "--quiet", "--threads", "1",
+                     "--metrics", str(metrics), "--trace", str(trace_path), "--quiet", "--threads", "1",
                      "--timeout", "300"] + (["--cpu"] if args.backend == "gloo" else []), env=env)
-    return json.loads(metrics.read_text()), steady_period(json.loads(trace.read_text()), args.warmup_steps)
+    trace = json.loads(trace_path.read_text())
+    return steady_period(trace, args.warmup_steps), rank_times(trace, args.warmup_steps)
+
+
+def _step_ends(trace: dict) -> dict[int, list[float]]:
+    """Per rank, the end (us) of each step: its ``optimizer`` event closes it."""
+    ends: dict[int, list[float]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e["name"] == "optimizer":
+            ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
+    return {r: sorted(v) for r, v in ends.items()}
 
 
 def steady_period(trace: dict, warmup: int) -> float:
     """Seconds per iteration: the span between the ends of the last warm-up step and the last step.
 
-    A step ends, on each rank, with its ``optimizer`` event; the iteration ends when the last rank's
-    does. Taking ends only (not ``min start .. max end`` over ranks, which also counts the offset
-    between the ranks' step boundaries once) measures the steady-state period.
+    The iteration ends when the last rank's step does. Taking ends only (not ``min start .. max
+    end`` over ranks, which also counts the offset between the ranks' step boundaries once)
+    measures the steady-state period.
     """
-    ends: dict[int, list[float]] = {}
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "X" and e["name"] == "optimizer":
-            ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
-    per_step = [max(x) for x in zip(*(sorted(v) for v in ends.values()))]
+    per_step = [max(x) for x in zip(*_step_ends(trace).values())]
     if len(per_step) <= warmup or warmup < 1:
         raise RuntimeError(f"need more steps than --warmup-steps >= 1 (got {len(per_step)} steps)")
     return (per_step[-1] - per_step[warmup - 1]) / (len(per_step) - warmup) / 1e6
+
+
+def rank_times(trace: dict, warmup: int) -> dict[int, dict]:
+    """Per rank, seconds per timed step of: F/B compute, waiting for messages, all-reduce."""
+    ends = _step_ends(trace)
+    out: dict[int, dict] = {}
+    for r, e in ends.items():
+        start, n = e[warmup - 1], len(e) - warmup
+        acc = {"compute": 0.0, "wait": 0.0, "allreduce": 0.0}
+        for ev in trace["traceEvents"]:
+            if ev.get("ph") != "X" or ev["pid"] != r or ev["ts"] < start:
+                continue
+            if ev["name"] == "all-reduce":
+                acc["allreduce"] += ev["dur"]
+            elif ev["cat"] == "wait":
+                acc["wait"] += ev["dur"]
+            elif ev["cat"] == "compute" and ev["name"] != "optimizer":
+                acc["compute"] += ev["dur"]
+        out[r] = {k: v / n / 1e6 for k, v in acc.items()}
+    return out
 
 
 # -- models ---------------------------------------------------------------------------------
@@ -222,7 +248,8 @@ def ranking(rows: list[dict], min_gap: float = 0.0) -> tuple[float, int, int]:
 
 
 def summary(rows: list[dict]) -> dict:
-    ok = [r for r in rows if r.get("measured")]
+    """Fidelity figures over the measured rows (each distinct plan once)."""
+    ok = [r for r in rows if r.get("measured") and not r.get("same_as")]
     pred, meas = [r["predicted"] for r in ok], [r["measured"] for r in ok]
     errs = [abs(m - p) for p, m in zip(pred, meas)]
     rel = [abs(m - p) / p for p, m in zip(pred, meas)]
@@ -235,15 +262,21 @@ def summary(rows: list[dict]) -> dict:
             "pairs": pairs, "kendall_tau_10pct": tau10, "pairs_agree_10pct": agree10, "pairs_10pct": pairs10}
 
 
+def summaries(rows: list[dict]) -> dict:
+    """All plans, and the plans without a data-parallel stage (no gradient all-reduce)."""
+    return {"all": summary(rows), "no_data_parallel": summary([r for r in rows if not r.get("data_parallel")])}
+
+
 # -- one plan -------------------------------------------------------------------------------
-def stage_diagnostics(plan, sim, metrics: dict) -> list[dict]:
-    """Per stage: simulated busy per step vs measured compute per step, measured bubble."""
-    B = plan.mini_batch_size
+def stage_diagnostics(plan, sim, ranks: dict[int, dict]) -> list[dict]:
+    """Per stage (first replica's rank): simulated vs measured compute+comm and all-reduce per step."""
     out = []
-    for st, ms in zip(sim.stages, metrics.get("stages", [])):
-        meas_busy = ms["measured_time_per_sample"] * B if ms.get("measured_time_per_sample") else None
-        out.append({"stage": st.stage, "sim_busy": st.busy, "measured_busy": meas_busy,
-                    "sim_idle_fraction": st.idle_fraction, "measured_bubble": ms.get("bubble_fraction")})
+    for ps, st in zip(plan.stages, sim.stages):
+        m = ranks.get(ps.devices[0], {})
+        out.append({"stage": st.stage, "rank": ps.devices[0], "sim_busy": st.busy - st.allreduce,
+                    "measured_busy": m.get("compute"), "sim_allreduce": st.allreduce,
+                    "measured_allreduce": m.get("allreduce"), "measured_wait": m.get("wait"),
+                    "sim_idle": st.idle})
     return out
 
 
@@ -288,21 +321,21 @@ def run(args) -> tuple[list[dict], dict]:
                            micro_batch=sorted({s.micro_batch_size for s in plan.stages}))
                 sig = signature(plan)
                 if sig in done:
-                    row.update(measured=done[sig]["measured"], same_as=done[sig]["id"],
-                               diagnostics=done[sig]["diagnostics"])
+                    row.update({k: done[sig][k] for k in ("measured", "diagnostics", "data_parallel")},
+                               same_as=done[sig]["id"])
                     continue
                 row["id"] = f"{label}-{n}-{planner}"
                 ppath = work / f"plan-{row['id']}.json"
                 save_plan(plan, ppath)
                 try:
-                    m, period = train(ppath, row["used"], model_spec, env, args,
-                                      work / f"metrics-{row['id']}.json")
+                    period, ranks = train(ppath, row["used"], model_spec, env, args,
+                                          work / f"metrics-{row['id']}.json")
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     row["error"] = f"training failed: {str(exc)[:200]}"
                     continue
                 row["measured"] = period
-                row["span_per_step"] = m["seconds_per_step"]
-                row["diagnostics"] = stage_diagnostics(plan, sim, m)
+                row["diagnostics"] = stage_diagnostics(plan, sim, ranks)
+                row["data_parallel"] = any(len(s.devices) > 1 for s in plan.stages)
                 done[sig] = row
     info = {"mode": args.mode, "backend": args.backend, "cluster": str(cpath), "batch": args.batch,
             "steps": args.steps, "warmup_steps": args.warmup_steps, "workdir": str(work),
@@ -310,39 +343,57 @@ def run(args) -> tuple[list[dict], dict]:
     return rows, info
 
 
+def _worst(r: dict) -> tuple[str, str]:
+    """Largest per-stage busy error and the all-reduce (predicted/measured ms) of the worst stage."""
+    busy = [d["measured_busy"] / d["sim_busy"] - 1 for d in r["diagnostics"]
+            if d.get("measured_busy") is not None and d["sim_busy"] > 0]
+    ar = max(r["diagnostics"], key=lambda d: d.get("measured_allreduce") or 0.0)
+    arx = (f"{ar['sim_allreduce'] * 1e3:.1f} / {ar['measured_allreduce'] * 1e3:.1f}"
+           if ar.get("measured_allreduce") else "-")
+    return (f"{max(busy, key=abs):+.1%}" if busy else "-"), arx
+
+
+def _summary_lines(name: str, s: dict) -> list[str]:
+    if not s["plans"]:
+        return [f"{name}: no plan measured"]
+    return [f"{name}: {s['plans']} plans; Pearson r = {s['pearson']:.3f}; mean absolute error "
+            f"{s['mae_seconds'] * 1e3:.1f} ms ({s['mape']:.1%} of predicted); within 10%: "
+            f"{s['within_10pct']}/{s['plans']}; ranking: Kendall tau {s['kendall_tau']:.3f} "
+            f"({s['pairs_agree']}/{s['pairs']} pairs in the predicted order), pairs predicted >10% apart: "
+            f"tau {s['kendall_tau_10pct']:.3f} ({s['pairs_agree_10pct']}/{s['pairs_10pct']})"]
+
+
 def table(rows: list[dict], s: dict, info: dict) -> str:
     lines = [f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
              f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}", "",
-             "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
+             "| stage busy error | all-reduce pred / meas ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r and not r.get("measured"):
-            lines.append(f"| {r['model']} | {r['devices']} | {r['planner']} | {r['error']} |||||| ")
+            lines.append(f"| {r['model']} | {r['devices']} | {r['planner']} | {r['error']} ||||||||")
             continue
         err = (r["measured"] - r["predicted"]) / r["predicted"]
         same = f" (= {r['same_as']})" if r.get("same_as") else ""
+        busy, ar = _worst(r)
         lines.append(f"| {r['model']} | {r['devices']} | {r['planner']}{same} | {r['stages']} | {r['used']} | "
                      f"{','.join(map(str, r['micro_batch']))} | {r['predicted'] * 1e3:.1f} | "
-                     f"{r['measured'] * 1e3:.1f} | {err:+.1%} |")
-    lines += ["", f"plans measured: {s['plans']}; Pearson r = {s['pearson']:.3f}; mean absolute error "
-              f"{s['mae_seconds'] * 1e3:.1f} ms ({s['mape']:.1%} of predicted); within 10%: "
-              f"{s['within_10pct']}/{s['plans']}",
-              f"ranking: Kendall tau {s['kendall_tau']:.3f} ({s['pairs_agree']}/{s['pairs']} pairs in the "
-              f"predicted order); pairs predicted >10% apart: tau {s['kendall_tau_10pct']:.3f} "
-              f"({s['pairs_agree_10pct']}/{s['pairs_10pct']})"]
+                     f"{r['measured'] * 1e3:.1f} | {err:+.1%} | {busy} | {ar} |")
+    lines += [""] + _summary_lines("all plans", s["all"]) + _summary_lines("plans without data-parallel stages",
+                                                                           s["no_data_parallel"])
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows, info = run(args)
-    s = summary(rows)
+    s = summaries(rows)
     print(table(rows, s, info))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"}
                                                             for r in rows]}, f, indent=1)
-    return 0 if s["plans"] else 1
+    return 0 if s["all"]["plans"] else 1
 
 
 if __name__ == "__main__":

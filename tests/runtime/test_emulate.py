@@ -1,0 +1,90 @@
+"""runtime.emulate: the graph as an fx-traceable module whose operators sleep their profiled times."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from gpp_solver.cost.model import interp_time
+from gpp_solver.errors import InvalidInputError
+from runtime.emulate import build_model, make_workload, realised_graph
+from runtime.fx_graph import trace
+
+
+def _node(nid, fw, bw, out=64.0, w=16.0):
+    return {"id": nid, "fw_time": fw, "bw_time": bw, "weight_bytes": w, "activation_bytes": 8.0,
+            "output_bytes": out}
+
+
+def diamond(scale: float = 1.0) -> dict:
+    """a -> (b.x, c) -> d, ids with dots as a profiled model's modules have; sizes 1, 4."""
+    s = scale
+    return {"format": "gpp-graph/1", "name": "diamond", "micro_batch_sizes": [1, 4],
+            "nodes": [_node("a", [0.002 * s, 0.005 * s], [0.004 * s, 0.010 * s]),
+                      _node("b.x", [0.003 * s, 0.006 * s], [0.006 * s, 0.012 * s], out=1e9, w=1e9),
+                      _node("c", [0.001 * s, 0.002 * s], [0.002 * s, 0.004 * s], out=0.0, w=0.0),
+                      _node("d", [0.004 * s, 0.008 * s], [0.008 * s, 0.016 * s])],
+            "edges": [{"src": "a", "dst": "b.x"}, {"src": "a", "dst": "c", "bytes": 4096.0},
+                      {"src": "b.x", "dst": "d"}, {"src": "c", "dst": "d"}]}
+
+
+def test_fx_trace_names_every_node_and_edge():
+    mg = trace(build_model(diamond()))
+    assert [mg.ids[n] for n in mg.nodes] == ["a", "b.x", "c", "d"]
+    assert sorted(mg.edges()) == [("a", "b.x"), ("a", "c"), ("b.x", "d"), ("c", "d")]
+    assert all(n.op == "call_module" for n in mg.nodes)
+
+
+def test_tensors_and_parameters_follow_the_realised_bytes():
+    g = diamond()
+    m = build_model(g, max_output_bytes=1024, max_weight_bytes=256)
+    y = m(torch.zeros(3, 1))
+    assert tuple(y.shape) == (3, 16)  # d: 64 bytes per sample = 16 floats
+    assert m.get_submodule("b.x").width == 256 and m.get_submodule("b.x").weight.numel() == 64  # capped
+    assert m.get_submodule("c").width == 1 and m.get_submodule("c").weight.numel() == 1  # at least one
+    r = realised_graph(g, max_output_bytes=1024, max_weight_bytes=256)
+    byid = {n["id"]: n for n in r["nodes"]}
+    assert byid["b.x"]["output_bytes"] == 1024 and byid["b.x"]["weight_bytes"] == 256
+    assert byid["c"]["output_bytes"] == 4 and all("bytes" not in e for e in r["edges"])
+
+
+def test_forward_and_backward_sleep_the_interpolated_times():
+    g = diamond(scale=10.0)  # 30-160 ms per pass: well above scheduler noise
+    m = build_model(g)
+    sizes = g["micro_batch_sizes"]
+    for rows in (2, 8):  # between the measured sizes, and above the largest (linear)
+        want_f = sum(interp_time(n["fw_time"], sizes, rows) for n in g["nodes"])
+        want_b = sum(interp_time(n["bw_time"], sizes, rows) for n in g["nodes"])
+        t0 = time.perf_counter()
+        y = m(torch.zeros(rows, 1))
+        t1 = time.perf_counter()
+        y.sum().backward()
+        t2 = time.perf_counter()
+        assert want_f * 0.95 <= t1 - t0 <= want_f * 1.5 + 0.02
+        assert want_b * 0.95 <= t2 - t1 <= want_b * 1.5 + 0.02
+
+
+def test_workload_runs_and_refuses_graphs_it_cannot_build():
+    wl = make_workload(diamond(scale=0.01))
+    (x,), target = wl.sample(4, 0)
+    loss = wl.loss(wl.model(x), target)
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    two_sinks = diamond()
+    two_sinks["edges"] = two_sinks["edges"][:3]  # c becomes a second sink
+    with pytest.raises(InvalidInputError, match="2 sinks"):
+        build_model(two_sinks)
+    clash = diamond()
+    clash["nodes"][0]["id"] = "b"  # "b" is a node and the parent of node "b.x"
+    for e in clash["edges"]:
+        e["src"] = "b" if e["src"] == "a" else e["src"]
+    with pytest.raises(InvalidInputError, match="'b.x' cannot name a module"):
+        build_model(clash)
+    bad = diamond()
+    bad["nodes"][2]["id"] = "forward"
+    for e in bad["edges"]:
+        e["src"], e["dst"] = [("forward" if v == "c" else v) for v in (e["src"], e["dst"])]
+    with pytest.raises(InvalidInputError, match="'forward' cannot name a module"):
+        build_model(bad)

@@ -1,0 +1,77 @@
+"""benchmarks/cost_model_fidelity.py: the --quick run works end to end; its statistics are right.
+
+The quick run plans a tiny emulated workload with two planners, trains both plans under torchrun
+(2 gloo ranks, operators sleeping their times) and prints the table. It checks that the script
+runs and reports finite figures, not the fidelity targets (those need a quiet machine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "cost_model_fidelity.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_cost_model_fidelity", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quick_run_prints_the_table_with_finite_figures(tmp_path):
+    cluster = tmp_path / "cluster.json"  # given, so the run skips the probe (tested on its own)
+    cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e10,
+                                   "devices_per_node": 2, "intra_node_bandwidth": 2e9,
+                                   "inter_node_bandwidth": 2e9, "latency": 1e-4,
+                                   "optimizer_state_factor": 4.0}))
+    out = tmp_path / "fidelity.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--cluster", str(cluster), "--json", str(out),
+                          "--workdir", str(tmp_path / "work")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "| model | devices | planner |" in res.stdout and "Pearson r =" in res.stdout
+    doc = json.loads(out.read_text())
+    rows = [r for r in doc["rows"] if r.get("measured")]
+    assert len(rows) == 2 and {r["planner"] for r in rows} == {"graphpipe", "pipedream"}
+    for r in rows:
+        assert math.isfinite(r["predicted"]) and r["predicted"] > 0
+        assert math.isfinite(r["measured"]) and r["measured"] > 0
+        assert all(d["measured_busy"] > 0 for d in r["diagnostics"])
+    s = doc["summary"]["all"]
+    assert s["plans"] == 2 and math.isfinite(s["mape"]) and math.isfinite(s["mae_seconds"])
+
+
+def test_statistics():
+    b = _bench()
+    assert b.pearson([1, 2, 3], [2, 4, 6.5]) == pytest.approx(0.9986, abs=1e-3)
+    assert math.isnan(b.pearson([1.0], [1.0]))
+    rows = [{"group": "g", "predicted": 1.0, "measured": 1.08}, {"group": "g", "predicted": 2.0, "measured": 1.9},
+            {"group": "g", "predicted": 1.05, "measured": 1.0}, {"group": "h", "predicted": 9.0, "measured": 0.1}]
+    assert b.ranking(rows) == (pytest.approx(1 / 3), 2, 3)  # the 1.0/1.05 pair is swapped
+    assert b.ranking(rows, 0.10) == (1.0, 2, 2)  # ... and predicted within 10%
+    s = b.summary([dict(r, group="g") for r in rows[:3]])
+    assert s["within_10pct"] == 3 and s["mape"] == pytest.approx((0.08 + 0.05 + 0.05 / 1.05) / 3)
+
+
+def test_steady_period_uses_step_ends_of_the_last_rank():
+    b = _bench()
+
+    def opt(pid, end):
+        return {"ph": "X", "name": "optimizer", "cat": "compute", "pid": pid, "ts": end - 10, "dur": 10}
+    trace = {"traceEvents": [opt(0, 100), opt(0, 300), opt(0, 500), opt(1, 150), opt(1, 330), opt(1, 560),
+                             {"ph": "X", "name": "all-reduce", "cat": "comm", "pid": 1, "ts": 400, "dur": 40},
+                             {"ph": "X", "name": "wait", "cat": "wait", "pid": 1, "ts": 50, "dur": 40}]}
+    assert b.steady_period(trace, 1) == pytest.approx((560 - 150) / 2 / 1e6)
+    t = b.rank_times(trace, 1)
+    assert t[1]["allreduce"] == pytest.approx(20e-6) and t[1]["wait"] == 0.0  # the wait was in warm-up
