@@ -27,10 +27,9 @@ take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms per iter
 ``examples.two_branch:bench`` profiled with ``python -m runtime.profile`` (``--threads 1`` when
 the profiler has it), trained with one thread per rank.
 
-Per plan the JSON (``--json``) also has each stage's measured compute per step vs the simulator's
-busy time and its measured wait time, so a gap can be located: busy matches but the step is
-longer -> the runtime waits where the simulator does not (schedule/communication), busy is
-longer -> per-action overhead or contention.
+Per plan the JSON (``--json``) also has each stage's measured compute, wait and all-reduce per
+step beside the simulator's busy time and ``A(S)``, so that a gap can be located (the table shows
+the worst stage's busy error and all-reduce).
 """
 
 from __future__ import annotations
@@ -73,7 +72,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                     help="gloo: CPU ranks; nccl: one GPU per rank")
     ap.add_argument("--devices", default=None, help="device counts (default emulated 2,4,8; cpu 1,2)")
-    ap.add_argument("--planners", default=PLANNERS)
+    ap.add_argument("--planners", default=None, help=f"comma-separated (default {PLANNERS})")
     ap.add_argument("--models", default=None, help="comma-separated (emulated: workload names; cpu: MODULE:FN)")
     ap.add_argument("--graph", action="append", default=[], help="emulated: also this gpp-graph/1 file")
     ap.add_argument("--batch", type=int, default=32, help="mini-batch size")
@@ -91,8 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.devices = args.devices or "2"
-        args.planners = "graphpipe,pipedream"
+        args.planners = args.planners or "graphpipe,pipedream"
         args.steps, args.warmup_steps, args.batch, args.seq_seconds = 3, 1, 8, 0.1
+    args.planners = args.planners or PLANNERS
     args.device_counts = [int(x) for x in (args.devices or ("2,4,8" if args.mode == "emulated" else "1,2")).split(",")]
     return args
 
