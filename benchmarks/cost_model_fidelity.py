@@ -75,7 +75,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--planners", default=None, help=f"comma-separated (default {PLANNERS})")
     ap.add_argument("--models", default=None, help="comma-separated (emulated: workload names; cpu: MODULE:FN)")
     ap.add_argument("--graph", action="append", default=[], help="emulated: also this gpp-graph/1 file")
-    ap.add_argument("--batch", type=int, default=32, help="mini-batch size")
+    ap.add_argument("--batch", type=int, default=None, help="mini-batch size (emulated 32, cpu 128)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--seq-seconds", type=float, default=0.6,
@@ -93,6 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.planners = args.planners or "graphpipe,pipedream"
         args.steps, args.warmup_steps, args.batch, args.seq_seconds = 3, 1, 8, 0.1
     args.planners = args.planners or PLANNERS
+    args.batch = args.batch or (32 if args.mode == "emulated" else 128)
     args.device_counts = [int(x) for x in (args.devices or ("2,4,8" if args.mode == "emulated" else "1,2")).split(",")]
     return args
 
@@ -208,7 +209,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
     for spec in names:
         label = spec.removeprefix("examples.").replace(":", "-")
         path = work / f"graph-{label}.json"
-        sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32) if b <= args.batch)
+        sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= args.batch)
         cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--batch-sizes", sizes,
                "-o", str(path), *threads]
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
