@@ -73,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="gloo: CPU ranks; nccl: one GPU per rank")
     ap.add_argument("--devices", default=None, help="device counts (default emulated 2,4,8; cpu 1,2)")
     ap.add_argument("--planners", default=None, help=f"comma-separated (default {PLANNERS})")
-    ap.add_argument("--models", default=None, help="comma-separated (emulated: workload names; cpu: MODULE:FN)")
+    ap.add_argument("--models", help="comma-separated (emulated: workload names, '' for none; cpu: MODULE:FN)")
     ap.add_argument("--graph", action="append", default=[], help="emulated: also this gpp-graph/1 file")
     ap.add_argument("--batch", type=int, default=None, help="mini-batch size (emulated 32, cpu 128)")
     ap.add_argument("--steps", type=int, default=6)
@@ -188,7 +188,7 @@ def scaled(graph: dict, seq_seconds: float, batch: int) -> dict:
 def emulated_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
     """(label, graph dict, MODULE:FN, env) per model, the graph being exactly what is emulated."""
     specs = QUICK_MODELS if args.quick else EMULATED_MODELS
-    names = args.models.split(",") if args.models else list(specs)
+    names = [n for n in args.models.split(",") if n] if args.models is not None else list(specs)
     graphs = [(n, graph_to_dict(build_model(n, **specs.get(n, {})))) for n in names]
     graphs += [(Path(p).stem, graph_to_dict(as_graph(p))) for p in args.graph]
     out = []
@@ -282,8 +282,7 @@ def stage_diagnostics(plan, sim, ranks: dict[int, dict]) -> list[dict]:
 
 
 def signature(plan) -> str:
-    return json.dumps([[list(s.nodes), list(s.devices), s.micro_batch_size, [list(o) for o in s.schedule.order]]
-                       for s in plan.stages])
+    return json.dumps([[list(s.nodes), list(s.devices), s.micro_batch_size, s.schedule.order] for s in plan.stages])
 
 
 def run(args) -> tuple[list[dict], dict]:

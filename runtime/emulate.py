@@ -26,7 +26,11 @@ so that predictions are made for exactly what runs):
 - sleeps are exact on average: each process carries the over-sleep of one ``time.sleep`` into
   the next (error feedback), so many short operators do not accumulate scheduler overshoot.
 
-Graphs with several sinks are refused (the model returns one tensor and may not add nodes).
+The model returns one tensor, so :func:`build_model` refuses a graph with several sinks;
+:func:`realised_graph` gives such a graph one more node, ``emulated_sink`` (zero time, no
+weights), fed by every sink, so that it can be emulated and planned as emulated. Weight
+gradients are not produced by the emulated backward (they stay ``None``); ``runtime.train``
+zero-fills them before its all-reduce, inside the time it records for the all-reduce.
 ``workload()`` reads the graph path from ``GPP_EMULATE_GRAPH`` (and optional
 ``GPP_EMULATE_MAX_OUTPUT_BYTES`` / ``GPP_EMULATE_MAX_WEIGHT_BYTES``): the ``MODULE:FUNCTION`` that
 ``runtime.train`` takes.
@@ -49,6 +53,7 @@ from gpp_solver.formats.graph import as_graph, graph_to_dict
 from gpp_solver.types import Graph
 
 ENV_GRAPH = "GPP_EMULATE_GRAPH"
+SINK_ID = "emulated_sink"
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 DEFAULT_MAX_WEIGHT_BYTES = 4 * 2**20
 
@@ -178,6 +183,15 @@ def realised_graph(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTE
         n["weight_bytes"] = 4 * max(1, int(min(n["weight_bytes"], max_weight_bytes) // 4))
     for e in g["edges"]:
         e.pop("bytes", None)
+    has_out = {e["src"] for e in g["edges"]}
+    sinks = [n["id"] for n in g["nodes"] if n["id"] not in has_out]
+    if len(sinks) > 1:
+        if any(n["id"] == SINK_ID for n in g["nodes"]):
+            raise InvalidInputError(f"graph has several sinks and already a node named {SINK_ID!r}")
+        k = len(g["micro_batch_sizes"])
+        g["nodes"].append({"id": SINK_ID, "fw_time": [0.0] * k, "bw_time": [0.0] * k, "weight_bytes": 4.0,
+                           "activation_bytes": 0.0, "output_bytes": 4.0})
+        g["edges"] += [{"src": v, "dst": SINK_ID} for v in sinks]
     return g
 
 

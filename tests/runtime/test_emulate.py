@@ -88,3 +88,13 @@ def test_workload_runs_and_refuses_graphs_it_cannot_build():
         e["src"], e["dst"] = [("forward" if v == "c" else v) for v in (e["src"], e["dst"])]
     with pytest.raises(InvalidInputError, match="'forward' cannot name a module"):
         build_model(bad)
+
+
+def test_realised_graph_joins_several_sinks():
+    g = diamond()
+    g["edges"] = g["edges"][:3]  # c and d are sinks
+    r = realised_graph(g)
+    assert [n["id"] for n in r["nodes"]][-1] == "emulated_sink"
+    assert {(e["src"], e["dst"]) for e in r["edges"]} >= {("c", "emulated_sink"), ("d", "emulated_sink")}
+    mg = trace(build_model(r))
+    assert mg.ids[mg.sink] == "emulated_sink"
