@@ -70,3 +70,11 @@ def test_affine_fit_and_cluster_doc_by_host():
     assert doc["intra_node_bandwidth"] == 15e9 and doc["inter_node_bandwidth"] == 2e9
     details["hosts"] = ["a", "a", "a", "b"]  # uneven hosts: flat network, no devices_per_node
     assert "devices_per_node" not in cluster_doc(details, 4, 4.0)
+
+
+def test_cluster_doc_of_one_rank_is_valid():
+    from gpp_solver.formats.cluster import cluster_from_dict
+
+    doc = cluster_doc({"hosts": ["a"], "pairs": [], "ranks": [{"memory_bytes": 2e9}]}, 1, 4.0)
+    c = cluster_from_dict(doc)
+    assert c.devices == 1 and c.latency == 0.0 and c.inter_node_bandwidth > 0
