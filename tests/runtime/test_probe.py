@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpp_solver import load_cluster
-from runtime.probe import affine_fit, cluster_doc
+from runtime.probe import affine_fit, check_args, cluster_doc, host_available_memory, parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_FIELDS = {"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
@@ -38,22 +38,26 @@ def test_two_ranks_write_a_valid_cluster(tmp_path):
     assert 0 < c.latency < 0.5
     assert 1e6 < c.intra_node_bandwidth < 1e12
     assert c.inter_node_bandwidth == c.intra_node_bandwidth  # no inter-node pair on one host
-    assert c.memory_bytes > 0
     d = json.loads(det.read_text())
     assert [p["ranks"] for p in d["pairs"]] == [[0, 1]] and d["pairs"][0]["intra_node"]
     assert d["allreduce"]["seconds"] > 0 and d["backend"] == "gloo"
+    # memory: the host's available RAM shared by its 2 ranks (the smallest over ranks)
+    assert 0 < c.memory_bytes <= host_available_memory() / 2 * 1.5
     assert "intra-node: 1 pairs" in res.stderr + res.stdout
 
 
-def test_memory_flag_and_bad_sizes(tmp_path):
-    out = tmp_path / "c.json"
-    res = _probe(2, ["-o", str(out), "--sizes", "4,4096", "--repeats", "1", "--warmup", "0",
-                     "--memory", "123456789"])
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert load_cluster(out).memory_bytes == 123456789
-    res = _probe(1, ["-o", str(out), "--sizes", "4096"])
-    assert res.returncode != 0
-    assert "--sizes needs at least two distinct sizes" in res.stderr
+def test_memory_flag_and_bad_arguments(tmp_path):
+    args = parse_args(["-o", "x.json", "--memory", "123456789", "--sizes", "4,4096"])
+    assert check_args(args) == [4, 4096] and args.memory == 123456789
+    for bad, msg in ((["--sizes", "4096"], "at least two distinct sizes"), (["--memory", "-1"], "--memory"),
+                     (["--sizes", "4,x"], "comma-separated integers")):
+        with pytest.raises(ValueError, match=msg):
+            check_args(parse_args(["-o", "x.json", *bad]))
+    # rank 0 alone says what is wrong and exits 2 before joining a process group
+    res = subprocess.run([sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2 and "error: --sizes needs at least two distinct sizes" in res.stderr
 
 
 def test_affine_fit_and_cluster_doc_by_host():
