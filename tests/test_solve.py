@@ -196,7 +196,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
     bottleneck (an operator is atomic; at degree 2 its 1.2 GB all-reduce costs more than the halved
     compute), and no degree raise lowers the iteration estimate (what the leftover pass checks)."""
     from gpp_solver.formats.cluster import v100_cluster
-    from gpp_solver.planners.graphpipe.planner import _estimate
+    from gpp_solver.planners.graphpipe.staging import estimate_iteration as _estimate
     g, c = build_model("dlrm"), v100_cluster(8)
     plan = plan_graphpipe(g, c, 512, shared_sinks=False)
     validate(plan, g, c)
@@ -265,7 +265,7 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
         if "not_simulated_lower_bound" in s:
             assert s["not_simulated_lower_bound"] > plan.predicted.iteration_time
     # ... and that bound is a true lower bound of the simulated iteration time
-    from gpp_solver.planners.graphpipe.planner import _specs
+    from gpp_solver.planners.graphpipe.staging import stage_specs as _specs
     from gpp_solver.plan.build import build_plan
     from gpp_solver.types import SearchInfo
     for b, r in search_many(StageDP(g, c, B), extra["micro_batch_sizes_searched"]).items():
@@ -302,14 +302,14 @@ def test_depth_tradeoff_finds_the_shallow_plan_the_min_tps_search_misses() -> No
 
 @pytest.mark.parametrize("seed", range(10))
 def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
-    """The planner ranks stagings with ``_price`` (vectorised compute); it must give the cost
+    """The planner ranks stagings with ``price_staging`` (vectorised compute); it must give the cost
     model's own TPS and iteration estimate."""
     import random
     from test_dp import random_instance
     from gpp_solver.binary_search import search_many
     from gpp_solver.cost.model import CostTables
     from gpp_solver.planners.graphpipe.dp import StageDP
-    from gpp_solver.planners.graphpipe.planner import _estimate, _price, _specs
+    from gpp_solver.planners.graphpipe.staging import estimate_iteration, price_staging, stage_specs
     graph, cluster, B, _ = random_instance(random.Random(500 + seed))
     cluster = cluster.with_(devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4,
                             memory_bytes=1e9)
@@ -317,10 +317,10 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
     for b, r in search_many(dp, [x for x in (1, 2, 4, 8) if B % x == 0]).items():
         if r is None:
             continue
-        specs = _specs(r.stages, b, cluster.devices_per_node)
-        tps, est = _price(graph, cluster, r.stages, b, B, CostTables(graph))
+        specs = stage_specs(r.stages, b, cluster.devices_per_node)
+        tps, est = price_staging(graph, cluster, r.stages, b, B, CostTables(graph))
         assert math.isclose(tps, max(x.time_per_sample for x in stage_costs(graph, cluster, specs, B)), rel_tol=1e-9)
-        assert math.isclose(est, _estimate(graph, cluster, specs, B), rel_tol=1e-9)
+        assert math.isclose(est, estimate_iteration(graph, cluster, specs, B), rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("option, value", [("simulate_top", 0), ("max_depth_bound", "8"), ("max_depth_bound", True)])

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from gpp_solver.cost.model import StageCost, stage_costs
+from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError
+from gpp_solver.plan.grid import order_grid
 from gpp_solver.types import Cluster, Graph, Plan
 
 
@@ -75,8 +76,6 @@ def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int,
 
     The error carries ``waiting``: ``((stage, kind, micro_batch, step), ...)`` of the stuck stages.
     """
-    from gpp_solver.plan.trace import order_grid
-
     waiting = []
     parts = []
     for s, order in orders.items():
@@ -147,8 +146,6 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
 
 def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     """Simulate ``plan`` (its own orders) and report iteration time, throughput, bubbles, memory."""
-    from gpp_solver.cost.model import in_flight_from_order, stage_memory
-
     costs: list[StageCost] = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     by_id = {s.id: (s, c) for s, c in zip(plan.stages, costs)}
     orders = {s.id: s.schedule.order for s in plan.stages}

@@ -2,8 +2,7 @@
 
 The DP of :mod:`gpp_solver.planners.graphpipe.dp_general` (its state carries the successor side's Table 2 summary),
 then the leftover-device pass with each stage's own ``b``, then ``build_plan``; the uniform-b
-sweep's plan is kept as a candidate when it meets the per-stage DP's target.  Split out of
-``planner_graphpipe.py`` to keep modules small.
+sweep's plan is kept as a candidate when it meets the per-stage DP's target.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from gpp_solver.planners.graphpipe.dp import assign_devices
 from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.planners.graphpipe.planner import K_OPTIONS, PLANNER, _estimate, raise_degrees
+from gpp_solver.planners.graphpipe.staging import K_OPTIONS, PLANNER, estimate_iteration, raise_degrees
+from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: 
     def price(trial: tuple) -> tuple[float, float]:
         specs = _per_stage_specs(trial, dpn)
         return (max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B)),
-                _estimate(graph, cluster, specs, B))
+                estimate_iteration(graph, cluster, specs, B))
 
     return raise_degrees(stages, cluster.devices, lambda st: [d for d in opts if st.micro_batch_size % d == 0],
                          price)
@@ -49,8 +49,6 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
     """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, then the leftover-device
     pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
     and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
-    from gpp_solver.planners.graphpipe.planner import plan_graphpipe
-
     gdp = GeneralStageDP(graph, cluster, B, micro_batch_sizes=sizes, k_options=K_OPTIONS if search_k else (1,),
                          decomposition=dec, degree_options=degree_options)
     res = gdp.search(deadline=deadline)
@@ -69,11 +67,10 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
         st = _spend_leftover_per_stage(graph, cluster, tuple(st), B, opts)
         specs = _per_stage_specs(st, dpn)
         cands.append(("per-stage DP", specs, st))
-    left = None if deadline is None else deadline - time.perf_counter()
-    if left is None or left > 0:
+    if deadline is None or deadline > time.perf_counter():
         try:        # the uniform sweep's plan lies in this search space too; keep it if it meets the target
-            uni = plan_graphpipe(graph, cluster, B, time_limit=left, progress=False, micro_batch_sizes=sizes,
-                                 search_k=search_k, degree_options=degree_options, validate_plan=False)
+            uni = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=False, search_k=search_k,
+                               degree_options=degree_options)
         except GppError:
             uni = None
         if uni is not None and uni.predicted.time_per_sample <= res.tps * (1 + 1e-9):
