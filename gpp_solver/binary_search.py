@@ -23,7 +23,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from gpp_solver.cost.micro_batch import powers_of_two_dividing
-from gpp_solver.planners.graphpipe.dp import DPStage, StageDP
+from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_stage import DPStage
 
 logger = logging.getLogger(__name__)
 

@@ -1,32 +1,10 @@
-"""CP-SAT model of every stage's micro-batch order for a FIXED partition: verify and tighten.
+"""CP-SAT verify and tighten of every stage's micro-batch order for a FIXED partition (the public
+entry; the model itself — data, variables, constraints, ticks, memory — is
+:mod:`gpp_solver.plan.order_model`, whose names are re-exported here).
 
-The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.  The
-model follows the simulator's rules (``spec/cost-model.md``, *Iteration time*) exactly, up to the
-rounding of durations to integer ticks:
-
-* data — per stage ``S``: ``n_S = B / b_S`` micro-batches, durations ``F(S)`` (forward compute +
-  forward halves of its transfers), ``B(S)`` (backward halves), all-reduce tail ``A(S)`` from
-  :func:`gpp_solver.cost.model.stage_costs`, the largest number of micro-batches ``K_S`` the memory
-  limit lets it hold (``M(S) <= memory_bytes`` with ``in_flight = K_S * b_S``);
-* variables — one fixed-size interval ``F_s{S}_j{j}`` / ``B_s{S}_j{j}`` per action, ``makespan``;
-* constraints — see the commented blocks in :func:`build_schedule_model`;
-* objective — ``makespan = max_S end(B(S, n_S - 1)) + A(S)``, minimised.
-
-**Ticks.** CP-SAT needs integers: one tick is ``unit`` seconds, by default the serial horizon
-(every action of every stage one after another, plus the largest all-reduce) divided by
-``resolution`` (10^6).  Each duration is rounded to the nearest tick, and at least one tick, so
-an action's modelled length is off by at most one tick (half a tick unless it is shorter than
-half a tick) and a makespan in ticks by at most one tick per action on its critical path.
-``OPTIMAL`` is therefore proven for the rounded durations; every makespan this module reports
-(``makespan``, ``makespan_before/after``) is the exact float of the simulator re-run on the
-orders, and ``lower_bound`` is the solver's bound in ticks times ``unit``.
-
-**Memory.** The cost model's in-flight count is the peak of forwards done minus backwards done
-(times ``b``).  On one stage actions never overlap, so "``F(S, j + K)`` starts after ``B(S, j)``
-ends" for every ``j`` is exactly "never more than ``K`` micro-batches in flight".  That
-precedence form (default) propagates much better than a cumulative over live ranges
-``[start F j, end B j)`` with capacity ``K``, which is kept as ``memory_form="cumulative"`` and
-tested to give the same optimum.
+The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.
+:func:`verify_orders` checks given orders against the model; :func:`tighten` searches for orders
+with a shorter simulated iteration time (then, at that makespan, less peak memory).
 
 **Determinism.** With ``workers=1`` and a fixed ``seed`` the search is reproducible when it ends
 before the time limit (an ``OPTIMAL`` proof); with ``deterministic=True`` the limit is CP-SAT's
@@ -37,313 +15,28 @@ result is reproducible on any machine load.
 from __future__ import annotations
 
 import logging
-import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from ortools.sat.python import cp_model
-
-from gpp_solver._backend.progress import ProgressBar
-from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
-from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
-from gpp_solver.plan.action import Action
+from gpp_solver.cost.model import in_flight_from_order
+from gpp_solver.errors import DeadlockError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.plan.simulate import simulate, simulate_orders
-from gpp_solver.types import Cluster, Graph, Plan
-from gpp_solver.plan.validate import check_order, validate
+from gpp_solver.plan.order_model import (DEFAULT_RESOLUTION, MEMORY_RESOLUTION, Key, Order, ScheduleData, ScheduleVars,
+                                         Solved, add_memory_objective, add_order_hint, build_schedule_model,
+                                         max_in_flight_micro_batches, model_from_data, schedule_data, solve_model)
+from gpp_solver.plan.simulate import simulate
+from gpp_solver.plan.validate import validate
+from gpp_solver.types import Cluster, Graph, Plan, Schedule
+
+__all__ = ["DEFAULT_RESOLUTION", "MAX_ACTIONS", "MEMORY_RESOLUTION", "Key", "Order", "ScheduleData", "ScheduleVars",
+           "Solved", "TightenResult", "VerifyResult", "add_memory_objective", "add_order_hint",
+           "build_schedule_model", "max_in_flight_micro_batches", "model_from_data", "schedule_data", "solve_model",
+           "tighten", "tighten_plan_if_fits", "verify_orders"]
 
 logger = logging.getLogger(__name__)
 
-Order = tuple[Action, ...]
-Key = tuple[int, str, int]          # (stage, "F"/"B", micro-batch)
-
-DEFAULT_RESOLUTION = 1_000_000      # ticks in the serial horizon
 MAX_ACTIONS = 4000                  # above this many F/B actions in all, tighten answers "too-large"
-
-
-# ----------------------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class ScheduleData:
-    """Everything the model needs, already in ticks (``unit`` seconds each)."""
-
-    stages: tuple[int, ...]
-    n: Mapping[int, int]                    # micro-batches per stage
-    micro_batch: Mapping[int, int]          # b per stage
-    forward: Mapping[int, int]              # ticks
-    backward: Mapping[int, int]
-    allreduce: Mapping[int, int]
-    edges: tuple[tuple[int, int], ...]
-    max_in_flight: Mapping[int, int]        # K_S, micro-batches (n_S when memory does not bind)
-    unit: float                             # seconds per tick
-    horizon: int                            # ticks; no schedule without deadlock is longer
-    memory_base: Mapping[int, float] = field(default_factory=dict)       # bytes: optimizer_state_factor * W
-    memory_per_micro_batch: Mapping[int, float] = field(default_factory=dict)  # bytes per device per micro-batch
-
-    @property
-    def actions(self) -> int:
-        return 2 * sum(self.n.values())
-
-
-def _ticks(seconds: float, unit: float) -> int:
-    return max(1, int(round(seconds / unit)))
-
-
-def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> dict[int, int]:
-    """``K_S``: most micro-batches stage ``S`` may hold with ``M(S) <= memory_bytes`` (0: none fits).
-
-    Uses :func:`gpp_solver.cost.model.stage_memory` and the validator's tolerance, so an order passes
-    the memory check exactly when its peak is at most ``K_S``.
-    """
-    out = {}
-    for s in plan.stages:
-        n = plan.mini_batch_size // s.micro_batch_size
-        k = 0
-        while k < n and stage_memory(graph, cluster, s, (k + 1) * s.micro_batch_size) <= cluster.memory_bytes * (1 + 1e-9):
-            k += 1
-        out[s.id] = k
-    return out
-
-
-def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: Mapping[int, int] | None = None,
-                  unit: float | None = None, resolution: int = DEFAULT_RESOLUTION) -> ScheduleData:
-    """Cost-model figures of the plan's partition in ticks.  ``max_in_flight``: samples per stage
-    id (overrides the memory limit for the stages it names)."""
-    costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
-    ids = tuple(s.id for s in plan.stages)
-    n = {s.id: plan.mini_batch_size // s.micro_batch_size for s in plan.stages}
-    serial = sum(n[s.id] * (c.forward + c.backward) for s, c in zip(plan.stages, costs)) \
-        + max(c.allreduce for c in costs)
-    if unit is None:
-        unit = serial / resolution if serial > 0 else 1.0
-    if not unit > 0:
-        raise InvalidInputError(f"`unit > 0` must hold, but got (unit={unit})")
-    fw = {s.id: _ticks(c.forward, unit) for s, c in zip(plan.stages, costs)}
-    bw = {s.id: _ticks(c.backward, unit) for s, c in zip(plan.stages, costs)}
-    ar = {s.id: int(round(c.allreduce / unit)) for s, c in zip(plan.stages, costs)}
-    k = max_in_flight_micro_batches(plan, graph, cluster)
-    for sid, samples in (max_in_flight or {}).items():
-        k[sid] = samples // plan.stage(sid).micro_batch_size
-    horizon = sum(n[i] * (fw[i] + bw[i]) for i in ids) + max(ar.values())
-    base = {s.id: stage_memory(graph, cluster, s, 0) for s in plan.stages}
-    per_mb = {s.id: stage_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
-    return ScheduleData(ids, n, {s.id: s.micro_batch_size for s in plan.stages}, fw, bw, ar,
-                        tuple(plan.edges), {i: min(k[i], n[i]) for i in ids}, unit, horizon, base, per_mb)
-
-
-def _last_covering(j: int, b_self: int, b_other: int) -> int:
-    """Last micro-batch of a neighbour (size ``b_other``) holding samples of our micro-batch ``j``;
-    the earlier covering ones precede it in the neighbour's own chain (C4)."""
-    return ((j + 1) * b_self - 1) // b_other
-
-
-# ---------------------------------------------------------------------------------------- model
-@dataclass(frozen=True)
-class ScheduleVars:
-    """The model's variables by index: ``start[(S, "F", j)]`` etc., and the ``makespan``."""
-
-    data: ScheduleData
-    start: Mapping[Key, cp_model.IntVar]
-    interval: Mapping[Key, cp_model.IntervalVar]
-    makespan: cp_model.IntVar
-
-    def end(self, key: Key) -> cp_model.LinearExpr:
-        s, kind, _ = key
-        return self.start[key] + (self.data.forward[s] if kind == "F" else self.data.backward[s])
-
-
-def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
-                    memory_form: str = "precedence") -> tuple[cp_model.CpModel, ScheduleVars]:
-    """The CP-SAT model of :class:`ScheduleData` (pure).  With ``orders`` each stage's order is fixed."""
-    if memory_form not in ("precedence", "cumulative"):
-        raise InvalidInputError(f"memory_form must be 'precedence' or 'cumulative', got {memory_form!r}")
-    model = cp_model.CpModel()
-    model.name = "gpp-stage-orders"
-    H = data.horizon
-    dur = {"F": data.forward, "B": data.backward}
-
-    # Variables: one fixed-size interval per action, named from its indices.
-    start: dict[Key, cp_model.IntVar] = {}
-    interval: dict[Key, cp_model.IntervalVar] = {}
-    for s in data.stages:
-        for j in range(data.n[s]):
-            for kind in ("F", "B"):
-                key = (s, kind, j)
-                start[key] = model.new_int_var(0, H, f"{kind}_s{s}_j{j}_start")
-                interval[key] = model.new_fixed_size_interval_var(start[key], dur[kind][s], f"{kind}_s{s}_j{j}")
-    makespan = model.new_int_var(0, H, "makespan")
-    v = ScheduleVars(data, start, interval, makespan)
-
-    # One device group per stage: its actions never overlap.
-    for s in data.stages:
-        model.add_no_overlap([interval[(s, k, j)] for j in range(data.n[s]) for k in ("F", "B")])
-
-    # C4: F j before F j+1, B j before B j+1, F j before B j.
-    for s in data.stages:
-        for j in range(data.n[s]):
-            model.add(start[(s, "B", j)] >= v.end((s, "F", j)))
-            if j + 1 < data.n[s]:
-                model.add(start[(s, "F", j + 1)] >= v.end((s, "F", j)))
-                model.add(start[(s, "B", j + 1)] >= v.end((s, "B", j)))
-
-    # Stage edges with sample coverage: F(S, j) after the covering forwards of each predecessor,
-    # B(P, j) after the covering backwards of each successor (the last covering one suffices).
-    for p, s in data.edges:
-        bp, bs = data.micro_batch[p], data.micro_batch[s]
-        for j in range(data.n[s]):
-            model.add(start[(s, "F", j)] >= v.end((p, "F", _last_covering(j, bs, bp))))
-        for j in range(data.n[p]):
-            model.add(start[(p, "B", j)] >= v.end((s, "B", _last_covering(j, bp, bs))))
-
-    # Memory: at most K_S micro-batches in flight on stage S.
-    for s in data.stages:
-        K, n = data.max_in_flight[s], data.n[s]
-        if K >= n:
-            continue
-        if memory_form == "precedence":
-            for j in range(n - K):   # with K = 0 this contradicts C4: nothing fits, infeasible
-                model.add(start[(s, "F", j + K)] >= v.end((s, "B", j)))
-        else:
-            live = []
-            for j in range(n):
-                size = model.new_int_var(0, H, f"live_s{s}_j{j}_size")
-                end = model.new_int_var(0, H, f"live_s{s}_j{j}_end")
-                model.add(end == v.end((s, "B", j)))
-                live.append(model.new_interval_var(start[(s, "F", j)], size, end, f"live_s{s}_j{j}"))
-            model.add_cumulative(live, [1] * n, K)
-
-    # Fixed orders (verify): each action after the previous one of its stage's order.
-    if orders is not None:
-        for s in data.stages:
-            order = list(orders[s])
-            check_order(s, order, data.n[s])
-            for (k0, j0), (k1, j1) in zip(order, order[1:]):
-                model.add(start[(s, k1, j1)] >= v.end((s, k0, j0)))
-
-    # Objective: the last all-reduce tail ends the iteration.
-    for s in data.stages:
-        model.add(makespan >= v.end((s, "B", data.n[s] - 1)) + data.allreduce[s])
-    model.minimize(makespan)
-    return model, v
-
-
-def build_schedule_model(plan: Plan, graph: Graph, cluster: Cluster, *,
-                         orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
-                         max_in_flight: Mapping[int, int] | None = None, memory_form: str = "precedence",
-                         unit: float | None = None, resolution: int = DEFAULT_RESOLUTION,
-                         ) -> tuple[cp_model.CpModel, ScheduleVars]:
-    """The model of the plan's partition (pure: nothing is solved).  ``orders`` fixes the orders;
-    ``max_in_flight`` (samples per stage id) overrides the memory limit."""
-    data = schedule_data(plan, graph, cluster, max_in_flight=max_in_flight, unit=unit, resolution=resolution)
-    return model_from_data(data, orders=orders, memory_form=memory_form)
-
-
-def add_order_hint(model: cp_model.CpModel, v: ScheduleVars, orders: Mapping[int, Sequence[tuple[str, int]]]) -> bool:
-    """Hint every start with the ASAP schedule of ``orders`` in ticks; False when they deadlock."""
-    d = v.data
-    try:
-        ticks, tasks = simulate_orders(orders, d.micro_batch, {s: float(d.forward[s]) for s in d.stages},
-                                       {s: float(d.backward[s]) for s in d.stages},
-                                       {s: float(d.allreduce[s]) for s in d.stages}, d.edges, 0)
-    except DeadlockError:
-        return False
-    for t in tasks:
-        model.add_hint(v.start[(t.stage, t.kind, t.micro_batch)], int(round(t.start)))
-    model.add_hint(v.makespan, int(round(ticks)))
-    return True
-
-
-MEMORY_RESOLUTION = 100_000   # memory units in the largest stage memory of the second phase
-
-
-def add_memory_objective(model: cp_model.CpModel, v: ScheduleVars, *, makespan_cap: int,
-                         peak_cap: Mapping[int, int]) -> dict[int, dict[int, cp_model.IntVar]]:
-    """Second phase: keep ``makespan <= makespan_cap`` and minimise memory instead.
-
-    Each stage picks its in-flight bound ``k`` in ``1..peak_cap[S]`` (``x_s{S}_k{k}``, exactly one);
-    the chosen ``k`` enforces ``F(S, j + k)`` after ``B(S, j)``.  Objective, lexicographic through
-    weights: the largest stage memory ``M(S)``, then the sum over stages (in units of 1/100000 of the
-    largest stage memory phase 1 reached, rounded up).
-    Returns the choice literals ``{stage: {k: x}}`` (for hints and reading back).
-    """
-    d = v.data
-    model.add(v.makespan <= makespan_cap)
-    caps = {s: max(1, min(peak_cap[s], d.max_in_flight[s], d.n[s])) for s in d.stages}
-    largest = max(d.memory_base[s] + caps[s] * d.memory_per_micro_batch[s] for s in d.stages)
-    mem_unit = largest / MEMORY_RESOLUTION if largest > 0 else 1.0
-    choice: dict[int, dict[int, cp_model.IntVar]] = {}
-    mem_terms = []
-    for s in d.stages:
-        n = d.n[s]
-        choice[s] = {k: model.new_bool_var(f"x_s{s}_k{k}") for k in range(1, caps[s] + 1)}
-        model.add_exactly_one(choice[s].values())
-        for k, x in choice[s].items():
-            for j in range(n - k):
-                model.add(v.start[(s, "F", j + k)] >= v.end((s, "B", j))).only_enforce_if(x)
-        units = {k: int(math.ceil((d.memory_base[s] + k * d.memory_per_micro_batch[s]) / mem_unit - 1e-9))
-                 for k in choice[s]}
-        mem_terms.append(sum(units[k] * x for k, x in choice[s].items()))
-    peak = model.new_int_var(0, MEMORY_RESOLUTION, "peak_memory")
-    for t in mem_terms:
-        model.add(peak >= t)
-    model.minimize(peak * (MEMORY_RESOLUTION * len(d.stages) + 1) + sum(mem_terms))
-    return choice
-
-
-# ---------------------------------------------------------------------------------------- solve
-@dataclass(frozen=True)
-class Solved:
-    status: str                              # CP-SAT status name
-    orders: dict[int, Order] | None
-    objective_ticks: int | None
-    bound_ticks: int | None
-    seconds: float
-
-
-class _SolutionBar(cp_model.CpSolverSolutionCallback):
-    """Shows each improving solution's makespan on a terminal progress bar (see ``progress.py``)."""
-
-    def __init__(self, bar: ProgressBar) -> None:
-        super().__init__()
-        self.bar = bar
-
-    def on_solution_callback(self) -> None:
-        self.bar.set_postfix_str(f"makespan {self.objective_value:.0f} ticks, bound {self.best_objective_bound:.0f}")
-        self.bar.update(1)
-
-
-def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, seed: int = 0, workers: int = 1,
-                deterministic: bool = False, progress: bool = False) -> Solved:
-    """Solve with an explicit time limit and read the orders back (each stage's actions by start)."""
-    solver = cp_model.CpSolver()
-    solver.parameters.random_seed = seed
-    solver.parameters.num_workers = max(1, workers)
-    # A complete hint is checked and kept as the first solution before the search starts; the
-    # "hint search" that then follows it branch by branch cost 6 s of a 7.5 s budget on a
-    # 768-action Transformer instance without finding anything better, so skip it.
-    solver.parameters.hint_conflict_limit = 0
-    if deterministic:
-        solver.parameters.max_deterministic_time = time_limit
-        solver.parameters.max_time_in_seconds = 4 * time_limit + 1
-    else:
-        solver.parameters.max_time_in_seconds = time_limit
-    t0 = time.perf_counter()
-    with ProgressBar(None, "CP-SAT schedule", "solution", progress) as bar:
-        code = solver.solve(model, _SolutionBar(bar) if bar.bar is not None else None)
-    seconds = time.perf_counter() - t0
-    status = solver.status_name(code)
-    if status == "MODEL_INVALID":
-        raise SolverError(f"CP-SAT says the schedule model is invalid: {model.validate()}")
-    if status not in ("OPTIMAL", "FEASIBLE"):
-        return Solved(status, None, None, None, seconds)
-    d = v.data
-    orders = {}
-    for s in d.stages:
-        keys = [(s, k, j) for j in range(d.n[s]) for k in ("F", "B")]
-        keys.sort(key=lambda key: solver.value(v.start[key]))
-        orders[s] = tuple(Action.of(k, j) for _, k, j in keys)
-    return Solved(status, orders, int(solver.objective_value), int(math.ceil(solver.best_objective_bound - 1e-9)),
-                  seconds)
 
 
 # --------------------------------------------------------------------------------------- verify
@@ -385,7 +78,6 @@ def verify_orders(plan: Plan, graph: Graph, cluster: Cluster, *,
 
 
 def _with_orders(plan: Plan, orders: Mapping[int, Order]) -> Plan:
-    from gpp_solver.types import Schedule
     return replace(plan, stages=tuple(replace(s, schedule=Schedule("custom", s.schedule.k, tuple(orders[s.id])))
                                       for s in plan.stages))
 

@@ -16,7 +16,8 @@ import pytest
 
 from gpp_solver.binary_search import search_tps
 from gpp_solver.cost.model import interp_time
-from gpp_solver.planners.graphpipe.dp import StageDP, assign_devices, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_stage import assign_devices, power_of_two_degrees
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
 from gpp_solver.types import Cluster
@@ -206,7 +207,7 @@ def test_min_devices_is_monotone_in_target() -> None:
 
 
 def test_assign_devices_aligns_power_of_two_groups() -> None:
-    from gpp_solver.planners.graphpipe.dp import DPStage
+    from gpp_solver.planners.graphpipe.dp_stage import DPStage
     stages = [DPStage(("a",), 1, 1, 0.0, 0), DPStage(("b",), 4, 1, 0.0, 1), DPStage(("c",), 2, 1, 0.0, 2),
               DPStage(("d",), 1, 1, 0.0, 3)]
     devs = assign_devices(stages, 4)
@@ -263,7 +264,7 @@ def test_a_group_of_whole_branches_keeps_the_shared_sink() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
     import numpy as np
-    from gpp_solver.planners.graphpipe.dp_kernel import degree_thresholds, devices_by_depth, devices_from_thresholds
+    from gpp_solver.planners.graphpipe.dp_stage_tables import degree_thresholds, devices_by_depth, devices_from_thresholds
     graph, cluster, B, b = random_instance(random.Random(500 + seed))
     dp = StageDP(graph, cluster, B)
     tb = dp.tables(b)

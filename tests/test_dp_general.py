@@ -18,7 +18,8 @@ import networkx as nx
 import pytest
 
 from gpp_solver.binary_search import search_tps
-from gpp_solver.planners.graphpipe.dp import StageDP, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_stage import power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP, in_flight_delta
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe

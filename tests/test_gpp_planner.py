@@ -11,7 +11,8 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.planners.gpp.planner import build_from_state, plan_gpp
+from gpp_solver.planners.gpp.planner import plan_gpp
+from gpp_solver.planners.gpp.plans import build_from_state
 from gpp_solver.planners.gpp.seeds import seed_fn
 from gpp_solver.planners.gpp.local_search import chain_states, neighbours, repartitions, search
 from gpp_solver.planners.gpp.partition_eval import Problem

@@ -61,12 +61,12 @@ from gpp_solver.planners.registry import reject_unknown_options
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.cost.model import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError
-from gpp_solver.planners.gpp.seeds import SEED_SAFETY_SHARE, run_seed_planners  # noqa: F401
-from gpp_solver.planners.gpp.seeds import seed_fn as _seed_fn  # noqa: F401  (re-exported for tests and benchmarks)
+from gpp_solver.planners.gpp.plans import build_from_state, rebuild_as_gpp, states_from_plan, uniform_micro_batch
+from gpp_solver.planners.gpp.seeds import run_seed_planners
+from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.gpp.local_search import SearchResult, chain_states, search
 from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
-from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
@@ -77,9 +77,6 @@ SEED_PLANNERS = ("graphpipe", "pipedream", "alpa", "pipedream-2bw")   # cheapest
 DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
 DEFAULT_MAX_ITERATIONS = 400
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
-TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
-TIGHTEN_MAX_SECONDS = 5.0        # ... at most this
-TIGHTEN_MAX_ACTIONS = 4000       # CP-SAT runs (tighten=None) only on plans with at most this many F/B actions
 RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
 POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
 
@@ -92,93 +89,7 @@ def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_bat
     return sorted(out) if out else [B]
 
 
-def _uniform_b(plan: Plan) -> int | None:
-    bs = {s.micro_batch_size for s in plan.stages}
-    if len(bs) != 1 or any(s.tensor_parallel != 1 or s.tmpc for s in plan.stages):
-        return None
-    return bs.pop()
-
-
-def _state_from_plan(P: Problem, plan: Plan) -> list[State]:
-    """The seed plan's partition at ``P.b``: its own degrees when valid there, and re-split ones."""
-    idx = P.graph.index
-    a = [0] * P.N
-    for i, s in enumerate(plan.stages):
-        for v in s.nodes:
-            a[idx[v]] = i
-    k = len(plan.stages)
-    out = []
-    devs = tuple(len(s.devices) // max(1, s.tensor_parallel) for s in plan.stages)
-    if all(d in P.degrees for d in devs) and sum(devs) <= P.D:
-        out.append(State(tuple(a), devs))
-    rb = P.rebalance(a, k)
-    if rb is not None:
-        out.append(State(tuple(a), rb))
-    return out
-
-
-def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
-    """A full, priced plan of a state (stage devices as placed by the evaluator)."""
-    k = len(state.devs)
-    members: list[list[int]] = [[] for _ in range(k)]
-    for u, s in enumerate(state.assign):
-        members[s].append(u)
-    ids = P.graph.ids
-    specs = [StageSpec(nodes=tuple(ids[u] for u in members[s]),
-                       devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
-                       micro_batch_size=P.b, k=1) for s in range(k)]
-    plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info)
-    if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
-        logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
-                       plan.predicted.time_per_sample)
-    return plan
-
-
-def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo) -> Plan:
-    """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
-    def specs(keep_orders: bool) -> list[StageSpec]:
-        return [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
-                          tmpc=s.tmpc, order=s.schedule.order if keep_orders else None) for s in plan.stages]
-    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info)
-    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
-            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
-        out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)
-    return out
-
-
 OBJECTIVES = ("iteration_time", "time_per_sample")
-
-
-def _tighten(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
-             budget: float, cut: bool) -> tuple[Plan, dict[str, Any], bool]:
-    """CP-SAT order tightening under a deterministic-time budget; also whether a wall-clock guard
-    may have stopped it (then its result depends on the machine's speed).
-
-    ``tighten=None`` runs it when the model has at most ``TIGHTEN_MAX_ACTIONS`` actions and the
-    search was not already ``cut`` by the wall clock — both independent of the machine's speed."""
-    if tighten is False:
-        return plan, {"status": "off"}, False
-    try:
-        from gpp_solver import cp_schedule
-    except Exception as exc:  # noqa: BLE001
-        return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
-    actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
-    limit_actions = min(TIGHTEN_MAX_ACTIONS, getattr(cp_schedule, "MAX_ACTIONS", TIGHTEN_MAX_ACTIONS))
-    if tighten is None and (cut or actions > limit_actions):
-        return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,
-                      "reason": "time limit reached" if cut else "too many actions"}, False
-    det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
-    try:
-        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True)
-    except Exception as exc:  # noqa: BLE001
-        logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
-        return plan, {"status": f"error: {type(exc).__name__}"}, False
-    # cp_schedule guards each deterministic-time phase with a wall limit of 4x it + 1 s; below
-    # det + 1 wall seconds in all neither guard can have been reached
-    guard = r.seconds >= det + 1.0
-    info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
-            "improved": r.improved, "seconds": r.seconds, "actions": r.actions, "wall_guard_possible": guard}
-    return r.plan, info, guard
 
 
 def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
@@ -224,7 +135,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
                            "time_per_sample": p.predicted.time_per_sample,
                            "iteration_time": p.predicted.iteration_time}
-    extra_b = [b for b in (_uniform_b(p) for p in seeds.values()) if b is not None]
+    extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
     if micro_batch_sizes is not None:
         bad = [b for b in micro_batch_sizes if not isinstance(b, int) or b < 1 or B % b]
         if bad:
@@ -241,7 +152,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         P = Problem(graph, cluster, B, b, tables)
         cands = list(chain_states(P))
         for name, p in seeds.items():
-            cands += [(name, st) for st in _state_from_plan(P, p)]
+            cands += [(name, st) for st in states_from_plan(P, p)]
         evald, seen = [], set()
         for label, st in cands:
             e = P.evaluate(st.assign, st.devs)
@@ -262,7 +173,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
     pool: list[tuple[Plan, dict[str, Any]]] = []
     for name, p in seeds.items():
-        pool.append((p, {"origin": name, "micro_batch_size": _uniform_b(p)}))
+        pool.append((p, {"origin": name, "micro_batch_size": uniform_micro_batch(p)}))
     per_b: dict[int, dict[str, Any]] = {}
     best_key: dict[int, tuple] = {}
     best_score: dict[int, tuple[float, float]] = {}
@@ -328,11 +239,11 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     # whose starts promise the least estimate
     if polish and objective == "iteration_time" and time.perf_counter() < deadline:
         todo: list[tuple[int, str, State, dict[str, Any]]] = []
-        own = [(p, m) for p, m in pool if p.planner == "gpp" and _uniform_b(p) is not None]
+        own = [(p, m) for p, m in pool if p.planner == "gpp" and uniform_micro_batch(p) is not None]
         if own:
             p0, m0 = min(own, key=lambda pm: score(pm[0]))
-            b0 = _uniform_b(p0)
-            todo.append((b0, "best", _state_from_plan(starts[b0][0], p0)[0], m0))
+            b0 = uniform_micro_batch(p0)
+            todo.append((b0, "best", states_from_plan(starts[b0][0], p0)[0], m0))
         for b in sorted(by_estimate, key=lambda x: (by_estimate[x][2].estimate, x))[:POLISH_SIZES]:
             label, st, e0 = by_estimate[b]
             todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps,
@@ -365,7 +276,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE))
     timed_out |= time.perf_counter() > deadline
-    plan, tinfo, guard = _tighten(plan, graph, cluster, tighten, seed, budget, timed_out)
+    plan, tinfo, guard = tighten_orders(plan, graph, cluster, tighten, seed, budget, timed_out)
     timed_out |= guard
     status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
@@ -397,5 +308,5 @@ def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
     except Exception as exc:  # noqa: BLE001
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
         return None, time.perf_counter() > deadline
-    pool.append((p, {"origin": "milp", "micro_batch_size": _uniform_b(p)}))
+    pool.append((p, {"origin": "milp", "micro_batch_size": uniform_micro_batch(p)}))
     return (p.predicted.time_per_sample if p.search.status is Status.OPTIMAL_TIME_PER_SAMPLE else None), p.search.status is Status.TIME_LIMIT

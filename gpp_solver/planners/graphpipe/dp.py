@@ -2,7 +2,7 @@
 
 :class:`StageDP` prepares, once per graph and cluster, the SP tree's segments and their boundary
 transfers; per micro-batch size ``b`` it prices every segment at every data-parallel degree
-(:func:`gpp_solver.planners.graphpipe.dp_kernel.stage_tps`, :func:`~gpp_solver.planners.graphpipe.dp_kernel.max_depths`); per target TPS ``t`` it runs the numeric kernel
+(:func:`gpp_solver.planners.graphpipe.dp_stage_tables.stage_tps`, :func:`~gpp_solver.planners.graphpipe.dp_stage_tables.max_depths`); per target TPS ``t`` it runs the numeric kernel
 (:func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp`) and answers "how few devices reach ``t``" or, with
 :meth:`StageDP.stages`, the stages themselves (the traceback).
 
@@ -26,65 +26,17 @@ from typing import Sequence
 import numpy as np
 
 from gpp_solver.cost.model import CostTables
-from gpp_solver.planners.graphpipe.dp_kernel import (INF, TreeIndex, attach_parts, degree_thresholds, devices_by_depth,
-                                                     devices_from_thresholds, index_tree, max_depths, run_dp,
-                                                     segment_comm, segment_sums, stage_tps)
+from gpp_solver.planners.graphpipe.dp_kernel import run_dp
+from gpp_solver.planners.graphpipe.dp_stage_tables import (degree_thresholds, devices_by_depth, devices_from_thresholds,
+                                                           max_depths, segment_comm, segment_sums, stage_tps)
+from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
+from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex, index_tree
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
-
-
-#: The DP's value is lexicographic: fewest devices, then fewest stages — each stage counts
-#: ``devices << STAGE_BITS | 1`` (:func:`encode`), so among stagings with equal devices the sums
-#: prefer fewer stages (fewer transfers and pipeline steps); :func:`decode` recovers the devices.
-STAGE_BITS = 12
-
-
-def encode(dev: np.ndarray) -> np.ndarray:
-    return np.where(dev >= INF, INF, (dev << STAGE_BITS) + 1)
-
-
-def decode(val):
-    return np.where(np.asarray(val) >= INF, INF, np.asarray(val) >> STAGE_BITS)
-
-
-@dataclass(frozen=True)
-class DPStage:
-    """One stage chosen by the DP: operators, data-parallel degree, depth (1 = sink) and the DP's
-    TPS estimate (an upper bound of the exact figure)."""
-
-    nodes: tuple[str, ...]
-    degree: int
-    depth: int
-    tps_estimate: float
-    first: int          # position of its first operator in the tree's leaf order
-
-
-def power_of_two_degrees(limit: int) -> tuple[int, ...]:
-    out, d = [], 1
-    while d <= limit:
-        out.append(d)
-        d *= 2
-    return tuple(out)
-
-
-def assign_devices(stages: Sequence[DPStage], devices_per_node: int | None) -> list[tuple[int, ...]]:
-    """Contiguous device ranges: largest degree first, then leaf order.
-
-    With power-of-two degrees every range starts at a multiple of its size, so a stage whose
-    degree divides ``devices_per_node`` sits inside one node (the DP's all-reduce estimate relies
-    on this).  Neighbouring stages of equal degree get neighbouring devices.
-    """
-    order = sorted(range(len(stages)), key=lambda i: (-stages[i].degree, stages[i].first))
-    out: list[tuple[int, ...]] = [()] * len(stages)
-    nxt = 0
-    for i in order:
-        d = stages[i].degree
-        out[i] = tuple(range(nxt, nxt + d))
-        nxt += d
-    return out
 
 
 @dataclass(frozen=True)
@@ -103,7 +55,7 @@ class _BTables:
     degrees: tuple[int, ...]
     tps: np.ndarray
     maxdepth: np.ndarray
-    thresholds: np.ndarray     # dp_kernel.degree_thresholds(tps, maxdepth, E)
+    thresholds: np.ndarray     # dp_stage_tables.degree_thresholds(tps, maxdepth, E)
 
 
 class StageDP:
@@ -254,8 +206,9 @@ class StageDP:
         assert probe.kept is not None, "probe ran without keep=True"
         dev, Rroot, tables, R = probe.kept
         b, t = probe.pairs[i]
-        return self._traceback(b, t, dev[i], Rroot[i], [x[i] for x in tables], [x[i] for x in R], prefer_shared,
-                               self.E if probe.E is None else probe.E)
+        tb = self.tables(b)
+        return trace_stages(self.idx, tb.degrees, tb.tps, self.D, b, t, dev[i], Rroot[i], [x[i] for x in tables],
+                            [x[i] for x in R], prefer_shared, self.E if probe.E is None else probe.E)
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
@@ -305,169 +258,3 @@ class StageDP:
         """Tracebacks for several ``(b, t)`` pairs from one batched DP pass."""
         pr = self.probe(pairs)
         return [self.traceback(pr, i, prefer_shared) for i in range(len(pairs))]
-
-    def _traceback(self, b: int, t: float, dev: np.ndarray, Rroot: np.ndarray, tables: list, R: list,
-                   prefer_shared: bool = True, E: int | None = None) -> list[DPStage]:
-        E = self.E if E is None else E
-        tb = self.tables(b)
-        feas = np.nonzero(decode(Rroot[0]) <= self.D)[0]
-        if len(feas) == 0:
-            raise ValueError(f"target {t!r} is infeasible at b={b}")
-        e0 = int(feas[0])
-        idx, out = self.idx, []
-        col = {d: j for j, d in enumerate(tb.degrees)}
-
-        def emit(g: int, depth: int) -> None:
-            d = int(decode(dev[g, depth]))
-            out.append(DPStage(idx.leaves(g), d, depth, float(tb.tps[g, col[d]]), int(idx.seg_lo[g])))
-
-        def walk(t_id: int, s: int, e: int, p: int = 0) -> None:
-            kind, kids = idx.nodes[t_id]
-            suf, segs, k = tables[t_id], idx.seg[t_id], len(kids)
-            while p < k:
-                target = suf[p][s, e]
-                assert target < INF
-                internal = kids[p][0] == "node"
-                found = None
-                site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
-                if site is not None and prefer_shared:   # fewer stages and transfers at the same value
-                    qm = attach_walk(site, suf, s, e, target)
-                    if qm is not None:
-                        p, e = qm[0] + 1, qm[1] - 1
-                        continue
-                if kind == "S":
-                    for m in range(s, e):
-                        for q in range(k - 1, p - 1, -1):
-                            if q == p and internal:
-                                val = R[kids[p][1]][m, e] + suf[p + 1][s, m]
-                            else:
-                                val = dev[segs[p, q], m + 1] + suf[q + 1][s, m]
-                            if val == target:
-                                found = (q, m)
-                                break
-                        if found:
-                            break
-                    if found is None and site is not None and not prefer_shared:
-                        qm = attach_walk(site, suf, s, e, target)
-                        assert qm is not None
-                        p, e = qm[0] + 1, qm[1] - 1
-                        continue
-                    assert found is not None
-                    q, m = found
-                    if q == p and internal:
-                        walk(kids[p][1], m, e)
-                    else:
-                        emit(int(segs[p, q]), m + 1)
-                    p, e = q + 1, m
-                else:
-                    for q in range(k - 1, p - 1, -1):
-                        if q == p and internal:
-                            val = R[kids[p][1]][s, e] + suf[p + 1][s, e]
-                        else:
-                            val = (dev[segs[p, q], s + 1] if e >= s + 1 else INF) + suf[q + 1][s, e]
-                        if val == target:
-                            found = (q, 0)
-                            break
-                    assert found is not None
-                    q = found[0]
-                    if q == p and internal:
-                        walk(kids[p][1], s, e)
-                    else:
-                        emit(int(segs[p, q]), s + 1)
-                    p = q + 1
-
-        def attach_walk(site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
-            """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
-            par_suf = tables[site.par]
-            Rb = [None if x is None else x[None] for x in R]
-            parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E)
-            ms = np.arange(s + 1, E + 1)
-            for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
-                if len(ms) == 0:
-                    break
-                us = [u for u, _ in opts]
-                qs = [q for q, _ in opts[0][1]]
-                G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)      # (u, q)
-                rest = np.stack([suf[q + 1][s, ms - 1] for q in qs])                       # (q, m)
-                val = (dev[G][:, :, ms] + rest[None] + parts.heads[i][0, us][:, None, ms, e]
-                       + parts.others[i][0, ms, e][None, None])
-                hit = np.argwhere(val == target)
-                if len(hit):
-                    ui, qi, mi = (int(x) for x in hit[0])
-                    m = int(ms[mi])
-                    emit(int(G[ui, qi]), m)
-                    head_walk(site, i, us[ui], m, e, parts.heads[i])
-                    others_walk(site, i, i, m, e, parts.prepar)
-                    return qs[qi], m
-            mg = np.arange(s + 1, e + 1)
-            if site.groups and len(mg):
-                qs = [q for q, _ in site.groups[0][2]]
-                G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
-                a = np.asarray([x for x, _, _ in site.groups])
-                c = np.asarray([z for _, z, _ in site.groups])
-                rest = np.stack([suf[q + 1][s, mg - 1] for q in qs])                           # (q, m)
-                PP = np.stack([x[0] for x in parts.prepar])                                    # (i, m, e)
-                other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]                             # (grp, m)
-                val = dev[G][:, :, mg] + rest[None] + other[:, None]
-                hit = np.argwhere(val == target)
-                if len(hit):
-                    gi, qi, mi = (int(x) for x in hit[0])
-                    m = int(mg[mi])
-                    emit(int(G[gi, qi]), m)
-                    others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
-                    return qs[qi], m
-            return None
-
-        def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
-            hb, cb = idx.nodes[site.par][1][i]
-            if u == 0:
-                return
-            kids, segs = idx.nodes[cb][1], idx.seg[cb]
-            while u > 0:
-                target = pre[0, u, m, e]
-                internal = kids[u - 1][0] == "node"
-                nxt = None
-                for v in range(u - 1, -1, -1):
-                    if v == u - 1 and internal:
-                        continue
-                    g = int(segs[v, u - 1])
-                    rest = pre[0, v, m + 1, e] if m + 1 <= E else INF
-                    if dev[g, m + 1] + rest == target:
-                        emit(g, m + 1)
-                        nxt = (v, m + 1)
-                        break
-                if nxt is None:
-                    c = kids[u - 1][1]
-                    m2 = next(x for x in range(E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
-                    walk(c, m, m2)
-                    nxt = (u - 1, m2)
-                u, m = nxt
-
-        def others_walk(site, a: int, c: int, m: int, e: int, prepar: list) -> None:
-            """The branches before ``a`` and after ``c`` (their successor at depth ``m``)."""
-            if c + 1 < len(idx.nodes[site.par][1]):
-                walk(site.par, m, e, c + 1)
-            kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
-            j = a
-            while j > 0:
-                target = prepar[j][0, m, e]
-                internal = kids[j - 1][0] == "node"
-                nxt = None
-                for v in range(j - 1, -1, -1):
-                    if v == j - 1 and internal:
-                        continue
-                    g = int(segs[v, j - 1])
-                    if e >= m + 1 and dev[g, m + 1] + prepar[v][0, m, e] == target:
-                        emit(g, m + 1)
-                        nxt = v
-                        break
-                if nxt is None:
-                    c = kids[j - 1][1]
-                    assert R[c][m, e] + prepar[j - 1][0, m, e] == target
-                    walk(c, m, e)
-                    nxt = j - 1
-                j = nxt
-
-        walk(idx.root[1], 0, e0)
-        out.sort(key=lambda st: st.first)
-        return out

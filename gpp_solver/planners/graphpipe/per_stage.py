@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from gpp_solver.cost.model import stage_costs
-from gpp_solver.planners.graphpipe.dp import assign_devices
+from gpp_solver.planners.graphpipe.dp_stage import assign_devices
 from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.plan.build import StageSpec, build_plan

@@ -6,7 +6,7 @@ mini_batch_size, ...)`` is the same behind the planner protocol of :mod:`gpp_sol
 Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.sp_tree`; non-SP graphs
 are SP-ized by adding dependencies); for every micro-batch size find the smallest bottleneck TPS
 the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.planners.graphpipe.dp`); give every stage a
-contiguous device range (:func:`gpp_solver.planners.graphpipe.dp.assign_devices`, then the leftover-device pass); let
+contiguous device range (:func:`gpp_solver.planners.graphpipe.dp_stage.assign_devices`, then the leftover-device pass); let
 ``plan_build`` derive stage edges, Algorithm 2 in-flight counts, kFkB orders, the cost model's
 exact figures and the simulated iteration time; keep the staging whose plan has the least
 *simulated* iteration time (the paper's sweep "to maximize training throughput", A.2; ties: smaller
@@ -34,7 +34,7 @@ split's branches share source and sink — so the stage holding a parallel block
 CANDLE-Uno's concat, DLRM's interaction) may also hold the last operators of one branch, or a
 group of whole branches (the parallel split's group that keeps the sink); §7.5's
 plan is of that kind ("one stage necessarily contains the concatenation operator").  The DP adds
-those stages (:func:`gpp_solver.planners.graphpipe.dp_kernel.add_shared_sinks`); where the optimum is reached both
+those stages (:func:`gpp_solver.planners.graphpipe.dp_tree.add_shared_sinks`); where the optimum is reached both
 with and without one, both tracebacks are simulated.  The per-stage micro-batch DP
 (``per_stage_micro_batch``) does not have them.
 

@@ -13,7 +13,8 @@ from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.binary_search import TpsSearch, search_depths, search_many
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.planners.graphpipe.dp import DPStage, StageDP
+from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_stage import DPStage
 from gpp_solver.planners.graphpipe.staging import (K_OPTIONS, PLANNER, estimate_iteration, price_staging,
                                                   spend_leftover_devices, stage_specs)
 from gpp_solver.plan.build import build_plan

@@ -1,0 +1,66 @@
+"""Between ``plan_gpp``'s local-search states and plans: a seed plan's partition as start states, a
+state as a full priced plan, a seed plan re-issued under the name ``gpp``."""
+
+from __future__ import annotations
+
+import logging
+
+from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+
+logger = logging.getLogger(__name__)
+
+
+def uniform_micro_batch(plan: Plan) -> int | None:
+    bs = {s.micro_batch_size for s in plan.stages}
+    if len(bs) != 1 or any(s.tensor_parallel != 1 or s.tmpc for s in plan.stages):
+        return None
+    return bs.pop()
+
+
+def states_from_plan(P: Problem, plan: Plan) -> list[State]:
+    """The seed plan's partition at ``P.b``: its own degrees when valid there, and re-split ones."""
+    idx = P.graph.index
+    a = [0] * P.N
+    for i, s in enumerate(plan.stages):
+        for v in s.nodes:
+            a[idx[v]] = i
+    k = len(plan.stages)
+    out = []
+    devs = tuple(len(s.devices) // max(1, s.tensor_parallel) for s in plan.stages)
+    if all(d in P.degrees for d in devs) and sum(devs) <= P.D:
+        out.append(State(tuple(a), devs))
+    rb = P.rebalance(a, k)
+    if rb is not None:
+        out.append(State(tuple(a), rb))
+    return out
+
+
+def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
+    """A full, priced plan of a state (stage devices as placed by the evaluator)."""
+    k = len(state.devs)
+    members: list[list[int]] = [[] for _ in range(k)]
+    for u, s in enumerate(state.assign):
+        members[s].append(u)
+    ids = P.graph.ids
+    specs = [StageSpec(nodes=tuple(ids[u] for u in members[s]),
+                       devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
+                       micro_batch_size=P.b, k=1) for s in range(k)]
+    plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info)
+    if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
+        logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
+                       plan.predicted.time_per_sample)
+    return plan
+
+
+def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo) -> Plan:
+    """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
+    def specs(keep_orders: bool) -> list[StageSpec]:
+        return [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
+                          tmpc=s.tmpc, order=s.schedule.order if keep_orders else None) for s in plan.stages]
+    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info)
+    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
+            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
+        out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)
+    return out

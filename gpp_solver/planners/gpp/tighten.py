@@ -1,0 +1,47 @@
+"""``plan_gpp``'s last step: CP-SAT tightening of the chosen plan's micro-batch orders
+(:func:`gpp_solver.cp_schedule.tighten`) under a deterministic-time budget."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpp_solver.types import Cluster, Graph, Plan
+
+logger = logging.getLogger(__name__)
+
+TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
+TIGHTEN_MAX_SECONDS = 5.0        # ... at most this
+TIGHTEN_MAX_ACTIONS = 4000       # CP-SAT runs (tighten=None) only on plans with at most this many F/B actions
+
+
+def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
+             budget: float, cut: bool) -> tuple[Plan, dict[str, Any], bool]:
+    """CP-SAT order tightening under a deterministic-time budget; also whether a wall-clock guard
+    may have stopped it (then its result depends on the machine's speed).
+
+    ``tighten=None`` runs it when the model has at most ``TIGHTEN_MAX_ACTIONS`` actions and the
+    search was not already ``cut`` by the wall clock — both independent of the machine's speed."""
+    if tighten is False:
+        return plan, {"status": "off"}, False
+    try:
+        from gpp_solver import cp_schedule
+    except Exception as exc:  # noqa: BLE001
+        return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
+    actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
+    limit_actions = min(TIGHTEN_MAX_ACTIONS, getattr(cp_schedule, "MAX_ACTIONS", TIGHTEN_MAX_ACTIONS))
+    if tighten is None and (cut or actions > limit_actions):
+        return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,
+                      "reason": "time limit reached" if cut else "too many actions"}, False
+    det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
+    try:
+        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True)
+    except Exception as exc:  # noqa: BLE001
+        logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
+        return plan, {"status": f"error: {type(exc).__name__}"}, False
+    # cp_schedule guards each deterministic-time phase with a wall limit of 4x it + 1 s; below
+    # det + 1 wall seconds in all neither guard can have been reached
+    guard = r.seconds >= det + 1.0
+    info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
+            "improved": r.improved, "seconds": r.seconds, "actions": r.actions, "wall_guard_possible": guard}
+    return r.plan, info, guard

@@ -1,0 +1,167 @@
+"""Per-segment tables of the stage DP for one micro-batch size: boundary transfers, sums by prefix
+differences, the estimated TPS of every segment at every data-parallel degree, the deepest in-flight
+count memory allows, and the fewest devices that meet a target TPS (see
+:mod:`gpp_solver.planners.graphpipe.dp_kernel`'s docstring for the stage estimate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, TreeIndex
+
+
+@dataclass
+class SegmentComm:
+    """Per segment: boundary transfer count and bytes per sample (the upper-bound estimate)."""
+
+    count: np.ndarray
+    nbytes: np.ndarray
+
+
+def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
+    """Boundary transfers of every segment, grown child by child (leaf order is topological)."""
+    pos = {v: i for i, v in enumerate(idx.leaf_order)}
+    n = len(pos)
+    succ: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    pred: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for (u, v), nb in edges.items():
+        pu, pv = pos[u], pos[v]
+        succ[pu].append((pv, nb))
+        pred[pv].append((pu, nb))
+    count = np.zeros(len(idx.seg_lo), dtype=float)
+    nbytes = np.zeros(len(idx.seg_lo), dtype=float)
+    for t, ranges in enumerate(idx.child_range):
+        k = len(ranges)
+        for i in range(k):
+            lo = ranges[i][0]
+            in_max: dict[int, float] = {}
+            in_sum = 0.0
+            out_cnt = 0
+            out_sum = 0.0
+            for j in range(i, k):
+                a, hi = ranges[j]
+                for w in range(a, hi):
+                    for pu, nb in pred[w]:
+                        if pu < lo:
+                            old = in_max.get(pu)
+                            if old is None:
+                                in_max[pu] = nb
+                                in_sum += nb
+                            elif nb > old:
+                                in_max[pu] = nb
+                                in_sum += nb - old
+                        else:           # was an outgoing edge of the shorter segment
+                            out_cnt -= 1
+                            out_sum -= nb
+                    for _, nb in succ[w]:
+                        out_cnt += 1
+                        out_sum += nb
+                g = idx.seg[t][i, j]
+                count[g] = len(in_max) + out_cnt
+                nbytes[g] = in_sum + max(out_sum, 0.0)
+    for g in range(idx.n_tree_segments, len(idx.seg_lo)):     # shared-sink stages: from the set
+        inside = {w for lo, hi in idx.ranges(g) for w in range(lo, hi)}
+        ins: dict[int, float] = {}
+        out_cnt, out_sum = 0, 0.0
+        for w in inside:
+            for pu, nb in pred[w]:
+                if pu not in inside:
+                    ins[pu] = max(ins.get(pu, 0.0), nb)
+            for pv, nb in succ[w]:
+                if pv not in inside:
+                    out_cnt += 1
+                    out_sum += nb
+        count[g] = len(ins) + out_cnt
+        nbytes[g] = sum(ins.values()) + out_sum
+    return SegmentComm(count, nbytes)
+
+
+def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
+    """``sum`` of a per-leaf quantity over every segment (prefix-sum differences)."""
+    pre = np.concatenate([[0.0], np.cumsum(per_leaf)])
+    out = pre[idx.seg_hi] - pre[idx.seg_lo]
+    if idx.seg_lo2 is not None and len(idx.seg_lo) > idx.n_tree_segments:
+        out = out + (pre[idx.seg_hi2] - pre[idx.seg_lo2])
+    return out
+
+
+def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
+              degrees: Sequence[int], *, mini_batch: int, latency: float, comm_bandwidth: float,
+              allreduce_bandwidth: Sequence[float]) -> np.ndarray:
+    """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
+    ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes."""
+    tps = np.empty((len(idx.seg_lo), len(degrees)))
+    for j, d in enumerate(degrees):
+        C = segment_sums(idx, compute[j])
+        comm_half = comm.count * latency + comm.nbytes * (b / d) / comm_bandwidth
+        ar = 0.0 if d == 1 else 2.0 * (d - 1) / d * W / allreduce_bandwidth[j]
+        tps[:, j] = (C + 2.0 * comm_half) / b + ar / mini_batch
+    return tps
+
+
+def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch: int,
+               memory: float, osf: float) -> np.ndarray:
+    """Deepest position (1 = sink) each segment may take at each degree under the memory limit:
+    ``osf * W + min(depth, n) * b / d * A <= memory``; 0 = not even as a sink, ``BIG_DEPTH`` = never
+    binds."""
+    n_micro = mini_batch // b
+    static = memory - osf * W
+    out = np.empty((len(W), len(degrees)), dtype=np.int64)
+    for j, d in enumerate(degrees):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            md = np.floor(static * d / (b * A))
+        md = np.where(A > 0, md, BIG_DEPTH)
+        md = np.where(static < 0, 0, md)
+        md = np.where(md >= n_micro, BIG_DEPTH, md)
+        out[:, j] = np.clip(md, 0, BIG_DEPTH).astype(np.int64)
+    return out
+
+
+def devices_by_depth(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets: np.ndarray,
+                     E: int) -> np.ndarray:
+    """``dev[i, g, depth]`` for target ``targets[i]`` and depth ``0..E+1``: the smallest degree that
+    meets the target and memory at that depth (``INF`` when none; depths 0 and ``E+1`` are ``INF``)."""
+    targets = np.atleast_1d(np.asarray(targets, dtype=float))
+    depths = np.arange(E + 2)
+    dev = np.full((len(targets), tps.shape[0], E + 2), INF, dtype=np.int64)
+    for j in range(len(degrees) - 1, -1, -1):
+        mem_ok = maxdepth[:, j][:, None] >= depths[None, :]                    # (g, depth)
+        ok = (tps[:, j][None, :] <= targets[:, None])[:, :, None] & mem_ok[None]
+        dev = np.where(ok, degrees[j], dev)
+    dev[:, :, 0] = INF
+    dev[:, :, E + 1] = INF
+    return dev
+
+
+def degree_thresholds(tps: np.ndarray, maxdepth: np.ndarray, E: int) -> np.ndarray:
+    """``thr[g, depth, j]``: the least TPS segment ``g`` reaches at ``depth`` with one of the first
+    ``j+1`` degrees (``nan`` where none is allowed — memory, or depth 0 / ``E+1`` — so that it
+    fails even the target ``inf``).
+
+    Non-increasing in ``j``, so the smallest degree meeting a target ``t`` is ``degrees[count of
+    entries not <= t]`` — :func:`devices_from_thresholds`, the same answer as :func:`devices_by_depth`
+    with one comparison per entry instead of a pass per degree.  Stored degree-major (each
+    ``thr[:, :, j]`` contiguous) for that lookup.
+    """
+    depths = np.arange(E + 2)
+    thr = np.empty((tps.shape[1], tps.shape[0], E + 2))                         # (j, g, depth)
+    for j in range(tps.shape[1]):
+        np.copyto(thr[j], np.where(maxdepth[:, j, None] >= depths[None, :], tps[:, j, None], np.nan))
+    thr[:, :, 0] = np.nan
+    thr[:, :, E + 1] = np.nan
+    for j in range(1, len(thr)):            # fmin.accumulate along axis 0, without its slow path
+        np.fmin(thr[j - 1], thr[j], out=thr[j])
+    return np.moveaxis(thr, 0, 2)
+
+
+def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets) -> np.ndarray:
+    """``dev[i, g, depth]`` as :func:`devices_by_depth` returns it, from :func:`degree_thresholds`:
+    the largest degree first, each smaller one overwriting where it already meets the target."""
+    t = np.atleast_1d(np.asarray(targets, dtype=float))[:, None, None]
+    dev = np.full((t.shape[0],) + thr.shape[:2], INF, dtype=np.int64)
+    for j in range(thr.shape[2] - 1, -1, -1):
+        np.copyto(dev, degrees[j], where=thr[:, :, j] <= t)
+    return dev

@@ -1,0 +1,181 @@
+"""The traceback of GraphPipe's stage DP: from the tables of one DP pass back to the stages (series
+and parallel splits, shared-sink stages with their branch heads and the other branches)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from gpp_solver.planners.graphpipe.dp_shared_sinks import attach_parts
+from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode
+from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex
+
+
+def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int, b: int, t: float, dev: np.ndarray,
+                 Rroot: np.ndarray, tables: list, R: list, prefer_shared: bool, E: int) -> list[DPStage]:
+    """The stages of one feasible DP pass (target ``t`` at ``b`` within ``D`` devices): ``dev``,
+    ``Rroot``, ``tables`` and ``R`` are that pass's arrays (:func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp`
+    with ``keep``), ``tps[g, j]`` the segment estimates at ``degrees[j]``.  Where a shared-sink stage and
+    separate stages reach the same value, ``prefer_shared`` picks the former."""
+    feas = np.nonzero(decode(Rroot[0]) <= D)[0]
+    if len(feas) == 0:
+        raise ValueError(f"target {t!r} is infeasible at b={b}")
+    e0 = int(feas[0])
+    out = []
+    col = {d: j for j, d in enumerate(degrees)}
+
+    def emit(g: int, depth: int) -> None:
+        d = int(decode(dev[g, depth]))
+        out.append(DPStage(idx.leaves(g), d, depth, float(tps[g, col[d]]), int(idx.seg_lo[g])))
+
+    def walk(t_id: int, s: int, e: int, p: int = 0) -> None:
+        kind, kids = idx.nodes[t_id]
+        suf, segs, k = tables[t_id], idx.seg[t_id], len(kids)
+        while p < k:
+            target = suf[p][s, e]
+            assert target < INF
+            internal = kids[p][0] == "node"
+            found = None
+            site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
+            if site is not None and prefer_shared:   # fewer stages and transfers at the same value
+                qm = attach_walk(site, suf, s, e, target)
+                if qm is not None:
+                    p, e = qm[0] + 1, qm[1] - 1
+                    continue
+            if kind == "S":
+                for m in range(s, e):
+                    for q in range(k - 1, p - 1, -1):
+                        if q == p and internal:
+                            val = R[kids[p][1]][m, e] + suf[p + 1][s, m]
+                        else:
+                            val = dev[segs[p, q], m + 1] + suf[q + 1][s, m]
+                        if val == target:
+                            found = (q, m)
+                            break
+                    if found:
+                        break
+                if found is None and site is not None and not prefer_shared:
+                    qm = attach_walk(site, suf, s, e, target)
+                    assert qm is not None
+                    p, e = qm[0] + 1, qm[1] - 1
+                    continue
+                assert found is not None
+                q, m = found
+                if q == p and internal:
+                    walk(kids[p][1], m, e)
+                else:
+                    emit(int(segs[p, q]), m + 1)
+                p, e = q + 1, m
+            else:
+                for q in range(k - 1, p - 1, -1):
+                    if q == p and internal:
+                        val = R[kids[p][1]][s, e] + suf[p + 1][s, e]
+                    else:
+                        val = (dev[segs[p, q], s + 1] if e >= s + 1 else INF) + suf[q + 1][s, e]
+                    if val == target:
+                        found = (q, 0)
+                        break
+                assert found is not None
+                q = found[0]
+                if q == p and internal:
+                    walk(kids[p][1], s, e)
+                else:
+                    emit(int(segs[p, q]), s + 1)
+                p = q + 1
+
+    def attach_walk(site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
+        """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
+        par_suf = tables[site.par]
+        Rb = [None if x is None else x[None] for x in R]
+        parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E)
+        ms = np.arange(s + 1, E + 1)
+        for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
+            if len(ms) == 0:
+                break
+            us = [u for u, _ in opts]
+            qs = [q for q, _ in opts[0][1]]
+            G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)      # (u, q)
+            rest = np.stack([suf[q + 1][s, ms - 1] for q in qs])                       # (q, m)
+            val = (dev[G][:, :, ms] + rest[None] + parts.heads[i][0, us][:, None, ms, e]
+                   + parts.others[i][0, ms, e][None, None])
+            hit = np.argwhere(val == target)
+            if len(hit):
+                ui, qi, mi = (int(x) for x in hit[0])
+                m = int(ms[mi])
+                emit(int(G[ui, qi]), m)
+                head_walk(site, i, us[ui], m, e, parts.heads[i])
+                others_walk(site, i, i, m, e, parts.prepar)
+                return qs[qi], m
+        mg = np.arange(s + 1, e + 1)
+        if site.groups and len(mg):
+            qs = [q for q, _ in site.groups[0][2]]
+            G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
+            a = np.asarray([x for x, _, _ in site.groups])
+            c = np.asarray([z for _, z, _ in site.groups])
+            rest = np.stack([suf[q + 1][s, mg - 1] for q in qs])                           # (q, m)
+            PP = np.stack([x[0] for x in parts.prepar])                                    # (i, m, e)
+            other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]                             # (grp, m)
+            val = dev[G][:, :, mg] + rest[None] + other[:, None]
+            hit = np.argwhere(val == target)
+            if len(hit):
+                gi, qi, mi = (int(x) for x in hit[0])
+                m = int(mg[mi])
+                emit(int(G[gi, qi]), m)
+                others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
+                return qs[qi], m
+        return None
+
+    def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
+        hb, cb = idx.nodes[site.par][1][i]
+        if u == 0:
+            return
+        kids, segs = idx.nodes[cb][1], idx.seg[cb]
+        while u > 0:
+            target = pre[0, u, m, e]
+            internal = kids[u - 1][0] == "node"
+            nxt = None
+            for v in range(u - 1, -1, -1):
+                if v == u - 1 and internal:
+                    continue
+                g = int(segs[v, u - 1])
+                rest = pre[0, v, m + 1, e] if m + 1 <= E else INF
+                if dev[g, m + 1] + rest == target:
+                    emit(g, m + 1)
+                    nxt = (v, m + 1)
+                    break
+            if nxt is None:
+                c = kids[u - 1][1]
+                m2 = next(x for x in range(E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
+                walk(c, m, m2)
+                nxt = (u - 1, m2)
+            u, m = nxt
+
+    def others_walk(site, a: int, c: int, m: int, e: int, prepar: list) -> None:
+        """The branches before ``a`` and after ``c`` (their successor at depth ``m``)."""
+        if c + 1 < len(idx.nodes[site.par][1]):
+            walk(site.par, m, e, c + 1)
+        kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
+        j = a
+        while j > 0:
+            target = prepar[j][0, m, e]
+            internal = kids[j - 1][0] == "node"
+            nxt = None
+            for v in range(j - 1, -1, -1):
+                if v == j - 1 and internal:
+                    continue
+                g = int(segs[v, j - 1])
+                if e >= m + 1 and dev[g, m + 1] + prepar[v][0, m, e] == target:
+                    emit(g, m + 1)
+                    nxt = v
+                    break
+            if nxt is None:
+                c = kids[j - 1][1]
+                assert R[c][m, e] + prepar[j - 1][0, m, e] == target
+                walk(c, m, e)
+                nxt = j - 1
+            j = nxt
+
+    walk(idx.root[1], 0, e0)
+    out.sort(key=lambda st: st.first)
+    return out

@@ -1,0 +1,194 @@
+"""The SP tree flattened for the stage DP's array work (:class:`TreeIndex`): internal nodes in
+post-order, every segment (a contiguous range of one node's children, hence a contiguous range of
+the leaf order) with an id, and with ``shared_sinks`` GraphPipe's shared-sink stages
+(:func:`add_shared_sinks`).  See :mod:`gpp_solver.planners.graphpipe.dp_kernel` for the DP itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpp_solver.sp_tree import Leaf, Series, SPNode
+
+INF = 1 << 40          # "impossible" device count; sums of two stay far from int64 overflow
+BIG_DEPTH = 1 << 30    # memory never binds
+
+
+@dataclass
+class TreeIndex:
+    """The SP tree flattened for array work.
+
+    ``nodes[t] = (kind, children)`` for internal nodes in post-order (children before parents);
+    a child is ``("leaf", position)`` or ``("node", t)``; ``child_range[t][i]`` its leaf range.
+    ``seg[t]`` is a ``k x k`` array of segment ids (``-1`` below the diagonal); segment ``g``
+    covers leaf positions ``seg_lo[g]:seg_hi[g]``.
+    """
+
+    leaf_order: tuple
+    nodes: list[tuple[str, list[tuple[str, int]]]]
+    child_range: list[list[tuple[int, int]]]
+    seg: list[np.ndarray]
+    seg_lo: np.ndarray
+    seg_hi: np.ndarray
+    root: tuple[str, int]
+    height: int            # longest chain of operators in the (SP-ized) order
+    #: second leaf range of a segment (empty ``0:0`` for the tree's own segments; a shared-sink
+    #: stage is a branch's tail plus the series children after its parallel block)
+    seg_lo2: np.ndarray | None = None
+    seg_hi2: np.ndarray | None = None
+    #: shared-sink sites: series node -> its :class:`AttachSite` list (empty without ``shared_sinks``)
+    sites: dict[int, list["AttachSite"]] = field(default_factory=dict)
+    n_tree_segments: int = 0
+
+    def ranges(self, g: int) -> list[tuple[int, int]]:
+        """Leaf ranges of segment ``g`` (one, or two for a shared-sink stage)."""
+        out = [(int(self.seg_lo[g]), int(self.seg_hi[g]))]
+        if self.seg_lo2 is not None and self.seg_hi2[g] > self.seg_lo2[g]:
+            out.append((int(self.seg_lo2[g]), int(self.seg_hi2[g])))
+        return out
+
+    def leaves(self, g: int) -> tuple:
+        return tuple(v for lo, hi in self.ranges(g) for v in self.leaf_order[lo:hi])
+
+
+@dataclass(frozen=True)
+class AttachSite:
+    """Where GraphPipe's shared sink applies: child ``p`` of series node ``series`` is the parallel
+    node ``par``; ``tails[i]`` lists, for branch ``i`` of ``par``, ``(u, ((q, segment), ...))``:
+    the branch's children ``u..`` (``u = 0`` for a one-operator branch) joined with the series
+    children ``p+1..q`` into one stage, whose segment id is ``segment``."""
+
+    series: int
+    p: int
+    par: int
+    tails: tuple[tuple[tuple[int, tuple[tuple[int, int], ...]], ...], ...]
+    #: ``(a, c, ((q, segment), ...))``: branches ``a..c`` (``c > a``) whole, joined with the series
+    #: children ``p+1..q`` into one stage (the parallel split's group that keeps the shared sink)
+    groups: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...] = ()
+
+
+def index_tree(tree: SPNode, shared_sinks: bool = False) -> TreeIndex:
+    """Flatten ``tree``; with ``shared_sinks`` also list the shared-sink stages (see
+    :func:`add_shared_sinks`)."""
+    leaf_order: list = []
+    nodes: list = []
+    child_range: list = []
+    seg: list = []
+    lo_list: list[int] = []
+    hi_list: list[int] = []
+
+    def walk(t: SPNode) -> tuple[tuple[str, int], int, int, int]:
+        """Returns (handle, lo, hi, height)."""
+        if isinstance(t, Leaf):
+            leaf_order.append(t.node)
+            p = len(leaf_order) - 1
+            return ("leaf", p), p, p + 1, 1
+        kids = [walk(c) for c in t.children]
+        kind = "S" if isinstance(t, Series) else "P"
+        height = sum(k[3] for k in kids) if kind == "S" else max(k[3] for k in kids)
+        k = len(kids)
+        ids = np.full((k, k), -1, dtype=np.int64)
+        iu, ju = np.triu_indices(k)
+        base = sum(len(x) for x in lo_list)
+        ids[iu, ju] = np.arange(base, base + len(iu))
+        los = np.asarray([c[1] for c in kids], dtype=np.int64)
+        his = np.asarray([c[2] for c in kids], dtype=np.int64)
+        lo_list.append(los[iu])
+        hi_list.append(his[ju])
+        nodes.append((kind, [h for h, *_ in kids]))
+        child_range.append([(lo, hi) for _, lo, hi, _ in kids])
+        seg.append(ids)
+        return ("node", len(nodes) - 1), kids[0][1], kids[-1][2], height
+
+    if isinstance(tree, Leaf):
+        # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
+        tree = Series((tree,))
+    root, _, _, height = walk(tree)
+    lo, hi = np.concatenate(lo_list), np.concatenate(hi_list)
+    idx = TreeIndex(tuple(leaf_order), nodes, child_range, seg, lo, hi, root, height,
+                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo))
+    if shared_sinks:
+        add_shared_sinks(idx)
+    return idx
+
+
+def add_shared_sinks(idx: TreeIndex) -> None:
+    """GraphPipe's decompositions share terminals: the branches of a parallel block end in the
+    block's sink, the node after it, so the stage holding that node may also hold the last
+    operators of one branch (§7.5: "one stage necessarily contains the concatenation operator").
+    For every series child ``p`` that is a parallel node with series children after it, every
+    branch ``i`` and every tail of that branch (its last series children ``u..``, or the whole
+    branch when it is one operator or not a series), and every extent ``q > p``, append the
+    segment *tail + children p+1..q* (two leaf ranges) and record the site.  Likewise for every
+    range ``a..c`` (``c > a``) of whole branches: a parallel split's group of branches shares the
+    block's sink too, and the stage holding it may hold the whole group."""
+    lo2, hi2 = [], []
+    lo_new, hi_new = [], []
+    nxt = len(idx.seg_lo)
+    for t, (kind, kids) in enumerate(idx.nodes):
+        if kind != "S":
+            continue
+        sites = []
+        for p, (h, c) in enumerate(kids[:-1]):
+            if h != "node" or idx.nodes[c][0] != "P":
+                continue
+            tails = []
+            for i, (hb, cb) in enumerate(idx.nodes[c][1]):
+                b_lo, b_hi = idx.child_range[c][i]
+                if hb == "node" and idx.nodes[cb][0] == "S":
+                    starts = [(u, idx.child_range[cb][u][0]) for u in range(len(idx.nodes[cb][1]))]
+                else:
+                    starts = [(0, b_lo)]
+                opts = []
+                for u, t_lo in starts:
+                    qs = []
+                    for q in range(p + 1, len(kids)):
+                        lo_new.append(t_lo)
+                        hi_new.append(b_hi)
+                        lo2.append(idx.child_range[t][p + 1][0])
+                        hi2.append(idx.child_range[t][q][1])
+                        qs.append((q, nxt))
+                        nxt += 1
+                    opts.append((u, tuple(qs)))
+                tails.append(tuple(opts))
+            groups = []
+            nb = len(idx.nodes[c][1])
+            for a in range(nb):
+                for z in range(a + 1, nb):
+                    qs = []
+                    for q in range(p + 1, len(kids)):
+                        lo_new.append(idx.child_range[c][a][0])
+                        hi_new.append(idx.child_range[c][z][1])
+                        lo2.append(idx.child_range[t][p + 1][0])
+                        hi2.append(idx.child_range[t][q][1])
+                        qs.append((q, nxt))
+                        nxt += 1
+                    groups.append((a, z, tuple(qs)))
+            sites.append(AttachSite(t, p, c, tuple(tails), tuple(groups)))
+        if sites:
+            idx.sites[t] = sites
+    if lo_new:
+        idx.seg_lo = np.concatenate([idx.seg_lo, np.asarray(lo_new, dtype=np.int64)])
+        idx.seg_hi = np.concatenate([idx.seg_hi, np.asarray(hi_new, dtype=np.int64)])
+        idx.seg_lo2 = np.concatenate([idx.seg_lo2, np.asarray(lo2, dtype=np.int64)])
+        idx.seg_hi2 = np.concatenate([idx.seg_hi2, np.asarray(hi2, dtype=np.int64)])
+
+
+def node_groups(idx: TreeIndex) -> list[list[int]]:
+    """Internal tree nodes in groups that :func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp` solves
+    together: same kind, same number of children, the same children internal, and the same level
+    (1 + the deepest internal child's; so no member is an ancestor of another).  Groups come children-first.  The branches of a
+    multi-branch model (MMT's, CANDLE-Uno's) share one group, which turns their per-child Python
+    steps into one."""
+    cached = getattr(idx, "_groups", None)
+    if cached is not None:
+        return cached
+    level: list[int] = []
+    groups: dict[tuple, list[int]] = {}
+    for t, (kind, kids) in enumerate(idx.nodes):
+        level.append(1 + max((level[c] for h, c in kids if h == "node"), default=-1))
+        groups.setdefault((level[t], kind, tuple(h == "node" for h, _ in kids)), []).append(t)
+    out = [groups[key] for key in sorted(groups, key=lambda key: key[0])]
+    idx._groups = out      # type: ignore[attr-defined]
+    return out
