@@ -6,6 +6,7 @@ import inspect
 import logging
 from typing import Any
 
+from gpp_solver.cost.micro_batch import check_mini_batch_size
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import as_graph
@@ -52,8 +53,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     g = as_graph(graph)
     c = as_cluster(budget)
     B = mini_batch_size if mini_batch_size is not None else DEFAULT_SAMPLES_PER_DEVICE * c.devices
-    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
-        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    check_mini_batch_size(B)
     name = planner or default_planner()
     if name not in REGISTRY:
         raise InvalidInputError(f"unknown planner {name!r}; valid planners: {', '.join(REGISTRY)}")

@@ -11,7 +11,8 @@ import networkx as nx
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.planners.milp.space import constant_bandwidth, contiguous_ranges, default_micro_batch_sizes, layouts
+from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.planners.milp.space import contiguous_ranges, default_micro_batch_sizes, layouts
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.oracles.brute_force import (GRAPH_KINDS, best_plan_bruteforce, candidates, min_peak_memory_bruteforce,
                                             ordered_partitions, random_cluster, random_graph)

@@ -21,10 +21,16 @@ def powers_of_two_dividing(mini_batch_size: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def check_micro_batch_sizes(mini_batch_size: int, sizes: Sequence[int] | Iterable[int] | None) -> tuple[int, ...]:
-    """Validate ``B`` and the candidate sizes (default: powers of two dividing ``B``); sorted, unique."""
+def check_mini_batch_size(mini_batch_size: object) -> int:
+    """``B`` itself, or :class:`InvalidInputError` when it is not a positive integer."""
     if not isinstance(mini_batch_size, int) or isinstance(mini_batch_size, bool) or mini_batch_size < 1:
         raise InvalidInputError(f"mini_batch_size must be a positive integer, got {mini_batch_size!r}")
+    return mini_batch_size
+
+
+def check_micro_batch_sizes(mini_batch_size: int, sizes: Sequence[int] | Iterable[int] | None) -> tuple[int, ...]:
+    """Validate ``B`` and the candidate sizes (default: powers of two dividing ``B``); sorted, unique."""
+    check_mini_batch_size(mini_batch_size)
     if sizes is None:
         return powers_of_two_dividing(mini_batch_size)
     out = []

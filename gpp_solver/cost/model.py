@@ -26,28 +26,42 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import networkx as nx
 import numpy as np
 
 from gpp_solver.types import Cluster, Graph, Node
 
+T = TypeVar("T")
 
-def interp_time(times: Sequence[float], sizes: Sequence[int], x: float) -> float:
-    """Time for ``x`` samples from times measured at ``sizes`` (the graph format's rule).
+
+def interpolate(at: Callable[[int], T], sizes: Sequence[float], x: float) -> T:
+    """The graph format's one interpolation rule, for one node (``at(i)`` a float) or many at once
+    (``at(i)`` a numpy column): the time for ``x`` samples from the times ``at(i)`` measured at
+    ``sizes[i]``.
 
     Linear between measured sizes; above the largest, linear in samples (constant time per sample);
     below the smallest, the smallest's time.
     """
     if x <= sizes[0]:
-        return float(times[0])
+        return at(0)
     if x >= sizes[-1]:
-        return float(times[-1]) * x / sizes[-1]
+        return at(len(sizes) - 1) * x / sizes[-1]
     i = bisect.bisect_right(sizes, x)
     x0, x1 = sizes[i - 1], sizes[i]
-    t0, t1 = times[i - 1], times[i]
-    return float(t0 + (t1 - t0) * (x - x0) / (x1 - x0))
+    t0, t1 = at(i - 1), at(i)
+    return t0 + (t1 - t0) * (x - x0) / (x1 - x0)
+
+
+def interp_time(times: Sequence[float], sizes: Sequence[int], x: float) -> float:
+    """Time for ``x`` samples from times measured at ``sizes`` (:func:`interpolate`)."""
+    return float(interpolate(lambda i: float(times[i]), sizes, x))
+
+
+def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float) -> float:
+    """``f_v(x) + g_v(x)``: one node's forward plus backward time at ``x`` samples."""
+    return interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
 
 
 @dataclass(frozen=True)
@@ -99,8 +113,7 @@ def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
     """``C(S)`` for a stage of ``nodes`` with micro-batch ``b`` over ``d`` replicas (no TMPC)."""
     sizes = graph.micro_batch_sizes
     x = b / d
-    return sum(interp_time(n.fw_time, sizes, x) + interp_time(n.bw_time, sizes, x)
-               for n in (graph.node(v) for v in nodes))
+    return sum(node_compute(n.fw_time, n.bw_time, sizes, x) for n in (graph.node(v) for v in nodes))
 
 
 def stage_weight_bytes(graph: Graph, stage: StageLike) -> float:
@@ -240,21 +253,21 @@ class CostTables:
         self.weight = np.asarray([n.weight_bytes for n in graph.nodes], dtype=float)
         self.activation = np.asarray([n.activation_bytes for n in graph.nodes], dtype=float)
         self._at: dict[float, np.ndarray] = {}
+        self._fg: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+    def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(f_v(x), g_v(x))`` for every node (graph order), by :func:`interpolate`."""
+        r = self._fg.get(x)
+        if r is None:
+            sizes = self.graph.micro_batch_sizes
+            r = self._fg[x] = (interpolate(lambda i: self.fw[:, i], sizes, x),
+                               interpolate(lambda i: self.bw[:, i], sizes, x))
+        return r
 
     def compute_at(self, x: float) -> np.ndarray:
         """``f_v(x) + g_v(x)`` for every node (graph order)."""
         r = self._at.get(x)
         if r is None:
-            s = self.sizes
-            if x <= s[0]:
-                f, g = self.fw[:, 0], self.bw[:, 0]
-            elif x >= s[-1]:
-                f, g = self.fw[:, -1] * x / s[-1], self.bw[:, -1] * x / s[-1]
-            else:
-                i = int(np.searchsorted(s, x, side="right"))
-                w = (x - s[i - 1]) / (s[i] - s[i - 1])
-                f = self.fw[:, i - 1] + (self.fw[:, i] - self.fw[:, i - 1]) * w
-                g = self.bw[:, i - 1] + (self.bw[:, i] - self.bw[:, i - 1]) * w
-            r = f + g
-            self._at[x] = r
+            f, g = self.fw_bw_at(x)
+            r = self._at[x] = f + g
         return r

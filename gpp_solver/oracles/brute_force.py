@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Iterator, Sequence
 
-from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, check_micro_batch_sizes, constant_bandwidth,
-                                            contiguous_ranges, device_options, in_flight_samples)
-from gpp_solver.cost.model import allreduce_time, interp_time
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes
+from gpp_solver.cost.model import allreduce_time, node_compute
+from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -100,7 +101,7 @@ def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
         r = comp.get((v, x))
         if r is None:
             nd = graph.node(v)
-            r = comp[(v, x)] = interp_time(nd.fw_time, gs, x) + interp_time(nd.bw_time, gs, x)
+            r = comp[(v, x)] = node_compute(nd.fw_time, nd.bw_time, gs, x)
         return r
 
     max_stages = min(N, len(graph.nodes))

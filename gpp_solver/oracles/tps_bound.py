@@ -92,6 +92,7 @@ from gpp_solver.cost.model import CostTables, allreduce_time
 from gpp_solver.errors import InvalidInputError, SolverError
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
+from gpp_solver.cost.network import best_bandwidth
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
@@ -133,22 +134,15 @@ def perfect_balance_tps(graph: Graph, b: int, devices: int) -> float:
     return float(sum(min(x[i] for x in per) for i in range(len(graph.nodes)))) / b / devices
 
 
-def _bandwidths(cluster: Cluster) -> tuple[float, float, int | None]:
-    inter = cluster.inter_node_bandwidth
-    best = max(inter, cluster.intra_node_bandwidth or inter)
-    return inter, best, cluster.devices_per_node
-
-
 def allreduce_bandwidth_ub(cluster: Cluster, d: int) -> float:
     """The largest bandwidth an all-reduce among ``d`` devices can get (step 1 of the proof)."""
-    inter, best, dpn = _bandwidths(cluster)
-    return best if dpn is not None and d <= dpn else inter
+    return best_bandwidth(cluster, d)
 
 
 def transfer_bandwidth_ub(cluster: Cluster, d: int) -> float:
-    """The largest bandwidth a transfer of a stage of ``d`` devices can get (step 1 of the proof)."""
-    inter, best, dpn = _bandwidths(cluster)
-    return best if dpn is not None and d < dpn else inter
+    """The largest bandwidth a transfer of a stage of ``d`` devices can get (step 1 of the proof):
+    it joins them with at least one device of the peer stage."""
+    return best_bandwidth(cluster, d + 1)
 
 
 def single_stage_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
@@ -338,8 +332,7 @@ def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
     dual bound (``status="dual-bound"``, ``proven=False``), or the perfect-balance bound when none.
     """
     t0 = time.perf_counter()
-    if not isinstance(b, int) or isinstance(b, bool) or b < 1 or not isinstance(B, int) or B % b:
-        raise InvalidInputError(f"`B % b == 0` must hold with positive integers, but got (B={B!r}, b={b!r})")
+    check_micro_batch_sizes(B, [b])
     if time_limit is not None and not time_limit > 0:
         raise InvalidInputError(f"tps_bound: time_limit must be positive, got {time_limit!r}")
     pb = perfect_balance_tps(graph, b, cluster.devices)

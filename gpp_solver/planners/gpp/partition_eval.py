@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from gpp_solver.cost.model import CostTables
+from gpp_solver.cost.network import constant_bandwidth, node_bandwidth, slowest_bandwidth
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
@@ -82,12 +83,10 @@ class Problem:
         self.topo_rank = {v: i for i, v in enumerate(graph.topo_order)}
         c = cluster
         self.osf, self.lat = c.optimizer_state_factor, c.latency
-        self.inter = c.inter_node_bandwidth
-        self.intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
+        self.inter, self.intra = c.inter_node_bandwidth, node_bandwidth(c)
         self.dpn = c.devices_per_node
         self.cap = c.memory_bytes * (1 + MEM_REL_TOL)
-        flat = self.dpn is None or self.intra == self.inter
-        self.const_bw = self.inter if flat else (self.intra if self.D <= self.dpn else None)
+        self.const_bw = constant_bandwidth(c)
         self.lb_tps = sum(self.comp[1]) / b / self.D     # perfect balance at b (d = 1 is the cheapest per sample)
         self.quantum = max(self.lb_tps, 1e-300) * 1e-9
         self.evaluations = 0
@@ -242,7 +241,7 @@ class Problem:
         Act = onehot @ self._a
         xb = np.bincount(t_prod, weights=nb, minlength=k) + np.bincount(t_cons, weights=nb, minlength=k)
         xn = np.bincount(t_prod, minlength=k) + np.bincount(t_cons, minlength=k)
-        bw_comm = self.const_bw if self.const_bw is not None else min(self.intra, self.inter)
+        bw_comm = slowest_bandwidth(self.cluster)
         degf = deg.astype(float)[:, None]
         comm = xn[None, :] * self.lat + xb[None, :] * (self.b / degf) / bw_comm
         if self.const_bw is not None:

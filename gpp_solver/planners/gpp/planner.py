@@ -65,7 +65,7 @@ from gpp_solver.planners.gpp.plans import build_from_state, rebuild_as_gpp, stat
 from gpp_solver.planners.gpp.seeds import run_seed_planners
 from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.gpp.local_search import SearchResult, chain_states, search
-from gpp_solver.cost.micro_batch import powers_of_two_dividing
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes, check_mini_batch_size, powers_of_two_dividing
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -100,9 +100,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
              polish: bool = True,
              **options: Any) -> Plan:
     """Plan with the best seed improved by local search over all convex partitions (module docstring)."""
-    B = mini_batch_size
-    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
-        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    B = check_mini_batch_size(mini_batch_size)
     if time_limit is not None and not time_limit > 0:
         raise InvalidInputError(f"`time_limit > 0` must hold, but got (time_limit={time_limit})")
     if objective not in OBJECTIVES:
@@ -137,10 +135,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                            "iteration_time": p.predicted.iteration_time}
     extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
     if micro_batch_sizes is not None:
-        bad = [b for b in micro_batch_sizes if not isinstance(b, int) or b < 1 or B % b]
-        if bad:
-            raise InvalidInputError(f"`B % b == 0` must hold, but got (B={B}, b={bad[0]})")
-        bs = sorted(set(micro_batch_sizes))
+        bs = list(check_micro_batch_sizes(B, micro_batch_sizes))
     else:
         bs = candidate_micro_batch_sizes(B, extra_b)
     tables = CostTables(graph)

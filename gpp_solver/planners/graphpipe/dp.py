@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from gpp_solver.cost.model import CostTables
+from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
 from gpp_solver.planners.graphpipe.dp_kernel import run_dp
 from gpp_solver.planners.graphpipe.dp_stage_tables import (degree_thresholds, devices_by_depth, devices_from_thresholds,
                                                            max_depths, segment_comm, segment_sums, stage_tps)
@@ -86,20 +87,17 @@ class StageDP:
         self.W = segment_sums(self.idx, self._costs.weight[perm])
         self.A = segment_sums(self.idx, self._costs.activation[perm])
         self.memory = cluster.memory_bytes
-        c = cluster
-        intra = c.intra_node_bandwidth if c.intra_node_bandwidth is not None else c.inter_node_bandwidth
-        one_node = c.devices_per_node is not None and self.D <= c.devices_per_node
-        self.comm_bandwidth = intra if one_node else min(intra, c.inter_node_bandwidth)
+        slow, fast = link_bandwidths(cluster)
+        self.comm_bandwidth = slowest_bandwidth(cluster, self.D)
         #: with ``optimistic_transfers`` every transfer is priced at the faster bandwidth: no longer an
         #: upper bound, so such a DP only *proposes* stages, which the planner prices exactly
         self.optimistic_transfers = bool(optimistic_transfers)
         if self.optimistic_transfers:
-            self.comm_bandwidth = max(intra, c.inter_node_bandwidth)
+            self.comm_bandwidth = fast
         #: True when some transfer may be priced at a bandwidth the plan will not get (the
         #: conservative estimate differs from the optimistic one)
-        self.placement_sensitive = min(intra, c.inter_node_bandwidth) != max(intra, c.inter_node_bandwidth) \
-            and not one_node
-        self._intra, self._low = intra, min(intra, c.inter_node_bandwidth)
+        self.placement_sensitive = slow != fast and not one_node(cluster, self.D)
+        self._intra, self._low = node_bandwidth(cluster), slow
         self._cache: dict[int, _BTables] = {}
 
     # ---- per micro-batch size -------------------------------------------------------------

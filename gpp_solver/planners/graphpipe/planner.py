@@ -1,7 +1,8 @@
 """The GraphPipe planner: SP tree -> binary search on TPS (DP probes) -> plan (GraphPipe §5-§6).
 
-``solve(graph, budget, **options)`` is the Python entry point; ``plan_graphpipe(graph, cluster,
-mini_batch_size, ...)`` is the same behind the planner protocol of :mod:`gpp_solver.planners.registry`.
+``plan_graphpipe(graph, cluster, mini_batch_size, ...)`` behind the planner protocol of
+:mod:`gpp_solver.planners.registry`; ``gpp_solver.solve(graph, budget, planner="graphpipe", ...)`` is
+the library's one front door to it.
 
 Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.sp_tree`; non-SP graphs
 are SP-ized by adding dependencies); for every micro-batch size find the smallest bottleneck TPS
@@ -64,12 +65,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.formats.cluster import as_cluster
-from gpp_solver.formats.graph import as_graph
 from gpp_solver.planners.graphpipe.per_stage import plan_per_stage
 from gpp_solver.planners.graphpipe.uniform import MAX_DEPTH_BOUND, SIMULATE_TOP, plan_uniform
 from gpp_solver.plan.validate import validate
@@ -77,8 +76,6 @@ from gpp_solver.sp_tree import decompose
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
-
-SAMPLES_PER_DEVICE = 16
 
 
 def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
@@ -90,8 +87,6 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring)."""
     t0 = time.perf_counter()
     B = mini_batch_size
-    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
-        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
     sizes = check_micro_batch_sizes(B, micro_batch_sizes)
     if time_limit is not None and time_limit <= 0:
         raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
@@ -113,22 +108,3 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     if validate_plan:
         validate(plan, graph, cluster)
     return plan
-
-
-def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None,
-          micro_batch_sizes: Sequence[int] | None = None, per_stage_micro_batch: bool = False,
-          search_k: bool = False, time_limit: float | None = None, progress: bool | None = None,
-          degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True, shared_sinks: bool = True) -> Plan:
-    """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path).
-
-    ``mini_batch_size`` defaults to 16 samples per device.  Raises :class:`InfeasibleError` when no
-    plan *within GraphPipe's search space* fits (series-parallel-tree partitions with shared sinks, one micro-batch size,
-    1F1B, power-of-two degrees); its ``required_memory_bytes`` is the smallest memory per device of
-    that search space — the exact MILP may find a plan with less.  The plan returned has passed ``validate``.
-    """
-    g = as_graph(graph)
-    c = as_cluster(budget)
-    B = SAMPLES_PER_DEVICE * c.devices if mini_batch_size is None else mini_batch_size
-    return plan_graphpipe(g, c, B, time_limit=time_limit, progress=progress, micro_batch_sizes=micro_batch_sizes,
-                          per_stage_micro_batch=per_stage_micro_batch, search_k=search_k,
-                          degree_options=degree_options, depth_tradeoff=depth_tradeoff, shared_sinks=shared_sinks)

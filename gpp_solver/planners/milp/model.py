@@ -37,10 +37,10 @@ from typing import Any
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
 import pulp
 
-from gpp_solver.cost.model import interp_time
+from gpp_solver.cost.model import node_compute
 from gpp_solver.types import Cluster, Graph
-from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, constant_bandwidth, contiguous_ranges, device_options,
-                                            layouts)
+from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, layouts
 
 
 @dataclass
@@ -88,7 +88,7 @@ def build_model(graph: Graph, cluster: Cluster, B: int, b: int, slots: int, *, o
     gs = graph.micro_batch_sizes
 
     def c(i: int, x: float) -> float:
-        return interp_time(nodes[i].fw_time, gs, x) + interp_time(nodes[i].bw_time, gs, x)
+        return node_compute(nodes[i].fw_time, nodes[i].bw_time, gs, x)
 
     prob = pulp.LpProblem(f"gpp_milp_b{b}", pulp.LpMinimize)
     x = {(i, s): prob.add_variable(f"x_{i}_{s}", cat=pulp.LpBinary) for i in V for s in range(K)}

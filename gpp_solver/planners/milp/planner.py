@@ -42,7 +42,9 @@ from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.planners.milp.model import MilpModel, build_model
-from gpp_solver.planners.milp.space import check_micro_batch_sizes, constant_bandwidth, contiguous_ranges, layouts
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes
+from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.planners.milp.space import contiguous_ranges, layouts
 
 logger = logging.getLogger(__name__)
 

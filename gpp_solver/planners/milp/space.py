@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from gpp_solver.cost.micro_batch import check_micro_batch_sizes, powers_of_two_dividing  # noqa: F401 (re-exported)
-from gpp_solver.types import Cluster
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
 
 MEMORY_REL_TOL = 1e-9
 """A stage fits when ``M(S) <= memory_bytes * (1 + MEMORY_REL_TOL)`` (the validator's tolerance)."""
@@ -47,20 +46,6 @@ def contiguous_ranges(counts: Sequence[int]) -> list[tuple[int, ...]]:
         out.append(tuple(range(o, o + c)))
         o += c
     return out
-
-
-def constant_bandwidth(cluster: Cluster) -> float | None:
-    """The bandwidth every group of devices gets when placement cannot matter, else ``None``.
-
-    Mirrors ``Cluster.bandwidth``: a flat network (``devices_per_node`` absent) always uses the
-    inter-node bandwidth; when one node holds every device, every group is inside it.
-    """
-    inter, intra, dpn = cluster.inter_node_bandwidth, cluster.intra_node_bandwidth, cluster.devices_per_node
-    if dpn is None or intra is None or intra == inter:
-        return inter
-    if cluster.devices <= dpn:
-        return intra
-    return None
 
 
 def layouts(b: int, devices: int, max_stages: int) -> Iterator[tuple[int, ...]]:

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import interp_time
+from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -75,7 +75,7 @@ def _options(graph: Graph, cluster: Cluster, v: int, b1: int, mode: str, native:
         return out
 
     def derived(label, fw, bw, wb, ab):
-        p = interp_time(fw, sizes, b1) + interp_time(bw, sizes, b1)
+        p = node_compute(fw, bw, sizes, b1)
         return (label, p, wb, ab * b1, osf * wb, {}, {})
 
     seen: dict[int, set] = {1: {(node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes)}}

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from gpp_solver.planners.registry import reject_unknown_options
-from gpp_solver.cost.model import interp_time
+from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -76,8 +76,7 @@ def _latency_tables(graph: Graph, cluster: Cluster, lin: Linearization, B: int, 
         if b % s:
             continue
         x = b / s
-        per = lin.state_sums([interp_time(n.fw_time, graph.micro_batch_sizes, x)
-                              + interp_time(n.bw_time, graph.micro_batch_sizes, x) for n in nodes])
+        per = lin.state_sums([node_compute(n.fw_time, n.bw_time, graph.micro_batch_sizes, x) for n in nodes])
         half = cnt * cluster.latency + cut * x / bw
         h_in, h_out = half.copy(), half.copy()
         h_in[0] = 0.0

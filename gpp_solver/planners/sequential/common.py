@@ -71,8 +71,3 @@ def attach_detached(graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[i
 def candidate_micro_batches(B: int, given: Sequence[int] | None = None) -> list[int]:
     """``given`` (each must divide ``B``) or the powers of two dividing ``B``, ascending."""
     return list(check_micro_batch_sizes(B, None if given is None else list(given)))
-    out, b = [], 1
-    while B % b == 0:
-        out.append(b)
-        b *= 2
-    return out

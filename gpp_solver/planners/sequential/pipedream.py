@@ -62,6 +62,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.network import node_bandwidth
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -176,9 +178,8 @@ class _SharedCosts:
     def compute(self, x: float) -> np.ndarray:
         c = self._comp.get(x)
         if c is None:
-            from gpp_solver.cost.model import interp_time
             sizes = self.graph.micro_batch_sizes
-            per = [interp_time(n.fw_time, sizes, x) + interp_time(n.bw_time, sizes, x) for n in self._nodes]
+            per = [node_compute(n.fw_time, n.bw_time, sizes, x) for n in self._nodes]
             s = self.lin.state_sums(per)
             c = self._comp[x] = s[None, :] - s[:, None]
         return c
@@ -220,7 +221,7 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
     N = K // dpn
     inner: dict[int, DPTable] = {}
     for rho in range(1, N + 1):
-        bw = cluster.intra_node_bandwidth if rho == 1 and cluster.intra_node_bandwidth else cluster.inter_node_bandwidth
+        bw = node_bandwidth(cluster) if rho == 1 else cluster.inter_node_bandwidth
         inner[rho] = minmax_dp(lin.subset, lambda m, r, rho=rho, bw=bw: costs.stage_time(r * rho, bw, K - rho * m + 1),
                                dpn, starts=tuple(range(lin.n_states)), allow_fewer=True,
                                replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0])
@@ -337,7 +338,7 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, opt
         machines, bws = [cluster.devices], [float(options.get("bandwidth", 1e9))]
     else:
         machines = [dpn, cluster.devices // dpn]
-        bws = [cluster.intra_node_bandwidth or cluster.inter_node_bandwidth, cluster.inter_node_bandwidth]
+        bws = [node_bandwidth(cluster), cluster.inter_node_bandwidth]
     sol = pipedream_optimizer(graph, machines, bws, max_states=options.get("max_states", DEFAULT_MAX_STATES),
                               activation_compression_ratio=options.get("activation_compression_ratio"))
     if not sol.stages:

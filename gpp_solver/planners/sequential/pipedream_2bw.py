@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from gpp_solver.planners.registry import reject_unknown_options
-from gpp_solver.cost.model import interp_time
+from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -103,7 +103,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                     weights = weights_at.get(x)
                     if weights is None:
                         weights = weights_at[x] = (
-                            [interp_time(graph.node(v).fw_time, sizes, x) + interp_time(graph.node(v).bw_time, sizes, x)
+                            [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x)
                              for v in order] if balance == "compute" else [1.0] * len(order))
                     cuts = cuts_at[x, w] = equal_partition(weights, w)
                 stage = np.repeat(np.arange(w), np.diff(cuts))

@@ -72,27 +72,12 @@ class SequentialPricer:
         self.dst = np.asarray([idx[v] for _, v in pairs], dtype=np.int64)
         self.ebytes = np.asarray(list(pairs.values()), dtype=np.float64)
         self.tables = CostTables(graph)
-        self._fg: dict[float, tuple[np.ndarray, np.ndarray]] = {}
         self._bw: dict[tuple[int, ...], float] = {}
 
     # ---------------------------------------------------------------------------------------
     def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward time of every node (graph order) at ``x`` samples."""
-        r = self._fg.get(x)
-        if r is None:
-            t = self.tables
-            s = t.sizes
-            if x <= s[0]:
-                f, g = t.fw[:, 0], t.bw[:, 0]
-            elif x >= s[-1]:
-                f, g = t.fw[:, -1] * x / s[-1], t.bw[:, -1] * x / s[-1]
-            else:
-                i = int(np.searchsorted(s, x, side="right"))
-                w = (x - s[i - 1]) / (s[i] - s[i - 1])
-                f = t.fw[:, i - 1] + (t.fw[:, i] - t.fw[:, i - 1]) * w
-                g = t.bw[:, i - 1] + (t.bw[:, i] - t.bw[:, i - 1]) * w
-            r = self._fg[x] = (f, g)
-        return r
+        return self.tables.fw_bw_at(x)
 
     def _bandwidth(self, devices: tuple[int, ...]) -> float:
         bw = self._bw.get(devices)
