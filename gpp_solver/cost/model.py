@@ -124,14 +124,31 @@ def stage_activation_bytes(graph: Graph, stage: StageLike) -> float:
     return sum(c.activation_bytes for c in _configs(graph, stage))
 
 
-def comm_time(bytes_per_sample: float, samples: float, bandwidth: float, latency: float) -> float:
-    """One message of the affine model: ``latency + bytes / bandwidth``."""
-    return latency + bytes_per_sample * samples / bandwidth
+# The pricing core: every pricer (this module's stage_costs and the planners' vectorised fast
+# pricers) computes its figures with these formulas; each takes floats or numpy arrays.
+
+def comm_time(bytes_per_sample, samples, bandwidth, latency, messages=1):
+    """``messages`` messages of the affine model carrying ``bytes_per_sample * samples`` bytes in all:
+    ``messages * latency + bytes / bandwidth`` (one message: ``latency + bytes / bandwidth``)."""
+    return messages * latency + bytes_per_sample * samples / bandwidth
 
 
-def allreduce_time(weight_bytes: float, d: int, bandwidth: float) -> float:
-    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas."""
-    return 0.0 if d <= 1 else 2.0 * (d - 1) / d * weight_bytes / bandwidth
+def allreduce_time(weight_bytes, d, bandwidth):
+    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array)."""
+    if np.ndim(d) == 0:
+        return 0.0 if d <= 1 else 2.0 * (d - 1) / d * weight_bytes / bandwidth
+    return np.where(d > 1, 2.0 * (d - 1) / d * weight_bytes / bandwidth, 0.0)
+
+
+def time_per_sample(per_micro_batch, b, allreduce, mini_batch_size):
+    """``TPS(S) = (C(S) + comm(S)) / b + A(S) / B`` from ``C + comm`` per micro-batch and ``A``."""
+    return per_micro_batch / b + allreduce / mini_batch_size
+
+
+def memory_per_device(optimizer_state_factor, weight_bytes, in_flight_samples, d, activation_bytes):
+    """``M(S) = osf * W + in_flight / d * act``: a full replica's weights and optimizer state, the
+    in-flight samples' activations split over ``d`` replicas."""
+    return optimizer_state_factor * weight_bytes + in_flight_samples / d * activation_bytes
 
 
 def stage_transfers(graph: Graph, stage_of: Mapping[str, int]) -> dict[int, list[tuple[int, float]]]:
@@ -156,8 +173,8 @@ def stage_transfers(graph: Graph, stage_of: Mapping[str, int]) -> dict[int, list
 
 def stage_memory(graph: Graph, cluster: Cluster, stage: StageLike, in_flight_samples: float) -> float:
     """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``."""
-    return (cluster.optimizer_state_factor * stage_weight_bytes(graph, stage)
-            + in_flight_samples / data_parallel(stage) * stage_activation_bytes(graph, stage))
+    return memory_per_device(cluster.optimizer_state_factor, stage_weight_bytes(graph, stage), in_flight_samples,
+                             data_parallel(stage), stage_activation_bytes(graph, stage))
 
 
 @dataclass(frozen=True)
@@ -210,7 +227,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
             bw = cluster.bandwidth(list(s.devices) + list(stages[peer].devices))
             comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
         a = allreduce_time(stage_weight_bytes(graph, s), d, cluster.bandwidth(s.devices))
-        tps = (cf + cb + 2 * comm_half) / b + a / mini_batch_size
+        tps = time_per_sample(cf + cb + 2 * comm_half, b, a, mini_batch_size)
         out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d))
     return out
 

@@ -22,7 +22,7 @@ from itertools import product
 from typing import Iterator, Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import allreduce_time, node_compute
+from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples
 from gpp_solver.errors import SearchSpaceTooLargeError
@@ -135,10 +135,11 @@ def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                     for ps, cs, nb in transfers:
                         if s in (ps, cs):
                             bw = const_bw if const_bw is not None else cluster.bandwidth(ranges[ps] + ranges[cs])
-                            comm += lat + nb * x / bw
+                            comm += comm_time(nb, x, bw, lat)
                     bw_self = const_bw if const_bw is not None else cluster.bandwidth(ranges[s])
-                    t = (sum(c(v, x) for v in parts[s]) + 2 * comm) / b + allreduce_time(weight[s], d, bw_self) / B
-                    m = osf * weight[s] + in_flight_samples(depth[s], b, B) / d * act[s]
+                    t = time_per_sample(sum(c(v, x) for v in parts[s]) + 2 * comm, b,
+                                        allreduce_time(weight[s], d, bw_self), B)
+                    m = memory_per_device(osf, weight[s], in_flight_samples(depth[s], b, B), d, act[s])
                     tps, mem = max(tps, t), max(mem, m)
                 yield Candidate(tps, mem, parts, b, tuple(counts))
 

@@ -14,6 +14,11 @@ a state exactly as ``plan_build.build_plan`` + ``cost.stage_costs`` would (teste
   bandwidths, under a device placement chosen by the evaluator (contiguous ranges in the stage
   graph's topological order, or largest degree first — whichever gives the smaller key).
 
+It exists beside ``cost.stage_costs`` because the local search prices millions of neighbouring
+states from a node->stage array (no stage objects, quotient graph and transfers vectorised, two
+placements tried per state); its formulas are the cost model's pricing core (``comm_time``,
+``allreduce_time``, ``time_per_sample``).
+
 The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time estimate)``
 (``by_estimate=True``: the estimate before the TPS vector, for the final polish), quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
 """
@@ -28,7 +33,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables
+from gpp_solver.cost.model import CostTables, allreduce_time, comm_time, memory_per_device, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth, node_bandwidth, slowest_bandwidth
 from gpp_solver.types import Cluster, Graph
 
@@ -161,7 +166,7 @@ class Problem:
         W = np.bincount(a, weights=self._w, minlength=k)
         Act = np.bincount(a, weights=self._a, minlength=k)
         b, n = self.b, self.n_micro
-        mem = self.osf * W + np.minimum(np.asarray(depth), n) * (b / dv) * Act
+        mem = memory_per_device(self.osf, W, np.minimum(np.asarray(depth), n) * b, dv, Act)
         excess = float(np.maximum(mem - self.cap, 0.0).sum())
         best: Eval | None = None
         for offsets in self._placements(order, devs):
@@ -201,11 +206,11 @@ class Problem:
             bw_t = np.where((hp >= 0) & (hp == hc), self.intra, self.inter)
             bw_s = np.where(home >= 0, self.intra, self.inter)
         lat = self.lat
-        comm = (np.bincount(t_prod, weights=lat + nb * (b / dv[t_prod]) / bw_t, minlength=k)
-                + np.bincount(t_cons, weights=lat + nb * (b / dv[t_cons]) / bw_t, minlength=k))
-        ar = np.where(dv > 1, 2.0 * (dv - 1) / dv * W / bw_s, 0.0)
+        comm = (np.bincount(t_prod, weights=comm_time(nb, b / dv[t_prod], bw_t, lat), minlength=k)
+                + np.bincount(t_cons, weights=comm_time(nb, b / dv[t_cons], bw_t, lat), minlength=k))
+        ar = allreduce_time(W, dv, bw_s)
         per = C + 2.0 * comm
-        tps = per / b + ar / B
+        tps = time_per_sample(per, b, ar, B)
         perl = per.tolist()
         longest = [0.0] * k
         for s in order:
@@ -243,14 +248,15 @@ class Problem:
         xn = np.bincount(t_prod, minlength=k) + np.bincount(t_cons, minlength=k)
         bw_comm = slowest_bandwidth(self.cluster)
         degf = deg.astype(float)[:, None]
-        comm = xn[None, :] * self.lat + xb[None, :] * (self.b / degf) / bw_comm
+        comm = comm_time(xb[None, :], self.b / degf, bw_comm, self.lat, xn[None, :])
         if self.const_bw is not None:
             bw_ar = np.full(len(deg), self.const_bw)
         else:
             bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
-        ar = np.where(degf > 1, 2.0 * (degf - 1) / degf * W[None, :] / bw_ar[:, None], 0.0)
-        T = ((C + 2 * comm) / self.b + ar / self.B).T               # k x |deg|
-        mem = (self.osf * W)[:, None] + (np.minimum(np.asarray(depth), self.n_micro) * self.b * Act)[:, None] / degf.T
+        ar = allreduce_time(W[None, :], degf, bw_ar[:, None])
+        T = time_per_sample(C + 2 * comm, self.b, ar, self.B).T     # k x |deg|
+        mem = memory_per_device(self.osf, W[:, None], (np.minimum(np.asarray(depth), self.n_micro) * self.b)[:, None],
+                                degf.T, Act[:, None])
         ok = mem <= self.cap
         T = np.where(ok, T, np.inf)
         if not ok.any(axis=1).all():

@@ -52,7 +52,7 @@ class DPProbe:
 
 
 @dataclass
-class _BTables:
+class SizeTables:
     degrees: tuple[int, ...]
     tps: np.ndarray
     maxdepth: np.ndarray
@@ -98,7 +98,7 @@ class StageDP:
         #: conservative estimate differs from the optimistic one)
         self.placement_sensitive = slow != fast and not one_node(cluster, self.D)
         self._intra, self._low = node_bandwidth(cluster), slow
-        self._cache: dict[int, _BTables] = {}
+        self._cache: dict[int, SizeTables] = {}
 
     # ---- per micro-batch size -------------------------------------------------------------
     def degrees(self, b: int) -> tuple[int, ...]:
@@ -110,7 +110,7 @@ class StageDP:
             return self._intra
         return self._low
 
-    def tables(self, b: int) -> _BTables:
+    def tables(self, b: int) -> SizeTables:
         tb = self._cache.get(b)
         if tb is None:
             degs = self.degrees(b)
@@ -119,7 +119,7 @@ class StageDP:
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
                             allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
             md = self._max_depths(b, degs, self.memory)
-            tb = _BTables(degs, tps, md, degree_thresholds(tps, md, self.E))
+            tb = SizeTables(degs, tps, md, degree_thresholds(tps, md, self.E))
             self._cache[b] = tb
         return tb
 

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gpp_solver.cost.model import allreduce_time, comm_time, time_per_sample
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, TreeIndex
 
 
@@ -92,13 +93,18 @@ def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm
               degrees: Sequence[int], *, mini_batch: int, latency: float, comm_bandwidth: float,
               allreduce_bandwidth: Sequence[float]) -> np.ndarray:
     """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
-    ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes."""
+    ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes.
+
+    A pricer of its own (not :func:`gpp_solver.cost.model.stage_costs`) because it prices every SP-tree
+    segment at every degree at once, before any stage or device exists, with the DP's *upper-bound*
+    transfers (one per edge leaving the segment, at a bound of the bandwidth); its formulas are the
+    cost model's pricing core (``comm_time``, ``allreduce_time``, ``time_per_sample``)."""
     tps = np.empty((len(idx.seg_lo), len(degrees)))
     for j, d in enumerate(degrees):
         C = segment_sums(idx, compute[j])
-        comm_half = comm.count * latency + comm.nbytes * (b / d) / comm_bandwidth
-        ar = 0.0 if d == 1 else 2.0 * (d - 1) / d * W / allreduce_bandwidth[j]
-        tps[:, j] = (C + 2.0 * comm_half) / b + ar / mini_batch
+        comm_half = comm_time(comm.nbytes, b / d, comm_bandwidth, latency, comm.count)
+        ar = allreduce_time(W, d, allreduce_bandwidth[j])
+        tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch)
     return tps
 
 

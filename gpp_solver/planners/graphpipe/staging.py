@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from gpp_solver.cost.model import (CostTables, allreduce_time, comm_time, iteration_time_estimate, stage_costs,
-                                   stage_transfers)
+                                   stage_transfers, time_per_sample)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.types import Cluster, Graph
@@ -34,7 +34,9 @@ def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: 
     """``(TPS, iteration estimate)`` of DP stages at ``b`` on their :func:`assign_devices` ranges:
     the figures of :func:`gpp_solver.cost.model.stage_costs` and :func:`~gpp_solver.cost.model.iteration_time_estimate`
     (same formulas, same transfers), with each stage's compute summed from ``tables`` at once
-    instead of node by node — this runs for every candidate staging and every leftover-device step."""
+    instead of node by node — this runs for every candidate staging and every leftover-device step.
+    It must exist beside ``stage_costs`` because it prices DP stages (no ``StageSpec`` built) with the
+    compute vectorised over nodes; every formula is the cost model's pricing core."""
     devs = assign_devices(stages, cluster.devices_per_node)
     stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
     transfers = stage_transfers(graph, stage_of)
@@ -48,7 +50,7 @@ def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: 
         m = float(tables.compute_at(b / d)[ix].sum()) + 2 * comm_half
         per_mb.append(m)
         allreduce.append(a)
-        tps = max(tps, m / b + a / B)
+        tps = max(tps, time_per_sample(m, b, a, B))
     preds: dict[int, list[int]] = {i: [] for i in range(len(stages))}
     for u, v in stage_graph_edges(graph, stage_of):
         preds[v].append(u)

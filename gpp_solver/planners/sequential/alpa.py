@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from gpp_solver.planners.registry import reject_unknown_options
-from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -77,7 +77,7 @@ def _latency_tables(graph: Graph, cluster: Cluster, lin: Linearization, B: int, 
             continue
         x = b / s
         per = lin.state_sums([node_compute(n.fw_time, n.bw_time, graph.micro_batch_sizes, x) for n in nodes])
-        half = cnt * cluster.latency + cut * x / bw
+        half = comm_time(cut, x, bw, cluster.latency, cnt)
         h_in, h_out = half.copy(), half.copy()
         h_in[0] = 0.0
         h_out[last] = 0.0
@@ -89,7 +89,7 @@ def _latency_tables(graph: Graph, cluster: Cluster, lin: Linearization, B: int, 
 
 def _fits(cluster: Cluster, W: np.ndarray, act: np.ndarray, s: int, b: int, n: int, m: int) -> np.ndarray:
     f = min(n, max(1, cluster.devices - m + 1)) * b
-    return cluster.optimizer_state_factor * W + f / s * act <= cluster.memory_bytes
+    return memory_per_device(cluster.optimizer_state_factor, W, f, s, act) <= cluster.memory_bytes
 
 
 def _fit_tables(tabs, cluster: Cluster, b: int, n: int) -> dict[tuple[int, int], np.ndarray]:

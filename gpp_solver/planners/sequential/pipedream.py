@@ -62,7 +62,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpp_solver.planners.registry import reject_unknown_options
-from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import node_bandwidth
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -160,8 +160,13 @@ def pipedream_optimizer(graph: Graph, machines: Sequence[int], bandwidths: Seque
 # The shared cost model
 # --------------------------------------------------------------------------------------------
 
-class _SharedCosts:
-    """Stage-time arrays ``T[k, j]`` under the shared cost model for one micro-batch size."""
+class RangeCosts:
+    """Stage-time arrays ``T[k, j]`` under the shared cost model for one micro-batch size.
+
+    A pricer of its own because PipeDream's DP needs the TPS of every state range ``[k, j)`` of the
+    linearisation at once (a dense array per replica count), before stages or devices exist; its
+    formulas are the cost model's pricing core (``comm_time``, ``allreduce_time``, ``time_per_sample``,
+    ``memory_per_device``) and its compute the one interpolation (``node_compute``)."""
 
     def __init__(self, graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int) -> None:
         self.graph, self.cluster, self.lin, self.B, self.b = graph, cluster, lin, B, b
@@ -191,12 +196,10 @@ class _SharedCosts:
         if b % d:
             return np.full(self.W.shape, INF)
         x = b / d
-        lat = self.cluster.latency
-        comm = 2.0 * ((self.in_c + self.out_c) * lat + (self.in_b + self.out_b) * x / bw)
-        ar = 0.0 if d == 1 else 2.0 * (d - 1) / d / bw
-        tps = (self.compute(x) + comm) / b + ar * self.W / self.B
+        comm = 2.0 * comm_time(self.in_b + self.out_b, x, bw, self.cluster.latency, self.in_c + self.out_c)
+        tps = time_per_sample(self.compute(x) + comm, b, allreduce_time(self.W, d, bw), self.B)
         f = min(self.n_micro, max(1, in_flight_stages)) * b
-        mem = self.cluster.optimizer_state_factor * self.W + f / d * self.act
+        mem = memory_per_device(self.cluster.optimizer_state_factor, self.W, f, d, self.act)
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)
 
 
@@ -204,7 +207,7 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
                   ) -> tuple[float, list[tuple[list[str], tuple[int, ...]]]] | None:
     """Run the DP for micro-batch ``b``; ``(bottleneck, [(nodes, devices), ...])`` or ``None``."""
     K = cluster.devices
-    costs = _SharedCosts(graph, cluster, lin, B, b)
+    costs = RangeCosts(graph, cluster, lin, B, b)
     last = lin.n_states - 1
     dpn = cluster.devices_per_node
     if dpn is None or dpn >= K or K % dpn or lin.n_states > HIERARCHICAL_MAX_STATES:

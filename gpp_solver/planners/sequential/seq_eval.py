@@ -5,7 +5,10 @@ sizes, stage counts, replication degrees) by *simulated* iteration time, and a s
 ``O(stages * B / b)`` Python steps.  This module prices a candidate without building it:
 
 - :class:`SequentialPricer` maps a candidate (the pipeline stage of every core node, each stage's
-  devices, the micro-batch size) to its stages under the shared cost model, vectorised with numpy:
+  devices, the micro-batch size) to its stages under the shared cost model (its pricing core:
+  ``comm_time``, ``allreduce_time``, ``memory_per_device``), vectorised with numpy — it exists beside
+  ``stage_costs`` because it prices thousands of candidates from a node->stage array without building
+  any stage, and adds what ``stage_costs`` does not give (1F1B in-flight counts, a simulation bound):
   compute, transfers, all-reduce, the stage graph, the exact 1F1B peak in-flight samples and memory
   (``build_plan`` with ``k = 1`` and one micro-batch size: a stage ``j`` stages above the sinks
   holds ``min(n, j + 1) * b``), and a **lower bound** on the simulated iteration time: for every
@@ -30,7 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables
+from gpp_solver.cost.model import CostTables, allreduce_time, comm_time, memory_per_device
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
@@ -142,10 +145,9 @@ class SequentialPricer:
                 succ_any[a] = True
             bw = np.asarray([bw_pair[k] for k in (pu * S + pv).tolist()])
             lat = cl.latency
-            comm += np.bincount(pu, weights=lat + nb * x[pu] / bw, minlength=S)
-            comm += np.bincount(pv, weights=lat + nb * x[pv] / bw, minlength=S)
-        ar = np.asarray([0.0 if d[s] <= 1 else 2.0 * (d[s] - 1) / d[s] * W[s] / self._bandwidth(tuple(devices[s]))
-                         for s in range(S)])
+            comm += np.bincount(pu, weights=comm_time(nb, x[pu], bw, lat), minlength=S)
+            comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
+        ar = np.asarray([allreduce_time(W[s], d[s], self._bandwidth(tuple(devices[s]))) for s in range(S)])
         fwd, bwd = cf + comm, cb + comm
         ef = np.zeros(S)
         bb = np.zeros(S)
@@ -160,7 +162,7 @@ class SequentialPricer:
             for p in preds[s]:
                 depth[p] = max(depth[p], depth[s] + 1)
         in_flight = np.minimum(n, depth + 1) * b
-        memory = cl.optimizer_state_factor * W + in_flight / d * act
+        memory = memory_per_device(cl.optimizer_state_factor, W, in_flight, d, act)
         return Priced(lower, memory, W, fwd + bwd)
 
 
