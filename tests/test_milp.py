@@ -145,7 +145,7 @@ def test_time_limit_is_reported_honestly():
 
 def test_options_and_inputs_are_checked():
     graph, cluster = instance(0)
-    with pytest.raises(InvalidInputError, match="unknown option"):
+    with pytest.raises(InvalidInputError, match="no option 'epsilon'; its options: max_stages, micro_batch_sizes, solver"):
         plan_milp(graph, cluster, B, epsilon=0.1)
     with pytest.raises(InvalidInputError, match=r"B % b == 0"):
         plan_milp(graph, cluster, B, micro_batch_sizes=[3])

@@ -1,17 +1,21 @@
 """One planner protocol and a registry by name.
 
 A planner is a function ``plan(graph, cluster, mini_batch_size, *, time_limit=None, progress=False,
-**options) -> Plan``.  Every planner builds its plan with ``plan_build.build_plan`` so one
+**options) -> Plan``; its options are one frozen dataclass in its package (``GraphPipeOptions``,
+``GppOptions``, ...) that :func:`parse_options`, the one option check, builds.  Every planner builds its plan with ``plan_build.build_plan`` so one
 validator, one simulator and one comparison table serve all of them.  Entries are imported lazily.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Protocol
+from dataclasses import fields
+from typing import Any, Callable, Mapping, Protocol, TypeVar
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Cluster, Graph, Plan
+
+O = TypeVar("O")
 
 
 class Planner(Protocol):
@@ -61,10 +65,14 @@ def register(name: str, target: str) -> None:
     REGISTRY[name] = target
 
 
-def reject_unknown_options(planner: str, options: dict, known: set[str]) -> None:
-    """Raise :class:`InvalidInputError` naming any option ``planner`` does not take (a misspelt
-    option would otherwise be ignored and the plan would not be what was asked for)."""
-    unknown = sorted(set(options) - known)
+def parse_options(planner: str, options_class: type[O], given: Mapping[str, Any]) -> O:
+    """The one option check: ``given`` as the planner's frozen options dataclass.  An option the
+    class has no field for raises :class:`InvalidInputError` naming it and listing the valid ones (a
+    misspelt option would otherwise be ignored and the plan would not be what was asked for); a bad
+    value raises from the class's own checks."""
+    known = [f.name for f in fields(options_class)]   # type: ignore[arg-type]
+    unknown = sorted(set(given) - set(known))
     if unknown:
         raise InvalidInputError(f"planner {planner!r} has no option {', '.join(map(repr, unknown))}; "
-                                f"its options: {', '.join(sorted(known))}")
+                                f"its options: {', '.join(sorted(known)) or 'none'}")
+    return options_class(**given)

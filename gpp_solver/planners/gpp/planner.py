@@ -51,13 +51,13 @@ joins the candidates.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver.planners.gpp.options import GppOptions
+from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.cost.model import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError
@@ -67,15 +67,12 @@ from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.gpp.local_search import SearchResult, chain_states, search
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes, check_mini_batch_size, powers_of_two_dividing
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
-from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
 
-SEED_PLANNERS = ("graphpipe", "pipedream", "alpa", "pipedream-2bw")   # cheapest first
 DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
-DEFAULT_MAX_ITERATIONS = 400
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
 RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
 POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
@@ -89,35 +86,26 @@ def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_bat
     return sorted(out) if out else [B]
 
 
-OBJECTIVES = ("iteration_time", "time_per_sample")
-
-
 def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-             progress: bool = False, seed: int = 0, tighten: bool | None = None,
-             micro_batch_sizes: Sequence[int] | None = None, seed_planners: Sequence[str] = SEED_PLANNERS,
-             max_iterations: int = DEFAULT_MAX_ITERATIONS, restarts: int = 3, prove: bool = False,
-             objective: str = "iteration_time", seed_plans: Mapping[str, Plan] | None = None,
-             polish: bool = True,
-             **options: Any) -> Plan:
-    """Plan with the best seed improved by local search over all convex partitions (module docstring)."""
+             progress: bool = False, **options: Any) -> Plan:
+    """Plan with the best seed improved by local search over all convex partitions (module docstring);
+    ``options`` are the fields of :class:`GppOptions`."""
+    o = parse_options("gpp", GppOptions, options)
+    seed, tighten, micro_batch_sizes, seed_planners = o.seed, o.tighten, o.micro_batch_sizes, o.seed_planners
+    max_iterations, restarts, prove, objective, polish = o.max_iterations, o.restarts, o.prove, o.objective, o.polish
     B = check_mini_batch_size(mini_batch_size)
     if time_limit is not None and not time_limit > 0:
         raise InvalidInputError(f"`time_limit > 0` must hold, but got (time_limit={time_limit})")
-    if objective not in OBJECTIVES:
-        raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
 
     def score(p: Plan) -> tuple[float, float]:
         it, tps = p.predicted.iteration_time, p.predicted.time_per_sample
         return (it, tps) if objective == "iteration_time" else (tps, it)
 
-    if options:
-        named = {k for k, p in inspect.signature(plan_gpp).parameters.items() if p.kind is p.KEYWORD_ONLY}
-        reject_unknown_options("gpp", options, named)
     log = logger.info if progress else logger.debug
     t0 = time.perf_counter()
     budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = t0 + budget
-    given = dict(seed_plans or {})
+    given = dict(o.seed_plans or {})
     seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
                                                     budget)
     for name, p in given.items():

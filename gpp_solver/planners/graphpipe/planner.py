@@ -65,12 +65,15 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Sequence
+from typing import Any
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.graphpipe.per_stage import plan_per_stage
-from gpp_solver.planners.graphpipe.uniform import MAX_DEPTH_BOUND, SIMULATE_TOP, plan_uniform
+from gpp_solver.planners.graphpipe.options import GraphPipeOptions
+from gpp_solver.planners.graphpipe.staging import PLANNER
+from gpp_solver.planners.graphpipe.uniform import plan_uniform
+from gpp_solver.planners.registry import parse_options
 from gpp_solver.plan.validate import validate
 from gpp_solver.sp_tree import decompose
 from gpp_solver.types import Cluster, Graph, Plan
@@ -79,32 +82,28 @@ logger = logging.getLogger(__name__)
 
 
 def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                   progress: bool | None = None, micro_batch_sizes: Sequence[int] | None = None,
-                   per_stage_micro_batch: bool = False, search_k: bool = False,
-                   degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True,
-                   simulate_top: int | None = SIMULATE_TOP, validate_plan: bool = True, shared_sinks: bool = True,
-                   max_depth_bound: int | None = MAX_DEPTH_BOUND) -> Plan:
-    """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring)."""
+                   progress: bool | None = None, **options: Any) -> Plan:
+    """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring);
+    ``options`` are the fields of :class:`GraphPipeOptions`."""
     t0 = time.perf_counter()
+    o = parse_options(PLANNER, GraphPipeOptions, options)
     B = mini_batch_size
-    sizes = check_micro_batch_sizes(B, micro_batch_sizes)
+    sizes = check_micro_batch_sizes(B, o.micro_batch_sizes)
     if time_limit is not None and time_limit <= 0:
         raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
-    for name, v in (("simulate_top", simulate_top), ("max_depth_bound", max_depth_bound)):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            raise InvalidInputError(f"{name} must be a positive integer or None, got {v!r}")
     deadline = None if time_limit is None else t0 + time_limit
     dec = decompose(graph)
     if dec.forced_cuts:
         logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
                     graph.name, len(dec.forced_cuts), dec.added_pairs)
-    if per_stage_micro_batch:
-        plan = plan_per_stage(graph, cluster, B, dec, sizes, search_k, degree_options, deadline)
+    if o.per_stage_micro_batch:
+        plan = plan_per_stage(graph, cluster, B, dec, sizes, o.search_k, o.degree_options, deadline)
     else:
-        plan = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=progress, search_k=search_k,
-                            degree_options=degree_options, depth_tradeoff=depth_tradeoff,
-                            simulate_top=simulate_top, shared_sinks=shared_sinks, max_depth_bound=max_depth_bound)
+        plan = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=progress, search_k=o.search_k,
+                            degree_options=o.degree_options, depth_tradeoff=o.depth_tradeoff,
+                            simulate_top=o.simulate_top, shared_sinks=o.shared_sinks,
+                            max_depth_bound=o.max_depth_bound)
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0))
-    if validate_plan:
+    if o.validate_plan:
         validate(plan, graph, cluster)
     return plan

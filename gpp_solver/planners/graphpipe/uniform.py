@@ -15,6 +15,7 @@ from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
+from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
 from gpp_solver.planners.graphpipe.staging import (K_OPTIONS, PLANNER, estimate_iteration, price_staging,
                                                   spend_leftover_devices, stage_specs)
 from gpp_solver.plan.build import build_plan
@@ -23,14 +24,9 @@ from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 
-#: how many stagings, best by iteration estimate, are built and simulated (``None``: all of them,
-#: each skipped when its lower bound ``B * TPS`` already exceeds the best simulated iteration)
-SIMULATE_TOP = None
 #: the stagings, best by iteration estimate, that also get a second opinion (the optimistic-transfer
 #: DP's proposal, the traceback with separate sink-side stages): each costs DP passes
 VARIANTS_TOP = 3
-#: the depth sweep's largest bound below the least-TPS staging's depth (see ``depth_tradeoff``)
-MAX_DEPTH_BOUND = 8
 
 
 class _Progress(ProgressBar):

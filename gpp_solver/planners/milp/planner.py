@@ -42,6 +42,8 @@ from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.planners.milp.model import MilpModel, build_model
+from gpp_solver.planners.milp.options import MilpOptions
+from gpp_solver.planners.registry import parse_options
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.planners.milp.space import contiguous_ranges, layouts
@@ -52,8 +54,6 @@ MAX_NODE_SLOTS = 256
 """Refuse when ``nodes * stage slots`` exceeds this (slots = min(nodes, devices, max_stages))."""
 MAX_LAYOUTS = 4096
 """Refuse when placement matters and there are more device layouts than this for some ``b``."""
-
-_OPTIONS = {"solver"}
 
 OBJECTIVE = ("least bottleneck time per sample (cost model) over convex stages with an acyclic stage graph and "
              "one micro-batch size; the iteration time is not optimised")
@@ -162,8 +162,7 @@ def _min_memory(graph: Graph, cluster: Cluster, B: int, sizes: Sequence[int], sl
 
 
 def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-              progress: bool = False, micro_batch_sizes: Sequence[int] | None = None,
-              max_stages: int | None = None, **options: Any) -> Plan:
+              progress: bool = False, **options: Any) -> Plan:
     """The plan of least bottleneck time-per-sample, proven optimal unless the time limit stops it.
 
     ``micro_batch_sizes``: candidate ``b`` (default: powers of two dividing ``B``), one MILP each.
@@ -172,14 +171,10 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     """
     t0 = time.perf_counter()
     graph, cluster = as_graph(graph), as_cluster(cluster)
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise InvalidInputError(f"milp: unknown option(s) {sorted(unknown)}; valid: {sorted(_OPTIONS)}")
-    solver = options.get("solver")
+    o = parse_options("milp", MilpOptions, options)
+    solver, micro_batch_sizes, max_stages = o.solver, o.micro_batch_sizes, o.max_stages
     if time_limit is not None and not time_limit > 0:
         raise InvalidInputError(f"milp: time_limit must be positive, got {time_limit!r}")
-    if max_stages is not None and (not isinstance(max_stages, int) or max_stages < 1):
-        raise InvalidInputError(f"milp: max_stages must be a positive integer, got {max_stages!r}")
     B = mini_batch_size
     sizes = check_micro_batch_sizes(B, micro_batch_sizes)
     slots = min(len(graph.nodes), cluster.devices, max_stages or len(graph.nodes))

@@ -48,11 +48,11 @@ from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.piper.cost import DegreeOptions, PiperInstance
+from gpp_solver.planners.piper.options import DEFAULT_MAX_DOWNSETS, MODES, PiperOptions
+from gpp_solver.planners.registry import parse_options
 from gpp_solver.planners.piper.dp import DPResult, enumerate_downsets, run_dp
 
 logger = logging.getLogger(__name__)
-DEFAULT_MAX_DOWNSETS = 20_000
-MODES = ("shared", "piper")
 _RAW = ("time_per_sample", "memory_b", "sync_time_fw", "sync_time_bw")
 
 
@@ -158,14 +158,12 @@ def _specs(graph: Graph, res: DPResult, b1: int) -> list[StageSpec]:
 
 
 def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-               progress: bool = False, max_downsets: int = DEFAULT_MAX_DOWNSETS, mode: str = "shared",
-               micro_batch_size: int | None = None, **options: Any) -> Plan:
+               progress: bool = False, **options: Any) -> Plan:
     """Plan with Piper's DP (see the module docstring); raises ``SearchSpaceTooLargeError`` past
-    ``max_downsets`` downsets and ``InfeasibleError`` (with the memory needed) when nothing fits."""
-    if options:
-        raise InvalidInputError(f"plan_piper: unknown option(s) {', '.join(sorted(options))}")
-    if mode not in MODES:
-        raise InvalidInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    ``max_downsets`` downsets and ``InfeasibleError`` (with the memory needed) when nothing fits;
+    ``options`` are the fields of :class:`PiperOptions`."""
+    o = parse_options("piper", PiperOptions, options)
+    max_downsets, mode, micro_batch_size = o.max_downsets, o.mode, o.micro_batch_size
     start = time.monotonic()
     deadline = None if time_limit is None else start + time_limit
     downsets = count_downsets(graph, max_downsets)

@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.options import AlpaOptions
+from gpp_solver.planners.sequential.pipedream import plan_pipedream
 from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import build_plan
@@ -149,9 +151,6 @@ def _thin(cands: np.ndarray, limit: int) -> tuple[np.ndarray, float]:
     return cands[last_of_bucket], float(eps)
 
 
-MAX_TABLE_BYTES = 2**30
-
-
 def table_bytes(cluster: Cluster, n_states: int) -> int:
     """Bytes of the per-(group size, devices) stage tables of one micro-batch size (two copies)."""
     K = cluster.devices
@@ -236,14 +235,14 @@ def _place(cluster: Cluster, sizes: list[int]) -> list[tuple[int, ...]]:
 
 def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
               progress: bool = False, **options: Any) -> Plan:
-    """Alpa-style stage DP (module docstring); ``micro_batch_sizes`` overrides the candidates."""
-    reject_unknown_options("alpa", options, {"micro_batch_sizes", "max_table_bytes", "max_candidates"})
+    """Alpa-style stage DP (module docstring); ``options`` are the fields of :class:`AlpaOptions`."""
+    o = parse_options("alpa", AlpaOptions, options)
     t0 = _time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
     B = mini_batch_size
     core, inputs, sinks = pipedream_core(graph)
     lin = topological_states(graph, nodes=core)
-    limit = int(options.get("max_table_bytes", MAX_TABLE_BYTES))
+    limit = int(o.max_table_bytes)
     if table_bytes(cluster, lin.n_states) > limit:
         raise SearchSpaceTooLargeError(
             f"alpa: the stage tables of graph '{graph.name}' ({lin.n_states} prefixes) on {cluster.devices} devices "
@@ -255,8 +254,8 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
     cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
     lower: list[float] = []
-    for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
-        res = _solve(graph, cluster, lin, B, b, deadline, int(options.get("max_candidates", 64)))
+    for b in candidate_micro_batches(B, o.micro_batch_sizes):
+        res = _solve(graph, cluster, lin, B, b, deadline, int(o.max_candidates))
         if res is None:
             tried[b] = None
             continue
@@ -288,9 +287,8 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time:
             best = plan
     if best is None:
-        from gpp_solver.planners.sequential.pipedream import plan_pipedream
         try:
-            plan_pipedream(graph, cluster, B, micro_batch_sizes=options.get("micro_batch_sizes"))
+            plan_pipedream(graph, cluster, B, micro_batch_sizes=o.micro_batch_sizes)
         except InfeasibleError as exc:
             raise InfeasibleError(str(exc).replace("pipedream", "alpa", 1),
                                   required_memory_bytes=exc.required_memory_bytes) from None

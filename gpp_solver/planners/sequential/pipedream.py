@@ -61,11 +61,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.options import PipeDreamOptions
 from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import node_bandwidth
 from gpp_solver.errors import InfeasibleError, InvalidInputError
-from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES, Linearization, linearize
@@ -245,7 +246,7 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
 HIERARCHICAL_MAX_STATES = 400
 
 
-def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any],
+def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
                   deadline: float | None = None) -> tuple[Plan | None, dict]:
     """The DP for every micro-batch size, then the one with the smallest simulated iteration time.
 
@@ -253,15 +254,15 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any
     iteration time; chains are simulated in increasing bound order until the bound exceeds the
     best simulated time, so the choice is the one of simulating every chain."""
     core, inputs, sinks = pipedream_core(graph)
-    lin = linearize(graph, nodes=core, first_source=False, method=options.get("linearization", "antichain"),
-                    max_states=options.get("max_states", DEFAULT_MAX_STATES))
+    lin = linearize(graph, nodes=core, first_source=False, method=o.linearization,
+                    max_states=o.max_states)
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
     info["complete"] = True
     pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
     pos = {v: i for i, v in enumerate(lin.order)}
     cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
     lower: list[float] = []
-    for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
+    for b in candidate_micro_batches(B, o.micro_batch_sizes):
         if deadline is not None and cands and _time.perf_counter() > deadline:
             info["complete"] = False      # remaining micro-batch sizes not tried
             break
@@ -298,25 +299,22 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, options: dict[str, Any
 
 
 def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                   progress: bool = False, mode: str = "shared", **options: Any) -> Plan:
+                   progress: bool = False, **options: Any) -> Plan:
     """PipeDream's plan for ``graph`` on ``cluster`` (see the module docstring for the modes).
 
     Options: ``micro_batch_sizes`` (candidates; default powers of two dividing ``B``),
     ``linearization`` (``"antichain"`` or ``"topological"``), ``max_states``; for
-    ``mode="pipedream-costs"`` also ``bandwidth`` (default 1e9) and ``activation_compression_ratio``.
+    ``mode="pipedream-costs"`` also ``bandwidth`` (default 1e9) and ``activation_compression_ratio``
+    (the fields of :class:`PipeDreamOptions`).
     """
-    known = {"micro_batch_sizes", "linearization", "max_states"}
-    reject_unknown_options("pipedream", options,
-                           known | ({"bandwidth", "activation_compression_ratio"} if mode == "pipedream-costs" else set()))
+    o = parse_options("pipedream", PipeDreamOptions, options)
     t0 = _time.perf_counter()
-    if mode == "pipedream-costs":
-        return _plan_pipedream_costs(graph, cluster, mini_batch_size, t0, options)
-    if mode != "shared":
-        raise InvalidInputError(f"mode must be 'shared' or 'pipedream-costs', got {mode!r}")
-    best, info = _solve_shared(graph, cluster, mini_batch_size, options,
+    if o.mode == "pipedream-costs":
+        return _plan_pipedream_costs(graph, cluster, mini_batch_size, t0, o)
+    best, info = _solve_shared(graph, cluster, mini_batch_size, o,
                                None if time_limit is None else t0 + time_limit)
     if best is None:
-        loose, _ = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, options)
+        loose, _ = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, o)
         need = loose.predicted.peak_memory_bytes if loose is not None else None
         raise InfeasibleError(
             f"pipedream: no plan of graph '{graph.name}' fits {cluster.memory_bytes:.4g} bytes per device on "
@@ -335,21 +333,21 @@ def _with_search(plan: Plan, search: SearchInfo) -> Plan:
     return replace(plan, search=search)
 
 
-def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, options: dict[str, Any]) -> Plan:
+def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, o: PipeDreamOptions) -> Plan:
     dpn = cluster.devices_per_node
-    if "bandwidth" in options or dpn is None or dpn >= cluster.devices or cluster.devices % dpn:
-        machines, bws = [cluster.devices], [float(options.get("bandwidth", 1e9))]
+    if o.bandwidth is not None or dpn is None or dpn >= cluster.devices or cluster.devices % dpn:
+        machines, bws = [cluster.devices], [float(1e9 if o.bandwidth is None else o.bandwidth)]
     else:
         machines = [dpn, cluster.devices // dpn]
         bws = [node_bandwidth(cluster), cluster.inter_node_bandwidth]
-    sol = pipedream_optimizer(graph, machines, bws, max_states=options.get("max_states", DEFAULT_MAX_STATES),
-                              activation_compression_ratio=options.get("activation_compression_ratio"))
+    sol = pipedream_optimizer(graph, machines, bws, max_states=o.max_states,
+                              activation_compression_ratio=o.activation_compression_ratio)
     if not sol.stages:
         raise InfeasibleError(f"pipedream-costs: no partition of '{graph.name}' on {machines} machines")
     _, inputs, sinks = pipedream_core(graph)
     lcm = math.lcm(*(r for _, r in sol.stages))
     best: Plan | None = None
-    for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
+    for b in candidate_micro_batches(B, o.micro_batch_sizes):
         if b % lcm:
             continue
         rows, dev = [], 0

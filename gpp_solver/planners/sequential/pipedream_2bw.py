@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.planners.registry import reject_unknown_options
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.options import PipeDream2BWOptions
 from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import build_plan
@@ -67,18 +68,18 @@ def equal_partition(weights: list[float], w: int) -> list[int]:
 
 
 def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                       progress: bool = False, balance: str = "compute", **options: Any) -> Plan:
+                       progress: bool = False, **options: Any) -> Plan:
     """Best ``(w, d, b)`` of PipeDream-2BW's space by simulated iteration time (module docstring).
 
     Every configuration is priced with numpy (:mod:`.seq_eval`: memory with two weight versions,
     a lower bound on the simulated iteration time); only those whose bound does not exceed the
     best simulated time found are built and simulated, so the answer is the exhaustive one.
+    ``options`` are the fields of :class:`PipeDream2BWOptions`.
     """
-    reject_unknown_options("pipedream-2bw", options, {"micro_batch_sizes"})
+    o = parse_options("pipedream-2bw", PipeDream2BWOptions, options)
+    balance = o.balance
     t0 = _time.perf_counter()
     deadline = None if time_limit is None else t0 + time_limit
-    if balance not in ("compute", "layers"):
-        raise InvalidInputError(f"balance must be 'compute' or 'layers', got {balance!r}")
     B, K = mini_batch_size, cluster.devices
     core, inputs, sinks = pipedream_core(graph)
     core_set = set(core)
@@ -92,7 +93,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     lower: list[float] = []
     least_need = float("inf")
     enumerated = 0
-    for b in candidate_micro_batches(B, options.get("micro_batch_sizes")):
+    for b in candidate_micro_batches(B, o.micro_batch_sizes):
         for w in range(1, min(K, len(order)) + 1):
             for d in range(1, K // w + 1):
                 if b % d:

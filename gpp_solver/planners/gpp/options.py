@@ -1,0 +1,44 @@
+"""The ``gpp`` planner's options: one frozen dataclass, checked by :func:`gpp_solver.planners.registry.parse_options`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from gpp_solver.errors import InvalidInputError
+from gpp_solver.types import Plan
+
+SEED_PLANNERS = ("graphpipe", "pipedream", "alpa", "pipedream-2bw")   # cheapest first
+DEFAULT_MAX_ITERATIONS = 400
+OBJECTIVES = ("iteration_time", "time_per_sample")
+
+
+@dataclass(frozen=True)
+class GppOptions:
+    """What ``plan_gpp`` takes beside ``time_limit`` and ``progress`` (module docstring of
+    :mod:`gpp_solver.planners.gpp.planner`)."""
+
+    # CP-SAT's random seed (single-threaded, deterministic time: the result does not depend on load)
+    seed: int = 0
+    # CP-SAT tightening of the orders: True always, False never, None when the model is small enough
+    tighten: bool | None = None
+    # candidate micro-batch sizes (default: powers of two dividing B with B / b <= MAX_MICRO_BATCHES, plus the seeds')
+    micro_batch_sizes: Sequence[int] | None = None
+    # the registered planners whose plans seed the search, cheapest first
+    seed_planners: Sequence[str] = SEED_PLANNERS
+    # local-search moves per search at most
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    # start states searched per micro-batch size (the best first; the rest for the RESTART_SIZES best sizes)
+    restarts: int = 3
+    # also run the exact planner (milp) and say "optimal" when the plan's TPS meets its proven optimum
+    prove: bool = False
+    # what the pick minimises first: the simulated "iteration_time" or the "time_per_sample"
+    objective: str = "iteration_time"
+    # plans already computed, by planner name (those planners are not run again)
+    seed_plans: Mapping[str, Plan] | None = None
+    # search again with the iteration-time estimate as the first key (shallower stage graphs)
+    polish: bool = True
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
