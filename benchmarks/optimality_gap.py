@@ -40,7 +40,7 @@ import time
 from gpp_solver import graph_from_dict
 from gpp_solver import graph_to_dict
 from gpp_solver.planners.milp.planner import plan_milp
-from gpp_solver.planners.milp.space import default_micro_batch_sizes
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.oracles.brute_force import (best_plan_bruteforce, min_peak_memory_bruteforce, random_cluster,
                                             random_graph)
@@ -76,7 +76,7 @@ def instances(cls: str, count: int, seed: int, placement: bool, tight: bool, B: 
 def _graphpipe_min_tps(g, c, B: int, time_limit: float):
     """GraphPipe once per micro-batch size (sizes without a plan in memory skipped), least TPS kept."""
     fn, plans = get_planner("graphpipe"), []
-    for b in default_micro_batch_sizes(B):
+    for b in powers_of_two_dividing(B):
         try:
             plans.append(fn(g, c, B, time_limit=time_limit, micro_batch_sizes=[b], depth_tradeoff=False))
         except InfeasibleError:

@@ -9,8 +9,8 @@ the Python overhead of the recursion; with one target per pass it is the plain b
 space and with respect to its (conservative) stage estimates.
 
 Across micro-batch sizes the paper sweeps for throughput (A.2); we search every ``b`` (all of
-them batched into the same DP passes) and pick the one whose plan has the smallest iteration-time
-estimate of the cost model (``score``).
+them batched into the same DP passes, :func:`search_many`; with the depth sweep, :func:`search_depths`)
+and the planner (:mod:`gpp_solver.planners.graphpipe.uniform`) picks among the stagings by simulation.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
 
@@ -182,52 +181,4 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     return out
 
 
-@dataclass(frozen=True)
-class SweepResult:
-    best: TpsSearch | None
-    score: float
-    tried: tuple[int, ...]       # micro-batch sizes searched
-    infeasible: tuple[int, ...]
-    timed_out: bool
-    probes: int
-    ranked: tuple[tuple[float, int], ...] = ()   # (score, b) of every feasible size, best first
-
-
-def sweep(dp: StageDP, micro_batch_sizes: Sequence[int], score: Callable[[TpsSearch], float], *,
-          deadline: float | None = None, on_pass: Callable[[int], None] | None = None) -> SweepResult:
-    """Search every micro-batch size (batched, :func:`search_many`) and keep the best by ``score``
-    (ties: the smaller DP TPS, then the larger ``b``)."""
-    results = search_many(dp, micro_batch_sizes, deadline=deadline, on_pass=on_pass)
-    best, best_key, best_score = None, None, float("inf")
-    ranked: list[tuple[tuple[float, float, int], int]] = []
-    infeasible, timed_out, probes = [], False, 0
-    for b in micro_batch_sizes:
-        res = results[b]
-        if res is None:
-            infeasible.append(b)
-            logger.info("b=%d: no plan fits in memory", b)
-            continue
-        probes = max(probes, res.probes)
-        timed_out |= not res.exact
-        sc = score(res)
-        logger.info("b=%d: TPS %.6g with %d stages (%d candidates), iteration estimate %.6g",
-                    b, res.tps, len(res.stages), res.candidates, sc)
-        key = (sc, res.tps, -b)
-        ranked.append((key, b))
-        if best_key is None or key < best_key:
-            best, best_key, best_score = res, key, sc
-    ranked.sort()
-    return SweepResult(best, best_score, tuple(micro_batch_sizes), tuple(infeasible), timed_out, probes,
-                       tuple((k[0], b) for k, b in ranked))
-
-
-def default_micro_batch_sizes(mini_batch_size: int, limit: Iterable[int] | None = None) -> tuple[int, ...]:
-    """Powers of two dividing ``B`` (the paper's micro-batch sizes), optionally intersected."""
-    out = powers_of_two_dividing(mini_batch_size)
-    if limit is not None:
-        allowed = set(limit)
-        out = tuple(b for b in out if b in allowed)
-    return out
-
-
-__all__ = ["TpsSearch", "SweepResult", "search_tps", "search_many", "search_depths", "sweep", "default_micro_batch_sizes"]
+__all__ = ["TpsSearch", "search_tps", "search_many", "search_depths"]

@@ -20,14 +20,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import GppError, InvalidInputError
+from gpp_solver.plan.simulate import SimResult, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from gpp_solver.compare import CompareRow
-    from gpp_solver.plan.simulate import SimResult
     from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
@@ -179,9 +180,6 @@ def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, 
     """
     mpl = _matplotlib()
     from matplotlib.patches import Patch
-
-    from gpp_solver.cost.model import stage_costs
-    from gpp_solver.plan.simulate import simulate
 
     sim = sim if sim is not None else simulate(plan, graph, cluster)
     allreduce = {s.id: c.allreduce for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages,

@@ -1,4 +1,4 @@
-"""Algorithm 1's outer loop: exact search over sorted candidate TPS values, and the sweep over b."""
+"""Algorithm 1's outer loop: exact search over sorted candidate TPS values, batched over b."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpp_solver.binary_search import default_micro_batch_sizes, search_tps, sweep
+from gpp_solver.binary_search import search_tps
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.workloads import build_model
 from gpp_solver.types import Cluster
@@ -19,12 +19,6 @@ def mmt_dp() -> StageDP:
     c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
                 inter_node_bandwidth=12.5e9, latency=1e-5)
     return StageDP(g, c, 64)
-
-
-def test_default_micro_batch_sizes() -> None:
-    assert default_micro_batch_sizes(48) == (1, 2, 4, 8, 16)
-    assert default_micro_batch_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
-    assert default_micro_batch_sizes(64, limit=[2, 3, 64]) == (2, 64)
 
 
 @pytest.mark.parametrize("b", [1, 4, 16, 64])
@@ -47,21 +41,6 @@ def test_expired_deadline_still_returns_a_feasible_answer(mmt_dp: StageDP) -> No
     assert mmt_dp.feasible(8, res.tps)
     full = search_tps(mmt_dp, 8)
     assert full is not None and full.tps <= res.tps
-
-
-def test_sweep_keeps_the_best_score(mmt_dp: StageDP) -> None:
-    scores: dict[int, float] = {}
-
-    def score(r):
-        scores[r.b] = r.tps * mmt_dp.B      # any monotone score will do here
-        return scores[r.b]
-
-    sizes = default_micro_batch_sizes(64)
-    sw = sweep(mmt_dp, sizes, score)
-    assert sw.best is not None and not sw.timed_out
-    assert sw.score == min(scores.values())
-    assert set(sw.tried) == set(sizes) and set(scores) == set(sizes) - set(sw.infeasible)
-    assert sw.best.b == min(scores, key=lambda b: (scores[b], -b))
 
 
 def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:

@@ -12,7 +12,8 @@ import pytest
 
 import gpp_solver as gs
 from gpp_solver.cost.network import constant_bandwidth
-from gpp_solver.planners.milp.space import contiguous_ranges, default_micro_batch_sizes, layouts
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
+from gpp_solver.planners.milp.space import contiguous_ranges, layouts
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.oracles.brute_force import (GRAPH_KINDS, best_plan_bruteforce, candidates, min_peak_memory_bruteforce,
                                             ordered_partitions, random_cluster, random_graph)
@@ -138,8 +139,8 @@ def test_refuses_large_inputs():
 
 
 def test_search_space_helpers():
-    assert default_micro_batch_sizes(24) == (1, 2, 4, 8)
-    assert default_micro_batch_sizes(7) == (1,)
+    assert powers_of_two_dividing(24) == (1, 2, 4, 8)
+    assert powers_of_two_dividing(7) == (1,)
     assert contiguous_ranges([2, 1, 1]) == [(0, 1), (2,), (3,)]
     lay = list(layouts(4, 4, 4))
     assert all(sum(p) <= 4 and all(4 % d == 0 for d in p) for p in lay)

@@ -1,14 +1,19 @@
 """The cost model of ``../shared/spec/cost-model.md``: stage costs, transfers, memory, micro-batch checks.
 
-``gpp_solver.cost.stage_costs`` is the reference pricing; every fast pricer of a planner is held equal to it.
+``gpp_solver.cost.stage_costs`` is the reference pricing; every fast pricer of a planner uses the
+same pricing core (:func:`comm_time`, :func:`allreduce_time`, :func:`time_per_sample`,
+:func:`memory_per_device`), the one interpolation (:func:`interpolate`) and the one bandwidth rule
+(``Cluster.bandwidth``, with the bounds of :mod:`gpp_solver.cost.network`), and is held equal to it
+by ``tests/test_pricers.py``.
 """
 
 from gpp_solver.cost.model import (CostTables, NodeConfig, StageCost, StageLike, allreduce_time, comm_time,
-                                   data_parallel, in_flight_from_order, interp_time, iteration_time_estimate,
-                                   node_config, stage_activation_bytes, stage_compute, stage_compute_parts,
-                                   stage_costs, stage_memory, stage_transfers, stage_weight_bytes)
+                                   data_parallel, in_flight_from_order, interp_time, interpolate,
+                                   iteration_time_estimate, memory_per_device, node_compute, node_config,
+                                   stage_activation_bytes, stage_compute, stage_compute_parts, stage_costs,
+                                   stage_memory, stage_transfers, stage_weight_bytes, time_per_sample)
 
 __all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "allreduce_time", "comm_time", "data_parallel",
-           "in_flight_from_order", "interp_time", "iteration_time_estimate", "node_config",
-           "stage_activation_bytes", "stage_compute", "stage_compute_parts", "stage_costs", "stage_memory",
-           "stage_transfers", "stage_weight_bytes"]
+           "in_flight_from_order", "interp_time", "interpolate", "iteration_time_estimate", "memory_per_device",
+           "node_compute", "node_config", "stage_activation_bytes", "stage_compute", "stage_compute_parts",
+           "stage_costs", "stage_memory", "stage_transfers", "stage_weight_bytes", "time_per_sample"]

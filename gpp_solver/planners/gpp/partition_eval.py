@@ -107,7 +107,6 @@ class Problem:
         self._edst = np.asarray([e[1] for e in es], dtype=np.int64)
         self._ebytes = np.asarray([e[2] for e in es], dtype=float)
         self._deg = np.asarray(self.degrees, dtype=np.int64)
-        self._table_cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ structure
     def _structure(self, a: np.ndarray, k: int):

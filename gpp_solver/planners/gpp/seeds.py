@@ -11,7 +11,6 @@ Every outcome is recorded (status, seconds, the limit it got).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from typing import Any, Sequence
@@ -25,22 +24,12 @@ logger = logging.getLogger(__name__)
 
 SEED_SAFETY_SHARE = 0.6          # all seed planners together: stopped after this share of the time limit
 
-FALLBACKS = {"graphpipe": ("gpp_solver.planners.graphpipe.planner", "plan_graphpipe")}
-
-
 def seed_fn(name: str) -> Any:
-    """The registered planner, or (for ``graphpipe``) its module under the name it landed with."""
+    """The registered planner ``name``, or ``None`` when it is not installed."""
     try:
         return get_planner(name)
     except InvalidInputError:
-        pass
-    if name in FALLBACKS:
-        mod, attr = FALLBACKS[name]
-        try:
-            return getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError):
-            return None
-    return None
+        return None
 
 
 def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str],

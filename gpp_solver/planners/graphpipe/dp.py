@@ -162,11 +162,6 @@ class StageDP:
         R, _, _ = run_dp(self.idx, self._dev(b, targets), self.E)
         return decode(R[:, 0, self.E])
 
-    def min_devices_pairs(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
-        """``min_devices`` for several ``(b, t)`` pairs — different micro-batch sizes too — in one
-        batched DP pass."""
-        return self.min_devices_by_depth(pairs)[:, self.E]
-
     def min_devices_by_depth(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
         """``out[i, e]``: fewest devices for ``pairs[i] = (b, t)`` with the stage graph's depth at
         most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""

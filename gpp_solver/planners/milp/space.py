@@ -24,14 +24,8 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from gpp_solver.cost.micro_batch import powers_of_two_dividing
-
 MEMORY_REL_TOL = 1e-9
 """A stage fits when ``M(S) <= memory_bytes * (1 + MEMORY_REL_TOL)`` (the validator's tolerance)."""
-
-
-default_micro_batch_sizes = powers_of_two_dividing
-"""The powers of two that divide ``mini_batch_size`` (1, 2, 4, ...)."""
 
 
 def device_options(b: int, devices: int) -> tuple[int, ...]:
