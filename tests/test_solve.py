@@ -201,7 +201,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
     bottleneck (an operator is atomic; at degree 2 its 1.2 GB all-reduce costs more than the halved
     compute), and no degree raise lowers the iteration estimate (what the leftover pass checks)."""
     from gpp_solver.formats.cluster import v100_cluster
-    from gpp_solver.planners.graphpipe.staging import estimate_iteration as _estimate
+    from gpp_solver.planners.graphpipe.staging import estimate_iteration
     g, c = build_model("dlrm"), v100_cluster(8)
     plan = plan_graphpipe(g, c, 512, shared_sinks=False)
     validate(plan, g, c)
@@ -215,7 +215,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
     free = [d for d in range(c.devices) if d not in {x for s in specs for x in s.devices}]
     assert plan.devices_used < c.devices
     base_tps = plan.predicted.time_per_sample
-    base_est = _estimate(g, c, specs, 512)
+    base_est = estimate_iteration(g, c, specs, 512)
     for i, s in enumerate(specs):           # every raise to degree 2 (devices from the free ones, same node)
         if len(s.devices) != 1:
             continue
@@ -223,7 +223,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
         trial = list(specs)
         trial[i] = StageSpec(s.nodes, (s.devices[0], same[0]), s.micro_batch_size)
         tps = max(x.time_per_sample for x in stage_costs(g, c, trial, 512))
-        assert tps > base_tps * (1 - 1e-12) or _estimate(g, c, trial, 512) >= base_est * (1 - 1e-12)
+        assert tps > base_tps * (1 - 1e-12) or estimate_iteration(g, c, trial, 512) >= base_est * (1 - 1e-12)
     shared = plan_graphpipe(g, c, 512)
     validate(shared, g, c)
     assert shared.predicted.time_per_sample <= base_tps * (1 + 1e-12)
@@ -270,11 +270,11 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
         if "not_simulated_lower_bound" in s:
             assert s["not_simulated_lower_bound"] > plan.predicted.iteration_time
     # ... and that bound is a true lower bound of the simulated iteration time
-    from gpp_solver.planners.graphpipe.staging import stage_specs as _specs
+    from gpp_solver.planners.graphpipe.staging import stage_specs
     from gpp_solver.plan.build import build_plan
     from gpp_solver.types import SearchInfo
     for b, r in search_many(StageDP(g, c, B), extra["micro_batch_sizes_searched"]).items():
-        p = build_plan(g, c, _specs(r.stages, b, c.devices_per_node), B, planner="x",
+        p = build_plan(g, c, stage_specs(r.stages, b, c.devices_per_node), B, planner="x",
                        search=SearchInfo(0.0, "feasible", None, {}))
         assert p.predicted.iteration_time >= B * p.predicted.time_per_sample * (1 - 1e-12)
     assert plan.search.status == "optimal-within-search-space"
