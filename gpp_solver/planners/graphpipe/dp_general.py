@@ -114,7 +114,7 @@ class GeneralStageDP:
         return np.unique(np.concatenate([tb.tps.ravel() for tb in self._tps.values()]))
 
     # ------------------------------------------------------------------ one pass
-    def solve(self, t: float, memory: float | None = None) -> list[tuple[int, tuple, object]]:
+    def pareto(self, t: float, memory: float | None = None) -> list[tuple[int, tuple, object]]:
         """Pareto set ``(devices, source summary, trace)`` of the whole graph at target ``t``
         (devices ``<= D``); empty when no staging meets ``t`` and memory."""
         mem = self.memory if memory is None else memory
@@ -191,7 +191,7 @@ class GeneralStageDP:
         return node(self.idx.root[1], self.sink)
 
     def feasible(self, t: float, memory: float | None = None) -> bool:
-        return bool(self.solve(t, memory))
+        return bool(self.pareto(t, memory))
 
     def stages(self, t: float) -> list[GeneralStage]:
         """The stages of a plan meeting ``t`` with the fewest devices (first such in a fixed order)."""
@@ -203,7 +203,7 @@ class GeneralStageDP:
     def stage_sets(self, t: float) -> list[list[GeneralStage]]:
         """Every staging of the root's Pareto set at ``t`` (fewest devices first)."""
         out = []
-        for _, _, trace in self.solve(t):
+        for _, _, trace in self.pareto(t):
             out.append(self._unwind(trace))
         return out
 
