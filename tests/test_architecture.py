@@ -1,0 +1,88 @@
+"""The layout's rules, checked on the source: no module over 400 lines, at most 16 modules at the top
+level of ``gpp_solver/``, no import cycle (imports inside functions count), and the solver never
+imports torch."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpp_solver"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that ``name`` imports anywhere in its file (function bodies too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_at_most_16_modules_at_the_top_level():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 16, top
+
+
+def test_design_card_names_are_kept():
+    for rel in ("gpp_solver/sp_tree.py", "gpp_solver/cp_schedule.py", "gpp_solver/binary_search.py",
+                "runtime/__init__.py", "tests", "pyproject.toml", "README.md"):
+        assert (ROOT / rel).exists(), rel
+
+
+def test_no_import_cycle():
+    mods = _modules()
+    g = nx.DiGraph()
+    g.add_nodes_from(mods)
+    for name, path in mods.items():
+        for dep in _imports(name, path, set(mods)):
+            # a package's __init__ re-exporting its own children is not a cycle of code
+            if dep.startswith(name + ".") or name.startswith(dep + ".") and mods[dep].name == "__init__.py":
+                continue
+            g.add_edge(name, dep)
+    cycles = list(nx.simple_cycles(g))
+    assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_solver_never_imports_torch(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        assert not any(n == "torch" or n.startswith("torch.") for n in names), path
