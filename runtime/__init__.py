@@ -1,1 +1,8 @@
-"""Runtime: profile a PyTorch model into a gpp-graph/1 and train it with a gpp-plan/1 under torchrun."""
+"""Runtime: profile a PyTorch model into a gpp-graph/1 and train it with a gpp-plan/1 under torchrun.
+
+``runtime.GraphPipeline`` runs a plan inside the user's own training loop (``runtime/pipeline.py``).
+"""
+
+from runtime.pipeline import GraphPipeline
+
+__all__ = ["GraphPipeline"]

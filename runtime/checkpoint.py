@@ -1,9 +1,11 @@
 """Per-stage checkpoints: parameters, optimizer state, step and a (plan, model) fingerprint.
 
 Replica 0 of each stage writes ``DIR/stage{id}-step{N}.pt`` (``N`` = steps completed) through a
-temporary name and ``os.replace``, and keeps its two newest files: a stage can run at most one
-step ahead of another (the pipeline's messages tie them together), so the newest step that every
-stage has is always on disk. ``--resume`` loads that step (``torch.load(weights_only=True)``) and
+temporary name, ``fsync`` and ``os.replace`` (then an fsync of the directory), removes stale
+temporaries of earlier crashed writers, and keeps its two newest files: a stage can run at most
+one step ahead of another (the pipeline's messages tie them together), so the newest step that
+every stage has is always on disk. ``--resume`` loads that step (``torch.load(weights_only=True)``),
+checks its structure (a dict with ``step``, ``fingerprint``, ``params``, ``optimizer``) and
 refuses a checkpoint whose fingerprint differs from the current plan and model.
 """
 
@@ -24,6 +26,7 @@ from runtime.plan_io import Plan
 logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^stage(\d+)-step(\d+)\.pt$")
+_TMP = re.compile(r"^stage(\d+)-step(\d+)\.pt\.tmp\d+$")
 
 
 def fingerprint(plan: Plan, mg: ModelGraph) -> str:
@@ -37,17 +40,34 @@ def fingerprint(plan: Plan, mg: ModelGraph) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def save(directory: str, stage_id: int, step: int, fp: str, module: torch.nn.Module,
-         optimizer: torch.optim.Optimizer | None) -> str:
+def save(directory: str, stage_id: int, step: int, fp: str, params: dict, optimizer_state: dict) -> str:
     """Write one stage's checkpoint after ``step`` completed steps; returns its path."""
     os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):  # temporaries of a writer that crashed
+        m = _TMP.match(name)
+        if m and int(m.group(1)) == stage_id:
+            try:
+                os.remove(os.path.join(directory, name))
+            except OSError:
+                pass
     state = {"step": step, "fingerprint": fp,
-             "params": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-             "optimizer": optimizer.state_dict() if optimizer is not None else {}}
+             "params": {k: v.detach().cpu() for k, v in params.items()},
+             "optimizer": optimizer_state or {}}
     path = os.path.join(directory, f"stage{stage_id}-step{step}.pt")
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
     for old in _steps(directory).get(stage_id, [])[:-2]:
         try:
             os.remove(os.path.join(directory, f"stage{stage_id}-step{old}.pt"))
@@ -77,18 +97,28 @@ def latest_common_step(directory: str, stage_ids: list[int]) -> int | None:
     return max(common) if common else None
 
 
-def load(directory: str, stage_id: int, step: int, fp: str, module: torch.nn.Module,
-         optimizer: torch.optim.Optimizer | None, device: torch.device) -> None:
-    """Restore one stage; InvalidInputError if the checkpoint is from another plan or model."""
+def load(directory: str, stage_id: int, step: int, fp: str, device: torch.device) -> dict:
+    """One stage's checkpoint, checked; InvalidInputError if unreadable, malformed or foreign."""
     path = os.path.join(directory, f"stage{stage_id}-step{step}.pt")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - unpickling errors of many kinds
-        raise InvalidInputError(f"cannot load checkpoint {path!r}: {exc}") from exc
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InvalidInputError(f"cannot load checkpoint {path!r}: {first}") from exc
+    if not isinstance(state, dict):
+        raise InvalidInputError(f"checkpoint {path!r} holds a {type(state).__name__}, not a checkpoint dict")
+    missing = [k for k in ("step", "fingerprint", "params", "optimizer") if k not in state]
+    if missing:
+        raise InvalidInputError(f"checkpoint {path!r} lacks {', '.join(missing)}")
+    if not isinstance(state["params"], dict) or not all(
+            isinstance(v, torch.Tensor) for v in state["params"].values()):
+        raise InvalidInputError(f"checkpoint {path!r}: `params` must map names to tensors")
+    if not isinstance(state["optimizer"], dict):
+        raise InvalidInputError(f"checkpoint {path!r}: `optimizer` must be a dict")
     if state.get("fingerprint") != fp:
         raise InvalidInputError(
             f"checkpoint {path!r} was written for another plan or model (fingerprint mismatch); "
             "refusing to resume from it")
-    module.load_state_dict(state["params"])
-    if optimizer is not None and state["optimizer"]:
-        optimizer.load_state_dict(state["optimizer"])
+    if state["step"] != step:
+        raise InvalidInputError(f"checkpoint {path!r} says step {state['step']!r}, its name says {step}")
+    return state

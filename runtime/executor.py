@@ -1,73 +1,85 @@
-"""Run one rank's share of a training step: its lowered actions, in order.
+"""Run one rank's share of a training step: its lowered actions, in the posting order.
 
-Forward ``F j`` slices the model inputs it reads from ``workload.sample(B, step)`` to its chunk,
-assembles each remote activation from the received pieces (``torch.cat`` of leaves that require
-grad, so each piece gets its own gradient), runs the stage module, computes
-``loss(output, target) / B`` if it holds the sink, and sends the rows each consumer chunk needs.
+Forward ``F j`` slices the model inputs it reads to its chunk, assembles each remote value from
+the received pieces (per tensor leaf: a received piece is a leaf that requires grad, so each
+piece gets its own gradient; one piece is cloned when the stage holds an in-place operation, so
+``ReLU(inplace=True)`` as the first op never modifies a leaf), runs the stage module and, if it
+holds the sink, the loss: ``loss_fn(output, target) * rows / B`` for a loss that is the mean over
+the samples it is given (``loss_reduction="mean"``), ``loss_fn(output, target)`` for a sum.
+Either way the gradients summed over all chunks equal those of ``loss_fn`` on the whole
+mini-batch. Dropout nodes draw their masks from ``(seed, step, chunk's first sample, node)``.
 Backward ``B j`` assembles each output's gradient from the pieces received from every consumer
 stage (pieces of one stage tile the rows; different stages are summed), back-propagates, and
 sends each received piece's gradient back to its producer.
 
-Receives are posted ``lookahead`` compute actions ahead, in the lowered order.
+Operations are posted in ``actions.posting``'s order (``eager`` or ``batched``, see
+``runtime.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
+events read once at the end of the step.
 """
 
 from __future__ import annotations
 
+import operator
 import time
-from dataclasses import dataclass, field
 
 import torch
+import torch.utils._pytree as pytree
 
-from runtime.actions import Action, Chunk, Message, chunk
+from gpp_solver.errors import InvalidInputError
+from runtime.dropout import Context, set_context
+from runtime.actions import Action, Chunk, Message, Post, Step, chunk, group_actions, posting
 from runtime.fx_split import StageProgram
 from runtime.metrics import Recorder
-from runtime.p2p import P2P
+from runtime.p2p import P2P, ValueMeta, flatten, unflatten
 from runtime.plan_io import StagePlan
 
-
-@dataclass
-class _Step:
-    """One compute action with the receives before it and the sends after it."""
-
-    act: Action
-    recvs: list[Message] = field(default_factory=list)
-    sends: list[Message] = field(default_factory=list)
+_INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
+                  operator.ior, operator.ixor, operator.setitem}
 
 
-def group_actions(actions: list[Action]) -> list[_Step]:
-    """Attach each send/recv to its compute action (recvs precede it, sends follow it)."""
-    steps: list[_Step] = []
-    pending: list[Message] = []
-    for a in actions:
-        if a.op == "recv":
-            pending.append(a.msg)
-        elif a.op == "send":
-            steps[-1].sends.append(a.msg)
-        else:
-            steps.append(_Step(a, recvs=pending))
-            pending = []
-    return steps
+def has_inplace(module: torch.fx.GraphModule) -> bool:
+    """Whether the stage's graph may modify a tensor in place (conservative)."""
+    for n in module.graph.nodes:
+        if n.kwargs.get("inplace") is True:
+            return True
+        if n.op == "call_module" and getattr(module.get_submodule(n.target), "inplace", False):
+            return True
+        if n.op == "call_method" and str(n.target).endswith("_") and not str(n.target).endswith("__"):
+            return True
+        if n.op == "call_function" and (n.target in _INPLACE_FUNCS or getattr(n.target, "__name__", "").endswith("_")):
+            return True
+    return False
+
+
+def _rows(tree, lo: int, hi: int):
+    return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
 
 
 class StageExecutor:
     """Executes the actions of one rank (one replica of one stage) for each training step."""
 
     def __init__(self, program: StageProgram, stage: StagePlan, replica: int, rank: int,
-                 actions: list[Action], meta: dict[str, tuple[tuple[int, ...], torch.dtype]],
-                 loss_fn, mini_batch: int, device: torch.device, comm: P2P, rec: Recorder,
-                 lookahead: int = 2) -> None:
+                 actions: list[Action], meta: dict[str, ValueMeta], loss_fn, mini_batch: int,
+                 device: torch.device, comm: P2P, rec: Recorder, *, loss_reduction: str = "mean",
+                 lookahead: int = 2, seed: int = 0, grad_sync=None) -> None:
         self.program = program
         self.stage = stage
         self.replica = replica
         self.rank = rank
         self.steps = group_actions(actions)
+        self.items = posting(self.steps, comm.mode, lookahead)
+        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.op == "B"), default=-1)
         self.meta = meta
         self.loss_fn = loss_fn
+        self.loss_reduction = loss_reduction
+        self.check_loss = True
         self.mini_batch = mini_batch
         self.device = device
         self.comm = comm
         self.rec = rec
-        self.lookahead = lookahead
+        self.seed = seed
+        self.grad_sync = grad_sync
+        self.clone_inputs = has_inplace(program.module)
         self.out_index = {key: i for i, (kind, key) in enumerate(program.outputs) if kind == "act"}
         self.param_ptrs = {p.untyped_storage().data_ptr() for p in program.module.parameters()}
         self._saved: dict[int, int] = {}  # micro-batch -> saved-activation bytes
@@ -75,92 +87,163 @@ class StageExecutor:
         self.saved_peak = 0
 
     # -- one training step -------------------------------------------------------------------
-    def run_step(self, inputs: tuple, target) -> float:
-        """Run all actions of one step; returns the summed loss of this rank's samples (0 if none)."""
-        inputs = tuple(x.to(self.device) for x in inputs)
-        target = target.to(self.device) if self.program.holds_sink else None
+    def run_step(self, inputs: tuple, target, step: int):
+        """Run all actions of one step; returns this rank's share of the loss (None without sink)."""
         state: dict[int, tuple] = {}
-        posted: dict[Message, tuple[torch.Tensor, object]] = {}
-        next_post = 0
+        posted: dict[Message, tuple[list[torch.Tensor], list]] = {}
+        out_tensors: dict[Message, list[torch.Tensor]] = {}
         loss_sum = None
-        for i, st in enumerate(self.steps):
-            while next_post < len(self.steps) and next_post <= i + self.lookahead:
-                for m in self.steps[next_post].recvs:
-                    posted[m] = self._post_recv(m)
-                next_post += 1
+        cuda = self.device.type == "cuda"
+        timings: list[tuple[str, object, object]] = []
+        t_step = time.time()
+        if cuda:
+            first = torch.cuda.Event(enable_timing=True)
+            first.record()
+        index = {id(st): i for i, st in enumerate(self.steps)}
+        for it in self.items:
+            if isinstance(it, Post):
+                sends = [(out_tensors.pop(m), self._peer(m, "dst"), str(m)) for m in it.sends]
+                recvs = [(self._leaves(m), m.hi - m.lo, self._peer(m, "src")) for m in it.recvs]
+                for m, res in zip(it.recvs, self.comm.post(sends, recvs)):
+                    posted[m] = res
+                continue
+            st: Step = it
             t0 = time.time()
             bufs = {}
             for m in st.recvs:
-                buf, work = posted.pop(m)
-                self.comm.wait(work, f"receive of {m}")
+                buf, works = posted.pop(m)
+                self.comm.wait(works, f"receive of {m}")
                 bufs[m] = buf
             t1 = time.time()
             if t1 - t0 > 1e-5:
                 self.rec.event("wait", t0, t1, "wait")
             c = chunk(self.stage, st.act.mb, self.replica)
+            ev = None
+            if cuda:
+                ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                ev[0].record()
             if st.act.op == "F":
-                loss = self._forward(st, c, bufs, inputs, target, state)
+                loss = self._forward(st, c, bufs, inputs, target, state, step, out_tensors)
                 if loss is not None:
                     loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             else:
-                self._backward(st, c, bufs, state)
-            if self.device.type == "cuda":  # so that the recorded compute time is real
-                torch.cuda.synchronize(self.device)
-            self.rec.event(str(st.act), t1, time.time(), "compute")
+                if index[id(st)] == self.last_backward and self.grad_sync is not None:
+                    self.grad_sync.arm()
+                self._backward(st, c, bufs, state, out_tensors)
+            if cuda:
+                ev[1].record()
+                timings.append((str(st.act), ev[0], ev[1]))
+            else:
+                self.rec.event(str(st.act), t1, time.time(), "compute")
         t0 = time.time()
         self.comm.wait_sends()
         self.rec.event("wait sends", t0, time.time(), "wait")
-        return 0.0 if loss_sum is None else float(loss_sum) * self.mini_batch
+        if cuda:  # one synchronisation per step, for the compute times
+            torch.cuda.synchronize(self.device)
+            for name, a, b in timings:
+                start = t_step + first.elapsed_time(a) / 1e3
+                self.rec.event(name, start, start + a.elapsed_time(b) / 1e3, "compute")
+        return loss_sum
 
-    def _post_recv(self, m: Message):
-        shape, dtype = self.meta[m.value]
-        src = m.src.rank if m.kind == "act" else m.dst.rank
-        return self.comm.irecv((m.hi - m.lo, *shape), dtype, src)
+    def _peer(self, m: Message, side: str) -> int:
+        if side == "dst":  # we send m
+            return m.dst.rank if m.kind == "act" else m.src.rank
+        return m.src.rank if m.kind == "act" else m.dst.rank
+
+    def _leaves(self, m: Message):
+        metas = self.meta[m.value].tensors
+        if m.kind == "grad":
+            metas = tuple(x for x in metas if x.grad)
+        return list(metas)
 
     # -- forward / backward --------------------------------------------------------------------
-    def _forward(self, st: _Step, c: Chunk, bufs: dict, inputs: tuple, target, state: dict):
+    def _forward(self, st: Step, c: Chunk, bufs: dict, inputs: tuple, target, state: dict,
+                 step: int, out_tensors: dict):
         args = []
-        leaves: dict[tuple, torch.Tensor] = {}
+        leaves: dict[tuple, list] = {}
         for kind, key in self.program.inputs:
             if kind == "input":
-                args.append(inputs[key][c.lo:c.hi])
+                if key >= len(inputs):
+                    raise InvalidInputError(
+                        f"stage {self.stage.id} reads model input {key} but step() got {len(inputs)} inputs")
+                args.append(inputs[key][c.lo:c.hi].to(self.device, non_blocking=True))
                 continue
+            meta = self.meta[key]
             pieces = []
             for m in st.recvs:
                 if m.value == key:
-                    t = bufs[m]
-                    if t.is_floating_point():
-                        t.requires_grad_(True)
-                        leaves[(m.value, m.src, m.dst)] = t
-                    pieces.append(t)
-            args.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+                    ts = bufs[m]
+                    for t in ts:
+                        if t.is_floating_point():
+                            t.requires_grad_(True)
+                    leaves[(m.value, m.src, m.dst)] = ts
+                    pieces.append(ts)
+            if len(pieces) == 1:
+                joined = [t.clone() if self.clone_inputs and t.requires_grad else t for t in pieces[0]]
+            else:
+                joined = [torch.cat(col) for col in zip(*pieces)]
+            args.append(unflatten(joined, meta))
         self._saved[c.mb] = 0
+        set_context(Context(seed=self.seed, step=step, lo=c.lo))
         with torch.autograd.graph.saved_tensors_hooks(self._make_pack(c.mb), lambda t: t):
             outs = self.program.module(*args)
             loss = None
             if self.program.holds_sink:
-                loss = self.loss_fn(outs[-1], target[c.lo:c.hi]) / self.mini_batch
+                tgt = _rows(target, c.lo, c.hi)
+                tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
+                loss = self.loss_fn(outs[-1], tgt)
+                if self.check_loss:
+                    self._check_reduction(outs[-1], tgt, loss)
+                if self.loss_reduction == "mean":
+                    loss = loss * ((c.hi - c.lo) / self.mini_batch)
         for m in st.sends:
-            t = outs[self.out_index[m.value]][m.lo - c.lo:m.hi - c.lo].detach().contiguous()
-            self.comm.isend(t, m.dst.rank, f"send of {m}")
+            value = outs[self.out_index[m.value]]
+            out_tensors[m] = [t[m.lo - c.lo:m.hi - c.lo].detach().contiguous()
+                              for t in flatten(value, self.meta[m.value])]
         state[c.mb] = (leaves, outs, loss)
         return loss
 
-    def _backward(self, st: _Step, c: Chunk, bufs: dict, state: dict) -> None:
+    def _check_reduction(self, out, tgt, loss) -> None:
+        """On the first chunk: the loss must be the mean (or the sum) over the samples it gets."""
+        self.check_loss = False
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise InvalidInputError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
+                                    f"{tuple(getattr(loss, 'shape', ()))}")
+        twice = lambda t: torch.cat([t, t]) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        with torch.no_grad():
+            l2 = self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt))
+        l1 = float(loss.detach())
+        l2 = float(l2)
+        ratio = {"mean": 1.0, "sum": 2.0}[self.loss_reduction]
+        if abs(l2 - ratio * l1) <= 1e-4 * max(abs(l1), abs(l2), 1e-12):
+            return
+        other = {"mean": "sum", "sum": "mean"}[self.loss_reduction]
+        if abs(l2 - {"mean": 1.0, "sum": 2.0}[other] * l1) <= 1e-4 * max(abs(l1), abs(l2), 1e-12):
+            raise InvalidInputError(
+                f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
+                f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
+                f"loss_reduction={other!r}")
+        raise InvalidInputError(
+            f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk and "
+            f"{l2:.6g} on the chunk twice); the pipeline splits the mini-batch and needs one of them")
+
+    def _backward(self, st: Step, c: Chunk, bufs: dict, state: dict, out_tensors: dict) -> None:
         leaves, outs, loss = state.pop(c.mb)
-        by_out: dict[int, dict[int, list[torch.Tensor]]] = {}
+        by_out: dict[str, dict[int, list[list[torch.Tensor]]]] = {}
         for m in st.recvs:  # sample order within each consumer stage
-            by_out.setdefault(self.out_index[m.value], {}).setdefault(m.dst.stage, []).append(bufs[m])
+            by_out.setdefault(m.value, {}).setdefault(m.dst.stage, []).append(bufs[m])
         roots, grads = [], []
-        for idx, per_stage in by_out.items():
-            if not outs[idx].requires_grad:
-                continue
-            g = None
+        for key, per_stage in by_out.items():
+            meta = self.meta[key]
+            outs_flat = [t for t, g in zip(flatten(outs[self.out_index[key]], meta), meta.grad_mask) if g]
+            total = None
             for pieces in per_stage.values():
-                part = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-                g = part if g is None else g + part
-            roots.append(outs[idx])
-            grads.append(g)
+                part = pieces[0] if len(pieces) == 1 else [torch.cat(col) for col in zip(*pieces)]
+                total = part if total is None else [a + b for a, b in zip(total, part)]
+            for o, g in zip(outs_flat, total):
+                if o.requires_grad:
+                    roots.append(o)
+                    grads.append(g)
         if loss is not None:
             roots.append(loss)
             grads.append(torch.ones_like(loss))
@@ -168,12 +251,16 @@ class StageExecutor:
             torch.autograd.backward(roots, grads)
         self.saved_now -= self._saved.pop(c.mb, 0)
         for m in st.sends:
-            leaf = leaves.get((m.value, m.src, m.dst))  # the activation this gradient belongs to
-            g = leaf.grad if leaf is not None and leaf.grad is not None else None
-            if g is None:
-                shape, dtype = self.meta[m.value]
-                g = torch.zeros((m.hi - m.lo, *shape), dtype=dtype, device=self.device)
-            self.comm.isend(g.contiguous(), m.src.rank, f"send of {m}")
+            got = leaves.get((m.value, m.src, m.dst), [])
+            metas = self.meta[m.value].tensors
+            out = []
+            for leaf, lm in zip(got, metas):
+                if not lm.grad:
+                    continue
+                g = leaf.grad
+                out.append(g.contiguous() if g is not None else
+                           torch.zeros((m.hi - m.lo, *lm.shape), dtype=lm.dtype, device=self.device))
+            out_tensors[m] = out
 
     def _make_pack(self, mb: int):
         def pack(t: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 A stage module's inputs are, in this order, the model inputs (placeholders) its nodes read
 directly, then the values of producer nodes in other stages (topological order). Its outputs are
 the values of its nodes that other stages read (topological order), then the model output if the
-stage holds the sink. The modules share their parameters with the full model they came from.
+stage holds the sink. The modules share their parameters with the full model they came from; a
+parameter used by several stages (tied weights) is kept equal by ``runtime.grad_sync``.
 """
 
 from __future__ import annotations
@@ -61,19 +62,6 @@ def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
     for n in mg.nodes:
         if n not in assign:
             raise InvalidPlanError(f"plan/model mismatch: model node {mg.ids[n]!r} is in no stage of the plan")
-    # parameters may not be shared across stages (each stage owns and updates its own)
-    owners: dict[str, set[int]] = {}
-    for n in mg.nodes:
-        if n.op == "call_module" and any(True for _ in mg.gm.get_submodule(n.target).parameters()):
-            owners.setdefault(str(n.target), set()).add(assign[n])
-        for m in n.all_input_nodes:
-            if m.op == "get_attr":
-                owners.setdefault(str(m.target), set()).add(assign[n])
-    for name, stages in owners.items():
-        if len(stages) > 1:
-            raise InvalidPlanError(
-                f"parameters of {name!r} are used by stages {sorted(stages)}; the runtime cannot "
-                "share parameters across stages")
     return assign
 
 

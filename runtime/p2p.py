@@ -1,4 +1,18 @@
-"""Point-to-point messages between ranks: non-blocking send/receive with a deadline.
+"""Point-to-point messages between ranks: values as pytrees, posting modes, waits with a deadline.
+
+A value that crosses a stage boundary is a tensor or a tuple / list / dict of tensors (and
+``None``): ``torch.utils._pytree`` flattens it, each tensor leaf with a leading batch dimension
+travels as one tensor, ``None`` leaves are rebuilt by the receiver, which knows the structure
+(``ValueMeta``, taken from one traced forward pass before training).
+
+Posting modes (``P2P.mode``):
+
+- ``"eager"``: every send and receive is its own ``isend`` / ``irecv`` (gloo's default; the
+  executor posts receives a few compute actions ahead so data arrives while it computes);
+- ``"batched"``: each group of operations (the sends of the previous compute action and the
+  receives of the next one) is one ``dist.batch_isend_irecv`` call (NCCL's default: NCCL runs a
+  rank's point-to-point operations in posting order on one stream, so a receive posted early can
+  block a send behind it; ``actions.check_rendezvous`` proves the groups complete).
 
 Messages between two ranks are matched in posting order (the order ``actions.lower`` fixed and
 checked), so no tags are used; that also holds for NCCL, which ignores tags.
@@ -8,45 +22,148 @@ from __future__ import annotations
 
 import datetime
 import logging
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
+
+from gpp_solver.errors import InvalidPlanError
 
 logger = logging.getLogger(__name__)
+
+MODES = ("eager", "batched")
 
 
 class CommTimeout(RuntimeError):
     """A peer did not answer within the process-group timeout (dead or stuck rank)."""
 
 
+@dataclass(frozen=True)
+class LeafMeta:
+    """A tensor leaf: per-sample shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def grad(self) -> bool:
+        return self.dtype.is_floating_point or self.dtype.is_complex
+
+
+@dataclass(frozen=True)
+class ValueMeta:
+    """The structure of a transferred value: its pytree spec and, per leaf, LeafMeta or None."""
+
+    spec: object  # pytree.TreeSpec
+    leaves: tuple[LeafMeta | None, ...]
+
+    @property
+    def tensors(self) -> tuple[LeafMeta, ...]:
+        """The leaves that travel, in order."""
+        return tuple(x for x in self.leaves if x is not None)
+
+    @property
+    def grad_mask(self) -> tuple[bool, ...]:
+        """Per travelling leaf: whether a gradient comes back for it."""
+        return tuple(x.grad for x in self.tensors)
+
+    @property
+    def has_grad(self) -> bool:
+        return any(self.grad_mask)
+
+
+def describe(value, rows: int, what: str) -> ValueMeta:
+    """ValueMeta of ``value`` computed on ``rows`` samples; InvalidPlanError if it cannot travel."""
+    leaves, spec = pytree.tree_flatten(value)
+    metas: list[LeafMeta | None] = []
+    for i, v in enumerate(leaves):
+        where = what if len(leaves) == 1 else f"{what} (leaf {i} of {type(value).__name__})"
+        if v is None:
+            metas.append(None)
+            continue
+        if not isinstance(v, torch.Tensor):
+            raise InvalidPlanError(
+                f"{where} crosses a stage boundary but its value is a {type(v).__name__}, not a "
+                "tensor; put it in the stage of its consumer")
+        if v.dim() == 0 or v.shape[0] != rows:
+            raise InvalidPlanError(
+                f"{where} crosses a stage boundary but its value (shape {tuple(v.shape)}) has no "
+                "leading batch dimension")
+        metas.append(LeafMeta(tuple(v.shape[1:]), v.dtype))
+    if not any(m is not None for m in metas):
+        raise InvalidPlanError(f"{what} crosses a stage boundary but holds no tensor")
+    return ValueMeta(spec, tuple(metas))
+
+
+def flatten(value, meta: ValueMeta) -> list[torch.Tensor]:
+    """The travelling tensors of ``value`` (leaves in pytree order, ``None`` left out)."""
+    return [v for v in pytree.tree_leaves(value) if v is not None]
+
+
+def unflatten(tensors: list[torch.Tensor], meta: ValueMeta):
+    """Rebuild the value from its travelling tensors."""
+    it = iter(tensors)
+    leaves = [None if m is None else next(it) for m in meta.leaves]
+    return pytree.tree_unflatten(leaves, meta.spec)
+
+
 class P2P:
-    """Posts isend/irecv and waits for them with ``timeout`` seconds as the limit."""
+    """Posts sends/receives (eagerly or in batches) and waits for them with a deadline."""
 
-    def __init__(self, device: torch.device, timeout_s: float) -> None:
+    def __init__(self, device: torch.device, timeout_s: float, mode: str = "eager") -> None:
+        if mode not in MODES:
+            raise ValueError(f"p2p mode must be one of {MODES}, got {mode!r}")
         self.device = device
+        self.mode = mode
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self._sends: list[tuple[dist.Work, torch.Tensor, str]] = []
+        self._sends: list[tuple[object, list[torch.Tensor], str]] = []
 
-    def isend(self, tensor: torch.Tensor, dst: int, what: str) -> None:
-        """Post a send; the tensor is kept alive until ``wait_sends``."""
-        work = dist.isend(tensor, dst)
-        self._sends.append((work, tensor, what))
+    def post(self, sends: list[tuple[list[torch.Tensor], int, str]],
+             recvs: list[tuple[list[LeafMeta], int, int]]) -> list[tuple[list[torch.Tensor], list]]:
+        """Post one group: ``sends`` = (tensors, dst, what), ``recvs`` = (leaf metas, rows, src).
 
-    def irecv(self, shape: tuple[int, ...], dtype: torch.dtype, src: int) -> tuple[torch.Tensor, dist.Work]:
-        """Post a receive into a fresh buffer; returns (buffer, work)."""
-        buf = torch.empty(shape, dtype=dtype, device=self.device)
-        return buf, dist.irecv(buf, src)
+        Returns, per receive, its fresh buffers and the works to wait for before reading them.
+        Send tensors are kept alive until ``wait_sends``.
+        """
+        bufs = [[torch.empty((rows, *m.shape), dtype=m.dtype, device=self.device) for m in metas]
+                for metas, rows, _src in recvs]
+        if self.mode == "eager" or not (sends or recvs):
+            for tensors, dst, what in sends:
+                for t in tensors:
+                    self._sends.append((dist.isend(t, dst), [t], what))
+            return [(b, [dist.irecv(t, src) for t in b]) for b, (_m, _r, src) in zip(bufs, recvs)]
+        ops = [dist.P2POp(dist.isend, t, dst) for tensors, dst, _ in sends for t in tensors]
+        n_send = len(ops)
+        ops += [dist.P2POp(dist.irecv, t, src) for b, (_m, _r, src) in zip(bufs, recvs) for t in b]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        what = "; ".join(w for _t, _d, w in sends) or "receive group"
+        if len(works) != len(ops):  # coalesced (NCCL): one work for the whole group
+            self._sends.append((works, [t for tensors, _d, _w in sends for t in tensors], what))
+            return [(b, list(works)) for b in bufs]
+        k = 0
+        for tensors, _dst, w in sends:
+            self._sends.append((works[k:k + len(tensors)], tensors, w))
+            k += len(tensors)
+        out = []
+        k = n_send
+        for b in bufs:
+            out.append((b, works[k:k + len(b)]))
+            k += len(b)
+        return out
 
-    def wait(self, work: dist.Work, what: str) -> None:
-        """Wait for one posted operation; CommTimeout naming ``what`` if the peer fails."""
-        try:
-            work.wait(self.timeout)
-        except Exception as exc:  # noqa: BLE001 - backends raise RuntimeError / DistBackendError
-            raise CommTimeout(f"{what} failed or timed out after {self.timeout.total_seconds():g} s "
-                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    def wait(self, work, what: str) -> None:
+        """Wait for one posted operation (or a list); CommTimeout naming ``what`` if the peer fails."""
+        for w in (work if isinstance(work, list) else [work]):
+            try:
+                w.wait(self.timeout)
+            except Exception as exc:  # noqa: BLE001 - backends raise RuntimeError / DistBackendError
+                first = str(exc).splitlines()[0] if str(exc) else ""
+                raise CommTimeout(f"{what} failed or timed out after {self.timeout.total_seconds():g} s "
+                                  f"({type(exc).__name__}: {first})") from exc
 
     def wait_sends(self) -> None:
         """Wait for every send posted since the last call."""
         sends, self._sends = self._sends, []
         for work, _t, what in sends:
-            self.wait(work, what)
+            self.wait(work, f"send of {what}")

@@ -20,9 +20,20 @@ ones in ``examples/plans/``):
     torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --checkpoint ckpt --resume
 
+    # Adam, float64 and an explicit --verify tolerance; the NCCL posting order on gloo
+    torchrun --standalone --nproc-per-node 2 -m runtime.train --plan examples/plans/sequential_2ranks.json \
+        --model examples.sequential:workload --optimizer adam --lr 1e-3 --dtype float64 \
+        --verify --rtol 1e-9 --atol 1e-12 --p2p batched
+
+This module is a thin user of ``runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
+the optimizer). The workload's ``loss`` is a sum over samples (divided here by the samples it is
+given, so the pipeline sees a mean) unless the workload sets ``loss_reduction = "mean"``.
 Rank r runs the stage whose ``devices`` list r (replica = position in the list). Backend: NCCL
 with device cuda:LOCAL_RANK when CUDA is available (unless ``--cpu``), else gloo on CPU. Only
-rank 0 prints, except a rank that fails says why on stderr. Exit codes: 0 ok; 2 bad input (plan
+rank 0 logs; every rank that fails writes its own error to stderr (flushed) before exiting.
+``--json`` prints one last line ``{"gpp_runtime": {...}}`` on rank 0's stdout with the measured
+seconds per step (``step_seconds``: per step, the first start to the last end over all ranks),
+``seconds_per_step`` and ``samples_per_second`` after the warm-up steps. Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
 
@@ -34,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import sys
@@ -41,15 +53,18 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from runtime import checkpoint, metrics
-from runtime.executor import StageExecutor
-from runtime.p2p import P2P, CommTimeout
-from runtime.stage_setup import RankSetup, prepare
+from runtime.p2p import CommTimeout
+from runtime.pipeline import GraphPipeline
+from runtime.stage_setup import build, prepare
 from runtime.verify import compare, make_optimizer, reference_params
 
 logger = logging.getLogger("runtime.train")
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,16 +72,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  description="Train a workload with a gpp-plan/1.")
     ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=0.01)
-    ap.add_argument("--momentum", type=float, default=0.0)
+    ap.add_argument("--steps", type=int, default=10, help="mini-batches to train (default 10)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="default sgd")
+    ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
+    ap.add_argument("--optimizer-state-factor", type=float, default=4.0,
+                    help="the cluster's optimizer_state_factor the plan was made with (default 4.0 = "
+                         "fp32 Adam); a larger optimizer state is warned about")
+    ap.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
+                    help="cast the model and floating inputs (default: as the workload makes them)")
+    ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
+    ap.add_argument("--p2p", choices=("auto", "eager", "batched"), default="auto",
+                    help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)")
     ap.add_argument("--verify", action="store_true", help="compare with one-process training")
+    ap.add_argument("--rtol", type=float, default=1e-5, help="--verify relative tolerance (default 1e-5)")
+    ap.add_argument("--atol", type=float, default=1e-6, help="--verify absolute tolerance (default 1e-6)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
     ap.add_argument("--checkpoint-every", type=int, default=1)
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     ap.add_argument("--metrics", default=None, help="write the metrics summary JSON here")
     ap.add_argument("--trace", default=None, help="write a Chrome trace of all ranks here")
+    ap.add_argument("--json", action="store_true", help="print a last JSON line with the step times")
     ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
     ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
@@ -85,6 +112,35 @@ def _test_hooks(rank: int, step: int) -> None:
         time.sleep(10**6)
 
 
+def _fatal(rank: int, msg: str) -> None:
+    """Every rank writes its own fatal error (rank 0 as a plain ``error:`` line)."""
+    head = "error:" if rank == 0 else f"[runtime] rank {rank}: error:"
+    print(f"{head} {msg}", file=sys.stderr, flush=True)
+
+
+class _Workload:
+    """The workload with the dtype applied and the loss as a mean over the samples given."""
+
+    def __init__(self, wl, dtype) -> None:
+        self.model = wl.model.to(dtype) if dtype is not None else wl.model
+        self._wl, self._dtype = wl, dtype
+        self.mean = getattr(wl, "loss_reduction", "sum") == "mean"
+
+    def sample(self, b: int, step: int):
+        inputs, target = self._wl.sample(b, step)
+        if self._dtype is None:
+            return tuple(inputs), target
+        cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        return tuple(cast(x) for x in inputs), pytree.tree_map(cast, target)
+
+    def loss(self, output, target):
+        loss = self._wl.loss(output, target)
+        if self.mean:
+            return loss
+        rows = next(t.shape[0] for t in pytree.tree_leaves(target) if isinstance(t, torch.Tensor))
+        return loss / rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -95,62 +151,54 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.steps < 0 or args.checkpoint_every < 1 or (args.resume and not args.checkpoint):
-        if rank == 0:
-            print("error: --steps >= 0, --checkpoint-every >= 1, --resume needs --checkpoint", file=sys.stderr)
-        return 2
-    try:
-        setup = prepare(args.plan, args.model, rank, world)
-    except InvalidInputError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
+        _fatal(rank, "--steps >= 0, --checkpoint-every >= 1, --resume needs --checkpoint")
         return 2
     use_cuda = torch.cuda.is_available() and not args.cpu
+    p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
+    try:  # every check before the process group: a bad plan exits 2 without a single message
+        plan, raw = prepare(args.plan, args.model, rank, world)
+        wl = _Workload(raw, _DTYPES.get(args.dtype))
+        example, _ = wl.sample(plan.mini_batch_size, 0)
+        setup = build(plan, wl.model, example, rank, world, p2p_mode=p2p, rendezvous=use_cuda)
+    except InvalidInputError as exc:
+        _fatal(rank, str(exc))
+        return 2
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    timeout = datetime.timedelta(seconds=args.timeout)
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timeout,
+    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout),
                             rank=rank, world_size=world)
     try:
-        code = _train(args, setup, rank, device)
-    except (CommTimeout, RuntimeError) as exc:
-        print(f"[runtime] rank {rank}: error: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
-        sys.stderr.flush()
-        os._exit(1)  # peers may be gone: do not wait in process-group teardown
+        code = _train(args, setup, wl, rank, device, p2p)
     except InvalidInputError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        _fatal(rank, str(exc))
+        sys.stderr.flush()
         os._exit(2)
+    except (CommTimeout, RuntimeError) as exc:
+        print(f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+              file=sys.stderr, flush=True)
+        os._exit(1)  # peers may be gone: do not wait in process-group teardown
     dist.destroy_process_group()
     return code
 
 
-def _groups(setup: RankSetup):
-    """Data-parallel subgroups, created on every rank in stage order; this rank's or None."""
-    mine = None
-    for s in setup.plan.stages:
-        if s.dp > 1:
-            g = dist.new_group(list(s.devices))
-            if s.id == setup.stage.id:
-                mine = g
-    return mine
-
-
-def _train(args, setup: RankSetup, rank: int, device: torch.device) -> int:
-    plan, stage, wl = setup.plan, setup.stage, setup.workload
-    module = setup.program.module.to(device)
-    module.train()
-    group = _groups(setup)
-    opt = make_optimizer(module.parameters(), args.lr, args.momentum)
-    comm = P2P(device, args.timeout)
-    rec = metrics.Recorder(rank=rank, stage=stage.id)
-    ex = StageExecutor(setup.program, stage, setup.replica, rank, setup.actions[rank], setup.meta,
-                       wl.loss, plan.mini_batch_size, device, comm, rec)
+def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
+    plan = setup.plan
+    example, _ = wl.sample(plan.mini_batch_size, 0)
+    pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction="mean",
+                         optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
+                         timeout=args.timeout, _setup=setup)
+    opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
+    rec = pipe.rec
     start = 0
     if args.resume:
         start = checkpoint.latest_common_step(args.checkpoint, [s.id for s in plan.stages]) or 0
         if start:
-            checkpoint.load(args.checkpoint, stage.id, start, setup.fingerprint, module, opt, device)
+            state = checkpoint.load(args.checkpoint, pipe.stage.id, start, setup.fingerprint, device)
+            pipe.load_state_dict(state["params"])
+            if opt is not None and state["optimizer"]:
+                opt.load_state_dict(state["optimizer"])
+            pipe.rng_step = start
             logger.info("resumed from step %d of %s", start, args.checkpoint)
         else:
             logger.info("no complete checkpoint in %s: starting from step 0", args.checkpoint)
@@ -162,66 +210,55 @@ def _train(args, setup: RankSetup, rank: int, device: torch.device) -> int:
         if opt is not None:
             opt.zero_grad(set_to_none=True)
         inputs, target = wl.sample(plan.mini_batch_size, step)
-        losses.append(ex.run_step(inputs, target))
-        if group is not None:
-            _allreduce(module, group, comm, rec, stage.id)
+        loss = pipe.step(*inputs, target=target)
+        if loss is not None:
+            losses.append(float(loss))
         t1 = time.time()
         if opt is not None:
             opt.step()
         rec.event("optimizer", t1, time.time(), "compute")
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
         rec.step_done(step, t0, time.time())
         if args.checkpoint and (step + 1) % args.checkpoint_every == 0 and setup.replica == 0:
-            checkpoint.save(args.checkpoint, stage.id, step + 1, setup.fingerprint, module, opt)
-    return _finish(args, setup, rank, device, module, rec, ex, losses, start)
+            checkpoint.save(args.checkpoint, pipe.stage.id, step + 1, setup.fingerprint,
+                            pipe.state_dict(), opt.state_dict() if opt is not None else {})
+    return _finish(args, pipe, wl, rank, device, losses, start)
 
 
-def _allreduce(module, group, comm: P2P, rec, sid: int) -> None:
-    """Sum the gradients of the stage's replicas (loss already divided by B)."""
-    t0 = time.time()
-    params = list(module.parameters())
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    comm.wait(dist.all_reduce(flat, group=group, async_op=True), f"gradient all-reduce of stage {sid}")
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p))
-        offset += n
-    rec.event("all-reduce", t0, time.time(), "comm")
-
-
-def _finish(args, setup: RankSetup, rank, device, module, rec, ex, losses, start) -> int:
+def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, start) -> int:
     """Gather metrics/parameters on rank 0, print, write files, verify."""
+    setup, rec = pipe.setup, pipe.rec
     mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda"
-           else {"saved_activations": ex.saved_peak, "rss": metrics.peak_rss_bytes()})
+           else {"saved_activations": pipe.executor.saved_peak, "rss": metrics.peak_rss_bytes()})
     mine = {"rank": rank, "stage": setup.stage.id, "steps": rec.steps, "memory": mem,
             "events": rec.events if args.trace else [],
-            "loss_sums": losses if setup.program.holds_sink else None}
-    params = ({k: v.detach().cpu() for k, v in module.named_parameters()}
-              if setup.replica == 0 else {})
-    world = dist.get_world_size()
-    gathered = [None] * world if rank == 0 else None
+            "losses": losses if setup.program.holds_sink else None}
+    params = ({k: v.detach().cpu() for k, v in pipe.named_parameters()} if setup.replica == 0 else {})
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object((mine, params), gathered, dst=0)
     dist.barrier()  # every transfer of the gather is done before any rank tears down its group
     if rank != 0:
         return 0
     records = [g[0] for g in gathered]
     all_params: dict[str, torch.Tensor] = {}
+    tied_bad = []
     for g in gathered:
-        all_params.update(g[1])
-    sums = [r["loss_sums"] for r in records if r["loss_sums"] is not None]
+        for k, v in g[1].items():
+            if k in all_params and not torch.equal(all_params[k], v):
+                tied_bad.append(k)
+            all_params.setdefault(k, v)
+    per_step = next((r["losses"] for r in records if r["losses"] is not None), [])
     b = setup.plan.mini_batch_size
-    per_step = [sum(x) / b for x in zip(*sums)] if sums else []
     stages = [{"id": s.id, "predicted_time_per_sample": s.predicted_time_per_sample}
               for s in setup.plan.stages]
     m = metrics.summarize(records, stages, b, args.warmup_steps) if records[0]["steps"] else {}
     if m:
         m["losses"] = per_step
         m["first_step"] = start
+        by_step: dict[int, list] = {}
+        for r in records:
+            for st, t0, t1, _busy in r["steps"]:
+                by_step.setdefault(st, []).append((t0, t1))
+        m["step_seconds"] = [max(e for _s, e in v) - min(s for s, _e in v) for _k, v in sorted(by_step.items())]
         if not args.quiet:
             logger.info("%s", metrics.format_summary(m))
         if args.metrics:
@@ -230,16 +267,29 @@ def _finish(args, setup: RankSetup, rank, device, module, rec, ex, losses, start
         metrics.write_json(args.trace, metrics.chrome_trace(records))
     if args.save_params:
         torch.save(all_params, args.save_params)
+    code = 0
+    if tied_bad:
+        print(f"error: copies of tied weights differ across stages: {', '.join(tied_bad[:5])}",
+              file=sys.stderr, flush=True)
+        code = 1
     if args.verify:
-        want = reference_params(args.model, args.steps, b, args.lr, args.momentum, device)
-        bad = compare(all_params, want)
+        torch.manual_seed(0)
+        ref = _Workload(prepare(args.plan, args.model, 0, setup.plan.world_size)[1], _DTYPES.get(args.dtype))
+        want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
+                                lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
+                                device, args.seed)
+        bad = compare(all_params, want, args.rtol, args.atol)
         if bad:
-            print(f"verify: FAILED, {len(bad)} parameters differ from one-process training: "
-                  + "; ".join(bad[:5]), file=sys.stderr, flush=True)
+            print(f"verify: FAILED, {len(bad)} parameters differ from one-process training "
+                  f"(rtol {args.rtol:g}, atol {args.atol:g}): " + "; ".join(bad[:5]), file=sys.stderr, flush=True)
             return 1
-        logger.info("verify: OK, %d parameters equal one-process training (rtol 1e-5, atol 1e-6)",
-                    len(want))
-    return 0
+        logger.info("verify: OK, %d parameters equal one-process training (rtol %g, atol %g)",
+                    len(want), args.rtol, args.atol)
+    if args.json and m:
+        print(json.dumps({"gpp_runtime": {k: m.get(k) for k in (
+            "mini_batch_size", "warmup_steps", "timed_steps", "seconds_per_step", "samples_per_second",
+            "step_seconds", "losses")}}), flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """``--verify``: train the same workload on one process and compare every parameter.
 
 The reference starts from the same weights (``torch.manual_seed(0)`` then ``FUNCTION()``), sees
-the same data (``sample(B, step)``), uses the same loss scaling (summed loss / B) and the same
-optimizer, for the same steps.
+the same data (``sample(B, step)``), runs the same traced graph with the same dropout masks (each
+dropout node's mini-batch is split into the chunks its stage computes, each drawn from
+``(seed, step, chunk's first sample, node)``, see ``runtime.dropout``), uses the same loss and
+the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``); in
+float64 (``--dtype float64``) rounding no longer hides in it.
 """
 
 from __future__ import annotations
@@ -11,33 +14,49 @@ import logging
 
 import torch
 
-from runtime.fx_graph import load_workload
+from runtime.dropout import Context, per_chunk, set_context
+from runtime.fx_graph import trace
+from runtime.plan_io import Plan
 
 logger = logging.getLogger(__name__)
 
 
-def make_optimizer(params, lr: float, momentum: float):
-    """SGD over ``params``, or None when there are none (a parameter-free stage)."""
+def make_optimizer(params, name: str, lr: float, momentum: float = 0.0):
+    """``sgd`` or ``adam`` over ``params``, or None when there are none (a parameter-free stage)."""
     params = list(params)
     if not params:
         return None
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
-def reference_params(model_spec: str, steps: int, mini_batch: int, lr: float, momentum: float,
-                     device: torch.device) -> dict[str, torch.Tensor]:
-    """Parameters after ``steps`` steps of plain single-process training."""
-    torch.manual_seed(0)
-    wl = load_workload(model_spec)
-    model = wl.model.to(device)
-    model.train()
-    opt = make_optimizer(model.parameters(), lr, momentum)
+def chunk_rows(plan: Plan) -> dict[str, int]:
+    """Rows per chunk of every node: its stage's samples per replica and micro-batch."""
+    return {nid: s.replica_batch for s in plan.stages for nid in s.nodes}
+
+
+def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps: int,
+                     make_opt, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Parameters after ``steps`` steps of plain single-process training of ``model``.
+
+    ``sample(B, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
+    ``make_opt(params)`` the optimizer.
+    """
+    model = model.to(device)
+    mg = trace(model)
+    per_chunk(mg.gm, mg.ids)
+    gm = mg.gm.to(device)
+    gm.train()
+    opt = make_opt(model.parameters())
+    rows = chunk_rows(plan)
     for step in range(steps):
-        inputs, target = wl.sample(mini_batch, step)
+        inputs, target = sample(plan.mini_batch_size, step)
         inputs = tuple(x.to(device) for x in inputs)
         if opt is not None:
             opt.zero_grad(set_to_none=True)
-        loss = wl.loss(model(*inputs), target.to(device)) / mini_batch
+        set_context(Context(seed=seed, step=step, lo=0, chunk_rows=rows))
+        loss = loss_fn(gm(*inputs), target.to(device))
         loss.backward()
         if opt is not None:
             opt.step()

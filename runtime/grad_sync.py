@@ -1,0 +1,101 @@
+"""Gradient synchronisation inside a pipeline step: data-parallel buckets and tied weights.
+
+Data parallelism (as DDP does): the stage's parameters are cut into buckets of about
+``bucket_cap_bytes`` in reverse registration order (the order backward produces them); during
+the rank's last backward of the step a ``register_post_accumulate_grad_hook`` marks each
+parameter ready, and every bucket whose parameters are all ready is all-reduced asynchronously
+(buckets are launched strictly in index order, so every replica issues the same collectives in
+the same order), overlapping the rest of the backward pass. ``finish`` launches what is left
+(parameters with no gradient in the last backward), waits, and copies the sums back.
+
+Tied weights: a parameter object used by several stages (a GPT-2 head tied to the embedding) has
+one copy per stage; its gradient is summed over every rank that holds a copy (all replicas of
+all those stages, one process group per distinct set of ranks) after the step, so the copies
+stay equal under any deterministic optimizer. Such parameters are left out of the buckets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from runtime.p2p import P2P
+
+
+class GradSync:
+    """Sums gradients over data-parallel replicas (bucketed, overlapped) and tied copies."""
+
+    def __init__(self, params: list[torch.nn.Parameter], dp_group, tied: list[tuple[object, list]],
+                 comm: P2P, bucket_cap_bytes: int = 25 * 2**20, rec=None) -> None:
+        tied_ids = {id(p) for _g, ps in tied for p in ps}
+        self.dp_group = dp_group
+        self.tied = tied
+        self.comm = comm
+        self.rec = rec
+        self.buckets: list[list[torch.nn.Parameter]] = []
+        if dp_group is not None:
+            size = 0
+            for p in reversed([p for p in params if id(p) not in tied_ids and p.requires_grad]):
+                if not self.buckets or size + p.numel() * p.element_size() > bucket_cap_bytes:
+                    self.buckets.append([])
+                    size = 0
+                self.buckets[-1].append(p)
+                size += p.numel() * p.element_size()
+        self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._ready) for b in self.buckets for p in b]
+        self._armed = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self._missing = [len(b) for b in self.buckets]
+        self._seen: set[int] = set()
+        self._next = 0
+        self._flight: list[tuple[int, torch.Tensor, object]] = []
+
+    def arm(self) -> None:
+        """Call before the rank's last backward of the step: gradients are final from now on."""
+        self._armed = True
+
+    def _ready(self, p: torch.Tensor) -> None:
+        if not self._armed or id(p) in self._seen:
+            return
+        self._seen.add(id(p))
+        i = self._bucket_of[id(p)]
+        self._missing[i] -= 1
+        while self._next < len(self.buckets) and self._missing[self._next] == 0:
+            self._launch(self._next)
+
+    def _launch(self, i: int) -> None:
+        for p in self.buckets[i]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in self.buckets[i]])
+        self._flight.append((i, flat, dist.all_reduce(flat, group=self.dp_group, async_op=True)))
+        self._next = i + 1
+
+    def finish(self, sid: int) -> None:
+        """After the step's last backward: complete every all-reduce and write the sums back."""
+        t0 = time.time()
+        while self._next < len(self.buckets):
+            self._launch(self._next)
+        for i, flat, work in self._flight:
+            self.comm.wait(work, f"gradient all-reduce of stage {sid} (bucket {i})")
+            offset = 0
+            for p in self.buckets[i]:
+                n = p.numel()
+                p.grad.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+        works = []
+        for group, ps in self.tied:
+            for p in ps:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                works.append((dist.all_reduce(p.grad, group=group, async_op=True), p))
+        for work, _p in works:
+            self.comm.wait(work, f"gradient all-reduce of a weight tied across stages (stage {sid})")
+        self._armed = False
+        self._reset()
+        if self.rec is not None and (self.buckets or self.tied):
+            self.rec.event("all-reduce wait", t0, time.time(), "comm")

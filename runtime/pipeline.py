@@ -1,0 +1,233 @@
+"""``GraphPipeline``: a gpp-plan/1 as a library object for the user's own training loop.
+
+Under torchrun, every rank builds the same model (same seed, so the same weights) and calls::
+
+    dist.init_process_group("gloo")                      # or "nccl"
+    pipe = runtime.GraphPipeline(model, "plan.json", loss_fn, example_inputs=(x,))
+    opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)   # this rank's stage only
+    for x, y in loader:                                  # the same mini-batches on every rank
+        opt.zero_grad()
+        loss = pipe.step(x, target=y)                    # a tensor on the sink's ranks, else None
+        opt.step()
+
+Conventions:
+
+- ``step(*inputs, target=...)`` takes the whole mini-batch (``plan.mini_batch_size`` rows) on
+  every rank; each rank slices the samples its stage's chunks need. It runs the plan's schedule
+  once, sums the gradients of data-parallel replicas (bucketed all-reduce overlapping the last
+  backward) and of tied weights, and returns the mini-batch loss on the ranks of the stage that
+  holds the model's output (``None`` elsewhere), like ``torch.distributed.pipelining``.
+- Loss: with ``loss_reduction="mean"`` (default) ``loss_fn(output, target)`` must return the mean
+  over the samples it is given; with ``"sum"`` the sum. Either way the gradients after ``step``
+  equal those of ``loss_fn(model(*inputs), target)`` on the whole mini-batch in one process. The
+  first step checks the claim (the loss of a chunk repeated twice must be equal for a mean,
+  double for a sum) and raises ``InvalidInputError`` naming the mismatch.
+- Gradients accumulate into ``.grad`` like plain autograd: zero them before each step.
+- ``parameters()`` / ``named_parameters()`` / ``state_dict()`` are this rank's stage under the
+  original model's qualified names (``text.0.weight``); a weight tied across stages keeps its
+  first name in the model on every stage that holds a copy.
+- Memory: the planner's memory model charges ``optimizer_state_factor`` bytes per weight byte
+  (weights + gradients + optimizer state; the cluster default 4.0 is fp32 Adam: weights, grads,
+  m, v). After the first ``optimizer.step()`` on this rank's parameters the pipeline measures
+  what the optimizer holds and warns (``strict_optimizer_state=True``: raises) when it exceeds
+  the factor the plan was made with.
+- Dropout draws one reproducible stream per (seed, step, chunk, node) (``runtime.dropout``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from gpp_solver.errors import InvalidInputError
+from runtime.executor import StageExecutor
+from runtime.grad_sync import GradSync
+from runtime.metrics import Recorder
+from runtime.p2p import MODES, P2P
+from runtime.stage_setup import build
+
+logger = logging.getLogger(__name__)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class GraphPipeline:
+    """This rank's stage of a planned graph pipeline (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, plan, loss_fn, example_inputs, device=None, *,
+                 loss_reduction: str = "mean", optimizer_state_factor: float = 4.0,
+                 strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
+                 lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
+                 _setup=None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise InvalidInputError("GraphPipeline needs an initialised process group "
+                                    "(torch.distributed.init_process_group under torchrun)")
+        if loss_reduction not in ("mean", "sum"):
+            raise InvalidInputError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        self.rank, world = dist.get_rank(), dist.get_world_size()
+        backend = dist.get_backend()
+        if device is None:
+            device = (torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+                      if backend == "nccl" else torch.device("cpu"))
+        self.device = torch.device(device)
+        if p2p == "auto":
+            p2p = "batched" if backend == "nccl" else "eager"
+        if p2p not in MODES:
+            raise InvalidInputError(f"p2p must be 'auto' or one of {MODES}, got {p2p!r}")
+        setup = _setup or build(plan, model, example_inputs, self.rank, world, p2p_mode=p2p,
+                                lookahead=lookahead, rendezvous=backend == "nccl")
+        self.setup = setup
+        self.plan = setup.plan
+        self.stage = setup.stage
+        self.module = setup.program.module.to(self.device)
+        self.module.train()
+        self.optimizer_state_factor = optimizer_state_factor
+        self.strict_optimizer_state = strict_optimizer_state
+        self.measured_state_factor: float | None = None
+        self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
+        self._local_to_name = {}
+        for n, t in list(self.module.named_parameters(remove_duplicate=False)) + list(
+                self.module.named_buffers(remove_duplicate=False)):
+            self._local_to_name[n] = setup.names.get(id(t), n)
+        dp_group, tied = self._groups()
+        self.comm = P2P(self.device, timeout, p2p)
+        self.rec = Recorder(rank=self.rank, stage=self.stage.id)
+        params = [p for _n, p in self.named_parameters()]
+        self.grad_sync = GradSync(params, dp_group, tied, self.comm, int(bucket_cap_mb * 2**20), self.rec)
+        self.sink_group = dp_group if setup.program.holds_sink else None
+        self.executor = StageExecutor(setup.program, self.stage, setup.replica, self.rank,
+                                      setup.actions[self.rank], setup.meta, loss_fn,
+                                      self.plan.mini_batch_size, self.device, self.comm, self.rec,
+                                      loss_reduction=loss_reduction, lookahead=lookahead, seed=seed,
+                                      grad_sync=self.grad_sync)
+        self._hook = register_optimizer_step_post_hook(
+            _make_state_check(weakref.ref(self)))
+        dist.barrier()  # the first collective of the world group: every rank joins before any p2p
+
+    def _groups(self):
+        """Process groups, created on every rank in the same order: data-parallel, then tied."""
+        dp_group = None
+        for s in self.plan.stages:
+            if s.dp > 1:
+                g = dist.new_group(list(s.devices))
+                if s.id == self.stage.id:
+                    dp_group = g
+        by_name = dict(self.named_parameters())
+        tied = []
+        made: dict[tuple[int, ...], object] = {}
+        for name, sids in self.setup.tied:
+            ranks = tuple(sorted(r for s in self.plan.stages if s.id in sids for r in s.devices))
+            if ranks not in made:
+                made[ranks] = dist.new_group(list(ranks))
+            if self.stage.id in sids:
+                tied.append((made[ranks], [by_name[name]]))
+        if tied:
+            logger.info("weights tied across stages: %s", ", ".join(n for n, _ in self.setup.tied))
+        return dp_group, tied
+
+    # -- the user's API ------------------------------------------------------------------------
+    def step(self, *inputs, target=None):
+        """Run one mini-batch of the plan's schedule; the loss on the sink's ranks, else None."""
+        for i, x in enumerate(inputs):
+            if isinstance(x, torch.Tensor) and x.shape[0] != self.plan.mini_batch_size:
+                raise InvalidInputError(f"step() input {i} has {x.shape[0]} rows but the plan's "
+                                        f"mini-batch size is {self.plan.mini_batch_size}")
+        if self.executor.program.holds_sink and target is None:
+            raise InvalidInputError(f"rank {self.rank} holds the model's output: step() needs target=")
+        loss = self.executor.run_step(inputs, target, self.rng_step)
+        self.grad_sync.finish(self.stage.id)
+        self.rng_step += 1
+        if loss is not None and self.sink_group is not None:
+            dist.all_reduce(loss, group=self.sink_group)  # each replica holds its samples' part
+        return loss
+
+    def named_parameters(self):
+        """(qualified name in the original model, parameter) of this rank's stage, each once."""
+        seen = set()
+        for n, p in self.module.named_parameters(remove_duplicate=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield self._local_to_name[n], p
+
+    def parameters(self):
+        for _n, p in self.named_parameters():
+            yield p
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Parameters and buffers of this rank's stage under the original model's names."""
+        out = {}
+        for n, t in self.module.state_dict(keep_vars=False).items():
+            out.setdefault(self._local_to_name.get(n, n), t)
+        return out
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Load what ``state_dict`` returned (names of the original model)."""
+        want = {self._local_to_name.get(n, n) for n in self.module.state_dict()}
+        missing, unexpected = want - set(state), set(state) - want
+        if strict and (missing or unexpected):
+            raise InvalidInputError(f"stage {self.stage.id} state: missing {sorted(missing)[:5]}, "
+                                    f"unexpected {sorted(unexpected)[:5]}")
+        local = {n: state[self._local_to_name.get(n, n)] for n in self.module.state_dict()
+                 if self._local_to_name.get(n, n) in state}
+        self.module.load_state_dict(local, strict=strict)
+
+    def train(self, mode: bool = True) -> "GraphPipeline":
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "GraphPipeline":
+        return self.train(False)
+
+    def close(self) -> None:
+        """Remove the optimizer hook (the pipeline stays usable)."""
+        self._hook.remove()
+
+    # -- the optimizer-state check ------------------------------------------------------------------
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
+        """Bytes of weights + gradients + optimizer state per weight byte on this stage; warns
+        (or raises, strict) when above the factor the plan assumed. None without parameters."""
+        mine = {id(p): p for p in self.parameters()}
+        weights = sum(_tensor_bytes(p) for p in mine.values())
+        if not weights:
+            return None
+        state = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in mine:
+                    state += sum(_tensor_bytes(v) for v in optimizer.state.get(p, {}).values()
+                                 if isinstance(v, torch.Tensor) and v.dim() > 0)
+        grads = sum(_tensor_bytes(p) for p in mine.values())
+        factor = (weights + grads + state) / weights
+        self.measured_state_factor = factor
+        if factor > self.optimizer_state_factor * 1.01:
+            msg = (f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
+                   f"gradients and state per weight byte, but the plan's memory model assumed "
+                   f"optimizer_state_factor={self.optimizer_state_factor:g} (4.0 = fp32 Adam); the plan "
+                   f"may not fit device memory: plan again with a cluster whose "
+                   f"optimizer_state_factor is {factor:.2f}")
+            if self.strict_optimizer_state:
+                raise InvalidInputError(msg)
+            logger.warning("%s", msg)
+        elif factor < self.optimizer_state_factor * 0.99:
+            logger.info("%s holds %.2f bytes per weight byte, less than the plan's "
+                        "optimizer_state_factor %.2f: the plan's memory figures are conservative",
+                        type(optimizer).__name__, factor, self.optimizer_state_factor)
+        return factor
+
+
+def _make_state_check(ref):
+    def hook(optimizer, _args, _kwargs):
+        pipe = ref()
+        if pipe is None or pipe.measured_state_factor is not None:
+            return
+        mine = {id(p) for p in pipe.parameters()}
+        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+            pipe.check_optimizer(optimizer)
+    return hook
