@@ -222,7 +222,8 @@ class StageExecutor:
             raise InvalidInputError(
                 f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
                 f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
-                f"loss_reduction={other!r}")
+                f"GraphPipeline(loss_reduction={other!r}) (runtime.train: set the workload's "
+                f"loss_reduction = {other!r})")
         raise InvalidInputError(
             f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk and "
             f"{l2:.6g} on the chunk twice); the pipeline splits the mini-batch and needs one of them")

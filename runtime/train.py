@@ -26,8 +26,9 @@ ones in ``examples/plans/``):
         --verify --rtol 1e-9 --atol 1e-12 --p2p batched
 
 This module is a thin user of ``runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
-the optimizer). The workload's ``loss`` is a sum over samples (divided here by the samples it is
-given, so the pipeline sees a mean) unless the workload sets ``loss_reduction = "mean"``.
+the optimizer). The workload's ``loss`` is a sum over samples (divided here by the mini-batch
+size, so gradients are those of the mean) unless the workload sets ``loss_reduction = "mean"``;
+the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other.
 Rank r runs the stage whose ``devices`` list r (replica = position in the list). Backend: NCCL
 with device cuda:LOCAL_RANK when CUDA is available (unless ``--cpu``), else gloo on CPU. Only
 rank 0 logs; every rank that fails writes its own error to stderr (flushed) before exiting.
@@ -119,12 +120,15 @@ def _fatal(rank: int, msg: str) -> None:
 
 
 class _Workload:
-    """The workload with the dtype applied and the loss as a mean over the samples given."""
+    """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
+    summed loss divided by the mini-batch size ``B`` (so gradients are those of the mean)."""
 
-    def __init__(self, wl, dtype) -> None:
+    def __init__(self, wl, dtype, mini_batch: int) -> None:
         self.model = wl.model.to(dtype) if dtype is not None else wl.model
-        self._wl, self._dtype = wl, dtype
-        self.mean = getattr(wl, "loss_reduction", "sum") == "mean"
+        self._wl, self._dtype, self._b = wl, dtype, mini_batch
+        self.reduction = getattr(wl, "loss_reduction", "sum")
+        if self.reduction not in ("sum", "mean"):
+            raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
 
     def sample(self, b: int, step: int):
         inputs, target = self._wl.sample(b, step)
@@ -135,10 +139,7 @@ class _Workload:
 
     def loss(self, output, target):
         loss = self._wl.loss(output, target)
-        if self.mean:
-            return loss
-        rows = next(t.shape[0] for t in pytree.tree_leaves(target) if isinstance(t, torch.Tensor))
-        return loss / rows
+        return loss if self.reduction == "mean" else loss / self._b
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
         plan, raw = prepare(args.plan, args.model, rank, world)
-        wl = _Workload(raw, _DTYPES.get(args.dtype))
+        wl = _Workload(raw, _DTYPES.get(args.dtype), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
         setup = build(plan, wl.model, example, rank, world, p2p_mode=p2p, rendezvous=use_cuda)
     except InvalidInputError as exc:
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
-    pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction="mean",
+    pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
                          optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
@@ -274,7 +275,8 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
         code = 1
     if args.verify:
         torch.manual_seed(0)
-        ref = _Workload(prepare(args.plan, args.model, 0, setup.plan.world_size)[1], _DTYPES.get(args.dtype))
+        ref = _Workload(prepare(args.plan, args.model, 0, setup.plan.world_size)[1], _DTYPES.get(args.dtype),
+                        setup.plan.mini_batch_size)
         want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
                                 lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
                                 device, args.seed)

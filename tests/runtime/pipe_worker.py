@@ -10,6 +10,7 @@ otherwise.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import runtime
+from examples.two_tower import workload as two_tower_workload
 
 STEPS = 3
 B = 8
@@ -178,8 +180,14 @@ def main() -> int:
     return 0
 
 
+def undeclared_mean_workload():
+    """For runtime.train: a mean-reduced loss that does not say so (must be refused)."""
+    wl = two_tower_workload()
+    wl.loss = F.mse_loss
+    return wl
+
+
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
-    import os
     os._exit(code)

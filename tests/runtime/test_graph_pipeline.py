@@ -26,13 +26,16 @@ def run_worker(nproc: int, case: str, plan_path: str, p2p: str = "auto", timeout
     return json.loads(out.split("PIPE-OK ", 1)[1].splitlines()[0])
 
 
-def test_two_tower_gradients_names_and_dp_sink(tmp_path):
+def _tower_plan() -> dict:
     # stage 1's first op is ReLU(inplace=True) and its input arrives as one received piece
-    doc = plan(8, [stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2),
-                   stage(1, ["text.1", "text.2"], [1], 2, 8, depth=1),
-                   stage(2, ["cat", "head"], [2, 3], 4, 8, depth=0)],
-               [[0, 1], [0, 2], [1, 2]])
-    info = run_worker(4, "two_tower", write(tmp_path, doc))
+    return plan(8, [stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2),
+                    stage(1, ["text.1", "text.2"], [1], 2, 8, depth=1),
+                    stage(2, ["cat", "head"], [2, 3], 4, 8, depth=0)],
+                [[0, 1], [0, 2], [1, 2]])
+
+
+def test_two_tower_gradients_names_and_dp_sink(tmp_path):
+    info = run_worker(4, "two_tower", write(tmp_path, _tower_plan()))
     names = {int(k): v for k, v in info["names"].items()}
     assert names[0] == ["image.0.bias", "image.0.weight", "image.2.bias", "image.2.weight",
                         "text.0.bias", "text.0.weight"]
@@ -64,9 +67,6 @@ def test_tuple_and_dict_values_cross_stage_boundaries(tmp_path):
 
 
 def test_batched_posting_on_gloo(tmp_path):
-    """The NCCL posting order (batch_isend_irecv groups, receives only when due), run on gloo."""
-    doc = plan(8, [stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2),
-                   stage(1, ["text.1", "text.2"], [1], 4, 8, depth=1),
-                   stage(2, ["cat", "head"], [2], 2, 8, depth=0)],
-               [[0, 1], [0, 2], [1, 2]])
-    run_worker(3, "two_tower", write(tmp_path, doc), p2p="batched")
+    """The NCCL posting order (batch_isend_irecv groups, receives only when due), run on gloo,
+    with the bucketed data-parallel all-reduce of the sink's two replicas."""
+    run_worker(4, "two_tower", write(tmp_path, _tower_plan()), p2p="batched")
