@@ -1,7 +1,7 @@
 """Everything a rank prepares before its first message, identically on every rank.
 
 Read the plan, trace the model, rewrite its dropout nodes (``runtime.dropout``), match the
-plan's node ids, cut every stage's module, find each transferred value's structure, per-sample
+plan's node ids, validate the plan as ``gpp validate`` does (``runtime.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
 shapes and dtypes (one forward pass in eval mode, no grad, on the first rows of the example
 inputs), find parameters shared by several stages (by tensor identity), lower the orders to
 per-rank actions and prove them deadlock-free (``dry_run``, and ``check_rendezvous`` for the
@@ -22,6 +22,7 @@ from runtime.checkpoint import fingerprint
 from runtime.fx_graph import ModelGraph, load_workload, propagate, trace
 from runtime.fx_split import StageProgram, assign_nodes, build_stage, transfers
 from runtime.p2p import ValueMeta, describe
+from runtime.plan_check import check_plan
 from runtime.plan_io import Plan, StagePlan, load_plan, parse_plan
 
 
@@ -85,7 +86,8 @@ def _check_inputs(example_inputs, mg: ModelGraph) -> tuple:
 
 
 def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
-          p2p_mode: str = "eager", lookahead: int = 2, rendezvous: bool = False) -> RankSetup:
+          p2p_mode: str = "eager", lookahead: int = 2, rendezvous: bool = False,
+          graph_path: str | None = None, cluster_path: str | None = None) -> RankSetup:
     """Build this rank's setup from a model; InvalidInputError (exit 2) on any mismatch or deadlock.
 
     The posting order is proved deadlock-free with rendezvous sends (``check_rendezvous``) in the
@@ -100,6 +102,7 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
     example_inputs = _check_inputs(example_inputs, mg)
     assign = assign_nodes(mg, plan)
     trs = transfers(mg, assign, plan)
+    check_plan(plan, mg, graph_path, cluster_path)
     meta = value_meta(mg, example_inputs, plan, {t.value for t in trs})
     specs = [TransferSpec(t.value, t.src, t.dst, t.index, grad=meta[t.value].has_grad) for t in trs]
     actions = lower(plan, specs)

@@ -57,6 +57,7 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.cluster import load_cluster
 from runtime import checkpoint, metrics
 from runtime.p2p import CommTimeout
 from runtime.pipeline import GraphPipeline
@@ -73,13 +74,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  description="Train a workload with a gpp-plan/1.")
     ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
+    ap.add_argument("--graph", default=None, help="the profiled gpp-graph/1 the plan was made from "
+                    "(with --cluster: the plan is validated exactly as `gpp validate` does)")
+    ap.add_argument("--cluster", default=None, help="the gpp-cluster/1 the plan was made for")
     ap.add_argument("--steps", type=int, default=10, help="mini-batches to train (default 10)")
     ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="default sgd")
     ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    ap.add_argument("--optimizer-state-factor", type=float, default=4.0,
-                    help="the cluster's optimizer_state_factor the plan was made with (default 4.0 = "
-                         "fp32 Adam); a larger optimizer state is warned about")
+    ap.add_argument("--optimizer-state-factor", type=float, default=None,
+                    help="the cluster's optimizer_state_factor the plan was made with (default: "
+                         "--cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about")
     ap.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
                     help="cast the model and floating inputs (default: as the workload makes them)")
     ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
@@ -160,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         plan, raw = prepare(args.plan, args.model, rank, world)
         wl = _Workload(raw, _DTYPES.get(args.dtype), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
-        setup = build(plan, wl.model, example, rank, world, p2p_mode=p2p, rendezvous=use_cuda)
+        if bool(args.graph) != bool(args.cluster):
+            raise InvalidInputError("--graph and --cluster go together")
+        setup = build(plan, wl.model, example, rank, world, p2p_mode=p2p, rendezvous=use_cuda,
+                      graph_path=args.graph, cluster_path=args.cluster)
     except InvalidInputError as exc:
         _fatal(rank, str(exc))
         return 2
@@ -186,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
+    factor = args.optimizer_state_factor
+    if factor is None:
+        factor = load_cluster(args.cluster).optimizer_state_factor if args.cluster else 4.0
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
-                         optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
+                         optimizer_state_factor=factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
     rec = pipe.rec

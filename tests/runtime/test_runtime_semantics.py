@@ -60,6 +60,7 @@ def test_undeclared_mean_loss_is_refused(tmp_path):
                        "--steps", "2", "--timeout", "20"], env=env)
     assert res.returncode != 0
     assert "behaves as a mean" in res.stderr and "loss_reduction = 'mean'" in res.stderr, res.stderr[-3000:]
+    assert "rank 1: error:" in res.stderr  # the failing rank (the sink) writes its own error
 
 
 def test_example_training_script(tmp_path):
