@@ -1,0 +1,49 @@
+"""The data-parallel all-reduce is launched bucket by bucket during the last backward (as DDP)."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.grad_sync import GradSync
+from runtime.p2p import P2P
+
+
+@pytest.fixture
+def group(tmp_path):
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        yield dist.new_group([0])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_buckets_launch_in_order_during_the_armed_backward(group):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2))
+    params = list(model.parameters())
+    sync = GradSync(params, group, [], P2P(torch.device("cpu"), 30), bucket_cap_bytes=40)
+    # reverse registration order (the order backward produces gradients), at most 40 bytes each
+    assert [[tuple(p.shape) for p in b] for b in sync.buckets] == [[(2,), (2, 4)], [(4,)], [(4, 4)],
+                                                                  [(4,)], [(4, 4)]]
+    launched_during_backward = []
+    model[0].weight.register_post_accumulate_grad_hook(
+        lambda p: launched_during_backward.append(len(sync._flight)))
+    x = torch.randn(3, 4)
+    model(x).sum().backward()  # not armed: an earlier micro-batch, nothing launched
+    assert sync._flight == [] and launched_during_backward == [0]
+    sync.arm()
+    model(x).sum().backward()
+    # by the time the first layer's weight gradient is final, the head's and the middle layer's
+    # buckets are already in flight: the all-reduce overlaps the rest of the backward pass
+    assert launched_during_backward[-1] >= 3
+    grads = [p.grad.clone() for p in params]
+    sync.finish(0)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, params))  # world 1: the sum is itself
+    assert sync._flight == [] and sync._next == 0
