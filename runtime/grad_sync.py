@@ -54,6 +54,11 @@ class GradSync:
         self._next = 0
         self._flight: list[tuple[int, torch.Tensor, object]] = []
 
+    @property
+    def launched(self) -> int:
+        """Buckets whose all-reduce is in flight this step."""
+        return len(self._flight)
+
     def arm(self) -> None:
         """Call before the rank's last backward of the step: gradients are final from now on."""
         self._armed = True

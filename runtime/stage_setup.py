@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpp_solver.errors import InvalidInputError, InvalidPlanError
+from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
 from runtime.dropout import per_chunk
 from runtime.actions import Action, TransferSpec, check_rendezvous, dry_run, lower
 from runtime.checkpoint import fingerprint
@@ -102,11 +102,17 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
     example_inputs = _check_inputs(example_inputs, mg)
     assign = assign_nodes(mg, plan)
     trs = transfers(mg, assign, plan)
-    check_plan(plan, mg, graph_path, cluster_path)
+    try:  # structure first; a deadlock is shown below with the runtime's own grid
+        check_plan(plan, mg, graph_path, cluster_path)
+        deadlock = None
+    except DeadlockError as exc:
+        deadlock = exc
     meta = value_meta(mg, example_inputs, plan, {t.value for t in trs})
     specs = [TransferSpec(t.value, t.src, t.dst, t.index, grad=meta[t.value].has_grad) for t in trs]
     actions = lower(plan, specs)
     dry_run(plan, actions)
+    if deadlock is not None:  # gpp's simulator waits for whole micro-batches: it refuses more
+        raise deadlock
     if p2p_mode == "batched" or rendezvous:
         check_rendezvous(plan, actions, p2p_mode, lookahead)
     stage = plan.stage_of_rank(rank)

@@ -34,10 +34,10 @@ def test_buckets_launch_in_order_during_the_armed_backward(group):
                                                                   [(4,)], [(4, 4)]]
     launched_during_backward = []
     model[0].weight.register_post_accumulate_grad_hook(
-        lambda p: launched_during_backward.append(len(sync._flight)))
+        lambda p: launched_during_backward.append(sync.launched))
     x = torch.randn(3, 4)
     model(x).sum().backward()  # not armed: an earlier micro-batch, nothing launched
-    assert sync._flight == [] and launched_during_backward == [0]
+    assert sync.launched == 0 and launched_during_backward == [0]
     sync.arm()
     model(x).sum().backward()
     # by the time the first layer's weight gradient is final, the head's and the middle layer's
@@ -46,4 +46,4 @@ def test_buckets_launch_in_order_during_the_armed_backward(group):
     grads = [p.grad.clone() for p in params]
     sync.finish(0)
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, params))  # world 1: the sum is itself
-    assert sync._flight == [] and sync._next == 0
+    assert sync.launched == 0
