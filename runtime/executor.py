@@ -12,7 +12,7 @@ Backward ``B j`` assembles each output's gradient from the pieces received from 
 stage (pieces of one stage tile the rows; different stages are summed), back-propagates, and
 sends each received piece's gradient back to its producer.
 
-Operations are posted in ``actions.posting``'s order (``eager`` or ``batched``, see
+Operations are posted in ``posting.posting``'s order (``eager`` or ``batched``, see
 ``runtime.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
 events read once at the end of the step.
 """
@@ -27,7 +27,8 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from runtime.dropout import Context, set_context
-from runtime.actions import Action, Chunk, Message, Post, Step, chunk, group_actions, posting
+from runtime.actions import Action, Chunk, Message, Step, chunk, group_actions
+from runtime.posting import Post, posting
 from runtime.fx_split import StageProgram
 from runtime.metrics import Recorder
 from runtime.p2p import P2P, ValueMeta, flatten, unflatten

@@ -12,7 +12,7 @@ Posting modes (``P2P.mode``):
 - ``"batched"``: each group of operations (the sends of the previous compute action and the
   receives of the next one) is one ``dist.batch_isend_irecv`` call (NCCL's default: NCCL runs a
   rank's point-to-point operations in posting order on one stream, so a receive posted early can
-  block a send behind it; ``actions.check_rendezvous`` proves the groups complete).
+  block a send behind it; ``posting.check_rendezvous`` proves the groups complete).
 
 Messages between two ranks are matched in posting order (the order ``actions.lower`` fixed and
 checked), so no tags are used; that also holds for NCCL, which ignores tags.

@@ -17,7 +17,8 @@ import torch
 
 from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
 from runtime.dropout import per_chunk
-from runtime.actions import Action, TransferSpec, check_rendezvous, dry_run, lower
+from runtime.actions import Action, TransferSpec, dry_run, lower
+from runtime.posting import check_rendezvous
 from runtime.checkpoint import fingerprint
 from runtime.fx_graph import ModelGraph, load_workload, propagate, trace
 from runtime.fx_split import StageProgram, assign_nodes, build_stage, transfers
