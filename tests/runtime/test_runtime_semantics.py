@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from runtime.dropout import Context, chunk_dropout, set_context
@@ -48,6 +49,7 @@ def test_dropout_with_dp_verifies_in_float64_with_adam(tmp_path):
     assert res.returncode == 0 and "verify: OK" in out and "rtol 1e-09" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_declared_mean_loss_verifies(tmp_path):
     res = torchrun(4, ["--plan", write(tmp_path, _dp_dropout_plan()), "--model",
                        "examples.two_tower:workload_mean", "--steps", "2", "--verify"])
