@@ -47,8 +47,10 @@ class StageProgram:
 
 
 def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
-    """Map every compute node to its stage id; InvalidPlanError on any id mismatch."""
-    by_id = {mg.ids[n]: n for n in mg.nodes}
+    """Map every compute fx node to the stage of its graph node; InvalidPlanError on any id mismatch."""
+    by_id: dict[str, list[fx.Node]] = {}
+    for gid, members in mg.groups:
+        by_id[gid] = list(members)
     assign: dict[fx.Node, int] = {}
     for s in plan.stages:
         for nid in s.nodes:
@@ -57,10 +59,12 @@ def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
                 raise InvalidPlanError(
                     f"plan/model mismatch: stage {s.id} lists node {nid!r}, which is not a node of "
                     f"the model (its nodes: {known})")
-            assign[by_id[nid]] = s.id
+            for n in by_id[nid]:
+                assign[n] = s.id
     for n in mg.nodes:
         if n not in assign:
-            raise InvalidPlanError(f"plan/model mismatch: model node {mg.ids[n]!r} is in no stage of the plan")
+            raise InvalidPlanError(
+                f"plan/model mismatch: model node {mg.group[n]!r} is in no stage of the plan")
     # parameters may not be shared across stages (each stage owns and updates its own)
     owners: dict[str, set[int]] = {}
     for n in mg.nodes:
@@ -91,7 +95,7 @@ def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Tr
             if (src, dst) not in plan_edges:
                 raise InvalidPlanError(
                     f"plan `edges` lacks [{src}, {dst}], needed by graph edge "
-                    f"{mg.ids[m]!r} -> {mg.ids[n]!r}")
+                    f"{mg.group[m]!r} -> {mg.group[n]!r}")
             seen.add((m, dst))
             out.append(Transfer(value=mg.ids[m], src=src, dst=dst, index=topo[m]))
     out.sort(key=lambda t: (t.index, t.dst))

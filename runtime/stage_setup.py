@@ -16,7 +16,7 @@ import torch
 from gpp_solver.errors import InvalidInputError, InvalidPlanError
 from runtime.actions import Action, TransferSpec, dry_run, lower
 from runtime.checkpoint import fingerprint
-from runtime.fx_graph import ModelGraph, load_workload, propagate, trace
+from runtime.fx_graph import ModelGraph, load_workload, propagate, trace_workload
 from runtime.fx_split import StageProgram, assign_nodes, build_stage, transfers
 from runtime.plan_io import Plan, StagePlan, load_plan
 
@@ -76,7 +76,7 @@ def prepare(plan_path: str, model_spec: str, rank: int, world: int) -> RankSetup
             f"(torchrun --nproc-per-node {plan.world_size})")
     torch.manual_seed(0)
     wl = load_workload(model_spec)
-    mg = trace(wl.model)
+    mg = trace_workload(wl)
     assign = assign_nodes(mg, plan)
     trs = transfers(mg, assign, plan)
     meta = value_meta(mg, wl, plan, {t.value for t in trs})
