@@ -102,6 +102,19 @@ def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Tr
     return out
 
 
+def _in_place(mg: ModelGraph, node: fx.Node) -> bool:
+    """Whether ``node`` may modify an input in place (``ReLU(inplace=True)``, ``F.relu(x,
+    inplace=True)``, ``x.add_(y)``)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_module":
+        return getattr(mg.gm.get_submodule(node.target), "inplace", False) is True
+    if node.op == "call_method":
+        return str(node.target).endswith("_") and not str(node.target).startswith("_")
+    name = getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.startswith("_") or name.startswith("__i")
+
+
 def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StageProgram:
     """The GraphModule of stage ``sid`` (see the module docstring for its signature)."""
     mine = [n for n in mg.nodes if assign[n] == sid]
@@ -120,6 +133,9 @@ def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StagePr
     for n in external:
         env[n] = g.placeholder(f"act_{n.name}")
         inputs.append(("act", mg.ids[n]))
+        if any(u in mine_set and _in_place(mg, u) for u in n.users):
+            # a received value is a leaf that needs grad: an in-place op may not modify it
+            env[n] = g.call_method("clone", (env[n],))
     for n in mg.gm.graph.nodes:
         if n.op == "get_attr" and any(u in mine_set for u in n.users):
             env[n] = g.node_copy(n, lambda x: env[x])
