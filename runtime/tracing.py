@@ -7,7 +7,9 @@ also carry, all optional:
 - ``tracer``: a callable ``model -> fx.GraphModule`` (e.g. a library's own fx tracer);
 - ``leaf_modules``: module classes (or qualified module names) kept whole as one node each, for
   blocks fx cannot trace through (HuggingFace attention, timm blocks with asserts);
-- ``concrete_args``: ``{argument: value}`` specialised at trace time (torch.fx ``concrete_args``).
+- ``concrete_args``: ``{argument: value}`` specialised at trace time (torch.fx ``concrete_args``);
+- ``autowrap_functions``: functions called by the model's code that become one node each instead
+  of being traced through (torch.fx ``autowrap_functions``; e.g. a library's mask builder).
 
 Optional forward arguments whose default is ``None`` are specialised to ``None`` unless the
 workload names them in ``concrete_args``, so they never become graph inputs (the model's inputs
@@ -32,8 +34,8 @@ _FX_FILES = ("torch/fx/", "torch/nn/modules/module.py", "torch/_", "runtime/trac
 class _HookTracer(fx.Tracer):
     """``fx.Tracer`` that also keeps the workload's ``leaf_modules`` whole."""
 
-    def __init__(self, leaves: tuple) -> None:
-        super().__init__()
+    def __init__(self, leaves: tuple, autowrap: tuple = ()) -> None:
+        super().__init__(autowrap_functions=autowrap)
         self._leaf_types = tuple(x for x in leaves if isinstance(x, type))
         self._leaf_names = {x for x in leaves if isinstance(x, str)}
 
@@ -100,7 +102,7 @@ def _construct(exc: BaseException) -> str:
 
 def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict | None = None,
                  tracer=None, graph_module: fx.GraphModule | None = None,
-                 n_inputs: int | None = None) -> fx.GraphModule:
+                 n_inputs: int | None = None, autowrap_functions=()) -> fx.GraphModule:
     """The model as an ``fx.GraphModule`` using the hooks above; InvalidInputError if it cannot.
     ``n_inputs``: how many positional inputs the caller passes (None: those without a default)."""
     if graph_module is not None:
@@ -115,7 +117,7 @@ def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict
                 f"workload tracer must return a torch.fx.GraphModule, got {type(gm).__name__}")
         return gm
     args = _none_defaults(model, dict(concrete_args or {}), n_inputs)
-    t = _HookTracer(tuple(leaf_modules))
+    t = _HookTracer(tuple(leaf_modules), tuple(autowrap_functions))
     try:
         graph = t.trace(model, concrete_args=args or None)
     except Exception as exc:  # noqa: BLE001 - fx raises many kinds
@@ -132,5 +134,6 @@ def workload_graph_module(workload, n_inputs: int | None = None) -> fx.GraphModu
     return trace_module(workload.model, n_inputs=n_inputs,
                         leaf_modules=tuple(getattr(workload, "leaf_modules", ()) or ()),
                         concrete_args=getattr(workload, "concrete_args", None),
+                        autowrap_functions=tuple(getattr(workload, "autowrap_functions", ()) or ()),
                         tracer=getattr(workload, "tracer", None),
                         graph_module=getattr(workload, "graph_module", None))
