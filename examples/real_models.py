@@ -115,13 +115,13 @@ def bert_tiny(seq: int = 8, layers: int = 2):
 class TwoTower(nn.Module):
     """Text tokens and an image, each through its own tower, fused by cross-attention."""
 
-    def __init__(self, vocab: int = 32, width: int = 16) -> None:
+    def __init__(self, vocab: int = 32, width: int = 16, dropout: float = 0.0) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
-        self.text = nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.0, batch_first=True)
+        self.text = nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=dropout, batch_first=True)
         self.image = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True),
                                    nn.Conv2d(8, width, 3, stride=2, padding=1), nn.ReLU())
-        self.fuse = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.fuse = nn.MultiheadAttention(width, 2, dropout=dropout, batch_first=True)
         self.head = nn.Linear(2 * width, CLASSES)
 
     def forward(self, tokens: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
@@ -131,8 +131,8 @@ class TwoTower(nn.Module):
         return self.head(torch.cat([fused.mean(1), i.mean(1)], dim=1))
 
 
-def two_tower():
-    model = TwoTower()
+def two_tower(dropout: float = 0.0):
+    model = TwoTower(dropout=dropout)
 
     def sample(batch_size: int, step: int):
         g = torch.Generator().manual_seed(5000 + step)
@@ -144,3 +144,8 @@ def two_tower():
         return nn.functional.cross_entropy(output, target, reduction="sum")
 
     return SimpleNamespace(model=model, sample=sample, loss=loss)
+
+
+def two_tower_dropout():
+    """The two-tower model with dropout 0.1 (``--verify`` needs per-micro-batch RNG streams)."""
+    return two_tower(dropout=0.1)

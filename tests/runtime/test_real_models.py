@@ -94,3 +94,12 @@ def test_googlenet_inception_blocks(tmp_path):
     doc = _profile(tmp_path, "googlenet")
     plan = _plan(tmp_path, doc, batch=4, devices=3, fraction=0.45)
     _train_verify(tmp_path, "googlenet", plan)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="dropout: the runtime does not yet draw the one-process "
+                   "reference's masks per micro-batch (issue 18 item 5, runtime side)")
+def test_two_tower_with_dropout(tmp_path):
+    doc = _profile(tmp_path, "two_tower_dropout")
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
+    _train_verify(tmp_path, "two_tower_dropout", plan)
