@@ -4,16 +4,21 @@ A stage module's inputs are, in this order, the model inputs (placeholders) its 
 directly, then the values of producer nodes in other stages (topological order). Its outputs are
 the values of its nodes that other stages read (topological order), then the model output if the
 stage holds the sink. The modules share their parameters with the full model they came from.
+A value computed from the model inputs alone (``input_derived``: an attention mask, positions) is
+recomputed by every stage that reads it, from the model inputs, instead of being sent; a
+received value that an in-place operator modifies is copied first.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidPlanError
-from runtime.fx_graph import COMPUTE_OPS, ModelGraph
+
+from runtime.fx_graph import COMPUTE_OPS, ModelGraph, run_node
 from runtime.plan_io import Plan
 
 
@@ -81,16 +86,45 @@ def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
     return assign
 
 
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial")
+
+
+def input_derived(mg: ModelGraph) -> set[fx.Node]:
+    """Compute nodes whose value depends only on model inputs and constants (no parameter that
+    needs grad, no module call, no random op): an attention mask, positions, a shape. A stage
+    that reads one recomputes it from the model inputs instead of receiving it."""
+    out: set[fx.Node] = set()
+    for n in mg.gm.graph.nodes:
+        if n.op not in COMPUTE_OPS or n.op == "call_module" or n not in mg.group:
+            continue
+        if any(r in str(getattr(n.target, "__name__", n.target)).lower() for r in _RANDOM):
+            continue
+        ok = True
+        for m in n.all_input_nodes:
+            if m.op == "placeholder" or m in out:
+                continue
+            if m.op == "get_attr":
+                val = run_node(mg.gm, m, {})
+                if not (isinstance(val, torch.Tensor) and val.requires_grad):
+                    continue
+            ok = False
+            break
+        if ok:
+            out.add(n)
+    return out
+
+
 def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Transfer]:
     """Every (producer node, consumer stage) pair across a stage boundary; checks plan edges (C2)."""
     out: list[Transfer] = []
     seen = set()
     plan_edges = set(plan.edges)
     topo = {n: i for i, n in enumerate(mg.nodes)}
+    derived = input_derived(mg)
     for n in mg.nodes:
         for m in mg.compute_inputs(n):
             src, dst = assign[m], assign[n]
-            if src == dst or (m, dst) in seen:
+            if src == dst or (m, dst) in seen or m in derived:
                 continue
             if (src, dst) not in plan_edges:
                 raise InvalidPlanError(
@@ -119,16 +153,24 @@ def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StagePr
     """The GraphModule of stage ``sid`` (see the module docstring for its signature)."""
     mine = [n for n in mg.nodes if assign[n] == sid]
     mine_set = set(mine)
+    derived = input_derived(mg)
+    local = set(mine_set)  # mine, and the input-derived values of other stages it recomputes
+    todo = [m for n in mine for m in mg.compute_inputs(n) if m not in mine_set and m in derived]
+    while todo:
+        m = todo.pop()
+        if m not in local:
+            local.add(m)
+            todo += [x for x in mg.compute_inputs(m) if x not in local]
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     inputs: list[tuple[str, object]] = []
     for k, ph in enumerate(mg.placeholders):
-        if any(u in mine_set for u in ph.users):
+        if any(u in local for u in ph.users):
             env[ph] = g.placeholder(ph.name)
             inputs.append(("input", k))
     external = []
     for n in mg.nodes:
-        if n not in mine_set and any(u in mine_set for u in n.users):
+        if n not in local and any(u in local for u in n.users):
             external.append(n)
     for n in external:
         env[n] = g.placeholder(f"act_{n.name}")
@@ -137,14 +179,14 @@ def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StagePr
             # a received value is a leaf that needs grad: an in-place op may not modify it
             env[n] = g.call_method("clone", (env[n],))
     for n in mg.gm.graph.nodes:
-        if n.op == "get_attr" and any(u in mine_set for u in n.users):
+        if n.op == "get_attr" and any(u in local for u in n.users):
             env[n] = g.node_copy(n, lambda x: env[x])
-        elif n in mine_set:
+        elif n in local:
             env[n] = g.node_copy(n, lambda x: env[x])
     outputs: list[tuple[str, str]] = []
     out_vals = []
     for n in mine:
-        if any(u.op in COMPUTE_OPS and u not in mine_set for u in n.users):
+        if n not in derived and any(u.op in COMPUTE_OPS and u not in mine_set for u in n.users):
             outputs.append(("act", mg.ids[n]))
             out_vals.append(env[n])
     if mg.sink in mine_set:
