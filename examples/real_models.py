@@ -112,6 +112,40 @@ def bert_tiny(seq: int = 8, layers: int = 2):
                            leaf_modules=(mb.BertEmbeddings, mb.BertLayer))
 
 
+class _Logits(nn.Module):
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids).logits.flatten(1)
+
+
+def gpt2_tiny(seq: int = 8, layers: int = 2, tied: bool = False):
+    """HuggingFace ``GPT2LMHeadModel`` from a tiny random config; plain fx fails on its mask
+    builder (data-dependent control flow), so it is traced with ``torch.export``. ``tied``: the
+    head shares the embedding's weight (as shipped)."""
+    tr = import_transformers()
+    cfg = tr.GPT2Config(vocab_size=32, n_embd=16, n_layer=layers, n_head=2, n_positions=16,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied)
+    model = _Logits(tr.GPT2LMHeadModel(cfg))
+
+    def sample(batch_size: int, step: int):
+        g = torch.Generator().manual_seed(6000 + step)
+        ids = torch.randint(0, cfg.vocab_size, (batch_size, seq + 1), generator=g)
+        return (ids[:, :-1],), ids[:, 1:]
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = output.reshape(target.shape[0] * target.shape[1], -1)
+        return nn.functional.cross_entropy(logits, target.reshape(-1), reduction="sum")
+
+    return SimpleNamespace(model=model, sample=sample, loss=loss)
+
+
+def gpt2_tiny_tied():
+    return gpt2_tiny(tied=True)
+
+
 class TwoTower(nn.Module):
     """Text tokens and an image, each through its own tower, fused by cross-attention."""
 

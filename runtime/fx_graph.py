@@ -8,10 +8,13 @@ node ids against the model), so that both name the nodes the same way:
   name), a ``call_function`` / ``call_method`` node by its fx node name (``"cat"``, ``"add_1"``);
 - *graph nodes* (the JSON's nodes, what a plan assigns to stages) are groups of fx nodes
   (``group``): a node whose value the runtime cannot send (a tuple such as
-  ``nn.MultiheadAttention``'s output, a ``size()``, shape arithmetic) is merged with every node
-  that reads it, a node nothing reads (``torch._assert``) with the nodes it reads, so no stage
-  boundary can fall on such a value and the graph stays connected. A group is named after its
-  first module call, else its last tensor-valued node. Most groups hold one fx node;
+  ``nn.MultiheadAttention``'s output, a ``size()`` of an activation, shape arithmetic) is merged
+  with every node that reads it (unless it is computed from the model inputs alone: every stage
+  that needs such a value recomputes it, see ``input_derived``), a node nothing reads
+  (``torch._assert``) with the nodes it reads, so no stage boundary can fall on such a value and
+  the graph stays connected; the nodes that read one attribute (a parameter of a traced-through
+  or exported module) are one group. A group is named after its first module call, else its
+  last tensor-valued node. Most groups hold one fx node;
 - placeholders (the model inputs), ``get_attr`` nodes and the output node are not graph nodes:
   placeholders feed their consumers, a ``get_attr`` belongs to the node that reads it, and the
   model output is the value of the output node's argument (the *sink*).
@@ -103,6 +106,34 @@ def _is_tensor_valued(n: fx.Node, values: dict | None) -> bool:
                                 for u in n.users))
 
 
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial")
+
+
+def input_derived(gm: fx.GraphModule) -> set[fx.Node]:
+    """Compute nodes whose value depends only on model inputs and constants (no parameter that
+    needs grad, no module call, no random op): an attention mask, positions, a shape. A stage
+    that reads one recomputes it from the model inputs instead of receiving it."""
+    out: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n.op not in COMPUTE_OPS or n.op == "call_module":
+            continue
+        if any(r in str(getattr(n.target, "__name__", n.target)).lower() for r in _RANDOM):
+            continue
+        ok = True
+        for m in n.all_input_nodes:
+            if m.op == "placeholder" or m in out:
+                continue
+            if m.op == "get_attr":
+                val = run_node(gm, m, {})
+                if not (isinstance(val, torch.Tensor) and val.requires_grad):
+                    continue
+            ok = False
+            break
+        if ok:
+            out.add(n)
+    return out
+
+
 def _groups(nodes, ids, sink, values):
     """Union of fx nodes into graph nodes (module docstring), cycles of groups contracted."""
     parent = {n: n for n in nodes}
@@ -119,15 +150,29 @@ def _groups(nodes, ids, sink, values):
             parent[rb] = ra
 
     node_set = set(nodes)
+    derived = input_derived(nodes[0].graph.owning_module)
+    for a in (n for n in nodes[0].graph.nodes if n.op == "get_attr"):
+        users = [u for u in a.users if u in node_set]  # a parameter read by several ops
+        for u in users[1:]:
+            union(users[0], u)
     for n in nodes:
         users = [u for u in n.users if u in node_set]
-        if users and not _is_tensor_valued(n, values):
+        if users and not _is_tensor_valued(n, values) and n not in derived:
             for u in users:
                 union(n, u)
         elif not users and n is not sink:
             producers = [m for m in n.all_input_nodes if m in node_set]
             for m in producers or [sink]:
                 union(n, m)
+    # groups connected to nothing that leads to the sink (dead code) join the sink's group
+    q = nx.DiGraph()
+    q.add_nodes_from({find(n) for n in nodes})
+    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
+                     if m in node_set and find(m) is not find(n))
+    for comp in list(nx.weakly_connected_components(q)):
+        if find(sink) not in comp:
+            for c in comp:
+                union(sink, c)
     # contract cycles among groups (a shape read early and used late, say)
     q = nx.DiGraph()
     q.add_nodes_from({find(n) for n in nodes})
@@ -165,6 +210,8 @@ def model_graph(gm: fx.GraphModule, example_inputs: tuple | None = None) -> Mode
     ids = _value_names(nodes)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     ret = out_node.args[0]
+    if isinstance(ret, (tuple, list)) and len(ret) == 1:  # torch.export's flat outputs
+        ret = ret[0]
     if not isinstance(ret, fx.Node) or ret.op not in COMPUTE_OPS:
         raise InvalidInputError(
             "the model's forward must return one tensor computed by an operator, "
@@ -185,7 +232,8 @@ def _example_values(gm, nodes, ids, sink, placeholders, inputs) -> dict:
     pre = ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=sink, placeholders=placeholders,
                      group={n: ids[n] for n in nodes}, groups=tuple((ids[n], (n,)) for n in nodes))
     modes = {m: m.training for m in gm.modules()}
-    gm.eval()
+    for m in modes:  # eval mode without .eval(), which torch.export's modules refuse
+        m.training = False
     try:
         with torch.no_grad():
             return propagate(pre, inputs)
@@ -205,7 +253,7 @@ def trace_workload(workload) -> ModelGraph:
     ``workload.sample(2, 0)`` (eval mode, no grad)."""
     inputs, _ = workload.sample(2, 0)
     inputs = tuple(inputs)
-    gm = workload_graph_module(workload, n_inputs=len(inputs))
+    gm = workload_graph_module(workload, inputs)
     device = next((p.device for p in gm.parameters()), torch.device("cpu"))
     return model_graph(gm, tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs))
 

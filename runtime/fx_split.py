@@ -13,12 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidPlanError
 
-from runtime.fx_graph import COMPUTE_OPS, ModelGraph, run_node
+from runtime.fx_graph import COMPUTE_OPS, ModelGraph, input_derived
 from runtime.plan_io import Plan
 
 
@@ -86,41 +85,13 @@ def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
     return assign
 
 
-_RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial")
-
-
-def input_derived(mg: ModelGraph) -> set[fx.Node]:
-    """Compute nodes whose value depends only on model inputs and constants (no parameter that
-    needs grad, no module call, no random op): an attention mask, positions, a shape. A stage
-    that reads one recomputes it from the model inputs instead of receiving it."""
-    out: set[fx.Node] = set()
-    for n in mg.gm.graph.nodes:
-        if n.op not in COMPUTE_OPS or n.op == "call_module" or n not in mg.group:
-            continue
-        if any(r in str(getattr(n.target, "__name__", n.target)).lower() for r in _RANDOM):
-            continue
-        ok = True
-        for m in n.all_input_nodes:
-            if m.op == "placeholder" or m in out:
-                continue
-            if m.op == "get_attr":
-                val = run_node(mg.gm, m, {})
-                if not (isinstance(val, torch.Tensor) and val.requires_grad):
-                    continue
-            ok = False
-            break
-        if ok:
-            out.add(n)
-    return out
-
-
 def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Transfer]:
     """Every (producer node, consumer stage) pair across a stage boundary; checks plan edges (C2)."""
     out: list[Transfer] = []
     seen = set()
     plan_edges = set(plan.edges)
     topo = {n: i for i, n in enumerate(mg.nodes)}
-    derived = input_derived(mg)
+    derived = input_derived(mg.gm)
     for n in mg.nodes:
         for m in mg.compute_inputs(n):
             src, dst = assign[m], assign[n]
@@ -153,7 +124,7 @@ def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StagePr
     """The GraphModule of stage ``sid`` (see the module docstring for its signature)."""
     mine = [n for n in mg.nodes if assign[n] == sid]
     mine_set = set(mine)
-    derived = input_derived(mg)
+    derived = input_derived(mg.gm)
     local = set(mine_set)  # mine, and the input-derived values of other stages it recomputes
     todo = [m for n in mine for m in mg.compute_inputs(n) if m not in mine_set and m in derived]
     while todo:

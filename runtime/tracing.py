@@ -13,14 +13,18 @@ also carry, all optional:
 
 Optional forward arguments whose default is ``None`` are specialised to ``None`` unless the
 workload names them in ``concrete_args``, so they never become graph inputs (the model's inputs
-are the arguments ``sample()`` provides). A model fx cannot trace raises ``InvalidInputError``
-with one line naming the construct and where it is (file, line, source), and what to do.
+are the arguments ``sample()`` provides). When plain fx fails and example inputs are at
+hand, the model is exported with ``torch.export`` (non-strict, batch dimension dynamic) and its
+ATen-level graph is used (``workload.export = False`` turns this off). A model neither can trace
+raises ``InvalidInputError`` with one line naming the construct and where it is (file, line,
+source), and what to do.
 """
 
 from __future__ import annotations
 
 import inspect
 import linecache
+import logging
 import traceback
 
 import torch
@@ -28,6 +32,7 @@ import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
 
+logger = logging.getLogger(__name__)
 _FX_FILES = ("torch/fx/", "torch/nn/modules/module.py", "torch/_", "runtime/tracing.py")
 
 
@@ -100,11 +105,22 @@ def _construct(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def _export(model: torch.nn.Module, example_inputs: tuple) -> fx.GraphModule:
+    """``torch.export`` (non-strict) with a dynamic batch dimension; the unlifted GraphModule."""
+    batch = torch.export.Dim("batch", min=1, max=1 << 16)
+    shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() else None
+                   for x in example_inputs)
+    ep = torch.export.export(model, tuple(example_inputs), strict=False, dynamic_shapes=shapes)
+    return ep.module()
+
+
 def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict | None = None,
                  tracer=None, graph_module: fx.GraphModule | None = None,
-                 n_inputs: int | None = None, autowrap_functions=()) -> fx.GraphModule:
+                 n_inputs: int | None = None, autowrap_functions=(),
+                 example_inputs: tuple | None = None, export: bool = True) -> fx.GraphModule:
     """The model as an ``fx.GraphModule`` using the hooks above; InvalidInputError if it cannot.
-    ``n_inputs``: how many positional inputs the caller passes (None: those without a default)."""
+    ``n_inputs``: how many positional inputs the caller passes (None: those without a default);
+    ``example_inputs`` allow the ``torch.export`` fallback."""
     if graph_module is not None:
         if not isinstance(graph_module, fx.GraphModule):
             raise InvalidInputError(
@@ -121,17 +137,29 @@ def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict
     try:
         graph = t.trace(model, concrete_args=args or None)
     except Exception as exc:  # noqa: BLE001 - fx raises many kinds
-        raise InvalidInputError(
-            f"torch.fx cannot trace the model: {_construct(exc)} at {_where(exc)}; give the workload "
-            "`leaf_modules` (keep that block whole), `concrete_args`, or a traced `graph_module`"
-        ) from exc
+        msg = (f"torch.fx cannot trace the model: {_construct(exc)} at {_where(exc)}; give the "
+               "workload `leaf_modules` (keep that block whole), `concrete_args`, or a traced "
+               "`graph_module`")
+        if not export or example_inputs is None:
+            raise InvalidInputError(msg) from exc
+        try:
+            gm = _export(model, example_inputs)
+        except Exception as exc2:  # noqa: BLE001 - export raises many kinds
+            raise InvalidInputError(
+                f"{msg} (torch.export failed too: {type(exc2).__name__}: "
+                f"{str(exc2).splitlines()[0] if str(exc2) else ''})") from exc
+        logger.info("torch.fx cannot trace the model (%s at %s); using torch.export's graph",
+                    _construct(exc), _where(exc))
+        return gm
     name = model.__class__.__name__
     return _drop_specialised(fx.GraphModule(t.root, graph, name))
 
 
-def workload_graph_module(workload, n_inputs: int | None = None) -> fx.GraphModule:
+def workload_graph_module(workload, example_inputs: tuple | None = None) -> fx.GraphModule:
     """:func:`trace_module` of ``workload.model`` with the workload's optional hooks."""
-    return trace_module(workload.model, n_inputs=n_inputs,
+    return trace_module(workload.model, example_inputs=example_inputs,
+                        n_inputs=None if example_inputs is None else len(example_inputs),
+                        export=bool(getattr(workload, "export", True)),
                         leaf_modules=tuple(getattr(workload, "leaf_modules", ()) or ()),
                         concrete_args=getattr(workload, "concrete_args", None),
                         autowrap_functions=tuple(getattr(workload, "autowrap_functions", ()) or ()),
