@@ -12,7 +12,7 @@ from torch import nn
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
-from runtime.fx_graph import load_workload, propagate, trace_workload
+from runtime.fx_graph import input_derived, load_workload, propagate, trace_workload
 from runtime.profile import profile
 
 
@@ -35,7 +35,7 @@ class Quirky(nn.Module):
         h += out
         if mask is not None:
             h = h * mask
-        return self.head(h.reshape(b * s, d)).reshape(b, s * 3)
+        return self.head(h.reshape(b * s, h.size(-1))).reshape(b, s * 3)
 
 
 def _workload(model: nn.Module):
@@ -50,9 +50,13 @@ def test_unsendable_values_stay_inside_graph_nodes():
     mg = trace_workload(wl)
     assert [p.name for p in mg.placeholders] == ["x"]  # the optional mask is not an input
     env = propagate(mg, wl.sample(2, 0)[0])
-    for n in mg.nodes:  # no value other than a tensor is read across two graph nodes
-        if not isinstance(env[n], torch.Tensor):
+    derived = input_derived(mg.gm)  # x.shape and its unpacking: recomputed by any stage
+    assert {mg.ids[n] for n in derived} >= {"getattr_1", "getitem", "getitem_1", "getitem_2"}
+    for n in mg.nodes:  # no other value that is not a tensor is read across two graph nodes
+        if not isinstance(env[n], torch.Tensor) and n not in derived:
             assert all(mg.group[u] == mg.group[n] for u in n.users if u in mg.group), mg.ids[n]
+    by_id = {mg.ids[n]: n for n in mg.nodes}
+    assert mg.group[by_id["size"]] == mg.group[by_id["reshape"]]  # h.size(-1) of an activation
     groups = dict(mg.groups)
     assert [mg.ids[n] for n in groups["attn"]] == ["attn", "getitem_3", "getitem_4"]
     # x.shape, its unpacking and the _assert end up in the graph nodes that use them
