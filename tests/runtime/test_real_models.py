@@ -89,8 +89,16 @@ def test_bert_tiny_with_leaf_blocks(tmp_path):
     _train_verify(tmp_path, "bert_tiny", plan)
 
 
-@pytest.mark.slow
 def test_googlenet_inception_blocks(tmp_path):
+    """The smallest run: one micro-batch size, one step (the heaviest model of the default suite)."""
+    doc = _profile(tmp_path, "googlenet", sizes=(2,))
+    assert len(doc["nodes"]) > 150 and any(n["id"].startswith("cat") for n in doc["nodes"])
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7, sizes="2")
+    _train_verify(tmp_path, "googlenet", plan, steps=1)
+
+
+@pytest.mark.slow
+def test_googlenet_on_three_devices(tmp_path):
     doc = _profile(tmp_path, "googlenet")
     plan = _plan(tmp_path, doc, batch=4, devices=3, fraction=0.45)
     _train_verify(tmp_path, "googlenet", plan)
