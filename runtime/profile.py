@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
         torch.manual_seed(0)
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)
     with open(args.output, "w") as f:
         json.dump(doc, f, indent=1)
     logger.info("wrote %s: %d nodes, %d edges", args.output, len(doc["nodes"]), len(doc["edges"]))

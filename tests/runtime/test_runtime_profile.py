@@ -41,6 +41,14 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
     assert set(dg.predecessors("cat")) == {"branch0.fc2", "branch1.fc2"}
 
 
+def test_profile_threads_option(tmp_path):
+    out = tmp_path / "graph.json"
+    assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "2", "--threads", "2",
+                 "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["profile"]["threads"] == 2
+    assert main(["--model", "examples.two_branch:workload", "--threads", "0", "-o", str(out)]) == 2
+
+
 def test_profile_rejects_bad_batch_sizes(tmp_path):
     assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "4,2",
                  "-o", str(tmp_path / "g.json")]) == 2
