@@ -117,5 +117,6 @@ def test_gpt2_tiny_through_torch_export(tmp_path):
                    "reference's masks per micro-batch (issue 18 item 5, runtime side)")
 def test_two_tower_with_dropout(tmp_path):
     doc = _profile(tmp_path, "two_tower_dropout")
-    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
+    # two micro-batches: one process draws each mask for 4 samples at once, the pipeline per 2
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7, sizes="2")
     _train_verify(tmp_path, "two_tower_dropout", plan)
