@@ -1,29 +1,41 @@
-"""The model as an operator graph: torch.fx tracing, node ids and graph edges.
+"""The model as an operator graph: torch.fx tracing, node ids, graph nodes and edges.
 
 Shared by the profiler (which writes the graph JSON) and the trainer (which matches a plan's
 node ids against the model), so that both name the nodes the same way:
 
-- ``call_module`` node: the module's qualified name (``"branch0.fc1"``); if the same module is
-  called more than once, every call after the first is named by its fx node name instead;
-- ``call_function`` / ``call_method`` node: the fx node name (``"cat"``, ``"add_1"``);
+- every compute fx node has a unique *value name* (``ids``): a ``call_module`` node is named by
+  the module's qualified name (``"branch0.fc1"``; a module called again is named by its fx node
+  name), a ``call_function`` / ``call_method`` node by its fx node name (``"cat"``, ``"add_1"``);
+- *graph nodes* (the JSON's nodes, what a plan assigns to stages) are groups of fx nodes
+  (``group``): a node whose value the runtime cannot send (a tuple such as
+  ``nn.MultiheadAttention``'s output, a ``size()`` of an activation, shape arithmetic) is merged
+  with every node that reads it (unless it is computed from the model inputs alone: every stage
+  that needs such a value recomputes it, see ``input_derived``), a node nothing reads
+  (``torch._assert``) with the nodes it reads, so no stage boundary can fall on such a value and
+  the graph stays connected; the nodes that read one attribute (a parameter of a traced-through
+  or exported module) are one group. A group is named after its first module call, else its
+  last tensor-valued node. Most groups hold one fx node;
 - placeholders (the model inputs), ``get_attr`` nodes and the output node are not graph nodes:
   placeholders feed their consumers, a ``get_attr`` belongs to the node that reads it, and the
   model output is the value of the output node's argument (the *sink*).
 
-Tracing uses the default ``torch.fx.Tracer``: modules of ``torch.nn`` (Linear, LayerNorm, ReLU,
-MultiheadAttention, ...) are leaves; user modules are traced through.
+Tracing (``runtime.tracing``) uses ``torch.fx`` with the workload's optional hooks; modules of
+``torch.nn`` are leaves, user modules are traced through.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import operator
 from dataclasses import dataclass
 
+import networkx as nx
 import torch
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
+from runtime.tracing import trace_module, workload_graph_module
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +46,9 @@ COMPUTE_OPS = ("call_module", "call_function", "call_method")
 class ModelGraph:
     """A traced model with the project's node ids.
 
-    ``nodes`` are the compute fx nodes in topological order, ``ids`` maps each to its id,
-    ``sink`` is the compute node whose value the model returns.
+    ``nodes`` are the compute fx nodes in topological order, ``ids`` maps each to its value name,
+    ``group`` maps each to its graph node id, ``groups`` lists ``(graph node id, fx nodes)`` in
+    topological order, ``sink`` is the compute node whose value the model returns.
     """
 
     gm: fx.GraphModule
@@ -43,6 +56,8 @@ class ModelGraph:
     ids: dict
     sink: fx.Node
     placeholders: tuple[fx.Node, ...]
+    group: dict
+    groups: tuple[tuple[str, tuple[fx.Node, ...]], ...]
 
     def id_of(self, node: fx.Node) -> str:
         return self.ids[node]
@@ -52,27 +67,20 @@ class ModelGraph:
         return [m for m in node.all_input_nodes if m.op in COMPUTE_OPS]
 
     def edges(self) -> list[tuple[str, str]]:
-        """Graph edges ``(src id, dst id)``, deduplicated, in topological order of ``dst``."""
+        """Graph edges ``(src id, dst id)`` between groups, deduplicated, in topological order."""
         out: list[tuple[str, str]] = []
         seen = set()
-        for n in self.nodes:
-            for m in self.compute_inputs(n):
-                e = (self.ids[m], self.ids[n])
-                if e not in seen:
-                    seen.add(e)
-                    out.append(e)
+        for _, members in self.groups:
+            for n in members:
+                for m in self.compute_inputs(n):
+                    e = (self.group[m], self.group[n])
+                    if e[0] != e[1] and e not in seen:
+                        seen.add(e)
+                        out.append(e)
         return out
 
 
-def trace(model: torch.nn.Module) -> ModelGraph:
-    """Trace ``model`` with torch.fx and name its nodes; InvalidInputError if it cannot."""
-    try:
-        gm = fx.symbolic_trace(model)
-    except Exception as exc:  # noqa: BLE001 - fx raises many kinds
-        raise InvalidInputError(f"torch.fx cannot trace the model: {type(exc).__name__}: {exc}") from exc
-    nodes = tuple(n for n in gm.graph.nodes if n.op in COMPUTE_OPS)
-    if not nodes:
-        raise InvalidInputError("the traced model has no operator node")
+def _value_names(nodes) -> dict:
     ids: dict[fx.Node, str] = {}
     used_targets: set[str] = set()
     for n in nodes:
@@ -87,14 +95,168 @@ def trace(model: torch.nn.Module) -> ModelGraph:
             if ids[n] in seen:
                 ids[n] = f"{ids[n]}@{n.name}"
             seen.add(ids[n])
+    return ids
+
+
+def _is_tensor_valued(n: fx.Node, values: dict | None) -> bool:
+    if values is not None and n in values:
+        return isinstance(values[n], torch.Tensor)
+    # no example values: a node read only through getitem is a tuple
+    return not (n.users and all(u.op == "call_function" and u.target is operator.getitem
+                                for u in n.users))
+
+
+_RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial")
+
+
+def input_derived(gm: fx.GraphModule) -> set[fx.Node]:
+    """Compute nodes whose value depends only on model inputs and constants (no parameter that
+    needs grad, no module call, no random op): an attention mask, positions, a shape. A stage
+    that reads one recomputes it from the model inputs instead of receiving it."""
+    out: set[fx.Node] = set()
+    for n in gm.graph.nodes:
+        if n.op not in COMPUTE_OPS or n.op == "call_module":
+            continue
+        if any(r in str(getattr(n.target, "__name__", n.target)).lower() for r in _RANDOM):
+            continue
+        ok = True
+        for m in n.all_input_nodes:
+            if m.op == "placeholder" or m in out:
+                continue
+            if m.op == "get_attr":
+                val = run_node(gm, m, {})
+                if not (isinstance(val, torch.Tensor) and val.requires_grad):
+                    continue
+            ok = False
+            break
+        if ok:
+            out.add(n)
+    return out
+
+
+def _groups(nodes, ids, sink, values):
+    """Union of fx nodes into graph nodes (module docstring), cycles of groups contracted."""
+    parent = {n: n for n in nodes}
+
+    def find(x):
+        while parent[x] is not x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra is not rb:
+            parent[rb] = ra
+
+    node_set = set(nodes)
+    derived = input_derived(nodes[0].graph.owning_module)
+    for a in (n for n in nodes[0].graph.nodes if n.op == "get_attr"):
+        users = [u for u in a.users if u in node_set]  # a parameter read by several ops
+        for u in users[1:]:
+            union(users[0], u)
+    for n in nodes:
+        users = [u for u in n.users if u in node_set]
+        if users and not _is_tensor_valued(n, values) and n not in derived:
+            for u in users:
+                union(n, u)
+        elif not users and n is not sink:
+            producers = [m for m in n.all_input_nodes if m in node_set]
+            for m in producers or [sink]:
+                union(n, m)
+    # groups connected to nothing that leads to the sink (dead code) join the sink's group
+    q = nx.DiGraph()
+    q.add_nodes_from({find(n) for n in nodes})
+    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
+                     if m in node_set and find(m) is not find(n))
+    for comp in list(nx.weakly_connected_components(q)):
+        if find(sink) not in comp:
+            for c in comp:
+                union(sink, c)
+    # contract cycles among groups (a shape read early and used late, say)
+    q = nx.DiGraph()
+    q.add_nodes_from({find(n) for n in nodes})
+    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
+                     if m in node_set and find(m) is not find(n))
+    if not nx.is_directed_acyclic_graph(q):
+        for comp in nx.strongly_connected_components(q):
+            comp = list(comp)
+            for c in comp[1:]:
+                union(comp[0], c)
+    order = {n: i for i, n in enumerate(nodes)}
+    members: dict = {}
+    for n in nodes:
+        members.setdefault(find(n), []).append(n)
+    q = nx.DiGraph()
+    q.add_nodes_from(members)
+    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
+                     if m in node_set and find(m) is not find(n))
+    groups = []
+    for root in nx.lexicographical_topological_sort(q, key=lambda r: order[members[r][0]]):
+        ms = members[root]
+        head = next((n for n in ms if n.op == "call_module"), None)
+        if head is None:
+            head = next((n for n in reversed(ms) if _is_tensor_valued(n, values)), ms[-1])
+        groups.append((ids[head], tuple(ms)))
+    group = {n: gid for gid, ms in groups for n in ms}
+    return group, tuple(groups)
+
+
+def model_graph(gm: fx.GraphModule, example_inputs: tuple | None = None) -> ModelGraph:
+    """Name ``gm``'s nodes and group them; ``example_inputs`` tell which values are tensors."""
+    nodes = tuple(n for n in gm.graph.nodes if n.op in COMPUTE_OPS)
+    if not nodes:
+        raise InvalidInputError("the traced model has no operator node")
+    ids = _value_names(nodes)
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     ret = out_node.args[0]
+    if isinstance(ret, (tuple, list)) and len(ret) == 1:  # torch.export's flat outputs
+        ret = ret[0]
     if not isinstance(ret, fx.Node) or ret.op not in COMPUTE_OPS:
         raise InvalidInputError(
             "the model's forward must return one tensor computed by an operator, "
             f"but it returns {ret!r}")
     placeholders = tuple(n for n in gm.graph.nodes if n.op == "placeholder")
-    return ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=ret, placeholders=placeholders)
+    values = None
+    if example_inputs is not None:
+        values = _example_values(gm, nodes, ids, ret, placeholders, example_inputs)
+    group, groups = _groups(nodes, ids, ret, values)
+    merged = [g for g in groups if len(g[1]) > 1]
+    if merged:
+        logger.debug("merged %d groups of fx nodes that hold unsendable values", len(merged))
+    return ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=ret, placeholders=placeholders,
+                      group=group, groups=groups)
+
+
+def _example_values(gm, nodes, ids, sink, placeholders, inputs) -> dict:
+    pre = ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=sink, placeholders=placeholders,
+                     group={n: ids[n] for n in nodes}, groups=tuple((ids[n], (n,)) for n in nodes))
+    modes = {m: m.training for m in gm.modules()}
+    for m in modes:  # eval mode without .eval(), which torch.export's modules refuse
+        m.training = False
+    try:
+        with torch.no_grad():
+            return propagate(pre, inputs)
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) -> ModelGraph:
+    """Trace ``model`` (hooks as in :func:`runtime.tracing.trace_module`) and name its nodes."""
+    n_inputs = None if example_inputs is None else len(example_inputs)
+    return model_graph(trace_module(model, n_inputs=n_inputs, example_inputs=example_inputs, **hooks),
+                       example_inputs)
+
+
+def trace_workload(workload) -> ModelGraph:
+    """Trace ``workload.model`` with the workload's hooks, grouping by the values of
+    ``workload.sample(2, 0)`` (eval mode, no grad)."""
+    inputs, _ = workload.sample(2, 0)
+    inputs = tuple(inputs)
+    gm = workload_graph_module(workload, inputs)
+    device = next((p.device for p in gm.parameters()), torch.device("cpu"))
+    return model_graph(gm, tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs))
 
 
 def load_workload(spec: str):

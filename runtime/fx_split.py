@@ -5,6 +5,9 @@ directly, then the values of producer nodes in other stages (topological order).
 the values of its nodes that other stages read (topological order), then the model output if the
 stage holds the sink. The modules share their parameters with the full model they came from; a
 parameter used by several stages (tied weights) is kept equal by ``runtime.grad_sync``.
+A value computed from the model inputs alone (``input_derived``: an attention mask, positions) is
+recomputed by every stage that reads it, from the model inputs, instead of being sent; a
+received value that an in-place operator modifies is copied first.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidPlanError
-from runtime.fx_graph import COMPUTE_OPS, ModelGraph
+
+from runtime.fx_graph import COMPUTE_OPS, ModelGraph, input_derived
 from runtime.plan_io import Plan
 
 
@@ -48,8 +52,10 @@ class StageProgram:
 
 
 def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
-    """Map every compute node to its stage id; InvalidPlanError on any id mismatch."""
-    by_id = {mg.ids[n]: n for n in mg.nodes}
+    """Map every compute fx node to the stage of its graph node; InvalidPlanError on any id mismatch."""
+    by_id: dict[str, list[fx.Node]] = {}
+    for gid, members in mg.groups:
+        by_id[gid] = list(members)
     assign: dict[fx.Node, int] = {}
     for s in plan.stages:
         for nid in s.nodes:
@@ -58,10 +64,12 @@ def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
                 raise InvalidPlanError(
                     f"plan/model mismatch: stage {s.id} lists node {nid!r}, which is not a node of "
                     f"the model (its nodes: {known})")
-            assign[by_id[nid]] = s.id
+            for n in by_id[nid]:
+                assign[n] = s.id
     for n in mg.nodes:
         if n not in assign:
-            raise InvalidPlanError(f"plan/model mismatch: model node {mg.ids[n]!r} is in no stage of the plan")
+            raise InvalidPlanError(
+                f"plan/model mismatch: model node {mg.group[n]!r} is in no stage of the plan")
     return assign
 
 
@@ -71,48 +79,73 @@ def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Tr
     seen = set()
     plan_edges = set(plan.edges)
     topo = {n: i for i, n in enumerate(mg.nodes)}
+    derived = input_derived(mg.gm)
     for n in mg.nodes:
         for m in mg.compute_inputs(n):
             src, dst = assign[m], assign[n]
-            if src == dst or (m, dst) in seen:
+            if src == dst or (m, dst) in seen or m in derived:
                 continue
             if (src, dst) not in plan_edges:
                 raise InvalidPlanError(
                     f"plan `edges` lacks [{src}, {dst}], needed by graph edge "
-                    f"{mg.ids[m]!r} -> {mg.ids[n]!r}")
+                    f"{mg.group[m]!r} -> {mg.group[n]!r}")
             seen.add((m, dst))
             out.append(Transfer(value=mg.ids[m], src=src, dst=dst, index=topo[m]))
     out.sort(key=lambda t: (t.index, t.dst))
     return out
 
 
+def _in_place(mg: ModelGraph, node: fx.Node) -> bool:
+    """Whether ``node`` may modify an input in place (``ReLU(inplace=True)``, ``F.relu(x,
+    inplace=True)``, ``x.add_(y)``)."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    if node.op == "call_module":
+        return getattr(mg.gm.get_submodule(node.target), "inplace", False) is True
+    if node.op == "call_method":
+        return str(node.target).endswith("_") and not str(node.target).startswith("_")
+    name = getattr(node.target, "__name__", "")
+    return name.endswith("_") and not name.startswith("_") or name.startswith("__i")
+
+
 def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StageProgram:
     """The GraphModule of stage ``sid`` (see the module docstring for its signature)."""
     mine = [n for n in mg.nodes if assign[n] == sid]
     mine_set = set(mine)
+    derived = input_derived(mg.gm)
+    local = set(mine_set)  # mine, and the input-derived values of other stages it recomputes
+    todo = [m for n in mine for m in mg.compute_inputs(n) if m not in mine_set and m in derived]
+    while todo:
+        m = todo.pop()
+        if m not in local:
+            local.add(m)
+            todo += [x for x in mg.compute_inputs(m) if x not in local]
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     inputs: list[tuple[str, object]] = []
     for k, ph in enumerate(mg.placeholders):
-        if any(u in mine_set for u in ph.users):
+        if any(u in local for u in ph.users):
             env[ph] = g.placeholder(ph.name)
             inputs.append(("input", k))
     external = []
     for n in mg.nodes:
-        if n not in mine_set and any(u in mine_set for u in n.users):
+        if n not in local and any(u in local for u in n.users):
             external.append(n)
     for n in external:
         env[n] = g.placeholder(f"act_{n.name}")
         inputs.append(("act", mg.ids[n]))
+        if any(u in mine_set and _in_place(mg, u) for u in n.users):
+            # a received value is a leaf that needs grad: an in-place op may not modify it
+            env[n] = g.call_method("clone", (env[n],))
     for n in mg.gm.graph.nodes:
-        if n.op == "get_attr" and any(u in mine_set for u in n.users):
+        if n.op == "get_attr" and any(u in local for u in n.users):
             env[n] = g.node_copy(n, lambda x: env[x])
-        elif n in mine_set:
+        elif n in local:
             env[n] = g.node_copy(n, lambda x: env[x])
     outputs: list[tuple[str, str]] = []
     out_vals = []
     for n in mine:
-        if any(u.op in COMPUTE_OPS and u not in mine_set for u in n.users):
+        if n not in derived and any(u.op in COMPUTE_OPS and u not in mine_set for u in n.users):
             outputs.append(("act", mg.ids[n]))
             out_vals.append(env[n])
     if mg.sink in mine_set:

@@ -10,6 +10,10 @@ Under torchrun, every rank builds the same model (same seed, so the same weights
         loss = pipe.step(x, target=y)                    # a tensor on the sink's ranks, else None
         opt.step()
 
+Models that plain ``torch.fx`` cannot trace: pass ``tracing={"leaf_modules": (Block,)}`` (or
+``concrete_args``, ``autowrap_functions``, ``tracer``, ``graph_module``; see ``runtime.tracing``);
+where fx fails, ``torch.export`` of ``example_inputs`` is tried.
+
 Conventions:
 
 - ``step(*inputs, target=...)`` takes the whole mini-batch (``plan.mini_batch_size`` rows) on
@@ -65,7 +69,7 @@ class GraphPipeline:
                  loss_reduction: str = "mean", optimizer_state_factor: float = 4.0,
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
-                 _setup=None) -> None:
+                 tracing: dict | None = None, _setup=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise InvalidInputError("GraphPipeline needs an initialised process group "
                                     "(torch.distributed.init_process_group under torchrun)")
@@ -82,7 +86,7 @@ class GraphPipeline:
         if p2p not in MODES:
             raise InvalidInputError(f"p2p must be 'auto' or one of {MODES}, got {p2p!r}")
         setup = _setup or build(plan, model, example_inputs, self.rank, world, p2p_mode=p2p,
-                                lookahead=lookahead, rendezvous=backend == "nccl")
+                                lookahead=lookahead, rendezvous=backend == "nccl", tracing=tracing)
         self.setup = setup
         self.plan = setup.plan
         self.stage = setup.stage

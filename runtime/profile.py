@@ -1,22 +1,35 @@
-"""Profile a PyTorch workload into a ``gpp-graph/1`` JSON.
+"""Profile a PyTorch workload into a ``gpp-graph/1`` JSON, measuring what the trainer runs.
 
     python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
 
-The model is traced with torch.fx (see ``runtime.fx_graph`` for how nodes are named). Each node is
-then run on its own, with the inputs it sees in a full forward pass of ``sample(b, 0)``:
+The model is traced with torch.fx and its nodes grouped into graph nodes (see
+``runtime.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
+graph nodes). Each fx node is then run on its own, with the inputs it sees in a full forward
+pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` intra-op threads
+(default 1: what each torchrun rank of ``runtime.train`` uses):
 
-- ``fw_time[i]``: median over ``--repeats`` runs (after ``--warmup`` runs) of the node's forward at
-  micro-batch ``micro_batch_sizes[i]``;
-- ``bw_time[i]``: median time of ``torch.autograd.grad`` of the node's floating outputs (grad of
-  ones) with respect to its floating inputs and its parameters;
-- ``weight_bytes``: bytes of the parameters (and buffers) of the node's module or attributes;
-- ``output_bytes``: bytes per sample of the node's tensor outputs;
+- ``fw_time[i]``: median over ``--repeats`` runs (after ``--warmup`` runs) of the forward at
+  micro-batch ``micro_batch_sizes[i]``, summed over the graph node's fx nodes;
+- ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
+  ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
+  leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
+- ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes;
+- ``output_bytes``: bytes per sample of the tensors other graph nodes read (or the model output);
 - ``activation_bytes`` (the rule): bytes per sample of the node's floating-point tensor inputs plus
   its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus
   the output that stays alive until the consumer's backward. Measured at the largest batch size.
 
-Every number is finite and non-negative; times are clamped at 0 and are wall-clock seconds
-(CUDA is synchronised around each measurement when the model sits on a GPU).
+Optional fields (``spec/formats.md``: fields may be added; readers keep them): every node has
+``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
+of the timed runs per micro-batch size (summed over its fx nodes), and ``"fx_nodes"`` when it
+merges several fx nodes; the document has ``"profile"``: ``{"device", "device_name", "threads",
+"warmup", "repeats", "statistic": "median", "torch"}``.
+
+A micro-batch size the model cannot run in training mode (BatchNorm at 1 sample per channel) is
+refused with a message naming the node. BatchNorm statistics are per micro-batch in a pipeline,
+so a plan's training differs from one process on the whole mini-batch: a warning says so.
+Every number is finite and non-negative; times are wall-clock seconds (CUDA is synchronised
+around each measurement when the model sits on a GPU).
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ import argparse
 import json
 import logging
 import math
+import operator
+import platform
 import statistics
 import sys
 import time
@@ -32,7 +47,7 @@ import time
 import torch
 
 from gpp_solver.errors import InvalidInputError
-from runtime.fx_graph import ModelGraph, load_workload, propagate, run_node, trace
+from runtime.fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +64,12 @@ def _tensors(value) -> list[torch.Tensor]:
 
 
 def _nbytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    seen, total = set(), 0
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
 
 
 def _sync(device: torch.device) -> None:
@@ -57,8 +77,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_time(fn, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median wall time of ``fn()``; ``fn`` may return a callable to time instead (backward)."""
+def _timings(fn, warmup: int, repeats: int, device: torch.device) -> tuple[float, float, float]:
+    """(median, min, max) wall time of ``fn()()`` over ``repeats`` runs after ``warmup`` runs
+    (``fn`` prepares, untimed, and returns the callable to time)."""
     times = []
     for i in range(warmup + repeats):
         timed = fn()
@@ -67,63 +88,136 @@ def _median_time(fn, warmup: int, repeats: int, device: torch.device) -> float:
         timed()
         _sync(device)
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return max(0.0, statistics.median(times))
+            times.append(max(0.0, time.perf_counter() - t0))
+    return statistics.median(times), min(times), max(times)
 
 
-def _weight_bytes(mg: ModelGraph, node) -> int:
-    if node.op == "call_module":
-        mod = mg.gm.get_submodule(node.target)
-        return _nbytes(list(mod.parameters()) + list(mod.buffers()))
-    attrs = [m for m in node.all_input_nodes if m.op == "get_attr"]
-    return _nbytes([t for a in attrs for t in _tensors(run_node(mg.gm, a, {}))])
+def _weight_bytes(mg: ModelGraph, members) -> int:
+    tensors = []
+    for node in members:
+        if node.op == "call_module":
+            mod = mg.gm.get_submodule(node.target)
+            tensors += list(mod.parameters()) + list(mod.buffers())
+        attrs = [m for m in node.all_input_nodes if m.op == "get_attr"]
+        tensors += [t for a in attrs for t in _tensors(run_node(mg.gm, a, {}))]
+    return _nbytes(tensors)
+
+
+def _batchnorms(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+
+
+def _forward_all(mg: ModelGraph, inputs: tuple, b: int) -> dict:
+    """Every node's value in a training-mode forward (no grad); refuses a size the model cannot run."""
+    if len(inputs) != len(mg.placeholders):
+        raise InvalidInputError(
+            f"the model takes {len(mg.placeholders)} inputs but sample() returned {len(inputs)}")
+    env: dict = dict(zip(mg.placeholders, inputs))
+    with torch.no_grad():
+        for n in mg.gm.graph.nodes:
+            if n.op in COMPUTE_OPS or n.op == "get_attr":
+                try:
+                    env[n] = run_node(mg.gm, n, env)
+                except Exception as exc:  # noqa: BLE001 - the model's own error, reported by node
+                    where = mg.group.get(n, n.name)
+                    raise InvalidInputError(
+                        f"the model cannot run a micro-batch of {b} in training mode: node "
+                        f"{where!r} fails ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                        "profile only sizes it can run (BatchNorm needs more than one value per "
+                        "channel: start --batch-sizes at 2, and plan with --micro-batch-sizes)") from exc
+    return env
+
+
+def _activation_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
+    inside = set(members)
+    ins, outs = [], []
+    for n in members:
+        ins += [t for m in n.all_input_nodes if m.op != "get_attr" and m not in inside
+                for t in _tensors(env[m]) if t.is_floating_point()]
+        if not any(u in inside and u.target is operator.getitem for u in n.users):
+            outs += [t for t in _tensors(env[n]) if t.is_floating_point()]
+    return _nbytes(ins + outs) / b
+
+
+def _output_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
+    inside = set(members)
+    sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside
+                                                       for u in n.users)]
+    return _nbytes([t for n in sent for t in _tensors(env[n])]) / b
+
+
+def device_info(device: torch.device) -> dict:
+    """The ``profile`` object's device fields."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine() or "cpu"
+    return {"device": device.type, "device_name": name, "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
 
 
 def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
             name: str = "model") -> dict:
-    """Profile ``workload`` at each batch size and return the gpp-graph/1 document (a dict)."""
+    """Profile ``workload`` at each batch size and return the gpp-graph/1 document (a dict).
+
+    Runs with the current ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
     if not batch_sizes or any(b <= 0 for b in batch_sizes) or sorted(set(batch_sizes)) != batch_sizes:
         raise InvalidInputError(
             f"--batch-sizes must be strictly increasing positive integers, but got {batch_sizes}")
-    mg = trace(workload.model)
+    if warmup < 0 or repeats < 1:
+        raise InvalidInputError(f"--warmup must be >= 0 and --repeats >= 1, got {warmup}, {repeats}")
+    mg = trace_workload(workload)
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
-    fw = {n: [] for n in mg.nodes}
-    bw = {n: [] for n in mg.nodes}
+    bns = _batchnorms(mg.gm)
+    if bns:
+        logger.warning(
+            "the model has %d BatchNorm layers in training mode (%s%s): in a pipeline their "
+            "statistics are computed per micro-batch, so training differs from one process on "
+            "the whole mini-batch (freeze them, e.g. torchvision.ops.FrozenBatchNorm2d, for "
+            "equal results)", len(bns), ", ".join(bns[:3]), ", ..." if len(bns) > 3 else "")
+    timing = {n: {"fw": [], "bw": []} for n in mg.nodes}
     act_bytes: dict = {}
     out_bytes: dict = {}
     for b in batch_sizes:
         inputs, _ = workload.sample(b, 0)
         inputs = tuple(x.to(device) for x in inputs)
-        with torch.no_grad():
-            env = propagate(mg, inputs)
+        env = _forward_all(mg, inputs, b)
         for node in mg.nodes:
-            fw[node].append(_time_forward(mg, node, env, warmup, repeats, device))
-            bw[node].append(_time_backward(mg, node, env, warmup, repeats, device))
-            if b == batch_sizes[-1]:
-                ins = [t for m in node.all_input_nodes if m.op != "get_attr"
-                       for t in _tensors(env[m]) if t.is_floating_point()]
-                outs = _tensors(env[node])
-                act_bytes[node] = _nbytes(ins + [t for t in outs if t.is_floating_point()]) / b
-                out_bytes[node] = _nbytes(outs) / b
+            timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
+            timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
+        if b == batch_sizes[-1]:
+            for gid, members in mg.groups:
+                act_bytes[gid] = _activation_bytes(mg, members, env, b)
+                out_bytes[gid] = _output_bytes(mg, members, env, b)
     nodes = []
-    for node in mg.nodes:
-        nodes.append({
-            "id": mg.ids[node],
-            "fw_time": [float(t) for t in fw[node]],
-            "bw_time": [float(t) for t in bw[node]],
-            "weight_bytes": int(_weight_bytes(mg, node)),
-            "activation_bytes": float(act_bytes[node]),
-            "output_bytes": float(out_bytes[node]),
-        })
+    for gid, members in mg.groups:
+        nd = {"id": gid}
+        spread = {}
+        for kind in ("fw", "bw"):
+            per_size = list(zip(*[timing[n][kind] for n in members]))  # [(med,min,max) per member]
+            nd[f"{kind}_time"] = [float(sum(t[0] for t in ts)) for ts in per_size]
+            spread[kind] = [[float(sum(t[1] for t in ts)), float(sum(t[2] for t in ts))]
+                            for ts in per_size]
+        nd.update({"weight_bytes": int(_weight_bytes(mg, members)),
+                   "activation_bytes": float(act_bytes[gid]),
+                   "output_bytes": float(out_bytes[gid]),
+                   "time_spread": spread})
+        if len(members) > 1:
+            nd["fx_nodes"] = [mg.ids[n] for n in members]
+        nodes.append(nd)
     for nd in nodes:
         for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
+    info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
     return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(batch_sizes),
-            "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()]}
+            "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
+            "profile": info}
 
 
 def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:
-    """A fresh environment for ``node``'s inputs: detached clones, floating ones needing grad."""
+    """A fresh environment for ``node``'s inputs: copies of its tensor inputs (floating ones
+    cloned from a leaf that needs grad, so an in-place operator may modify them) and the leaves."""
     local: dict = {}
     leaves: list[torch.Tensor] = []
     for m in node.all_input_nodes:
@@ -135,29 +229,31 @@ def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch
             if requires_grad and t.is_floating_point():
                 t.requires_grad_(True)
                 leaves.append(t)
+                t = t.clone()  # not a leaf: in-place operators are allowed on it
             local[m] = t
         else:
             local[m] = v
     return local, leaves
 
 
-def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device) -> float:
-    local, _ = _leaf_inputs(node, env, requires_grad=False)
-
-    def setup():
-        def run():
-            with torch.no_grad():
-                run_node(mg.gm, node, local)
-        return run
-    return _median_time(setup, warmup, repeats, device)
-
-
-def _time_backward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device) -> float:
+def _params(mg: ModelGraph, node, env: dict) -> list[torch.Tensor]:
     params = []
     if node.op == "call_module":
         params = [p for p in mg.gm.get_submodule(node.target).parameters() if p.requires_grad]
-    params += [t for m in node.all_input_nodes if m.op == "get_attr"
-               for t in _tensors(env[m]) if t.requires_grad]
+    return params + [t for m in node.all_input_nodes if m.op == "get_attr"
+                     for t in _tensors(env[m]) if t.requires_grad]
+
+
+def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
+    """The forward as the trainer runs it: autograd records it (inputs that need grad)."""
+    def setup():
+        local, _ = _leaf_inputs(node, env, requires_grad=True)
+        return lambda: run_node(mg.gm, node, local)
+    return _timings(setup, warmup, repeats, device)
+
+
+def _time_backward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
+    params = _params(mg, node, env)
 
     def setup():
         local, leaves = _leaf_inputs(node, env, requires_grad=True)
@@ -168,7 +264,7 @@ def _time_backward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, d
             return lambda: None
         grads = [torch.ones_like(t) for t in outs]
         return lambda: torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-    return _median_time(setup, warmup, repeats, device)
+    return _timings(setup, warmup, repeats, device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,8 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
     ap.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated micro-batch sizes")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed runs before timing (default 2)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads, as each trainer rank uses (default 1, like torchrun)")
     ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
@@ -187,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"error: --batch-sizes must be integers, but got {args.batch_sizes!r}", file=sys.stderr)
         return 2
+    if args.threads < 1:
+        print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     try:
         torch.manual_seed(0)
         wl = load_workload(args.model)
@@ -194,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)
     with open(args.output, "w") as f:
         json.dump(doc, f, indent=1)
     logger.info("wrote %s: %d nodes, %d edges", args.output, len(doc["nodes"]), len(doc["edges"]))

@@ -88,17 +88,22 @@ def _check_inputs(example_inputs, mg: ModelGraph) -> tuple:
 
 def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
           p2p_mode: str = "eager", lookahead: int = 2, rendezvous: bool = False,
-          graph_path: str | None = None, cluster_path: str | None = None) -> RankSetup:
+          graph_path: str | None = None, cluster_path: str | None = None,
+          tracing: dict | None = None) -> RankSetup:
     """Build this rank's setup from a model; InvalidInputError (exit 2) on any mismatch or deadlock.
 
     The posting order is proved deadlock-free with rendezvous sends (``check_rendezvous``) in the
-    ``batched`` mode and whenever ``rendezvous`` is set (NCCL)."""
+    ``batched`` mode and whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
+    :func:`runtime.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
     plan = load_plan_any(plan)
     if plan.world_size != world:
         raise InvalidPlanError(
             f"the plan uses {plan.world_size} devices but {world} ranks were started "
             f"(torchrun --nproc-per-node {plan.world_size})")
-    mg = trace(model)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    mg = trace(model, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else None,
+               **(tracing or {}))
     per_chunk(mg.gm, mg.ids)
     example_inputs = _check_inputs(example_inputs, mg)
     assign = assign_nodes(mg, plan)

@@ -62,6 +62,7 @@ from runtime import checkpoint, metrics
 from runtime.p2p import CommTimeout
 from runtime.pipeline import GraphPipeline
 from runtime.stage_setup import build, prepare
+from runtime.tracing import workload_hooks
 from runtime.verify import compare, make_optimizer, reference_params
 
 logger = logging.getLogger("runtime.train")
@@ -130,6 +131,7 @@ class _Workload:
     def __init__(self, wl, dtype, mini_batch: int) -> None:
         self.model = wl.model.to(dtype) if dtype is not None else wl.model
         self._wl, self._dtype, self._b = wl, dtype, mini_batch
+        self.raw = wl
         self.reduction = getattr(wl, "loss_reduction", "sum")
         if self.reduction not in ("sum", "mean"):
             raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         if bool(args.graph) != bool(args.cluster):
             raise InvalidInputError("--graph and --cluster go together")
         setup = build(plan, wl.model, example, rank, world, p2p_mode=p2p, rendezvous=use_cuda,
-                      graph_path=args.graph, cluster_path=args.cluster)
+                      graph_path=args.graph, cluster_path=args.cluster, tracing=workload_hooks(wl.raw))
     except InvalidInputError as exc:
         _fatal(rank, str(exc))
         return 2
@@ -289,7 +291,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
                         setup.plan.mini_batch_size)
         want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
                                 lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
-                                device, args.seed)
+                                device, args.seed, tracing=workload_hooks(ref.raw))
         bad = compare(all_params, want, args.rtol, args.atol)
         if bad:
             print(f"verify: FAILED, {len(bad)} parameters differ from one-process training "

@@ -37,14 +37,16 @@ def chunk_rows(plan: Plan) -> dict[str, int]:
 
 
 def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps: int,
-                     make_opt, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+                     make_opt, device: torch.device, seed: int = 0,
+                     tracing: dict | None = None) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` steps of plain single-process training of ``model``.
 
     ``sample(B, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
     ``make_opt(params)`` the optimizer.
     """
     model = model.to(device)
-    mg = trace(model)
+    first, _ = sample(plan.mini_batch_size, 0)
+    mg = trace(model, tuple(x.to(device) for x in first), **(tracing or {}))
     per_chunk(mg.gm, mg.ids)
     gm = mg.gm.to(device)
     gm.train()

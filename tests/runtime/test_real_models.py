@@ -1,0 +1,122 @@
+"""Models the project did not write, end to end: profile -> ``gpp plan`` with a memory limit that
+forces >= 2 stages -> torchrun (gloo, CPU) with ``--verify`` against one process.
+
+Models (``examples/real_models.py``): torchvision googlenet and resnet18 (in-place ReLUs, ``+=``,
+frozen BatchNorm, 32x32, float64), HuggingFace BERT from a tiny random config (its blocks as leaf
+modules), a two-tower model fused by a raw ``nn.MultiheadAttention`` (a tuple output).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime.fx_graph import load_workload
+from runtime.profile import profile
+from runtime.third_party import import_torchvision, import_transformers
+from runtime_plans import REPO, torchrun
+
+try:
+    import_torchvision()
+    import_transformers()
+except ImportError as exc:  # CI installs both (.ci/run); say how where they are missing
+    pytest.skip(f"{exc}: pip install torchvision==0.28.0 transformers (see .ci/run)",
+                allow_module_level=True)
+
+MODELS = "examples.real_models"
+
+
+def _profile(tmp_path, fn: str, sizes=(2, 4)) -> dict:
+    wl = load_workload(f"{MODELS}:{fn}")
+    doc = profile(wl, list(sizes), warmup=0, repeats=1, name=fn)
+    (tmp_path / "graph.json").write_text(json.dumps(doc))
+    return doc
+
+
+def _plan(tmp_path, doc: dict, batch: int, devices: int, fraction: float, sizes="2,4",
+          planner: str = "gpp") -> dict:
+    """``gpp plan`` on a cluster whose memory is ``fraction`` of what one stage would need."""
+    need = (sum(n["weight_bytes"] for n in doc["nodes"]) * 4.0
+            + sum(n["activation_bytes"] for n in doc["nodes"]) * batch)
+    cluster = {"format": "gpp-cluster/1", "devices": devices, "memory_bytes": int(need * fraction),
+               "intra_node_bandwidth": 1e9, "inter_node_bandwidth": 1e9, "latency": 1e-5,
+               "optimizer_state_factor": 4.0}
+    (tmp_path / "cluster.json").write_text(json.dumps(cluster))
+    out = tmp_path / "plan.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "graph.json"), "--cluster",
+         str(tmp_path / "cluster.json"), "--batch", str(batch), "--planner", planner,
+         "--micro-batch-sizes", sizes, "--time-limit", "20", "--quiet", "-o", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    plan = json.loads(out.read_text())
+    assert len(plan["stages"]) >= 2, "the memory limit should force a pipeline"
+    return plan
+
+
+def _train_verify(tmp_path, fn: str, plan: dict, steps: int = 2) -> None:
+    world = len({d for s in plan["stages"] for d in s["devices"]})
+    res = torchrun(world, ["--plan", str(tmp_path / "plan.json"), "--model", f"{MODELS}:{fn}",
+                           "--steps", str(steps), "--verify"], timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "verify: OK" in res.stdout + res.stderr
+
+
+def test_two_tower_with_multihead_attention(tmp_path):
+    doc = _profile(tmp_path, "two_tower")
+    by = {n["id"]: n for n in doc["nodes"]}
+    # the attention's tuple and the getitems that unpack it are one graph node
+    assert by["fuse"]["fx_nodes"] == ["fuse", "getitem", "getitem_1"]
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
+    _train_verify(tmp_path, "two_tower", plan)
+
+
+def test_resnet18_as_shipped(tmp_path):
+    doc = _profile(tmp_path, "resnet18")
+    assert any(n["id"].startswith("add") for n in doc["nodes"])  # the residual `out += identity`
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
+    _train_verify(tmp_path, "resnet18", plan)
+
+
+def test_bert_tiny_with_leaf_blocks(tmp_path):
+    doc = _profile(tmp_path, "bert_tiny")
+    ids = [n["id"] for n in doc["nodes"]]
+    assert "encoder.embeddings" in ids and "encoder.encoder.layer.1" in ids
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
+    _train_verify(tmp_path, "bert_tiny", plan)
+
+
+def test_googlenet_inception_blocks(tmp_path):
+    """The smallest run: one micro-batch size, one step (the heaviest model of the default suite)."""
+    doc = _profile(tmp_path, "googlenet", sizes=(2,))
+    assert len(doc["nodes"]) > 150 and any(n["id"].startswith("cat") for n in doc["nodes"])
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7, sizes="2")
+    _train_verify(tmp_path, "googlenet", plan, steps=1)
+
+
+@pytest.mark.slow
+def test_googlenet_on_three_devices(tmp_path):
+    doc = _profile(tmp_path, "googlenet")
+    plan = _plan(tmp_path, doc, batch=4, devices=3, fraction=0.45)
+    _train_verify(tmp_path, "googlenet", plan)
+
+
+@pytest.mark.slow
+def test_gpt2_tiny_through_torch_export(tmp_path):
+    doc = _profile(tmp_path, "gpt2_tiny")
+    assert any(n["id"] == "scaled_dot_product_attention" for n in doc["nodes"])  # ATen graph
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
+    _train_verify(tmp_path, "gpt2_tiny", plan)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason="dropout: the runtime does not yet draw the one-process "
+                   "reference's masks per micro-batch (issue 18 item 5, runtime side)")
+def test_two_tower_with_dropout(tmp_path):
+    doc = _profile(tmp_path, "two_tower_dropout")
+    # two micro-batches: one process draws each mask for 4 samples at once, the pipeline per 2
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7, sizes="2")
+    _train_verify(tmp_path, "two_tower_dropout", plan)
