@@ -23,9 +23,9 @@ from runtime.plan_io import Plan
 
 
 def structure_graph(mg: ModelGraph, plan: Plan) -> dict:
-    """A gpp-graph/1 of the traced model's nodes and edges with zero costs."""
-    nodes = [{"id": mg.ids[n], "fw_time": [0.0], "bw_time": [0.0], "weight_bytes": 0,
-              "activation_bytes": 0, "output_bytes": 0} for n in mg.nodes]
+    """A gpp-graph/1 of the traced model's graph nodes (``mg.groups``) and edges with zero costs."""
+    nodes = [{"id": gid, "fw_time": [0.0], "bw_time": [0.0], "weight_bytes": 0,
+              "activation_bytes": 0, "output_bytes": 0} for gid, _ in mg.groups]
     edges = [{"src": a, "dst": b} for a, b in mg.edges()]
     return {"format": "gpp-graph/1", "name": "traced model", "micro_batch_sizes": [1],
             "nodes": nodes, "edges": edges}
