@@ -3,6 +3,10 @@
 Every planner takes ``progress``: ``False`` never shows a bar; ``True`` or ``None`` shows one on
 stderr when stderr is a terminal and tqdm is installed (the ``viz`` extra), after ``delay`` seconds
 so short searches stay silent.  The bar goes to stderr, so ``gpp plan ... > plan.json`` stays clean.
+
+:func:`note` reports a step of a long search (a seed planner starting or done, CP-SAT running) on
+the ``gpp_solver.progress`` logger at INFO when ``progress`` is on (DEBUG otherwise); the ``gpp``
+command shows that logger's records on stderr unless ``--quiet``.
 """
 
 from __future__ import annotations
@@ -12,6 +16,24 @@ import sys
 from typing import Any
 
 logger = logging.getLogger(__name__)
+PROGRESS_LOGGER = logging.getLogger("gpp_solver.progress")
+
+
+def show_progress_on_stderr(quiet: bool = False) -> None:
+    """For the command line: show :func:`note`'s lines on stderr (once), unless ``quiet``."""
+    if quiet or PROGRESS_LOGGER.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    PROGRESS_LOGGER.addHandler(handler)
+    PROGRESS_LOGGER.setLevel(logging.INFO)
+    PROGRESS_LOGGER.propagate = False
+
+
+def note(enabled: bool | None, message: str, *args: object) -> None:
+    """One progress line (``logging`` style arguments) on ``gpp_solver.progress``: INFO when
+    ``enabled``, DEBUG otherwise."""
+    PROGRESS_LOGGER.log(logging.INFO if enabled else logging.DEBUG, message, *args)
 
 
 class ProgressBar:
