@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check a graph, and a plan against it")
     v.add_argument("graph", help="gpp-graph/1 JSON to check")
-    v.add_argument("--cluster", help="cluster to check (and to check the plan on): " + CLUSTER_HELP)
-    v.add_argument("--plan", help="plan JSON to check against the graph (needs --cluster)")
+    v.add_argument("--cluster", help="cluster to check, and the plan on it (default: none, the graph alone): " + CLUSTER_HELP)
+    v.add_argument("--plan", help="plan JSON to check against the graph (needs --cluster; default: none)")
 
     cl = sub.add_parser("cluster", help="write a gpp-cluster/1 JSON from a machine shorthand or human units",
                         description="Write a cluster. Machines: " + "; ".join(
@@ -122,14 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("machine", nargs="?", default=None,
                     help="start from a machine: NAME:N or NAME:NODESxPER_NODE (default: none; then --devices, "
                          "--memory and --inter are required); the options below override its figures")
-    cl.add_argument("--devices", type=_positive_int, default=None, help="number of devices")
+    cl.add_argument("--devices", type=_positive_int, default=None, help="number of devices (default: the machine's)")
     cl.add_argument("--per-node", type=_positive_int, default=None,
                     help="devices per node (default: the machine's; without a machine a flat network)")
-    cl.add_argument("--memory", default=None, help="usable memory per device, e.g. 80GiB")
+    cl.add_argument("--memory", default=None, help="usable memory per device, e.g. 80GiB (default: the machine's)")
     cl.add_argument("--intra", default=None, help="bandwidth between two devices of a node, one direction, e.g. "
                     "450GB/s (default: the machine's; without a machine the --inter figure)")
     cl.add_argument("--inter", default=None, help="bandwidth per device between nodes, one direction, e.g. "
-                    "200Gb/s or 25GB/s")
+                    "200Gb/s or 25GB/s (default: the machine's)")
     cl.add_argument("--latency", default=None, help="seconds per message, e.g. 10us (default: the machine's "
                     "10us; without a machine 0)")
     cl.add_argument("--optimizer-state-factor", type=_positive_float, default=None,
@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     sh = sub.add_parser("show", help="draw the stage graph and the schedule (Gantt) to a PNG, PDF or SVG")
     sh.add_argument("plan", help="plan JSON to draw")
     sh.add_argument("--graph", required=True, help="the plan's gpp-graph/1 JSON")
-    sh.add_argument("--cluster", default=None, help="needed for the Gantt chart (without it only the stage "
-                    "graph is drawn): " + CLUSTER_HELP)
+    sh.add_argument("--cluster", default=None, help="needed for the Gantt chart (default: none, then only the "
+                    "stage graph is drawn): " + CLUSTER_HELP)
     sh.add_argument("-o", "--output", required=True,
                     help="picture to write; its extension picks the format: .png, .pdf or .svg")
     return p

@@ -1,4 +1,4 @@
-"""Progress display for long searches: a tqdm bar on a terminal, nothing when piped or quiet.
+"""Progress of long searches: a tqdm bar on a terminal, and one-line notes of the search's steps.
 
 Every planner takes ``progress``: ``False`` never shows a bar; ``True`` or ``None`` shows one on
 stderr when stderr is a terminal and tqdm is installed (the ``viz`` extra), after ``delay`` seconds
@@ -19,13 +19,21 @@ logger = logging.getLogger(__name__)
 PROGRESS_LOGGER = logging.getLogger("gpp_solver.progress")
 
 
+class _StderrHandler(logging.Handler):
+    """Writes each record's message to the ``sys.stderr`` of the moment (it may be replaced later)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(record.getMessage(), file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 — logging's own convention
+            self.handleError(record)
+
+
 def show_progress_on_stderr(quiet: bool = False) -> None:
     """For the command line: show :func:`note`'s lines on stderr (once), unless ``quiet``."""
-    if quiet or PROGRESS_LOGGER.handlers:
+    if quiet or any(isinstance(h, _StderrHandler) for h in PROGRESS_LOGGER.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    PROGRESS_LOGGER.addHandler(handler)
+    PROGRESS_LOGGER.addHandler(_StderrHandler())
     PROGRESS_LOGGER.setLevel(logging.INFO)
     PROGRESS_LOGGER.propagate = False
 
