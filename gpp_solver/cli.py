@@ -19,7 +19,7 @@ from gpp_solver.formats.machines import MACHINES
 from gpp_solver.formats.plan_json import load_plan, save_plan
 from gpp_solver.formats.sniff import load_expecting
 from gpp_solver.formats.summary import describe_cluster, describe_plan, time_limit_note
-from gpp_solver.formats.units import plural
+from gpp_solver.formats.units import format_bytes, plural
 from gpp_solver._backend.progress import show_progress_on_stderr
 from gpp_solver.types import Cluster, Graph
 
@@ -316,10 +316,10 @@ def _run(args: argparse.Namespace) -> int:
         validate(plan, g, c, check_predictions=False)
         sim = simulate(plan, g, c)
         print(f"iteration {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s, "
-              f"peak memory {sim.peak_memory_bytes / 2**30:.3f} GiB\n  cluster: {describe_cluster(c)}")
+              f"peak memory {format_bytes(sim.peak_memory_bytes)} per device\n  cluster: {describe_cluster(c)}")
         for st in sim.stages:
             print(f"  stage {st.stage}: busy {st.busy:.6g} s, idle {st.idle_fraction:.1%}, "
-                  f"peak in-flight {plural(st.peak_in_flight_samples, 'sample')}, memory {st.memory_bytes / 2**30:.3f} GiB")
+                  f"peak in-flight {plural(st.peak_in_flight_samples, 'sample')}, memory {format_bytes(st.memory_bytes)}")
         if args.grid or args.trace:
             from gpp_solver.plan import trace as trace_mod
 

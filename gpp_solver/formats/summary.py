@@ -40,7 +40,7 @@ def describe_plan(plan: Plan) -> str:
     return (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, depth {plan.depth}, "
             f"{plural(plan.devices_used, 'device')}, TPS {p.time_per_sample:.6g} s, iteration "
             f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
-            f"{p.peak_memory_bytes / 2**30:.3f} GiB, status {status_text(plan)}, search {plan.search.seconds:.3f} s")
+            f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s")
 
 
 def time_limit_note(planners: Sequence[str], time_limit: float | None, default: float) -> str:
