@@ -89,7 +89,9 @@ def test_readme_figures_hold():
 def test_machine_table_is_the_code():
     from gpp_solver.formats.machines import MACHINES
 
-    lines = [line for line in README.read_text().splitlines() if re.match(r"\| `[a-z0-9-]+` \|", line)]
+    text = README.read_text()
+    start = text.index("| NAME | device | per node |")
+    lines = [line for line in text[start:].split("\n\n")[0].splitlines() if re.match(r"\| `[a-z0-9-]+` \|", line)]
     table = {}
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
