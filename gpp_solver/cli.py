@@ -140,8 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("graph", help="gpp-graph/1 JSON to plan (from `gpp model`, `gpp import` or "
                                       "`python -m runtime.profile`)")
         sp.add_argument("--cluster", required=True, help=CLUSTER_HELP)
-        sp.add_argument("--batch", type=_positive_int, required=True, help="mini-batch size B (samples)")
-        sp.add_argument("--time-limit", type=_positive_float, default=None,
+        sp.add_argument("--batch", type=_positive_int, required=True, metavar="B", help="mini-batch size B (samples)")
+        sp.add_argument("--time-limit", type=_positive_float, default=None, metavar="SECONDS",
                         help=f"seconds for each planner's search (default: {DEFAULT_TIME_LIMIT:g} s for gpp, seed "
                              "planners and CP-SAT included; no limit for the other planners). A search that "
                              "reaches it returns its best plan so far with status time-limit")
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tighten the micro-batch orders with CP-SAT (default: gpp does when the plan has at most "
                          f"{TIGHTEN_MAX_ACTIONS:,} forward/backward actions and time is left; the other planners do not)")
     pl.add_argument("--no-tighten", dest="tighten", action="store_false", help="never run CP-SAT tightening")
-    pl.add_argument("--micro-batch-sizes", default=None,
+    pl.add_argument("--micro-batch-sizes", default=None, metavar="B1,B2,...",
                     help="comma-separated candidate micro-batch sizes (default: powers of two dividing B)")
     pl.add_argument("--per-stage-micro-batch", action="store_true",
                     help="graphpipe: let every stage choose its own micro-batch size (GraphPipe §6; default: one size)")
