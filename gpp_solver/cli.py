@@ -236,10 +236,9 @@ def _run(args: argparse.Namespace) -> int:
             validate(plan, g, c)
             print(f"plan {args.plan} is valid for graph {g.name!r}: " + _summary(plan, c))
         else:
-            if args.cluster:
-                cluster_from_spec(args.cluster)
+            c = cluster_from_spec(args.cluster) if args.cluster else None
             print(f"graph {g.name!r} is valid: {plural(len(g.nodes), 'node')}, {plural(len(g.edges), 'edge')}, micro-batch sizes "
-                  f"{list(g.micro_batch_sizes)}" + (f"; cluster {args.cluster} is valid" if args.cluster else ""))
+                  f"{list(g.micro_batch_sizes)}" + (f"; cluster {args.cluster} is valid: {describe_cluster(c)}" if c else ""))
         return 0
     if args.command == "cluster":
         return _write_cluster(args)

@@ -295,6 +295,13 @@ def test_cluster_bad_input_exit_2(capsys, argv, needle):
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_validate_describes_the_cluster(files, capsys):
+    g, _, _ = files
+    rc, out, _ = run(["validate", str(g), "--cluster", "a100-80g:4x8"], capsys)
+    assert rc == 0 and ("cluster a100-80g:4x8 is valid: 32 devices in 4 nodes of 8, 80 GiB each, 300 GB/s inside a "
+                        "node, 25 GB/s between nodes") in out
+
+
 def test_plan_with_unknown_machine_exit_2(files, capsys):
     g, _, _ = files
     rc, _, err = run(["plan", str(g), "--cluster", "b200:8", "--batch", "8"], capsys)
