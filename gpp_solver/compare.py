@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from gpp_solver._backend.progress import note
 from gpp_solver.errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.plan.simulate import simulate
@@ -46,20 +47,23 @@ def row_from_plan(plan: Plan, graph: Graph, cluster: Cluster, seconds: float, na
 
 
 def compare(graph: Graph, cluster: Cluster, mini_batch_size: int, planners: Sequence[str] | None = None, *,
-            time_limit: float | None = None, **options: Any) -> tuple[list[CompareRow], dict[str, Plan]]:
+            time_limit: float | None = None, progress: bool = False,
+            **options: Any) -> tuple[list[CompareRow], dict[str, Plan]]:
     """One row per planner (search seconds, status, TPS, simulated iteration time, throughput, memory, shape).
 
     A planner that finds no plan or refuses the instance gives a row with that status and no figures;
-    every returned plan is validated.
+    every returned plan is validated.  ``progress`` is passed on to every planner, and each
+    planner's start and outcome are reported (:func:`gpp_solver._backend.progress.note`).
     """
     names = list(planners) if planners else [p for p in DEFAULT_PLANNERS if p in REGISTRY]
     rows: list[CompareRow] = []
     plans: dict[str, Plan] = {}
-    for name in names:
+    for k, name in enumerate(names, 1):
         fn = get_planner(name)
+        note(progress, "compare: running %s (%d of %d)", name, k, len(names))
         t0 = time.perf_counter()
         try:
-            plan = fn(graph, cluster, mini_batch_size, time_limit=time_limit, **options)
+            plan = fn(graph, cluster, mini_batch_size, time_limit=time_limit, progress=progress, **options)
         except InfeasibleError as exc:
             rows.append(CompareRow(name, Status.INFEASIBLE, time.perf_counter() - t0, note=str(exc)))
             continue
@@ -76,6 +80,7 @@ def compare(graph: Graph, cluster: Cluster, mini_batch_size: int, planners: Sequ
         validate(plan, graph, cluster)
         plans[name] = plan
         rows.append(row_from_plan(plan, graph, cluster, seconds, name))
+        note(progress, "compare: %s: %s in %.2f s", name, rows[-1].status, seconds)
     return rows, plans
 
 

@@ -5,7 +5,8 @@
 * :func:`draw_gantt` — the schedule the simulator runs (``simulate.simulate``): one row per stage,
   forwards and backwards as bars coloured by kind, the micro-batch index written inside a bar when
   it is wide enough, each stage's all-reduce tail hatched (GraphPipe Fig. 8 style);
-* :func:`draw_plan` — both in one PNG (the Gantt only when a cluster is given); ``gpp show`` calls it;
+* :func:`draw_plan` — both in one PNG, PDF or SVG (the Gantt only when a cluster is given); ``gpp show``
+  calls it;
 * :func:`draw_metric_vs_devices` — one comparison metric per planner against the device count
   (grouped bars, GraphPipe Fig. 6 style, or lines on a log scale for search times).
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import GppError, InvalidInputError
+from gpp_solver.formats.units import plural
 from gpp_solver.plan.simulate import SimResult, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,7 +77,7 @@ def stage_label(plan: "Plan", graph: "Graph | None", stage_id: int) -> str:
     nodes = list(st.nodes)
     if graph is not None:
         nodes.sort(key=lambda v: graph.index.get(v, 0))
-    head = f"S{st.id} · {len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+    head = f"S{st.id} · {plural(len(nodes), 'node')}"
     span = _short(nodes[0]) if len(nodes) == 1 else f"{_short(nodes[0])} …\n{_short(nodes[-1])}"
     extra = f" t={st.tensor_parallel}" if st.tensor_parallel != 1 else ""
     return f"{head}\n{span}\n{_device_text(st.devices)} · b={st.micro_batch_size}{extra}"
@@ -154,8 +156,8 @@ def draw_stage_graph(plan: "Plan", graph: "Graph | None", ax: "Axes", *, title: 
     ax.set_ylim(-nrows / 2.0 - 0.1, nrows / 2.0 + 0.1)
     ax.set_axis_off()
     if title is None:
-        title = (f"{plan.planner}: {len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''}, "
-                 f"depth {plan.depth}, {plan.devices_used} devices, B={plan.mini_batch_size}")
+        title = (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, "
+                 f"depth {plan.depth}, {plural(plan.devices_used, 'device')}, B={plan.mini_batch_size}")
     ax.set_title(title, fontsize=fs + 2)
     return pos
 
@@ -231,7 +233,7 @@ def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, 
               loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=fontsize + 1, frameon=False)
     if title is None:
         title = (f"{plan.planner}: iteration {T * scale:.4g} {unit}, throughput {sim.throughput:.4g} samples/s, "
-                 f"{len(ids)} stages, depth {plan.depth}")
+                 f"{plural(len(ids), 'stage')}, depth {plan.depth}")
     ax.set_title(title, fontsize=fontsize + 2)
     return sim
 
@@ -257,11 +259,19 @@ def plan_figure(plan: "Plan", graph: "Graph", cluster: "Cluster | None", *, dpi:
     return fig
 
 
+PICTURE_FORMATS = ("png", "pdf", "svg")
+
+
 def draw_plan(plan: "Plan", graph: "Graph", cluster: "Cluster | None", path: str | Path, *, dpi: int = 120) -> Path:
-    """Write a PNG of the stage graph and, when ``cluster`` is given, the schedule's Gantt chart."""
+    """Write the stage graph and, when ``cluster`` is given, the schedule's Gantt chart to ``path``,
+    in the format its extension names (``.png``, ``.pdf`` or ``.svg``; another one is refused)."""
     path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in PICTURE_FORMATS:
+        raise InvalidInputError(f"{path}: cannot tell the picture format from the extension {path.suffix or '(none)'!r}; "
+                                f"use one of: {', '.join('.' + f for f in PICTURE_FORMATS)}")
     fig = plan_figure(plan, graph, cluster, dpi=dpi)
-    fig.savefig(path, format="png")
+    fig.savefig(path, format=fmt)
     logger.info("wrote %s (%d stages)", path, len(plan.stages))
     return path
 

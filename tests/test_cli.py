@@ -122,3 +122,187 @@ def test_solve_options_value(diamond, cluster_dict):
     assert a.stages == b.stages
     with pytest.raises(gs.InvalidInputError, match="mini_batch_size must be a positive integer"):
         gs.solve(g, c, mini_batch_size=0)
+
+
+# --- the first hour of a new user (issue 17): defaults, time limit, progress, wording, formats ---
+
+def _subparsers(parser):
+    import argparse
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices
+
+
+def test_help_states_every_default_and_describes_every_argument():
+    from gpp_solver.cli import build_parser
+    from gpp_solver.planners.gpp.planner import DEFAULT_TIME_LIMIT
+
+    parser = build_parser()
+    for name, sp in _subparsers(parser).items():
+        for a in sp._actions:
+            if a.dest == "help":
+                continue
+            label = f"gpp {name} {'/'.join(a.option_strings) or a.dest}"
+            assert a.help, f"{label} has no help text"
+            if a.option_strings and a.nargs != 0 and not a.required:
+                assert "default" in a.help, f"{label} does not state its default: {a.help!r}"
+    plan_help = _subparsers(parser)["plan"].format_help()
+    assert f"default: {DEFAULT_TIME_LIMIT:g} s for gpp" in " ".join(plan_help.split())
+    compare_help = " ".join(_subparsers(parser)["compare"].format_help().split())
+    from gpp_solver.planners.registry import REGISTRY
+    assert all(n in compare_help for n in REGISTRY) and "milp is exact" in compare_help
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"gpp {version('gpp_solver')}"
+
+
+def test_time_limit_is_reported_with_the_hint(capsys, tmp_path):
+    g = tmp_path / "m.json"
+    assert run(["model", "mmt", "--branches", "2", "--layers", "1", "-o", str(g)], capsys)[0] == 0
+    rc, out, err = run(["plan", str(g), "--cluster", "v100:4", "--batch", "16", "--time-limit", "0.01",
+                        "--quiet", "-o", str(tmp_path / "p.json")], capsys)
+    assert rc == 0 and "status time-limit" in out
+    assert "stopped at the time limit of 0.01 s" in err and "raise it with --time-limit" in err
+    assert gs.load_plan(tmp_path / "p.json").search.status == "time-limit"
+
+
+def test_plan_summary_shows_the_cluster_and_progress(capsys, tmp_path):
+    g = tmp_path / "m.json"
+    run(["model", "mmt", "--branches", "2", "--layers", "1", "-o", str(g)], capsys)
+    rc, out, err = run(["plan", str(g), "--cluster", "h100:2x8", "--batch", "16", "-o", str(tmp_path / "p.json")],
+                       capsys)
+    assert rc == 0
+    assert ("cluster: 16 devices in 2 nodes of 8, 80 GiB each, 450 GB/s inside a node, 50 GB/s between nodes, "
+            "latency 10 µs") in out
+    for line in ("gpp: seed planner graphpipe running", "gpp: seed planner pipedream:", "gpp: local search",
+                 "gpp: CP-SAT tightening"):
+        assert line in err, err
+
+
+def test_compare_names_each_planner_unless_quiet(files, capsys):
+    g, c, _ = files
+    argv = ["compare", str(g), "--cluster", str(c), "--batch", "8", "--planners", "graphpipe,pipedream"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0 and "| graphpipe |" in out and "cluster: 4 devices in 2 nodes of 2" in out
+    assert "compare: running graphpipe (1 of 2)" in err and "compare: running pipedream (2 of 2)" in err
+    rc, out, err = run(argv + ["--quiet"], capsys)
+    assert rc == 0 and "| pipedream |" in out and err == ""
+
+
+def test_one_stage_is_singular(capsys, tmp_path, diamond, cluster_dict):
+    graph = gs.graph_from_dict(diamond)
+    cl = gs.cluster_from_dict(cluster_dict)
+    plan = gs.build_plan(graph, cl, [StageSpec(("a", "b", "c", "d"), (0,), 2)], 8, planner="manual",
+                         search=gs.SearchInfo(0.0, "feasible"))
+    (tmp_path / "g.json").write_text(json.dumps(diamond))
+    (tmp_path / "c.json").write_text(json.dumps(cluster_dict))
+    gs.save_plan(plan, tmp_path / "p.json")
+    rc, out, _ = run(["validate", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.json"), "--plan",
+                      str(tmp_path / "p.json")], capsys)
+    assert rc == 0 and "manual: 1 stage, depth 1, 1 device," in out and "1 stages" not in out
+
+
+def test_simulate_grid_has_legends(files, capsys):
+    g, c, p = files
+    rc, out, _ = run(["simulate", str(p), "--graph", str(g), "--cluster", str(c), "--grid"], capsys)
+    assert rc == 0 and "legend: Fj / Bj = forward / backward" in out and "legend: F forward, B backward" in out
+
+
+def test_show_format_from_extension(files, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    g, c, p = files
+    magic = {"png": b"\x89PNG", "pdf": b"%PDF", "svg": b"<?xml"}
+    for ext, head in magic.items():
+        out_path = tmp_path / f"plan.{ext}"
+        rc, out, err = run(["show", str(p), "--graph", str(g), "--cluster", str(c), "-o", str(out_path)], capsys)
+        assert rc == 0 and out_path.read_bytes().startswith(head), ext
+        assert "the stage graph and the Gantt chart" in out and err == ""
+    rc, _, err = run(["show", str(p), "--graph", str(g), "--cluster", str(c), "-o", str(tmp_path / "plan.jpg")], capsys)
+    assert rc == 2 and "extension '.jpg'" in err and ".png, .pdf, .svg" in err
+    assert not (tmp_path / "plan.jpg").exists()
+    rc, out, err = run(["show", str(p), "--graph", str(g), "-o", str(tmp_path / "nocluster.png")], capsys)
+    assert rc == 0 and "drawing the stage graph only" in err and "Gantt" not in out
+
+
+def test_plan_on_a_profile_names_the_import_command(files, capsys, tmp_path):
+    _, c, p = files
+    pd = tmp_path / "graph.txt"
+    pd.write_text("node1 -- Input0 -- forward_compute_time=0.000, backward_compute_time=0.000, "
+                  "activation_size=100.0, parameter_size=0.000\n")
+    rc, _, err = run(["plan", str(pd), "--cluster", str(c), "--batch", "8"], capsys)
+    assert rc == 2 and f"gpp import pipedream {pd} --batch-size N" in err and len(err.strip().splitlines()) == 1
+    piper = tmp_path / "piper.json"
+    piper.write_text(json.dumps({"maxDevices": 4, "mbsInBatch": 8, "nodes": [{"id": 0, "TMPCs": {}}], "edges": []}))
+    rc, _, err = run(["compare", str(piper), "--cluster", str(c), "--batch", "8"], capsys)
+    assert rc == 2 and f"gpp import piper {piper}" in err
+    rc, _, err = run(["simulate", str(p), "--graph", str(p), "--cluster", str(c)], capsys)
+    assert rc == 2 and "this is a gpp-plan/1 document, not a gpp-graph/1 one" in err
+    rc, _, err = run(["simulate", str(p), "--graph", str(tmp_path / "graph.txt"), "--cluster", str(p)], capsys)
+    assert rc == 2 and "gpp import pipedream" in err
+
+
+@pytest.mark.parametrize("spec, devices, per_node, memory_gib, intra, inter", [
+    ("v100:8", 8, 4, 16, 50e9, 12.5e9),
+    ("a100-40g:8", 8, 8, 40, 300e9, 25e9),
+    ("a100-80g:4x8", 32, 8, 80, 300e9, 25e9),
+    ("h100:2x8", 16, 8, 80, 450e9, 50e9),
+    ("h100:12", 12, 8, 80, 450e9, 50e9),
+])
+def test_machine_shorthands(capsys, tmp_path, spec, devices, per_node, memory_gib, intra, inter):
+    out_path = tmp_path / "c.json"
+    rc, out, _ = run(["cluster", spec, "-o", str(out_path)], capsys)
+    assert rc == 0 and out.startswith(f"wrote {out_path}: {devices} devices")
+    c = gs.load_cluster(out_path)
+    assert (c.devices, c.devices_per_node, c.memory_bytes, c.intra_node_bandwidth, c.inter_node_bandwidth,
+            c.latency) == (devices, per_node, memory_gib * 2**30, intra, inter, 1e-5)
+    assert c == gs.v100_cluster(8) if spec == "v100:8" else True
+
+
+def test_cluster_from_human_units(capsys, tmp_path):
+    out_path = tmp_path / "c.json"
+    rc, out, _ = run(["cluster", "--devices", "16", "--per-node", "8", "--memory", "80GiB", "--intra", "900GB/s",
+                      "--inter", "200Gb/s", "--latency", "5us", "-o", str(out_path)], capsys)
+    assert rc == 0
+    d = json.loads(out_path.read_text())
+    assert d == {"format": "gpp-cluster/1", "devices": 16, "memory_bytes": 80 * 2**30, "devices_per_node": 8,
+                 "intra_node_bandwidth": 900e9, "inter_node_bandwidth": 25e9, "latency": 5e-6,
+                 "optimizer_state_factor": 4.0}
+    assert "16 devices in 2 nodes of 8, 80 GiB each, 900 GB/s inside a node, 25 GB/s between nodes" in out
+    rc, out, _ = run(["cluster", "h100:1x8", "--memory", "70GiB", "--latency", "0.002"], capsys)
+    d = json.loads(out)
+    assert rc == 0 and d["memory_bytes"] == 70 * 2**30 and d["latency"] == 0.002 and d["intra_node_bandwidth"] == 450e9
+    rc, out, _ = run(["cluster", "--devices", "4", "--memory", "16GB", "--inter", "10GB/s"], capsys)
+    assert rc == 0 and "devices_per_node" not in json.loads(out)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--devices", "8", "--memory", "80GiBs", "--inter", "1GB/s"], "--memory: unknown unit 'GiBs' in '80GiBs'"),
+    (["--devices", "8", "--memory", "80GiB", "--inter", "9 furlongs"], "--inter: unknown unit 'furlongs'"),
+    (["--devices", "8", "--memory", "80GiB", "--inter", "fast"], "--inter: expected a number with a unit"),
+    (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--latency", "3 days"], "--latency: unknown unit"),
+    (["--devices", "8", "--memory", "80GiB"], "give --inter"),
+    (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--intra", "9GB/s"], "--intra needs --per-node"),
+    (["tpu:8"], "unknown machine 'tpu'; known: v100, a100-40g, a100-80g, h100"),
+    (["h100:0x8"], "must be at least 1"),
+])
+def test_cluster_bad_input_exit_2(capsys, argv, needle):
+    rc, _, err = run(["cluster", *argv], capsys)
+    assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_validate_describes_the_cluster(files, capsys):
+    g, _, _ = files
+    rc, out, _ = run(["validate", str(g), "--cluster", "a100-80g:4x8"], capsys)
+    assert rc == 0 and ("cluster a100-80g:4x8 is valid: 32 devices in 4 nodes of 8, 80 GiB each, 300 GB/s inside a "
+                        "node, 25 GB/s between nodes") in out
+
+
+def test_plan_with_unknown_machine_exit_2(files, capsys):
+    g, _, _ = files
+    rc, _, err = run(["plan", str(g), "--cluster", "b200:8", "--batch", "8"], capsys)
+    assert rc == 2 and "unknown machine 'b200'" in err

@@ -35,7 +35,12 @@ def test_cli_quiet_when_piped(tmp_path):
     from gpp_solver.formats.graph import save_graph
 
     save_graph(build_model("mmt", branches=2, layers=1), tmp_path / "g.json")
-    r = subprocess.run([sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster", "v100:4",
-                        "--batch", "32", "--planner", "graphpipe", "--tighten"], capture_output=True, text=True)
+    argv = [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster", "v100:4",
+            "--batch", "32", "--planner", "graphpipe", "--tighten"]
+    r = subprocess.run(argv + ["--quiet"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == ""
     assert json.loads(r.stdout)["search"]["cp_tighten"]["status"]
+    # without --quiet: the plan alone on stdout; on stderr progress lines and the summary, no bar (not a terminal)
+    r = subprocess.run(argv, capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["planner"] == "graphpipe"
+    assert "\r" not in r.stderr and "graphpipe: 4 stages" in r.stderr and "cluster: 4 devices" in r.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -28,7 +29,9 @@ def test_quickstart_main_job(tmp_path):
     job = cmd[len("pip install -e . && "):].replace("gpp ", f"{sys.executable} -m gpp_solver ")
     r = subprocess.run(job, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "plan.json").exists() and "stages" in r.stdout
+    # everything goes into out/, nothing into the working directory itself
+    assert (tmp_path / "out" / "plan.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert "stages" in r.stdout and "cluster: 8 devices in 2 nodes of 4" in r.stdout
 
 
 def test_training_example(tmp_path):
@@ -37,10 +40,65 @@ def test_training_example(tmp_path):
     root = README.parent
     cmd = blocks("bash")[2].replace("\\\n", " ").replace("out/", f"{tmp_path}/").replace("mkdir -p out", "true")
     cmd = re.sub(r"(?m)^gpp ", f"{sys.executable} -m gpp_solver ", cmd)
-    cmd = re.sub(r"(?m)^python ", f"{sys.executable} ", cmd)
+    cmd = re.sub(r"(?m)^python |\$\(python ", lambda m: m.group(0).replace("python", sys.executable), cmd)
     cmd = re.sub(r"(?m)^torchrun ", f"{sys.executable} -m torch.distributed.run ", cmd)
     cmd = "set -e\n" + cmd
     r = subprocess.run(cmd, shell=True, cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "verify: OK" in r.stdout + r.stderr
-    assert (tmp_path / "plan.json").exists()
+    # the plan trained is the plan just made, with one rank per device it uses
+    assert f"--plan {tmp_path}/plan.json" in cmd and "--nproc-per-node $N" in cmd
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    out = r.stdout + r.stderr
+    assert len(plan["stages"]) >= 2, "the README's memory limit should force a pipeline"
+    for st in plan["stages"]:
+        assert f"stage {st['id']} ranks {st['devices']}" in out
+
+
+def _check_readme():
+    sys.path.insert(0, str(README.parent / "benchmarks"))
+    try:
+        import check_readme
+    finally:
+        sys.path.pop(0)
+    return check_readme
+
+
+def test_readme_figures_hold_on_two_cells(capsys):
+    """The cheap, machine-independent README figures of two cells (benchmarks/check_readme.py)."""
+    assert _check_readme().main(["--only", "mmt:4", "candle-uno:4"]) == 0, capsys.readouterr().out
+
+
+def test_check_readme_finds_a_changed_figure(tmp_path, capsys):
+    text = README.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| mmt | 4 | 64 |"))
+    cells = row.split(" | ")
+    cells[-2] = "0.004"                                   # the TPS column of the search-time table
+    bad = tmp_path / "README.md"
+    bad.write_text(text.replace(row, " | ".join(cells)))
+    assert _check_readme().main(["--only", "mmt:4", "--readme", str(bad)]) == 1
+    assert "DIFFERS: search_time mmt 4: TPS (s) README 0.004" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_readme_figures_hold():
+    """Every cheap cell (about 40 s on a loaded 2-core machine); `--full` is a benchmark."""
+    assert _check_readme().main([]) == 0
+
+
+def test_machine_table_is_the_code():
+    from gpp_solver.formats.machines import MACHINES
+
+    text = README.read_text()
+    start = text.index("| NAME | device | per node |")
+    lines = [line for line in text[start:].split("\n\n")[0].splitlines() if re.match(r"\| `[a-z0-9-]+` \|", line)]
+    table = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        table[cells[0].strip("`")] = cells
+    assert set(table) == set(MACHINES)
+    for name, m in MACHINES.items():
+        _, _, per, mem, intra, inter = table[name]
+        assert int(per) == m.devices_per_node and mem == f"{m.memory_bytes / 2**30:g} GiB"
+        assert intra.startswith(f"{m.intra_node_bandwidth / 1e9:g} GB/s") and inter.startswith(
+            f"{m.inter_node_bandwidth / 1e9:g} GB/s")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpp_solver.errors import InvalidClusterError
+from gpp_solver.formats.machines import machine_cluster
 from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
 from gpp_solver.types import CLUSTER_FORMAT, Cluster
 
@@ -67,7 +68,6 @@ def as_cluster(obj: Any) -> Cluster:
 
 
 def v100_cluster(devices: int, *, devices_per_node: int = 4) -> Cluster:
-    """The paper's setting (Summit): V100 16 GB, NVLink inside a node, InfiniBand between nodes."""
-    return Cluster(devices=devices, memory_bytes=16 * 2**30, devices_per_node=devices_per_node,
-                   intra_node_bandwidth=50e9, inter_node_bandwidth=12.5e9, latency=1e-5,
-                   optimizer_state_factor=4.0)
+    """The paper's setting (Summit): V100 16 GB, NVLink inside a node, InfiniBand between nodes
+    (``machines.MACHINES["v100"]``, where the figures' sources are named)."""
+    return machine_cluster("v100", devices, devices_per_node=devices_per_node)

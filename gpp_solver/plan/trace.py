@@ -57,6 +57,11 @@ def write_trace(sim: SimResult, plan: Plan, path: str | Path) -> Path:
     return path
 
 
+GRID_LEGEND = "legend: Fj / Bj = forward / backward pass of micro-batch j, in the order each stage runs them"
+GANTT_LEGEND = ("legend: F forward, B backward, A gradient all-reduce, . idle (each character: what fills most "
+                "of its time slice)")
+
+
 def gantt_text(sim: SimResult, width: int = 80) -> str:
     """A time-bucketed Gantt chart: per stage ``width`` characters, each bucket shown as ``F``, ``B``
     or ``A`` (all-reduce) by what occupies most of it, ``.`` when the stage is mostly idle."""
@@ -80,12 +85,13 @@ def gantt_text(sim: SimResult, width: int = 80) -> str:
             row.append(k if v >= dt / 2 else ".")
         lines.append(f"stage {st.stage}".ljust(10) + "|" + "".join(row) + f"| idle {st.idle_fraction:5.1%}")
     lines.append(" " * 10 + f"0{'':{width - 1}}{T:.4g} s")
+    lines.append(GANTT_LEGEND)
     return "\n".join(lines)
 
 
 def grid_text(plan: Plan, sim: SimResult | None = None, *, width: int = 80, max_steps: int = 64) -> str:
     """The plan's orders as a stage x step grid; with ``sim``, a text Gantt chart below it."""
-    text = order_grid({s.id: s.schedule.order for s in plan.stages}, max_steps=max_steps)
+    text = order_grid({s.id: s.schedule.order for s in plan.stages}, max_steps=max_steps) + "\n" + GRID_LEGEND
     if sim is not None:
         text += (f"\n\niteration time {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s\n"
                  + gantt_text(sim, width))

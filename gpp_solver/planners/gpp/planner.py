@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 from gpp_solver.planners.gpp.options import GppOptions
 from gpp_solver.planners.registry import get_planner, parse_options
-from gpp_solver._backend.progress import ProgressBar
+from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.model import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.planners.gpp.plans import build_from_state, rebuild_as_gpp, states_from_plan, uniform_micro_batch
@@ -107,7 +107,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     deadline = t0 + budget
     given = dict(o.seed_plans or {})
     seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
-                                                    budget)
+                                                    budget, progress=progress)
     for name, p in given.items():
         try:
             validate(p, graph, cluster)
@@ -200,6 +200,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         return all(f[0].stopped != "time" for f in found)
 
     # phase 1: one search per micro-batch size from its best start (skipping hopeless sizes)
+    note(progress, "gpp: local search over all convex partitions, %d micro-batch sizes (%.1f s left)",
+         len(order), deadline - time.perf_counter())
     bar = ProgressBar(len(order), "gpp: local search", "micro-batch size", progress)
     for b in order:
         bar.set_postfix_str(f"b={b}")
@@ -259,7 +261,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE))
     timed_out |= time.perf_counter() > deadline
-    plan, tinfo, guard = tighten_orders(plan, graph, cluster, tighten, seed, budget, timed_out)
+    plan, tinfo, guard = tighten_orders(plan, graph, cluster, tighten, seed, budget, timed_out, progress)
     timed_out |= guard
     status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):

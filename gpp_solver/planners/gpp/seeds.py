@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, Sequence
 
+from gpp_solver._backend.progress import note
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, Status
@@ -33,7 +34,7 @@ def seed_fn(name: str) -> Any:
 
 
 def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str],
-                      budget: float) -> tuple[dict[str, Plan], dict[str, dict[str, Any]], bool]:
+                      budget: float, progress: bool = False) -> tuple[dict[str, Plan], dict[str, dict[str, Any]], bool]:
     """Run the seed planners in turn under one safety stop ``SEED_SAFETY_SHARE * budget`` from now.
 
     Returns the plans, a record per planner and ``cut``: whether the safety stop was reached (a
@@ -54,6 +55,7 @@ def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[st
             cut = True
             continue
         t0 = time.perf_counter()
+        note(progress, "gpp: seed planner %s running (at most %.1f s)", name, left)
         try:
             p = fn(graph, cluster, B, time_limit=left)
             validate(p, graph, cluster)
@@ -65,6 +67,8 @@ def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[st
                           "time_limit": left, **({"after_safety_stop": True} if late else {})}
             continue
         plans[name] = p
+        note(progress, "gpp: seed planner %s: %s in %.2f s, iteration %.6g s", name, p.search.status,
+             time.perf_counter() - t0, p.predicted.iteration_time)
         if p.search.status is Status.TIME_LIMIT:
             cut = True
         info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0, "time_limit": left,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from gpp_solver._backend.progress import note
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
@@ -16,7 +17,7 @@ TIGHTEN_MAX_ACTIONS = 4000       # CP-SAT runs (tighten=None) only on plans with
 
 
 def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
-             budget: float, cut: bool) -> tuple[Plan, dict[str, Any], bool]:
+             budget: float, cut: bool, progress: bool = False) -> tuple[Plan, dict[str, Any], bool]:
     """CP-SAT order tightening under a deterministic-time budget; also whether a wall-clock guard
     may have stopped it (then its result depends on the machine's speed).
 
@@ -34,8 +35,11 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
         return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,
                       "reason": "time limit reached" if cut else "too many actions"}, False
     det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
+    note(progress, "gpp: CP-SAT tightening the micro-batch orders (%d actions, %.2f s deterministic time)",
+         actions, det)
     try:
-        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True)
+        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True,
+                                progress=progress)
     except Exception as exc:  # noqa: BLE001
         logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
         return plan, {"status": f"error: {type(exc).__name__}"}, False

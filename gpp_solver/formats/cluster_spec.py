@@ -1,0 +1,54 @@
+"""A cluster from what a user types: a file, a machine shorthand, or figures in human units.
+
+* :func:`cluster_from_spec` — ``--cluster`` of every command: a ``gpp-cluster/1`` file, or a
+  machine shorthand ``NAME:N`` / ``NAME:NODESxPER_NODE`` (:mod:`gpp_solver.formats.machines`);
+  a file of another kind (a PipeDream profile, a plan) is named with what to run instead.
+* :func:`cluster_from_figures` — ``gpp cluster``: a machine to start from and/or figures such as
+  ``80GiB``, ``450GB/s``, ``200Gb/s``, ``10us`` (:mod:`gpp_solver.formats.units`), checked as a
+  ``gpp-cluster/1`` document (its fields and units: ``../shared/spec/formats.md``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.cluster import cluster_from_dict, cluster_to_dict, load_cluster
+from gpp_solver.formats.machines import is_machine_spec, parse_machine_spec
+from gpp_solver.formats.sniff import load_expecting
+from gpp_solver.formats.units import parse_bandwidth, parse_bytes, parse_seconds
+from gpp_solver.types import Cluster
+
+
+def cluster_from_spec(spec: str) -> Cluster:
+    """A cluster file, or a machine shorthand (a file of that name wins)."""
+    if is_machine_spec(spec) and not Path(spec).exists():
+        return parse_machine_spec(spec)
+    return load_expecting(spec, "gpp-cluster/1", load_cluster)
+
+
+def cluster_from_figures(machine: str | None = None, *, devices: int | None = None,
+                         devices_per_node: int | None = None, memory: str | None = None, intra: str | None = None,
+                         inter: str | None = None, latency: str | None = None,
+                         optimizer_state_factor: float | None = None) -> Cluster:
+    """``machine`` (a shorthand, optional) with the given figures replacing its own.
+
+    Without a machine ``devices``, ``memory`` and ``inter`` are required, and ``intra`` needs
+    ``devices_per_node`` (without it the network is flat).  The names in messages are the options
+    of ``gpp cluster``."""
+    if machine is None:
+        missing = [f for f, v in (("--devices", devices), ("--memory", memory), ("--inter", inter)) if v is None]
+        if missing:
+            raise InvalidInputError(f"gpp cluster: without a machine (e.g. h100:2x8) give {', '.join(missing)}")
+        if intra is not None and devices_per_node is None:
+            raise InvalidInputError("gpp cluster: --intra needs --per-node (without it the network is flat and "
+                                    "--inter is used everywhere)")
+    d = {} if machine is None else cluster_to_dict(parse_machine_spec(machine))
+    d.update({k: v for k, v in {
+        "devices": devices, "devices_per_node": devices_per_node,
+        "memory_bytes": None if memory is None else parse_bytes(memory, "--memory"),
+        "intra_node_bandwidth": None if intra is None else parse_bandwidth(intra, "--intra"),
+        "inter_node_bandwidth": None if inter is None else parse_bandwidth(inter, "--inter"),
+        "latency": None if latency is None else parse_seconds(latency, "--latency"),
+        "optimizer_state_factor": optimizer_state_factor}.items() if v is not None})
+    return cluster_from_dict(d)

@@ -1,0 +1,53 @@
+"""One-line human summaries of a cluster and of a plan (what ``gpp`` prints after planning)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from gpp_solver.formats.units import format_bandwidth, format_bytes, format_seconds, plural
+from gpp_solver.types import Cluster, Plan
+
+
+def describe_cluster(c: Cluster) -> str:
+    """``16 devices in 2 nodes of 8, 80 GiB each, 450 GB/s inside a node, 50 GB/s between nodes,
+    latency 10 µs``; a flat network (no ``devices_per_node``) names its one bandwidth."""
+    head = plural(c.devices, "device")
+    per = c.devices_per_node
+    if per is None:
+        net = f"flat network {format_bandwidth(c.inter_node_bandwidth)}"
+    else:
+        nodes = -(-c.devices // per)
+        full = c.devices % per == 0
+        head += f" in {plural(nodes, 'node')} of {per}" if full else f" in {plural(nodes, 'node')} (up to {per} per node)"
+        net = f"{format_bandwidth(c.intra_node_bandwidth)} inside a node"
+        if nodes > 1:
+            net += f", {format_bandwidth(c.inter_node_bandwidth)} between nodes"
+    return (f"{head}, {format_bytes(c.memory_bytes)} each, {net}, latency {format_seconds(c.latency)}, "
+            f"optimizer state factor {c.optimizer_state_factor:g}")
+
+
+def status_text(plan: Plan) -> str:
+    """The status, and for an ``optimal-*`` one the objective it was proven for when the plan names it."""
+    search = plan.search
+    if search.status.startswith("optimal") and search.objective:
+        return f"{search.status} ({search.objective})"
+    return str(search.status)
+
+
+def describe_plan(plan: Plan) -> str:
+    """Planner, shape, predicted figures, status and search time of ``plan`` on one line."""
+    p = plan.predicted
+    return (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, depth {plan.depth}, "
+            f"{plural(plan.devices_used, 'device')}, TPS {p.time_per_sample:.6g} s, iteration "
+            f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
+            f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s")
+
+
+def time_limit_note(planners: Sequence[str], time_limit: float | None, default: float) -> str:
+    """What ``gpp`` says when ``planners`` stopped at their time limit (``time_limit=None``: the
+    ``default`` one): that it happened, what it means, and how to raise it."""
+    limit = time_limit if time_limit is not None else default
+    said = f"{limit:g} s" + (" (the default)" if time_limit is None else "")
+    return (f"gpp: note: {', '.join(planners)} stopped at the time limit of {said} before the search finished "
+            f"(status time-limit): the plan is valid, but a longer search may find a better one and the result "
+            f"may change with the machine's load; raise it with --time-limit, e.g. --time-limit {4 * limit:g}")
