@@ -20,15 +20,17 @@ def test_round_trip(diamond, tmp_path):
 
 
 def test_extras_survive_round_trip(diamond):
-    diamond["nodes"][0]["op"] = "conv"
+    diamond["nodes"][0]["extra"] = {"op": "conv"}
     diamond["nodes"][0]["tmpc"] = [{"t": 2, "recompute": True, "fw_time": [1, 2], "bw_time": [3, 4],
-                                    "weight_bytes": 5, "activation_bytes": 1, "memory_b": 7}]
-    diamond["piper"] = {"maxDevices": 8}
+                                    "weight_bytes": 5, "activation_bytes": 1, "extra": {"memory_b": 7}}]
+    diamond["extra"] = {"piper": {"maxDevices": 8}}
     diamond["edges"][0]["bytes"] = 123
-    d = gs.graph_to_dict(gs.graph_from_dict(diamond))
-    assert d["nodes"][0]["op"] == "conv"
-    assert d["nodes"][0]["tmpc"][0]["memory_b"] == 7
-    assert d["piper"] == {"maxDevices": 8}
+    g = gs.graph_from_dict(diamond)
+    assert g.node("a").extra["op"] == "conv" and g.extra["piper"] == {"maxDevices": 8}
+    d = gs.graph_to_dict(g)
+    assert d["nodes"][0]["extra"] == {"op": "conv"}
+    assert d["nodes"][0]["tmpc"][0]["extra"]["memory_b"] == 7
+    assert d["extra"] == {"piper": {"maxDevices": 8}}
     assert d["edges"][0]["bytes"] == 123
 
 

@@ -137,7 +137,7 @@ def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
 @pytest.mark.parametrize("name, machines, expected", [("gnmt", 4, 0.025868), ("alexnet", 8, 0.011620)])
 def test_fidelity_with_the_published_optimizer(shared_dir, name, machines, expected):
     from gpp_solver.formats.importers import import_pipedream
-    g = import_pipedream(shared_dir / "data" / "pipedream" / f"{name}.graph.txt")
+    g = import_pipedream(shared_dir / "data" / "pipedream" / f"{name}.graph.txt", batch_size=1)
     sol = pipedream_optimizer(g, [machines], 1e9)
     assert sol.bottleneck == pytest.approx(expected, rel=1e-4)
     assert sol.linearization == "antichain"
@@ -145,7 +145,7 @@ def test_fidelity_with_the_published_optimizer(shared_dir, name, machines, expec
 
 def test_pipedream_costs_mode_builds_a_valid_plan(shared_dir):
     from gpp_solver.formats.importers import import_pipedream
-    g = import_pipedream(shared_dir / "data" / "pipedream" / "gnmt.graph.txt")
+    g = import_pipedream(shared_dir / "data" / "pipedream" / "gnmt.graph.txt", batch_size=1)
     cl = cluster_from_dict(flat_cluster(4, memory=1e15))
     plan = plan_pipedream(g, cl, 4, mode="pipedream-costs")
     assert plan.search.extra["pipedream_bottleneck"] == pytest.approx(0.025868, rel=1e-4)

@@ -143,7 +143,7 @@ def test_project_graph_type_and_models() -> None:
 @pytest.mark.skipif(not (DATA / "inception_v3.graph.txt").exists(), reason="PipeDream profiles not present")
 def test_inception_decomposes_quickly() -> None:
     from gpp_solver.formats.pipedream import import_pipedream
-    g = import_pipedream(DATA / "inception_v3.graph.txt")
+    g = import_pipedream(DATA / "inception_v3.graph.txt", batch_size=128)
     assert len(g.nodes) == 326
     t0 = time.perf_counter()
     res = decompose(g)

@@ -12,28 +12,42 @@ from typing import Any
 
 from gpp_solver.errors import InvalidClusterError
 from gpp_solver.formats.machines import machine_cluster
-from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
+from gpp_solver.formats.jsonio import (MAX_BANDWIDTH, MAX_BYTES, MAX_COUNT, MAX_FACTOR, MAX_SECONDS, MIN_BANDWIDTH,
+                                       extra, integer, known_fields, number, read_json, require, write_json)
 from gpp_solver.types import CLUSTER_FORMAT, Cluster
 
 E = InvalidClusterError
 
 
+_FIELDS = frozenset({"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
+                     "inter_node_bandwidth", "latency", "optimizer_state_factor", "extra"})
+
+
 def cluster_from_dict(d: Any) -> Cluster:
+    """Validate a ``gpp-cluster/1`` document; an unknown field (say ``gpus_per_node``) is an error naming it
+    (extensions go under ``extra``, which planning does not read)."""
     if not isinstance(d, dict):
         raise E(f"cluster must be a JSON object, got {type(d).__name__}")
+    known_fields(d, _FIELDS, "cluster", E)
+    extra(d, "cluster", E)
     fmt = d.get("format", CLUSTER_FORMAT)
     if fmt != CLUSTER_FORMAT:
         raise E(f"cluster: format must be '{CLUSTER_FORMAT}', got {fmt!r}")
-    devices = integer(require(d, "devices", "cluster", E), "cluster: devices", E, minimum=1)
-    memory = number(require(d, "memory_bytes", "cluster", E), "cluster: memory_bytes", E, positive=True)
-    inter = number(require(d, "inter_node_bandwidth", "cluster", E), "cluster: inter_node_bandwidth", E,
-                   positive=True)
+    devices = integer(require(d, "devices", "cluster", E), "cluster: devices", E, minimum=1, maximum=MAX_COUNT)
+    memory = number(require(d, "memory_bytes", "cluster", E), "cluster: memory_bytes", E, positive=True,
+                    minimum=1.0, maximum=MAX_BYTES)
+
+    def bandwidth(key: str, value: Any) -> float:
+        return number(value, f"cluster: {key}", E, positive=True, minimum=MIN_BANDWIDTH, maximum=MAX_BANDWIDTH)
+
+    inter = bandwidth("inter_node_bandwidth", require(d, "inter_node_bandwidth", "cluster", E))
     intra_raw = d.get("intra_node_bandwidth")
-    intra = None if intra_raw is None else number(intra_raw, "cluster: intra_node_bandwidth", E, positive=True)
+    intra = None if intra_raw is None else bandwidth("intra_node_bandwidth", intra_raw)
     dpn_raw = d.get("devices_per_node")
-    dpn = None if dpn_raw is None else integer(dpn_raw, "cluster: devices_per_node", E, minimum=1)
-    latency = number(d.get("latency", 0.0), "cluster: latency", E)
-    osf = number(d.get("optimizer_state_factor", 4.0), "cluster: optimizer_state_factor", E)
+    dpn = None if dpn_raw is None else integer(dpn_raw, "cluster: devices_per_node", E, minimum=1,
+                                               maximum=MAX_COUNT)
+    latency = number(d.get("latency", 0.0), "cluster: latency", E, maximum=MAX_SECONDS)
+    osf = number(d.get("optimizer_state_factor", 4.0), "cluster: optimizer_state_factor", E, maximum=MAX_FACTOR)
     return Cluster(devices=devices, memory_bytes=memory, inter_node_bandwidth=inter,
                    intra_node_bandwidth=intra if intra is not None else inter,
                    devices_per_node=dpn, latency=latency, optimizer_state_factor=osf)

@@ -13,12 +13,20 @@ from typing import Any, Mapping
 import networkx as nx
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
+from gpp_solver.formats.jsonio import (MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS, extra, integer, known_fields,
+                                       number, read_json, require, write_json)
 from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError
-_NODE_FIELDS = {"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "output_bytes", "tmpc"}
-_TMPC_FIELDS = {"t", "recompute", "fw_time", "bw_time", "weight_bytes", "activation_bytes"}
+_GRAPH_FIELDS = frozenset({"format", "name", "micro_batch_sizes", "nodes", "edges", "extra"})
+_NODE_FIELDS = frozenset({"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "output_bytes", "tmpc",
+                          "extra"})
+_TMPC_FIELDS = frozenset({"t", "recompute", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "extra"})
+_EDGE_FIELDS = frozenset({"src", "dst", "bytes", "extra"})
+
+
+def _bytes(value: Any, where: str) -> float:
+    return number(value, where, E, maximum=MAX_BYTES)
 
 
 def _times(value: Any, where: str, n: int) -> tuple[float, ...]:
@@ -26,29 +34,34 @@ def _times(value: Any, where: str, n: int) -> tuple[float, ...]:
         raise E(f"{where} must be a list of {n} numbers, got {value!r}")
     if len(value) != n:
         raise E(f"{where} has {len(value)} entries but micro_batch_sizes has {n}")
-    return tuple(number(v, f"{where}[{i}]", E) for i, v in enumerate(value))
+    return tuple(number(v, f"{where}[{i}]", E, maximum=MAX_SECONDS, minimum_nonzero=MIN_SECONDS)
+                 for i, v in enumerate(value))
 
 
 def _tmpc(d: Any, where: str, n: int) -> Tmpc:
     if not isinstance(d, dict):
         raise E(f"{where} must be an object")
-    t = integer(d.get("t", 1), f"{where}.t", E, minimum=1)
+    known_fields(d, _TMPC_FIELDS, where, E)
+    t = integer(d.get("t", 1), f"{where}.t", E, minimum=1, maximum=MAX_COUNT)
     rec = d.get("recompute", False)
     if not isinstance(rec, bool):
         raise E(f"{where}.recompute must be true or false, got {rec!r}")
     return Tmpc(t=t, recompute=rec,
                 fw_time=_times(require(d, "fw_time", where, E), f"{where}.fw_time", n),
                 bw_time=_times(require(d, "bw_time", where, E), f"{where}.bw_time", n),
-                weight_bytes=number(require(d, "weight_bytes", where, E), f"{where}.weight_bytes", E),
-                activation_bytes=number(require(d, "activation_bytes", where, E),
-                                        f"{where}.activation_bytes", E),
-                extra={k: v for k, v in d.items() if k not in _TMPC_FIELDS})
+                weight_bytes=_bytes(require(d, "weight_bytes", where, E), f"{where}.weight_bytes"),
+                activation_bytes=_bytes(require(d, "activation_bytes", where, E), f"{where}.activation_bytes"),
+                extra=extra(d, where, E))
 
 
 def graph_from_dict(d: Any) -> Graph:
-    """Validate a ``gpp-graph/1`` document and return a :class:`Graph`."""
+    """Validate a ``gpp-graph/1`` document and return a :class:`Graph`.
+
+    A field the format does not define is an error naming it; extensions go under an ``extra`` object
+    (of the graph, a node, a ``tmpc`` entry or an edge), kept in ``.extra`` (an edge's is not kept)."""
     if not isinstance(d, dict):
         raise E(f"graph must be a JSON object, got {type(d).__name__}")
+    known_fields(d, _GRAPH_FIELDS, "graph", E)
     fmt = d.get("format", GRAPH_FORMAT)
     if fmt != GRAPH_FORMAT:
         raise E(f"graph: format must be '{GRAPH_FORMAT}', got {fmt!r}")
@@ -58,7 +71,8 @@ def graph_from_dict(d: Any) -> Graph:
     sizes_raw = require(d, "micro_batch_sizes", "graph", E)
     if not isinstance(sizes_raw, list) or not sizes_raw:
         raise E("graph: micro_batch_sizes must be a non-empty list of positive integers")
-    sizes = tuple(integer(s, f"graph: micro_batch_sizes[{i}]", E, minimum=1) for i, s in enumerate(sizes_raw))
+    sizes = tuple(integer(s, f"graph: micro_batch_sizes[{i}]", E, minimum=1, maximum=MAX_COUNT)
+                  for i, s in enumerate(sizes_raw))
     for i in range(1, len(sizes)):
         if sizes[i] <= sizes[i - 1]:
             raise E(f"graph: micro_batch_sizes must be strictly increasing, got {list(sizes)}")
@@ -76,6 +90,7 @@ def graph_from_dict(d: Any) -> Graph:
         if not isinstance(nid, str) or not nid:
             raise E(f"{where}: id must be a non-empty string, got {nid!r}")
         where = f"node '{nid}'"
+        known_fields(nd, _NODE_FIELDS, where, E)
         if nid in seen:
             raise E(f"duplicate node id '{nid}'")
         seen.add(nid)
@@ -86,11 +101,11 @@ def graph_from_dict(d: Any) -> Graph:
             id=nid,
             fw_time=_times(require(nd, "fw_time", where, E), f"{where}.fw_time", n),
             bw_time=_times(require(nd, "bw_time", where, E), f"{where}.bw_time", n),
-            weight_bytes=number(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes", E),
-            activation_bytes=number(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes", E),
-            output_bytes=number(require(nd, "output_bytes", where, E), f"{where}.output_bytes", E),
+            weight_bytes=_bytes(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes"),
+            activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
+            output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
             tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
-            extra={k: v for k, v in nd.items() if k not in _NODE_FIELDS},
+            extra=extra(nd, where, E),
         ))
     edges_raw = d.get("edges", [])
     if not isinstance(edges_raw, list):
@@ -101,6 +116,8 @@ def graph_from_dict(d: Any) -> Graph:
             ed = {"src": ed[0], "dst": ed[1]}
         src = require(ed, "src", f"edge #{i}", E)
         dst = require(ed, "dst", f"edge #{i}", E)
+        known_fields(ed, _EDGE_FIELDS, f"edge #{i}", E)
+        extra(ed, f"edge #{i}", E)
         where = f"edge {src!r} -> {dst!r}"
         for end in (src, dst):
             if not isinstance(end, str) or end not in seen:
@@ -108,9 +125,8 @@ def graph_from_dict(d: Any) -> Graph:
         if src == dst:
             raise E(f"{where} is a self-loop")
         b = ed.get("bytes")
-        edges.append(Edge(src, dst, None if b is None else number(b, f"{where}.bytes", E)))
-    g = Graph(name=name, micro_batch_sizes=sizes, nodes=tuple(nodes), edges=tuple(edges),
-              extra={k: v for k, v in d.items() if k not in {"format", "name", "micro_batch_sizes", "nodes", "edges"}})
+        edges.append(Edge(src, dst, None if b is None else _bytes(b, f"{where}.bytes")))
+    g = Graph(name=name, micro_batch_sizes=sizes, nodes=tuple(nodes), edges=tuple(edges), extra=extra(d, "graph", E))
     _check_structure(g)
     return g
 
@@ -143,8 +159,10 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         if n.tmpc:
             nd["tmpc"] = [{"t": t.t, "recompute": t.recompute, "fw_time": list(t.fw_time),
                            "bw_time": list(t.bw_time), "weight_bytes": t.weight_bytes,
-                           "activation_bytes": t.activation_bytes, **dict(t.extra)} for t in n.tmpc]
-        nd.update(n.extra)
+                           "activation_bytes": t.activation_bytes,
+                           **({"extra": dict(t.extra)} if t.extra else {})} for t in n.tmpc]
+        if n.extra:
+            nd["extra"] = dict(n.extra)
         nodes.append(nd)
     edges = []
     for e in g.edges:
@@ -154,7 +172,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         edges.append(ed)
     out = {"format": GRAPH_FORMAT, "name": g.name, "micro_batch_sizes": list(g.micro_batch_sizes),
            "nodes": nodes, "edges": edges}
-    out.update(g.extra)
+    if g.extra:
+        out["extra"] = dict(g.extra)
     return out
 
 

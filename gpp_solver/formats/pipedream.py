@@ -6,8 +6,11 @@ be a list ``[a; b; ...]`` for nodes with several outputs), and one line per edge
 tab: ``\\tnodeA -- nodeB``.
 
 What each quantity becomes (the profile is of ONE mini-batch of ``batch_size`` samples, which the
-file does not record: pass it; 256 for the shared AlexNet profile and 128 for Inception-v3 follow
-from their input nodes' ``activation_size`` = batch x 3 x 224^2 (resp. 299^2) x 4 bytes):
+file does not record: it is required, as ``batch_size=`` / ``--batch-size``, or read from the sidecar
+file ``FILE.json`` beside the profile, ``{"batch_size": N}``; with neither the import fails, since a
+wrong guess scales every time and byte count by the same wrong factor.  256 for the shared AlexNet
+profile and 128 for Inception-v3 follow from their input nodes' ``activation_size`` = batch x 3 x
+224^2 (resp. 299^2) x 4 bytes; the error message suggests such a size when the input node shows one):
 
 - ``forward_compute_time`` / ``backward_compute_time`` (milliseconds) -> ``fw_time`` /
   ``bw_time`` in seconds at ``micro_batch_sizes = [batch_size]`` (one measured size; the graph
@@ -17,7 +20,8 @@ from their input nodes' ``activation_size`` = batch x 3 x 224^2 (resp. 299^2) x 
   size of the node's output tensor(s); PipeDream's planner uses it both as what crosses a stage
   boundary and as what a stage stashes per in-flight input, so both fields get it;
 - ``parameter_size`` (bytes) -> ``weight_bytes``;
-- the description -> node field ``op``; ids stay ``nodeN``.
+- the description -> node ``extra.op``; ids stay ``nodeN``; the graph's ``extra.source`` records the
+  file, its format and the batch size assumed (and where it came from).
 
 Quirks of the published files that this importer keeps as they are: input nodes (``Input``,
 ``Input0``...) have zero times in GNMT but the AlexNet input node carries 636 ms of forward time
@@ -35,6 +39,7 @@ from pathlib import Path
 
 from gpp_solver.errors import InvalidGraphError
 from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.formats.jsonio import MAX_COUNT, integer, read_json, read_text, require
 from gpp_solver.types import GRAPH_FORMAT, Graph
 
 logger = logging.getLogger(__name__)
@@ -73,11 +78,11 @@ def _metrics(text: str, where: str) -> dict[str, float]:
     return values
 
 
-def pipedream_dict(text: str, *, batch_size: int = 1, name: str = "pipedream",
-                   source: str = "<text>") -> dict:
+def pipedream_dict(text: str, *, batch_size: int, name: str = "pipedream",
+                   source: str = "<text>", batch_size_from: str = "batch_size") -> dict:
     """The gpp-graph/1 dict of the PipeDream profile ``text`` (see the module docstring)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise InvalidGraphError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_COUNT:
+        raise InvalidGraphError(f"batch_size must be a positive integer (at most {MAX_COUNT}), got {batch_size!r}")
     nodes: dict[str, dict] = {}
     edge_lines: list[tuple[int, str, str]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -105,7 +110,7 @@ def pipedream_dict(text: str, *, batch_size: int = 1, name: str = "pipedream",
         nodes[nid] = {"id": nid, "fw_time": [m["forward_compute_time"] / 1000.0],
                       "bw_time": [m["backward_compute_time"] / 1000.0],
                       "weight_bytes": m["parameter_size"], "activation_bytes": per_sample,
-                      "output_bytes": per_sample, "op": desc, "line": lineno}
+                      "output_bytes": per_sample, "extra": {"op": desc}, "line": lineno}
     edges: list[dict] = []
     seen: set[tuple[str, str]] = set()
     for lineno, src, dst in edge_lines:
@@ -125,15 +130,50 @@ def pipedream_dict(text: str, *, batch_size: int = 1, name: str = "pipedream",
         del nd["line"]
     return {"format": GRAPH_FORMAT, "name": name, "micro_batch_sizes": [batch_size],
             "nodes": list(nodes.values()), "edges": edges,
-            "source": {"format": "pipedream-graph.txt", "file": source, "batch_size": batch_size}}
+            "extra": {"source": {"format": "pipedream-graph.txt", "file": source, "batch_size": batch_size,
+                                 "batch_size_from": batch_size_from}}}
 
 
-def import_pipedream(path: str | Path, *, batch_size: int = 1, name: str | None = None) -> Graph:
-    """Read PipeDream's ``graph.txt`` at ``path`` as a validated :class:`Graph`."""
+def sidecar_path(path: str | Path) -> Path:
+    """``FILE.json`` beside the profile ``FILE``: ``{"batch_size": N}``, the profiled mini-batch size."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise InvalidGraphError(f"cannot read PipeDream profile {p}: {exc.strerror or exc}") from None
+    return p.with_name(p.name + ".json")
+
+
+def _suggest(text: str) -> str:
+    """A hint from the first node's activation_size (an image batch of 3x224^2 or 3x299^2 fp32)."""
+    m = re.search(r"activation_size=([0-9.]+)", text)
+    if not m:
+        return ""
+    size = float(m.group(1))
+    for side in (224, 299, 32):
+        b = size / (3 * side * side * 4)
+        if b >= 1 and b.is_integer():
+            return f"; its first node's activation_size fits {int(b)} samples of 3x{side}x{side} fp32"
+    return ""
+
+
+def import_pipedream(path: str | Path, *, batch_size: int | None = None, name: str | None = None) -> Graph:
+    """Read PipeDream's ``graph.txt`` at ``path`` as a validated :class:`Graph`.
+
+    ``batch_size``: samples in the profiled mini-batch; ``None`` reads it from the sidecar
+    :func:`sidecar_path` and fails (naming both ways to give it) when there is none.  The graph's
+    ``extra["source"]`` says which size was assumed and where it came from."""
+    p = Path(path)
+    text = read_text(p, "PipeDream profile", InvalidGraphError)
+    origin = "batch_size"
+    if batch_size is None:
+        side = sidecar_path(p)
+        if not side.exists():
+            raise InvalidGraphError(
+                f"PipeDream profile {p}: the batch size it was profiled with is required (its times and "
+                f"activation sizes are of one whole mini-batch, which graph.txt does not record): pass "
+                f"--batch-size N, or write {{\"batch_size\": N}} to {side}{_suggest(text)}")
+        doc = read_json(side, "PipeDream sidecar", InvalidGraphError)
+        batch_size = integer(require(doc, "batch_size", f"PipeDream sidecar {side}", InvalidGraphError),
+                             f"PipeDream sidecar {side}: batch_size", InvalidGraphError, minimum=1,
+                             maximum=MAX_COUNT)
+        origin = str(side)
     default = p.name.removesuffix(".txt").removesuffix(".graph")
-    return graph_from_dict(pipedream_dict(text, batch_size=batch_size, name=name or default, source=p.name))
+    return graph_from_dict(pipedream_dict(text, batch_size=batch_size, name=name or default, source=p.name,
+                                          batch_size_from=origin))

@@ -16,8 +16,8 @@ milliseconds; the raw figures are kept (below) so a faithful Piper planner can d
 
 What each quantity becomes (one Piper sample = one graph sample, ``micro_batch_sizes = [1]``):
 
-- node id: the Piper ``name`` when names are unique (``nodeN``), else ``n<id>``; ``op`` = name,
-  ``piper_id`` = the Piper id;
+- node id: the Piper ``name`` when names are unique (``nodeN``), else ``n<id>``; ``extra.op`` = name,
+  ``extra.piper_id`` = the Piper id;
 - the node's base configuration is its t=1 "vanilla" (non-recompute) TMPC:
   ``fw_time``/``bw_time`` = its ``timePerSample`` x ``time_unit`` (1e-3 s) split into forward and
   backward as Piper's inputs encode it: forward = recompute timePerSample - vanilla timePerSample
@@ -28,11 +28,11 @@ What each quantity becomes (one Piper sample = one graph sample, ``micro_batch_s
 - every edge -> ``{"src", "dst", "bytes": communicationCost}``;
 - every TMPC (all t, all variants) -> one entry of the node's ``tmpc`` list, ``{"t", "recompute"
   (its id names recomputation), "fw_time", "bw_time" (split as above, the same forward time for
-  all variants of one t), "weight_bytes", "activation_bytes", "name" (the TMPC id), "memory_b",
+  all variants of one t), "weight_bytes", "activation_bytes", and under "extra": "name" (the TMPC id), "memory_b",
   "time_per_sample" (raw, milliseconds), "sync_time_fw" / "sync_time_bw" (bytes, keyed by our id
   of the predecessor / successor: the published code keys ``syncTimeFw`` by the node's
   predecessors and ``syncTimeBw`` by its successors; edges a TMPC omits get 0)}``;
-- the graph gets ``"piper": {maxDevices, maxMemoryPerDevice, bandwidth, mbsInBatch, time_unit}``.
+- the graph gets ``"extra": {"piper": {maxDevices, maxMemoryPerDevice, bandwidth, mbsInBatch, time_unit}``.
 """
 
 from __future__ import annotations
@@ -167,17 +167,18 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
                     "t": t, "recompute": _is_recompute(x["id"]),
                     "fw_time": [f * time_unit], "bw_time": [(x["timePerSample"] - f) * time_unit],
                     "weight_bytes": x["parameterSize"], "activation_bytes": x["memoryUsageA"],
-                    "name": x["id"], "memory_b": x["memoryUsageB"], "time_per_sample": x["timePerSample"],
-                    "sync_time_fw": {our[p]: x["syncTimeFw"].get(str(p), 0.0) for p in sorted(preds[pid])},
-                    "sync_time_bw": {our[s]: x["syncTimeBw"].get(str(s), 0.0) for s in sorted(succs[pid])},
+                    "extra": {
+                        "name": x["id"], "memory_b": x["memoryUsageB"], "time_per_sample": x["timePerSample"],
+                        "sync_time_fw": {our[p]: x["syncTimeFw"].get(str(p), 0.0) for p in sorted(preds[pid])},
+                        "sync_time_bw": {our[s]: x["syncTimeBw"].get(str(s), 0.0) for s in sorted(succs[pid])}},
                 })
-        b = next(x for x in tmpcs if x["t"] == 1 and x["name"] == base["id"])
+        b = next(x for x in tmpcs if x["t"] == 1 and x["extra"]["name"] == base["id"])
         nodes.append({"id": our[pid], "fw_time": list(b["fw_time"]), "bw_time": list(b["bw_time"]),
                       "weight_bytes": b["weight_bytes"], "activation_bytes": b["activation_bytes"],
-                      "output_bytes": out_bytes[pid], "op": nd.get("name", ""), "piper_id": pid,
-                      "tmpc": tmpcs})
+                      "output_bytes": out_bytes[pid], "tmpc": tmpcs,
+                      "extra": {"op": nd.get("name", ""), "piper_id": pid}})
     return {"format": GRAPH_FORMAT, "name": name, "micro_batch_sizes": [1], "nodes": nodes,
-            "edges": edges, "piper": top}
+            "edges": edges, "extra": {"piper": top}}
 
 
 def import_piper(path: str | Path, *, name: str | None = None, time_unit: float = 1e-3) -> Graph:

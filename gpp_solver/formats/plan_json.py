@@ -1,4 +1,10 @@
-"""Read and write ``gpp-plan/1`` documents (structure only; ``validate.py`` checks the meaning)."""
+"""Read and write ``gpp-plan/1`` documents (structure only; ``validate.py`` checks the meaning).
+
+A field the format does not define (top level, stage, ``schedule``, ``predicted``) is an error
+naming it; extensions go under an ``extra`` object (accepted at the top level and in a stage, not
+interpreted).  ``search`` is the planner's record: ``seconds``, ``status``, ``epsilon`` and any
+planner-specific fields (kept in ``SearchInfo.extra``; nothing reads them to plan or check).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,31 @@ from typing import Any
 
 from gpp_solver.errors import InvalidPlanError
 from gpp_solver.plan.action import Action
-from gpp_solver.formats.jsonio import integer, number, read_json, require, write_json
+from gpp_solver.formats.jsonio import (MAX_COUNT, extra, integer, known_fields, number, obj, read_json, require, show,
+                                       write_json)
 from gpp_solver.types import (PLAN_FORMAT, SEARCH_FIELDS, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
                               StagePrediction, Status)
 
 E = InvalidPlanError
+_PLAN_FIELDS = frozenset({"format", "planner", "graph", "mini_batch_size", "stages", "edges", "predicted", "search",
+                          "extra"})
+_STAGE_FIELDS = frozenset({"id", "nodes", "devices", "micro_batch_size", "schedule", "in_flight_samples", "predicted",
+                           "tensor_parallel", "tmpc", "extra"})
+_SCHEDULE_FIELDS = frozenset({"kind", "k", "order"})
+_STAGE_PRED_FIELDS = frozenset({"time_per_sample", "memory_bytes"})
+_PLAN_PRED_FIELDS = frozenset({"time_per_sample", "iteration_time", "throughput", "peak_memory_bytes"})
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise E(f"{where} must be a string, got {show(value)}")
+    return value
+
+
+def _predicted(d: dict, fields: frozenset[str], where: str) -> dict[str, float]:
+    p = obj(d.get("predicted", {}), f"{where}.predicted", E)
+    known_fields(p, fields, f"{where}.predicted", E)
+    return {k: number(p.get(k, 0.0), f"{where}.predicted.{k}", E) for k in sorted(fields)}
 
 
 def _order(raw: Any, where: str) -> tuple[Action, ...]:
@@ -20,8 +46,8 @@ def _order(raw: Any, where: str) -> tuple[Action, ...]:
     out = []
     for i, a in enumerate(raw):
         if not (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B")):
-            raise E(f"{where}.order[{i}] must be [\"F\", j] or [\"B\", j], got {a!r}")
-        out.append(Action.of(a[0], integer(a[1], f"{where}.order[{i}]", E, minimum=0)))
+            raise E(f"{where}.order[{i}] must be [\"F\", j] or [\"B\", j], got {show(a)}")
+        out.append(Action.of(a[0], integer(a[1], f"{where}.order[{i}]", E, minimum=0, maximum=MAX_COUNT)))
     return tuple(out)
 
 
@@ -35,12 +61,13 @@ def _status(raw: Any) -> Status:
 def _search(srch: dict[str, Any]) -> SearchInfo:
     objective, ite, mbs, tight = (srch.get(k) for k in SEARCH_FIELDS)
     if objective is not None and not isinstance(objective, str):
-        raise E(f"plan: search.objective must be a string, got {objective!r}")
+        raise E(f"plan: search.objective must be a string, got {show(objective)}")
     if tight is not None and not isinstance(tight, dict):
-        raise E(f"plan: search.cp_tighten must be a JSON object, got {tight!r}")
+        raise E(f"plan: search.cp_tighten must be a JSON object, got {show(tight)}")
     return SearchInfo(
         seconds=number(srch.get("seconds", 0.0), "plan: search.seconds", E),
-        status=_status(srch.get("status", Status.UNKNOWN)), epsilon=srch.get("epsilon"),
+        status=_status(srch.get("status", Status.UNKNOWN)),
+        epsilon=None if srch.get("epsilon") is None else number(srch["epsilon"], "plan: search.epsilon", E),
         extra={k: v for k, v in srch.items() if k not in {"seconds", "status", "epsilon", *SEARCH_FIELDS}},
         objective=objective, iteration_time_estimate=None if ite is None else number(ite, "plan: search.iteration_time_estimate", E),
         micro_batch_size=None if mbs is None else integer(mbs, "plan: search.micro_batch_size", E, minimum=1),
@@ -50,42 +77,49 @@ def _search(srch: dict[str, Any]) -> SearchInfo:
 def plan_from_dict(d: Any) -> Plan:
     if not isinstance(d, dict):
         raise E(f"plan must be a JSON object, got {type(d).__name__}")
+    known_fields(d, _PLAN_FIELDS, "plan", E)
+    extra(d, "plan", E)
     fmt = d.get("format", PLAN_FORMAT)
     if fmt != PLAN_FORMAT:
         raise E(f"plan: format must be '{PLAN_FORMAT}', got {fmt!r}")
-    B = integer(require(d, "mini_batch_size", "plan", E), "plan: mini_batch_size", E, minimum=1)
+    B = integer(require(d, "mini_batch_size", "plan", E), "plan: mini_batch_size", E, minimum=1, maximum=MAX_COUNT)
     stages_raw = require(d, "stages", "plan", E)
     if not isinstance(stages_raw, list) or not stages_raw:
         raise E("plan: stages must be a non-empty list")
     stages = []
     for i, s in enumerate(stages_raw):
-        sid = integer(require(s, "id", f"plan: stage #{i}", E), f"plan: stage #{i}.id", E, minimum=0)
+        sid = integer(require(s, "id", f"plan: stage #{i}", E), f"plan: stage #{i}.id", E, minimum=0,
+                      maximum=MAX_COUNT)
         where = f"stage {sid}"
+        known_fields(s, _STAGE_FIELDS, where, E)
+        extra(s, where, E)
         nodes = require(s, "nodes", where, E)
         if not isinstance(nodes, list) or not all(isinstance(x, str) for x in nodes):
             raise E(f"{where}.nodes must be a list of node ids")
         devices = require(s, "devices", where, E)
         if not isinstance(devices, list):
             raise E(f"{where}.devices must be a list of device indices")
-        sched = require(s, "schedule", where, E)
-        pred = s.get("predicted", {}) or {}
+        sched = obj(require(s, "schedule", where, E), f"{where}.schedule", E)
+        known_fields(sched, _SCHEDULE_FIELDS, f"{where}.schedule", E)
+        pred = _predicted(s, _STAGE_PRED_FIELDS, where)
         tmpc = s.get("tmpc")
+        if tmpc is not None:
+            tmpc = {_string(k, f"{where}.tmpc key"): integer(v, f"{where}.tmpc[{k!r}]", E, minimum=0)
+                    for k, v in obj(tmpc, f"{where}.tmpc", E).items()}
         stages.append(Stage(
             id=sid, nodes=tuple(nodes),
-            devices=tuple(integer(x, f"{where}.devices", E, minimum=0) for x in devices),
+            devices=tuple(integer(x, f"{where}.devices", E, minimum=0, maximum=MAX_COUNT) for x in devices),
             micro_batch_size=integer(require(s, "micro_batch_size", where, E), f"{where}.micro_batch_size", E,
-                                     minimum=1),
-            schedule=Schedule(kind=str(sched.get("kind", "custom")) if isinstance(sched, dict) else "custom",
-                              k=integer(sched.get("k", 1), f"{where}.schedule.k", E, minimum=1)
-                              if isinstance(sched, dict) else 1,
+                                     minimum=1, maximum=MAX_COUNT),
+            schedule=Schedule(kind=_string(sched.get("kind", "custom"), f"{where}.schedule.kind"),
+                              k=integer(sched.get("k", 1), f"{where}.schedule.k", E, minimum=1, maximum=MAX_COUNT),
                               order=_order(require(sched, "order", f"{where}.schedule", E), f"{where}.schedule")),
             in_flight_samples=integer(require(s, "in_flight_samples", where, E), f"{where}.in_flight_samples", E,
-                                      minimum=0),
-            predicted=StagePrediction(
-                time_per_sample=number(pred.get("time_per_sample", 0.0), f"{where}.predicted.time_per_sample", E),
-                memory_bytes=number(pred.get("memory_bytes", 0.0), f"{where}.predicted.memory_bytes", E)),
-            tensor_parallel=integer(s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1),
-            tmpc=dict(tmpc) if isinstance(tmpc, dict) else None,
+                                      minimum=0, maximum=MAX_COUNT),
+            predicted=StagePrediction(**pred),
+            tensor_parallel=integer(s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1,
+                                    maximum=MAX_COUNT),
+            tmpc=tmpc,
         ))
     edges_raw = d.get("edges", [])
     if not isinstance(edges_raw, list):
@@ -94,18 +128,13 @@ def plan_from_dict(d: Any) -> Plan:
     for i, e in enumerate(edges_raw):
         if not (isinstance(e, list) and len(e) == 2):
             raise E(f"plan: edges[{i}] must be a [from, to] pair, got {e!r}")
-        edges.append((integer(e[0], f"plan: edges[{i}]", E, minimum=0), integer(e[1], f"plan: edges[{i}]", E,
-                                                                                   minimum=0)))
-    p = d.get("predicted", {}) or {}
-    srch = d.get("search", {}) or {}
+        edges.append((integer(e[0], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT),
+                      integer(e[1], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT)))
+    srch = obj(d.get("search", {}), "plan: search", E)
     return Plan(
-        planner=str(d.get("planner", "unknown")), graph=str(d.get("graph", "")), mini_batch_size=B,
-        stages=tuple(stages), edges=tuple(edges),
-        predicted=PlanPrediction(
-            time_per_sample=number(p.get("time_per_sample", 0.0), "plan: predicted.time_per_sample", E),
-            iteration_time=number(p.get("iteration_time", 0.0), "plan: predicted.iteration_time", E),
-            throughput=number(p.get("throughput", 0.0), "plan: predicted.throughput", E),
-            peak_memory_bytes=number(p.get("peak_memory_bytes", 0.0), "plan: predicted.peak_memory_bytes", E)),
+        planner=_string(d.get("planner", "unknown"), "plan: planner"), graph=_string(d.get("graph", ""), "plan: graph"),
+        mini_batch_size=B, stages=tuple(stages), edges=tuple(edges),
+        predicted=PlanPrediction(**_predicted(d, _PLAN_PRED_FIELDS, "plan")),
         search=_search(srch),
     )
 
