@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Mapping
 
 from gpp_solver.cost.micro_batch import check_mini_batch_size
-from gpp_solver.formats.cluster import as_cluster
+from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.formats.graph import as_graph
+from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
+from gpp_solver.formats.jsonio import show
 from gpp_solver.planners.registry import REGISTRY, get_planner
-from gpp_solver.types import Plan, SolveOptions
+from gpp_solver.types import Cluster, Graph, Plan, SolveOptions
 from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,37 @@ def default_planner() -> str:
         return "graphpipe"
 
 
+def _check_arguments(options: Any, planner: Any, time_limit: Any, tighten: Any, progress: Any,
+                     mini_batch_size: Any) -> None:
+    """Each argument of :func:`solve` has the type it documents (one clear error, never a TypeError)."""
+    if options is not None and not isinstance(options, SolveOptions):
+        raise InvalidInputError(f"options must be a SolveOptions, got {show(options)} ({type(options).__name__})")
+    if options is not None and not isinstance(options.planner_options, Mapping):
+        raise InvalidInputError(f"options.planner_options must be a mapping, got {show(options.planner_options)}")
+    if planner is not None and not isinstance(planner, str):
+        raise InvalidInputError(f"planner must be a planner name (a string), got {show(planner)}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not time_limit > 0):
+        raise InvalidInputError(f"time_limit must be a positive number of seconds, got {show(time_limit)}")
+    if tighten is not None and not isinstance(tighten, bool):
+        raise InvalidInputError(f"tighten must be True, False or None, got {show(tighten)}")
+    if not isinstance(progress, bool):
+        raise InvalidInputError(f"progress must be True or False, got {show(progress)}")
+    if mini_batch_size is not None:
+        check_mini_batch_size(mini_batch_size)
+
+
+def _checked_graph(graph: Any) -> Graph:
+    """:func:`as_graph`, and a :class:`Graph` built in Python gets the document's checks (ranges) too."""
+    g = as_graph(graph)
+    return graph_from_dict(graph_to_dict(g)) if isinstance(graph, Graph) else g
+
+
+def _checked_cluster(budget: Any) -> Cluster:
+    c = as_cluster(budget)
+    return cluster_from_dict(cluster_to_dict(c)) if isinstance(budget, Cluster) else c
+
+
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planner: str | None = None,
           time_limit: float | None = None, progress: bool = False, tighten: bool | None = None,
           options: SolveOptions | None = None, **planner_options: Any) -> Plan:
@@ -42,6 +74,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     tightens by default when it fits its time limit; the reproductions of published planners do
     not, unless ``tighten=True``.  What CP-SAT proved is recorded in ``plan.search.cp_tighten``.
     """
+    _check_arguments(options, planner, time_limit, tighten, progress, mini_batch_size)
     if options is not None:
         mini_batch_size = options.mini_batch_size if mini_batch_size is None else mini_batch_size
         planner = planner or options.planner
@@ -49,8 +82,9 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
         tighten = options.tighten if tighten is None else tighten
         progress = progress or options.progress
         planner_options = {**dict(options.planner_options), **planner_options}
-    g = as_graph(graph)
-    c = as_cluster(budget)
+        _check_arguments(None, planner, time_limit, tighten, progress, mini_batch_size)
+    g = _checked_graph(graph)
+    c = _checked_cluster(budget)
     B = mini_batch_size if mini_batch_size is not None else DEFAULT_SAMPLES_PER_DEVICE * c.devices
     check_mini_batch_size(B)
     name = planner or default_planner()

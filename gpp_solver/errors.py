@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 class GppError(Exception):
     """Root of every error raised on purpose by gpp_solver."""
@@ -41,6 +43,17 @@ class InfeasibleError(GppError):
         self.required_memory_bytes = required_memory_bytes
         self.required_devices = required_devices
 
+    def rerun_hint(self) -> str:
+        """``"; needs memory_bytes >= N"`` with N the required memory ROUNDED UP to whole bytes (a figure
+        printed with a few digits may round down below it), and/or the devices; empty when unknown."""
+        parts = []
+        m = self.required_memory_bytes
+        if m is not None and m == m and m not in (float("inf"), float("-inf")):
+            parts.append(f"memory_bytes >= {math.ceil(m)}")
+        if self.required_devices is not None:
+            parts.append(f"devices >= {self.required_devices}")
+        return f"; a re-run needs cluster {' or '.join(parts)} (rounded up)" if parts else ""
+
 
 class SolverError(GppError):
     """A solver backend failed (crashed, returned an unknown status)."""
@@ -54,8 +67,16 @@ class DeadlockError(InvalidPlanError):
     """Stage orders that wait on each other forever."""
 
 
+def check_types(**named: tuple[object, type]) -> None:
+    """``check_types(plan=(plan, Plan), ...)``: an argument of the wrong type is one InvalidInputError
+    naming it (a library entry point never answers a wrong argument with AttributeError/TypeError)."""
+    for name, (value, kind) in named.items():
+        if not isinstance(value, kind):
+            raise InvalidInputError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
+
+
 __all__ = [
     "GppError", "InvalidInputError", "InvalidGraphError", "InvalidClusterError",
     "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError", "TimeLimitError",
-    "DeadlockError",
+    "DeadlockError", "check_types",
 ]

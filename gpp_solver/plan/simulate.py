@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs, stage_memory
-from gpp_solver.errors import DeadlockError
+from gpp_solver.errors import DeadlockError, check_types
 from gpp_solver.plan.grid import order_grid
 from gpp_solver.types import Cluster, Graph, Plan
 
@@ -146,6 +146,7 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
 
 def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     """Simulate ``plan`` (its own orders) and report iteration time, throughput, bubbles, memory."""
+    check_types(plan=(plan, Plan), graph=(graph, Graph), cluster=(cluster, Cluster))
     costs: list[StageCost] = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     by_id = {s.id: (s, c) for s, c in zip(plan.stages, costs)}
     orders = {s.id: s.schedule.order for s in plan.stages}

@@ -11,7 +11,7 @@ from typing import Sequence
 import networkx as nx
 
 from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
-from gpp_solver.errors import InvalidPlanError
+from gpp_solver.errors import InvalidPlanError, check_types
 from gpp_solver.plan.build import stage_graph_edges
 from gpp_solver.plan.simulate import simulate
 from gpp_solver.types import Cluster, Graph, Plan
@@ -61,6 +61,7 @@ def _close(a: float, b: float) -> bool:
 
 def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: bool = True) -> None:
     """Raise :class:`InvalidPlanError` at the first violation; return ``None`` for a valid plan."""
+    check_types(plan=(plan, Plan), graph=(graph, Graph), cluster=(cluster, Cluster))
     ids = [s.id for s in plan.stages]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)

@@ -69,7 +69,7 @@ def dlrm_dict(dense_branches: int = 7, sparse_branches: int = 7, dense_layers: i
     first, _ = _chain(nodes, edges, "top", hidden, hidden, top_layers, device, sizes)
     edges.append({"src": "interaction", "dst": first})
     return {"format": GRAPH_FORMAT, "name": name or f"dlrm-{dense_branches}d{sparse_branches}s",
-            "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges, "device": device.name}
+            "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges, "extra": {"device": device.name}}
 
 
 def candle_uno_dict(branches: int = 7, layers: int = 4, hidden: int = 4096, top_layers: int = 4,
@@ -96,7 +96,7 @@ def candle_uno_dict(branches: int = 7, layers: int = 4, hidden: int = 4096, top_
     first, _ = _chain(nodes, edges, "top", branches * hidden, hidden, top_layers, device, sizes)
     edges.append({"src": "concat", "dst": first})
     return {"format": GRAPH_FORMAT, "name": name or f"candle-uno-{branches}",
-            "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges, "device": device.name}
+            "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges, "extra": {"device": device.name}}
 
 
 def dlrm(**params: Any) -> Graph:

@@ -85,7 +85,8 @@ def forward_time(op: OpCost, dev: DeviceProfile, b: int) -> float:
 
 
 def node_dict(node_id: str, cost: OpCost, dev: DeviceProfile, sizes: list[int], **extra: Any) -> dict:
-    """One gpp-graph/1 node for ``cost`` at micro-batch sizes ``sizes`` (``extra``: more fields, e.g. ``op``)."""
+    """One gpp-graph/1 node for ``cost`` at micro-batch sizes ``sizes`` (``extra``: the node's ``extra``
+    object, e.g. ``op``)."""
     fw = [forward_time(cost, dev, b) for b in sizes]
     return {"id": node_id,
             "fw_time": fw,
@@ -93,7 +94,7 @@ def node_dict(node_id: str, cost: OpCost, dev: DeviceProfile, sizes: list[int], 
             "weight_bytes": float((cost.gemm_params + cost.table_params) * dev.weight_dtype_bytes),
             "activation_bytes": float(cost.activation_bytes),
             "output_bytes": float(cost.output_bytes),
-            **extra}
+            **({"extra": dict(extra)} if extra else {})}
 
 
 def powers_of_two(max_micro_batch: int) -> list[int]:

@@ -65,7 +65,7 @@ def mmt_dict(branches: int = 4, layers: int = 8, seq: int = 256, hidden: int = 1
     edges.append({"src": "concat", "dst": "head"})
     return {"format": GRAPH_FORMAT, "name": name or f"mmt-{branches}x{layers}",
             "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges,
-            "device": device.name}
+            "extra": {"device": device.name}}
 
 
 def transformer_dict(layers: int = 32, seq: int = 256, hidden: int = 1024, heads: int = 16,
@@ -87,7 +87,7 @@ def transformer_dict(layers: int = 32, seq: int = 256, hidden: int = 1024, heads
     edges.append({"src": prev, "dst": "head"})
     return {"format": GRAPH_FORMAT, "name": name or f"transformer-{layers}",
             "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges,
-            "device": device.name}
+            "extra": {"device": device.name}}
 
 
 def mmt(**params: Any) -> Graph:
