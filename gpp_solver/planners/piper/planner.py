@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from gpp_solver.cost.model import node_compute
-from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
@@ -160,9 +160,37 @@ def _specs(graph: Graph, res: DPResult, b1: int) -> list[StageSpec]:
 def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
                progress: bool = False, **options: Any) -> Plan:
     """Plan with Piper's DP (see the module docstring); raises ``SearchSpaceTooLargeError`` past
-    ``max_downsets`` downsets and ``InfeasibleError`` (with the memory needed) when nothing fits;
-    ``options`` are the fields of :class:`PiperOptions`."""
+    ``max_downsets`` downsets and ``InfeasibleError`` when nothing fits, with a memory that was checked
+    by re-planning with it (Piper's own memory model can understate the shared one's); ``options``
+    are the fields of :class:`PiperOptions`."""
     o = parse_options("piper", PiperOptions, options)
+    start = time.monotonic()
+    try:
+        return _plan_piper(graph, cluster, mini_batch_size, o, time_limit=time_limit, progress=progress)
+    except InfeasibleError as exc:
+        need, mem = exc.required_memory_bytes, None
+        for _ in range(4):  # re-plan with the memory named until a plan fits (or time runs out)
+            left = None if time_limit is None else time_limit - (time.monotonic() - start)
+            if need is None or not math.isfinite(need) or (left is not None and left <= 0):
+                break
+            try:
+                _plan_piper(graph, cluster.with_(memory_bytes=float(math.ceil(need))), mini_batch_size, o,
+                            time_limit=left)
+                mem = float(math.ceil(need))
+                break
+            except InfeasibleError as again:
+                if again.required_memory_bytes is None or again.required_memory_bytes <= need:
+                    break
+                need = again.required_memory_bytes
+            except GppError:
+                break
+        note = (f"; re-planned with {mem:.0f} bytes per device, Piper finds a plan that fits" if mem is not None
+                else "; that memory was not confirmed by re-planning (time limit or no convergence)")
+        raise InfeasibleError(f"{exc}{note}", required_memory_bytes=need) from None
+
+
+def _plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, o: PiperOptions, *,
+                time_limit: float | None = None, progress: bool = False) -> Plan:
     max_downsets, mode, micro_batch_size = o.max_downsets, o.mode, o.micro_batch_size
     start = time.monotonic()
     deadline = None if time_limit is None else start + time_limit
