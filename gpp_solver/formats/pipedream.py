@@ -141,16 +141,14 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def _suggest(text: str) -> str:
-    """A hint from the first node's activation_size (an image batch of 3x224^2 or 3x299^2 fp32)."""
-    m = re.search(r"activation_size=([0-9.]+)", text)
+    """A hint from the input node's activation_size (an image batch of 3x224^2, 3x299^2 or 3x32^2 fp32)."""
+    m = re.search(r"^\S+ -- Input\w* -- .*activation_size=([0-9.]+)", text, re.MULTILINE)
     if not m:
         return ""
     size = float(m.group(1))
-    for side in (224, 299, 32):
-        b = size / (3 * side * side * 4)
-        if b >= 1 and b.is_integer():
-            return f"; its first node's activation_size fits {int(b)} samples of 3x{side}x{side} fp32"
-    return ""
+    fits = [f"{int(size / (12 * s * s))} samples of 3x{s}x{s}" for s in (224, 299, 32)
+            if size / (12 * s * s) >= 1 and (size / (12 * s * s)).is_integer()]
+    return f"; its input node's activation_size fits {' or '.join(fits)} fp32" if fits else ""
 
 
 def import_pipedream(path: str | Path, *, batch_size: int | None = None, name: str | None = None) -> Graph:
