@@ -9,7 +9,7 @@ from gpp_solver.cost.micro_batch import check_mini_batch_size
 from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
-from gpp_solver.formats.jsonio import show
+from gpp_solver.formats.jsonio import MAX_SECONDS, show
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SolveOptions
 from gpp_solver.plan.validate import validate
@@ -39,8 +39,9 @@ def _check_arguments(options: Any, planner: Any, time_limit: Any, tighten: Any, 
     if planner is not None and not isinstance(planner, str):
         raise InvalidInputError(f"planner must be a planner name (a string), got {show(planner)}")
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
-                                   or not time_limit > 0):
-        raise InvalidInputError(f"time_limit must be a positive number of seconds, got {show(time_limit)}")
+                                   or not 0 < time_limit <= MAX_SECONDS):
+        raise InvalidInputError(f"time_limit must be a positive number of seconds (at most {MAX_SECONDS:g}), "
+                                f"got {show(time_limit)}")
     if tighten is not None and not isinstance(tighten, bool):
         raise InvalidInputError(f"tighten must be True, False or None, got {show(tighten)}")
     if not isinstance(progress, bool):

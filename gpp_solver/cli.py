@@ -71,8 +71,8 @@ def _positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    if not 0 < v <= 1e9:
+        raise argparse.ArgumentTypeError(f"expected a positive number (at most 1e9), got {text[:40]!r}")
     return v
 
 

@@ -103,8 +103,8 @@ def test_model_and_import(capsys, tmp_path, shared_dir):
     assert rc == 0 and gs.load_graph(out).name
     rc, _, err = run(["model", "dlrm", "--layers", "2", "-o", str(out)], capsys)
     assert rc == 2 and "has no parameter --layers" in err
-    rc, o, _ = run(["import", "pipedream", str(shared_dir / "data/pipedream/alexnet.graph.txt"), "-o", str(out)],
-                   capsys)
+    rc, o, _ = run(["import", "pipedream", str(shared_dir / "data/pipedream/alexnet.graph.txt"), "--batch-size", "256",
+                    "-o", str(out)], capsys)
     assert rc == 0 and len(gs.load_graph(out).nodes) > 5
 
 

@@ -258,7 +258,8 @@ def test_cluster_of_many_devices_is_not_a_traceback_at_the_reader():
     ({"planner": ["gpp"]}, "planner"), ({"time_limit": "x"}, "time_limit"), ({"options": 5}, "options"),
     ({"tighten": "yes"}, "tighten"), ({"mini_batch_size": 10**400}, "mini_batch_size"),
     ({"mini_batch_size": 2.0}, "mini_batch_size"), ({"progress": "no"}, "progress"),
-    ({"time_limit": float("nan")}, "time_limit"),
+    ({"time_limit": float("nan")}, "time_limit"), ({"time_limit": float("inf")}, "time_limit"),
+    ({"time_limit": 10**400}, "time_limit"),
 ])
 def test_solve_checks_its_arguments(kwargs, words):
     with pytest.raises(gs.InvalidInputError, match=words):
@@ -285,3 +286,19 @@ def test_solve_checks_the_ranges_of_objects_built_in_python():
     tiny = replace(gs.cluster_from_dict(CLUSTER), inter_node_bandwidth=1e-300)
     with pytest.raises(gs.InvalidClusterError, match="supported range"):
         gs.solve(g, tiny, mini_batch_size=8, planner="pipedream")
+
+
+@pytest.mark.parametrize("value", ["1e400", "inf", "nan", "-1", "0", "x"])
+def test_cli_time_limit_must_be_a_positive_finite_number(files, value):
+    tmp, g, c, p = files
+    one_line_error(*run_cli(["plan", g, "--cluster", c, "--batch", "8", "--time-limit", value]), 2, "--time-limit")
+
+
+def test_a_search_record_with_inf_still_writes_valid_json(files, tmp_path):
+    plan = gs.load_plan(files[3])
+    from dataclasses import replace
+
+    plan = replace(plan, search=replace(plan.search, extra={"bound": float("inf"), "nested": [float("nan")]}))
+    gs.save_plan(plan, tmp_path / "q.json")
+    d = json.loads((tmp_path / "q.json").read_text())
+    assert d["search"]["bound"] == "inf" and d["search"]["nested"] == ["nan"]

@@ -8,6 +8,7 @@ planner-specific fields (kept in ``SearchInfo.extra``; nothing reads them to pla
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,17 @@ def plan_from_dict(d: Any) -> Plan:
     )
 
 
+def _json_safe(v: Any) -> Any:
+    """The search record with non-finite floats as strings ("inf"): JSON has no such numbers."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
 def plan_to_dict(p: Plan) -> dict[str, Any]:
     stages = []
     for s in p.stages:
@@ -159,9 +171,9 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     for key in ("objective", "iteration_time_estimate", "micro_batch_size"):
         if getattr(p.search, key) is not None:
             search[key] = getattr(p.search, key)
-    search.update(p.search.extra)
+    search.update(_json_safe(dict(p.search.extra)))
     if p.search.cp_tighten is not None:
-        search["cp_tighten"] = p.search.cp_tighten
+        search["cp_tighten"] = _json_safe(p.search.cp_tighten)
     return {
         "format": PLAN_FORMAT, "planner": p.planner, "graph": p.graph, "mini_batch_size": p.mini_batch_size,
         "stages": stages, "edges": [list(e) for e in p.edges],
