@@ -43,7 +43,7 @@ from typing import Any
 
 from gpp_solver.errors import InvalidGraphError
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.formats.jsonio import integer, number, read_json, require
+from gpp_solver.formats.jsonio import MAX_BYTES, integer, number, read_json, require
 from gpp_solver.types import GRAPH_FORMAT, Graph
 
 logger = logging.getLogger(__name__)
@@ -74,11 +74,11 @@ def _read_tmpc(x: Any, where: str) -> dict:
         raise E(f"{where}.id must be a non-empty string, got {x['id']!r}")
     out = {"id": x["id"]}
     for f in ("timePerSample", "parameterSize", "memoryUsageA", "memoryUsageB"):
-        out[f] = number(x[f], f"{where}.{f}", E)
+        out[f] = number(x[f], f"{where}.{f}", E, maximum=MAX_BYTES)
     for f in ("syncTimeFw", "syncTimeBw"):
         if not isinstance(x[f], dict):
             raise E(f"{where}.{f} must be an object keyed by node id, got {x[f]!r}")
-        out[f] = {str(k): number(v, f"{where}.{f}[{k}]", E) for k, v in x[f].items()}
+        out[f] = {str(k): number(v, f"{where}.{f}[{k}]", E, maximum=MAX_BYTES) for k, v in x[f].items()}
     return out
 
 
@@ -117,7 +117,7 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
         where = f"Piper edge #{i}"
         s = integer(require(ed, "sourceId", where, E), f"{where}.sourceId", E)
         t = integer(require(ed, "destId", where, E), f"{where}.destId", E)
-        c = number(require(ed, "communicationCost", where, E), f"{where}.communicationCost", E)
+        c = number(require(ed, "communicationCost", where, E), f"{where}.communicationCost", E, maximum=MAX_BYTES)
         for end in (s, t):
             if end not in preds:
                 raise E(f"{where} ({s} -> {t}) refers to unknown node id {end}")
@@ -184,7 +184,7 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
 def import_piper(path: str | Path, *, name: str | None = None, time_unit: float = 1e-3) -> Graph:
     """Read a Piper input JSON at ``path`` as a validated :class:`Graph` (``time_unit``: seconds
     per unit of ``timePerSample``; the published inputs use milliseconds)."""
-    number(time_unit, "time_unit", E, positive=True)
+    number(time_unit, "time_unit", E, positive=True, maximum=1.0)
     p = Path(path)
     doc = read_json(p, "Piper input", E)
     return graph_from_dict(piper_dict(doc, name=name or p.stem, time_unit=time_unit))
