@@ -134,7 +134,10 @@ def mutate(doc: Any, ops: Sequence[Op]) -> Any:
         elif op == "duplicate" and isinstance(parent, list):
             parent.append(copy.deepcopy(parent[key]))
         elif op == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
-            v = parent[key] * SCALES[w % len(SCALES)]
+            try:
+                v = parent[key] * SCALES[w % len(SCALES)]
+            except OverflowError:  # an integer no float holds, scaled by a float
+                v = float("inf")
             parent[key] = int(v) if isinstance(parent[key], int) and abs(v) < 2**63 else v
         else:
             parent[key] = copy.deepcopy(value)
