@@ -8,7 +8,7 @@ negative or non-finite numbers, time lists of the wrong length, an empty or disc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import networkx as nx
 
