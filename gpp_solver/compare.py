@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from gpp_solver._backend.progress import note
-from gpp_solver.errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
+from gpp_solver.cost.micro_batch import check_mini_batch_size
+from gpp_solver.errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError, check_types
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.plan.simulate import simulate
 from gpp_solver.types import Cluster, Graph, Plan, Status
@@ -55,6 +56,8 @@ def compare(graph: Graph, cluster: Cluster, mini_batch_size: int, planners: Sequ
     every returned plan is validated.  ``progress`` is passed on to every planner, and each
     planner's start and outcome are reported (:func:`gpp_solver._backend.progress.note`).
     """
+    check_types(graph=(graph, Graph), cluster=(cluster, Cluster))
+    check_mini_batch_size(mini_batch_size)
     names = list(planners) if planners else [p for p in DEFAULT_PLANNERS if p in REGISTRY]
     rows: list[CompareRow] = []
     plans: dict[str, Plan] = {}

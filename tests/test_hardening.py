@@ -266,6 +266,13 @@ def test_solve_checks_its_arguments(kwargs, words):
         gs.solve(diamond_dict(), CLUSTER, **kwargs)
 
 
+def test_compare_checks_its_arguments():
+    g, c = gs.graph_from_dict(diamond_dict()), gs.cluster_from_dict(CLUSTER)
+    for args in ((5, c, 8), (g, CLUSTER, 8), (g, c, "x"), (g, c, 10**400)):
+        with pytest.raises(gs.InvalidInputError):
+            gs.compare(*args, ["pipedream"])
+
+
 def test_validate_and_simulate_check_their_arguments():
     g, c = gs.graph_from_dict(diamond_dict()), gs.cluster_from_dict(CLUSTER)
     plan = gs.solve(g, c, mini_batch_size=8, planner="pipedream")
