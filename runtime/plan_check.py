@@ -14,9 +14,10 @@ from __future__ import annotations
 import copy
 
 from gpp_solver.cost.model import in_flight_from_order
-from gpp_solver.formats.cluster import cluster_from_dict, load_cluster
+from gpp_solver.formats.cluster import load_cluster
 from gpp_solver.formats.graph import graph_from_dict, load_graph
 from gpp_solver.formats.plan_json import plan_from_dict
+from gpp_solver.types import Cluster
 from gpp_solver.plan.validate import validate
 from runtime.fx_graph import ModelGraph
 from runtime.plan_io import Plan
@@ -42,6 +43,6 @@ def check_plan(plan: Plan, mg: ModelGraph, graph_path: str | None = None,
     for raw, st in zip(doc["stages"], plan.stages):  # hand-written plans may leave it out
         raw.setdefault("in_flight_samples", in_flight_from_order(st.order, st.micro_batch_size))
     graph = graph_from_dict(structure_graph(mg, plan))
-    cluster = cluster_from_dict({"format": "gpp-cluster/1", "devices": plan.world_size,
-                                 "memory_bytes": 1e300, "inter_node_bandwidth": 1.0})
+    # unbounded memory: a Cluster built directly (a document's memory_bytes stops at 1e18)
+    cluster = Cluster(devices=plan.world_size, memory_bytes=float("inf"), inter_node_bandwidth=1.0)
     validate(plan_from_dict(doc), graph, cluster, check_predictions=False)

@@ -202,9 +202,9 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
         nd.update({"weight_bytes": int(_weight_bytes(mg, members)),
                    "activation_bytes": float(act_bytes[gid]),
                    "output_bytes": float(out_bytes[gid]),
-                   "time_spread": spread})
+                   "extra": {"time_spread": spread}})  # gpp-graph/1 extensions go under "extra"
         if len(members) > 1:
-            nd["fx_nodes"] = [mg.ids[n] for n in members]
+            nd["extra"]["fx_nodes"] = [mg.ids[n] for n in members]
         nodes.append(nd)
     for nd in nodes:
         for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
@@ -212,7 +212,7 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
     info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
     return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(batch_sizes),
             "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
-            "profile": info}
+            "extra": {"profile": info}}
 
 
 def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:

@@ -69,7 +69,7 @@ def test_two_tower_with_multihead_attention(tmp_path):
     doc = _profile(tmp_path, "two_tower")
     by = {n["id"]: n for n in doc["nodes"]}
     # the attention's tuple and the getitems that unpack it are one graph node
-    assert by["fuse"]["fx_nodes"] == ["fuse", "getitem", "getitem_1"]
+    assert by["fuse"]["extra"]["fx_nodes"] == ["fuse", "getitem", "getitem_1"]
     plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7)
     _train_verify(tmp_path, "two_tower", plan)
 

@@ -66,8 +66,8 @@ def test_unsendable_values_stay_inside_graph_nodes():
     g = nx.DiGraph([(e["src"], e["dst"]) for e in doc["edges"]])
     assert set(g.nodes) == {n["id"] for n in doc["nodes"]} and nx.is_weakly_connected(g)
     assert len(graph.nodes) == len(mg.groups)
-    merged = [n for n in doc["nodes"] if "fx_nodes" in n]
-    assert merged and all(len(n["fx_nodes"]) > 1 for n in merged)
+    merged = [n for n in doc["nodes"] if "fx_nodes" in n.get("extra", {})]
+    assert merged and all(len(n["extra"]["fx_nodes"]) > 1 for n in merged)
 
 
 def test_profile_runs_in_place_operators_on_fresh_inputs():

@@ -21,15 +21,16 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
                    "branch1.fc2", "cat", "head"]
     for n in g["nodes"]:
         assert set(n) == {"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes",
-                          "output_bytes", "time_spread"}
+                          "output_bytes", "extra"} and set(n["extra"]) == {"time_spread"}
         assert len(n["fw_time"]) == len(n["bw_time"]) == 2
         for kind in ("fw", "bw"):  # the median lies within the spread of the timed runs
-            for t, (lo, hi) in zip(n[f"{kind}_time"], n["time_spread"][kind]):
+            for t, (lo, hi) in zip(n[f"{kind}_time"], n["extra"]["time_spread"][kind]):
                 assert 0 <= lo <= t <= hi
         for v in n["fw_time"] + n["bw_time"] + [n["weight_bytes"], n["activation_bytes"], n["output_bytes"]]:
             assert math.isfinite(v) and v >= 0
-    assert g["profile"]["threads"] == 1 and g["profile"]["device"] == "cpu"
-    assert g["profile"]["warmup"] == 1 and g["profile"]["repeats"] == 2
+    prof = g["extra"]["profile"]
+    assert prof["threads"] == 1 and prof["device"] == "cpu"
+    assert prof["warmup"] == 1 and prof["repeats"] == 2
     by = {n["id"]: n for n in g["nodes"]}
     assert by["branch0.fc1"]["weight_bytes"] == (8 * 8 + 8) * 4  # Linear(8, 8), float32
     assert by["cat"]["weight_bytes"] == 0
@@ -45,7 +46,7 @@ def test_profile_threads_option(tmp_path):
     out = tmp_path / "graph.json"
     assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "2", "--threads", "2",
                  "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
-    assert json.loads(out.read_text())["profile"]["threads"] == 2
+    assert json.loads(out.read_text())["extra"]["profile"]["threads"] == 2
     assert main(["--model", "examples.two_branch:workload", "--threads", "0", "-o", str(out)]) == 2
 
 
