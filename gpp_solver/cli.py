@@ -13,7 +13,7 @@ import sys
 from typing import Any, Sequence
 
 from gpp_solver.formats.cluster_spec import cluster_from_spec
-from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError
+from gpp_solver.errors import GppError, InvalidInputError, exit_status
 from gpp_solver.formats.graph import load_graph, save_graph
 from gpp_solver.formats.machines import MACHINES
 from gpp_solver.formats.plan_json import load_plan, save_plan
@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file", help="the profile to convert (PipeDream graph.txt or Piper input JSON)")
     i.add_argument("-o", "--output", required=True, help="graph JSON to write")
     i.add_argument("--batch-size", type=_positive_int, default=None,
-                   help="PipeDream (required unless FILE.json gives {\"batch_size\": N}): samples in the "
-                        "profiled mini-batch the times and activation sizes refer to")
+                   help="PipeDream: samples in the profiled mini-batch the times and activation sizes refer to "
+                        "(default: none; required unless FILE.json gives {\"batch_size\": N})")
     i.add_argument("--name", default=None, help="the graph's name (default: from the file name)")
 
     v = sub.add_parser("validate", help="check a graph, and a plan against it")
@@ -219,18 +219,14 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     if args.command == "import":
         from gpp_solver.formats.importers import import_pipedream, import_piper
+        from gpp_solver.formats.pipedream import assumed_batch_size
 
         if args.kind == "piper" and args.batch_size is not None:
             raise InvalidInputError("--batch-size is for PipeDream profiles; a Piper input has no batch size")
         g = import_pipedream(args.file, batch_size=args.batch_size, name=args.name) if args.kind == "pipedream" \
             else import_piper(args.file, name=args.name)
         save_graph(g, args.output)
-        assumed = ""
-        if args.kind == "pipedream":
-            src = g.extra["source"]
-            origin = "--batch-size" if src["batch_size_from"] == "batch_size" else src["batch_size_from"]
-            assumed = (f"; assumed the profile is of one mini-batch of {src['batch_size']} samples (from {origin}): "
-                       f"times are per micro-batch of {src['batch_size']}, bytes per sample")
+        assumed = "; " + assumed_batch_size(g) if args.kind == "pipedream" else ""
         print(f"wrote {args.output}: graph {g.name!r}, {plural(len(g.nodes), 'node')}, {plural(len(g.edges), 'edge')}{assumed}")
         return 0
     if args.command == "validate":
@@ -314,7 +310,7 @@ def _run(args: argparse.Namespace) -> int:
             print(time_limit_note(cut, args.time_limit, _default_time_limit()), file=sys.stderr)
         return 0
     if args.command == "simulate":
-        from gpp_solver.plan.simulate import simulate
+        from gpp_solver.plan.simulate import require_finite, simulate
 
         g = _graph(args.graph)
         c = cluster_from_spec(args.cluster)
@@ -323,8 +319,7 @@ def _run(args: argparse.Namespace) -> int:
 
         validate(plan, g, c, check_predictions=False)
         sim = simulate(plan, g, c)
-        _finite("simulated", {"iteration time": sim.iteration_time, "throughput": sim.throughput,
-                              "peak memory": sim.peak_memory_bytes})
+        require_finite(sim)
         print(f"iteration {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s, "
               f"peak memory {format_bytes(sim.peak_memory_bytes)} per device\n  cluster: {describe_cluster(c)}")
         for st in sim.stages:
@@ -342,14 +337,14 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "show":
         from gpp_solver.viz import draw_plan
 
-        from gpp_solver.plan.validate import validate
+        from gpp_solver.plan.validate import unbounded_cluster, validate
 
         g = _graph(args.graph)
         c = cluster_from_spec(args.cluster) if args.cluster else None
         plan = load_expecting(args.plan, "gpp-plan/1", load_plan)
         # refuse a plan that does not fit its graph (and cluster): without --cluster, devices and memory
         # are unbounded but the node partition, convexity, edges and orders are checked all the same
-        validate(plan, g, c if c is not None else _unbounded_cluster(plan), check_predictions=False)
+        validate(plan, g, c if c is not None else unbounded_cluster(plan), check_predictions=False)
         if c is None:
             print("gpp: no --cluster given: drawing the stage graph only (the Gantt chart of the schedule needs "
                   "the cluster, e.g. --cluster v100:8)", file=sys.stderr)
@@ -375,24 +370,6 @@ def _write_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
-def _unbounded_cluster(plan: Any) -> Cluster:
-    """A cluster with every device the plan names and unlimited memory (for checks without --cluster)."""
-    return Cluster(devices=max((d for s in plan.stages for d in s.devices), default=0) + 1,
-                   memory_bytes=float("inf"), inter_node_bandwidth=1.0)
-
-
-def _finite(what: str, values: dict[str, float]) -> None:
-    """Exit 1 rather than print a non-finite figure as if it were a result."""
-    import math
-
-    from gpp_solver.errors import SolverError
-
-    bad = {k: v for k, v in values.items() if not math.isfinite(v)}
-    if bad:
-        raise SolverError(f"the {what} figures are not finite ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
-                          f"the inputs are outside what the cost model can evaluate")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
@@ -409,32 +386,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    except InfeasibleError as exc:
-        print(f"gpp: no feasible plan: {exc}{exc.rerun_hint()}", file=sys.stderr)
-        return 1
-    except InvalidInputError as exc:
-        print(f"gpp: {exc}", file=sys.stderr)
-        return 2
-    except GppError as exc:
-        print(f"gpp: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("gpp: interrupted", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         return 0
-    except OSError as exc:
-        print(f"gpp: {exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}".rstrip(": "), file=sys.stderr)
-        return 2
-    except (RecursionError, MemoryError) as exc:
-        print(f"gpp: the input is too large or too deeply nested to process ({type(exc).__name__})", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a bug: still one line and exit 1 (with --verbose, the traceback too)
-        if args.verbose:
+    except (Exception, KeyboardInterrupt) as exc:  # one line and an exit code (errors.exit_status), no traceback
+        if args.verbose and not isinstance(exc, (GppError, OSError, KeyboardInterrupt)):
             logging.getLogger("gpp_solver").exception("internal error")
-        print(f"gpp: internal error (a bug; please report it with the inputs): {type(exc).__name__}: "
-              f"{str(exc)[:300]}", file=sys.stderr)
-        return 1
+        code, message = exit_status(exc)
+        print(message, file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -67,6 +67,25 @@ class DeadlockError(InvalidPlanError):
     """Stage orders that wait on each other forever."""
 
 
+def exit_status(exc: BaseException) -> tuple[int, str]:
+    """The ``gpp`` command's exit code and one-line message for ``exc``: 2 bad input (also a file it
+    cannot read, input too deep or too large), 1 no feasible plan, solver failure, interruption or a
+    bug (named as one, never a traceback)."""
+    if isinstance(exc, InfeasibleError):
+        return 1, f"gpp: no feasible plan: {exc}{exc.rerun_hint()}"
+    if isinstance(exc, InvalidInputError):
+        return 2, f"gpp: {exc}"
+    if isinstance(exc, GppError):
+        return 1, f"gpp: {exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return 1, "gpp: interrupted"
+    if isinstance(exc, (RecursionError, MemoryError)):
+        return 2, f"gpp: the input is too large or too deeply nested to process ({type(exc).__name__})"
+    if isinstance(exc, OSError):
+        return 2, f"gpp: {exc.strerror or exc}: {getattr(exc, 'filename', '') or ''}".rstrip(": ")
+    return 1, f"gpp: internal error (a bug; please report it with the inputs): {type(exc).__name__}: {str(exc)[:300]}"
+
+
 def check_types(**named: tuple[object, type]) -> None:
     """``check_types(plan=(plan, Plan), ...)``: an argument of the wrong type is one InvalidInputError
     naming it (a library entry point never answers a wrong argument with AttributeError/TypeError)."""
@@ -78,5 +97,5 @@ def check_types(**named: tuple[object, type]) -> None:
 __all__ = [
     "GppError", "InvalidInputError", "InvalidGraphError", "InvalidClusterError",
     "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError", "TimeLimitError",
-    "DeadlockError", "check_types",
+    "DeadlockError", "check_types", "exit_status",
 ]

@@ -175,3 +175,11 @@ def import_pipedream(path: str | Path, *, batch_size: int | None = None, name: s
     default = p.name.removesuffix(".txt").removesuffix(".graph")
     return graph_from_dict(pipedream_dict(text, batch_size=batch_size, name=name or default, source=p.name,
                                           batch_size_from=origin))
+
+
+def assumed_batch_size(g: Graph) -> str:
+    """What an import from a PipeDream profile assumed (``g.extra["source"]``), as one sentence."""
+    src = g.extra["source"]
+    origin = "--batch-size" if src["batch_size_from"] == "batch_size" else src["batch_size_from"]
+    return (f"assumed the profile is of one mini-batch of {src['batch_size']} samples (from {origin}): times are "
+            f"per micro-batch of {src['batch_size']}, bytes per sample")

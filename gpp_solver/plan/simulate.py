@@ -11,11 +11,12 @@ wait on each other forever raise :class:`DeadlockError` naming the waiting stage
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs, stage_memory
-from gpp_solver.errors import DeadlockError, check_types
+from gpp_solver.errors import DeadlockError, SolverError, check_types
 from gpp_solver.plan.grid import order_grid
 from gpp_solver.types import Cluster, Graph, Plan
 
@@ -164,3 +165,13 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
                                 allreduce=c.allreduce))
     return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
                      tuple(tasks), tuple(stats))
+
+
+def require_finite(sim: SimResult) -> SimResult:
+    """``sim``, or :class:`SolverError` when a figure is not finite (never printed as a result)."""
+    bad = {k: v for k, v in (("iteration time", sim.iteration_time), ("throughput", sim.throughput),
+                             ("peak memory", sim.peak_memory_bytes)) if not math.isfinite(v)}
+    if bad:
+        raise SolverError(f"the simulated figures are not finite ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+                          "the inputs are outside what the cost model can evaluate")
+    return sim

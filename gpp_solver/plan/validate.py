@@ -183,3 +183,10 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
     for name, got, want in checks:
         if not _close(got, want):
             raise E(f"plan predicted.{name} {got:.9g} differs from the cost model's {want:.9g}")
+
+
+def unbounded_cluster(plan: Plan) -> Cluster:
+    """A cluster with every device ``plan`` names and unlimited memory: to check a plan's structure
+    (C1-C4, devices) when no cluster is given."""
+    return Cluster(devices=max((d for s in plan.stages for d in s.devices), default=0) + 1,
+                   memory_bytes=math.inf, inter_node_bandwidth=1.0)
