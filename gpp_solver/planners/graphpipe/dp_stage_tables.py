@@ -175,6 +175,8 @@ def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets,
         out = np.empty(shape, dtype=np.int64)
     assert out.shape == shape, (out.shape, shape)
     out.fill(INF)
+    ok = np.empty(shape, dtype=bool)        # one mask buffer for every degree
     for j in range(thr.shape[2] - 1, -1, -1):
-        np.copyto(out, degrees[j], where=thr[:, :, j] <= t)
+        np.less_equal(thr[:, :, j], t, out=ok)
+        np.copyto(out, degrees[j], where=ok)
     return out
