@@ -141,10 +141,16 @@ class Cluster:
 
     def same_node(self, devices: Iterable[int]) -> bool:
         """True when every device sits in one node (never true on a flat network)."""
-        if self.devices_per_node is None:
+        dpn = self.devices_per_node
+        if dpn is None:
             return False
-        nodes = {self.node_of(d) for d in devices}
-        return len(nodes) <= 1
+        if not isinstance(devices, (range, list, tuple)):
+            devices = list(devices)
+        if len(devices) <= 1:
+            return True
+        if isinstance(devices, range):     # node_of is monotonic: the two ends decide, O(1)
+            return devices[0] // dpn == devices[-1] // dpn
+        return min(devices) // dpn == max(devices) // dpn
 
     def bandwidth(self, devices: Iterable[int]) -> float:
         """Intra-node bandwidth when all ``devices`` share a node, else the inter-node one."""

@@ -142,13 +142,15 @@ class StageDP:
         return float(max(one, work))
 
     # ---- per target ----------------------------------------------------------------------
-    def _dev(self, b: int, targets, E: int | None = None) -> np.ndarray:
+    def _dev(self, b: int, targets, E: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """The DP's encoded stage values ``encode(dev[i, g, depth])`` for ``targets`` (into ``out``
+        when given): the degrees go in encoded, so no second pass over the table encodes it."""
         tb = self.tables(b)
         thr = tb.thresholds
         if E is not None and E < self.E:        # depths above E impossible
             thr = thr[:, :E + 2].copy()
             thr[:, E + 1] = np.nan
-        return encode(devices_from_thresholds(thr, tb.degrees, targets))
+        return devices_from_thresholds(thr, encode(np.asarray(tb.degrees, dtype=np.int64)), targets, out)
 
     def batch_size(self) -> int:
         """How many targets one DP pass should test: enough to amortise the Python overhead of
@@ -183,7 +185,11 @@ class StageDP:
         else:
             dev = np.empty((len(pairs), len(self.idx.seg_lo), E + 2), dtype=np.int64)
             for b, rows in by_b.items():
-                dev[rows] = self._dev(b, [pairs[i][1] for i in rows], E)
+                ts = [pairs[i][1] for i in rows]
+                if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
+                    self._dev(b, ts, E, out=dev[rows[0]:rows[-1] + 1])
+                else:
+                    dev[rows] = self._dev(b, ts, E)
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
 

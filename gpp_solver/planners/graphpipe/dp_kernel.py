@@ -54,7 +54,8 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     """The DP over the tree for a batch of targets (one per leading index of ``dev``).
 
     Returns ``(R_root, tables, R)``: ``R_root[i, s, e]`` as in the module docstring for target
-    ``i`` (values ``>= INF`` mean impossible), with ``keep`` every node's suffix tables
+    ``i`` (values ``>= INF`` mean impossible; only the row ``s = 0`` when the root is internal:
+    nothing follows the root), with ``keep`` every node's suffix tables
     ``tables[t][i, p]`` for the traceback, and every internal node's ``R``.  Batching targets shares
     the Python overhead of the recursion, which dominates on small trees; so does solving each
     group of like tree nodes (:func:`node_groups`) at once.
@@ -74,7 +75,9 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
         kind, kids0 = idx.nodes[group[0]]
         k, g = len(kids0), len(group)
         segs = np.stack([idx.seg[t] for t in group])                          # (g, k, k)
-        suf = np.empty((T, g, k + 1, size, size), dtype=np.int64)
+        # nothing follows the root: its rows s > 0 are never read, so only s = 0 is computed
+        S = 1 if group == [idx.root[1]] else size
+        suf = np.empty((T, g, k + 1, S, size), dtype=np.int64)
         for p in range(k - 1, -1, -1):
             child_internal = kids0[p][0] == "node"
             q0 = p + 1 if child_internal else p
@@ -82,7 +85,7 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
             Rc = np.stack([R[idx.nodes[t][1][p][1]] for t in group], axis=1) if child_internal else None
             if kind == "S":
                 if p == k - 1:
-                    suf[:, :, k] = empty_series
+                    suf[:, :, k] = empty_series[:S]
                 if q0 < k:
                     D = dev[:, segs[:, p, q0:k], 1:size + 1]                  # D[i, j, q, m] = dev at depth m+1
                     X = (D[:, :, :, None, :] + suf[:, :, q0 + 1:k + 1]).min(axis=2)   # X[i, j, s, m]
@@ -99,12 +102,12 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
                 if p == k - 1:
                     suf[:, :, k] = 0
                 if q0 < k:
-                    D = dev[:, segs[:, p, q0:k], 1:size + 1]                  # D[i, j, q, s] = dev at depth s+1
+                    D = dev[:, segs[:, p, q0:k], 1:S + 1]                     # D[i, j, q, s] = dev at depth s+1
                     X = (D[..., None] + suf[:, :, q0 + 1:k + 1]).min(axis=2)
-                    X[:, :, lower] = INF
+                    X[:, :, lower[:S]] = INF
                     out[...] = X
                 if child_internal:
-                    Y = Rc + suf[:, :, p + 1]
+                    Y = Rc[:, :, :S] + suf[:, :, p + 1]
                     if q0 < k:
                         np.minimum(out, Y, out=out)
                     else:
@@ -115,7 +118,7 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
                         if site.p == p:
                             sv = [0] if t == idx.root[1] else range(size)
                             A = attach_values(idx, site, dev, suf[:, j], R, par_suf[site.par], E, sv)
-                            np.minimum(suf[:, j, p], A, out=suf[:, j, p])
+                            np.minimum(suf[:, j, p], A[:, :S], out=suf[:, j, p])
         Rg = np.minimum(suf[:, :, 0], INF)
         for j, t in enumerate(group):
             R[t] = Rg[:, j]

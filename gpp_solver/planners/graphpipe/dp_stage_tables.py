@@ -163,11 +163,20 @@ def degree_thresholds(tps: np.ndarray, maxdepth: np.ndarray, E: int) -> np.ndarr
     return np.moveaxis(thr, 0, 2)
 
 
-def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets) -> np.ndarray:
+def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets,
+                            out: np.ndarray | None = None) -> np.ndarray:
     """``dev[i, g, depth]`` as :func:`devices_by_depth` returns it, from :func:`degree_thresholds`:
-    the largest degree first, each smaller one overwriting where it already meets the target."""
+    the largest degree first, each smaller one overwriting where it already meets the target.
+    ``degrees`` may be any values standing for the degrees (the DP passes them encoded); ``out``
+    (shape ``(targets, g, depth)``) is filled in place instead of a new array."""
     t = np.atleast_1d(np.asarray(targets, dtype=float))[:, None, None]
-    dev = np.full((t.shape[0],) + thr.shape[:2], INF, dtype=np.int64)
+    shape = (t.shape[0],) + thr.shape[:2]
+    if out is None:
+        out = np.empty(shape, dtype=np.int64)
+    assert out.shape == shape, (out.shape, shape)
+    out.fill(INF)
+    ok = np.empty(shape, dtype=bool)        # one mask buffer for every degree
     for j in range(thr.shape[2] - 1, -1, -1):
-        np.copyto(dev, degrees[j], where=thr[:, :, j] <= t)
-    return dev
+        np.less_equal(thr[:, :, j], t, out=ok)
+        np.copyto(out, degrees[j], where=ok)
+    return out

@@ -72,20 +72,24 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     if not results:
         raise _infeasible(dp, sizes, cluster)
     timed_out = any(not r.exact for r in results)
+
+    def past_deadline() -> bool:
+        return deadline is not None and time.perf_counter() >= deadline
     min_tps = {b: min(r.tps for r in per_b[b]) for b in sizes if per_b[b]}
     tables = dp._costs
     ranked = sorted(results, key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b))
     short = ranked if simulate_top is None else ranked[:max(1, simulate_top)]
     proposals: list[dict] = []
     optimistic: dict[int, list[tuple[str, TpsSearch, tuple[DPStage, ...]]]] = {}
-    if dp.placement_sensitive and not timed_out:
+    proposed = dp.placement_sensitive and not timed_out and not past_deadline()
+    if proposed:
         for c in _optimistic_proposals(graph, cluster, B, dec, dp,
                                        [r for r in short[:VARIANTS_TOP] if r.tps == min_tps[r.b]], deadline, proposals):
             optimistic.setdefault(c[1].b, []).append(c)
     cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
     for rank, r in enumerate(short):          # best estimate first, each b's optimistic proposals right after it
         variants = [("conservative DP", r.stages)]
-        if dp.idx.sites and rank < VARIANTS_TOP and (deadline is None or time.perf_counter() < deadline):
+        if dp.idx.sites and rank < VARIANTS_TOP and not past_deadline():
             # the same optimum traced back with separate sink-side stages where both reach it
             alt = tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=False)[0])
             if alt != tuple(r.stages):
@@ -98,9 +102,14 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
             cands.extend(optimistic[r.b])
     best = None         # (plan, origin, search result)
     tried = []
+    cut_short = False   # candidates left unsimulated at the deadline
     for origin, r, st in cands:
         entry = {"micro_batch_size": r.b, "dp_time_per_sample": r.tps, "stages_from": origin}
         tried.append(entry)
+        if best is not None and past_deadline():
+            entry["not_simulated_time_limit"] = True
+            cut_short = True
+            continue
         bound = B * price_staging(graph, cluster, st, r.b, B, tables)[0]     # every stage is busy B * TPS(S)
         if best is not None and bound > best[0].predicted.iteration_time * (1 + 1e-12):
             entry["not_simulated_lower_bound"] = bound      # cannot beat the best simulated plan
@@ -114,7 +123,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     for p in proposals:
         p["accepted"] = origin.startswith("optimistic") and p["micro_batch_size"] == chosen.b
     b_final = chosen.b
-    if timed_out:
+    if timed_out or cut_short:
         status = Status.TIME_LIMIT
     elif chosen.tps <= min_tps[b_final]:
         status = Status.OPTIMAL_WITHIN_SEARCH_SPACE
@@ -134,7 +143,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     if depth_tradeoff:
         extra["depth_tradeoff"] = True
         extra["depth_bound"] = chosen.depth_bound
-    if dp.placement_sensitive and not timed_out:
+    if proposed:
         extra["optimistic_transfer_proposals"] = proposals
     plan = replace(plan, search=replace(plan.search, status=status, extra={**plan.search.extra, **extra}))
     if plan.predicted.time_per_sample > chosen.tps * (1 + 1e-9) + 1e-15:
