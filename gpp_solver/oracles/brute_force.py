@@ -24,7 +24,8 @@ from typing import Iterator, Sequence
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth
-from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples
+from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples,
+                                            ordered_partitions)  # ordered_partitions: re-exported
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -34,42 +35,6 @@ logger = logging.getLogger(__name__)
 
 MAX_NODES = 8
 MAX_DEVICES = 4
-
-
-def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = True
-                       ) -> Iterator[tuple[tuple[str, ...], ...]]:
-    """Every partition into convex stages with an acyclic stage graph, stages listed in a
-    topological order of the stage graph.
-
-    These are exactly the maps ``stage: V -> {0..k-1}`` onto a prefix with ``stage(u) <= stage(v)``
-    for every edge ``u -> v``.  With ``every_order`` each partition comes once per topological order
-    of its stage graph (placement differs); otherwise once.
-    """
-    topo = graph.topo_order
-    preds = [[topo.index(p) for p in graph.preds(v)] for v in topo]
-    n = len(topo)
-    slot = [0] * n
-    seen: set[frozenset[frozenset[str]]] = set()
-
-    def rec(i: int, used: int) -> Iterator[tuple[tuple[str, ...], ...]]:
-        if i == n:
-            k = used.bit_length()
-            if used != (1 << k) - 1:
-                return
-            parts = tuple(tuple(topo[j] for j in range(n) if slot[j] == s) for s in range(k))
-            if not every_order:
-                key = frozenset(frozenset(p) for p in parts)
-                if key in seen:
-                    return
-                seen.add(key)
-            yield parts
-            return
-        lo = max((slot[p] for p in preds[i]), default=0)
-        for s in range(lo, max_stages):
-            slot[i] = s
-            yield from rec(i + 1, used | (1 << s))
-
-    yield from rec(0, 0)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ REGISTRY: dict[str, str] = {
     "piper": "gpp_solver.planners.piper.planner:plan_piper",
     "alpa": "gpp_solver.planners.sequential.alpa:plan_alpa",
     "milp": "gpp_solver.planners.milp.planner:plan_milp",
+    "exact": "gpp_solver.planners.exact.planner:plan_exact",
 }
 
 

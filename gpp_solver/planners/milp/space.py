@@ -1,4 +1,5 @@
-"""The search space shared by the exact MILP (``milp.py``) and the brute-force oracle (``oracle.py``).
+"""The search space shared by the exact MILP (``milp/model.py``), the exact iteration-time planner
+(``planners/exact``) and the brute-force oracle (``oracles/brute_force.py``).
 
 A candidate plan is
 
@@ -23,6 +24,8 @@ all-reduce included).  Memory feasibility uses the validator's tolerance (``M(S)
 from __future__ import annotations
 
 from typing import Iterator, Sequence
+
+from gpp_solver.types import Graph
 
 MEMORY_REL_TOL = 1e-9
 """A stage fits when ``M(S) <= memory_bytes * (1 + MEMORY_REL_TOL)`` (the validator's tolerance)."""
@@ -62,3 +65,39 @@ def layouts(b: int, devices: int, max_stages: int) -> Iterator[tuple[int, ...]]:
 def in_flight_samples(depth: int, b: int, mini_batch_size: int) -> int:
     """1F1B in-flight samples of a stage ``depth`` stages above the sinks (clamped at ``B / b`` micro-batches)."""
     return min(depth + 1, mini_batch_size // b) * b
+
+
+def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = True
+                       ) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every partition into convex stages with an acyclic stage graph, stages listed in a
+    topological order of the stage graph.
+
+    These are exactly the maps ``stage: V -> {0..k-1}`` onto a prefix with ``stage(u) <= stage(v)``
+    for every edge ``u -> v``.  With ``every_order`` each partition comes once per topological order
+    of its stage graph (placement differs); otherwise once.
+    """
+    topo = graph.topo_order
+    preds = [[topo.index(p) for p in graph.preds(v)] for v in topo]
+    n = len(topo)
+    slot = [0] * n
+    seen: set[frozenset[frozenset[str]]] = set()
+
+    def rec(i: int, used: int) -> Iterator[tuple[tuple[str, ...], ...]]:
+        if i == n:
+            k = used.bit_length()
+            if used != (1 << k) - 1:
+                return
+            parts = tuple(tuple(topo[j] for j in range(n) if slot[j] == s) for s in range(k))
+            if not every_order:
+                key = frozenset(frozenset(p) for p in parts)
+                if key in seen:
+                    return
+                seen.add(key)
+            yield parts
+            return
+        lo = max((slot[p] for p in preds[i]), default=0)
+        for s in range(lo, max_stages):
+            slot[i] = s
+            yield from rec(i + 1, used | (1 << s))
+
+    yield from rec(0, 0)

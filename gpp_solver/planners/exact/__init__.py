@@ -1,0 +1,1 @@
+"""Exact planner for the iteration-time objective on small graphs (``exact``)."""

@@ -1,0 +1,89 @@
+"""``plan_exact``: the plan of least simulated iteration time over all convex partitions (small graphs).
+
+The space is the MILP's (``planners/milp/space.py``: convex stages, acyclic stage graph, one
+micro-batch size, data-parallel degrees dividing it, contiguous device ranges, 1F1B orders); the
+objective is the simulated iteration time of ``spec/cost-model.md`` — what users care about,
+where ``milp`` optimises the bottleneck time-per-sample.  The search is
+:func:`gpp_solver.planners.exact.search.search_exact` (enumeration with the ``B * TPS`` lower bound).
+
+Statuses: :data:`STATUS_OPTIMAL` when the enumeration finished (no plan of the space that fits
+has a lower simulated iteration time), ``time-limit`` when the deadline stopped it (the best plan
+found is returned).  Nothing fits: :class:`InfeasibleError` with the least memory per device that
+admits a plan of the space (rounded up to whole bytes).  Deadline before any plan:
+:class:`TimeLimitError`.  Too large: :class:`SearchSpaceTooLargeError` (limits in ``search.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any, Sequence
+
+from gpp_solver.errors import InfeasibleError, InvalidInputError, SolverError, TimeLimitError
+from gpp_solver.formats.cluster import as_cluster
+from gpp_solver.formats.graph import as_graph
+from gpp_solver.plan.build import build_plan
+from gpp_solver.plan.validate import validate
+from gpp_solver.planners.exact.search import ExactResult, search_exact
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+
+STATUS_OPTIMAL = "optimal-iteration-time"
+"""Status of a plan proven to have the least simulated iteration time of the space."""
+STATUS_TIME_LIMIT = "time-limit"
+
+
+def result_info(r: ExactResult) -> dict[str, Any]:
+    """The search's figures for ``search.extra``."""
+    return {"objective": "iteration_time", "finished": r.finished, "partitions": r.partitions,
+            "pairs": r.pairs, "pairs_searched": r.pairs_searched, "simulated": r.simulated,
+            "usable_devices": r.usable_devices, "seconds": round(r.seconds, 6)}
+
+
+def plan_from_result(graph: Graph, cluster: Cluster, B: int, r: ExactResult, *, planner: str = "exact") -> Plan:
+    """The full plan of ``r.best``, checked against the simulated time the search found."""
+    assert r.best is not None
+    plan = build_plan(graph, cluster, r.best.specs(), B, planner=planner,
+                      search=SearchInfo(r.seconds, STATUS_OPTIMAL if r.finished else STATUS_TIME_LIMIT))
+    if not math.isclose(plan.predicted.iteration_time, r.iteration_time, rel_tol=1e-9):
+        raise SolverError(f"exact: the built plan's iteration time {plan.predicted.iteration_time:.12g} differs "
+                          f"from the searched {r.iteration_time:.12g}")
+    return plan
+
+
+def plan_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
+               progress: bool = False, micro_batch_sizes: Sequence[int] | None = None,
+               max_stages: int | None = None, **options: Any) -> Plan:
+    """The plan of least simulated iteration time (module docstring); ``time_limit`` in seconds
+    (``None``: no limit, the size limits bound the work)."""
+    t0 = time.perf_counter()
+    graph, cluster = as_graph(graph), as_cluster(cluster)
+    if options:
+        raise InvalidInputError(f"planner 'exact' has no option {', '.join(map(repr, sorted(options)))}; "
+                                "its options: max_stages, micro_batch_sizes")
+    B = mini_batch_size
+    if not isinstance(B, int) or isinstance(B, bool) or B < 1:
+        raise InvalidInputError(f"mini_batch_size must be a positive integer, got {B!r}")
+    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
+                                   or not time_limit > 0):
+        raise InvalidInputError(f"exact: `time_limit > 0` must hold, but got (time_limit={time_limit!r})")
+    if max_stages is not None and (not isinstance(max_stages, int) or isinstance(max_stages, bool) or max_stages < 1):
+        raise InvalidInputError(f"exact: max_stages must be a positive integer, got {max_stages!r}")
+    deadline = None if time_limit is None else t0 + time_limit
+    r = search_exact(graph, cluster, B, deadline=deadline, micro_batch_sizes=micro_batch_sizes,
+                     max_stages=max_stages)
+    if r.best is None:
+        if not r.finished:
+            raise TimeLimitError(f"exact: time limit ({time_limit} s) reached before any plan was found")
+        if r.required_memory is None:
+            raise InfeasibleError(f"exact: no plan of the space fits on {cluster.devices} devices")
+        need = math.ceil(r.required_memory)
+        raise InfeasibleError(f"exact: no plan fits in {cluster.memory_bytes:.6g} bytes per device; "
+                              f"it needs at least {need} bytes per device", required_memory_bytes=need)
+    plan = plan_from_result(graph, cluster, B, r)
+    status = STATUS_OPTIMAL if r.finished else STATUS_TIME_LIMIT
+    plan = replace(plan, search=SearchInfo(time.perf_counter() - t0, status, None,
+                                           {**dict(plan.search.extra), **result_info(r),
+                                            "micro_batch_size": r.best.micro_batch_size}))
+    validate(plan, graph, cluster)
+    return plan

@@ -1,0 +1,290 @@
+"""Exact search for the least simulated iteration time over the MILP's search space.
+
+The space is :mod:`gpp_solver.planners.milp.space`'s — every partition into convex stages with an
+acyclic stage graph (:func:`~gpp_solver.planners.milp.space.ordered_partitions`), one micro-batch
+size ``b`` for all stages, ``d`` devices per stage with ``b % d == 0`` and at most the cluster's
+devices in all, contiguous device ranges in the stage order, 1F1B (``k = 1``) — but the objective is
+the **simulated iteration time** of the plan ``plan.build.build_plan`` makes of a candidate (Algorithm
+2's in-flight counts, GraphPipe's kFkB orders, ``plan.simulate.simulate_orders``).
+
+Search: for every (partition, ``b``) pair a lower bound ``max over stages of min over d of
+B * TPS(S)`` (a stage's busy time ``n (F + B) + A`` is ``B * TPS(S)`` and no schedule finishes before
+it) with memory-infeasible degrees removed; pairs are taken in increasing bound order and the search
+stops when the bound reaches the incumbent.  Inside a pair a depth-first search over the stages'
+degrees (stages in topological order) prunes with ``head(S) + B * TPS(S)`` where ``head(S)`` is the
+longest forward path of the assigned predecessors (the stage's first forward cannot start earlier),
+the devices the remaining stages need at least, and memory.  Every surviving leaf is priced by the
+cost model (``cost.stage_costs``) and simulated.  Where placement can change a bandwidth the bounds
+use the fastest link (still valid); the leaf uses the real ranges.
+
+Devices beyond ``nodes * max(b)`` cannot be used by any plan of the space, so the search caps the
+device count there (exact).  Above :data:`MAX_NODES` nodes, :data:`MAX_DEVICES` usable devices or
+:data:`MAX_PARTITIONS` ordered partitions it raises :class:`SearchSpaceTooLargeError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from gpp_solver.cost.model import allreduce_time, interp_time, stage_costs, stage_transfers
+from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
+from gpp_solver.plan.build import StageSpec, stage_graph_edges
+from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
+from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, check_micro_batch_sizes, constant_bandwidth,
+                                            contiguous_ranges, device_options, in_flight_samples,
+                                            ordered_partitions)
+from gpp_solver.types import Cluster, Graph
+
+logger = logging.getLogger(__name__)
+
+MAX_NODES = 14
+"""Refuse graphs with more nodes than this."""
+MAX_DEVICES = 16
+"""Refuse when more devices than this are usable (``min(devices, nodes * max(b))``)."""
+MAX_PARTITIONS = 50_000
+"""Refuse when the graph has more ordered convex partitions (into at most ``min(nodes, devices)``
+stages) than this."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the space: stage node sets in placement order, ``b``, per-stage degrees."""
+
+    stages: tuple[tuple[str, ...], ...]
+    micro_batch_size: int
+    devices: tuple[int, ...]
+
+    def specs(self) -> list[StageSpec]:
+        return [StageSpec(nodes=p, devices=r, micro_batch_size=self.micro_batch_size, k=1)
+                for p, r in zip(self.stages, contiguous_ranges(self.devices))]
+
+
+@dataclass(frozen=True)
+class ExactResult:
+    """Outcome of :func:`search_exact`.
+
+    ``best``: the least-time candidate found strictly below ``upper_bound`` (``None`` if none);
+    ``finished``: the enumeration completed, so no candidate of the space that fits in memory beats
+    ``iteration_time`` (``upper_bound`` when ``best`` is ``None``); ``required_memory``: when nothing
+    fits and the search finished, the least per-device memory with which some candidate fits.
+    """
+
+    best: Candidate | None
+    iteration_time: float
+    finished: bool
+    partitions: int
+    pairs: int
+    pairs_searched: int
+    simulated: int
+    seconds: float
+    usable_devices: int
+    required_memory: float | None = None
+
+
+class _Timeout(Exception):
+    pass
+
+
+@dataclass
+class _Pair:
+    """Per (partition, b) tables: ``busy[s][i]``, ``fwd[s][i]``, ``mem[s][i]`` for degree ``opts[i]``."""
+
+    part: int
+    b: int
+    opts: tuple[int, ...]
+    busy: list[list[float]]
+    fwd: list[list[float]]
+    mem: list[list[float]]
+    bound: float
+
+
+def _check_size(graph: Graph, usable: int) -> None:
+    n = len(graph.nodes)
+    if n > MAX_NODES:
+        raise SearchSpaceTooLargeError(f"exact: the graph has {n} nodes, more than the limit {MAX_NODES}; "
+                                       "use gpp or graphpipe")
+    if usable > MAX_DEVICES:
+        raise SearchSpaceTooLargeError(f"exact: {usable} usable devices, more than the limit {MAX_DEVICES}; "
+                                       "use gpp or graphpipe")
+
+
+def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadline: float | None = None,
+                 micro_batch_sizes: Sequence[int] | None = None, max_stages: int | None = None,
+                 upper_bound: float = math.inf) -> ExactResult:
+    """The candidate of least simulated iteration time (module docstring), or the proof that none
+    beats ``upper_bound``.  ``deadline`` (``time.perf_counter()`` value) stops it with
+    ``finished=False``."""
+    t0 = time.perf_counter()
+    B = mini_batch_size
+    sizes = check_micro_batch_sizes(B, micro_batch_sizes)
+    n_nodes = len(graph.nodes)
+    usable = min(cluster.devices, n_nodes * max(sizes))
+    _check_size(graph, usable)
+    const_bw = constant_bandwidth(cluster)
+    fastest = const_bw if const_bw is not None else max(cluster.inter_node_bandwidth,
+                                                        cluster.intra_node_bandwidth or 0.0)
+    lat, osf = cluster.latency, cluster.optimizer_state_factor
+    limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
+    slots = min(usable, n_nodes, max_stages or n_nodes)
+
+    def tick() -> None:
+        if deadline is not None and time.perf_counter() > deadline:
+            raise _Timeout
+
+    state = {"best": None, "time": upper_bound, "simulated": 0, "searched": 0}
+    parts: list[tuple[tuple[str, ...], ...]] = []
+    pairs: list[_Pair] = []
+    mem_need = math.inf
+
+    def result(finished: bool) -> ExactResult:
+        need = mem_need if finished and state["best"] is None and math.isinf(upper_bound) else None
+        return ExactResult(state["best"], state["time"], finished, len(parts), len(pairs), state["searched"],
+                           state["simulated"], time.perf_counter() - t0, usable,
+                           None if need is None or math.isinf(need) else need)
+
+    try:
+        for p in ordered_partitions(graph, slots, every_order=const_bw is None):
+            tick()
+            parts.append(p)
+            if len(parts) > MAX_PARTITIONS:
+                raise SearchSpaceTooLargeError(
+                    f"exact: more than {MAX_PARTITIONS} ordered convex partitions into at most {slots} stages; "
+                    "pass max_stages=... or use gpp")
+        comp: dict[tuple[str, float], tuple[float, float]] = {}
+        gs = graph.micro_batch_sizes
+
+        def fb(v: str, x: float) -> tuple[float, float]:
+            r = comp.get((v, x))
+            if r is None:
+                nd = graph.node(v)
+                r = comp[(v, x)] = (interp_time(nd.fw_time, gs, x), interp_time(nd.bw_time, gs, x))
+            return r
+
+        structure = []
+        for i, p in enumerate(parts):
+            tick()
+            stage_of = {v: s for s, nodes in enumerate(p) for v in nodes}
+            edges = stage_graph_edges(graph, stage_of)
+            succ: list[list[int]] = [[] for _ in p]
+            for a, c in edges:
+                succ[a].append(c)
+            depth = [0] * len(p)
+            for s in reversed(range(len(p))):      # parts are in topological order
+                depth[s] = max((depth[t] + 1 for t in succ[s]), default=0)
+            tr = stage_transfers(graph, stage_of)
+            structure.append((edges, succ, depth, tr))
+            weight = [sum(graph.node(v).weight_bytes for v in nodes) for nodes in p]
+            act = [sum(graph.node(v).activation_bytes for v in nodes) for nodes in p]
+            for b in sizes:
+                n = B // b
+                opts = tuple(d for d in device_options(b, usable))
+                busy, fwd, mem = [], [], []
+                for s, nodes in enumerate(p):
+                    bs, fs, ms = [], [], []
+                    for d in opts:
+                        x = b / d
+                        cf = cb = 0.0
+                        for v in nodes:
+                            f, g = fb(v, x)
+                            cf, cb = cf + f, cb + g
+                        half = sum(lat + nb * x / fastest for _, nb in tr.get(s, ()))
+                        a = allreduce_time(weight[s], d, fastest)
+                        bs.append(n * (cf + cb + 2 * half) + a)
+                        fs.append(cf + half)
+                        ms.append(osf * weight[s] + in_flight_samples(depth[s], b, B) / d * act[s])
+                    busy.append(bs)
+                    fwd.append(fs)
+                    mem.append(ms)
+                mem_need = min(mem_need, _least_peak_memory(mem, opts, usable))
+                fits = [[j for j in range(len(opts)) if mem[s][j] <= limit] for s in range(len(p))]
+                if any(not f for f in fits) or sum(opts[f[0]] for f in fits) > usable:
+                    continue
+                bound = max(min(busy[s][j] for j in fits[s]) for s in range(len(p)))
+                pairs.append(_Pair(i, b, opts, busy, fwd, mem, bound))
+        pairs.sort(key=lambda q: (q.bound, q.b, q.part))
+        for q in pairs:
+            tick()
+            if q.bound >= state["time"]:
+                break
+            state["searched"] += 1
+            _search_pair(graph, cluster, B, q, parts[q.part], structure[q.part], usable, limit, state, tick)
+    except _Timeout:
+        return result(False)
+    return result(True)
+
+
+def _least_peak_memory(mem: list[list[float]], opts: Sequence[int], devices: int) -> float:
+    """Least ``max_s mem[s][d_s]`` over degrees with ``sum d_s <= devices`` (memory falls with ``d``)."""
+    for T in sorted({m for row in mem for m in row}):
+        total = 0
+        for row in mem:
+            js = [j for j in range(len(opts)) if row[j] <= T]
+            if not js:
+                break
+            total += min(opts[j] for j in js)
+        else:
+            if total <= devices:
+                return T
+    return math.inf
+
+
+def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[tuple[str, ...], ...],
+                 structure: tuple, usable: int, limit: float, state: dict, tick) -> None:
+    """Depth-first search over the stages' degrees of one (partition, b) pair."""
+    edges, succ, depth, _ = structure
+    k, b, n = len(part), q.b, B // q.b
+    preds: list[list[int]] = [[] for _ in range(k)]
+    for a, c in edges:
+        preds[c].append(a)
+    inflight = schedule_stage_graph({s: succ[s] for s in range(k)}, {s: b for s in range(k)})
+    orders = {s: kfkb_order(n, warmup_micro_batches(inflight[s][1], b, n)) for s in range(k)}
+    bsz = {s: b for s in range(k)}
+    choices = []
+    for s in range(k):
+        js = [j for j in range(len(q.opts)) if q.mem[s][j] <= limit]
+        choices.append(sorted(js, key=lambda j: (q.busy[s][j], q.opts[j])))
+    need_after = [0] * (k + 1)            # devices the stages s.. need at least
+    for s in reversed(range(k)):
+        need_after[s] = need_after[s + 1] + min(q.opts[j] for j in choices[s])
+    pick = [0] * k
+    head = [0.0] * k
+
+    def leaf() -> None:
+        counts = tuple(q.opts[j] for j in pick)
+        cand = Candidate(part, b, counts)
+        costs = stage_costs(graph, cluster, cand.specs(), B)
+        if max(n * (c.forward + c.backward) + c.allreduce for c in costs) >= state["time"]:
+            return
+        state["simulated"] += 1
+        try:
+            makespan, _ = simulate_orders(orders, bsz, {s: c.forward for s, c in enumerate(costs)},
+                                          {s: c.backward for s, c in enumerate(costs)},
+                                          {s: c.allreduce for s, c in enumerate(costs)}, edges, B)
+        except DeadlockError:     # not expected for uniform b and k = 1; such a plan leaves the space
+            logger.debug("exact: 1F1B orders deadlock for %s", cand)
+            return
+        if makespan < state["time"]:
+            state["best"], state["time"] = cand, makespan
+
+    def rec(s: int, used: int, bound: float) -> None:
+        tick()
+        if s == k:
+            leaf()
+            return
+        h = max((head[p] + q.fwd[p][pick[p]] for p in preds[s]), default=0.0)
+        for j in choices[s]:
+            d = q.opts[j]
+            if used + d + need_after[s + 1] > usable:
+                continue
+            bnd = max(bound, h + q.busy[s][j])
+            if bnd >= state["time"]:
+                continue
+            pick[s], head[s] = j, h
+            rec(s + 1, used + d, bnd)
+
+    rec(0, 0, 0.0)
