@@ -126,3 +126,27 @@ def test_refuses_large_and_bad_options():
         plan_exact(graph, cluster, B, bogus=1)
     with pytest.raises(InvalidInputError, match="time_limit"):
         plan_exact(graph, cluster, B, time_limit=0)
+
+
+@pytest.mark.parametrize("idx", [3, 8, 14])
+def test_gpp_uses_exact_on_small_graphs(idx):
+    """gpp is never slower than the least 1F1B iteration time over all convex partitions and says
+    so; without the exact search it can be slower (instance 8) and does not claim optimality."""
+    graph, cluster = INSTANCES[idx]
+    ex = plan_exact(graph, cluster, B)
+    gp = get_planner("gpp")(graph, cluster, B)
+    validate(gp, graph, cluster)
+    assert gp.predicted.iteration_time <= ex.predicted.iteration_time * (1 + 1e-9)
+    assert gp.search.status == STATUS_OPTIMAL and gp.search.extra["exact"]["finished"]
+    off = get_planner("gpp")(graph, cluster, B, exact=False, tighten=False)
+    assert off.search.status in ("feasible", "time-limit") and off.search.extra["exact"] == {"status": "off"}
+    if idx == 8:
+        assert off.predicted.iteration_time > ex.predicted.iteration_time * 1.005
+        assert gp.search.extra["exact"]["improved"]
+
+
+def test_gpp_skips_exact_above_its_limits():
+    rng = random.Random(4)
+    graph = random_graph(rng, "chain", 14)
+    gp = get_planner("gpp")(graph, random_cluster(rng, 4), B, seed_planners=("pipedream",), tighten=False)
+    assert gp.search.extra["exact"]["status"] == "skipped" and gp.search.status != STATUS_OPTIMAL

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
 
-from gpp_solver.errors import InfeasibleError, InvalidInputError, SolverError, TimeLimitError
+from gpp_solver.errors import (InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError,
+                               TimeLimitError)
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import build_plan
@@ -87,3 +88,48 @@ def plan_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_lim
                                             "micro_batch_size": r.best.micro_batch_size}))
     validate(plan, graph, cluster)
     return plan
+
+
+# --------------------------------------------------------------------------------------------
+# for ``gpp``: run the exact search on graphs small enough, within gpp's deadline
+
+GPP_MAX_NODES = 10
+"""``gpp`` runs the exact search by itself (``exact=None``) on graphs of at most this many nodes ..."""
+GPP_MAX_DEVICES = 8
+"""... with at most this many usable devices (``min(devices, nodes * B)``) ..."""
+GPP_MAX_MICRO_BATCHES = 256
+"""... and ``B`` at most this (every power-of-two ``b`` then keeps ``B / b`` micro-batches at most this)."""
+
+
+@dataclass(frozen=True)
+class ExactOutcome:
+    """What :func:`exact_for_gpp` found: ``plan`` (planner ``gpp``) when it beats ``upper_bound``;
+    ``optimum`` the proven least iteration time of the space (``None`` unless the search finished:
+    then no plan of the space that fits is faster); ``cut`` whether the deadline stopped it."""
+
+    plan: Plan | None
+    optimum: float | None
+    cut: bool
+    info: Mapping[str, Any]
+
+
+def exact_for_gpp(graph: Graph, cluster: Cluster, B: int, *, deadline: float, upper_bound: float,
+                  micro_batch_sizes: Sequence[int] | None = None, force: bool = False) -> ExactOutcome:
+    """The exact search when the instance is small (``GPP_MAX_*``; ``force``: up to the exact
+    search's own limits), pruned with ``upper_bound`` (the best iteration time ``gpp`` has)."""
+    usable = min(cluster.devices, len(graph.nodes) * B)
+    small = len(graph.nodes) <= GPP_MAX_NODES and usable <= GPP_MAX_DEVICES and B <= GPP_MAX_MICRO_BATCHES
+    if not (small or force):
+        return ExactOutcome(None, None, False, {"status": "skipped", "reason": "instance above gpp's exact limits"})
+    if time.perf_counter() >= deadline:
+        return ExactOutcome(None, None, True, {"status": "skipped", "reason": "no time left"})
+    try:
+        r = search_exact(graph, cluster, B, deadline=deadline, micro_batch_sizes=micro_batch_sizes,
+                         upper_bound=upper_bound)
+    except SearchSpaceTooLargeError as exc:
+        return ExactOutcome(None, None, False, {"status": "skipped", "reason": str(exc)})
+    plan = plan_from_result(graph, cluster, B, r, planner="gpp") if r.best is not None else None
+    optimum = r.iteration_time if r.finished and not math.isinf(r.iteration_time) else None
+    info = {"status": STATUS_OPTIMAL if r.finished else STATUS_TIME_LIMIT, "improved": plan is not None,
+            **result_info(r)}
+    return ExactOutcome(plan, optimum, not r.finished, info)

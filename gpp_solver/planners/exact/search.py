@@ -7,15 +7,17 @@ devices in all, contiguous device ranges in the stage order, 1F1B (``k = 1``) â€
 the **simulated iteration time** of the plan ``plan.build.build_plan`` makes of a candidate (Algorithm
 2's in-flight counts, GraphPipe's kFkB orders, ``plan.simulate.simulate_orders``).
 
-Search: for every (partition, ``b``) pair a lower bound ``max over stages of min over d of
-B * TPS(S)`` (a stage's busy time ``n (F + B) + A`` is ``B * TPS(S)`` and no schedule finishes before
-it) with memory-infeasible degrees removed; pairs are taken in increasing bound order and the search
-stops when the bound reaches the incumbent.  Inside a pair a depth-first search over the stages'
-degrees (stages in topological order) prunes with ``head(S) + B * TPS(S)`` where ``head(S)`` is the
-longest forward path of the assigned predecessors (the stage's first forward cannot start earlier),
-the devices the remaining stages need at least, and memory.  Every surviving leaf is priced by the
-cost model (``cost.stage_costs``) and simulated.  Where placement can change a bandwidth the bounds
-use the fastest link (still valid); the leaf uses the real ranges.
+Search: a stage's busy time ``n (F + B) + A`` is ``B * TPS(S)`` and no schedule finishes before it;
+sharper, the stage's first forward waits for the longest forward path above it (``head``) and
+after its last backward every stage above it still runs its last backward and its all-reduce
+(``tail``), so the makespan is at least ``head(S) + n (F + B) + max(A, tail(S))``.  For every
+(partition, ``b``) pair the bound with each stage's best memory-feasible degree orders the pairs;
+the search stops when the bound reaches the incumbent.  Inside a pair a depth-first search over the
+stages' degrees (stages in topological order, so ``head`` and ``tail`` are known exactly from the
+assigned predecessors) prunes with the same bound, the devices the remaining stages need at least,
+and memory.  Every surviving leaf is priced by the cost model (``cost.stage_costs``) and simulated.
+Where placement can change a bandwidth the bounds use the fastest link (still valid); the leaf
+uses the real ranges.
 
 Devices beyond ``nodes * max(b)`` cannot be used by any plan of the space, so the search caps the
 device count there (exact).  Above :data:`MAX_NODES` nodes, :data:`MAX_DEVICES` usable devices or
@@ -92,13 +94,16 @@ class _Timeout(Exception):
 
 @dataclass
 class _Pair:
-    """Per (partition, b) tables: ``busy[s][i]``, ``fwd[s][i]``, ``mem[s][i]`` for degree ``opts[i]``."""
+    """Per (partition, b) lower-bound tables for degree ``opts[i]`` of stage ``s``: ``work[s][i]`` =
+    ``n (F + B)``, ``ar[s][i]`` = ``A``, ``fwd`` / ``bwd`` one forward / backward; ``mem`` exact."""
 
     part: int
     b: int
     opts: tuple[int, ...]
-    busy: list[list[float]]
+    work: list[list[float]]
+    ar: list[list[float]]
     fwd: list[list[float]]
+    bwd: list[list[float]]
     mem: list[list[float]]
     bound: float
 
@@ -155,14 +160,25 @@ def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadli
                 raise SearchSpaceTooLargeError(
                     f"exact: more than {MAX_PARTITIONS} ordered convex partitions into at most {slots} stages; "
                     "pass max_stages=... or use gpp")
-        comp: dict[tuple[str, float], tuple[float, float]] = {}
         gs = graph.micro_batch_sizes
+        opts_of = {b: device_options(b, usable) for b in sizes}
+        # per (stage nodes, b): compute C(d), forward compute per degree, weight, activation bytes
+        stage_tab: dict[tuple[tuple[str, ...], int], tuple[list[float], list[float], float, float]] = {}
 
-        def fb(v: str, x: float) -> tuple[float, float]:
-            r = comp.get((v, x))
+        def tab(nodes: tuple[str, ...], b: int) -> tuple[list[float], list[float], float, float]:
+            r = stage_tab.get((nodes, b))
             if r is None:
-                nd = graph.node(v)
-                r = comp[(v, x)] = (interp_time(nd.fw_time, gs, x), interp_time(nd.bw_time, gs, x))
+                cs, fs = [], []
+                for d in opts_of[b]:
+                    cf = cb = 0.0
+                    for v in nodes:
+                        nd = graph.node(v)
+                        cf += interp_time(nd.fw_time, gs, b / d)
+                        cb += interp_time(nd.bw_time, gs, b / d)
+                    cs.append(cf + cb)
+                    fs.append(cf)
+                r = stage_tab[(nodes, b)] = (cs, fs, sum(graph.node(v).weight_bytes for v in nodes),
+                                             sum(graph.node(v).activation_bytes for v in nodes))
             return r
 
         structure = []
@@ -177,35 +193,33 @@ def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadli
             for s in reversed(range(len(p))):      # parts are in topological order
                 depth[s] = max((depth[t] + 1 for t in succ[s]), default=0)
             tr = stage_transfers(graph, stage_of)
-            structure.append((edges, succ, depth, tr))
-            weight = [sum(graph.node(v).weight_bytes for v in nodes) for nodes in p]
-            act = [sum(graph.node(v).activation_bytes for v in nodes) for nodes in p]
+            structure.append((edges, succ))
+            # one transfer half costs latency + bytes * (b/d) / bandwidth (the fastest link here)
+            n_tr = [len(tr.get(s, ())) for s in range(len(p))]
+            bytes_tr = [sum(nb for _, nb in tr.get(s, ())) for s in range(len(p))]
             for b in sizes:
-                n = B // b
-                opts = tuple(d for d in device_options(b, usable))
-                busy, fwd, mem = [], [], []
+                n, opts = B // b, opts_of[b]
+                work, ar, fwd, bwd, mem = [], [], [], [], []
                 for s, nodes in enumerate(p):
-                    bs, fs, ms = [], [], []
-                    for d in opts:
-                        x = b / d
-                        cf = cb = 0.0
-                        for v in nodes:
-                            f, g = fb(v, x)
-                            cf, cb = cf + f, cb + g
-                        half = sum(lat + nb * x / fastest for _, nb in tr.get(s, ()))
-                        a = allreduce_time(weight[s], d, fastest)
-                        bs.append(n * (cf + cb + 2 * half) + a)
-                        fs.append(cf + half)
-                        ms.append(osf * weight[s] + in_flight_samples(depth[s], b, B) / d * act[s])
-                    busy.append(bs)
-                    fwd.append(fs)
-                    mem.append(ms)
-                mem_need = min(mem_need, _least_peak_memory(mem, opts, usable))
+                    cs, fs, weight, act = tab(nodes, b)
+                    held = in_flight_samples(depth[s], b, B)
+                    halves = [n_tr[s] * lat + bytes_tr[s] * (b / d) / fastest for d in opts]
+                    work.append([n * (cs[j] + 2 * halves[j]) for j in range(len(opts))])
+                    ar.append([allreduce_time(weight, d, fastest) for d in opts])
+                    fwd.append([fs[j] + halves[j] for j in range(len(opts))])
+                    bwd.append([cs[j] - fs[j] + halves[j] for j in range(len(opts))])
+                    mem.append([osf * weight + held / d * act for d in opts])
                 fits = [[j for j in range(len(opts)) if mem[s][j] <= limit] for s in range(len(p))]
                 if any(not f for f in fits) or sum(opts[f[0]] for f in fits) > usable:
+                    mem_need = min(mem_need, _least_peak_memory(mem, opts, usable))
                     continue
-                bound = max(min(busy[s][j] for j in fits[s]) for s in range(len(p)))
-                pairs.append(_Pair(i, b, opts, busy, fwd, mem, bound))
+                head, tail = [0.0] * len(p), [0.0] * len(p)
+                for a, c in edges:            # sorted by source, sources in topological order
+                    head[c] = max(head[c], head[a] + min(fwd[a][j] for j in fits[a]))
+                    tail[c] = max(tail[c], min(bwd[a][j] + max(ar[a][j], tail[a]) for j in fits[a]))
+                bound = max(head[s] + min(work[s][j] + max(ar[s][j], tail[s]) for j in fits[s])
+                            for s in range(len(p)))
+                pairs.append(_Pair(i, b, opts, work, ar, fwd, bwd, mem, bound))
         pairs.sort(key=lambda q: (q.bound, q.b, q.part))
         for q in pairs:
             tick()
@@ -236,23 +250,22 @@ def _least_peak_memory(mem: list[list[float]], opts: Sequence[int], devices: int
 def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[tuple[str, ...], ...],
                  structure: tuple, usable: int, limit: float, state: dict, tick) -> None:
     """Depth-first search over the stages' degrees of one (partition, b) pair."""
-    edges, succ, depth, _ = structure
+    edges, succ = structure
     k, b, n = len(part), q.b, B // q.b
     preds: list[list[int]] = [[] for _ in range(k)]
     for a, c in edges:
         preds[c].append(a)
-    inflight = schedule_stage_graph({s: succ[s] for s in range(k)}, {s: b for s in range(k)})
-    orders = {s: kfkb_order(n, warmup_micro_batches(inflight[s][1], b, n)) for s in range(k)}
     bsz = {s: b for s in range(k)}
+    orders: dict[int, tuple[tuple[str, int], ...]] = {}     # Algorithm 2 + kFkB, as build_plan, on first use
     choices = []
     for s in range(k):
         js = [j for j in range(len(q.opts)) if q.mem[s][j] <= limit]
-        choices.append(sorted(js, key=lambda j: (q.busy[s][j], q.opts[j])))
+        choices.append(sorted(js, key=lambda j: (q.work[s][j] + q.ar[s][j], q.opts[j])))
     need_after = [0] * (k + 1)            # devices the stages s.. need at least
     for s in reversed(range(k)):
         need_after[s] = need_after[s + 1] + min(q.opts[j] for j in choices[s])
     pick = [0] * k
-    head = [0.0] * k
+    head, tail = [0.0] * k, [0.0] * k
 
     def leaf() -> None:
         counts = tuple(q.opts[j] for j in pick)
@@ -261,6 +274,9 @@ def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[t
         if max(n * (c.forward + c.backward) + c.allreduce for c in costs) >= state["time"]:
             return
         state["simulated"] += 1
+        if not orders:
+            inflight = schedule_stage_graph({s: succ[s] for s in range(k)}, bsz)
+            orders.update({s: kfkb_order(n, warmup_micro_batches(inflight[s][1], b, n)) for s in range(k)})
         try:
             makespan, _ = simulate_orders(orders, bsz, {s: c.forward for s, c in enumerate(costs)},
                                           {s: c.backward for s, c in enumerate(costs)},
@@ -277,14 +293,15 @@ def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[t
             leaf()
             return
         h = max((head[p] + q.fwd[p][pick[p]] for p in preds[s]), default=0.0)
+        t = max((q.bwd[p][pick[p]] + max(q.ar[p][pick[p]], tail[p]) for p in preds[s]), default=0.0)
         for j in choices[s]:
             d = q.opts[j]
             if used + d + need_after[s + 1] > usable:
                 continue
-            bnd = max(bound, h + q.busy[s][j])
+            bnd = max(bound, h + q.work[s][j] + max(q.ar[s][j], t))
             if bnd >= state["time"]:
                 continue
-            pick[s], head[s] = j, h
+            pick[s], head[s], tail[s] = j, h, t
             rec(s + 1, used + d, bnd)
 
     rec(0, 0, 0.0)

@@ -95,6 +95,8 @@ def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = Tru
                 seen.add(key)
             yield parts
             return
+        if used.bit_length() - used.bit_count() > n - i:
+            return      # more unused labels below the highest one than nodes left to fill them
         lo = max((slot[p] for p in preds[i]), default=0)
         for s in range(lo, max_stages):
             slot[i] = s
