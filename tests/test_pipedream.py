@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import random
+import time
 
 import pytest
 
@@ -14,7 +16,9 @@ from gpp_solver.planners.sequential.linearize import antichain_states, linearize
 from gpp_solver.planners.sequential.pipedream import pipedream_optimizer, plan_pipedream
 from gpp_solver.formats.cluster import cluster_from_dict
 from gpp_solver.cost.model import stage_costs
-from gpp_solver.errors import InfeasibleError
+from gpp_solver.errors import InfeasibleError, TimeLimitError
+from gpp_solver.oracles.brute_force import random_graph
+from gpp_solver.types import Cluster
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.formats.plan_json import plan_to_dict
@@ -214,11 +218,46 @@ def test_inception_falls_back_to_a_topological_order(shared_dir, caplog):
 
 
 def test_time_limit_is_reported_honestly():
+    """The DP checks the clock at every step: a limit reached before any micro-batch size finished
+    is an error (no plan), one reached later gives the plans found so far with ``time-limit``."""
     g, cl = graph_from_dict(chain_dict(6)), cluster_from_dict(CLUSTER)
-    plan = plan_pipedream(g, cl, 8, time_limit=0.0)
-    assert plan.search.status == "time-limit"
-    assert len(plan.search.extra["tried"]) == 1        # only the first micro-batch size was tried
-    validate(plan, g, cl)
+    with pytest.raises(TimeLimitError, match="time limit"):
+        plan_pipedream(g, cl, 8, time_limit=1e-9)
+    rng = random.Random(2)
+    big = random_graph(rng, "chain", 8)
+    huge = Cluster(devices=10**6, memory_bytes=16e9, inter_node_bandwidth=1e10, latency=1e-5)
+    t0 = time.perf_counter()
+    try:
+        plan = plan_pipedream(big, huge, 64, time_limit=0.3)
+    except TimeLimitError:
+        plan = None
+    assert time.perf_counter() - t0 < 0.3 + 1.0             # clock checked inside the DP (slack: load)
+    if plan is not None:
+        assert plan.search.status == "time-limit"
+        validate(plan, big, huge)
+
+
+@pytest.mark.parametrize("per_node", [None, 8])
+def test_devices_the_graph_cannot_use_cost_nothing(per_node):
+    """16,384 and 10^6 devices: the DP considers only the devices a chain can use (nodes x max b),
+    says so, and gives the same plan for both in time and memory independent of the device count."""
+    import tracemalloc
+    g = random_graph(random.Random(2), "chain", 6)
+    plans, peaks = [], []
+    for D in (16384, 10**6):
+        cl = Cluster(devices=D, memory_bytes=16e9, inter_node_bandwidth=1e10, intra_node_bandwidth=1e11,
+                     devices_per_node=per_node, latency=1e-5)
+        tracemalloc.start()
+        plan = plan_pipedream(g, cl, 8, time_limit=60)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        validate(plan, g, cl)
+        assert plan.search.status == "feasible"
+        considered = plan.search.extra["devices_considered"]
+        assert considered == 6 * 8 * (per_node or 1) and max(d for s in plan.stages for d in s.devices) < considered
+        plans.append(plan_to_dict(plan)["stages"])
+    assert plans[0] == plans[1]
+    assert peaks[1] < 1.5 * peaks[0] + 1e6 and peaks[1] < 200e6
 
 
 # ---------------------------------------------------------------- shared-mode DP pricing vs exact

@@ -29,7 +29,10 @@ Two modes:
     iteration time) and the micro-batch size with the smallest simulated iteration time wins.
     Status ``feasible``: the DP is exact for its bottleneck objective only under the transfer
     approximation and the memory bound, and ``b`` is chosen by simulation; ``time-limit`` when
-    ``time_limit`` stopped the loop over micro-batch sizes (one DP is never interrupted).
+    ``time_limit`` stopped the search (the DP checks the clock at every step; stopped before any
+    micro-batch size finished: :class:`TimeLimitError`).  Devices beyond what a chain can use
+    (``core nodes * max b``) are not considered (``search.extra["devices_considered"]``), so a
+    10^6-device cluster costs what the usable ones do.
     The stages are cut as a chain, but ``build_plan`` derives the stage edges from the graph's
     edges, so two consecutive stages with no edge between them (e.g. two branches) become
     parallel in the plan (PipeDream's runtime would forward the first one's input through it):
@@ -65,12 +68,12 @@ from gpp_solver.planners.registry import parse_options
 from gpp_solver.planners.sequential.options import PipeDreamOptions
 from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import node_bandwidth
-from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES, Linearization, linearize
-from gpp_solver.planners.sequential.pipedream_dp import INF, DPTable, minmax_dp
+from gpp_solver.planners.sequential.pipedream_dp import INF, DeadlineReached, DPTable, minmax_dp
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
 from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
 
@@ -204,9 +207,10 @@ class RangeCosts:
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)
 
 
-def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int,
+def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, deadline: float | None = None,
                   ) -> tuple[float, list[tuple[list[str], tuple[int, ...]]]] | None:
-    """Run the DP for micro-batch ``b``; ``(bottleneck, [(nodes, devices), ...])`` or ``None``."""
+    """Run the DP for micro-batch ``b``; ``(bottleneck, [(nodes, devices), ...])`` or ``None``.
+    Raises :class:`DeadlineReached` past ``deadline``."""
     K = cluster.devices
     costs = RangeCosts(graph, cluster, lin, B, b)
     last = lin.n_states - 1
@@ -214,7 +218,7 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
     if dpn is None or dpn >= K or K % dpn or lin.n_states > HIERARCHICAL_MAX_STATES:
         bw = cluster.bandwidth(range(K))
         tab = minmax_dp(lin.subset, lambda m, r: costs.stage_time(r, bw, K - m + 1), K, allow_fewer=True,
-                        replicas=[r for r in range(1, K + 1) if b % r == 0])   # others: `b % d` fails
+                        replicas=[r for r in range(1, K + 1) if b % r == 0], deadline=deadline)   # others: `b % d` fails
         if not math.isfinite(tab.value[0, last, K]):
             return None
         out, dev = [], 0
@@ -224,12 +228,13 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
         return float(tab.value[0, last, K]), out
     N = K // dpn
     inner: dict[int, DPTable] = {}
-    for rho in range(1, N + 1):
+    for rho in (x for x in range(1, min(N, b) + 1) if b % x == 0):   # r * rho | b needs rho | b
         bw = node_bandwidth(cluster) if rho == 1 else cluster.inter_node_bandwidth
         inner[rho] = minmax_dp(lin.subset, lambda m, r, rho=rho, bw=bw: costs.stage_time(r * rho, bw, K - rho * m + 1),
                                dpn, starts=tuple(range(lin.n_states)), allow_fewer=True,
-                               replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0])
-    outer = minmax_dp(lin.subset, lambda m, r: inner[r].value[:, :, dpn], N, allow_fewer=True)
+                               replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0], deadline=deadline)
+    outer = minmax_dp(lin.subset, lambda m, r: inner[r].value[:, :, dpn], N, allow_fewer=True,
+                      replicas=sorted(inner), deadline=deadline)
     if not math.isfinite(outer.value[0, last, N]):
         return None
     out, node0 = [], 0
@@ -246,6 +251,23 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
 HIERARCHICAL_MAX_STATES = 400
 
 
+def _usable_cluster(cluster: Cluster, n_core: int, max_b: int) -> tuple[Cluster, int]:
+    """The cluster the DP plans on: no more devices than a chain can use.
+
+    A chain has at most ``n_core`` stages (each holds a node) and a stage at most ``b`` replicas
+    (``b % d == 0``), so at most ``n_core * max_b`` devices are ever used (in the hierarchical case
+    at most that many nodes, each stage spanning ``rho | b`` nodes).  The DP's tables and loops
+    grow with the device count, so a larger cluster is planned on its first devices (or nodes):
+    the same plans, in time and memory independent of the unusable devices.  Returns the cluster
+    and its device count (``search.extra["devices_considered"]``)."""
+    K, dpn, cap = cluster.devices, cluster.devices_per_node, n_core * max_b
+    if dpn is not None and dpn < K and K % dpn == 0:
+        keep = min(K, cap * dpn)     # whole nodes: the hierarchical DP runs on K // dpn of them
+    else:
+        keep = min(K, cap)
+    return (cluster if keep == K else cluster.with_(devices=keep)), keep
+
+
 def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
                   deadline: float | None = None) -> tuple[Plan | None, dict]:
     """The DP for every micro-batch size, then the one with the smallest simulated iteration time.
@@ -258,15 +280,21 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
                     max_states=o.max_states)
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
     info["complete"] = True
+    sizes = candidate_micro_batches(B, o.micro_batch_sizes)
+    dp_cluster, info["devices_considered"] = _usable_cluster(cluster, len(core), max(sizes))
     pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
     pos = {v: i for i, v in enumerate(lin.order)}
     cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
     lower: list[float] = []
-    for b in candidate_micro_batches(B, o.micro_batch_sizes):
-        if deadline is not None and cands and _time.perf_counter() > deadline:
+    for b in sizes:
+        if deadline is not None and _time.perf_counter() > deadline:
             info["complete"] = False      # remaining micro-batch sizes not tried
             break
-        res = _shared_specs(graph, cluster, lin, B, b)
+        try:
+            res = _shared_specs(graph, dp_cluster, lin, B, b, deadline)
+        except DeadlineReached:
+            info["complete"] = False
+            break
         if res is None:
             info["tried"][b] = None
             continue
@@ -311,10 +339,17 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     t0 = _time.perf_counter()
     if o.mode == "pipedream-costs":
         return _plan_pipedream_costs(graph, cluster, mini_batch_size, t0, o)
-    best, info = _solve_shared(graph, cluster, mini_batch_size, o,
-                               None if time_limit is None else t0 + time_limit)
+    deadline = None if time_limit is None else t0 + time_limit
+    best, info = _solve_shared(graph, cluster, mini_batch_size, o, deadline)
+    if best is None and not info["complete"]:
+        raise TimeLimitError(f"pipedream: the time limit ({time_limit} s) was reached before the DP finished "
+                             f"for any micro-batch size ({info['n_states']} states, "
+                             f"{info['devices_considered']} devices considered)")
     if best is None:
-        loose, _ = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, o)
+        loose, linfo = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, o, deadline)
+        if loose is None and not linfo["complete"]:
+            raise TimeLimitError(f"pipedream: no plan fits {cluster.memory_bytes:.4g} bytes per device; the time "
+                                 "limit stopped the search for the memory a plan would need")
         need = loose.predicted.peak_memory_bytes if loose is not None else None
         raise InfeasibleError(
             f"pipedream: no plan of graph '{graph.name}' fits {cluster.memory_bytes:.4g} bytes per device on "

@@ -10,18 +10,27 @@ devices (or at most ``m`` with ``allow_fewer``), PipeDream §3.1::
 with ``A[i, starts[i], 0] = 0``, so ``k = start, m' = m`` is PipeDream's single-stage
 initialisation.  ``T(m, m')`` is an ``S x S`` array of stage times (``inf`` where a stage is not
 allowed, e.g. out of memory); entries with ``k`` not a strict subset of ``j`` are ignored.
-The kernel is pure numpy, vectorised over ``(i, k, j)``, and knows nothing of graphs.
+The kernel is pure numpy, vectorised over ``(i, k, j)``, and knows nothing of graphs.  With a
+``deadline`` (a ``time.perf_counter()`` value) it checks the clock before every ``(m, r)`` step and
+raises :class:`DeadlineReached` past it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
+from gpp_solver.errors import TimeLimitError
+
 INF = float("inf")
 _CHUNK_ELEMS = 4_000_000
+
+
+class DeadlineReached(TimeLimitError):
+    """The deadline passed while the DP table was being filled (no table)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,7 @@ class DPTable:
 
 def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], devices: int, *,
               starts: Sequence[int] = (0,), allow_fewer: bool = False,
-              replicas: Sequence[int] | None = None) -> DPTable:
+              replicas: Sequence[int] | None = None, deadline: float | None = None) -> DPTable:
     """Fill the table for ``1..devices`` devices (see the module docstring).
 
     ``replicas``: the only replica counts ``stage_time`` may give finite times for (others are
@@ -78,6 +87,8 @@ def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], 
         for r in range(1, m + 1):
             if allowed is not None and r not in allowed:
                 continue
+            if deadline is not None and time.perf_counter() > deadline:
+                raise DeadlineReached(f"the min-max DP reached its deadline at {m} of {devices} devices")
             T = np.where(subset, stage_time(m, r), INF)
             prev = val[:, :, m - r]
             for lo in range(0, I, chunk):
