@@ -83,7 +83,7 @@ class Problem:
         tables = tables or CostTables(graph)
         self.weight = tables.weight.tolist()
         self.act = tables.activation.tolist()
-        self.degrees = tuple(d for d in range(1, self.D + 1) if b % d == 0)
+        self.degrees = tuple(d for d in range(1, min(self.D, b) + 1) if b % d == 0)   # d | b: never above b
         self.comp = {d: tables.compute_at(b / d).tolist() for d in self.degrees}
         self.topo_rank = {v: i for i, v in enumerate(graph.topo_order)}
         c = cluster
@@ -97,7 +97,7 @@ class Problem:
         self.evaluations = 0
         # arrays for the vectorised evaluator
         self._ar = np.arange(self.N)
-        self._comp_by_d = np.zeros((self.D + 1, self.N))
+        self._comp_by_d = np.zeros((self.degrees[-1] + 1, self.N))     # indexed by degree (not by device count)
         for d in self.degrees:
             self._comp_by_d[d] = tables.compute_at(b / d)
         self._w = np.asarray(self.weight)

@@ -21,7 +21,10 @@
   in-flight samples (1F1B: ``min(n, devices after + 1) * b``).
 - The micro-batch size is chosen among the powers of two dividing ``B`` by simulated iteration
   time.  Status ``feasible`` (the DP is exact for its objective, the plan is then re-priced by the
-  shared model and ``b`` chosen by simulation); ``time-limit`` when the enumeration was cut short.
+  shared model and ``b`` chosen by simulation); ``time-limit`` when the enumeration was cut short
+  (the min-max DP checks the clock at every step; nothing finished: :class:`TimeLimitError`).
+  Devices beyond what a chain can use (``core nodes * max b``, :func:`.common.usable_cluster`) are
+  not considered (``search.extra["devices_considered"]``).
 """
 
 from __future__ import annotations
@@ -38,14 +41,15 @@ from gpp_solver.planners.registry import parse_options
 from gpp_solver.planners.sequential.options import AlpaOptions
 from gpp_solver.planners.sequential.pipedream import plan_pipedream
 from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
-from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError
+from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import Linearization, topological_states
-from gpp_solver.planners.sequential.pipedream_dp import INF, minmax_dp
+from gpp_solver.planners.sequential.pipedream_dp import INF, DeadlineReached, minmax_dp
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
+from gpp_solver.planners.sequential.common import (attach_detached, candidate_micro_batches, pipedream_core,
+                                                   usable_cluster)
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +172,7 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
     fit = _fit_tables(tabs, cluster, b, n)
     none = np.full((S, S), INF)
     lower_tab = minmax_dp(lin.subset, lambda m, r: fit.get((r, m), none), K, allow_fewer=True,
-                          replicas=sorted(tabs))
+                          replicas=sorted(tabs), deadline=deadline)
     by_m = _by_devices(fit)
     lower = float(lower_tab.value[0, last, K])
     if not math.isfinite(lower):
@@ -242,6 +246,8 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     B = mini_batch_size
     core, inputs, sinks = pipedream_core(graph)
     lin = topological_states(graph, nodes=core)
+    sizes = candidate_micro_batches(B, o.micro_batch_sizes)
+    full, (cluster, considered) = cluster, usable_cluster(cluster, len(core), max(sizes))   # devices a chain can use
     limit = int(o.max_table_bytes)
     if table_bytes(cluster, lin.n_states) > limit:
         raise SearchSpaceTooLargeError(
@@ -251,11 +257,18 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     tried: dict[int, Any] = {}
     complete = True
     max_eps = 0.0
-    pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
+    pricer = SequentialPricer(graph, full, B, lin.order, inputs, sinks)
     cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
     lower: list[float] = []
-    for b in candidate_micro_batches(B, o.micro_batch_sizes):
-        res = _solve(graph, cluster, lin, B, b, deadline, int(o.max_candidates))
+    for b in sizes:
+        if deadline is not None and _time.perf_counter() > deadline:
+            complete = False
+            break
+        try:
+            res = _solve(graph, cluster, lin, B, b, deadline, int(o.max_candidates))
+        except DeadlineReached:
+            complete = False
+            break
         if res is None:
             tried[b] = None
             continue
@@ -272,7 +285,7 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     def build(i: int) -> Plan:
         b, objective, stages = cands[i]
         rows = [(nodes, d, b) for nodes, d in stages]
-        plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="alpa",
+        plan = build_plan(graph, full, attach_detached(graph, rows, inputs, sinks), B, planner="alpa",
                           search=SearchInfo(0.0, Status.FEASIBLE, extra={"alpa_latency": objective}))
         tried[b] = plan.predicted.iteration_time
         return plan
@@ -286,9 +299,11 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         plan = built[i]
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time:
             best = plan
+    if best is None and not complete:
+        raise TimeLimitError(f"alpa: the time limit ({time_limit} s) was reached before any micro-batch size finished")
     if best is None:
         try:
-            plan_pipedream(graph, cluster, B, micro_batch_sizes=o.micro_batch_sizes)
+            plan_pipedream(graph, full, B, micro_batch_sizes=o.micro_batch_sizes)
         except InfeasibleError as exc:
             raise InfeasibleError(str(exc).replace("pipedream", "alpa", 1),
                                   required_memory_bytes=exc.required_memory_bytes) from None
@@ -298,8 +313,9 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status,
                                            extra={**dict(best.search.extra), "tried": tried,
                                                   "group_sizes": group_sizes(cluster),
+                                                  "devices_considered": considered,
                                                   "pruned_lower_bounds": {c[0]: lb for c, lb in zip(cands, lower)
                                                                           if c[0] not in tried},
                                                   "t_max_epsilon": max_eps}))
-    validate(plan, graph, cluster)
+    validate(plan, graph, full)
     return plan

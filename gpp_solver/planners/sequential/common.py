@@ -5,7 +5,8 @@
   sources, then sinks, with zero time and zero weights);
 - :func:`attach_detached` — put those nodes back: a source into the earliest stage of its
   consumers (PipeDream puts inputs in stage 0), a sink into the latest stage of its producers;
-- :func:`candidate_micro_batches` — the micro-batch sizes a baseline tries.
+- :func:`candidate_micro_batches` — the micro-batch sizes a baseline tries;
+- :func:`usable_cluster` — the cluster cut to the devices a chain of stages can use.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Iterable, Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.plan.build import StageSpec
-from gpp_solver.types import Graph, Node
+from gpp_solver.types import Cluster, Graph, Node
 
 
 def _free(n: Node) -> bool:
@@ -71,3 +72,20 @@ def attach_detached(graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[i
 def candidate_micro_batches(B: int, given: Sequence[int] | None = None) -> list[int]:
     """``given`` (each must divide ``B``) or the powers of two dividing ``B``, ascending."""
     return list(check_micro_batch_sizes(B, None if given is None else list(given)))
+
+
+def usable_cluster(cluster: Cluster, n_core: int, max_b: int) -> tuple[Cluster, int]:
+    """The cluster a sequential DP plans on: no more devices than a chain can use.
+
+    A chain has at most ``n_core`` stages (each holds a node) and a stage at most ``b`` replicas
+    (``b % d == 0``), so at most ``n_core * max_b`` devices are ever used (in the hierarchical case
+    at most that many nodes, each stage spanning ``rho | b`` nodes).  The DP's tables and loops
+    grow with the device count, so a larger cluster is planned on its first devices (or nodes):
+    the same plans, in time and memory independent of the unusable devices.  Returns the cluster
+    and its device count (for ``search.extra["devices_considered"]``)."""
+    K, dpn, cap = cluster.devices, cluster.devices_per_node, n_core * max_b
+    if dpn is not None and dpn < K and K % dpn == 0:
+        keep = min(K, cap * dpn)     # whole nodes: the hierarchical DP runs on K // dpn of them
+    else:
+        keep = min(K, cap)
+    return (cluster if keep == K else cluster.with_(devices=keep)), keep

@@ -75,7 +75,8 @@ from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES, Linearization, linearize
 from gpp_solver.planners.sequential.pipedream_dp import INF, DeadlineReached, DPTable, minmax_dp
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
+from gpp_solver.planners.sequential.common import (attach_detached, candidate_micro_batches, pipedream_core,
+                                                   usable_cluster)
 
 logger = logging.getLogger(__name__)
 
@@ -251,23 +252,6 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
 HIERARCHICAL_MAX_STATES = 400
 
 
-def _usable_cluster(cluster: Cluster, n_core: int, max_b: int) -> tuple[Cluster, int]:
-    """The cluster the DP plans on: no more devices than a chain can use.
-
-    A chain has at most ``n_core`` stages (each holds a node) and a stage at most ``b`` replicas
-    (``b % d == 0``), so at most ``n_core * max_b`` devices are ever used (in the hierarchical case
-    at most that many nodes, each stage spanning ``rho | b`` nodes).  The DP's tables and loops
-    grow with the device count, so a larger cluster is planned on its first devices (or nodes):
-    the same plans, in time and memory independent of the unusable devices.  Returns the cluster
-    and its device count (``search.extra["devices_considered"]``)."""
-    K, dpn, cap = cluster.devices, cluster.devices_per_node, n_core * max_b
-    if dpn is not None and dpn < K and K % dpn == 0:
-        keep = min(K, cap * dpn)     # whole nodes: the hierarchical DP runs on K // dpn of them
-    else:
-        keep = min(K, cap)
-    return (cluster if keep == K else cluster.with_(devices=keep)), keep
-
-
 def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
                   deadline: float | None = None) -> tuple[Plan | None, dict]:
     """The DP for every micro-batch size, then the one with the smallest simulated iteration time.
@@ -281,7 +265,7 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
     info["complete"] = True
     sizes = candidate_micro_batches(B, o.micro_batch_sizes)
-    dp_cluster, info["devices_considered"] = _usable_cluster(cluster, len(core), max(sizes))
+    dp_cluster, info["devices_considered"] = usable_cluster(cluster, len(core), max(sizes))
     pricer = SequentialPricer(graph, cluster, B, lin.order, inputs, sinks)
     pos = {v: i for i, v in enumerate(lin.order)}
     cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
