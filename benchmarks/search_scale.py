@@ -1,0 +1,177 @@
+"""Search time and peak memory of every planner against operators and devices, with growth exponents.
+
+    python benchmarks/search_scale.py --quick                 # a small subset (minutes)
+    python benchmarks/search_scale.py --timeout 120 --plot scale.png   # the full grid (hours)
+    python benchmarks/search_scale.py --planners gpp,graphpipe --devices 8,64 --workloads transformer-12,mmt-4x4
+
+Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transformer", layers=L)``,
+12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
+published profiles under ``/work/shared/data/pipedream`` (``pd-NAME``, e.g. ``pd-inception_v3``;
+``pd-nasnetalarge`` when that file exists; batch size 128 as the profiles were taken).  Cluster:
+``v100_cluster(D)`` (4 GPUs of 16 GiB per node).  Mini-batch ``B = 16 * D``, at least 64.
+
+Each cell (workload, devices, planner) runs in its own subprocess (a fresh interpreter, so one
+cell's memory cannot leak into the next) under ``--timeout`` seconds and the planner's own
+``--time-limit``; it reports the planner's wall seconds and the process's peak resident memory
+(``resource.getrusage``, interpreter and imports included: about 100 MB is the floor).  Statuses:
+the plan's ``search.status``, ``timeout`` (killed), ``error: ...`` (e.g. a planner refusing the
+size).  The growth exponent is the least-squares slope of log(seconds) on log(operators) (per
+planner and device count) and on log(devices) (per planner and workload), over finished cells.
+Figures depend on the machine's load: measure on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+DATA = "/work/shared/data/pipedream"
+PLANNERS = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper", "milp", "exact")
+FULL_WORKLOADS = ("transformer-12", "transformer-24", "transformer-48", "transformer-96",
+                  "mmt-4x4", "mmt-8x8", "mmt-16x16", "pd-inception_v3", "pd-nasnetalarge")
+FULL_DEVICES = (8, 32, 128, 512, 1024)
+QUICK_WORKLOADS = ("transformer-12", "transformer-24", "mmt-4x4")
+QUICK_DEVICES = (8, 32)
+QUICK_PLANNERS = ("graphpipe", "pipedream", "gpp")
+
+
+def build_workload(name: str):
+    from gpp_solver.workloads import build_model
+    if name.startswith("transformer-"):
+        return build_model("transformer", layers=int(name.split("-")[1]))
+    if name.startswith("mmt-"):
+        b, l = name.split("-")[1].split("x")
+        return build_model("mmt", branches=int(b), layers=int(l))
+    if name.startswith("pd-"):
+        from gpp_solver.formats.pipedream import import_pipedream
+        return import_pipedream(os.path.join(DATA, name[3:] + ".graph.txt"), batch_size=128)
+    raise SystemExit(f"unknown workload {name!r}")
+
+
+def run_cell(workload: str, devices: int, planner: str, time_limit: float) -> dict:
+    """Run one cell in this process (the child side) and return its figures."""
+    import resource
+
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.planners.registry import get_planner
+    graph = build_workload(workload)
+    B = max(64, 16 * devices)
+    out = {"workload": workload, "devices": devices, "planner": planner, "operators": len(graph.nodes)}
+    t0 = time.perf_counter()
+    try:
+        plan = get_planner(planner)(graph, v100_cluster(devices), B, time_limit=time_limit)
+        out.update(status=plan.search.status, iteration_time=plan.predicted.iteration_time)
+    except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
+        out["status"] = f"error: {type(exc).__name__}"
+    out["seconds"] = time.perf_counter() - t0
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return out
+
+
+def cell_subprocess(workload: str, devices: int, planner: str, time_limit: float, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--cell", workload, str(devices), planner, str(time_limit)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"workload": workload, "devices": devices, "planner": planner, "status": "timeout",
+                "seconds": timeout, "peak_mb": math.nan, "operators": None}
+    last = r.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        return json.loads(last[0])
+    except json.JSONDecodeError:
+        return {"workload": workload, "devices": devices, "planner": planner, "operators": None,
+                "status": f"crashed (exit {r.returncode}): {r.stderr.strip()[-120:]}", "seconds": math.nan,
+                "peak_mb": math.nan}
+
+
+def slope(xs: list[float], ys: list[float]) -> float | None:
+    """Least-squares slope of log(y) on log(x); ``None`` with fewer than two distinct x."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+    if len({p[0] for p in pts}) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+
+
+def finished(r: dict) -> bool:
+    return not str(r["status"]).startswith(("timeout", "error", "crashed")) and r.get("operators")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small subset: %s on %s devices, %s"
+                    % (", ".join(QUICK_WORKLOADS), QUICK_DEVICES, ", ".join(QUICK_PLANNERS)))
+    ap.add_argument("--workloads", help="comma-separated workload names")
+    ap.add_argument("--devices", help="comma-separated device counts")
+    ap.add_argument("--planners", help="comma-separated planner names")
+    ap.add_argument("--time-limit", type=float, default=60.0, help="each planner's own time limit (s)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="kill a cell after this many seconds")
+    ap.add_argument("--plot", help="write a log-log plot (PNG) of seconds against operators and devices")
+    ap.add_argument("--json", help="write every cell's figures here")
+    ap.add_argument("--cell", nargs=4, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.cell:
+        w, d, p, tl = a.cell
+        print(json.dumps(run_cell(w, int(d), p, float(tl))))
+        return
+    workloads = a.workloads.split(",") if a.workloads else list(QUICK_WORKLOADS if a.quick else FULL_WORKLOADS)
+    workloads = [w for w in workloads if not w.startswith("pd-")
+                 or os.path.exists(os.path.join(DATA, w[3:] + ".graph.txt"))]
+    devices = [int(x) for x in a.devices.split(",")] if a.devices else list(QUICK_DEVICES if a.quick else FULL_DEVICES)
+    planners = a.planners.split(",") if a.planners else list(QUICK_PLANNERS if a.quick else PLANNERS)
+    rows = []
+    print(f"{'workload':18} {'ops':>5} {'D':>5} {'planner':14} {'seconds':>8} {'peak MB':>8}  status", flush=True)
+    for w in workloads:
+        for d in devices:
+            for p in planners:
+                r = cell_subprocess(w, d, p, a.time_limit, a.timeout)
+                rows.append(r)
+                print(f"{w:18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
+                      f"{r['peak_mb']:8.0f}  {r['status']}", flush=True)
+    print("\ngrowth exponents (seconds ~ x^k, least squares on log-log, finished cells only)")
+    for p in planners:
+        for d in devices:
+            c = [r for r in rows if r["planner"] == p and r["devices"] == d and finished(r)]
+            k = slope([r["operators"] for r in c], [r["seconds"] for r in c])
+            if k is not None:
+                print(f"  {p:14} D={d:<5} vs operators: k = {k:.2f}  ({len(c)} cells)")
+        for w in workloads:
+            c = [r for r in rows if r["planner"] == p and r["workload"] == w and finished(r)]
+            k = slope([r["devices"] for r in c], [r["seconds"] for r in c])
+            if k is not None:
+                print(f"  {p:14} {w:18} vs devices: k = {k:.2f}  ({len(c)} cells)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+        for p in planners:
+            c = sorted((r for r in rows if r["planner"] == p and r["devices"] == max(devices) and finished(r)),
+                       key=lambda r: r["operators"])
+            ax1.plot([r["operators"] for r in c], [r["seconds"] for r in c], "o-", label=p)
+            c = sorted((r for r in rows if r["planner"] == p and r["workload"] == workloads[-1] and finished(r)),
+                       key=lambda r: r["devices"])
+            ax2.plot([r["devices"] for r in c], [r["seconds"] for r in c], "o-", label=p)
+        for ax, xl, t in ((ax1, "operators", f"D = {max(devices)}"), (ax2, "devices", workloads[-1])):
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(xl)
+            ax.set_ylabel("search seconds")
+            ax.set_title(t)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=120)
+        print(f"plot: {a.plot}")
+
+
+if __name__ == "__main__":
+    main()
