@@ -21,8 +21,9 @@ from gpp_solver.plan.simulate import simulate
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.exact.planner import STATUS_OPTIMAL, plan_exact
 from gpp_solver.planners.exact.search import search_exact
-from gpp_solver.planners.milp.space import (constant_bandwidth, contiguous_ranges, device_options,
-                                            ordered_partitions, powers_of_two_dividing)
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
+from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.planners.milp.space import contiguous_ranges, device_options, ordered_partitions
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import SearchInfo
 
@@ -54,7 +55,7 @@ def brute_force_iteration_time(graph, cluster, mini_batch_size) -> float:
                     continue
                 specs = [StageSpec(nodes=p, devices=r, micro_batch_size=b)
                          for p, r in zip(part, contiguous_ranges(counts))]
-                plan = build_plan(graph, cluster, specs, mini_batch_size, planner="bf", search=SearchInfo(0, "bf"))
+                plan = build_plan(graph, cluster, specs, mini_batch_size, planner="bf", search=SearchInfo(0, "feasible"))
                 if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
                     best = min(best, plan.predicted.iteration_time)
     return best

@@ -27,16 +27,16 @@ from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.exact.search import ExactResult, search_exact
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
-STATUS_OPTIMAL = "optimal-iteration-time"
+STATUS_OPTIMAL = Status.OPTIMAL_ITERATION_TIME
 """Status of a plan proven to have the least simulated iteration time of the space."""
-STATUS_TIME_LIMIT = "time-limit"
+STATUS_TIME_LIMIT = Status.TIME_LIMIT
 
 
 def result_info(r: ExactResult) -> dict[str, Any]:
     """The search's figures for ``search.extra``."""
-    return {"objective": "iteration_time", "finished": r.finished, "partitions": r.partitions,
+    return {"objective": "simulated iteration time", "finished": r.finished, "partitions": r.partitions,
             "pairs": r.pairs, "pairs_searched": r.pairs_searched, "simulated": r.simulated,
             "usable_devices": r.usable_devices, "seconds": round(r.seconds, 6)}
 

@@ -37,8 +37,9 @@ from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
-from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, check_micro_batch_sizes, constant_bandwidth,
-                                            contiguous_ranges, device_options, in_flight_samples,
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes
+from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
+from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples,
                                             ordered_partitions)
 from gpp_solver.types import Cluster, Graph
 
@@ -131,8 +132,7 @@ def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadli
     usable = min(cluster.devices, n_nodes * max(sizes))
     _check_size(graph, usable)
     const_bw = constant_bandwidth(cluster)
-    fastest = const_bw if const_bw is not None else max(cluster.inter_node_bandwidth,
-                                                        cluster.intra_node_bandwidth or 0.0)
+    fastest = const_bw if const_bw is not None else link_bandwidths(cluster)[1]
     lat, osf = cluster.latency, cluster.optimizer_state_factor
     limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
     slots = min(usable, n_nodes, max_stages or n_nodes)

@@ -38,6 +38,9 @@ class GppOptions:
     seed_plans: Mapping[str, Plan] | None = None
     # search again with the iteration-time estimate as the first key (shallower stage graphs)
     polish: bool = True
+    # exact iteration-time search (planners/exact): None = on small graphs (exact.planner.GPP_MAX_*),
+    # True = up to the exact search's own limits, False = off; objective "iteration_time" only
+    exact: bool | None = None
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -46,7 +46,10 @@ whenever the status is not ``time-limit`` the plan does not depend on the machin
 **Status.**  ``feasible`` (or ``time-limit``).  With ``prove=True`` an exact planner (``milp``)
 is run on the same instance; when it proves an optimum and the chosen plan's TPS matches it the
 status is ``optimal-time-per-sample`` (least bottleneck TPS over convex partitions with one ``b``); its plan also
-joins the candidates.
+joins the candidates.  Option ``exact`` (``None``: graphs of at most 10 nodes, 8 usable devices,
+``B <= 256``, see ``planners/exact/planner.py``) runs the exact iteration-time search in the time
+left, pruned by the best plan so far; a faster plan joins the candidates, and a finished search
+makes the status ``optimal-iteration-time``.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.model import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.planners.exact.planner import exact_for_gpp
 from gpp_solver.planners.gpp.plans import build_from_state, rebuild_as_gpp, states_from_plan, uniform_micro_batch
 from gpp_solver.planners.gpp.seeds import run_seed_planners
 from gpp_solver.planners.gpp.tighten import tighten_orders
@@ -246,6 +250,15 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                                     "tps_after": res.ev.max_tps}))
             per_b.setdefault(b, {}).setdefault("polish", []).append(
                 {"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
+    # exact iteration-time search on small graphs (planners/exact): a better plan joins the pool; a
+    # finished search proves the least 1F1B iteration time over all convex partitions
+    ex = None
+    if o.exact is not False and objective == "iteration_time":
+        ex = exact_for_gpp(graph, cluster, B, deadline=deadline, micro_batch_sizes=micro_batch_sizes, force=bool(o.exact),
+                           upper_bound=min((p.predicted.iteration_time for p, _ in pool), default=float("inf")))
+        timed_out |= ex.cut
+        if ex.plan is not None:
+            pool.append((ex.plan, {"origin": "exact", "micro_batch_size": uniform_micro_batch(ex.plan)}))
     worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:
@@ -266,7 +279,9 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
         status = Status.OPTIMAL_TIME_PER_SAMPLE
-    extra = {"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
+    if ex is not None and ex.optimum is not None and plan.predicted.iteration_time <= ex.optimum * (1 + 1e-9):
+        status = Status.OPTIMAL_ITERATION_TIME
+    extra = {"exact": dict(ex.info) if ex is not None else {"status": "off"},"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
              "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
              "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
