@@ -19,13 +19,14 @@ absolute percentage error, the share of plans within 10% of the prediction, and 
 ranking of plans holds (Kendall tau and pairwise agreement over pairs of plans of one model and
 mini-batch, all pairs and those whose predictions differ by more than 10%).
 
-Models. ``emulated``: built-in workloads of ``gpp_solver.workloads`` (``mmt``, ``dlrm``,
-``candle-uno``, ``transformer`` at small sizes) with every time scaled so that one device would
-take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms per iteration), bytes as
-``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated);
-``--graph FILE`` adds a profiled graph. ``cpu``: ``examples.sequential:bench`` and
-``examples.two_branch:bench`` profiled with ``python -m runtime.profile`` (``--threads 1`` when
-the profiler has it), trained with one thread per rank.
+Models. ``emulated``: built-in workloads of ``gpp_solver.workloads`` (``mmt``, ``dlrm``, ``candle-uno``,
+``transformer`` at small sizes; ``--graph FILE`` adds a profiled graph), every time scaled so that one device
+would take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms per iteration), bytes as
+``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated). Emulated:
+compute and the data-parallel all-reduce sleep the modelled time (``A(S)`` on the probed cluster, passed in
+``$GPP_EMULATE_CLUSTER``); point-to-point transfers and the schedule are real. ``cpu``:
+``examples.sequential:bench`` and ``examples.two_branch:bench`` profiled with ``python -m runtime.profile``
+(``--threads 1`` when the profiler has it), trained with one thread per rank.
 
 Per plan the JSON (``--json``) also has each stage's measured compute, wait and all-reduce per
 step beside the simulator's busy time and ``A(S)``, so that a gap can be located (the table shows
@@ -51,7 +52,7 @@ from gpp_solver import GppError, load_cluster, save_plan, simulate, solve  # noq
 from gpp_solver.formats.cluster import cluster_from_dict  # noqa: E402
 from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
-from runtime.emulate import realised_graph  # noqa: E402
+from runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
 
 PLANNERS = "graphpipe,pipedream,gpp,piper"
 EMULATED_MODELS = {
@@ -64,6 +65,7 @@ EMULATED_MODELS = {
 QUICK_MODELS = {"candle-uno": dict(branches=2, layers=1, hidden=256, top_layers=1, input_features=256,
                                    max_micro_batch=16)}
 CPU_MODELS = ["examples.sequential:bench", "examples.two_branch:bench"]
+NOTES = {"emulated": ["emulated: compute and all-reduce sleep the modelled time; p2p and the schedule are real"]}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -160,7 +162,7 @@ def rank_times(trace: dict, warmup: int) -> dict[int, dict]:
         for ev in trace["traceEvents"]:
             if ev.get("ph") != "X" or ev["pid"] != r or ev["ts"] < start:
                 continue
-            if ev["name"] == "all-reduce":
+            if ev["name"].startswith("all-reduce"):
                 acc["allreduce"] += ev["dur"]
             elif ev["cat"] == "wait":
                 acc["wait"] += ev["dur"]
@@ -185,7 +187,7 @@ def scaled(graph: dict, seq_seconds: float, batch: int) -> dict:
     return graph
 
 
-def emulated_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
+def emulated_models(args, work: Path, cluster: Path) -> list[tuple[str, dict, str, dict]]:
     """(label, graph dict, MODULE:FN, env) per model, the graph being exactly what is emulated."""
     specs = QUICK_MODELS if args.quick else EMULATED_MODELS
     names = [n for n in args.models.split(",") if n] if args.models is not None else list(specs)
@@ -196,7 +198,7 @@ def emulated_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
         g = realised_graph(scaled(g, args.seq_seconds, args.batch), args.max_output_bytes, args.max_weight_bytes)
         path = work / f"graph-{label}.json"
         path.write_text(json.dumps(g))
-        out.append((label, g, "runtime.emulate:workload", {"GPP_EMULATE_GRAPH": str(path)}))
+        out.append((label, g, "runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)}))
     return out
 
 
@@ -289,10 +291,9 @@ def run(args) -> tuple[list[dict], dict]:
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    cpath = Path(args.cluster) if args.cluster else probe(max(args.device_counts + [2]), args.backend, work,
-                                                          args.quick)
+    cpath = Path(args.cluster) if args.cluster else probe(max(args.device_counts + [2]), args.backend, work, args.quick)
     measured_cluster = load_cluster(cpath)
-    models = emulated_models(args, work) if args.mode == "emulated" else cpu_models(args, work)
+    models = emulated_models(args, work, cpath) if args.mode == "emulated" else cpu_models(args, work)
     rows: list[dict] = []
     done: dict[str, dict] = {}
     for label, g, model_spec, env in models:
@@ -348,8 +349,7 @@ def _worst(r: dict) -> tuple[str, str]:
     busy = [d["measured_busy"] / d["sim_busy"] - 1 for d in r["diagnostics"]
             if d.get("measured_busy") is not None and d["sim_busy"] > 0]
     ar = max(r["diagnostics"], key=lambda d: d.get("measured_allreduce") or 0.0)
-    arx = (f"{ar['sim_allreduce'] * 1e3:.1f} / {ar['measured_allreduce'] * 1e3:.1f}"
-           if ar.get("measured_allreduce") else "-")
+    arx = f"{ar['sim_allreduce'] * 1e3:.1f} / {ar['measured_allreduce'] * 1e3:.1f}" if ar["measured_allreduce"] else "-"
     return (f"{max(busy, key=abs):+.1%}" if busy else "-"), arx
 
 
@@ -365,8 +365,8 @@ def _summary_lines(name: str, s: dict) -> list[str]:
 
 def table(rows: list[dict], s: dict, info: dict) -> str:
     lines = [f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
-             f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}", "",
-             "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
+             f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}", *NOTES.get(info["mode"], []),
+             "", "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
              "| stage busy error | all-reduce pred / meas ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:

@@ -1,7 +1,15 @@
 """Emulated devices: a model built from a ``gpp-graph/1`` whose operators *sleep* their profiled time.
 
-    GPP_EMULATE_GRAPH=graph.json torchrun --standalone --nproc-per-node 8 -m runtime.train \\
-        --plan plan.json --model runtime.emulate:workload --steps 5 --cpu --threads 1
+    GPP_EMULATE_GRAPH=graph.json GPP_EMULATE_CLUSTER=cluster.json torchrun --standalone \\
+        --nproc-per-node 8 -m runtime.train --plan plan.json --model runtime.emulate:workload \\
+        --steps 5 --cpu --threads 1
+
+**What is emulated and what is real.** Compute and collectives are emulated: every operator
+sleeps its profiled time, and (with ``GPP_EMULATE_CLUSTER``) the data-parallel gradient
+all-reduce takes the cost model's time ``A(S)`` on that cluster. Point-to-point transfers
+between stages (real tensors over gloo) and the schedule (the runtime's own action order,
+posting and waits) are real. So a measured iteration checks the runtime's schedule and its
+transfers against the simulator, not the machine's arithmetic or its memory bandwidth.
 
 :func:`build_model` returns an ``nn.Module`` that ``torch.fx`` traces into exactly the graph's
 nodes (one ``call_module`` per node, named by the node id, so a plan made from the graph addresses
@@ -20,17 +28,30 @@ so that predictions are made for exactly what runs):
   (each transfer carries the producer's output, as the runtime does);
 - every node owns one real float32 parameter of ``weight_bytes / 4`` values, at most
   ``max_weight_bytes`` (default 4 MiB), at least one value (a weight-free node gets one float so
-  that it has a backward to run): the data-parallel gradient all-reduce of ``runtime.train`` is
-  a real all-reduce of these bytes, not a sleep; gradients are zero, so SGD leaves them unchanged;
+  that it has a backward to run); gradients are never produced, so SGD leaves them unchanged;
+- the data-parallel gradient all-reduce: with a cluster (``GPP_EMULATE_CLUSTER``, or
+  ``make_workload(..., cluster=)``) the workload carries ``emulate_allreduce``, which
+  ``runtime.train`` hands to :class:`runtime.GraphPipeline`: each replica all-reduces one number
+  (the latest replica's end of its last backward, so the replicas still synchronise over the
+  real group) and then sleeps until ``A(S)`` (:func:`gpp_solver.cost.stage_costs` on the
+  realised graph) has passed since then, as the simulator starts ``A(S)`` right after the
+  stage's last backward. Without a cluster it is a real all-reduce of the capped weights'
+  zero-filled gradients (8 ranks' memcpy on 2 cores then runs several times slower than the
+  cost model's bandwidth, which is what emulation is meant to avoid);
 - activation memory is not emulated (nothing is saved for backward beyond shapes);
-- sleeps are exact on average: each process carries the over-sleep of one ``time.sleep`` into
-  the next (error feedback), so many short operators do not accumulate scheduler overshoot.
+- per-operator dispatch overhead is absorbed: operators sleep to a virtual deadline (the start
+  of the action's operator sequence plus the cumulative profiled time, :class:`Sleeper`), not
+  a fixed duration, so an action takes its profiled sum as long as the dispatch of each
+  operator (fx, autograd: 50-130 us on a loaded CPU) is shorter than its profiled time; a gap
+  of more than 1 ms between operators starts a new sequence (idle time is never credited).
+  Dispatch between two actions that follow each other within 1 ms is absorbed too (the
+  simulator charges none). Operators profiled shorter than their dispatch still run late.
 
 The model returns one tensor, so :func:`build_model` refuses a graph with several sinks;
 :func:`realised_graph` gives such a graph one more node, ``emulated_sink`` (zero time, no
 weights), fed by every sink, so that it can be emulated and planned as emulated. Weight
-gradients are not produced by the emulated backward (they stay ``None``); ``runtime.train``
-zero-fills them before its all-reduce, inside the time it records for the all-reduce.
+gradients are not produced by the emulated backward (they stay ``None``); the real all-reduce
+(no cluster given) zero-fills them first, inside the time it records for the all-reduce.
 ``workload()`` reads the graph path from ``GPP_EMULATE_GRAPH`` (and optional
 ``GPP_EMULATE_MAX_OUTPUT_BYTES`` / ``GPP_EMULATE_MAX_WEIGHT_BYTES``): the ``MODULE:FUNCTION`` that
 ``runtime.train`` takes.
@@ -47,33 +68,49 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpp_solver.cost.model import interp_time
+from gpp_solver.cost.model import interp_time, stage_costs
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph, graph_to_dict
 from gpp_solver.types import Graph
 
 ENV_GRAPH = "GPP_EMULATE_GRAPH"
+ENV_CLUSTER = "GPP_EMULATE_CLUSTER"
 SINK_ID = "emulated_sink"
 DEFAULT_MAX_OUTPUT_BYTES = 256 * 1024
 DEFAULT_MAX_WEIGHT_BYTES = 4 * 2**20
 
 
 class Sleeper:
-    """``time.sleep`` with error feedback: over-sleeping is taken off the next request."""
+    """Sleeps each operator to a virtual deadline: the start of its sequence of operators plus the
+    profiled times of the sequence so far, so that the dispatch between operators (fx, autograd,
+    the Python around them: 50-130 us per operator on a loaded CPU) is absorbed by the next sleep
+    instead of adding to it, as long as it is shorter than the profiled time.
 
-    def __init__(self) -> None:
-        self.debt = 0.0
+    A sequence is the operators one action runs back to back; it starts anew when more than
+    ``reset_gap`` seconds passed since the previous operator returned (a wait for a message, idle
+    time: never credited to the next operator). Oversleep at the end of a sequence (the scheduler's
+    late wake-up) is taken off the next sequence (error feedback), so sleeps are exact on average.
+    """
+
+    def __init__(self, reset_gap: float = 1e-3) -> None:
+        self.reset_gap = reset_gap
+        self.deadline = 0.0           # when the sequence's operators so far should have ended
+        self.last = -float("inf")     # when the previous operator returned
+        self.debt = 0.0               # oversleep of the previous sequence's last operator
         self.requested = 0.0
 
     def sleep(self, seconds: float) -> None:
         self.requested += seconds
-        want = seconds - self.debt
-        if want <= 0:
-            self.debt = -want
-            return
-        t0 = time.perf_counter()
-        time.sleep(want)
-        self.debt = time.perf_counter() - t0 - want
+        now = time.perf_counter()
+        if now - self.last > self.reset_gap:
+            self.deadline = now - self.debt
+        self.deadline += seconds
+        want = self.deadline - now
+        if want > 0:
+            time.sleep(want)
+        self.last = time.perf_counter()
+        self.debt = max(0.0, self.last - self.deadline) if want > 0 else 0.0
 
 
 SLEEPER = Sleeper()
@@ -201,9 +238,27 @@ def build_model(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
     return EmulatedModel(as_graph(graph), max_output_bytes, max_weight_bytes)
 
 
+def allreduce_emulator(graph: Any, cluster: Any):
+    """``(plan, stage) -> seconds``: the cost model's ``A(S)`` of ``stage`` (the price
+    :func:`gpp_solver.cost.stage_costs` gives it on ``cluster``) for ``graph`` as emulated."""
+    g, c = as_graph(graph), as_cluster(cluster)
+
+    def seconds(plan, stage) -> float:
+        """``plan``: a gpp Plan or the runtime's plan (no tensor parallelism there)."""
+        like = [SimpleNamespace(nodes=s.nodes, devices=s.devices, micro_batch_size=s.micro_batch_size,
+                                tensor_parallel=getattr(s, "tensor_parallel", 1), tmpc=getattr(s, "tmpc", None))
+                for s in plan.stages]
+        costs = stage_costs(g, c, like, plan.mini_batch_size)
+        return costs[[s.id for s in plan.stages].index(stage.id)].allreduce
+
+    return seconds
+
+
 def make_workload(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
-                  max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES) -> SimpleNamespace:
-    """A ``runtime.train`` workload: the emulated model, one-column zero inputs, loss = sum of the output."""
+                  max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES, cluster: Any = None) -> SimpleNamespace:
+    """A ``runtime.train`` workload: the emulated model, one-column zero inputs, loss = sum of the
+    output; with ``cluster`` also ``emulate_allreduce`` (:func:`allreduce_emulator`), which makes
+    the data-parallel gradient all-reduce take the modelled time."""
     model = build_model(graph, max_output_bytes, max_weight_bytes)
 
     def sample(batch_size: int, step: int):
@@ -212,11 +267,16 @@ def make_workload(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return output.sum()
 
-    return SimpleNamespace(model=model, sample=sample, loss=loss)
+    wl = SimpleNamespace(model=model, sample=sample, loss=loss)
+    if cluster is not None:
+        wl.emulate_allreduce = allreduce_emulator(realised_graph(graph, max_output_bytes, max_weight_bytes),
+                                                  cluster)
+    return wl
 
 
 def workload() -> SimpleNamespace:
-    """``runtime.emulate:workload``: the graph named by ``$GPP_EMULATE_GRAPH``."""
+    """``runtime.emulate:workload``: the graph named by ``$GPP_EMULATE_GRAPH`` (the cluster of the
+    emulated all-reduce by ``$GPP_EMULATE_CLUSTER`` when set)."""
     path = os.environ.get(ENV_GRAPH)
     if not path:
         raise InvalidInputError(f"runtime.emulate:workload needs the graph path in ${ENV_GRAPH}")
@@ -225,4 +285,4 @@ def workload() -> SimpleNamespace:
         w_cap = float(os.environ.get("GPP_EMULATE_MAX_WEIGHT_BYTES", DEFAULT_MAX_WEIGHT_BYTES))
     except ValueError as exc:
         raise InvalidInputError(f"GPP_EMULATE_MAX_*_BYTES must be numbers: {exc}") from None
-    return make_workload(path, out_cap, w_cap)
+    return make_workload(path, out_cap, w_cap, os.environ.get(ENV_CLUSTER) or None)

@@ -12,6 +12,11 @@ Tied weights: a parameter object used by several stages (a GPT-2 head tied to th
 one copy per stage; its gradient is summed over every rank that holds a copy (all replicas of
 all those stages, one process group per distinct set of ranks) after the step, so the copies
 stay equal under any deterministic optimizer. Such parameters are left out of the buckets.
+
+Emulated all-reduce (``emulate_seconds``, set by emulated workloads only, see ``runtime.emulate``):
+instead of the buckets, ``finish`` all-reduces one number over the data-parallel group (the
+latest replica's end of its last backward: replicas still synchronise) and sleeps until
+``emulate_seconds`` have passed since then. The real all-reduce is the default.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ class GradSync:
     """Sums gradients over data-parallel replicas (bucketed, overlapped) and tied copies."""
 
     def __init__(self, params: list[torch.nn.Parameter], dp_group, tied: list[tuple[object, list]],
-                 comm: P2P, bucket_cap_bytes: int = 25 * 2**20, rec=None) -> None:
+                 comm: P2P, bucket_cap_bytes: int = 25 * 2**20, rec=None,
+                 emulate_seconds: float | None = None) -> None:
         tied_ids = {id(p) for _g, ps in tied for p in ps}
         self.dp_group = dp_group
         self.tied = tied
         self.comm = comm
         self.rec = rec
+        self.emulate_seconds = emulate_seconds
         self.buckets: list[list[torch.nn.Parameter]] = []
         if dp_group is not None:
             size = 0
@@ -64,7 +71,7 @@ class GradSync:
         self._armed = True
 
     def _ready(self, p: torch.Tensor) -> None:
-        if not self._armed or id(p) in self._seen:
+        if not self._armed or id(p) in self._seen or self.emulate_seconds is not None:
             return
         self._seen.add(id(p))
         i = self._bucket_of[id(p)]
@@ -83,7 +90,9 @@ class GradSync:
     def finish(self, sid: int) -> None:
         """After the step's last backward: complete every all-reduce and write the sums back."""
         t0 = time.time()
-        while self._next < len(self.buckets):
+        if self.emulate_seconds is not None and self.dp_group is not None:
+            self._emulated(sid, t0)
+        while self.emulate_seconds is None and self._next < len(self.buckets):
             self._launch(self._next)
         for i, flat, work in self._flight:
             self.comm.wait(work, f"gradient all-reduce of stage {sid} (bucket {i})")
@@ -104,3 +113,16 @@ class GradSync:
         self._reset()
         if self.rec is not None and (self.buckets or self.tied):
             self.rec.event("all-reduce wait", t0, time.time(), "comm")
+
+    def _emulated(self, sid: int, t0: float) -> None:
+        """One number all-reduced (MAX) over the replicas, then sleep to ``emulate_seconds`` after it."""
+        end = t0
+        for _name, _a, b, cat in reversed(self.rec.events if self.rec is not None else []):
+            if cat == "compute":  # the last backward's end (only "wait sends" comes after it)
+                end = b
+                break
+        device = self.buckets[0][0].device if self.buckets else self.comm.device
+        t = torch.tensor([end], dtype=torch.float64, device=device)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.dp_group, async_op=True)
+        self.comm.wait(work, f"emulated gradient all-reduce of stage {sid}")
+        time.sleep(max(0.0, float(t.item()) + self.emulate_seconds - time.time()))

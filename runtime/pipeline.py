@@ -69,7 +69,7 @@ class GraphPipeline:
                  loss_reduction: str = "mean", optimizer_state_factor: float = 4.0,
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
-                 tracing: dict | None = None, _setup=None) -> None:
+                 tracing: dict | None = None, emulate_allreduce=None, _setup=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise InvalidInputError("GraphPipeline needs an initialised process group "
                                     "(torch.distributed.init_process_group under torchrun)")
@@ -104,7 +104,10 @@ class GraphPipeline:
         self.comm = P2P(self.device, timeout, p2p)
         self.rec = Recorder(rank=self.rank, stage=self.stage.id)
         params = [p for _n, p in self.named_parameters()]
-        self.grad_sync = GradSync(params, dp_group, tied, self.comm, int(bucket_cap_mb * 2**20), self.rec)
+        # emulated devices only (runtime.emulate): (plan, stage) -> seconds the all-reduce takes
+        emulated = emulate_allreduce(self.plan, self.stage) if emulate_allreduce is not None else None
+        self.grad_sync = GradSync(params, dp_group, tied, self.comm, int(bucket_cap_mb * 2**20), self.rec,
+                                  emulate_seconds=emulated)
         self.sink_group = dp_group if setup.program.holds_sink else None
         self.executor = StageExecutor(setup.program, self.stage, setup.replica, self.rank,
                                       setup.actions[self.rank], setup.meta, loss_fn,

@@ -133,6 +133,7 @@ class _Workload:
         self._wl, self._dtype, self._b = wl, dtype, mini_batch
         self.raw = wl
         self.reduction = getattr(wl, "loss_reduction", "sum")
+        self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
         if self.reduction not in ("sum", "mean"):
             raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
 
@@ -200,7 +201,7 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
         factor = load_cluster(args.cluster).optimizer_state_factor if args.cluster else 4.0
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
                          optimizer_state_factor=factor, seed=args.seed, p2p=p2p,
-                         timeout=args.timeout, _setup=setup)
+                         timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce, _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
     rec = pipe.rec
     start = 0

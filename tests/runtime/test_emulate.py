@@ -9,7 +9,8 @@ import torch
 
 from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InvalidInputError
-from runtime.emulate import build_model, make_workload, realised_graph
+from gpp_solver import SearchInfo, StageSpec, as_cluster, as_graph, build_plan
+from runtime.emulate import Sleeper, build_model, make_workload, realised_graph
 from runtime.fx_graph import trace
 
 
@@ -98,3 +99,34 @@ def test_realised_graph_joins_several_sinks():
     assert {(e["src"], e["dst"]) for e in r["edges"]} >= {("c", "emulated_sink"), ("d", "emulated_sink")}
     mg = trace(build_model(r))
     assert mg.ids[mg.sink] == "emulated_sink"
+
+
+def test_sleeper_absorbs_dispatch_between_operators_but_never_credits_idle_time():
+    s = Sleeper(reset_gap=0.05)  # wider than the default 1 ms: the test checks the rule, not the load
+    t0 = time.perf_counter()
+    for _ in range(40):  # 40 ops of 2 ms, each preceded by >= 0.5 ms of "dispatch"
+        time.sleep(0.0005)
+        s.sleep(0.002)
+    took = time.perf_counter() - t0
+    # a fixed-duration sleep takes over 40 * 2.5 ms = 100 ms (before its own oversleep); the
+    # deadline keeps it at the profile plus the first dispatch and the last op's oversleep (debt)
+    assert 0.080 <= took and took - s.debt < 0.095
+    time.sleep(0.06)  # idle (a wait for a message) longer than reset_gap: never credited
+    debt, t1 = s.debt, time.perf_counter()  # only the last op's oversleep is taken off
+    s.sleep(0.005)
+    assert time.perf_counter() - t1 >= 0.005 - debt - 1e-4
+
+
+def test_allreduce_emulator_prices_the_stage_as_the_cost_model_does():
+    g = realised_graph(diamond())
+    cluster = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e12, "devices_per_node": 4,
+               "intra_node_bandwidth": 1e9, "inter_node_bandwidth": 1e8, "latency": 1e-5,
+               "optimizer_state_factor": 4.0}
+    plan = build_plan(as_graph(g), as_cluster(cluster), [StageSpec(("a", "b.x"), (0, 1, 2), 2),
+                                                          StageSpec(("c", "d"), (3,), 2)], 8,
+                      planner="x", search=SearchInfo(0.0, "feasible"))
+    seconds = make_workload(diamond(), cluster=cluster).emulate_allreduce
+    w = sum(n["weight_bytes"] for n in g["nodes"] if n["id"] in ("a", "b.x"))
+    assert seconds(plan, plan.stages[0]) == pytest.approx(2 * 2 / 3 * w / 1e9)
+    assert seconds(plan, plan.stages[1]) == 0.0
+    assert not hasattr(make_workload(diamond()), "emulate_allreduce")  # no cluster: the real all-reduce

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 import pytest
 import torch
@@ -47,3 +48,28 @@ def test_buckets_launch_in_order_during_the_armed_backward(group):
     sync.finish(0)
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, params))  # world 1: the sum is itself
     assert sync.launched == 0
+
+
+def test_emulated_all_reduce_sleeps_the_modelled_time_after_the_last_backward(group):
+    from runtime.metrics import Recorder
+
+    model = nn.Linear(4, 2)
+    rec = Recorder(rank=0, stage=0)
+    sync = GradSync(list(model.parameters()), group, [], P2P(torch.device("cpu"), 30), rec=rec,
+                    emulate_seconds=0.08)
+    sync.arm()
+    model(torch.randn(3, 4)).sum().backward()  # hooks fire, but emulation launches no bucket
+    assert sync.launched == 0
+    grads = [p.grad.clone() for p in model.parameters()]
+    backward_end = time.time() - 0.03  # the last backward ended 30 ms ago
+    rec.event("B0", backward_end - 0.01, backward_end, "compute")
+    rec.event("wait sends", backward_end, time.time(), "wait")
+    sync.finish(0)
+    done = time.time()
+    assert backward_end + 0.08 <= done <= backward_end + 0.08 + 0.05  # A(S) from the backward's end
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
+    name, t0, t1, cat = rec.events[-1]
+    assert name == "all-reduce wait" and cat == "comm" and t1 - t0 >= 0.04
+    real = GradSync(list(nn.Linear(4, 2).parameters()), group, [], P2P(torch.device("cpu"), 30))
+    real.finish(0)  # the default stays the real all-reduce: missing gradients are zero-filled
+    assert all(p.grad is not None for b in real.buckets for p in b)
