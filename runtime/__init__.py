@@ -3,6 +3,6 @@
 ``runtime.GraphPipeline`` runs a plan inside the user's own training loop (``runtime/pipeline.py``).
 """
 
-from runtime.pipeline import GraphPipeline
+from .pipeline import GraphPipeline
 
 __all__ = ["GraphPipeline"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from runtime.plan_io import Plan, StagePlan
+from .plan_io import Plan, StagePlan
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
-from runtime.dropout import Context, set_context
-from runtime.actions import Action, Chunk, Message, Step, chunk, group_actions
-from runtime.posting import Post, posting
-from runtime.fx_split import StageProgram
-from runtime.metrics import Recorder
-from runtime.p2p import P2P, ValueMeta, flatten, unflatten
-from runtime.plan_io import StagePlan
+from .dropout import Context, set_context
+from .actions import Action, Chunk, Message, Step, chunk, group_actions
+from .posting import Post, posting
+from .fx_split import StageProgram
+from .metrics import Recorder
+from .p2p import P2P, ValueMeta, flatten, unflatten
+from .plan_io import StagePlan
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                   operator.ior, operator.ixor, operator.setitem}

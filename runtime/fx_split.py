@@ -18,8 +18,8 @@ import torch.fx as fx
 
 from gpp_solver.errors import InvalidPlanError
 
-from runtime.fx_graph import COMPUTE_OPS, ModelGraph, input_derived
-from runtime.plan_io import Plan
+from .fx_graph import COMPUTE_OPS, ModelGraph, input_derived
+from .plan_io import Plan
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from runtime.p2p import P2P
+from .p2p import P2P
 
 
 class GradSync:

@@ -49,11 +49,11 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpp_solver.errors import InvalidInputError
-from runtime.executor import StageExecutor
-from runtime.grad_sync import GradSync
-from runtime.metrics import Recorder
-from runtime.p2p import MODES, P2P
-from runtime.stage_setup import build
+from .executor import StageExecutor
+from .grad_sync import GradSync
+from .metrics import Recorder
+from .p2p import MODES, P2P
+from .stage_setup import build
 
 logger = logging.getLogger(__name__)
 

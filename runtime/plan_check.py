@@ -19,8 +19,8 @@ from gpp_solver.formats.graph import graph_from_dict, load_graph
 from gpp_solver.formats.plan_json import plan_from_dict
 from gpp_solver.types import Cluster
 from gpp_solver.plan.validate import validate
-from runtime.fx_graph import ModelGraph
-from runtime.plan_io import Plan
+from .fx_graph import ModelGraph
+from .plan_io import Plan
 
 
 def structure_graph(mg: ModelGraph, plan: Plan) -> dict:

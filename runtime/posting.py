@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from gpp_solver.errors import DeadlockError
-from runtime.actions import Action, Message, Step, endpoint, group_actions
-from runtime.plan_io import Plan
+from .actions import Action, Message, Step, endpoint, group_actions
+from .plan_io import Plan
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ import time
 import torch
 
 from gpp_solver.errors import InvalidInputError
-from runtime.fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
+from .fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
 
 logger = logging.getLogger(__name__)
 

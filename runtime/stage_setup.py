@@ -16,15 +16,15 @@ from dataclasses import dataclass
 import torch
 
 from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
-from runtime.dropout import per_chunk
-from runtime.actions import Action, TransferSpec, dry_run, lower
-from runtime.posting import check_rendezvous
-from runtime.checkpoint import fingerprint
-from runtime.fx_graph import ModelGraph, load_workload, propagate, trace
-from runtime.fx_split import StageProgram, assign_nodes, build_stage, transfers
-from runtime.p2p import ValueMeta, describe
-from runtime.plan_check import check_plan
-from runtime.plan_io import Plan, StagePlan, load_plan, parse_plan
+from .dropout import per_chunk
+from .actions import Action, TransferSpec, dry_run, lower
+from .posting import check_rendezvous
+from .checkpoint import fingerprint
+from .fx_graph import ModelGraph, load_workload, propagate, trace
+from .fx_split import StageProgram, assign_nodes, build_stage, transfers
+from .p2p import ValueMeta, describe
+from .plan_check import check_plan
+from .plan_io import Plan, StagePlan, load_plan, parse_plan
 
 
 @dataclass(frozen=True)

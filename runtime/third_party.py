@@ -15,7 +15,7 @@ again. Nothing is copied from torchvision; where its extension loads (a matching
 normal import succeeds and nothing is declared. Call it before importing torchvision or
 transformers::
 
-    from runtime.third_party import import_torchvision
+    from .third_party import import_torchvision
     tv = import_torchvision()
     net = tv.models.googlenet(weights=None, aux_logits=False, init_weights=True)
 """

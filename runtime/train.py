@@ -58,12 +58,12 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
-from runtime import checkpoint, metrics
-from runtime.p2p import CommTimeout
-from runtime.pipeline import GraphPipeline
-from runtime.stage_setup import build, prepare
-from runtime.tracing import workload_hooks
-from runtime.verify import compare, make_optimizer, reference_params
+from . import checkpoint, metrics
+from .p2p import CommTimeout
+from .pipeline import GraphPipeline
+from .stage_setup import build, prepare
+from .tracing import workload_hooks
+from .verify import compare, make_optimizer, reference_params
 
 logger = logging.getLogger("runtime.train")
 

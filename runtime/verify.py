@@ -14,9 +14,9 @@ import logging
 
 import torch
 
-from runtime.dropout import Context, per_chunk, set_context
-from runtime.fx_graph import trace
-from runtime.plan_io import Plan
+from .dropout import Context, per_chunk, set_context
+from .fx_graph import trace
+from .plan_io import Plan
 
 logger = logging.getLogger(__name__)
 
