@@ -2,16 +2,21 @@
 
 Only the fields the runtime uses are read (``mini_batch_size``, ``stages[].id/nodes/devices/
 micro_batch_size/schedule.order/predicted``, ``edges``); the planner's own validator checks the
-rest (memory, convexity against the graph). Every error is an ``InvalidPlanError`` whose message
+rest (memory, convexity against the graph). The document is also read by ``gpp_solver``'s own
+plan reader, so unknown fields, wrong types and out-of-range numbers are refused exactly as
+``gpp validate`` refuses them (the file itself through ``gpp_solver.formats.jsonio``). Every error is an ``InvalidPlanError`` whose message
 names the stage and the field.
 """
 
 from __future__ import annotations
 
-import json
+import copy
 from dataclasses import dataclass, field
 
+from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.errors import InvalidPlanError
+from gpp_solver.formats.jsonio import read_json
+from gpp_solver.formats.plan_json import plan_from_dict
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,18 @@ def parse_plan(doc: dict) -> Plan:
                 or e[0] == e[1]):
             raise InvalidPlanError(f"plan edge {e!r} must be [from stage id, to stage id] of two stages")
         edges.append((int(e[0]), int(e[1])))
+    _check_contract(doc, stages)
     return Plan(mini_batch_size=big_b, stages=tuple(stages), edges=tuple(edges), raw=doc)
+
+
+def _check_contract(doc: dict, stages: list[StagePlan]) -> None:
+    """The gpp-plan/1 contract exactly as ``gpp_solver`` reads it (unknown fields, types, ranges):
+    one reader for both sides. A hand-written plan may leave ``in_flight_samples`` out; the peak
+    of its own order is used (as the validator computes it)."""
+    filled = copy.deepcopy(doc)
+    for raw, st in zip(filled["stages"], stages):
+        raw.setdefault("in_flight_samples", in_flight_from_order(st.order, st.micro_batch_size))
+    plan_from_dict(filled)
 
 
 def _parse_stage(st: dict, index: int, big_b: int) -> StagePlan:
@@ -161,11 +177,4 @@ def _parse_order(order, sid: int, n: int) -> tuple[tuple[str, int], ...]:
 
 def load_plan(path: str) -> Plan:
     """Read and check a plan JSON file (JSON only, never pickle)."""
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except OSError as exc:
-        raise InvalidPlanError(f"cannot read plan {path!r}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise InvalidPlanError(f"plan {path!r} is not valid JSON: {exc}") from exc
-    return parse_plan(doc)
+    return parse_plan(read_json(path, "plan", InvalidPlanError))
