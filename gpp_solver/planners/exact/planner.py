@@ -38,7 +38,7 @@ def result_info(r: ExactResult) -> dict[str, Any]:
     """The search's figures for ``search.extra``."""
     return {"objective": "simulated iteration time", "finished": r.finished, "partitions": r.partitions,
             "pairs": r.pairs, "pairs_searched": r.pairs_searched, "simulated": r.simulated,
-            "usable_devices": r.usable_devices, "seconds": round(r.seconds, 6)}
+            "usable_devices": r.usable_devices, "enumeration_seconds": round(r.seconds, 6)}
 
 
 def plan_from_result(graph: Graph, cluster: Cluster, B: int, r: ExactResult, *, planner: str = "exact") -> Plan:
@@ -83,9 +83,9 @@ def plan_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_lim
                               f"it needs at least {need} bytes per device", required_memory_bytes=need)
     plan = plan_from_result(graph, cluster, B, r)
     status = STATUS_OPTIMAL if r.finished else STATUS_TIME_LIMIT
-    plan = replace(plan, search=SearchInfo(time.perf_counter() - t0, status, None,
-                                           {**dict(plan.search.extra), **result_info(r),
-                                            "micro_batch_size": r.best.micro_batch_size}))
+    plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0, status=status,
+                                        extra={**dict(plan.search.extra), **result_info(r),
+                                               "micro_batch_size": r.best.micro_batch_size}))
     validate(plan, graph, cluster)
     return plan
 
