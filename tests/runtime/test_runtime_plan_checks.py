@@ -91,7 +91,7 @@ def test_cli_bad_json_and_unknown_module_exit_2(tmp_path, monkeypatch, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     code, err = _run_direct(tmp_path, monkeypatch, capsys, str(bad))
-    assert code == 2 and "not valid JSON" in err
+    assert code == 2 and "is not JSON" in err
     code, err = _run_direct(tmp_path, monkeypatch, capsys, _two_stage(), model="no_such_module:workload")
     assert code == 2 and "no_such_module" in err
     code, err = _run_direct(tmp_path, monkeypatch, capsys, _two_stage(), world=3)
