@@ -13,7 +13,7 @@ from typing import Any
 from gpp_solver.errors import InvalidClusterError
 from gpp_solver.formats.machines import machine_cluster
 from gpp_solver.formats.jsonio import (MAX_BANDWIDTH, MAX_BYTES, MAX_COUNT, MAX_FACTOR, MAX_SECONDS, MIN_BANDWIDTH,
-                                       extra, integer, known_fields, number, read_json, require, write_json)
+                                       document, extra, integer, number, read_json, require, write_json)
 from gpp_solver.types import CLUSTER_FORMAT, Cluster
 
 E = InvalidClusterError
@@ -26,13 +26,8 @@ _FIELDS = frozenset({"format", "devices", "memory_bytes", "devices_per_node", "i
 def cluster_from_dict(d: Any) -> Cluster:
     """Validate a ``gpp-cluster/1`` document; an unknown field (say ``gpus_per_node``) is an error naming it
     (extensions go under ``extra``, which planning does not read)."""
-    if not isinstance(d, dict):
-        raise E(f"cluster must be a JSON object, got {type(d).__name__}")
-    known_fields(d, _FIELDS, "cluster", E)
+    document(d, "cluster", _FIELDS, CLUSTER_FORMAT, E)
     extra(d, "cluster", E)
-    fmt = d.get("format", CLUSTER_FORMAT)
-    if fmt != CLUSTER_FORMAT:
-        raise E(f"cluster: format must be '{CLUSTER_FORMAT}', got {fmt!r}")
     devices = integer(require(d, "devices", "cluster", E), "cluster: devices", E, minimum=1, maximum=MAX_COUNT)
     memory = number(require(d, "memory_bytes", "cluster", E), "cluster: memory_bytes", E, positive=True,
                     minimum=1.0, maximum=MAX_BYTES)

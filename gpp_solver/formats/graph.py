@@ -13,8 +13,8 @@ from typing import Any
 import networkx as nx
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.formats.jsonio import (MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS, extra, integer, known_fields,
-                                       number, read_json, require, write_json)
+from gpp_solver.formats.jsonio import (MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS, document, extra, integer,
+                                       known_fields, number, read_json, require, write_json)
 from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError
@@ -59,12 +59,7 @@ def graph_from_dict(d: Any) -> Graph:
 
     A field the format does not define is an error naming it; extensions go under an ``extra`` object
     (of the graph, a node, a ``tmpc`` entry or an edge), kept in ``.extra`` (an edge's is not kept)."""
-    if not isinstance(d, dict):
-        raise E(f"graph must be a JSON object, got {type(d).__name__}")
-    known_fields(d, _GRAPH_FIELDS, "graph", E)
-    fmt = d.get("format", GRAPH_FORMAT)
-    if fmt != GRAPH_FORMAT:
-        raise E(f"graph: format must be '{GRAPH_FORMAT}', got {fmt!r}")
+    document(d, "graph", _GRAPH_FIELDS, GRAPH_FORMAT, E)
     name = d.get("name", "graph")
     if not isinstance(name, str):
         raise E(f"graph: name must be a string, got {name!r}")

@@ -142,6 +142,19 @@ def known_fields(d: dict, allowed: set[str] | frozenset[str], where: str, error:
                         f"put extensions under \"extra\")")
 
 
+def document(d: Any, what: str, fields: set[str] | frozenset[str], fmt: str,
+             error: Type[InvalidInputError]) -> dict:
+    """The checks every document reader starts with: ``d`` is an object, has no unknown field and
+    is of format ``fmt`` (an absent ``format`` is taken as ``fmt``)."""
+    if not isinstance(d, dict):
+        raise error(f"{what} must be a JSON object, got {type(d).__name__}")
+    known_fields(d, fields, what, error)
+    got = d.get("format", fmt)
+    if got != fmt:
+        raise error(f"{what}: format must be '{fmt}', got {got!r}")
+    return d
+
+
 def extra(d: dict, where: str, error: Type[InvalidInputError]) -> dict:
     """The ``extra`` object of ``d`` (empty when absent)."""
     x = d.get("extra", {})

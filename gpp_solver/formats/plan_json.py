@@ -14,8 +14,8 @@ from typing import Any
 
 from gpp_solver.errors import InvalidPlanError
 from gpp_solver.plan.action import Action
-from gpp_solver.formats.jsonio import (MAX_COUNT, extra, integer, known_fields, number, obj, read_json, require, show,
-                                       write_json)
+from gpp_solver.formats.jsonio import (MAX_COUNT, document, extra, integer, known_fields, number, obj, read_json,
+                                       require, show, write_json)
 from gpp_solver.types import (PLAN_FORMAT, SEARCH_FIELDS, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
                               StagePrediction, Status)
 
@@ -76,13 +76,8 @@ def _search(srch: dict[str, Any]) -> SearchInfo:
 
 
 def plan_from_dict(d: Any) -> Plan:
-    if not isinstance(d, dict):
-        raise E(f"plan must be a JSON object, got {type(d).__name__}")
-    known_fields(d, _PLAN_FIELDS, "plan", E)
+    document(d, "plan", _PLAN_FIELDS, PLAN_FORMAT, E)
     extra(d, "plan", E)
-    fmt = d.get("format", PLAN_FORMAT)
-    if fmt != PLAN_FORMAT:
-        raise E(f"plan: format must be '{PLAN_FORMAT}', got {fmt!r}")
     B = integer(require(d, "mini_batch_size", "plan", E), "plan: mini_batch_size", E, minimum=1, maximum=MAX_COUNT)
     stages_raw = require(d, "stages", "plan", E)
     if not isinstance(stages_raw, list) or not stages_raw:
