@@ -11,9 +11,7 @@ predictions need the graph and cluster.
 
 from __future__ import annotations
 
-import copy
 
-from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.formats.cluster import load_cluster
 from gpp_solver.formats.graph import graph_from_dict, load_graph
 from gpp_solver.formats.plan_json import plan_from_dict
@@ -39,10 +37,7 @@ def check_plan(plan: Plan, mg: ModelGraph, graph_path: str | None = None,
     if graph_path and cluster_path:
         validate(plan_from_dict(doc), load_graph(graph_path), load_cluster(cluster_path))
         return
-    doc = copy.deepcopy(doc)
-    for raw, st in zip(doc["stages"], plan.stages):  # hand-written plans may leave it out
-        raw.setdefault("in_flight_samples", in_flight_from_order(st.order, st.micro_batch_size))
     graph = graph_from_dict(structure_graph(mg, plan))
     # unbounded memory: a Cluster built directly (a document's memory_bytes stops at 1e18)
     cluster = Cluster(devices=plan.world_size, memory_bytes=float("inf"), inter_node_bandwidth=1.0)
-    validate(plan_from_dict(doc), graph, cluster, check_predictions=False)
+    validate(plan.solver, graph, cluster, check_predictions=False)  # in_flight filled where left out

@@ -48,6 +48,9 @@ class Plan:
     stages: tuple[StagePlan, ...]
     edges: tuple[tuple[int, int], ...]
     raw: dict = field(compare=False, repr=False, default_factory=dict)
+    #: the same document as ``gpp_solver`` reads it (``in_flight_samples`` filled from the order where
+    #: a hand-written plan leaves it out): what the runtime validates
+    solver: object = field(default=None, compare=False, repr=False)
 
     def stage(self, sid: int) -> StagePlan:
         return next(s for s in self.stages if s.id == sid)
@@ -103,18 +106,18 @@ def parse_plan(doc: dict) -> Plan:
                 or e[0] == e[1]):
             raise InvalidPlanError(f"plan edge {e!r} must be [from stage id, to stage id] of two stages")
         edges.append((int(e[0]), int(e[1])))
-    _check_contract(doc, stages)
-    return Plan(mini_batch_size=big_b, stages=tuple(stages), edges=tuple(edges), raw=doc)
+    return Plan(mini_batch_size=big_b, stages=tuple(stages), edges=tuple(edges), raw=doc,
+                solver=_solver_plan(doc, stages))
 
 
-def _check_contract(doc: dict, stages: list[StagePlan]) -> None:
+def _solver_plan(doc: dict, stages: list[StagePlan]):
     """The gpp-plan/1 contract exactly as ``gpp_solver`` reads it (unknown fields, types, ranges):
     one reader for both sides. A hand-written plan may leave ``in_flight_samples`` out; the peak
     of its own order is used (as the validator computes it)."""
     filled = copy.deepcopy(doc)
     for raw, st in zip(filled["stages"], stages):
         raw.setdefault("in_flight_samples", in_flight_from_order(st.order, st.micro_batch_size))
-    plan_from_dict(filled)
+    return plan_from_dict(filled)
 
 
 def _parse_stage(st: dict, index: int, big_b: int) -> StagePlan:
