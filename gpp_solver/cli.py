@@ -57,10 +57,7 @@ def _version() -> str:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    v = int(text) if text.strip().isdigit() else 0
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return v
@@ -70,7 +67,7 @@ def _positive_float(text: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+        v = 0.0
     if not 0 < v <= 1e9:
         raise argparse.ArgumentTypeError(f"expected a positive number (at most 1e9), got {text[:40]!r}")
     return v
@@ -301,13 +298,17 @@ def _run(args: argparse.Namespace) -> int:
         c = cluster_from_spec(args.cluster)
         names = [x.strip() for x in args.planners.split(",") if x.strip()] if args.planners else None
         show_progress_on_stderr(args.quiet)
-        rows, _ = compare(g, c, args.batch, names, time_limit=args.time_limit, progress=not args.quiet)
+        rows, plans = compare(g, c, args.batch, names, time_limit=args.time_limit, progress=not args.quiet)
         if args.format == "md":
             print(f"graph {g.name!r}, mini-batch {args.batch}, cluster: {describe_cluster(c)}\n")
         print(rows_to_markdown(rows) if args.format == "md" else rows_to_json(rows))
         cut = [r.planner for r in rows if r.status == "time-limit"]
         if cut:
             print(time_limit_note(cut, args.time_limit, _default_time_limit()), file=sys.stderr)
+        if not plans:  # exit 1 as `gpp plan` does when nothing fits
+            print("gpp: no planner found a plan (" + "; ".join(f"{r.planner}: {r.note or r.status}" for r in rows)
+                  + ")", file=sys.stderr)
+            return 1
         return 0
     if args.command == "simulate":
         from gpp_solver.plan.simulate import require_finite, simulate
@@ -335,9 +336,8 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"wrote {args.trace}")
         return 0
     if args.command == "show":
-        from gpp_solver.viz import draw_plan
-
         from gpp_solver.plan.validate import unbounded_cluster, validate
+        from gpp_solver.viz import draw_plan
 
         g = _graph(args.graph)
         c = cluster_from_spec(args.cluster) if args.cluster else None

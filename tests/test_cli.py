@@ -306,3 +306,21 @@ def test_plan_with_unknown_machine_exit_2(files, capsys):
     g, _, _ = files
     rc, _, err = run(["plan", str(g), "--cluster", "b200:8", "--batch", "8"], capsys)
     assert rc == 2 and "unknown machine 'b200'" in err
+
+
+def test_compare_exits_1_when_no_planner_finds_a_plan(files, capsys, tmp_path, cluster_dict):
+    g, _, _ = files
+    tiny = tmp_path / "tiny.json"
+    tiny.write_text(json.dumps({**cluster_dict, "memory_bytes": 1}))
+    rc, out, err = run(["compare", str(g), "--cluster", str(tiny), "--batch", "8", "--planners",
+                        "graphpipe,pipedream", "--quiet"], capsys)
+    assert rc == 1 and "| graphpipe | infeasible |" in out
+    assert err.startswith("gpp: no planner found a plan (graphpipe: ") and "pipedream: " in err
+
+
+@pytest.mark.parametrize("spec", ["h100:3x8x2", "v100:", "foo:bar"])
+def test_malformed_machine_shorthand_is_named_as_such(files, capsys, spec):
+    g, _, _ = files
+    rc, _, err = run(["plan", str(g), "--cluster", spec, "--batch", "8"], capsys)
+    assert rc == 2 and err.strip() == (f"gpp: cluster {spec!r}: expected NAME:N or NAME:NODESxPER_NODE with NAME one "
+                                       "of v100, a100-40g, a100-80g, h100")

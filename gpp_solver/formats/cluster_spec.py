@@ -22,9 +22,15 @@ from gpp_solver.types import Cluster
 
 def cluster_from_spec(spec: str) -> Cluster:
     """A cluster file, or a machine shorthand (a file of that name wins)."""
-    if is_machine_spec(spec) and not Path(spec).exists():
-        return parse_machine_spec(spec)
+    if not Path(spec).exists() and (is_machine_spec(spec) or _looks_like_shorthand(spec)):
+        return parse_machine_spec(spec)   # a malformed shorthand gets the shorthand's message
     return load_expecting(spec, "gpp-cluster/1", load_cluster)
+
+
+def _looks_like_shorthand(spec: str) -> bool:
+    """``h100:3x8x2``, ``v100:`` or ``a100:8``: a ``NAME:...`` with no path separator and no ``.json``."""
+    name, colon, _ = spec.partition(":")
+    return bool(colon) and bool(name) and "/" not in spec and "\\" not in spec and not spec.endswith(".json")
 
 
 def cluster_from_figures(machine: str | None = None, *, devices: int | None = None,
