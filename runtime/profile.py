@@ -23,7 +23,10 @@ Optional fields (``spec/formats.md``: fields may be added; readers keep them): e
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
 of the timed runs per micro-batch size (summed over its fx nodes), and ``"fx_nodes"`` when it
 merges several fx nodes; the document has ``"profile"``: ``{"device", "device_name", "threads",
-"warmup", "repeats", "statistic": "median", "torch"}``.
+"warmup", "repeats", "statistic": "median", "torch"}``, and ``"concurrent": {"processes",
+"cores", ...}`` with ``--concurrent N``: N profilers at once, each pinned to its own core, the
+median of their medians kept; on a CPU whose cores slow each other down this measures the device
+each of N training ranks gets (``runtime/cores.py`` says why, with figures).
 
 A micro-batch size the model cannot run in training mode (BatchNorm at 1 sample per channel) is
 refused with a message naming the node. BatchNorm statistics are per micro-batch in a pipeline,
@@ -39,7 +42,9 @@ import json
 import logging
 import math
 import operator
+import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -47,6 +52,7 @@ import time
 import torch
 
 from gpp_solver.errors import InvalidInputError
+from . import cores
 from .fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
 
 logger = logging.getLogger(__name__)
@@ -276,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")
     ap.add_argument("--threads", type=int, default=1,
                     help="intra-op threads, as each trainer rank uses (default 1, like torchrun)")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="N profilers at once, each pinned to its own core; the median is kept "
+                         "(default 1: one unpinned process; see runtime/cores.py)")
     ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
@@ -288,20 +297,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
+    worker = cores.worker_index()
+    if args.concurrent != 1 and worker is None:
+        try:
+            doc = cores.profile_concurrent(sys.argv[1:] if argv is None else list(argv), args.concurrent,
+                                           args.output)
+        except InvalidInputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return _write(doc, args.output)
+    if worker is not None:
+        cores.pin(worker[0])
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
         torch.manual_seed(0)
         wl = load_workload(args.model)
         doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model)
+        if worker is not None:  # keep this core busy until every worker has finished
+            _write(doc, args.output)
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+            cores.busy_loop(wl, sizes[-1])
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         torch.set_num_threads(threads)
-    with open(args.output, "w") as f:
+    return _write(doc, args.output)
+
+
+def _write(doc: dict, output: str) -> int:
+    tmp = f"{output}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
-    logger.info("wrote %s: %d nodes, %d edges", args.output, len(doc["nodes"]), len(doc["edges"]))
+    os.replace(tmp, output)  # a concurrent worker's parent waits for the file to appear whole
+    logger.info("wrote %s: %d nodes, %d edges", output, len(doc["nodes"]), len(doc["edges"]))
     return 0
 
 

@@ -58,7 +58,7 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
-from . import checkpoint, metrics
+from . import checkpoint, cores, metrics
 from .p2p import CommTimeout
 from .pipeline import GraphPipeline
 from .stage_setup import build, prepare
@@ -103,6 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
     ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
+    ap.add_argument("--pin-cores", action="store_true",
+                    help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
     ap.add_argument("--quiet", action="store_true", help="no summary (benchmarks)")
     return ap.parse_args(argv)
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="[runtime] %(message)s")
+    if args.pin_cores:  # before the process group: gloo's threads inherit the affinity
+        cores.pin(local_rank)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.steps < 0 or args.checkpoint_every < 1 or (args.resume and not args.checkpoint):

@@ -1,0 +1,75 @@
+"""runtime.cores: concurrent profiling (--concurrent), the merge of the workers' graphs, the filler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.cores import merge
+from runtime.profile import main
+
+REPO = Path(__file__).resolve().parents[2]
+TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+
+
+def _doc(fw, bw, spread):
+    return {"format": "gpp-graph/1", "micro_batch_sizes": [1, 2],
+            "nodes": [{"id": "a", "fw_time": fw, "bw_time": bw,
+                       "extra": {"time_spread": {"fw": spread, "bw": spread}}}],
+            "edges": [], "extra": {"profile": {"statistic": "median"}}}
+
+
+def test_merge_takes_the_median_per_node_and_size_and_the_widest_spread():
+    docs = [_doc([1.0, 2.0], [3.0, 4.0], [[0.9, 1.1], [1.9, 2.1]]),
+            _doc([5.0, 2.5], [3.0, 9.0], [[4.0, 6.0], [2.4, 2.6]]),
+            _doc([2.0, 2.2], [3.5, 1.0], [[1.5, 2.5], [1.0, 3.0]])]
+    out = merge(docs, [0, 1, 2])
+    node = out["nodes"][0]
+    assert node["fw_time"] == [2.0, 2.2] and node["bw_time"] == [3.0, 4.0]
+    assert node["extra"]["time_spread"]["fw"] == [[0.9, 6.0], [1.0, 3.0]]
+    conc = out["extra"]["profile"]["concurrent"]
+    assert conc["processes"] == 3 and conc["cores"] == [0, 1, 2]
+    assert docs[0]["nodes"][0]["fw_time"] == [1.0, 2.0]  # the inputs are left alone
+
+
+@TWO_CORES
+def test_profile_concurrent_two_pinned_workers(tmp_path):
+    out = tmp_path / "graph.json"
+    args = ["--model", "examples.two_branch:workload", "--batch-sizes", "1,2", "--repeats", "1",
+            "--warmup", "0", "-o", str(out)]
+    assert main(args + ["--concurrent", "2"]) == 0
+    doc = json.loads(out.read_text())
+    conc = doc["extra"]["profile"]["concurrent"]
+    assert conc["processes"] == 2 and len(set(conc["cores"])) == 2
+    single = tmp_path / "single.json"
+    assert main(args[:-1] + [str(single)]) == 0
+    one = json.loads(single.read_text())
+    assert [n["id"] for n in doc["nodes"]] == [n["id"] for n in one["nodes"]]
+    assert all(len(n["fw_time"]) == 2 and min(n["fw_time"] + n["bw_time"]) >= 0 for n in doc["nodes"])
+    assert "concurrent" not in one["extra"]["profile"]
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_profile_concurrent_refuses_bad_counts_and_reports_a_worker_error(tmp_path, capsys):
+    out = str(tmp_path / "g.json")
+    assert main(["--model", "examples.two_branch:workload", "--concurrent", "999", "-o", out]) == 2
+    assert "--concurrent must be between 1 and" in capsys.readouterr().err
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert main(["--model", "nope:workload", "--concurrent", "2", "-o", out]) == 2
+        err = capsys.readouterr().err
+        assert "profiler worker" in err and "nope" in err and "Traceback" not in err
+
+
+def test_filler_pins_itself_and_reports_ready():
+    res = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "examples.sequential:workload",
+                          "--core", "0", "--seconds", "0.5"], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert res.returncode == 0 and res.stdout.split() == ["ready"], res.stderr[-500:]
+    bad = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "nope:x", "--core", "0"], cwd=REPO,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
