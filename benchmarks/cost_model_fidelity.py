@@ -3,7 +3,7 @@
     # emulated devices: operators sleep their profiled time (runtime.emulate), up to 8 ranks
     python benchmarks/cost_model_fidelity.py --mode emulated --devices 2,4,8
     # real compute on CPU ranks (one thread each, at most as many ranks as cores)
-    python benchmarks/cost_model_fidelity.py --mode cpu --devices 1,2
+    python benchmarks/cost_model_fidelity.py --mode cpu --devices 1,2 --time-limit 10 --steps 8 --warmup-steps 3
     # the same on GPUs (one rank per GPU)
     python benchmarks/cost_model_fidelity.py --mode cpu --backend nccl --devices 1,2,4,8
     # the default-suite smoke test (tiny, seconds; checks that it runs, not the targets)
@@ -24,9 +24,12 @@ Models. ``emulated``: built-in workloads of ``gpp_solver.workloads`` (``mmt``, `
 would take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms per iteration), bytes as
 ``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated). Emulated:
 compute and the data-parallel all-reduce sleep the modelled time (``A(S)`` on the probed cluster, passed in
-``$GPP_EMULATE_CLUSTER``); point-to-point transfers and the schedule are real. ``cpu``:
-``examples.sequential:bench`` and ``examples.two_branch:bench`` profiled with ``python -m runtime.profile``
-(``--threads 1`` when the profiler has it), trained with one thread per rank.
+``$GPP_EMULATE_CLUSTER``); point-to-point transfers and the schedule are real. ``cpu``: real models
+(``benchmarks/fidelity_cpu.py``: torchvision resnet18 and googlenet at 32x32, HF BERT tiny, a two-tower
+model, and the two examples' ``bench`` MLPs), each at its own mini-batch, predicted from a few ms to a few
+hundred ms per iteration; profiled with ``runtime.profile --concurrent`` (one pinned profiler per core),
+trained with one thread per rank, each rank pinned to its own core and every other core kept busy
+(``--fill-cores``; the module says why: this machine's cores slow each other down).
 
 Per plan the JSON (``--json``) also has each stage's measured compute, wait and all-reduce per
 step beside the simulator's busy time and ``A(S)``, so that a gap can be located (the table shows
@@ -54,6 +57,8 @@ from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
 from runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
 
+from benchmarks import fidelity_cpu  # noqa: E402
+
 PLANNERS = "graphpipe,pipedream,gpp,piper"
 EMULATED_MODELS = {
     "mmt": dict(branches=2, layers=2, seq=128, hidden=512, heads=8, ffn=2048, vocab=8000, max_micro_batch=32),
@@ -64,8 +69,9 @@ EMULATED_MODELS = {
 }
 QUICK_MODELS = {"candle-uno": dict(branches=2, layers=1, hidden=256, top_layers=1, input_features=256,
                                    max_micro_batch=16)}
-CPU_MODELS = ["examples.sequential:bench", "examples.two_branch:bench"]
-NOTES = {"emulated": ["emulated: compute and all-reduce sleep the modelled time; p2p and the schedule are real"]}
+NOTES = {"emulated": ["emulated: compute and all-reduce sleep the modelled time; p2p and the schedule are real"],
+         "cpu": ["cpu: one thread per rank, each pinned to its own core; profile and training with every core busy "
+                 "(--fill-cores)"]}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,9 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="gloo: CPU ranks; nccl: one GPU per rank")
     ap.add_argument("--devices", default=None, help="device counts (default emulated 2,4,8; cpu 1,2)")
     ap.add_argument("--planners", default=None, help=f"comma-separated (default {PLANNERS})")
-    ap.add_argument("--models", help="comma-separated (emulated: workload names, '' for none; cpu: MODULE:FN)")
+    ap.add_argument("--models", help="comma-separated (emulated: workload names, '' for none; "
+                    "cpu: MODULE:FN[@BATCH])")
     ap.add_argument("--graph", action="append", default=[], help="emulated: also this gpp-graph/1 file")
-    ap.add_argument("--batch", type=int, default=None, help="mini-batch size (emulated 32, cpu 128)")
+    ap.add_argument("--batch", type=int, default=None, help="mini-batch size (emulated 32; cpu: per model)")
+    ap.add_argument("--fill-cores", choices=fidelity_cpu.FILL, default="unused",
+                    help="cpu: keep every core busy in profile and training (benchmarks/fidelity_cpu.py)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument("--seq-seconds", type=float, default=0.6,
@@ -95,7 +104,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.planners = args.planners or "graphpipe,pipedream"
         args.steps, args.warmup_steps, args.batch, args.seq_seconds = 3, 1, 8, 0.1
     args.planners = args.planners or PLANNERS
-    args.batch = args.batch or (32 if args.mode == "emulated" else 128)
+    args.batch = args.batch or (32 if args.mode == "emulated" else None)
+    if args.mode == "cpu":
+        try:
+            fidelity_cpu.model_specs(args.models, args.batch, args.quick)
+        except ValueError as exc:
+            ap.error(str(exc))
     args.device_counts = [int(x) for x in (args.devices or ("2,4,8" if args.mode == "emulated" else "1,2")).split(",")]
     return args
 
@@ -125,7 +139,8 @@ def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Pat
     torchrun(nproc, ["-m", "runtime.train", "--plan", str(plan_path), "--model", model,
                      "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--lr", "1e-4",
                      "--metrics", str(metrics), "--trace", str(trace_path), "--quiet", "--threads", "1",
-                     "--timeout", "300"] + (["--cpu"] if args.backend == "gloo" else []), env=env)
+                     "--timeout", "300"] + (["--cpu"] if args.backend == "gloo" else [])
+             + fidelity_cpu.train_flags(args), env=env)
     trace = json.loads(trace_path.read_text())
     return steady_period(trace, args.warmup_steps), rank_times(trace, args.warmup_steps)
 
@@ -187,8 +202,8 @@ def scaled(graph: dict, seq_seconds: float, batch: int) -> dict:
     return graph
 
 
-def emulated_models(args, work: Path, cluster: Path) -> list[tuple[str, dict, str, dict]]:
-    """(label, graph dict, MODULE:FN, env) per model, the graph being exactly what is emulated."""
+def emulated_models(args, work: Path, cluster: Path) -> list[tuple[str, dict, str, dict, int]]:
+    """(label, graph dict, MODULE:FN, env, mini-batch) per model, the graph being exactly what is emulated."""
     specs = QUICK_MODELS if args.quick else EMULATED_MODELS
     names = [n for n in args.models.split(",") if n] if args.models is not None else list(specs)
     graphs = [(n, graph_to_dict(build_model(n, **specs.get(n, {})))) for n in names]
@@ -198,27 +213,8 @@ def emulated_models(args, work: Path, cluster: Path) -> list[tuple[str, dict, st
         g = realised_graph(scaled(g, args.seq_seconds, args.batch), args.max_output_bytes, args.max_weight_bytes)
         path = work / f"graph-{label}.json"
         path.write_text(json.dumps(g))
-        out.append((label, g, "runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)}))
-    return out
-
-
-def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict]]:
-    names = args.models.split(",") if args.models else CPU_MODELS
-    helptext = subprocess.run([sys.executable, "-m", "runtime.profile", "--help"], cwd=REPO, capture_output=True,
-                              text=True, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
-    threads = ["--threads", "1"] if "--threads" in helptext else []
-    out = []
-    for spec in names:
-        label = spec.removeprefix("examples.").replace(":", "-")
-        path = work / f"graph-{label}.json"
-        sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= args.batch)
-        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--batch-sizes", sizes,
-               "-o", str(path), *threads]
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"profiling {spec} failed: {res.stderr.strip()[-300:]}")
-        out.append((label, json.loads(path.read_text()), spec, {}))
+        out.append((label, g, "runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)},
+                    args.batch))
     return out
 
 
@@ -293,10 +289,10 @@ def run(args) -> tuple[list[dict], dict]:
     t0 = time.time()
     cpath = Path(args.cluster) if args.cluster else probe(max(args.device_counts + [2]), args.backend, work, args.quick)
     measured_cluster = load_cluster(cpath)
-    models = emulated_models(args, work, cpath) if args.mode == "emulated" else cpu_models(args, work)
+    models = emulated_models(args, work, cpath) if args.mode == "emulated" else fidelity_cpu.cpu_models(args, work)
     rows: list[dict] = []
     done: dict[str, dict] = {}
-    for label, g, model_spec, env in models:
+    for label, g, model_spec, env, batch in models:
         graph = as_graph(g)
         for n in args.device_counts:
             cdoc = {"format": "gpp-cluster/1", "devices": n,
@@ -308,10 +304,10 @@ def run(args) -> tuple[list[dict], dict]:
             if measured_cluster.devices_per_node:
                 cdoc["devices_per_node"] = measured_cluster.devices_per_node
             for planner in args.planners.split(","):
-                row = {"model": label, "devices": n, "planner": planner, "group": (label, args.batch)}
+                row = {"model": label, "devices": n, "planner": planner, "group": (label, batch)}
                 rows.append(row)
                 try:
-                    plan = solve(graph, cdoc, mini_batch_size=args.batch, planner=planner,
+                    plan = solve(graph, cdoc, mini_batch_size=batch, planner=planner,
                                  time_limit=args.time_limit)
                 except GppError as exc:
                     row["error"] = f"no plan: {str(exc).splitlines()[0][:120]}"
@@ -329,8 +325,9 @@ def run(args) -> tuple[list[dict], dict]:
                 ppath = work / f"plan-{row['id']}.json"
                 save_plan(plan, ppath)
                 try:
-                    period, ranks = train(ppath, row["used"], model_spec, env, args,
-                                          work / f"metrics-{row['id']}.json")
+                    with fidelity_cpu.fillers(args, model_spec, row["used"], max(row["micro_batch"])):
+                        period, ranks = train(ppath, row["used"], model_spec, env, args,
+                                              work / f"metrics-{row['id']}.json")
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     row["error"] = f"training failed: {str(exc)[:200]}"
                     continue
@@ -338,7 +335,8 @@ def run(args) -> tuple[list[dict], dict]:
                 row["diagnostics"] = stage_diagnostics(plan, sim, ranks)
                 row["data_parallel"] = any(len(s.devices) > 1 for s in plan.stages)
                 done[sig] = row
-    info = {"mode": args.mode, "backend": args.backend, "cluster": str(cpath), "batch": args.batch,
+    info = {"mode": args.mode, "backend": args.backend, "cluster": str(cpath), "batch": args.batch or "per model",
+            "fill_cores": args.fill_cores if args.mode == "cpu" else None,
             "steps": args.steps, "warmup_steps": args.warmup_steps, "workdir": str(work),
             "seconds": time.time() - t0, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     return rows, info
@@ -365,7 +363,8 @@ def _summary_lines(name: str, s: dict) -> list[str]:
 
 def table(rows: list[dict], s: dict, info: dict) -> str:
     lines = [f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
-             f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}", *NOTES.get(info["mode"], []),
+             f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}"
+             + (f", --fill-cores {info['fill_cores']}" if info.get("fill_cores") else ""), *NOTES.get(info["mode"], []),
              "", "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
              "| stage busy error | all-reduce pred / meas ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

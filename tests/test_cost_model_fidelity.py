@@ -75,3 +75,15 @@ def test_steady_period_uses_step_ends_of_the_last_rank():
     assert b.steady_period(trace, 1) == pytest.approx((560 - 150) / 2 / 1e6)
     t = b.rank_times(trace, 1)
     assert t[1]["allreduce"] == pytest.approx(20e-6) and t[1]["wait"] == 0.0  # the wait was in warm-up
+
+
+def test_cpu_model_specs_and_bad_models_exit_2():
+    b = _bench()
+    specs = b.fidelity_cpu.model_specs("examples.sequential:bench@16,examples.two_branch:bench", None, False)
+    assert specs == [("examples.sequential:bench", 16), ("examples.two_branch:bench", 128)]
+    assert b.fidelity_cpu.model_specs("examples.sequential:bench@16", 4, False) == [("examples.sequential:bench", 4)]
+    assert {batch for _, batch in b.fidelity_cpu.model_specs(None, None, False)} != {128}  # per-model batches
+    for bad in ("nocolon", "examples.sequential:bench@x", "examples.sequential:bench@0"):
+        with pytest.raises(SystemExit) as exc:
+            b.parse_args(["--mode", "cpu", "--models", bad])
+        assert exc.value.code == 2
