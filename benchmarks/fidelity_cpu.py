@@ -84,7 +84,8 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
 
 
 def train_flags(args) -> list[str]:
-    return ["--pin-cores"] if args.fill_cores != "none" and args.backend == "gloo" else []
+    """``runtime.train`` flags of cpu mode (none in emulated mode: its ranks sleep, 8 on 2 cores)."""
+    return ["--pin-cores"] if args.mode == "cpu" and args.fill_cores != "none" and args.backend == "gloo" else []
 
 
 @contextlib.contextmanager

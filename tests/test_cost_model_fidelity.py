@@ -83,6 +83,9 @@ def test_cpu_model_specs_and_bad_models_exit_2():
     assert specs == [("examples.sequential:bench", 16), ("examples.two_branch:bench", 128)]
     assert b.fidelity_cpu.model_specs("examples.sequential:bench@16", 4, False) == [("examples.sequential:bench", 4)]
     assert {batch for _, batch in b.fidelity_cpu.model_specs(None, None, False)} != {128}  # per-model batches
+    assert b.fidelity_cpu.train_flags(b.parse_args(["--mode", "cpu"])) == ["--pin-cores"]
+    assert b.fidelity_cpu.train_flags(b.parse_args(["--mode", "cpu", "--fill-cores", "none"])) == []
+    assert b.fidelity_cpu.train_flags(b.parse_args(["--mode", "emulated"])) == []  # emulated: unchanged
     for bad in ("nocolon", "examples.sequential:bench@x", "examples.sequential:bench@0"):
         with pytest.raises(SystemExit) as exc:
             b.parse_args(["--mode", "cpu", "--models", bad])
