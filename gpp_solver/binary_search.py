@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from gpp_solver.errors import TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
 
@@ -84,14 +85,19 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     square of the bound: a chain of 100 operators on 32 devices has stagings 32 deep).
     """
     first = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass)
+    if deadline is not None and time.perf_counter() > deadline:     # no second phase: its points are unproven
+        return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
     wide = set(e0) if deepen is None else set(deepen({b: first[(b, dp.E)] for b in e0})) & set(e0)
     cap = dp.E if max_bound is None else max(1, int(max_bound))
     keys = [(b, e) for b in sorted(wide) for e in range(1, min(e0[b] - 1, cap) + 1)]
     found = {}
     if keys:
-        found = _search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
-                             E=max(e for _, e in keys))
+        try:
+            found = _search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
+                                 E=max(e for _, e in keys), must_answer=False)
+        except TimeLimitError:      # inside the second phase's first pass: the first phase's points stand
+            return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     out: dict[int, list[TpsSearch]] = {}
     for b in sizes:
         pts: list[TpsSearch] = []
@@ -109,7 +115,8 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
 
 
 def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
-                 on_pass: Callable[[int], None] | None, E: int | None = None) -> dict[tuple[int, int], TpsSearch]:
+                 on_pass: Callable[[int], None] | None, E: int | None = None,
+                 must_answer: bool = True) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -117,19 +124,32 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     is monotone in ``t``).  Keys of one ``b`` share their probes: every probe of a pass answers all
     depth bounds of its ``b`` at once.  ``E``: run the passes bounded to that depth (every key's
     ``e`` must be at most ``E``).
+
+    Deadline: sizes whose tables would not be built by then (the last size's time per degree
+    predicts it) are left out, no key of theirs answered.
+    With ``must_answer`` the first pass probes only each key's largest candidate (feasible if any
+    is) and runs to its end, so that an answer exists; every later pass (every pass without
+    ``must_answer``) stops inside when the deadline passes: the earlier passes' answers stand
+    (``exact=False``), or :class:`TimeLimitError` when there are none.
     """
     cands: dict[int, np.ndarray] = {}
+    per_degree = 0.0        # seconds per degree of the last size's tables (their cost grows with the degrees)
     for b in sizes:
+        t0 = time.perf_counter()
+        if cands and deadline is not None and t0 + per_degree * len(dp.degrees(b)) > deadline:
+            break           # this size's tables would not be built by the deadline
         c = dp.candidates(b)
+        per_degree = (time.perf_counter() - t0) / max(1, len(dp.degrees(b)))
         cands[b] = c[c >= dp.lower_bound(b) * (1 - 1e-12)]
-    keys = [k for k in keys if len(cands[k[0]])]
+    cut = len(cands) < len(sizes)
+    keys = [k for k in keys if k[0] in cands and len(cands[k[0]])]
     top = {k: len(cands[k[0]]) for k in keys}       # hi == top: no candidate proven feasible yet
     lo = {k: 0 for k in keys}
     hi = dict(top)
     of_b: dict[int, list[tuple[int, int]]] = {}
     for k in keys:
         of_b.setdefault(k[0], []).append(k)
-    passes, exact = 0, True
+    passes, exact = 0, not cut
     budget = dp.batch_size()
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
@@ -138,18 +158,26 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         if not active:
             break
         if passes and deadline is not None and time.perf_counter() > deadline:
-            exact = False       # the first pass always runs (with a deadline it proves the largest candidate feasible)
+            exact = False
             break
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
+        guard = must_answer and deadline is not None and not passes       # the one pass run to its end
         for k in active:
             n = hi[k] - lo[k]
             picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
-            if hi[k] == top[k] and deadline is not None:
-                picks.add(top[k] - 1)       # so that the first pass leaves a feasible answer at the deadline
+            if guard:
+                picks = {top[k] - 1}        # a feasible answer at the deadline, from a small pass
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
-        probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E)
+        try:
+            probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E,
+                             deadline=None if guard else deadline)
+        except TimeLimitError:
+            if not passes:
+                raise
+            exact = False
+            break
         res = probe.devices <= dp.D                                         # (pairs, E+1)
         passes += 1
         if on_pass is not None:
@@ -177,7 +205,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         for k in live:
             b = k[0]
             out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + (not keep), len(cands[b]),
-                               exact or lo[k] == hi[k], depth_bound=k[1])
+                               (exact or lo[k] == hi[k]) and not cut, depth_bound=k[1])
     return out
 
 

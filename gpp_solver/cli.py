@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _summary(plan: Any, cluster: Cluster) -> str:
-    return describe_plan(plan) + "\n  cluster: " + describe_cluster(cluster)
+    return describe_plan(plan, cluster.devices) + "\n  cluster: " + describe_cluster(cluster)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -34,11 +34,15 @@ def status_text(plan: Plan) -> str:
     return str(search.status)
 
 
-def describe_plan(plan: Plan) -> str:
-    """Planner, shape, predicted figures, status and search time of ``plan`` on one line."""
+def describe_plan(plan: Plan, cluster_devices: int | None = None) -> str:
+    """Planner, shape, predicted figures, status and search time of ``plan`` on one line; with
+    ``cluster_devices`` a plan on fewer devices says of how many (``8 of 16,384 devices``)."""
     p = plan.predicted
+    used = plural(plan.devices_used, "device")
+    if cluster_devices is not None and plan.devices_used < cluster_devices:
+        used = f"{plan.devices_used} of {plural(cluster_devices, 'device')} (the others idle)"
     return (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, depth {plan.depth}, "
-            f"{plural(plan.devices_used, 'device')}, TPS {p.time_per_sample:.6g} s, iteration "
+            f"{used}, TPS {p.time_per_sample:.6g} s, iteration "
             f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
             f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s")
 

@@ -25,6 +25,8 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
     search was not already ``cut`` by the wall clock — both independent of the machine's speed."""
     if tighten is False:
         return plan, {"status": "off"}, False
+    if tighten is None and cut:     # before importing CP-SAT (a second on a loaded machine)
+        return plan, {"status": "skipped", "reason": "time limit reached"}, False
     try:
         from gpp_solver import cp_schedule
     except Exception as exc:  # noqa: BLE001

@@ -27,7 +27,7 @@ import numpy as np
 
 from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
-from gpp_solver.planners.graphpipe.dp_kernel import run_dp
+from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
 from gpp_solver.planners.graphpipe.dp_stage_tables import (degree_thresholds, devices_by_depth, devices_from_thresholds,
                                                            max_depths, segment_comm, segment_sums, stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
@@ -169,12 +169,13 @@ class StageDP:
         most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
         return self.probe(pairs, keep=False).devices
 
-    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None) -> "DPProbe":
+    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None,
+              deadline: float | None = None) -> "DPProbe":
         """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
         :meth:`traceback` needs, so a search need not run the pass again for its answer.  With
         ``E`` below the DP's own bound the pass only considers stage graphs of depth ``<= E``: the
         answers for those depths are the same (a stage's depth never exceeds its source's), and
-        the tables are much smaller."""
+        the tables are much smaller.  ``deadline``: :class:`TimeLimitError` when it passes during the pass."""
         E = self.E if E is None or E >= self.E else max(1, int(E))
         by_b: dict[int, list[int]] = {}
         for i, (b, _) in enumerate(pairs):
@@ -185,12 +186,13 @@ class StageDP:
         else:
             dev = np.empty((len(pairs), len(self.idx.seg_lo), E + 2), dtype=np.int64)
             for b, rows in by_b.items():
+                check_deadline(deadline)
                 ts = [pairs[i][1] for i in rows]
                 if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
                     self._dev(b, ts, E, out=dev[rows[0]:rows[-1] + 1])
                 else:
                     dev[rows] = self._dev(b, ts, E)
-        Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep)
+        Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
 
     def keep_tables(self) -> bool:

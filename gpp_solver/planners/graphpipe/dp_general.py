@@ -46,7 +46,9 @@ from typing import Sequence
 
 import numpy as np
 
+from gpp_solver.errors import TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_kernel import check_deadline
 from gpp_solver.plan.schedule import compute_in_flight
 from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph
@@ -114,9 +116,11 @@ class GeneralStageDP:
         return np.unique(np.concatenate([tb.tps.ravel() for tb in self._tps.values()]))
 
     # ------------------------------------------------------------------ one pass
-    def pareto(self, t: float, memory: float | None = None) -> list[tuple[int, tuple, object]]:
+    def pareto(self, t: float, memory: float | None = None,
+               deadline: float | None = None) -> list[tuple[int, tuple, object]]:
         """Pareto set ``(devices, source summary, trace)`` of the whole graph at target ``t``
-        (devices ``<= D``); empty when no staging meets ``t`` and memory."""
+        (devices ``<= D``); empty when no staging meets ``t`` and memory.  :class:`TimeLimitError`
+        when ``deadline`` passes (checked at every child of every tree node solved)."""
         mem = self.memory if memory is None else memory
         idx, D, C = self.idx, self.D, self._C
         ok = {b: (tb.tps <= t, tb.degrees) for b, tb in self._tps.items()}
@@ -156,6 +160,7 @@ class GeneralStageDP:
                 suf: list[list] = [[] for _ in range(k + 1)]
                 suf[k] = [(0, G, None)]
                 for p in range(k - 1, -1, -1):
+                    check_deadline(deadline)
                     cand = []
                     for q in range(p, k):
                         for dv2, G2, tr2 in suf[q + 1]:
@@ -172,6 +177,7 @@ class GeneralStageDP:
                 par: list[list] = [[] for _ in range(k + 1)]
                 par[k] = [(0, None, None)]
                 for p in range(k - 1, -1, -1):
+                    check_deadline(deadline)
                     cand = []
                     for q in range(p, k):
                         if q == p and kids[p][0] == "node":
@@ -190,8 +196,8 @@ class GeneralStageDP:
 
         return node(self.idx.root[1], self.sink)
 
-    def feasible(self, t: float, memory: float | None = None) -> bool:
-        return bool(self.pareto(t, memory))
+    def feasible(self, t: float, memory: float | None = None, deadline: float | None = None) -> bool:
+        return bool(self.pareto(t, memory, deadline))
 
     def stages(self, t: float) -> list[GeneralStage]:
         """The stages of a plan meeting ``t`` with the fewest devices (first such in a fixed order)."""
@@ -229,9 +235,10 @@ class GeneralStageDP:
     # ------------------------------------------------------------------ searches
     def search(self, *, deadline: float | None = None) -> GeneralSearch | None:
         """Smallest candidate TPS the DP meets (binary search on sorted candidates); ``None`` when no
-        staging fits in memory at any TPS."""
+        staging fits in memory at any TPS.  :class:`TimeLimitError` when ``deadline`` passes before
+        the first pass finished (no staging known yet)."""
         cands = self.candidates()
-        if not len(cands) or not self.feasible(float(cands[-1])):
+        if not len(cands) or not self.feasible(float(cands[-1]), deadline=deadline):
             return None
         lo, hi, probes, exact = 0, len(cands) - 1, 1, True
         while lo < hi:
@@ -240,7 +247,12 @@ class GeneralStageDP:
                 break
             mid = (lo + hi) // 2
             probes += 1
-            if self.feasible(float(cands[mid])):
+            try:
+                fits = self.feasible(float(cands[mid]), deadline=deadline)
+            except TimeLimitError:
+                exact = False
+                break
+            if fits:
                 hi = mid
             else:
                 lo = mid + 1
@@ -259,13 +271,20 @@ class GeneralStageDP:
                          * A[:, None, None]).ravel())
         cands = np.unique(np.concatenate(vals))
         lo, hi = 0, len(cands) - 1
-        if not self.feasible(math.inf, float(cands[hi]) * (1 + 1e-12)):
+        try:
+            if not self.feasible(math.inf, float(cands[hi]) * (1 + 1e-12), deadline):
+                return None
+        except TimeLimitError:
             return None
         while lo < hi:
             if deadline is not None and time.perf_counter() > deadline:
                 return None
             mid = (lo + hi) // 2
-            if self.feasible(math.inf, float(cands[mid]) * (1 + 1e-12)):
+            try:
+                fits = self.feasible(math.inf, float(cands[mid]) * (1 + 1e-12), deadline)
+            except TimeLimitError:
+                return None
+            if fits:
                 hi = mid
             else:
                 lo = mid + 1

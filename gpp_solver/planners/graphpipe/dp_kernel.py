@@ -44,13 +44,22 @@ micro-batches).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
+from gpp_solver.errors import TimeLimitError
 from gpp_solver.planners.graphpipe.dp_shared_sinks import attach_values
 from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex, node_groups
 
 
-def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
+def check_deadline(deadline: float | None) -> None:
+    """Raise :class:`TimeLimitError` once ``deadline`` (a ``time.perf_counter()`` instant) has passed."""
+    if deadline is not None and time.perf_counter() > deadline:
+        raise TimeLimitError("time limit reached inside a pass of GraphPipe's stage DP")
+
+
+def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline: float | None = None):
     """The DP over the tree for a batch of targets (one per leading index of ``dev``).
 
     Returns ``(R_root, tables, R)``: ``R_root[i, s, e]`` as in the module docstring for target
@@ -58,7 +67,8 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     nothing follows the root), with ``keep`` every node's suffix tables
     ``tables[t][i, p]`` for the traceback, and every internal node's ``R``.  Batching targets shares
     the Python overhead of the recursion, which dominates on small trees; so does solving each
-    group of like tree nodes (:func:`node_groups`) at once.
+    group of like tree nodes (:func:`node_groups`) at once.  Past ``deadline`` (a
+    ``time.perf_counter()`` instant, checked before each group) it raises :class:`TimeLimitError`.
     """
     T = dev.shape[0]
     size = E + 1
@@ -72,6 +82,7 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False):
     site_pars = {st.par for sts in idx.sites.values() for st in sts}
     par_suf: dict[int, np.ndarray] = {}
     for group in node_groups(idx):
+        check_deadline(deadline)
         kind, kids0 = idx.nodes[group[0]]
         k, g = len(kids0), len(group)
         segs = np.stack([idx.seg[t] for t in group])                          # (g, k, k)

@@ -30,7 +30,8 @@ def _per_stage_specs(stages: Sequence[Any], devices_per_node: int | None) -> lis
             for s, d in zip(stages, devs)]
 
 
-def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: int, opts: Sequence[int]) -> tuple:
+def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: int, opts: Sequence[int],
+                              deadline: float | None = None) -> tuple:
     """:func:`spend_leftover_devices` with each stage's own ``b``: raise one degree at a time
     (``b % d == 0``) while the iteration estimate improves and the exact TPS does not rise."""
     dpn = cluster.devices_per_node
@@ -41,7 +42,7 @@ def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: 
                 estimate_iteration(graph, cluster, specs, B))
 
     return raise_degrees(stages, cluster.devices, lambda st: [d for d in opts if st.micro_batch_size % d == 0],
-                         price)
+                         price, deadline)
 
 
 def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[int], search_k: bool,
@@ -63,8 +64,12 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
         raise InfeasibleError(msg, required_memory_bytes=need)
     dpn, opts = cluster.devices_per_node, sorted(gdp.base.degree_options)
     cands = []                      # (origin, specs, DP stages or None)
+    cut = False
     for st in gdp.stage_sets(res.tps):
-        st = _spend_leftover_per_stage(graph, cluster, tuple(st), B, opts)
+        if cands and deadline is not None and time.perf_counter() > deadline:
+            cut = True          # the other stagings of the optimum are not priced
+            break
+        st = _spend_leftover_per_stage(graph, cluster, tuple(st), B, opts, deadline)
         specs = _per_stage_specs(st, dpn)
         cands.append(("per-stage DP", specs, st))
     if deadline is None or deadline > time.perf_counter():
@@ -94,7 +99,7 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
     tps = plan.predicted.time_per_sample
     if tps > res.tps * (1 + 1e-9) + 1e-15:
         logger.warning("plan TPS %.9g exceeds the DP's target %.9g", tps, res.tps)
-    if not res.exact:
+    if not res.exact or cut or (deadline is not None and time.perf_counter() > deadline):
         status = Status.TIME_LIMIT
     elif abs(tps - res.tps) <= 1e-9 * abs(res.tps):
         status = Status.OPTIMAL_WITHIN_SEARCH_SPACE

@@ -4,6 +4,7 @@ fast pricing of a staging and the leftover-device pass."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -66,7 +67,8 @@ def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: 
 
 
 def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
-                           degree_options: Sequence[int], tables: CostTables | None = None) -> tuple[DPStage, ...]:
+                           degree_options: Sequence[int], tables: CostTables | None = None,
+                           deadline: float | None = None) -> tuple[DPStage, ...]:
     """Give devices the DP left unused to stages, greedily, while the iteration estimate improves.
 
     The DP stops at the fewest devices that reach the optimal bottleneck; the rest would idle.  A
@@ -74,22 +76,25 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     free, and keeps the step that lowers the cost model's iteration estimate most, provided the
     plan's exact bottleneck TPS does not rise.  A larger degree only lowers a stage's activation
     memory (the stage graph, hence the in-flight counts, are unchanged), so memory stays within
-    the limit; the plan's TPS stays at most the DP's target.
+    the limit; the plan's TPS stays at most the DP's target.  Past ``deadline`` (``time.perf_counter()``)
+    it stops with the steps taken so far (a valid staging).
     """
     tables = tables or CostTables(graph)
     opts = sorted(d for d in degree_options if b % d == 0)
     return raise_degrees(tuple(stages), cluster.devices, lambda st: opts,
-                         lambda trial: price_staging(graph, cluster, trial, b, B, tables))
+                         lambda trial: price_staging(graph, cluster, trial, b, B, tables), deadline)
 
 
 def raise_degrees(stages: tuple, devices: int, allowed: Callable[[Any], Sequence[int]],
-                  price: Callable[[tuple], tuple[float, float]]) -> tuple:
+                  price: Callable[[tuple], tuple[float, float]], deadline: float | None = None) -> tuple:
     """The greedy loop of :func:`spend_leftover_devices`: ``price(stages) -> (exact TPS, estimate)``;
     ``allowed(stage)`` lists the degrees a stage may take (ascending)."""
     cur = stages
     free = devices - sum(s.degree for s in cur)
     tps0, best = price(cur)
     while free > 0:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         step = None
         for i, st in enumerate(cur):
             bigger = [d for d in allowed(st) if d > st.degree and d - st.degree <= free]

@@ -12,7 +12,7 @@ from typing import Sequence
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.binary_search import TpsSearch, search_depths, search_many
 from gpp_solver.cost.model import stage_costs
-from gpp_solver.errors import InfeasibleError
+from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
 from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
@@ -58,7 +58,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                     return []
                 r = min(first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1],
                                                        r.tps, -r.b))
-                inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k).predicted.iteration_time
+                inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
                 return [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
 
             per_b = search_depths(dp, sizes, deadline=deadline, on_pass=bar.step, deepen=deepen,
@@ -70,8 +70,10 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
         bar.close()
     results = [r for b in sizes for r in per_b[b]]
     if not results:
+        if deadline is not None and time.perf_counter() > deadline:    # some sizes may not have been searched
+            raise TimeLimitError("graphpipe: time limit reached before the stage DP found a plan")
         raise _infeasible(dp, sizes, cluster)
-    timed_out = any(not r.exact for r in results)
+    timed_out = any(not r.exact for r in results)       # then a size without a plan may be unsearched
 
     def past_deadline() -> bool:
         return deadline is not None and time.perf_counter() >= deadline
@@ -87,7 +89,11 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                                        [r for r in short[:VARIANTS_TOP] if r.tps == min_tps[r.b]], deadline, proposals):
             optimistic.setdefault(c[1].b, []).append(c)
     cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
+    cut_short = False   # candidates left unpriced or unsimulated at the deadline
     for rank, r in enumerate(short):          # best estimate first, each b's optimistic proposals right after it
+        if cands and past_deadline():
+            cut_short = True        # the remaining stagings are not priced
+            break
         variants = [("conservative DP", r.stages)]
         if dp.idx.sites and rank < VARIANTS_TOP and not past_deadline():
             # the same optimum traced back with separate sink-side stages where both reach it
@@ -96,13 +102,13 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                 variants.append(("conservative DP, separate sink stages", alt))
         for origin, st in variants:
             if sum(s.degree for s in st) < cluster.devices:
-                st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, tables)
+                st = spend_leftover_devices(graph, cluster, st, r.b, B, dp.degree_options, tables, deadline)
             cands.append((origin, r, tuple(st)))
         if r.b in optimistic and r.tps == min_tps[r.b]:
             cands.extend(optimistic[r.b])
+    cut_short |= past_deadline()        # a leftover-device pass may have stopped at the deadline
     best = None         # (plan, origin, search result)
     tried = []
-    cut_short = False   # candidates left unsimulated at the deadline
     for origin, r, st in cands:
         entry = {"micro_batch_size": r.b, "dp_time_per_sample": r.tps, "stages_from": origin}
         tried.append(entry)
@@ -132,7 +138,8 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     extra = {"micro_batch_size": b_final, "dp_time_per_sample": chosen.tps,
              "dp_min_time_per_sample": min_tps[b_final], "dp_runs": max(r.probes for r in results),
              "micro_batch_sizes_searched": list(sizes),
-             "micro_batch_sizes_infeasible": [b for b in sizes if not per_b[b]],
+             ("micro_batch_sizes_unfinished" if timed_out else "micro_batch_sizes_infeasible"):
+                 [b for b in sizes if not per_b[b]],
              "sp_added_dependencies": dec.added_pairs, "stages_from": origin,
              "objective": "min bottleneck TPS per micro-batch size (DP estimate)"
                           + (" and per bound on the stage graph's depth" if depth_tradeoff else "")
@@ -153,11 +160,11 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
 
 
 def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, dp: StageDP, search_k: bool,
-           leftover: bool = True) -> Plan:
+           leftover: bool = True, deadline: float | None = None) -> Plan:
     """The priced plan of DP stages at ``b`` (devices by :func:`assign_devices`; with ``leftover``
     the unused devices first go through :func:`spend_leftover_devices`)."""
     if leftover and sum(s.degree for s in stages) < cluster.devices:
-        stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs)
+        stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs, deadline)
     specs = stage_specs(stages, b, cluster.devices_per_node, None if search_k else 1)
     return build_plan(graph, cluster, specs, B, planner=PLANNER,
                       search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),

@@ -6,7 +6,7 @@ degree ``d``, tensor-parallel degree ``t`` from the nodes' TMPCs, the knapsack h
 Two modes:
 
 * ``mode="piper"`` — Piper's own objective and costs, to reproduce its published figures: ``K`` =
-  ``cluster.devices``, ``M`` = ``cluster.memory_bytes``, bandwidth = ``cluster.inter_node_bandwidth``
+  ``cluster.devices`` (at most ``N * max t``: no plan uses more, ``search.extra["devices_considered"]``), ``M`` = ``cluster.memory_bytes``, bandwidth = ``cluster.inter_node_bandwidth``
   (Piper assumes a flat network), ``N`` = micro-batches per batch = ``mini_batch_size / b'``.
   Graphs imported with ``gpp_solver.formats.importers.import_piper`` keep Piper's raw TMPC figures
   (``time_per_sample`` in the profile's unit, ``memory_b``, ``sync_time_fw`` keyed by the node's
@@ -132,9 +132,13 @@ def build_instance(graph: Graph, cluster: Cluster, mini_batch_size: int, *, mode
                 for j in out_edges[v]:
                     sbw[j, l] = sb.get(edges[j][0][1], 0.0)
         degrees.append(DegreeOptions(t, arr["p"], arr["w"], arr["a"], arr["b"], avail, label, sfw, sbw))
-    return PiperInstance(n=n, src=src, dst=dst, c=c, degrees=tuple(degrees), devices=cluster.devices,
+    # the data-parallel degrees sum to at most N and each stage has d * t devices: no plan uses more
+    # than N * max t devices, so a larger cluster gives the same tables on that many (same bound_s)
+    N = mini_batch_size // b1
+    usable = min(cluster.devices, N * max((o.t for o in degrees), default=1))
+    return PiperInstance(n=n, src=src, dst=dst, c=c, degrees=tuple(degrees), devices=usable,
                          memory=cluster.memory_bytes if memory is None else memory, bandwidth=bw,
-                         micro_batches=mini_batch_size // b1, resync_factor=4.0 if mode == "piper" else 2.0)
+                         micro_batches=N, resync_factor=4.0 if mode == "piper" else 2.0)
 
 
 def count_downsets(graph: Graph, max_downsets: int = DEFAULT_MAX_DOWNSETS) -> list[int]:
@@ -240,6 +244,7 @@ def _plan_for(graph, cluster, B, b1, mode, downsets, deadline, progress, start) 
             return None, peak_seen
         extra = {"mode": mode, "piper_tps": res.value, "micro_batch_size_per_replica": b1,
                  "downsets": res.downsets, "downset_pairs": res.pairs, "devices_used": res.devices,
+                 "devices_considered": inst.devices,
                  "sum_data_parallel": res.s, "dp_memory_limit": memory, "dp_runs": attempt + 1}
         plan = build_plan(graph, cluster, _specs(graph, res, b1), B, planner="piper",
                           search=SearchInfo(time.monotonic() - start, Status.FEASIBLE, None, extra))

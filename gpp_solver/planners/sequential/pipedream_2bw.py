@@ -92,12 +92,16 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     configs: list[tuple[int, int, int]] = []
     lower: list[float] = []
     least_need = float("inf")
-    enumerated = 0
+    enumerated, cut = 0, False
     for b in candidate_micro_batches(B, o.micro_batch_sizes):
+        divisors = [d for d in range(1, b + 1) if b % d == 0]         # d | b: no loop over unusable devices
         for w in range(1, min(K, len(order)) + 1):
-            for d in range(1, K // w + 1):
-                if b % d:
-                    continue
+            if configs and deadline is not None and _time.perf_counter() > deadline:
+                cut = True          # the configurations enumerated so far are the search space
+                break
+            for d in divisors:
+                if d > K // w:
+                    break
                 x = b / d if balance == "compute" else 0.0
                 cuts = cuts_at.get((x, w))
                 if cuts is None:
@@ -116,6 +120,8 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                     continue
                 configs.append((b, w, d))
                 lower.append(pr.lower_bound)
+        if cut:
+            break
 
     def build(i: int) -> Plan | None:
         b, w, d = configs[i]
@@ -129,6 +135,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
         return plan if need <= cap else None
 
     built, complete = select_by_simulation(lower, build, deadline)
+    complete = complete and not cut
     best: Plan | None = None
     best_key = None
     for i in sorted(built):                      # the exhaustive loop's rule, in its order
