@@ -124,7 +124,7 @@ class TpsBound:
 
 def degrees(b: int, devices: int) -> list[int]:
     """Data-parallel degrees a stage may take: ``1 <= d <= devices`` with ``b % d == 0``."""
-    return [d for d in range(1, devices + 1) if b % d == 0]
+    return [d for d in range(1, min(devices, b) + 1) if b % d == 0]
 
 
 def perfect_balance_tps(graph: Graph, b: int, devices: int) -> float:

@@ -33,7 +33,7 @@ MEMORY_REL_TOL = 1e-9
 
 def device_options(b: int, devices: int) -> tuple[int, ...]:
     """Data-parallel degrees a stage may take: ``1 <= d <= devices`` with ``b % d == 0``."""
-    return tuple(d for d in range(1, devices + 1) if b % d == 0)
+    return tuple(d for d in range(1, min(devices, b) + 1) if b % d == 0)
 
 
 def contiguous_ranges(counts: Sequence[int]) -> list[tuple[int, ...]]:

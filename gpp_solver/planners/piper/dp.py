@@ -320,7 +320,7 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
                 best, bk, bs = float(v), k, s
     if not np.isfinite(best):
         return DPResult(INF, 0, 0, (), ND, pairs)
-    stages = _reconstruct(inst, ker, tab, full, bk, bs)
+    stages = _reconstruct(inst, ker, tab, full, bk, bs, deadline)
     return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, pairs)
 
 
@@ -328,12 +328,16 @@ def _progress(total: int, on: bool) -> ProgressBar:
     return ProgressBar(total - 1, "piper DP", "downset", on)
 
 
-def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int, k: int, s: int) -> list[StageChoice]:
+def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int, k: int, s: int,
+                 deadline: float | None = None) -> list[StageChoice]:
     """Walk back from ``dp[i][k][s]``: at each step the first (largest sub-downset, t, d) whose
-    ``max(dp[D'][k-dt][s-d], TPS)`` attains the table's value."""
+    ``max(dp[D'][k-dt][s-d], TPS)`` attains the table's value (``TimeLimitError`` past ``deadline``)."""
     X, dp = tab.X, tab.dp
     stages: list[StageChoice] = []
     while i != 0:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeLimitError(f"time limit reached in Piper's DP while rebuilding its partition ({len(stages)} "
+                                 f"stages so far)")
         target = dp[i, k, s]
         subs = tab.subs(i)[::-1]
         best = None

@@ -30,7 +30,8 @@ a heuristic (and in the default mode the DP optimises a proxy of the shared mode
 plan passes ``validate``; in ``mode="piper"`` a plan that fits Piper's memory model but not the
 shared one raises ``InfeasibleError`` naming the shared model's need.  The downsets are counted first
 (``max_downsets``, default 20,000: ``SearchSpaceTooLargeError`` past it); ``time_limit`` is checked
-between downsets (``SolverError`` when reached: the DP has no partial answer).
+between downsets: ``TimeLimitError`` when no per-replica micro-batch size finished, else the best
+plan of those that did, with status ``time-limit``.
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from gpp_solver.cost.model import node_compute
-from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError
+from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
@@ -208,7 +210,14 @@ def _plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, o: PiperOp
     best: tuple[tuple[float, float], Plan] | None = None
     overshoot = math.inf          # least shared-model memory of a plan Piper's model accepted
     for b1 in candidates:
-        plan, peak = _plan_for(graph, cluster, mini_batch_size, b1, mode, downsets, deadline, progress, start)
+        try:
+            plan, peak = _plan_for(graph, cluster, mini_batch_size, b1, mode, downsets, deadline, progress, start)
+        except TimeLimitError:
+            if best is None:
+                raise
+            p = best[1]         # the sizes searched so far: their best plan, not proven the best of all
+            return replace(p, search=replace(p.search, status=Status.TIME_LIMIT, seconds=time.monotonic() - start,
+                                             extra={**p.search.extra, "micro_batch_sizes_unfinished": candidates[candidates.index(b1):]}))
         overshoot = min(overshoot, peak)
         if plan is None:
             continue

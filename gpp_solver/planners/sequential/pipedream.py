@@ -219,7 +219,7 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
     if dpn is None or dpn >= K or K % dpn or lin.n_states > HIERARCHICAL_MAX_STATES:
         bw = cluster.bandwidth(range(K))
         tab = minmax_dp(lin.subset, lambda m, r: costs.stage_time(r, bw, K - m + 1), K, allow_fewer=True,
-                        replicas=[r for r in range(1, K + 1) if b % r == 0], deadline=deadline)   # others: `b % d` fails
+                        replicas=[r for r in range(1, min(K, b) + 1) if b % r == 0], deadline=deadline)   # others: `b % d` fails
         if not math.isfinite(tab.value[0, last, K]):
             return None
         out, dev = [], 0
