@@ -127,10 +127,11 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
 
     Deadline: sizes whose tables would not be built by then (the last size's time per degree
     predicts it) are left out, no key of theirs answered.
-    With ``must_answer`` the first pass probes only each key's largest candidate (feasible if any
-    is) and runs to its end, so that an answer exists; every later pass (every pass without
-    ``must_answer``) stops inside when the deadline passes: the earlier passes' answers stand
-    (``exact=False``), or :class:`TimeLimitError` when there are none.
+    With ``must_answer`` the first passes probe one size each, at its largest candidate (feasible
+    if any is), the first of them run to its end so that an answer exists; every later pass (every
+    pass without ``must_answer``) stops inside when the deadline passes: the earlier passes'
+    answers stand (``exact=False``; a size not reached has none), or :class:`TimeLimitError` when
+    there are none.
     """
     cands: dict[int, np.ndarray] = {}
     per_degree = 0.0        # seconds per degree of the last size's tables (their cost grows with the degrees)
@@ -151,6 +152,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         of_b.setdefault(k[0], []).append(k)
     passes, exact = 0, not cut
     budget = dp.batch_size()
+    tops = [b for b in of_b] if must_answer and deadline is not None else []    # sizes whose top is unprobed
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
@@ -162,12 +164,13 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
             break
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
-        guard = must_answer and deadline is not None and not passes       # the one pass run to its end
-        for k in active:
+        guard = not passes and bool(tops)       # the one pass run to its end
+        if tops:        # one size at a time: its largest candidate, a feasible answer if it has one
+            b0 = tops.pop(0)
+            probes[b0] = {top[k] - 1 for k in of_b[b0]}
+        for k in active if not probes else ():
             n = hi[k] - lo[k]
             picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
-            if guard:
-                picks = {top[k] - 1}        # a feasible answer at the deadline, from a small pass
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
         try:

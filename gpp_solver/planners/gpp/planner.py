@@ -63,7 +63,7 @@ from gpp_solver.planners.gpp.options import GppOptions
 from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.model import CostTables
-from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.planners.exact.planner import exact_for_gpp
 from gpp_solver.planners.gpp.plans import build_from_state, rebuild_as_gpp, states_from_plan, uniform_micro_batch
 from gpp_solver.planners.gpp.seeds import run_seed_planners
@@ -142,6 +142,9 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             cands += [(name, st) for st in states_from_plan(P, p)]
         evald, seen = [], set()
         for label, st in cands:
+            if (by_estimate or evald) and time.perf_counter() > deadline:     # out of time: stop evaluating starts
+                timed_out = True
+                break
             e = P.evaluate(st.assign, st.devs)
             if e is not None:
                 c = canonical(st, e)
@@ -154,7 +157,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             fits = [x for x in evald if x[2].key[0] == 0]
             if fits:
                 by_estimate[b] = min(fits, key=lambda x: (x[2].estimate, x[2].key))
-        if time.perf_counter() > deadline and by_estimate:      # out of time, but a start fits
+        if time.perf_counter() > deadline and (by_estimate or starts):      # out of time, and a start to search from
             timed_out = True
             break
     order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
@@ -264,6 +267,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     if prove:
         proven, prove_cut = _prove(graph, cluster, B, deadline, pool)
         timed_out |= prove_cut
+    if not pool and timed_out:
+        raise TimeLimitError(f"gpp: the time limit ({budget:g} s) was reached before any plan was found")
     if not pool:
         need = worst_memory_found
         raise InfeasibleError(
