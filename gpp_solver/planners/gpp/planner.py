@@ -137,20 +137,24 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     by_estimate: dict[int, tuple[str, State, Eval]] = {}      # per b: the start with the least estimate
     for b in bs:
         P = Problem(graph, cluster, B, b, tables)
-        cands = list(chain_states(P))
-        for name, p in seeds.items():
-            cands += [(name, st) for st in states_from_plan(P, p)]
+        seeded = [(name, st) for name, p in seeds.items() for st in states_from_plan(P, p)]
         evald, seen = [], set()
-        for label, st in cands:
-            if (by_estimate or evald) and time.perf_counter() > deadline:     # out of time: stop evaluating starts
-                timed_out = True
-                break
+
+        def consider(label: str, st: State) -> None:
             e = P.evaluate(st.assign, st.devs)
             if e is not None:
                 c = canonical(st, e)
                 if c not in seen:
                     seen.add(c)
                     evald.append((label, c, P.evaluate(c.assign, c.devs)))
+
+        for label, st in chain_states(P):       # generated lazily: out of time, no more own chain states
+            if (by_estimate or evald or seeded) and time.perf_counter() > deadline:
+                timed_out = True
+                break
+            consider(label, st)
+        for label, st in seeded:
+            consider(label, st)
         evald.sort(key=lambda x: x[2].key)
         if evald:
             starts[b] = (P, evald[:max(1, restarts)])
