@@ -204,7 +204,7 @@ def test_one_stage_is_singular(capsys, tmp_path, diamond, cluster_dict):
     gs.save_plan(plan, tmp_path / "p.json")
     rc, out, _ = run(["validate", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.json"), "--plan",
                       str(tmp_path / "p.json")], capsys)
-    assert rc == 0 and "manual: 1 stage, depth 1, 1 device," in out and "1 stages" not in out
+    assert rc == 0 and "manual: 1 stage, depth 1, 1 of 4 devices (the others idle)," in out and "1 stages" not in out
 
 
 def test_simulate_grid_has_legends(files, capsys):
