@@ -98,17 +98,20 @@ def _fits(cluster: Cluster, W: np.ndarray, act: np.ndarray, s: int, b: int, n: i
     return memory_per_device(cluster.optimizer_state_factor, W, f, s, act) <= cluster.memory_bytes
 
 
-def _fit_tables(tabs, cluster: Cluster, b: int, n: int) -> dict[tuple[int, int], np.ndarray]:
+def _fit_tables(tabs, cluster: Cluster, b: int, n: int,
+                deadline: float | None = None) -> dict[tuple[int, int], np.ndarray]:
     """``t`` with ``inf`` where the stage does not fit, per (group size, devices through it)."""
     out = {}
     for s, (t, W, act) in tabs.items():
+        if deadline is not None and _time.perf_counter() > deadline:
+            raise DeadlineReached
         for m in range(s, cluster.devices + 1):
             out[s, m] = np.where(_fits(cluster, W, act, s, b, n, m), t, INF)
     return out
 
 
 def _sum_dp(fit: dict[tuple[int, int], np.ndarray], K: int, t_max: float, S: int,
-            by_m: dict[int, tuple[np.ndarray, np.ndarray]] | None = None):
+            by_m: dict[int, tuple[np.ndarray, np.ndarray]] | None = None, deadline: float | None = None):
     """min sum of latencies over chains (every t <= t_max) per (state, devices); with arg tables.
 
     ``by_m`` is ``fit`` grouped by devices (:func:`_by_devices`), built when absent.  For each
@@ -123,6 +126,8 @@ def _sum_dp(fit: dict[tuple[int, int], np.ndarray], K: int, t_max: float, S: int
     for m in range(1, K + 1):
         if m not in by_m:
             continue
+        if deadline is not None and m % 16 == 0 and _time.perf_counter() > deadline:
+            raise DeadlineReached
         ss, T = by_m[m]                                   # (g,), (g, S, S)
         P = F[:, m - ss].T                                # (g, S): chains ending at k on m - s devices
         X = np.where(T <= t_max, P[:, :, None] + T, INF).reshape(-1, S)
@@ -169,7 +174,7 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
     tabs = _latency_tables(graph, cluster, lin, B, b, group_sizes(cluster))
     if not tabs:
         return None
-    fit = _fit_tables(tabs, cluster, b, n)
+    fit = _fit_tables(tabs, cluster, b, n, deadline)
     none = np.full((S, S), INF)
     lower_tab = minmax_dp(lin.subset, lambda m, r: fit.get((r, m), none), K, allow_fewer=True,
                           replicas=sorted(tabs), deadline=deadline)
@@ -183,7 +188,7 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
 
     def run(t_max: float) -> None:
         nonlocal best
-        F, ak, asz = _sum_dp(fit, K, t_max, S, by_m)
+        F, ak, asz = _sum_dp(fit, K, t_max, S, by_m, deadline)
         m = int(np.argmin(F[last]))
         total = float(F[last, m] + (n - 1) * t_max)
         if total < best[0]:
@@ -200,10 +205,13 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
         for t_max in cands[1:] if cands.size and cands[0] == lower else cands:
             if (n - 1) * t_max >= best[0]:
                 break
-            if deadline is not None and _time.perf_counter() > deadline:
+            try:
+                if deadline is not None and _time.perf_counter() > deadline:
+                    raise DeadlineReached
+                run(float(t_max))
+            except DeadlineReached:     # keep this size's best so far
                 complete = False
                 break
-            run(float(t_max))
     if best[1] is None:
         return None
     F, ak, asz, m = best[1]
