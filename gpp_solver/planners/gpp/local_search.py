@@ -72,12 +72,14 @@ def _branch_order(P: Problem, nodes: Sequence[int]) -> list[int]:
 def _split_devices(P: Problem, part1: Sequence[int], part2: Sequence[int], avail: int) -> tuple[int, int] | None:
     """Degrees ``(d1, d2)``, ``d1 + d2 <= avail``, balancing the two parts' compute."""
     best = None
-    for d1 in P.degrees:
+    fits = [d for d in P.degrees if d < avail]
+    c2s = {d2: sum(P.comp[d2][u] for u in part2) for d2 in fits}
+    for d1 in fits:
         c1 = sum(P.comp[d1][u] for u in part1)
         for d2 in P.degrees:
             if d1 + d2 > avail:
                 break
-            c2 = sum(P.comp[d2][u] for u in part2)
+            c2 = c2s[d2]
             score = (max(c1, c2), d1 + d2)
             if best is None or score < best[0]:
                 best = (score, (d1, d2))

@@ -244,11 +244,14 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             label, st, e0 = by_estimate[b]
             todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps,
                                         "moves": 0}))
+        polish_problems: dict[int, Problem] = {}     # one per b: its evaluation cache serves each start
         for b, label, st0, m0 in todo:
             if time.perf_counter() > deadline:
                 timed_out = True
                 break
-            Q = Problem(graph, cluster, B, b, tables, by_estimate=True)
+            if b not in polish_problems:
+                polish_problems[b] = Problem(graph, cluster, B, b, tables, by_estimate=True)
+            Q = polish_problems[b]
             res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
             timed_out |= res.stopped == "time"
             if res.ev.key[0] == 0 and (res.moves or label != "best"):

@@ -12,7 +12,7 @@ from gpp_solver.types import Cluster, Graph, Plan
 logger = logging.getLogger(__name__)
 
 TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
-TIGHTEN_MAX_SECONDS = 5.0        # ... at most this
+TIGHTEN_MAX_SECONDS = 0.8        # ... at most this (the default limit's share), so a larger limit gives the same plan
 TIGHTEN_MAX_ACTIONS = 4000       # CP-SAT runs (tighten=None) only on plans with at most this many F/B actions
 
 
