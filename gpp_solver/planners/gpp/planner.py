@@ -109,6 +109,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     t0 = time.perf_counter()
     budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = t0 + budget
+    phases: dict[str, float] = {}           # wall seconds per phase (search.extra["phase_seconds"])
+
+    def lap(name: str) -> None:
+        phases[name] = time.perf_counter() - t0 - sum(phases.values())
     given = dict(o.seed_plans or {})
     seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
                                                     budget, progress=progress)
@@ -125,6 +129,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
                            "time_per_sample": p.predicted.time_per_sample,
                            "iteration_time": p.predicted.iteration_time}
+    lap("seeds")
     extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
     if micro_batch_sizes is not None:
         bs = list(check_micro_batch_sizes(B, micro_batch_sizes))
@@ -165,6 +170,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             timed_out = True
             break
     order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
+    lap("starts")
     pool: list[tuple[Plan, dict[str, Any]]] = []
     for name, p in seeds.items():
         pool.append((p, {"origin": name, "micro_batch_size": uniform_micro_batch(p)}))
@@ -226,10 +232,12 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             timed_out = True
             per_b.setdefault(b, {})["stopped"] = "time"
     bar.close()
+    lap("search")
     # phase 2: the other starts, for the most promising sizes
     for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
         if not run_b(b, starts[b][1][1:]):
             timed_out = True
+    lap("restarts")
     # phase 3: search with the iteration-time estimate as first key (favours shallower stage graphs)
     # from the best plan of our own and from the least-estimate starts of the POLISH_SIZES sizes
     # whose starts promise the least estimate
@@ -260,6 +268,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                                     "tps_after": res.ev.max_tps}))
             per_b.setdefault(b, {}).setdefault("polish", []).append(
                 {"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
+    lap("polish")
     # exact iteration-time search on small graphs (planners/exact): a better plan joins the pool; a
     # finished search proves the least 1F1B iteration time over all convex partitions
     ex = None
@@ -283,11 +292,13 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
             required_memory_bytes=need)
     plan, meta = min(pool, key=lambda pm: score(pm[0]))
+    lap("exact")
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE))
     timed_out |= time.perf_counter() > deadline
     plan, tinfo, guard = tighten_orders(plan, graph, cluster, tighten, seed, budget, timed_out, progress)
     timed_out |= guard
+    lap("tighten")
     status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
         status = Status.OPTIMAL_TIME_PER_SAMPLE
@@ -297,7 +308,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
              "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
              "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
-             "iteration_time_estimate": plan.search.iteration_time_estimate}
+             "iteration_time_estimate": plan.search.iteration_time_estimate,
+             "phase_seconds": {k: round(v, 4) for k, v in phases.items()}}
     plan = replace(plan, planner="gpp", search=SearchInfo(time.perf_counter() - t0, status, None, extra))
     validate(plan, graph, cluster)
     return plan
