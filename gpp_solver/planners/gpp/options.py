@@ -34,7 +34,7 @@ class GppOptions:
     # local-search moves per search at most
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     # start states searched per micro-batch size (the best first; the rest for the RESTART_SIZES best sizes)
-    restarts: int = 3
+    restarts: int = 1
     # also run the exact planner (milp) and say "optimal" when the plan's TPS meets its proven optimum
     prove: bool = False
     # what the pick minimises first: the simulated "iteration_time" or the "time_per_sample"
