@@ -3,9 +3,9 @@
 GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
 planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
 
-1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``alpa``,
-   ``pipedream-2bw``, cheapest first; a missing one and one that raises are skipped and recorded)
-   and, for every candidate micro-batch size ``b``, builds its
+1. runs the seed planners that are installed (default ``graphpipe`` and ``pipedream-2bw``;
+   ``pipedream`` and ``alpa`` on request, ``seed_planners``; a missing one and one that raises are
+   skipped and recorded) and, for every candidate micro-batch size ``b``, builds its
    own sequential seeds (balanced prefix cuts of two topological orders with devices re-split by a
    min-max over thresholds, and uniform chains of ``D / d`` stages with ``d`` devices each — the
    spaces of PipeDream-2BW and Alpa);
@@ -32,7 +32,9 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
 included.  The wall clock is only a *safety stop*: the seed planners run with their natural
 algorithms until ``SEED_SAFETY_SHARE`` of it (:mod:`gpp_solver.planners.gpp.seeds`), the local searches are
 capped by ``max_iterations`` and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
-(at most ``TIGHTEN_MAX_SECONDS``) in CP-SAT's *deterministic* time.  Whenever a safety stop is (or
+(at most ``TIGHTEN_MAX_SECONDS``, the default limit's share, so any larger limit gives the same
+plan) in CP-SAT's *deterministic* time.  ``search.extra["phase_seconds"]`` records where the wall
+time went (seeds, starts, search, restarts, polish, exact, tighten).  Whenever a safety stop is (or
 may have been) reached — a seed planner reports ``time-limit`` or fails after the seed stop, a
 search or a loop stops at the deadline, CP-SAT's wall guard may have fired — the status is
 ``time-limit``.
