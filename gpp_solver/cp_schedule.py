@@ -97,7 +97,7 @@ class TightenResult:
     memory_status: str = "skipped"  # phase 2 (memory at that makespan): CP-SAT status name or "skipped"
     peak_memory_before: float = 0.0
     peak_memory_after: float = 0.0
-    wall_guard: bool = False        # deterministic mode: a phase was stopped by its wall-clock guard
+    wall_guard: bool = False        # deterministic mode: a phase ended by neither a proof nor its deterministic limit
 
 
 def _rebuild(plan: Plan, graph: Graph, cluster: Cluster, orders: Mapping[int, Order]) -> Plan:

@@ -289,8 +289,8 @@ class Solved:
     objective_ticks: int | None
     bound_ticks: int | None
     seconds: float
-    # deterministic mode: the wall-clock guard (4x the deterministic limit + 1 s) stopped the search,
-    # so the result may depend on the machine's speed (otherwise it does not)
+    # deterministic mode: something other than a proof or the deterministic limit (the wall-clock
+    # guard, 4x that limit + 1 s) ended the search, so the result may depend on the machine's speed
     wall_guard: bool = False
 
 
@@ -327,8 +327,10 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
         code = solver.solve(model, _SolutionBar(bar) if bar.bar is not None else None)
     seconds = time.perf_counter() - t0
     status = solver.status_name(code)
-    # the guard can only have fired when CP-SAT's own wall clock got near it and no proof ended the search
-    guard = deterministic and status != "OPTIMAL" and solver.wall_time >= 0.95 * wall_limit
+    # without a proof, only a search that used up its deterministic time ended deterministically;
+    # anything else (the wall-clock guard, whatever CP-SAT's own wall clock said) may depend on load
+    guard = (deterministic and status not in ("OPTIMAL", "INFEASIBLE")
+             and solver.response_proto.deterministic_time < 0.99 * time_limit)
     if status == "MODEL_INVALID":
         raise SolverError(f"CP-SAT says the schedule model is invalid: {model.validate()}")
     if status not in ("OPTIMAL", "FEASIBLE"):

@@ -50,7 +50,7 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
         logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
         return plan, {"status": f"error: {type(exc).__name__}"}, False
     # cp_schedule guards each deterministic-time phase with a wall limit of 4x it + 1 s and says
-    # whether a guard may have stopped one (CP-SAT's wall time near it, no proof)
+    # whether a phase ended by neither a proof nor its deterministic limit (then it may depend on load)
     guard = r.wall_guard
     info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
             "improved": r.improved, "seconds": r.seconds, "actions": r.actions, "memory_status": r.memory_status, "wall_guard_possible": guard}
