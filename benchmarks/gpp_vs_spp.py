@@ -3,6 +3,7 @@
     python benchmarks/gpp_vs_spp.py                 # mmt, dlrm, candle-uno at 4/8/16/32 devices + transformer
     python benchmarks/gpp_vs_spp.py --devices 4 8   # fewer cells
     python benchmarks/gpp_vs_spp.py --branches      # also candle-uno with 2..16 branches (Fig. 7 left)
+    python benchmarks/gpp_vs_spp.py --planners gpp graphpipe   # a subset of the planners
 
 Workloads from ``gpp_solver.workloads.build_model`` at the paper's sizes, on ``v100_cluster(n)`` (V100
 16 GiB, 4 per node), mini-batch per GraphPipe A.2 (MMT and Transformer 16, DLRM 64, CANDLE-Uno 1024
@@ -71,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=["mmt", "dlrm", "candle-uno", "transformer"])
     ap.add_argument("--branches", action="store_true", help="also candle-uno with 2..16 branches at 16 devices")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per planner and cell (seconds)")
+    ap.add_argument("--planners", nargs="+", default=PLANNERS, choices=PLANNERS,
+                    help="a subset of the planners (the ratio columns need theirs)")
     args = ap.parse_args(argv)
-    planners = [p for p in PLANNERS if p in available_planners()]
+    planners = [p for p in args.planners if p in available_planners()]
     print(f"planners: {', '.join(planners)}; date {time.strftime('%Y-%m-%d')}\n")
     columns = planners + ([ALG1] if "graphpipe" in planners else [])
     head = ("| workload | devices | " + " | ".join(f"{p} tput (s)" for p in columns)

@@ -97,6 +97,7 @@ class TightenResult:
     memory_status: str = "skipped"  # phase 2 (memory at that makespan): CP-SAT status name or "skipped"
     peak_memory_before: float = 0.0
     peak_memory_after: float = 0.0
+    wall_guard: bool = False        # deterministic mode: a phase ended by neither a proof nor its deterministic limit
 
 
 def _rebuild(plan: Plan, graph: Graph, cluster: Cluster, orders: Mapping[int, Order]) -> Plan:
@@ -145,7 +146,7 @@ def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 1
     add_order_hint(model, v, {s.id: s.schedule.order for s in plan.stages})
     res = solve_model(model, v, time_limit=time_limit * (0.75 if minimize_memory else 1.0), seed=seed,
                       workers=workers, deterministic=deterministic, progress=progress)
-    out = replace(out, status=res.status, unit=d.unit,
+    out = replace(out, status=res.status, unit=d.unit, wall_guard=res.wall_guard,
                   lower_bound=None if res.bound_ticks is None else res.bound_ticks * d.unit)
     if res.orders is None:
         return replace(out, seconds=time.perf_counter() - t0)
@@ -155,7 +156,7 @@ def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 1
     if minimize_memory and left > 0:
         res2 = _memory_phase(d, res.orders, res.objective_ticks, time_limit=left, seed=seed, workers=workers,
                              deterministic=deterministic)
-        out = replace(out, memory_status=res2.status)
+        out = replace(out, memory_status=res2.status, wall_guard=out.wall_guard or res2.wall_guard)
         if res2.orders is not None:
             new2 = _rebuild(plan, graph, cluster, res2.orders)
             if (new2.predicted.iteration_time <= new.predicted.iteration_time * (1 + 1e-6)

@@ -179,7 +179,7 @@ def test_plan_summary_shows_the_cluster_and_progress(capsys, tmp_path):
     assert rc == 0
     assert ("cluster: 16 devices in 2 nodes of 8, 80 GiB each, 450 GB/s inside a node, 50 GB/s between nodes, "
             "latency 10 µs") in out
-    for line in ("gpp: seed planner graphpipe running", "gpp: seed planner pipedream:", "gpp: local search",
+    for line in ("gpp: seed planner graphpipe running", "gpp: seed planner pipedream-2bw:", "gpp: local search",
                  "gpp: CP-SAT tightening"):
         assert line in err, err
 

@@ -289,6 +289,9 @@ class Solved:
     objective_ticks: int | None
     bound_ticks: int | None
     seconds: float
+    # deterministic mode: something other than a proof or the deterministic limit (the wall-clock
+    # guard, 4x that limit + 1 s) ended the search, so the result may depend on the machine's speed
+    wall_guard: bool = False
 
 
 class _SolutionBar(cp_model.CpSolverSolutionCallback):
@@ -313,9 +316,10 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
     # "hint search" that then follows it branch by branch cost 6 s of a 7.5 s budget on a
     # 768-action Transformer instance without finding anything better, so skip it.
     solver.parameters.hint_conflict_limit = 0
+    wall_limit = 4 * time_limit + 1 if deterministic else time_limit
     if deterministic:
         solver.parameters.max_deterministic_time = time_limit
-        solver.parameters.max_time_in_seconds = 4 * time_limit + 1
+        solver.parameters.max_time_in_seconds = wall_limit
     else:
         solver.parameters.max_time_in_seconds = time_limit
     t0 = time.perf_counter()
@@ -323,10 +327,14 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
         code = solver.solve(model, _SolutionBar(bar) if bar.bar is not None else None)
     seconds = time.perf_counter() - t0
     status = solver.status_name(code)
+    # without a proof, only a search that used up its deterministic time ended deterministically;
+    # anything else (the wall-clock guard, whatever CP-SAT's own wall clock said) may depend on load
+    guard = (deterministic and status not in ("OPTIMAL", "INFEASIBLE")
+             and solver.response_proto.deterministic_time < 0.99 * time_limit)
     if status == "MODEL_INVALID":
         raise SolverError(f"CP-SAT says the schedule model is invalid: {model.validate()}")
     if status not in ("OPTIMAL", "FEASIBLE"):
-        return Solved(status, None, None, None, seconds)
+        return Solved(status, None, None, None, seconds, guard)
     d = v.data
     orders = {}
     for s in d.stages:
@@ -334,4 +342,4 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
         keys.sort(key=lambda key: solver.value(v.start[key]))
         orders[s] = tuple(Action.of(k, j) for _, k, j in keys)
     return Solved(status, orders, int(solver.objective_value), int(math.ceil(solver.best_objective_bound - 1e-9)),
-                  seconds)
+                  seconds, guard)

@@ -15,6 +15,9 @@ Deterministic: no randomness, fixed move order, capped by ``max_iterations``; th
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -23,6 +26,7 @@ from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonic
 
 MERGE_LIGHTEST = 3     # merges considered: pairs with the loaded stage or one of this many lightest stages
 FAR_MOVE_STAGES = 8    # up to this many stages, nodes also move to / are pulled from non-adjacent stages
+ALL_CHAIN_LENGTHS = 64  # balanced chains of every stage count up to this many (then a geometric ladder)
 EXACT_SPLITS = 48      # a stage with at most this many down-sets is split at every one of them
 
 # ---------------------------------------------------------------------------------- moves
@@ -72,12 +76,14 @@ def _branch_order(P: Problem, nodes: Sequence[int]) -> list[int]:
 def _split_devices(P: Problem, part1: Sequence[int], part2: Sequence[int], avail: int) -> tuple[int, int] | None:
     """Degrees ``(d1, d2)``, ``d1 + d2 <= avail``, balancing the two parts' compute."""
     best = None
-    for d1 in P.degrees:
+    fits = [d for d in P.degrees if d < avail]
+    c2s = {d2: sum(P.comp[d2][u] for u in part2) for d2 in fits}
+    for d1 in fits:
         c1 = sum(P.comp[d1][u] for u in part1)
         for d2 in P.degrees:
             if d1 + d2 > avail:
                 break
-            c2 = sum(P.comp[d2][u] for u in part2)
+            c2 = c2s[d2]
             score = (max(c1, c2), d1 + d2)
             if best is None or score < best[0]:
                 best = (score, (d1, d2))
@@ -302,15 +308,28 @@ def topological_orders(P: Problem) -> list[list[int]]:
 
 
 def _linear_partition(w: Sequence[float], k: int) -> list[int]:
-    """Cut points of at most ``k`` contiguous segments minimising the largest sum (bisection + greedy)."""
+    """:func:`_balanced_cuts`, remembered (the sizes ``b`` with the same ``b / d`` share weights)."""
+    return list(_balanced_cuts(tuple(w), k))
+
+
+@functools.lru_cache(maxsize=4096)
+def _balanced_cuts(w: tuple[float, ...], k: int) -> tuple[int, ...]:
+    """Cut points of at most ``k`` contiguous segments minimising the largest sum (bisection + greedy:
+    each segment runs as far as its sum stays within the threshold, at least one item; found on the
+    prefix sums by bisection, so a threshold costs O(k log n))."""
+    prefix = list(itertools.accumulate(w, initial=0.0))
+    n = len(w)
+
     def cuts(t: float) -> list[int] | None:
-        out, acc = [], 0.0
-        for i, x in enumerate(w):
-            if acc + x > t and acc > 0:
-                out.append(i)
-                acc = 0.0
-            acc += x
-        return out if len(out) + 1 <= k else None
+        out, i = [], 0
+        while True:
+            j = max(bisect.bisect_right(prefix, prefix[i] + t, i + 1) - 1, i + 1)
+            if j >= n:
+                return out
+            out.append(j)
+            if len(out) + 1 > k:
+                return None
+            i = j
     lo, hi = max(w), sum(w)
     for _ in range(40):
         mid = (lo + hi) / 2
@@ -318,7 +337,7 @@ def _linear_partition(w: Sequence[float], k: int) -> list[int]:
             lo = mid
         else:
             hi = mid
-    return cuts(hi) or []
+    return tuple(cuts(hi) or ())
 
 
 def _assign_from_cuts(P: Problem, order: Sequence[int], cuts: Sequence[int]) -> tuple[tuple[int, ...], int]:
@@ -331,6 +350,16 @@ def _assign_from_cuts(P: Problem, order: Sequence[int], cuts: Sequence[int]) -> 
     return tuple(a), stage + 1
 
 
+def chain_lengths(most: int) -> list[int]:
+    """Stage counts of the balanced chains: every one up to ``ALL_CHAIN_LENGTHS``, then a geometric
+    ladder (ratio ~1.25) up to ``most`` — on 1,000 operators and 1,024 devices every count would
+    cost seconds for starts the search refines anyway."""
+    out = list(range(1, min(most, ALL_CHAIN_LENGTHS) + 1))
+    while out[-1] < most:
+        out.append(min(most, max(out[-1] + 1, round(out[-1] * 1.25))))
+    return out
+
+
 def chain_states(P: Problem) -> Iterator[tuple[str, State]]:
     """Sequential partitions of topological orders (every prefix cut is convex): ``k`` balanced
     stages with re-split devices for every ``k``; then the uniform chains of PipeDream-2BW's and
@@ -339,7 +368,7 @@ def chain_states(P: Problem) -> Iterator[tuple[str, State]]:
     orders = topological_orders(P)
     for oi, order in enumerate(orders):
         w = [P.comp[1][u] for u in order]
-        for k in range(1, min(P.D, P.N) + 1):
+        for k in chain_lengths(min(P.D, P.N)):
             cuts = _linear_partition(w, k)
             key = tuple(cuts)
             if (oi, key) in seen:

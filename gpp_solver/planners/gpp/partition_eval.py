@@ -40,6 +40,7 @@ from gpp_solver.types import Cluster, Graph
 logger = logging.getLogger(__name__)
 
 MEM_REL_TOL = 5e-10      # stricter than the validator's 1e-9, so float order never flips a verdict
+CACHE_ENTRIES_TIMES_NODES = 20_000_000   # evaluation cache: at most this many node labels held (then cleared)
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class Problem:
         self.lb_tps = sum(self.comp[1]) / b / self.D     # perfect balance at b (d = 1 is the cheapest per sample)
         self.quantum = max(self.lb_tps, 1e-300) * 1e-9
         self.evaluations = 0
+        self.cache_hits = 0
+        self._cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Eval | None] = {}
+        self._cache_max = max(1000, CACHE_ENTRIES_TIMES_NODES // max(self.N, 1))
         # arrays for the vectorised evaluator
         self._ar = np.arange(self.N)
         self._comp_by_d = np.zeros((self.degrees[-1] + 1, self.N))     # indexed by degree (not by device count)
@@ -115,13 +119,14 @@ class Problem:
         sa, sb = a[self._esrc], a[self._edst]
         m = sa != sb
         sa, sb = sa[m], sb[m]
-        qkeys = np.unique(sa * k + sb).tolist()
+        qkeys = sorted(set((sa * k + sb).tolist()))
         qs: list[list[int]] = [[] for _ in range(k)]
         indeg = [0] * k
         for key in qkeys:
             qs[key // k].append(key % k)
             indeg[key % k] += 1
-        _, first = np.unique(a, return_index=True)
+        first = np.full(k, self.N, dtype=np.int64)
+        np.minimum.at(first, a, self._ar)
         first = first.tolist()
         heap = [(first[s], s) for s in range(k) if indeg[s] == 0]
         heapq.heapify(heap)
@@ -152,8 +157,20 @@ class Problem:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
-        """Exact cost-model figures of a state, or ``None`` when its stage graph has a cycle."""
+        """Exact cost-model figures of a state, or ``None`` when its stage graph has a cycle (cached:
+        the searches from several starts and the restarts meet the same states)."""
         self.evaluations += 1
+        ck = (tuple(assign), tuple(devs))
+        if ck in self._cache:
+            self.cache_hits += 1
+            return self._cache[ck]
+        out = self._evaluate(ck[0], ck[1])
+        if len(self._cache) >= self._cache_max:
+            self._cache.clear()
+        self._cache[ck] = out
+        return out
+
+    def _evaluate(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
         k = len(devs)
         a = np.asarray(assign, dtype=np.int64)
         st = self._structure(a, k)

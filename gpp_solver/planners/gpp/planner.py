@@ -3,9 +3,9 @@
 GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
 planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
 
-1. runs the seed planners that are installed (``graphpipe``, ``pipedream``, ``alpa``,
-   ``pipedream-2bw``, cheapest first; a missing one and one that raises are skipped and recorded)
-   and, for every candidate micro-batch size ``b``, builds its
+1. runs the seed planners that are installed (default ``graphpipe`` and ``pipedream-2bw``;
+   ``pipedream`` and ``alpa`` on request, ``seed_planners``; a missing one and one that raises are
+   skipped and recorded) and, for every candidate micro-batch size ``b``, builds its
    own sequential seeds (balanced prefix cuts of two topological orders with devices re-split by a
    min-max over thresholds, and uniform chains of ``D / d`` stages with ``d`` devices each — the
    spaces of PipeDream-2BW and Alpa);
@@ -32,7 +32,9 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
 included.  The wall clock is only a *safety stop*: the seed planners run with their natural
 algorithms until ``SEED_SAFETY_SHARE`` of it (:mod:`gpp_solver.planners.gpp.seeds`), the local searches are
 capped by ``max_iterations`` and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
-(at most ``TIGHTEN_MAX_SECONDS``) in CP-SAT's *deterministic* time.  Whenever a safety stop is (or
+(at most ``TIGHTEN_MAX_SECONDS``, the default limit's share, so any larger limit gives the same
+plan) in CP-SAT's *deterministic* time.  ``search.extra["phase_seconds"]`` records where the wall
+time went (seeds, starts, search, restarts, polish, exact, tighten).  Whenever a safety stop is (or
 may have been) reached — a seed planner reports ``time-limit`` or fails after the seed stop, a
 search or a loop stops at the deadline, CP-SAT's wall guard may have fired — the status is
 ``time-limit``.
@@ -109,6 +111,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     t0 = time.perf_counter()
     budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
     deadline = t0 + budget
+    phases: dict[str, float] = {}           # wall seconds per phase (search.extra["phase_seconds"])
+
+    def lap(name: str) -> None:
+        phases[name] = time.perf_counter() - t0 - sum(phases.values())
     given = dict(o.seed_plans or {})
     seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
                                                     budget, progress=progress)
@@ -125,6 +131,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
                            "time_per_sample": p.predicted.time_per_sample,
                            "iteration_time": p.predicted.iteration_time}
+    lap("seeds")
     extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
     if micro_batch_sizes is not None:
         bs = list(check_micro_batch_sizes(B, micro_batch_sizes))
@@ -165,6 +172,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             timed_out = True
             break
     order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
+    lap("starts")
     pool: list[tuple[Plan, dict[str, Any]]] = []
     for name, p in seeds.items():
         pool.append((p, {"origin": name, "micro_batch_size": uniform_micro_batch(p)}))
@@ -226,10 +234,12 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             timed_out = True
             per_b.setdefault(b, {})["stopped"] = "time"
     bar.close()
+    lap("search")
     # phase 2: the other starts, for the most promising sizes
     for b in sorted(best_score, key=lambda x: (best_score[x], x))[:RESTART_SIZES]:
         if not run_b(b, starts[b][1][1:]):
             timed_out = True
+    lap("restarts")
     # phase 3: search with the iteration-time estimate as first key (favours shallower stage graphs)
     # from the best plan of our own and from the least-estimate starts of the POLISH_SIZES sizes
     # whose starts promise the least estimate
@@ -244,11 +254,14 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             label, st, e0 = by_estimate[b]
             todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps,
                                         "moves": 0}))
+        polish_problems: dict[int, Problem] = {}     # one per b: its evaluation cache serves each start
         for b, label, st0, m0 in todo:
             if time.perf_counter() > deadline:
                 timed_out = True
                 break
-            Q = Problem(graph, cluster, B, b, tables, by_estimate=True)
+            if b not in polish_problems:
+                polish_problems[b] = Problem(graph, cluster, B, b, tables, by_estimate=True)
+            Q = polish_problems[b]
             res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
             timed_out |= res.stopped == "time"
             if res.ev.key[0] == 0 and (res.moves or label != "best"):
@@ -257,6 +270,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                                     "tps_after": res.ev.max_tps}))
             per_b.setdefault(b, {}).setdefault("polish", []).append(
                 {"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
+    lap("polish")
     # exact iteration-time search on small graphs (planners/exact): a better plan joins the pool; a
     # finished search proves the least 1F1B iteration time over all convex partitions
     ex = None
@@ -280,11 +294,13 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
             required_memory_bytes=need)
     plan, meta = min(pool, key=lambda pm: score(pm[0]))
+    lap("exact")
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE))
     timed_out |= time.perf_counter() > deadline
     plan, tinfo, guard = tighten_orders(plan, graph, cluster, tighten, seed, budget, timed_out, progress)
     timed_out |= guard
+    lap("tighten")
     status = Status.TIME_LIMIT if timed_out else Status.FEASIBLE
     if proven is not None and plan.predicted.time_per_sample <= proven * (1 + 1e-9):
         status = Status.OPTIMAL_TIME_PER_SAMPLE
@@ -294,7 +310,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
              "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
              "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
-             "iteration_time_estimate": plan.search.iteration_time_estimate}
+             "iteration_time_estimate": plan.search.iteration_time_estimate,
+             "phase_seconds": {k: round(v, 4) for k, v in phases.items()}}
     plan = replace(plan, planner="gpp", search=SearchInfo(time.perf_counter() - t0, status, None, extra))
     validate(plan, graph, cluster)
     return plan
