@@ -8,7 +8,8 @@ node ids against the model), so that both name the nodes the same way:
   name), a ``call_function`` / ``call_method`` node by its fx node name (``"cat"``, ``"add_1"``);
 - *graph nodes* (the JSON's nodes, what a plan assigns to stages) are groups of fx nodes
   (``group``): a node whose value the runtime cannot send (a tuple such as
-  ``nn.MultiheadAttention``'s output, a ``size()`` of an activation, shape arithmetic) is merged
+  ``nn.MultiheadAttention``'s output, a ``size()`` of an activation, shape arithmetic, a tensor
+  whose leading dimension is not the batch: GPT-2's ``(batch * sequence, width)`` views) is merged
   with every node that reads it (unless it is computed from the model inputs alone: every stage
   that needs such a value recomputes it, see ``input_derived``), a node nothing reads
   (``torch._assert``) with the nodes it reads, so no stage boundary can fall on such a value and
@@ -110,6 +111,15 @@ def _is_tensor_valued(n: fx.Node, values: dict | None) -> bool:
                                 for u in n.users))
 
 
+def _sendable(n: fx.Node, values: dict | None, rows: int | None) -> bool:
+    """A tensor whose leading dimension is the batch (what ``runtime.p2p`` sends and slices):
+    not a ``(batch * sequence, width)`` view or a parameter's transpose."""
+    if values is None or n not in values or rows is None:
+        return _is_tensor_valued(n, values)
+    v = values[n]
+    return isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == rows
+
+
 _RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial")
 
 
@@ -144,7 +154,7 @@ def _trainable(gm: fx.GraphModule, attr: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.requires_grad
 
 
-def _groups(nodes, ids, sink, values):
+def _groups(nodes, ids, sink, values, rows=None):
     """Union of fx nodes into graph nodes (module docstring), cycles of groups contracted."""
     parent = {n: n for n in nodes}
 
@@ -170,7 +180,7 @@ def _groups(nodes, ids, sink, values):
             union(users[0], u)
     for n in nodes:
         users = [u for u in n.users if u in node_set]
-        if users and not _is_tensor_valued(n, values) and n not in derived:
+        if users and not _sendable(n, values, rows) and n not in derived:
             for u in users:
                 union(n, u)
         elif not users and n is not sink:
@@ -230,10 +240,14 @@ def model_graph(gm: fx.GraphModule, example_inputs: tuple | None = None) -> Mode
             "the model's forward must return one tensor computed by an operator, "
             f"but it returns {ret!r}")
     placeholders = tuple(n for n in gm.graph.nodes if n.op == "placeholder")
-    values = None
-    if example_inputs is not None:
+    values = rows = None
+    if example_inputs is not None:  # two rows, as the runtime describes what crosses (value_meta)
+        example_inputs = tuple(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x
+                               for x in example_inputs)
+        rows = next((int(x.shape[0]) for x in example_inputs
+                     if isinstance(x, torch.Tensor) and x.dim()), None)
         values = _example_values(gm, nodes, ids, ret, placeholders, example_inputs)
-    group, groups = _groups(nodes, ids, ret, values)
+    group, groups = _groups(nodes, ids, ret, values, rows)
     merged = [g for g in groups if len(g[1]) > 1]
     if merged:
         logger.debug("merged %d groups of fx nodes that hold unsendable values", len(merged))

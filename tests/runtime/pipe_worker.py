@@ -94,7 +94,7 @@ def _gpt2_tied() -> nn.Module:
     from examples.real_models import gpt2_tiny_tied
     wl = gpt2_tiny_tied()
     _GPT2.setdefault("wl", wl)
-    return wl.model
+    return wl.model.double()  # float64: see "tuple_dict" (a key bias's zero gradient under Adam)
 
 
 CASES = {

@@ -57,6 +57,8 @@ def test_unsendable_values_stay_inside_graph_nodes():
             assert all(mg.group[u] == mg.group[n] for u in n.users if u in mg.group), mg.ids[n]
     by_id = {mg.ids[n]: n for n in mg.nodes}
     assert mg.group[by_id["size"]] == mg.group[by_id["reshape"]]  # h.size(-1) of an activation
+    # h.reshape(b * s, -1) has no leading batch dimension: it stays with the head that reads it
+    assert mg.group[by_id["reshape"]] == mg.group[by_id["head"]]
     groups = dict(mg.groups)
     assert [mg.ids[n] for n in groups["attn"]] == ["attn", "getitem_3", "getitem_4"]
     # x.shape, its unpacking and the _assert end up in the graph nodes that use them
