@@ -10,6 +10,8 @@
 - ``bert_tiny``: HuggingFace ``BertModel`` from a tiny random config (no download) with a linear
   head on the first token; its ``BertEmbeddings`` and ``BertLayer`` are leaf modules (the
   workload's tracer hook: plain fx fails on the embeddings' slicing by a traced length).
+- ``gpt2_tiny`` / ``gpt2_tiny_tied``: HuggingFace ``GPT2LMHeadModel`` from a tiny random config,
+  traced with ``torch.export``; ``gpt2_tiny_tied`` ties the head to the embedding (as shipped).
 - ``two_tower``: a text tower (embedding, ``nn.TransformerEncoderLayer``) and an image tower
   (convolutions) fused by a raw ``nn.MultiheadAttention`` (its output is a tuple) and a head.
 
@@ -121,12 +123,13 @@ class _Logits(nn.Module):
         return self.lm(input_ids).logits.flatten(1)
 
 
-def gpt2_tiny(seq: int = 8, layers: int = 2, tied: bool = False):
+def gpt2_tiny(seq: int = 8, layers: int = 2, tied: bool = False, vocab: int = 32):
     """HuggingFace ``GPT2LMHeadModel`` from a tiny random config; plain fx fails on its mask
     builder (data-dependent control flow), so it is traced with ``torch.export``. ``tied``: the
-    head shares the embedding's weight (as shipped)."""
+    head shares the embedding's weight (as shipped): in the exported graph one parameter read by
+    the embedding lookup and by the head's matmul, which may land in different stages."""
     tr = import_transformers()
-    cfg = tr.GPT2Config(vocab_size=32, n_embd=16, n_layer=layers, n_head=2, n_positions=16,
+    cfg = tr.GPT2Config(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, n_embd=16, n_layer=layers, n_head=2, n_positions=16,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied)
     model = _Logits(tr.GPT2LMHeadModel(cfg))
 
@@ -143,7 +146,9 @@ def gpt2_tiny(seq: int = 8, layers: int = 2, tied: bool = False):
 
 
 def gpt2_tiny_tied():
-    return gpt2_tiny(tied=True)
+    """GPT-2 with its head tied to the embedding (vocabulary 64, so the tied weight is the
+    largest parameter)."""
+    return gpt2_tiny(tied=True, vocab=64)
 
 
 class TwoTower(nn.Module):

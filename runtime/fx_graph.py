@@ -8,13 +8,18 @@ node ids against the model), so that both name the nodes the same way:
   name), a ``call_function`` / ``call_method`` node by its fx node name (``"cat"``, ``"add_1"``);
 - *graph nodes* (the JSON's nodes, what a plan assigns to stages) are groups of fx nodes
   (``group``): a node whose value the runtime cannot send (a tuple such as
-  ``nn.MultiheadAttention``'s output, a ``size()`` of an activation, shape arithmetic) is merged
+  ``nn.MultiheadAttention``'s output, a ``size()`` of an activation, shape arithmetic, a tensor
+  whose leading dimension is not the batch: GPT-2's ``(batch * sequence, width)`` views) is merged
   with every node that reads it (unless it is computed from the model inputs alone: every stage
   that needs such a value recomputes it, see ``input_derived``), a node nothing reads
   (``torch._assert``) with the nodes it reads, so no stage boundary can fall on such a value and
-  the graph stays connected; the nodes that read one attribute (a parameter of a traced-through
-  or exported module) are one group. A group is named after its first module call, else its
-  last tensor-valued node. Most groups hold one fx node;
+  the graph stays connected; the nodes that read one buffer or constant attribute are one
+  group. A parameter that needs grad and is read by several nodes (a GPT-2 head tied to the
+  embedding: after ``torch.export`` one ``get_attr`` read by the embedding lookup and by the
+  head's matmul) is *shared*, not merged and not an edge: each node keeps its own reference, a
+  plan may put them on different stages, and the runtime sums the parameter's gradient over the
+  stages holding a copy (``runtime.grad_sync``). A group is named after its first module call,
+  else its last tensor-valued node. Most groups hold one fx node;
 - placeholders (the model inputs), ``get_attr`` nodes and the output node are not graph nodes:
   placeholders feed their consumers, a ``get_attr`` belongs to the node that reads it, and the
   model output is the value of the output node's argument (the *sink*).
@@ -106,6 +111,15 @@ def _is_tensor_valued(n: fx.Node, values: dict | None) -> bool:
                                 for u in n.users))
 
 
+def _sendable(n: fx.Node, values: dict | None, rows: int | None) -> bool:
+    """A tensor whose leading dimension is the batch (what ``runtime.p2p`` sends and slices):
+    not a ``(batch * sequence, width)`` view or a parameter's transpose."""
+    if values is None or n not in values or rows is None:
+        return _is_tensor_valued(n, values)
+    v = values[n]
+    return isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == rows
+
+
 _RANDOM = ("dropout", "rand", "bernoulli", "normal", "multinomial")
 
 
@@ -134,7 +148,13 @@ def input_derived(gm: fx.GraphModule) -> set[fx.Node]:
     return out
 
 
-def _groups(nodes, ids, sink, values):
+def _trainable(gm: fx.GraphModule, attr: fx.Node) -> bool:
+    """Whether a ``get_attr`` node reads a parameter that needs grad."""
+    val = run_node(gm, attr, {})
+    return isinstance(val, torch.Tensor) and val.requires_grad
+
+
+def _groups(nodes, ids, sink, values, rows=None):
     """Union of fx nodes into graph nodes (module docstring), cycles of groups contracted."""
     parent = {n: n for n in nodes}
 
@@ -150,14 +170,17 @@ def _groups(nodes, ids, sink, values):
             parent[rb] = ra
 
     node_set = set(nodes)
-    derived = input_derived(nodes[0].graph.owning_module)
+    gm = nodes[0].graph.owning_module
+    derived = input_derived(gm)
     for a in (n for n in nodes[0].graph.nodes if n.op == "get_attr"):
-        users = [u for u in a.users if u in node_set]  # a parameter read by several ops
+        if _trainable(gm, a):
+            continue  # a parameter read by several ops is shared (tied), not merged
+        users = [u for u in a.users if u in node_set]  # a buffer or constant read by several ops
         for u in users[1:]:
             union(users[0], u)
     for n in nodes:
         users = [u for u in n.users if u in node_set]
-        if users and not _is_tensor_valued(n, values) and n not in derived:
+        if users and not _sendable(n, values, rows) and n not in derived:
             for u in users:
                 union(n, u)
         elif not users and n is not sink:
@@ -217,10 +240,14 @@ def model_graph(gm: fx.GraphModule, example_inputs: tuple | None = None) -> Mode
             "the model's forward must return one tensor computed by an operator, "
             f"but it returns {ret!r}")
     placeholders = tuple(n for n in gm.graph.nodes if n.op == "placeholder")
-    values = None
-    if example_inputs is not None:
+    values = rows = None
+    if example_inputs is not None:  # two rows, as the runtime describes what crosses (value_meta)
+        example_inputs = tuple(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x
+                               for x in example_inputs)
+        rows = next((int(x.shape[0]) for x in example_inputs
+                     if isinstance(x, torch.Tensor) and x.dim()), None)
         values = _example_values(gm, nodes, ids, ret, placeholders, example_inputs)
-    group, groups = _groups(nodes, ids, ret, values)
+    group, groups = _groups(nodes, ids, ret, values, rows)
     merged = [g for g in groups if len(g[1]) > 1]
     if merged:
         logger.debug("merged %d groups of fx nodes that hold unsendable values", len(merged))
@@ -231,15 +258,26 @@ def model_graph(gm: fx.GraphModule, example_inputs: tuple | None = None) -> Mode
 def _example_values(gm, nodes, ids, sink, placeholders, inputs) -> dict:
     pre = ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=sink, placeholders=placeholders,
                      group={n: ids[n] for n in nodes}, groups=tuple((ids[n], (n,)) for n in nodes))
-    modes = {m: m.training for m in gm.modules()}
-    for m in modes:  # eval mode without .eval(), which torch.export's modules refuse
-        m.training = False
+    modes = set_training(gm, False)
     try:
         with torch.no_grad():
             return propagate(pre, inputs)
     finally:
-        for m, mode in modes.items():
-            m.training = mode
+        restore_training(modes)
+
+
+def set_training(gm: torch.nn.Module, mode: bool) -> dict:
+    """``gm.train(mode)`` without calling it (torch.export's modules refuse ``train``/``eval``);
+    returns every module's previous mode for :func:`restore_training`."""
+    modes = {m: m.training for m in gm.modules()}
+    for m in modes:
+        m.training = mode
+    return modes
+
+
+def restore_training(modes: dict) -> None:
+    for m, mode in modes.items():
+        m.training = mode
 
 
 def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) -> ModelGraph:

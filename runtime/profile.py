@@ -13,7 +13,11 @@ pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` i
 - ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
   ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
   leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
-- ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes;
+- ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes. A
+  parameter shared by several graph nodes (tied weights, ``runtime.fx_graph``) is counted once
+  in each of them: every stage that holds a copy pays for its weights, gradients and optimizer
+  state, which is what the runtime allocates; two users on one stage are counted twice (an
+  overestimate of one copy);
 - ``output_bytes``: bytes per sample of the tensors other graph nodes read (or the model output);
 - ``activation_bytes`` (the rule): bytes per sample of the node's floating-point tensor inputs plus
   its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus

@@ -20,7 +20,7 @@ from .dropout import per_chunk
 from .actions import Action, TransferSpec, dry_run, lower
 from .posting import check_rendezvous
 from .checkpoint import fingerprint
-from .fx_graph import ModelGraph, load_workload, propagate, trace
+from .fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
 from .fx_split import StageProgram, assign_nodes, build_stage, transfers
 from .p2p import ValueMeta, describe
 from .plan_check import check_plan
@@ -52,14 +52,12 @@ def value_meta(mg: ModelGraph, example_inputs: tuple, plan: Plan, values: set[st
     """Structure and per-sample shapes of each transferred value, from a small eval-mode forward."""
     rows = min(2, plan.mini_batch_size, *(int(x.shape[0]) for x in example_inputs))
     inputs = tuple(x[:rows] for x in example_inputs)
-    gm = mg.gm
-    was_training = gm.training
-    gm.eval()
+    modes = set_training(mg.gm, False)
     try:
         with torch.no_grad():
             env = propagate(mg, inputs)
     finally:
-        gm.train(was_training)
+        restore_training(modes)
     return {mg.ids[n]: describe(env[n], rows, f"node {mg.ids[n]!r}") for n in mg.nodes if mg.ids[n] in values}
 
 

@@ -15,7 +15,7 @@ import logging
 import torch
 
 from .dropout import Context, per_chunk, set_context
-from .fx_graph import trace
+from .fx_graph import set_training, trace
 from .plan_io import Plan
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps:
     mg = trace(model, tuple(x.to(device) for x in first), **(tracing or {}))
     per_chunk(mg.gm, mg.ids)
     gm = mg.gm.to(device)
-    gm.train()
+    set_training(gm, True)  # not gm.train(): torch.export's modules refuse it
     opt = make_opt(model.parameters())
     rows = chunk_rows(plan)
     for step in range(steps):

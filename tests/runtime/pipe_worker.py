@@ -3,8 +3,8 @@
 Every rank builds the case's model (seeded), trains ``STEPS`` mini-batches through
 ``runtime.GraphPipeline`` with Adam, and rank 0 gathers every stage's gradients (after the first
 step) and parameters (after the last) under the original names and compares them with the same
-loop on one process. Prints ``PIPE-OK <details>`` on success; exits 1 with the differences
-otherwise.
+loop on one process, and the copies of a weight tied across stages with each other (bitwise).
+Prints ``PIPE-OK <details>`` on success; exits 1 with the differences otherwise.
 """
 
 from __future__ import annotations
@@ -85,8 +85,20 @@ def tok_loss(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
+_GPT2: dict = {}
+
+
+def _gpt2_tied() -> nn.Module:
+    """HuggingFace GPT-2, head tied to the embedding (examples.real_models, torch.export); a new
+    model (the caller seeds), its workload's ``sample``/``loss`` kept for the lambdas below."""
+    from examples.real_models import gpt2_tiny_tied
+    wl = gpt2_tiny_tied()
+    _GPT2.setdefault("wl", wl)
+    return wl.model.double()  # float64: see "tuple_dict" (a key bias's zero gradient under Adam)
+
+
 CASES = {
-    # name: (model class, make inputs(B, step), loss)
+    # name: (model class, make inputs(B, step), loss[, loss reduction])
     "two_tower": (TwoTower, lambda n, s: ((torch.randn(n, 6), torch.randn(n, 5)), torch.randn(n, 3)),
                   F.mse_loss),
     "tied": (TinyGPT, lambda n, s: ((torch.randint(0, 11, (n, 5)),), torch.randint(0, 11, (n, 5))),
@@ -95,6 +107,8 @@ CASES = {
     "tuple_dict": (lambda: TupleDict().double(),
                    lambda n, s: ((torch.randn(n, 4, 6, dtype=torch.float64),),
                                  torch.randn(n, 3, dtype=torch.float64)), F.mse_loss),
+    "gpt2_tied": (_gpt2_tied, lambda n, s: _GPT2["wl"].sample(n, s),
+                  lambda o, t: _GPT2["wl"].loss(o, t), "sum"),
 }
 
 
@@ -121,14 +135,19 @@ def one_process(case: str, steps: int):
 
 
 def main() -> int:
+    global B
     case, plan_path = sys.argv[1], sys.argv[2]
+    with open(plan_path) as f:
+        B = json.load(f)["mini_batch_size"]  # the hand-written plans' 8, or a planner's
     p2p = sys.argv[3] if len(sys.argv) > 3 else "auto"
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = CASES[case][0]()
     example, _ = data(case, 0)
-    pipe = runtime.GraphPipeline(model, plan_path, CASES[case][2], example_inputs=example, p2p=p2p)
+    reduction = CASES[case][3] if len(CASES[case]) > 3 else "mean"
+    pipe = runtime.GraphPipeline(model, plan_path, CASES[case][2], example_inputs=example, p2p=p2p,
+                                 loss_reduction=reduction)
     opt = torch.optim.Adam(pipe.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     grads, losses = {}, []
@@ -153,6 +172,13 @@ def main() -> int:
         return 0
     want_g, want_p = one_process(case, STEPS)
     bad = []
+    copies: dict[str, list] = {}  # a weight tied across stages: every stage's copy, bitwise
+    for r, _sid, _g, p, _l, _k, _f in out:
+        for n, t in p.items():
+            copies.setdefault(n, []).append((r, t))
+    for n, cs in copies.items():
+        if any(not torch.equal(t, cs[0][1]) for _r, t in cs[1:]):
+            bad.append(f"copies of {n} differ across ranks {[r for r, _t in cs]} after {STEPS} steps")
     for r, sid, g, p, _l, _k, _f in out:
         for n in p:
             if n not in want_p:

@@ -57,6 +57,8 @@ def test_unsendable_values_stay_inside_graph_nodes():
             assert all(mg.group[u] == mg.group[n] for u in n.users if u in mg.group), mg.ids[n]
     by_id = {mg.ids[n]: n for n in mg.nodes}
     assert mg.group[by_id["size"]] == mg.group[by_id["reshape"]]  # h.size(-1) of an activation
+    # h.reshape(b * s, -1) has no leading batch dimension: it stays with the head that reads it
+    assert mg.group[by_id["reshape"]] == mg.group[by_id["head"]]
     groups = dict(mg.groups)
     assert [mg.ids[n] for n in groups["attn"]] == ["attn", "getitem_3", "getitem_4"]
     # x.shape, its unpacking and the _assert end up in the graph nodes that use them
@@ -78,6 +80,39 @@ def test_profile_runs_in_place_operators_on_fresh_inputs():
     assert by["act"]["bw_time"][0] > 0  # ReLU(inplace=True) was differentiated
     for k, v in wl.model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+class FunctionalTied(nn.Module):
+    """A parameter read by two functional ops (an embedding lookup and a head's matmul, as the
+    exported GPT-2 reads its tied weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Parameter(torch.randn(11, 8))
+        self.mid = nn.Linear(8, 8)
+        self.register_buffer("scale", torch.full((8,), 0.5))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.mid(nn.functional.embedding(idx, self.wte)))
+        h = h * self.scale + torch.tanh(h)
+        return nn.functional.linear(h, self.wte).flatten(1)
+
+
+def test_tied_parameter_is_shared_not_merged():
+    wl = _workload(FunctionalTied())
+    wl.sample = lambda b, s: ((torch.randint(0, 11, (b, 4)),), torch.randn(b, 44))
+    mg = trace_workload(wl)
+    by_id = {mg.ids[n]: n for n in mg.nodes}
+    wte = [a for a in mg.gm.graph.nodes if a.op == "get_attr" and a.target == "wte"]
+    assert len(wte) == 1 and {u.name for u in wte[0].users} == {"embedding", "linear"}
+    # the two readers of wte stay apart: a plan may cut between them
+    assert mg.group[by_id["embedding"]] != mg.group[by_id["linear"]]
+    doc = profile(wl, [1, 2], warmup=0, repeats=1)
+    graph_from_dict(doc)
+    by = {n["id"]: n for n in doc["nodes"]}
+    assert by["embedding"]["weight_bytes"] == by["linear"]["weight_bytes"] == 11 * 8 * 4
+    # no edge stands for the shared weight: the head reads only the activations before it
+    assert [e["src"] for e in doc["edges"] if e["dst"] == "linear"] == [mg.group[by_id["add"]]]
 
 
 class DataDependent(nn.Module):
