@@ -85,11 +85,16 @@ def check_args(args: argparse.Namespace) -> list[int]:
 
 
 def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
-    """``(latency, bandwidth)`` from one-way times: latency at the smallest size, slope to the largest."""
+    """``(latency, bandwidth)`` from one-way times: latency at the smallest size, slope to the largest.
+
+    A noisy measurement (a loaded machine) can make the largest transfer look no slower than the
+    smallest; the bandwidth is then the largest size over its whole one-way time, a conservative
+    figure (it charges the latency as transfer time), never an unbounded one."""
     lat = max(one_way[0], 0.0)
     dt = one_way[-1] - one_way[0]
-    bw = (sizes[-1] - sizes[0]) / dt if dt > 0 else float("inf")
-    return lat, bw
+    if dt > 0:
+        return lat, (sizes[-1] - sizes[0]) / dt
+    return lat, sizes[-1] / one_way[-1] if one_way[-1] > 0 else float("inf")
 
 
 def host_available_memory() -> float:

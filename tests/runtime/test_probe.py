@@ -63,6 +63,9 @@ def test_memory_flag_and_bad_arguments(tmp_path):
 def test_affine_fit_and_cluster_doc_by_host():
     lat, bw = affine_fit([4, 1004], [1e-5, 1e-5 + 1e-6])
     assert lat == pytest.approx(1e-5) and bw == pytest.approx(1e9)
+    # noise made the largest transfer look as fast as the smallest: a finite, conservative bandwidth
+    lat, bw = affine_fit([4, 16384, 262144], [2e-4, 1e-4, 1.5e-4])
+    assert lat == pytest.approx(2e-4) and bw == pytest.approx(262144 / 1.5e-4)
     pairs = [{"ranks": [0, 1], "intra_node": True, "latency": 1e-5, "bandwidth": 10e9},
              {"ranks": [0, 2], "intra_node": False, "latency": 3e-5, "bandwidth": 1e9},
              {"ranks": [1, 3], "intra_node": False, "latency": 3e-5, "bandwidth": 3e9},
