@@ -102,7 +102,7 @@ class StageCostKernel:
         self.ds = [d for d in range(1, inst.devices + 1) if inst.micro_batches % d == 0]
         E = len(inst.c)
         ys = np.arange(self.S1 + 2, dtype=float)
-        self.sep, self.win, self.wout, self.lowmem, self._tables = {}, {}, {}, {}, {}
+        self.sep, self.win, self.wout, self.lowmem, self._tables, self._columns = {}, {}, {}, {}, {}, {}
         for opt in inst.degrees:
             self.sep[opt.t] = not (opt.sfw.any() or opt.sbw.any())
             L = opt.p.shape[1]
@@ -142,6 +142,8 @@ class StageCostKernel:
     def node_columns(self, opt: DegreeOptions) -> np.ndarray:
         """(n, Q) node-additive columns: lowest memory at ``y = 0 .. S1+1``, then for each ``d`` in
         ``self.ds`` the fastest slot's TPS share (without boundary bytes), ``a`` and ``b``."""
+        if opt.t in self._columns:
+            return self._columns[opt.t]
         rows = np.arange(self.inst.n)
         cols = [self.lowmem[opt.t]]
         for d in self.ds:
@@ -150,6 +152,7 @@ class StageCostKernel:
             cols.append(np.stack([q[rows, f], opt.a[rows, f], opt.b[rows, f]], axis=1))
         out = np.concatenate(cols, axis=1)
         out[~opt.supported] = 0.0          # stages with such nodes are rejected in costs_many
+        self._columns[opt.t] = out
         return out
 
     def costs_many(self, opt: DegreeOptions, S: np.ndarray, ds: list[int], *, defer: bool = False,

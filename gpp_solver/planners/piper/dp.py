@@ -167,11 +167,6 @@ class _Breakpoints:
         self.corners.append(kc, sc, table[kc, sc])
         self.cptr[j + 1] = self.corners.n
 
-    def all_drops(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(owner, k, s, value)`` of every k-drop of the tables ``rows`` (owner: position in rows)."""
-        start = self.colptr[rows, 0]
-        return self.drops.take(*_ranges(start, self.colptr[rows, -1] - start))
-
     def all_corners(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
         """``(owner, k, s, value)`` of every corner of the tables ``rows``."""
         start = self.cptr[rows]
@@ -186,12 +181,15 @@ class _Breakpoints:
             sdrop = np.empty(stage.shape, dtype=bool)
             sdrop[:, 0] = np.isfinite(stage[:, 0])
             sdrop[:, 1:] = stage[:, 1:] < stage[:, :-1]
-        o, col = np.nonzero(sdrop)
-        start = self.colptr[rows[o], col]
-        own, idx = _ranges(start, self.colptr[rows[o], col + 1] - start)
-        o2, k2, s2, v2 = self.drops.take(o[own], idx)
+        o2, k2, s2, v2 = self.column_drops(rows, *np.nonzero(sdrop))
         return (np.concatenate((o1, o2)), np.concatenate((k1, k2)), np.concatenate((s1, s2)),
                 np.concatenate((v1, v2)))
+
+    def column_drops(self, rows: np.ndarray, o: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, ...]:
+        """``(owner, k, s, value)`` of the k-drops of column ``col[i]`` of table ``rows[o[i]]``."""
+        start = self.colptr[rows[o], col]
+        own, idx = _ranges(start, self.colptr[rows[o], col + 1] - start)
+        return self.drops.take(o[own], idx)
 
 
 def _update(acc: np.ndarray, bps: _Breakpoints, rows: np.ndarray, corners: tuple[np.ndarray, ...],
@@ -282,10 +280,12 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
             if corners is not None:
                 # between two k-drops of dp[row] the candidate is constant and acc does not rise
                 # with k, so the k-drop (the smallest such k) decides
-                owner, k, s, v = bps.all_drops(rows)
-                m = c.hard.any(axis=1)[owner] & (k <= K - dt) & (s <= S1 - d)
-                o, k, s, v = owner[m], k[m], s[m], v[m]
-                lb = np.where(c.hard[o, ycol[s]], c.tf[o], INF)
+                # only the columns s - d whose y is hard
+                o, col = np.nonzero(c.hard[:, ycol[: S1 + 1 - d]])
+                o, k, s, v = bps.column_drops(rows, o, col)
+                m = k <= K - dt
+                o, k, s, v = o[m], k[m], s[m], v[m]
+                lb = c.tf[o]
                 better = np.maximum(v, lb) < acc[k + dt, s + d]
                 want[o[better], ycol[s[better]]] = True
             else:
@@ -346,11 +346,13 @@ def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int,
             if len(rows) == 0:
                 continue
             S = X[i][None] & ~X[rows]
-            for d in ker.ds:
-                dt = d * opt.t
-                if dt > k or d > s:
-                    break
-                cost = ker.costs(opt, S, d).out[:, math.ceil(s / d)]
+            dlist = [d for d in ker.ds if d * opt.t <= k and d <= s]
+            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True)):
+                dt, y = d * opt.t, math.ceil(s / d)
+                col = np.zeros(c.hard.shape, dtype=bool)
+                col[:, y] = True
+                c.fill(col)                                  # the heuristic at this y only
+                cost = c.out[:, y]
                 val = np.maximum(dp[rows, k - dt, s - d], cost)
                 j = int(np.argmin(val))
                 if best is None or val[j] < best[0]:
