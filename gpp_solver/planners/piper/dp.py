@@ -290,10 +290,14 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
                 want[o[better], ycol[s[better]]] = True
             else:
                 hr = np.flatnonzero(c.hard.any(axis=1))
-                lb = np.where(c.hard[hr][:, ycol], c.tf[hr][:, None], INF)     # (H, S1+1-d)
-                better = (np.maximum(sub_dp[hr, : K + 1 - dt, : S1 + 1 - d], lb[:, None, :]) < acc[dt:, d:]).any(axis=1)
+                hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
+                cols = np.flatnonzero(hy.any(axis=0))                        # only the hard columns s - d
+                lo, hi = (cols[0], cols[-1] + 1) if len(cols) else (0, 0)
+                lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
+                better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
+                          < acc[dt:, d + lo: d + hi]).any(axis=1)
                 rr, ss = np.nonzero(better)
-                want[hr[rr], ycol[ss]] = True
+                want[hr[rr], ycol[lo + ss]] = True
             if not want.any():
                 continue
             c.fill(want)
