@@ -10,7 +10,8 @@ renamed, sets devices, memory, bandwidth and micro-batches from the command line
 published ``Graph(ins)`` + ``runDP()`` — downset enumeration and the DP, JSON parsing excluded).
 Without ``--original`` this script prints how to build it and exits 2.  Our side times
 ``count_downsets`` + ``build_instance`` + ``run_dp`` in ``mode="piper"`` (import excluded) in this
-process.  Both must reach the same objective (relative 1e-9), else the row says so and the exit
+process.  Beside wall seconds the table shows the ratio of CPU seconds (ours: this process's;
+the original's: the child's, its JSON parsing included), steadier on a loaded machine.  Both must reach the same objective (relative 1e-9), else the row says so and the exit
 status is 1.  Default cases: BERT-32 (``bert32a100.json``) at 8, 64 and 512 devices with the
 published ``single()`` setting (8 GiB, 1,920 micro-batches), GNMT at 8 devices / 1.2 GiB and
 ResNet-50 at 16 devices / 2 GiB (published experiments' pairs, the files' micro-batch counts);
@@ -23,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -74,10 +76,18 @@ BUILD = """No --original binary given.  To build one (the published code stays o
 """
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_original(binary: str, path: str, devices: int, memory: float, bandwidth: float, n: int) -> dict:
+    cpu = _children_cpu()
     out = subprocess.run([binary, path, str(devices), repr(memory), repr(bandwidth), str(n)],
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    res = json.loads(out.strip().splitlines()[-1])
+    res["cpu"] = _children_cpu() - cpu
+    return res
 
 
 def run_ours(graph, devices: int, memory: float, bandwidth: float, n: int) -> dict:
@@ -85,12 +95,12 @@ def run_ours(graph, devices: int, memory: float, bandwidth: float, n: int) -> di
     from gpp_solver.planners.piper.planner import build_instance, count_downsets
     from gpp_solver.types import Cluster
 
-    t0 = time.perf_counter()
+    t0, cpu = time.perf_counter(), time.process_time()
     cluster = Cluster(devices=devices, memory_bytes=memory, inter_node_bandwidth=bandwidth)
     inst = build_instance(graph, cluster, n, mode="piper")
     res = run_dp(inst, count_downsets(graph))
     secs = time.perf_counter() - t0
-    return {"seconds": secs, "value": res.value if math.isfinite(res.value) else -1.0,
+    return {"seconds": secs, "cpu": time.process_time() - cpu, "value": res.value if math.isfinite(res.value) else -1.0,
             "devices": res.devices, "s": res.s}
 
 
@@ -115,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpp_solver.formats.piper import import_piper
 
     bandwidth = args.bandwidth_gib * GiB
-    print(f"{'case':22} {'original s':>11} {'ours s':>9} {'orig/ours':>9}  objective (original / ours)", flush=True)
+    print(f"{'case':22} {'original s':>11} {'ours s':>9} {'orig/ours':>9} {'cpu orig/ours':>13}  "
+          "objective (original / ours)", flush=True)
     status = 0
     for case in args.cases:
         stem, devices, gib = case.split(":")
@@ -129,10 +140,11 @@ def main(argv: list[str] | None = None) -> int:
             orig.append(run_original(args.original, path, int(devices), memory, bandwidth, n))
             ours.append(run_ours(graph, int(devices), memory, bandwidth, n))
         to, tu = min(r["seconds"] for r in orig), min(r["seconds"] for r in ours)
+        co, cu = min(r["cpu"] for r in orig), min(r["cpu"] for r in ours)
         vo, vu = orig[0]["value"], ours[0]["value"]
         same = math.isclose(vo, vu, rel_tol=1e-9, abs_tol=0.0)
         status |= not same
-        print(f"{case:22} {to:11.3f} {tu:9.3f} {to / tu:9.2f}  {vo:.10g} / {vu:.10g}"
+        print(f"{case:22} {to:11.3f} {tu:9.3f} {to / tu:9.2f} {co / cu:13.2f}  {vo:.10g} / {vu:.10g}"
               f"{'' if same else '  DIFFERENT'}", flush=True)
     return status
 
