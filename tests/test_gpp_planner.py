@@ -454,3 +454,41 @@ def test_seed_planners_overrunning_the_whole_budget_still_leave_a_plan(monkeypat
     gs.validate(p, g, c)
     assert p.search.status == "time-limit"
     assert p.search.extra["seeds"]["slow"]["status"].startswith("error")
+
+
+def test_small_graphs_get_every_seed_and_more_restarts_by_default():
+    """On graphs of at most SMALL_GRAPH_NODES nodes and SMALL_GRAPH_DEVICES devices the default seeds add PipeDream's and Alpa's DPs
+    and the local search restarts from SMALL_GRAPH_RESTARTS starts (a rule on the input's size: the
+    plan still does not depend on load); explicit options win; larger graphs keep the lean defaults."""
+    import random
+
+    from gpp_solver.formats.cluster_spec import cluster_from_spec
+    from gpp_solver.oracles.brute_force import random_cluster, random_graph
+    from gpp_solver.planners.gpp.options import SMALL_GRAPH_NODES, SMALL_GRAPH_RESTARTS
+    from gpp_solver.workloads import build_model
+
+    rng = random.Random(9)
+    g, c = random_graph(rng, "dag", 8), random_cluster(rng, 4)
+    extra = gs.solve(g, c, mini_batch_size=8, planner="gpp").search.extra
+    assert set(extra["seeds"]) >= {"graphpipe", "pipedream-2bw", "pipedream", "alpa"}
+    assert max(v["restarts"] for v in extra["per_micro_batch"].values()) == SMALL_GRAPH_RESTARTS
+    extra = gs.solve(g, c, mini_batch_size=8, planner="gpp", seed_planners=("graphpipe",), restarts=1).search.extra
+    assert set(extra["seeds"]) == {"graphpipe"} and max(v["restarts"] for v in extra["per_micro_batch"].values()) == 1
+    big = build_model("mmt")
+    assert len(big.nodes) > SMALL_GRAPH_NODES
+    extra = gs.solve(big, cluster_from_spec("v100:4"), mini_batch_size=64, planner="gpp").search.extra
+    assert set(extra["seeds"]) == {"graphpipe", "pipedream-2bw"}
+    extra = gs.solve(g, random_cluster(rng, 32), mini_batch_size=64, planner="gpp").search.extra   # many devices
+    assert set(extra["seeds"]) == {"graphpipe", "pipedream-2bw"}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "3"])
+def test_restarts_must_be_a_positive_integer(bad):
+    import random
+
+    from gpp_solver.errors import InvalidInputError
+    from gpp_solver.oracles.brute_force import random_cluster, random_graph
+
+    rng = random.Random(9)
+    with pytest.raises(InvalidInputError, match="restarts"):
+        gs.solve(random_graph(rng, "chain", 5), random_cluster(rng, 2), mini_batch_size=4, planner="gpp", restarts=bad)

@@ -14,6 +14,13 @@ from gpp_solver.types import Plan
 # its own sequential starts (balanced chains, uniform chains of D / d stages) cover their spaces.
 SEED_PLANNERS = ("graphpipe", "pipedream-2bw")
 OPTIONAL_SEED_PLANNERS = ("pipedream", "alpa")     # pass seed_planners=... to add them
+# ... except on small instances, where their DPs take milliseconds and PipeDream's is exact for the
+# bottleneck TPS of a chain: with the default seed list, at most SMALL_GRAPH_NODES nodes and at most
+# SMALL_GRAPH_DEVICES devices they are added (a rule on the input's size, so the plan still does
+# not depend on the machine's load)
+SMALL_GRAPH_NODES = 48
+SMALL_GRAPH_DEVICES = 16
+SMALL_GRAPH_RESTARTS = 3    # there, too, the extra local-search starts cost milliseconds
 DEFAULT_MAX_ITERATIONS = 400
 OBJECTIVES = ("iteration_time", "time_per_sample")
 
@@ -33,8 +40,9 @@ class GppOptions:
     seed_planners: Sequence[str] = SEED_PLANNERS
     # local-search moves per search at most
     max_iterations: int = DEFAULT_MAX_ITERATIONS
-    # start states searched per micro-batch size (the best first; the rest for the RESTART_SIZES best sizes)
-    restarts: int = 1
+    # start states searched per micro-batch size (the best first; the rest for the RESTART_SIZES best sizes);
+    # None: SMALL_GRAPH_RESTARTS on small instances (SMALL_GRAPH_NODES, SMALL_GRAPH_DEVICES), else 1
+    restarts: int | None = None
     # also run the exact planner (milp) and say "optimal" when the plan's TPS meets its proven optimum
     prove: bool = False
     # what the pick minimises first: the simulated "iteration_time" or the "time_per_sample"
@@ -48,5 +56,8 @@ class GppOptions:
     exact: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.restarts is not None and (isinstance(self.restarts, bool) or not isinstance(self.restarts, int)
+                                          or self.restarts < 1):
+            raise InvalidInputError(f"restarts must be a positive integer or None, got {self.restarts!r}")
         if self.objective not in OBJECTIVES:
             raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")

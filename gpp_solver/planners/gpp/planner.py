@@ -3,8 +3,9 @@
 GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
 planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
 
-1. runs the seed planners that are installed (default ``graphpipe`` and ``pipedream-2bw``;
-   ``pipedream`` and ``alpa`` on request, ``seed_planners``; a missing one and one that raises are
+1. runs the seed planners that are installed (default ``graphpipe`` and ``pipedream-2bw``, and on
+   small instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — also ``pipedream``
+   and ``alpa``; on larger ones on request, ``seed_planners``; a missing one and one that raises are
    skipped and recorded) and, for every candidate micro-batch size ``b``, builds its
    own sequential seeds (balanced prefix cuts of two topological orders with devices re-split by a
    min-max over thresholds, and uniform chains of ``D / d`` stages with ``d`` devices each — the
@@ -61,7 +62,8 @@ import time
 from dataclasses import replace
 from typing import Any, Sequence
 
-from gpp_solver.planners.gpp.options import GppOptions
+from gpp_solver.planners.gpp.options import (OPTIONAL_SEED_PLANNERS, SEED_PLANNERS, SMALL_GRAPH_DEVICES,
+                                             SMALL_GRAPH_NODES, SMALL_GRAPH_RESTARTS, GppOptions)
 from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.model import CostTables
@@ -98,7 +100,12 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     ``options`` are the fields of :class:`GppOptions`."""
     o = parse_options("gpp", GppOptions, options)
     seed, tighten, micro_batch_sizes, seed_planners = o.seed, o.tighten, o.micro_batch_sizes, o.seed_planners
+    small = len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES   # options.py
+    if tuple(seed_planners) == SEED_PLANNERS and small:
+        seed_planners = SEED_PLANNERS + OPTIONAL_SEED_PLANNERS
     max_iterations, restarts, prove, objective, polish = o.max_iterations, o.restarts, o.prove, o.objective, o.polish
+    if restarts is None:
+        restarts = SMALL_GRAPH_RESTARTS if small else 1
     B = check_mini_batch_size(mini_batch_size)
     if time_limit is not None and not time_limit > 0:
         raise InvalidInputError(f"`time_limit > 0` must hold, but got (time_limit={time_limit})")
