@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from gpp_solver.cost.micro_batch import check_mini_batch_size
 from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
+from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
 from gpp_solver.formats.jsonio import MAX_SECONDS, show
@@ -57,14 +58,16 @@ def _checked_graph(graph: Any) -> Graph:
 
 
 def _checked_cluster(budget: Any) -> Cluster:
-    c = as_cluster(budget)
+    """:func:`as_cluster`; a string may also be a machine shorthand (``"v100:8"``, ``"h100:2x8"``) as on the CLI."""
+    c = cluster_from_spec(budget) if isinstance(budget, str) else as_cluster(budget)
     return cluster_from_dict(cluster_to_dict(c)) if isinstance(budget, Cluster) else c
 
 
 def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planner: str | None = None,
           time_limit: float | None = None, progress: bool = False, tighten: bool | None = None,
           options: SolveOptions | None = None, **planner_options: Any) -> Plan:
-    """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict or path).
+    """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path or
+    machine shorthand such as ``"v100:8"``).
 
     ``mini_batch_size`` defaults to 16 samples per device.  ``planner`` is a registry name
     (:data:`gpp_solver.planners.registry.REGISTRY`); other keyword options go to the planner.  ``options``

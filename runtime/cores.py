@@ -143,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch < 1:
         print(f"error: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
+    if not 0 <= args.core < len(cores()):
+        print(f"error: --core must be between 0 and {len(cores()) - 1} (this process may use {len(cores())} "
+              f"cores), got {args.core}", file=sys.stderr)
+        return 2
+    if args.seconds is not None and not args.seconds > 0:
+        print(f"error: --seconds must be > 0, got {args.seconds}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     pin(args.core)
     try:

@@ -334,3 +334,21 @@ def test_bad_sweep_options_name_themselves(option, value) -> None:
     from gpp_solver.errors import InvalidInputError
     with pytest.raises(InvalidInputError, match=option):
         plan_graphpipe(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), 4, **{option: value})
+
+
+def test_solve_takes_a_machine_shorthand_as_the_cli_does(tmp_path):
+    import pytest as _pytest
+
+    import gpp_solver as _gs
+    from gpp_solver.errors import InvalidInputError
+    from gpp_solver.formats.cluster_spec import cluster_from_spec
+    from gpp_solver.workloads import build_model
+
+    g = build_model("candle-uno")
+    plan = _gs.solve(g, "v100:4", mini_batch_size=64, planner="pipedream-2bw")
+    same = _gs.solve(g, cluster_from_spec("v100:4"), mini_batch_size=64, planner="pipedream-2bw")
+    assert plan.stages == same.stages and plan.predicted == same.predicted   # (search seconds differ)
+    with _pytest.raises(InvalidInputError, match="expected NAME:N or NAME:NODESxPER_NODE"):
+        _gs.solve(g, "h100:3x8x2", mini_batch_size=64, planner="pipedream-2bw")
+    with _pytest.raises(InvalidInputError, match="not found"):
+        _gs.solve(g, str(tmp_path / "missing.json"), mini_batch_size=64, planner="pipedream-2bw")

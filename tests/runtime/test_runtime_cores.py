@@ -73,3 +73,14 @@ def test_filler_pins_itself_and_reports_ready():
     bad = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "nope:x", "--core", "0"], cwd=REPO,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("args, needle", [(["--core", "4096"], "--core must be between 0 and"),
+                                          (["--core", "-1"], "--core must be between 0 and"),
+                                          (["--core", "0", "--seconds", "0"], "--seconds must be > 0")])
+def test_filler_refuses_a_core_it_cannot_have(args, needle):
+    res = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "examples.sequential:workload", *args],
+                         cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("error: " + needle) and "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
