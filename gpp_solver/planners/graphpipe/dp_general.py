@@ -122,6 +122,10 @@ class GeneralStageDP:
         (devices ``<= D``); empty when no staging meets ``t`` and memory.  :class:`TimeLimitError`
         when ``deadline`` passes (checked at every child of every tree node solved)."""
         mem = self.memory if memory is None else memory
+        key = (float(t), float(mem))
+        last = getattr(self, "_last_feasible", None)    # a search's answer is its latest feasible pass:
+        if last is not None and last[0] == key:         # stages() and stage_sets() reuse it
+            return last[1]
         idx, D, C = self.idx, self.D, self._C
         ok = {b: (tb.tps <= t, tb.degrees) for b, tb in self._tps.items()}
         stage_memo: dict[tuple[int, int, int], tuple] = {}
@@ -194,7 +198,10 @@ class GeneralStageDP:
             memo[key] = res
             return res
 
-        return node(self.idx.root[1], self.sink)
+        out = node(self.idx.root[1], self.sink)
+        if out:
+            self._last_feasible = (key, out)
+        return out
 
     def feasible(self, t: float, memory: float | None = None, deadline: float | None = None) -> bool:
         return bool(self.pareto(t, memory, deadline))
