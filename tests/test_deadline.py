@@ -50,7 +50,7 @@ CASES = {   # planner -> (graph, cluster, B, limit, options)
     "pipedream": (lambda: _transformer(96), lambda: cluster(1024), 128, 1.0, {}),
     "pipedream-2bw": (lambda: _transformer(48), lambda: cluster(1024), 128, 1.0, {}),
     "alpa": (lambda: _transformer(48), lambda: cluster(128), 128, 2.0, {"max_table_bytes": 10**10}),
-    "piper": (lambda: _transformer(96), lambda: cluster(64), 128, 2.0, {}),
+    "piper": (lambda: _transformer(192), lambda: cluster(64), 128, 1.0, {}),
     "exact": (lambda: random_graph(random.Random(3), "chain", 14), lambda: cluster(8), 8, 1.0, {}),
     "milp": (lambda: random_graph(random.Random(3), "dag", 12), lambda: cluster(8), 8, 2.0, {}),
     "gpp": (lambda: _transformer(96), lambda: cluster(16384, 4), 128, 3.0, {}),
