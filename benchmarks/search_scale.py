@@ -7,7 +7,8 @@
 Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transformer", layers=L)``,
 12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
 published profiles under ``/work/shared/data/pipedream`` (``pd-NAME``, e.g. ``pd-inception_v3``;
-``pd-nasnetalarge`` when that file exists; batch size 128 as the profiles were taken).  Cluster:
+``pd-nasnetalarge`` when that file exists; ``pd-/path/to/x.graph.txt`` for a profile elsewhere, e.g.
+NASNet-A large fetched from PipeDream's repository; batch size 128 as the profiles were taken).  Cluster:
 ``v100_cluster(D)`` (4 GPUs of 16 GiB per node).  Mini-batch ``B = 16 * D``, at least 64.
 
 Each cell (workload, devices, planner) runs in its own subprocess (a fresh interpreter, so one
@@ -40,6 +41,12 @@ QUICK_DEVICES = (8, 32)
 QUICK_PLANNERS = ("graphpipe", "pipedream", "gpp")
 
 
+def pd_path(name: str) -> str:
+    """The profile file of ``pd-NAME`` (a name under ``DATA``) or ``pd-/a/path`` (a path as given)."""
+    rest = name[3:]
+    return rest if os.sep in rest else os.path.join(DATA, rest + ".graph.txt")
+
+
 def build_workload(name: str):
     from gpp_solver.workloads import build_model
     if name.startswith("transformer-"):
@@ -49,7 +56,7 @@ def build_workload(name: str):
         return build_model("mmt", branches=int(b), layers=int(l))
     if name.startswith("pd-"):
         from gpp_solver.formats.pipedream import import_pipedream
-        return import_pipedream(os.path.join(DATA, name[3:] + ".graph.txt"), batch_size=128)
+        return import_pipedream(pd_path(name), batch_size=128)
     raise SystemExit(f"unknown workload {name!r}")
 
 
@@ -121,8 +128,7 @@ def main() -> None:
         print(json.dumps(run_cell(w, int(d), p, float(tl))))
         return
     workloads = a.workloads.split(",") if a.workloads else list(QUICK_WORKLOADS if a.quick else FULL_WORKLOADS)
-    workloads = [w for w in workloads if not w.startswith("pd-")
-                 or os.path.exists(os.path.join(DATA, w[3:] + ".graph.txt"))]
+    workloads = [w for w in workloads if not w.startswith("pd-") or os.path.exists(pd_path(w))]
     devices = [int(x) for x in a.devices.split(",")] if a.devices else list(QUICK_DEVICES if a.quick else FULL_DEVICES)
     planners = a.planners.split(",") if a.planners else list(QUICK_PLANNERS if a.quick else PLANNERS)
     rows = []

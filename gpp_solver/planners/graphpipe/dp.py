@@ -28,11 +28,11 @@ import numpy as np
 from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
-from gpp_solver.planners.graphpipe.dp_stage_tables import (degree_thresholds, devices_by_depth, devices_from_thresholds,
+from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices_by_depth, devices_for_segments,
                                                            max_depths, segment_comm, segment_sums, stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
-from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex, index_tree
+from gpp_solver.planners.graphpipe.dp_tree import INF, SegDev, TreeIndex, index_tree
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
@@ -56,7 +56,7 @@ class SizeTables:
     degrees: tuple[int, ...]
     tps: np.ndarray
     maxdepth: np.ndarray
-    thresholds: np.ndarray     # dp_stage_tables.degree_thresholds(tps, maxdepth, E)
+    best: np.ndarray           # dp_stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF
 
 
 class StageDP:
@@ -119,7 +119,7 @@ class StageDP:
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
                             allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
             md = self._max_depths(b, degs, self.memory)
-            tb = SizeTables(degs, tps, md, degree_thresholds(tps, md, self.E))
+            tb = SizeTables(degs, tps, md, best_at_sink(tps, md))
             self._cache[b] = tb
         return tb
 
@@ -142,15 +142,32 @@ class StageDP:
         return float(max(one, work))
 
     # ---- per target ----------------------------------------------------------------------
-    def _dev(self, b: int, targets, E: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
-        """The DP's encoded stage values ``encode(dev[i, g, depth])`` for ``targets`` (into ``out``
-        when given): the degrees go in encoded, so no second pass over the table encodes it."""
-        tb = self.tables(b)
-        thr = tb.thresholds
-        if E is not None and E < self.E:        # depths above E impossible
-            thr = thr[:, :E + 2].copy()
-            thr[:, E + 1] = np.nan
-        return devices_from_thresholds(thr, encode(np.asarray(tb.degrees, dtype=np.int64)), targets, out)
+    def _dev(self, pairs: Sequence[tuple[int, float]], E: int, deadline: float | None = None) -> SegDev:
+        """The DP's encoded stage values ``encode(dev[i, g, depth])`` for ``pairs[i] = (b, t)``,
+        stored only for the segments some pair's target can use (the others are ``INF`` at every
+        depth and every degree, so leaving them out changes no DP value): a target near the
+        optimum leaves most long segments out, which keeps the table small on long series."""
+        by_b: dict[int, list[int]] = {}
+        for i, (b, _) in enumerate(pairs):
+            by_b.setdefault(b, []).append(i)
+        nseg = len(self.idx.seg_lo)
+        use = np.zeros(nseg, dtype=bool)
+        for b, rows in by_b.items():
+            use |= self.tables(b).best <= max(pairs[i][1] for i in rows)
+        used = np.nonzero(use)[0]
+        gmap = np.full(nseg + 1, len(used), dtype=np.int64)
+        gmap[used] = np.arange(len(used))
+        arr = np.full((len(pairs), len(used) + 1, E + 2), INF, dtype=np.int64)
+        for b, rows in by_b.items():
+            check_deadline(deadline)
+            tb = self.tables(b)
+            enc = encode(np.asarray(tb.degrees, dtype=np.int64))
+            ts = [pairs[i][1] for i in rows]
+            if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
+                devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0]:rows[-1] + 1, :-1])
+            else:
+                arr[rows, :-1] = devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E)
+        return SegDev(arr, gmap)
 
     def batch_size(self) -> int:
         """How many targets one DP pass should test: enough to amortise the Python overhead of
@@ -161,7 +178,7 @@ class StageDP:
 
     def min_devices_many(self, b: int, targets) -> np.ndarray:
         """``min_devices`` for several targets in one batched pass."""
-        R, _, _ = run_dp(self.idx, self._dev(b, targets), self.E)
+        R, _, _ = run_dp(self.idx, self._dev([(b, float(t)) for t in targets], self.E), self.E)
         return decode(R[:, 0, self.E])
 
     def min_devices_by_depth(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
@@ -177,21 +194,7 @@ class StageDP:
         answers for those depths are the same (a stage's depth never exceeds its source's), and
         the tables are much smaller.  ``deadline``: :class:`TimeLimitError` when it passes during the pass."""
         E = self.E if E is None or E >= self.E else max(1, int(E))
-        by_b: dict[int, list[int]] = {}
-        for i, (b, _) in enumerate(pairs):
-            by_b.setdefault(b, []).append(i)
-        if len(by_b) == 1:
-            b, = by_b
-            dev = self._dev(b, [t for _, t in pairs], E)
-        else:
-            dev = np.empty((len(pairs), len(self.idx.seg_lo), E + 2), dtype=np.int64)
-            for b, rows in by_b.items():
-                check_deadline(deadline)
-                ts = [pairs[i][1] for i in rows]
-                if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
-                    self._dev(b, ts, E, out=dev[rows[0]:rows[-1] + 1])
-                else:
-                    dev[rows] = self._dev(b, ts, E)
+        dev = self._dev(pairs, E, deadline)
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
 
@@ -225,7 +228,7 @@ class StageDP:
 
         def ok(mem: float) -> bool:
             md = self._max_depths(b, tb.degrees, mem)
-            dev = encode(devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E))
+            dev = SegDev(encode(devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E)))
             return decode(run_dp(self.idx, dev, self.E)[0][0, 0, self.E]) <= self.D
 
         if not ok(float(cands[-1]) * (1 + 1e-12)):

@@ -50,7 +50,7 @@ import numpy as np
 
 from gpp_solver.errors import TimeLimitError
 from gpp_solver.planners.graphpipe.dp_shared_sinks import attach_values
-from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex, node_groups
+from gpp_solver.planners.graphpipe.dp_tree import INF, SegDev, TreeIndex, node_groups
 
 
 def check_deadline(deadline: float | None) -> None:
@@ -70,6 +70,8 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline
     group of like tree nodes (:func:`node_groups`) at once.  Past ``deadline`` (a
     ``time.perf_counter()`` instant, checked before each group) it raises :class:`TimeLimitError`.
     """
+    if not isinstance(dev, SegDev):
+        dev = SegDev(dev)
     T = dev.shape[0]
     size = E + 1
     s_idx = np.arange(size)[:, None]
@@ -94,35 +96,36 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline
             q0 = p + 1 if child_internal else p
             out = suf[:, :, p]
             Rc = np.stack([R[idx.nodes[t][1][p][1]] for t in group], axis=1) if child_internal else None
+            # segments p..q no target can use are INF throughout: stop at the last one some can
+            usedq = np.nonzero(dev.used(segs[:, p, q0:k]).any(axis=0))[0]
+            qe = q0 + int(usedq[-1]) + 1 if len(usedq) else q0
             if kind == "S":
                 if p == k - 1:
                     suf[:, :, k] = empty_series[:S]
-                if q0 < k:
-                    D = dev[:, segs[:, p, q0:k], 1:size + 1]                  # D[i, j, q, m] = dev at depth m+1
-                    X = (D[:, :, :, None, :] + suf[:, :, q0 + 1:k + 1]).min(axis=2)   # X[i, j, s, m]
+                if q0 < qe:
+                    D = dev[:, segs[:, p, q0:qe], 1:size + 1]                 # D[i, j, q, m] = dev at depth m+1
+                    X = (D[:, :, :, None, :] + suf[:, :, q0 + 1:qe + 1]).min(axis=2)   # X[i, j, s, m]
                     np.minimum.accumulate(X, axis=3, out=X)
                     out[..., 0] = INF
                     out[..., 1:] = X[..., :-1]                                 # m <= e-1
+                else:
+                    out[...] = INF
                 if child_internal:
                     Y = (suf[:, :, p + 1][..., None] + Rc[:, :, None]).min(axis=3)
-                    if q0 < k:
-                        np.minimum(out, Y, out=out)
-                    else:
-                        out[...] = Y
+                    np.minimum(out, Y, out=out)
             else:
                 if p == k - 1:
                     suf[:, :, k] = 0
-                if q0 < k:
-                    D = dev[:, segs[:, p, q0:k], 1:S + 1]                     # D[i, j, q, s] = dev at depth s+1
-                    X = (D[..., None] + suf[:, :, q0 + 1:k + 1]).min(axis=2)
+                if q0 < qe:
+                    D = dev[:, segs[:, p, q0:qe], 1:S + 1]                    # D[i, j, q, s] = dev at depth s+1
+                    X = (D[..., None] + suf[:, :, q0 + 1:qe + 1]).min(axis=2)
                     X[:, :, lower[:S]] = INF
                     out[...] = X
+                else:
+                    out[...] = INF
                 if child_internal:
                     Y = Rc[:, :, :S] + suf[:, :, p + 1]
-                    if q0 < k:
-                        np.minimum(out, Y, out=out)
-                    else:
-                        out[...] = Y
+                    np.minimum(out, Y, out=out)
             if kind == "S" and idx.sites:
                 for j, t in enumerate(group):
                     for site in idx.sites.get(t, ()):

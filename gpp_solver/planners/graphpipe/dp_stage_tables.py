@@ -180,3 +180,32 @@ def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets,
         np.less_equal(thr[:, :, j], t, out=ok)
         np.copyto(out, degrees[j], where=ok)
     return out
+
+
+def best_at_sink(tps: np.ndarray, maxdepth: np.ndarray) -> np.ndarray:
+    """Per segment the least TPS over the degrees whose memory allows it as a sink (depth 1; a
+    deeper position only needs more memory): a target below it leaves the segment ``INF`` at every
+    depth (``inf`` when no degree fits at all)."""
+    return np.where(maxdepth >= 1, tps, np.inf).min(axis=1)
+
+
+def devices_for_segments(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets, used: np.ndarray,
+                         E: int, out: np.ndarray | None = None) -> np.ndarray:
+    """:func:`devices_by_depth` for the segments ``used`` only: ``out[i, u, depth]`` for segment
+    ``used[u]`` (``degrees`` may be any values standing for the degrees; ``out`` filled in place)."""
+    t = np.atleast_1d(np.asarray(targets, dtype=float))[:, None]
+    depths = np.arange(E + 2)
+    shape = (t.shape[0], len(used), E + 2)
+    if out is None:
+        out = np.empty(shape, dtype=np.int64)
+    assert out.shape == shape, (out.shape, shape)
+    out.fill(INF)
+    tp, md = tps[used], maxdepth[used]
+    ok = np.empty(shape, dtype=bool)
+    for j in range(len(degrees) - 1, -1, -1):
+        np.logical_and((tp[:, j][None, :] <= t)[:, :, None], (md[:, j, None] >= depths)[None], out=ok)
+        np.copyto(out, degrees[j], where=ok)
+    out[:, :, 0] = INF
+    out[:, :, E + 1] = INF
+    return out
+

@@ -44,17 +44,7 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                     p, e = qm[0] + 1, qm[1] - 1
                     continue
             if kind == "S":
-                for m in range(s, e):
-                    for q in range(k - 1, p - 1, -1):
-                        if q == p and internal:
-                            val = R[kids[p][1]][m, e] + suf[p + 1][s, m]
-                        else:
-                            val = dev[segs[p, q], m + 1] + suf[q + 1][s, m]
-                        if val == target:
-                            found = (q, m)
-                            break
-                    if found:
-                        break
+                found = series_choice(kids, segs, suf, p, s, e, target, internal)
                 if found is None and site is not None and not prefer_shared:
                     qm = attach_walk(site, suf, s, e, target)
                     assert qm is not None
@@ -68,14 +58,14 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                     emit(int(segs[p, q]), m + 1)
                 p, e = q + 1, m
             else:
-                for q in range(k - 1, p - 1, -1):
-                    if q == p and internal:
-                        val = R[kids[p][1]][s, e] + suf[p + 1][s, e]
-                    else:
-                        val = (dev[segs[p, q], s + 1] if e >= s + 1 else INF) + suf[q + 1][s, e]
-                    if val == target:
-                        found = (q, 0)
-                        break
+                qs = np.arange(p + int(internal), k)
+                if e >= s + 1 and len(qs):
+                    vals = dev[segs[p, qs], s + 1] + suf[qs + 1, s, e]
+                    hit = np.nonzero(vals == target)[0]
+                    if len(hit):
+                        found = (int(qs[hit[-1]]), 0)       # the largest q first
+                if found is None and internal and R[kids[p][1]][s, e] + suf[p + 1][s, e] == target:
+                    found = (p, 0)
                 assert found is not None
                 q = found[0]
                 if q == p and internal:
@@ -83,6 +73,26 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 else:
                     emit(int(segs[p, q]), s + 1)
                 p = q + 1
+
+    def series_choice(kids, segs, suf, p: int, s: int, e: int, target: int, internal: bool):
+        """The first ``(q, m)``, by ``m`` ascending then ``q`` descending, whose series choice is worth
+        ``target``: segment ``p..q`` at depth ``m+1``, or child ``p`` solved recursively (``q = p``)."""
+        ms = np.arange(s, e)
+        if len(ms) == 0:
+            return None
+        qs = np.arange(p + int(internal), len(kids))
+        rest = suf[p + 1:len(kids) + 1, s][:, ms]                                        # (q - p, m)
+        V = np.full((len(kids) - p, len(ms)), INF, dtype=np.int64)
+        if len(qs):
+            V[qs - p] = dev[segs[p, qs]][:, ms + 1] + rest[qs - p]
+        if internal:
+            V[0] = R[kids[p][1]][ms, e] + rest[0]
+        hit = V == target
+        cols = np.nonzero(hit.any(axis=0))[0]
+        if len(cols) == 0:
+            return None
+        mi = int(cols[0])
+        return p + int(np.nonzero(hit[:, mi])[0][-1]), int(ms[mi])
 
     def attach_walk(site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
         """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""

@@ -192,3 +192,39 @@ def node_groups(idx: TreeIndex) -> list[list[int]]:
     out = [groups[key] for key in sorted(groups, key=lambda key: key[0])]
     idx._groups = out      # type: ignore[attr-defined]
     return out
+
+
+class SegDev:
+    """The DP's stage values ``dev[i, g, depth]`` stored for the segments some target can use only:
+    ``arr`` holds one row per used segment plus a last row of ``INF``, ``gmap[g]`` the row of
+    segment ``g`` (the ``INF`` row for the others; ``gmap[-1]`` too, so the ``-1`` entries below
+    the diagonal of ``TreeIndex.seg`` read ``INF``).  Indexing with segment ids reads as if the
+    table were dense; ``seg_axis`` is the axis holding segments (1 with a leading target axis)."""
+
+    def __init__(self, arr: np.ndarray, gmap: np.ndarray | None = None, seg_axis: int = 1) -> None:
+        if gmap is None:        # a dense table: every segment its own row, then an INF row
+            n = arr.shape[seg_axis]
+            pad = list(arr.shape)
+            pad[seg_axis] = 1
+            arr = np.concatenate([arr, np.full(pad, INF, dtype=arr.dtype)], axis=seg_axis)
+            gmap = np.arange(n + 1, dtype=np.int64)
+        self.arr, self.gmap, self.seg_axis = arr, gmap, seg_axis
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.arr.shape
+
+    def used(self, segs: np.ndarray) -> np.ndarray:
+        """Which of the segment ids ``segs`` have a row (``False`` where every value is ``INF``)."""
+        return self.gmap[segs] != self.arr.shape[self.seg_axis] - 1
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            key = (key,)
+        if key[0] is None:
+            return SegDev(self.arr[None], self.gmap, self.seg_axis + 1)
+        if len(key) <= self.seg_axis:           # the targets' axis only
+            return SegDev(self.arr[key], self.gmap, self.seg_axis - sum(not isinstance(k, slice) for k in key))
+        key = list(key)
+        key[self.seg_axis] = self.gmap[key[self.seg_axis]]
+        return self.arr[tuple(key)]
