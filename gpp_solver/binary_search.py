@@ -5,7 +5,12 @@ the TPS of one stage the DP can form, so — as Alpa's stage DP does — we enum
 (:meth:`gpp_solver.planners.graphpipe.dp.StageDP.candidates`: every segment at every degree), sort them and
 binary-search the sorted list: the search ends *exactly* at the smallest feasible value, with no epsilon.  Each DP pass tests
 several targets at once (a k-ary search, :meth:`gpp_solver.planners.graphpipe.dp.StageDP.batch_size`), which shares
-the Python overhead of the recursion; with one target per pass it is the plain binary search.  The result is optimal within the DP's search
+the Python overhead of the recursion; with one target per pass it is the plain binary search.  Until
+a target is proven feasible the probes gallop up from the lower bound (targets from ``cands[lo]`` to
+``2 ** 2 ** g`` times it in the ``g``-th pass) instead of spreading over every candidate: a
+target's DP only stores the segments it can use (:meth:`StageDP._dev`), so low targets keep the
+passes small on long series, and feasibility is monotone in the target, so the answer is the same
+(at the deadline, a key with no feasible target yet gets one last pass at its largest candidate).  The result is optimal within the DP's search
 space and with respect to its (conservative) stage estimates.
 
 Across micro-batch sizes the paper sweeps for throughput (A.2); we search every ``b`` (all of
@@ -150,36 +155,59 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     of_b: dict[int, list[tuple[int, int]]] = {}
     for k in keys:
         of_b.setdefault(k[0], []).append(k)
-    passes, exact = 0, not cut
+    passes, exact, last_resort, stopped = 0, not cut, False, False
+    gallops = {k: 0 for k in keys}
     budget = dp.batch_size()
-    tops = [b for b in of_b] if must_answer and deadline is not None else []    # sizes whose top is unprobed
+    # with a deadline, sizes whose largest candidate is probed first (one pass each, the first run
+    # to its end): an answer exists whatever the deadline; on large trees that pass is the most
+    # expensive one of all (every segment usable), so there the search gallops up from the lower
+    # bound instead and, at the deadline without any answer, spends one last pass at the top
+    tops = [b for b in of_b] if must_answer and deadline is not None and not dp.large() else []
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
         active = [k for k in keys if lo[k] < hi[k]]
         if not active:
             break
-        if passes and deadline is not None and time.perf_counter() > deadline:
+        if (passes or stopped) and deadline is not None and time.perf_counter() > deadline:
             exact = False
-            break
+            if last_resort or not must_answer or any(hi[k] < top[k] for k in keys):
+                break
+            # no answer at all yet: one last pass at the largest candidate of one size leaves one
+            last_resort = True
+            b0 = active[0][0]
+            active = [k for k in active if k[0] == b0]
+            for k in active:
+                lo[k] = top[k] - 1
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
-        guard = not passes and bool(tops)       # the one pass run to its end
+        guard = (not passes and bool(tops)) or last_resort      # the passes run to their end
         if tops:        # one size at a time: its largest candidate, a feasible answer if it has one
             b0 = tops.pop(0)
             probes[b0] = {top[k] - 1 for k in of_b[b0]}
         for k in active if not probes else ():
-            n = hi[k] - lo[k]
-            picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
+            if hi[k] == top[k]:     # nothing proven feasible yet: gallop up from lo (module docstring)
+                c = cands[k[0]]
+                span = 2.0 ** (2 ** min(gallops[k], 9))
+                vals = float(c[lo[k]]) * span ** ((np.arange(width) + 1) / width)
+                picks = set(np.minimum(np.searchsorted(c, vals), top[k] - 1).tolist()) | {lo[k]}
+                gallops[k] += 1
+            else:
+                n = hi[k] - lo[k]
+                picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
         try:
             probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E,
                              deadline=None if guard else deadline)
         except TimeLimitError:
-            if not passes:
-                raise
             exact = False
+            answered = any(hi[k] < top[k] for k in keys)
+            if must_answer and not answered and not last_resort:
+                stopped = True      # the next round spends the last pass
+                continue
+            if not answered:
+                raise
             break
         res = probe.devices <= dp.D                                         # (pairs, E+1)
         passes += 1
@@ -204,7 +232,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         if keep:        # the probes that proved the answers feasible hold their tables
             stages = {bi: dp.traceback(*found_at[bi]) for bi in uniq}
         else:
-            stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq])))
+            stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq], E=E)))
         for k in live:
             b = k[0]
             out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + (not keep), len(cands[b]),

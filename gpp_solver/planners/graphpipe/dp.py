@@ -157,7 +157,8 @@ class StageDP:
         used = np.nonzero(use)[0]
         gmap = np.full(nseg + 1, len(used), dtype=np.int64)
         gmap[used] = np.arange(len(used))
-        arr = np.full((len(pairs), len(used) + 1, E + 2), INF, dtype=np.int64)
+        arr = np.empty((len(pairs), len(used) + 1, E + 2), dtype=np.int64)
+        arr[:, -1] = INF
         for b, rows in by_b.items():
             check_deadline(deadline)
             tb = self.tables(b)
@@ -194,9 +195,47 @@ class StageDP:
         answers for those depths are the same (a stage's depth never exceeds its source's), and
         the tables are much smaller.  ``deadline``: :class:`TimeLimitError` when it passes during the pass."""
         E = self.E if E is None or E >= self.E else max(1, int(E))
+        groups = self._split(pairs, E)
+        if len(groups) > 1:         # one pass per micro-batch size: see _split
+            subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline), rows) for rows in groups]
+            devices = np.empty((len(pairs), E + 1), dtype=np.int64)
+            where = {}
+            for sub, rows in subs:
+                devices[rows] = sub.devices
+                where.update({i: (sub, r) for r, i in enumerate(rows)})
+            return DPProbe(tuple(pairs), devices, ("split", where) if keep else None, E)
         dev = self._dev(pairs, E, deadline)
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
+
+    def _split(self, pairs: Sequence[tuple[int, float]], E: int) -> list[list[int]]:
+        """The rows of ``pairs`` by micro-batch size when passes of their own store much less than
+        one batched pass (whose table holds, for every target, the union of the segments the
+        sizes' targets can use: a small ``b`` with its large targets would widen every row);
+        else one group.  The answers do not depend on the grouping."""
+        by_b: dict[int, list[int]] = {}
+        for i, (b, _) in enumerate(pairs):
+            by_b.setdefault(b, []).append(i)
+        if len(by_b) == 1:
+            return [list(range(len(pairs)))]
+        use = np.zeros(len(self.idx.seg_lo), dtype=bool)
+        own = 0
+        for b, rows in by_b.items():
+            u = self.tables(b).best <= max(pairs[i][1] for i in rows)
+            own += len(rows) * int(u.sum())
+            use |= u
+        whole = len(pairs) * int(use.sum())
+        if whole * (E + 2) < (1 << 20) or own * 2 > whole:
+            return [list(range(len(pairs)))]
+        return list(by_b.values())
+
+    LARGE_TABLE = 1 << 20
+
+    def large(self) -> bool:
+        """Whether a dense table of every segment at every depth is large (over a million entries):
+        only then do the searches gallop (:mod:`gpp_solver.binary_search`) — on small trees the
+        extra passes would cost more Python overhead than the tables save."""
+        return len(self.idx.seg_lo) * (self.E + 2) >= self.LARGE_TABLE
 
     def keep_tables(self) -> bool:
         """Whether a search may hold every probe's tables for its tracebacks (a few MB at most)."""
@@ -208,6 +247,9 @@ class StageDP:
         """The stages of ``probe``'s ``i``-th pair (it must be feasible).  Where a shared-sink stage
         and separate stages reach the same value, ``prefer_shared`` picks the former."""
         assert probe.kept is not None, "probe ran without keep=True"
+        if isinstance(probe.kept[0], str):          # a probe split by micro-batch size
+            sub, r = probe.kept[1][i]
+            return self.traceback(sub, r, prefer_shared)
         dev, Rroot, tables, R = probe.kept
         b, t = probe.pairs[i]
         tb = self.tables(b)
@@ -258,7 +300,9 @@ class StageDP:
         """The stages of a plan meeting ``t`` with at most ``D`` devices (traceback of the DP)."""
         return self.stages_many([(b, t)])[0]
 
-    def stages_many(self, pairs: Sequence[tuple[int, float]], prefer_shared: bool = True) -> list[list[DPStage]]:
-        """Tracebacks for several ``(b, t)`` pairs from one batched DP pass."""
-        pr = self.probe(pairs)
+    def stages_many(self, pairs: Sequence[tuple[int, float]], prefer_shared: bool = True,
+                    E: int | None = None) -> list[list[DPStage]]:
+        """Tracebacks for several ``(b, t)`` pairs from one batched DP pass (bounded to depth
+        ``E``, see :meth:`probe`)."""
+        pr = self.probe(pairs, E=E)
         return [self.traceback(pr, i, prefer_shared) for i in range(len(pairs))]

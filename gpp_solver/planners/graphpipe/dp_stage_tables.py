@@ -194,18 +194,27 @@ def devices_for_segments(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequenc
     """:func:`devices_by_depth` for the segments ``used`` only: ``out[i, u, depth]`` for segment
     ``used[u]`` (``degrees`` may be any values standing for the degrees; ``out`` filled in place)."""
     t = np.atleast_1d(np.asarray(targets, dtype=float))[:, None]
-    depths = np.arange(E + 2)
     shape = (t.shape[0], len(used), E + 2)
     if out is None:
         out = np.empty(shape, dtype=np.int64)
     assert out.shape == shape, (out.shape, shape)
-    out.fill(INF)
+    # dev[depth] is a step function: the smallest degree j meeting the target whose memory allows
+    # the depth, i.e. the first j with reach[j] >= depth, reach = running max over j of the
+    # meeting degrees' deepest depths.  Written as steps (a difference array along the depths,
+    # then one cumulative sum) instead of one pass over the table per degree.
     tp, md = tps[used], maxdepth[used]
-    ok = np.empty(shape, dtype=bool)
-    for j in range(len(degrees) - 1, -1, -1):
-        np.logical_and((tp[:, j][None, :] <= t)[:, :, None], (md[:, j, None] >= depths)[None], out=ok)
-        np.copyto(out, degrees[j], where=ok)
+    J = len(degrees)
+    vals = np.append(np.asarray(degrees, dtype=np.int64), INF)
+    reach = np.where(tp[None] <= t[:, :, None], np.minimum(md, E + 1)[None], 0)        # (T, U, J)
+    np.maximum.accumulate(reach, axis=2, out=reach)
+    step = np.zeros(shape[:2] + (E + 3,), dtype=np.int64)
+    rows = step.reshape(-1, E + 3)
+    first = np.arange(rows.shape[0])
+    rows[:, 0] = vals[0]
+    for j in range(J):      # from depth reach[j] + 1 on, degree j no longer serves
+        pos = reach[..., j].reshape(-1) + 1
+        rows[first, pos] += vals[j + 1] - vals[j]         # one entry per row: no repeated index
+    np.cumsum(step[..., :E + 2], axis=2, out=out)
     out[:, :, 0] = INF
     out[:, :, E + 1] = INF
     return out
-
