@@ -62,7 +62,7 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
     feasible and everything below ``lo`` is not.  At the deadline each ``b`` keeps its feasible
     ``cands[hi]`` (``exact=False``).
     """
-    found = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass)
+    found = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass, saturate=1)
     return {b: found.get((b, dp.E)) for b in sizes}
 
 
@@ -89,7 +89,10 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     limits the second phase to depth bounds ``e <= max_bound`` (the passes' tables grow with the
     square of the bound: a chain of 100 operators on 32 devices has stagings 32 deep).
     """
-    first = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass)
+    # depths saturate (StageDP.depth_cap) no lower than the second phase's bounds + 2, so a staging
+    # whose depth the cap hides is deeper than every bound searched next
+    floor = dp.E + 1 if max_bound is None else int(max_bound) + 2
+    first = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass, saturate=floor)
     if deadline is not None and time.perf_counter() > deadline:     # no second phase: its points are unproven
         return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
@@ -121,7 +124,7 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
 
 def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
                  on_pass: Callable[[int], None] | None, E: int | None = None,
-                 must_answer: bool = True) -> dict[tuple[int, int], TpsSearch]:
+                 must_answer: bool = True, saturate: int | None = None) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -198,7 +201,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
         try:
-            probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E,
+            probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E, saturate=saturate,
                              deadline=None if guard else deadline)
         except TimeLimitError:
             exact = False
@@ -232,7 +235,8 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         if keep:        # the probes that proved the answers feasible hold their tables
             stages = {bi: dp.traceback(*found_at[bi]) for bi in uniq}
         else:
-            stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq], E=E)))
+            stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq], E=E,
+                                                   saturate=saturate)))
         for k in live:
             b = k[0]
             out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + (not keep), len(cands[b]),

@@ -32,7 +32,7 @@ from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices
                                                            max_depths, segment_comm, segment_sums, stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
-from gpp_solver.planners.graphpipe.dp_tree import INF, SegDev, TreeIndex, index_tree
+from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
@@ -49,6 +49,7 @@ class DPProbe:
     devices: np.ndarray
     kept: tuple | None = None
     E: int | None = None        # the depth bound the pass ran under (``None``: the DP's own ``E``)
+    sat: bool = False           # its depths saturated at ``E`` (StageDP.depth_cap)
 
 
 @dataclass
@@ -61,6 +62,9 @@ class SizeTables:
 
 class StageDP:
     """The DP for one graph, cluster and mini-batch size (uniform ``b``, 1F1B)."""
+
+    #: largest (segments x depths) table a traceback under a depth cap may rebuild without the cap
+    RETRACE_BYTES = 256 << 20
 
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
@@ -142,7 +146,20 @@ class StageDP:
         return float(max(one, work))
 
     # ---- per target ----------------------------------------------------------------------
-    def _dev(self, pairs: Sequence[tuple[int, float]], E: int, deadline: float | None = None) -> SegDev:
+    def depth_cap(self, b: int, floor: int = 1) -> int:
+        """A depth ``C <= E`` at which the DP at ``b`` may saturate its depths (count every stage
+        deeper than ``C`` as depth ``C``) and still find the fewest devices at any depth, exactly:
+        depth enters a stage's figures only through memory, ``osf * W + min(depth, n) * b / d * A``,
+        so segment ``g`` at degree ``d`` fits at depth ``m`` iff ``m <= maxdepth[g, d]``, and
+        every finite ``maxdepth`` is below ``n = B / b`` (``max_depths``): beyond the largest
+        finite one, ``M``, no stage's devices change with its depth.  ``C = max(M + 1, floor)``
+        (at most ``E``; ``floor`` keeps the depths a caller still asks about exact)."""
+        md = self.tables(b).maxdepth
+        fin = md[md < BIG_DEPTH]
+        return min(self.E, max(int(fin.max()) + 1 if fin.size else 1, int(floor)))
+
+    def _dev(self, pairs: Sequence[tuple[int, float]], E: int, sat: bool = False,
+             deadline: float | None = None) -> SegDev:
         """The DP's encoded stage values ``encode(dev[i, g, depth])`` for ``pairs[i] = (b, t)``,
         stored only for the segments some pair's target can use (the others are ``INF`` at every
         depth and every degree, so leaving them out changes no DP value): a target near the
@@ -168,6 +185,8 @@ class StageDP:
                 devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0]:rows[-1] + 1, :-1])
             else:
                 arr[rows, :-1] = devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E)
+        if sat:                 # depth E + 1 counts as depth E
+            arr[:, :-1, E + 1] = arr[:, :-1, E]
         return SegDev(arr, gmap)
 
     def batch_size(self) -> int:
@@ -188,25 +207,51 @@ class StageDP:
         return self.probe(pairs, keep=False).devices
 
     def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None,
-              deadline: float | None = None) -> "DPProbe":
+              saturate: int | None = None, deadline: float | None = None) -> "DPProbe":
         """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
         :meth:`traceback` needs, so a search need not run the pass again for its answer.  With
         ``E`` below the DP's own bound the pass only considers stage graphs of depth ``<= E``: the
         answers for those depths are the same (a stage's depth never exceeds its source's), and
         the tables are much smaller.  ``deadline``: :class:`TimeLimitError` when it passes during the pass."""
         E = self.E if E is None or E >= self.E else max(1, int(E))
+        if saturate is not None and E == self.E:
+            caps: dict[int, list[int]] = {}
+            for i, (b, _) in enumerate(pairs):
+                caps.setdefault(self.depth_cap(b, saturate), []).append(i)
+            if any(C < E for C in caps):
+                return self._probe_saturated(pairs, keep, caps, deadline)
         groups = self._split(pairs, E)
         if len(groups) > 1:         # one pass per micro-batch size: see _split
-            subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline), rows) for rows in groups]
+            subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline=deadline), rows) for rows in groups]
             devices = np.empty((len(pairs), E + 1), dtype=np.int64)
             where = {}
             for sub, rows in subs:
                 devices[rows] = sub.devices
                 where.update({i: (sub, r) for r, i in enumerate(rows)})
             return DPProbe(tuple(pairs), devices, ("split", where) if keep else None, E)
-        dev = self._dev(pairs, E, deadline)
+        dev = self._dev(pairs, E, deadline=deadline)
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
+
+    def _probe_saturated(self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]],
+                         deadline: float | None = None) -> "DPProbe":
+        """:meth:`probe` with each pair's depths saturated at its size's :meth:`depth_cap` (one
+        pass per cap).  Column ``E`` of ``devices`` (any depth) is exact, as are the columns below
+        each cap; the columns from a cap to ``E - 1`` repeat the any-depth answer."""
+        devices = np.empty((len(pairs), self.E + 1), dtype=np.int64)
+        where = {}
+        for C, rows in caps.items():
+            sub = [pairs[i] for i in rows]
+            if C >= self.E:
+                pr = self.probe(sub, keep, deadline=deadline)
+            else:
+                dev = self._dev(sub, C, sat=True, deadline=deadline)
+                Rroot, tables, R = run_dp(self.idx, dev, C, keep=keep, sat=True, deadline=deadline)
+                pr = DPProbe(tuple(sub), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, C, True)
+            devices[rows, :pr.devices.shape[1]] = pr.devices
+            devices[rows, pr.devices.shape[1]:] = pr.devices[:, -1:]
+            where.update({i: (pr, r) for r, i in enumerate(rows)})
+        return DPProbe(tuple(pairs), devices, ("split", where) if keep else None, None)
 
     def _split(self, pairs: Sequence[tuple[int, float]], E: int) -> list[list[int]]:
         """The rows of ``pairs`` by micro-batch size when passes of their own store much less than
@@ -253,8 +298,17 @@ class StageDP:
         dev, Rroot, tables, R = probe.kept
         b, t = probe.pairs[i]
         tb = self.tables(b)
-        return trace_stages(self.idx, tb.degrees, tb.tps, self.D, b, t, dev[i], Rroot[i], [x[i] for x in tables],
-                            [x[i] for x in R], prefer_shared, self.E if probe.E is None else probe.E)
+        E = self.E if probe.E is None else probe.E
+        st = trace_stages(self.idx, tb.degrees, tb.tps, self.D, b, t, dev[i], Rroot[i], [x[i] for x in tables],
+                          [x[i] for x in R], prefer_shared, E, probe.sat)
+        if probe.sat and max(s.depth for s in st) >= E:
+            # the staging reaches the cap: trace it from a pass without saturation, so that ties
+            # break as they always did (same stages), unless that pass's table is too large; the
+            # saturated traceback is a staging of the same value (devices, stages) at target t
+            if int((tb.best <= t).sum()) * (self.E + 2) * 8 <= self.RETRACE_BYTES:
+                return self.traceback(self.probe([(b, t)]), 0, prefer_shared)
+            logger.info("b=%d: staging traced under the depth cap %d (a table without it is too large)", b, E)
+        return st
 
     def min_memory(self, b: int) -> float | None:
         """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
@@ -301,8 +355,8 @@ class StageDP:
         return self.stages_many([(b, t)])[0]
 
     def stages_many(self, pairs: Sequence[tuple[int, float]], prefer_shared: bool = True,
-                    E: int | None = None) -> list[list[DPStage]]:
+                    E: int | None = None, saturate: int | None = None) -> list[list[DPStage]]:
         """Tracebacks for several ``(b, t)`` pairs from one batched DP pass (bounded to depth
-        ``E``, see :meth:`probe`)."""
-        pr = self.probe(pairs, E=E)
+        ``E``, or saturated, see :meth:`probe`)."""
+        pr = self.probe(pairs, E=E, saturate=saturate)
         return [self.traceback(pr, i, prefer_shared) for i in range(len(pairs))]

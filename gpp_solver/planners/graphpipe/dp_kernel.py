@@ -59,7 +59,8 @@ def check_deadline(deadline: float | None) -> None:
         raise TimeLimitError("time limit reached inside a pass of GraphPipe's stage DP")
 
 
-def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline: float | None = None):
+def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, sat: bool = False,
+           deadline: float | None = None):
     """The DP over the tree for a batch of targets (one per leading index of ``dev``).
 
     Returns ``(R_root, tables, R)``: ``R_root[i, s, e]`` as in the module docstring for target
@@ -69,6 +70,11 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline
     the Python overhead of the recursion, which dominates on small trees; so does solving each
     group of like tree nodes (:func:`node_groups`) at once.  Past ``deadline`` (a
     ``time.perf_counter()`` instant, checked before each group) it raises :class:`TimeLimitError`.
+
+    With ``sat`` the depths saturate at ``E`` (a stage after one at depth ``E`` has depth ``E``
+    too; ``dev[..., E + 1]`` must equal ``dev[..., E]``): exact when no stage's figures change
+    beyond depth ``E`` (:meth:`gpp_solver.planners.graphpipe.dp.StageDP.depth_cap`), and column ``E``
+    then means any depth.
     """
     if not isinstance(dev, SegDev):
         dev = SegDev(dev)
@@ -77,7 +83,7 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline
     s_idx = np.arange(size)[:, None]
     e_idx = np.arange(size)[None, :]
     empty_series = np.where(e_idx >= s_idx, 0, INF).astype(np.int64)
-    lower = ~(e_idx >= s_idx + 1)       # a base stage at depth s+1 needs e >= s+1
+    lower = ~(e_idx >= np.minimum(s_idx + 1, E) if sat else e_idx >= s_idx + 1)   # a stage at depth s+1 needs e >= s+1
     n = len(idx.nodes)
     R: list[np.ndarray] = [None] * n        # type: ignore[list-item]
     tables: list[np.ndarray] = [None] * n   # type: ignore[list-item]
@@ -108,6 +114,8 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline
                     np.minimum.accumulate(X, axis=3, out=X)
                     out[..., 0] = INF
                     out[..., 1:] = X[..., :-1]                                 # m <= e-1
+                    if sat:                                                    # after depth E: depth E
+                        np.minimum(out[..., E], X[..., E], out=out[..., E])
                 else:
                     out[...] = INF
                 if child_internal:
@@ -131,7 +139,7 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, deadline
                     for site in idx.sites.get(t, ()):
                         if site.p == p:
                             sv = [0] if t == idx.root[1] else range(size)
-                            A = attach_values(idx, site, dev, suf[:, j], R, par_suf[site.par], E, sv)
+                            A = attach_values(idx, site, dev, suf[:, j], R, par_suf[site.par], E, sv, sat)
                             np.minimum(suf[:, j, p], A[:, :S], out=suf[:, j, p])
         Rg = np.minimum(suf[:, :, 0], INF)
         for j, t in enumerate(group):

@@ -13,11 +13,12 @@ from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex
 
 
 def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int, b: int, t: float, dev: np.ndarray,
-                 Rroot: np.ndarray, tables: list, R: list, prefer_shared: bool, E: int) -> list[DPStage]:
+                 Rroot: np.ndarray, tables: list, R: list, prefer_shared: bool, E: int, sat: bool = False) -> list[DPStage]:
     """The stages of one feasible DP pass (target ``t`` at ``b`` within ``D`` devices): ``dev``,
     ``Rroot``, ``tables`` and ``R`` are that pass's arrays (:func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp`
     with ``keep``), ``tps[g, j]`` the segment estimates at ``degrees[j]``.  Where a shared-sink stage and
-    separate stages reach the same value, ``prefer_shared`` picks the former."""
+    separate stages reach the same value, ``prefer_shared`` picks the former.  ``sat``: the pass
+    saturated its depths at ``E`` (a stage's depth is then ``min(depth, E)``)."""
     feas = np.nonzero(decode(Rroot[0]) <= D)[0]
     if len(feas) == 0:
         raise ValueError(f"target {t!r} is infeasible at b={b}")
@@ -26,6 +27,7 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
     col = {d: j for j, d in enumerate(degrees)}
 
     def emit(g: int, depth: int) -> None:
+        depth = min(depth, E)
         d = int(decode(dev[g, depth]))
         out.append(DPStage(idx.leaves(g), d, depth, float(tps[g, col[d]]), int(idx.seg_lo[g])))
 
@@ -59,7 +61,7 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 p, e = q + 1, m
             else:
                 qs = np.arange(p + int(internal), k)
-                if e >= s + 1 and len(qs):
+                if e >= (min(s + 1, E) if sat else s + 1) and len(qs):
                     vals = dev[segs[p, qs], s + 1] + suf[qs + 1, s, e]
                     hit = np.nonzero(vals == target)[0]
                     if len(hit):
@@ -77,14 +79,14 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
     def series_choice(kids, segs, suf, p: int, s: int, e: int, target: int, internal: bool):
         """The first ``(q, m)``, by ``m`` ascending then ``q`` descending, whose series choice is worth
         ``target``: segment ``p..q`` at depth ``m+1``, or child ``p`` solved recursively (``q = p``)."""
-        ms = np.arange(s, e)
+        ms = np.arange(s, e + 1 if sat and e == E else e)
         if len(ms) == 0:
             return None
         qs = np.arange(p + int(internal), len(kids))
         rest = suf[p + 1:len(kids) + 1, s][:, ms]                                        # (q - p, m)
         V = np.full((len(kids) - p, len(ms)), INF, dtype=np.int64)
         if len(qs):
-            V[qs - p] = dev[segs[p, qs]][:, ms + 1] + rest[qs - p]
+            V[qs - p] = dev[segs[p, qs]][:, np.minimum(ms + 1, E + 1)] + rest[qs - p]
         if internal:
             V[0] = R[kids[p][1]][ms, e] + rest[0]
         hit = V == target
@@ -98,15 +100,18 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
         """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
         par_suf = tables[site.par]
         Rb = [None if x is None else x[None] for x in R]
-        parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E)
-        ms = np.arange(s + 1, E + 1)
+        parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E, sat)
+        ms = np.arange(s + 1, E + 1)        # the shared stage's depth; the rest after it at rs
+        rs = ms - 1
+        if sat:                             # the rest at depth E: the shared stage at E too
+            ms, rs = np.append(ms, E), np.append(rs, E)
         for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
             if len(ms) == 0:
                 break
             us = [u for u, _ in opts]
             qs = [q for q, _ in opts[0][1]]
             G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)      # (u, q)
-            rest = np.stack([suf[q + 1][s, ms - 1] for q in qs])                       # (q, m)
+            rest = np.stack([suf[q + 1][s, rs] for q in qs])                           # (q, m)
             val = (dev[G][:, :, ms] + rest[None] + parts.heads[i][0, us][:, None, ms, e]
                    + parts.others[i][0, ms, e][None, None])
             hit = np.argwhere(val == target)
@@ -116,14 +121,17 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 emit(int(G[ui, qi]), m)
                 head_walk(site, i, us[ui], m, e, parts.heads[i])
                 others_walk(site, i, i, m, e, parts.prepar)
-                return qs[qi], m
+                return qs[qi], int(rs[mi]) + 1
         mg = np.arange(s + 1, e + 1)
+        rg = mg - 1
+        if sat and e == E:
+            mg, rg = np.append(mg, E), np.append(rg, E)
         if site.groups and len(mg):
             qs = [q for q, _ in site.groups[0][2]]
             G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
             a = np.asarray([x for x, _, _ in site.groups])
             c = np.asarray([z for _, z, _ in site.groups])
-            rest = np.stack([suf[q + 1][s, mg - 1] for q in qs])                           # (q, m)
+            rest = np.stack([suf[q + 1][s, rg] for q in qs])                               # (q, m)
             PP = np.stack([x[0] for x in parts.prepar])                                    # (i, m, e)
             other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]                             # (grp, m)
             val = dev[G][:, :, mg] + rest[None] + other[:, None]
@@ -133,7 +141,7 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 m = int(mg[mi])
                 emit(int(G[gi, qi]), m)
                 others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
-                return qs[qi], m
+                return qs[qi], int(rg[mi]) + 1
         return None
 
     def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
@@ -149,10 +157,11 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 if v == u - 1 and internal:
                     continue
                 g = int(segs[v, u - 1])
-                rest = pre[0, v, m + 1, e] if m + 1 <= E else INF
+                m1 = min(m + 1, E) if sat else m + 1
+                rest = pre[0, v, m1, e] if m1 <= E else INF
                 if dev[g, m + 1] + rest == target:
-                    emit(g, m + 1)
-                    nxt = (v, m + 1)
+                    emit(g, m1)
+                    nxt = (v, m1)
                     break
             if nxt is None:
                 c = kids[u - 1][1]
@@ -175,7 +184,7 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 if v == j - 1 and internal:
                     continue
                 g = int(segs[v, j - 1])
-                if e >= m + 1 and dev[g, m + 1] + prepar[v][0, m, e] == target:
+                if e >= (min(m + 1, E) if sat else m + 1) and dev[g, m + 1] + prepar[v][0, m, e] == target:
                     emit(g, m + 1)
                     nxt = v
                     break
