@@ -29,13 +29,30 @@ from tiny_graphs import random_dag_edges
 
 
 def deep_instance(rng: random.Random):
-    """A chain (or a chain with a few skip edges / parallel blocks) of up to 14 operators on up to
-    16 devices, memory tight enough that stages fit only down to various depths."""
-    n = rng.randint(2, 14)
+    """A chain (with a few skip edges, or parallel blocks joined by a shared sink and followed by a
+    chain) of up to ~22 operators on up to 16 devices, memory tight enough that stages fit only
+    down to various depths."""
+    if rng.random() < 0.5:          # a chain, maybe with skip edges
+        n = rng.randint(2, 14)
+        edges = {(i, i + 1) for i in range(n - 1)}
+        if rng.random() < 0.5:
+            edges |= set(random_dag_edges(rng, n, 0.15, 0.2))
+    else:                           # blocks of parallel branches joined by a sink, then a chain tail
+        edges, n = set(), 1
+        for _ in range(rng.randint(1, 2)):
+            src, ends = n - 1, []
+            for _ in range(rng.randint(2, 3)):
+                prev = src
+                for _ in range(rng.randint(1, 3)):
+                    edges.add((prev, n))
+                    prev, n = n, n + 1
+                ends.append(prev)
+            edges |= {(e, n) for e in ends}
+            n += 1
+        for _ in range(rng.randint(1, 3)):
+            edges.add((n - 1, n))
+            n += 1
     names = [f"v{i}" for i in range(n)]
-    edges = {(i, i + 1) for i in range(n - 1)}
-    if rng.random() < 0.5:
-        edges |= set(random_dag_edges(rng, n, 0.15, 0.2))
     nodes = []
     for v in names:
         f1 = rng.uniform(0.5, 3.0)
