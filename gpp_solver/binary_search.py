@@ -5,12 +5,16 @@ the TPS of one stage the DP can form, so — as Alpa's stage DP does — we enum
 (:meth:`gpp_solver.planners.graphpipe.dp.StageDP.candidates`: every segment at every degree), sort them and
 binary-search the sorted list: the search ends *exactly* at the smallest feasible value, with no epsilon.  Each DP pass tests
 several targets at once (a k-ary search, :meth:`gpp_solver.planners.graphpipe.dp.StageDP.batch_size`), which shares
-the Python overhead of the recursion; with one target per pass it is the plain binary search.  Until
+the Python overhead of the recursion; with one target per pass it is the plain binary search.  On
+large trees (:meth:`~gpp_solver.planners.graphpipe.dp.StageDP.large`), until
 a target is proven feasible the probes gallop up from the lower bound (targets from ``cands[lo]`` to
 ``2 ** 2 ** g`` times it in the ``g``-th pass) instead of spreading over every candidate: a
 target's DP only stores the segments it can use (:meth:`StageDP._dev`), so low targets keep the
 passes small on long series, and feasibility is monotone in the target, so the answer is the same
-(at the deadline, a key with no feasible target yet gets one last pass at its largest candidate).  The result is optimal within the DP's search
+(at the deadline, a key with no feasible target yet gets one last pass at its largest candidate);
+there the first phase also saturates depths at each size's cap
+(:meth:`~gpp_solver.planners.graphpipe.dp.StageDP.depth_cap`, exact).  On small trees the first
+pass spreads over every candidate and, with a deadline, includes the largest.  The result is optimal within the DP's search
 space and with respect to its (conservative) stage estimates.
 
 Across micro-batch sizes the paper sweeps for throughput (A.2); we search every ``b`` (all of
@@ -160,12 +164,15 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         of_b.setdefault(k[0], []).append(k)
     passes, exact, last_resort, stopped = 0, not cut, False, False
     gallops = {k: 0 for k in keys}
+    gallop = dp.large()
+    if not gallop:
+        saturate = None
     budget = dp.batch_size()
     # with a deadline, sizes whose largest candidate is probed first (one pass each, the first run
     # to its end): an answer exists whatever the deadline; on large trees that pass is the most
     # expensive one of all (every segment usable), so there the search gallops up from the lower
     # bound instead and, at the deadline without any answer, spends one last pass at the top
-    tops = [b for b in of_b] if must_answer and deadline is not None and not dp.large() else []
+    tops = [b for b in of_b] if must_answer and deadline is not None and not gallop else []
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
@@ -189,7 +196,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
             b0 = tops.pop(0)
             probes[b0] = {top[k] - 1 for k in of_b[b0]}
         for k in active if not probes else ():
-            if hi[k] == top[k]:     # nothing proven feasible yet: gallop up from lo (module docstring)
+            if hi[k] == top[k] and gallop:      # nothing proven feasible yet: gallop up from lo (module docstring)
                 c = cands[k[0]]
                 span = 2.0 ** (2 ** min(gallops[k], 9))
                 vals = float(c[lo[k]]) * span ** ((np.arange(width) + 1) / width)

@@ -17,7 +17,7 @@ import random
 import numpy as np
 import pytest
 
-from gpp_solver.binary_search import search_depths
+from gpp_solver.binary_search import search_depths, search_many
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_kernel import run_dp
@@ -143,10 +143,18 @@ def test_search_with_depth_caps_equals_the_search_without(seed: int, monkeypatch
     graph, cluster, B = deep_instance(random.Random(9800 + seed))
     sizes = [b for b in (1, 2, 4, 8) if B % b == 0]
     for max_bound in (None, 1, 3):
-        got = search_depths(StageDP(graph, cluster, B), sizes, max_bound=max_bound)
-        with monkeypatch.context() as m:
-            m.setattr(StageDP, "depth_cap", lambda self, b, floor=1: self.E)
+        with monkeypatch.context() as m:     # the large-tree path: galloping, capped first phase
+            m.setattr(StageDP, "LARGE_TABLE", 0)
+            got = search_depths(StageDP(graph, cluster, B), sizes, max_bound=max_bound)
+            nocap = search_many(StageDP(graph, cluster, B), sizes)
+        with monkeypatch.context() as m:     # the small-tree path: k-ary over every candidate, no cap
+            m.setattr(StageDP, "LARGE_TABLE", 1 << 62)
             want = search_depths(StageDP(graph, cluster, B), sizes, max_bound=max_bound)
+            plain = search_many(StageDP(graph, cluster, B), sizes)
+        for b in sizes:
+            assert (nocap[b] is None) == (plain[b] is None)
+            if plain[b] is not None:
+                assert (nocap[b].tps, nocap[b].stages) == (plain[b].tps, plain[b].stages)
         for b in sizes:
             assert [(r.tps, r.stages, r.depth_bound) for r in got[b]] == \
                    [(r.tps, r.stages, r.depth_bound) for r in want[b]], (b, max_bound)

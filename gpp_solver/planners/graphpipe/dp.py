@@ -65,6 +65,8 @@ class StageDP:
 
     #: largest (segments x depths) table a traceback under a depth cap may rebuild without the cap
     RETRACE_BYTES = 256 << 20
+    #: entries of a dense (segments x depths) table above which :meth:`large` holds
+    LARGE_TABLE = 1 << 20
 
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
@@ -274,12 +276,10 @@ class StageDP:
             return [list(range(len(pairs)))]
         return list(by_b.values())
 
-    LARGE_TABLE = 1 << 20
-
     def large(self) -> bool:
         """Whether a dense table of every segment at every depth is large (over a million entries):
-        only then do the searches gallop (:mod:`gpp_solver.binary_search`) — on small trees the
-        extra passes would cost more Python overhead than the tables save."""
+        only then do the searches gallop and cap depths (:mod:`gpp_solver.binary_search`) — on
+        small trees the extra passes would cost more Python overhead than the tables save."""
         return len(self.idx.seg_lo) * (self.E + 2) >= self.LARGE_TABLE
 
     def keep_tables(self) -> bool:
