@@ -8,6 +8,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from gpp_solver.cost.model import (CostTables, allreduce_time, comm_time, iteration_time_estimate, stage_costs,
                                    stage_transfers, time_per_sample)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
@@ -38,32 +40,83 @@ def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: 
     instead of node by node — this runs for every candidate staging and every leftover-device step.
     It must exist beside ``stage_costs`` because it prices DP stages (no ``StageSpec`` built) with the
     compute vectorised over nodes; every formula is the cost model's pricing core."""
-    devs = assign_devices(stages, cluster.devices_per_node)
-    stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
-    transfers = stage_transfers(graph, stage_of)
-    per_mb, allreduce, tps = [], [], 0.0
-    for i, (st, dv) in enumerate(zip(stages, devs)):
-        d = len(dv)
-        ix = [graph.index[v] for v in st.nodes]
-        comm_half = sum(comm_time(nb, b / d, cluster.bandwidth(dv + devs[peer]), cluster.latency)
-                        for peer, nb in transfers.get(i, []))
-        a = allreduce_time(float(tables.weight[ix].sum()), d, cluster.bandwidth(dv))
-        m = float(tables.compute_at(b / d)[ix].sum()) + 2 * comm_half
-        per_mb.append(m)
-        allreduce.append(a)
-        tps = max(tps, time_per_sample(m, b, a, B))
-    preds: dict[int, list[int]] = {i: [] for i in range(len(stages))}
-    for u, v in stage_graph_edges(graph, stage_of):
-        preds[v].append(u)
-    longest: dict[int, float] = {}
+    return StagingPricer(graph, cluster, stages, b, B, tables).price(stages)
 
-    def path(i: int) -> float:         # longest path of per-micro-batch times ending at stage i
-        if i not in longest:
-            longest[i] = per_mb[i] + max((path(u) for u in preds[i]), default=0.0)
-        return longest[i]
 
-    L = max(path(i) for i in range(len(stages)))
-    return tps, L + (B // b - 1) * max(per_mb) + max(allreduce)
+class StagingPricer:
+    """:func:`price_staging` for one partition (the stages' node sets) at many degree vectors: the
+    transfers, the stage graph and its topological order are built once, each stage's compute is
+    summed once per degree, and a device range's node test is two integer divisions (ranges are
+    contiguous, so :meth:`Cluster.bandwidth`'s ``min // dpn == max // dpn`` reads their ends).
+    The leftover-device pass prices every stage's next degree at every step (thousands of
+    pricings at 1,024 devices)."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
+                 tables: CostTables) -> None:
+        self.cluster, self.b, self.B, self.tables = cluster, b, B, tables
+        stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
+        transfers = stage_transfers(graph, stage_of)
+        n = len(stages)
+        self.nodes = [s.nodes for s in stages]
+        self.transfers = [transfers.get(i, []) for i in range(n)]
+        self.ix = [np.asarray([graph.index[v] for v in s.nodes], dtype=np.int64) for s in stages]
+        self.weight = [float(tables.weight[ix].sum()) for ix in self.ix]
+        preds: list[list[int]] = [[] for _ in range(n)]
+        for u, v in stage_graph_edges(graph, stage_of):
+            preds[v].append(u)
+        self.preds = preds
+        order, seen = [], [False] * n          # a topological order of the stage graph (DFS post-order)
+        for root in range(n):
+            stack = [(root, 0)]
+            while stack:
+                i, k = stack.pop()
+                if k == 0 and seen[i]:
+                    continue
+                seen[i] = True
+                if k < len(preds[i]):
+                    stack.append((i, k + 1))
+                    if not seen[preds[i][k]]:
+                        stack.append((preds[i][k], 0))
+                else:
+                    order.append(i)
+        self.order = order
+        self._compute: dict[tuple[int, int], float] = {}
+
+    def _bandwidth(self, lo: int, hi: int) -> float:
+        """:meth:`Cluster.bandwidth` of devices ``lo..hi`` (the union of contiguous ranges; ``hi > lo``
+        unless it is one device)."""
+        c = self.cluster
+        dpn = c.devices_per_node
+        if dpn is not None and (hi == lo or lo // dpn == hi // dpn) and c.intra_node_bandwidth is not None:
+            return c.intra_node_bandwidth
+        return c.inter_node_bandwidth
+
+    def price(self, stages: Sequence[DPStage]) -> tuple[float, float]:
+        """``(TPS, iteration estimate)`` of ``stages`` (this partition's node sets, any degrees)."""
+        assert len(stages) == len(self.nodes)
+        c, b, B = self.cluster, self.b, self.B
+        devs = assign_devices(stages, c.devices_per_node)
+        ends = [(dv[0], dv[-1]) for dv in devs]
+        per_mb, allreduce, tps = [], [], 0.0
+        for i, (lo, hi) in enumerate(ends):
+            d = len(devs[i])
+            comm_half = sum(comm_time(nb, b / d, self._bandwidth(min(lo, ends[peer][0]), max(hi, ends[peer][1])),
+                                      c.latency)
+                            for peer, nb in self.transfers[i])
+            a = allreduce_time(self.weight[i], d, self._bandwidth(lo, hi))
+            key = (i, d)
+            comp = self._compute.get(key)
+            if comp is None:
+                comp = self._compute[key] = float(self.tables.compute_at(b / d)[self.ix[i]].sum())
+            m = comp + 2 * comm_half
+            per_mb.append(m)
+            allreduce.append(a)
+            tps = max(tps, time_per_sample(m, b, a, B))
+        longest = [0.0] * len(per_mb)          # longest path of per-micro-batch times ending at stage i
+        for i in self.order:
+            longest[i] = per_mb[i] + max((longest[u] for u in self.preds[i]), default=0.0)
+        L = max(longest)
+        return tps, L + (B // b - 1) * max(per_mb) + max(allreduce)
 
 
 def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
@@ -81,8 +134,8 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     """
     tables = tables or CostTables(graph)
     opts = sorted(d for d in degree_options if b % d == 0)
-    return raise_degrees(tuple(stages), cluster.devices, lambda st: opts,
-                         lambda trial: price_staging(graph, cluster, trial, b, B, tables), deadline)
+    pricer = StagingPricer(graph, cluster, stages, b, B, tables)
+    return raise_degrees(tuple(stages), cluster.devices, lambda st: opts, pricer.price, deadline)
 
 
 def raise_degrees(stages: tuple, devices: int, allowed: Callable[[Any], Sequence[int]],
