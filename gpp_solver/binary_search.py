@@ -66,7 +66,7 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
     feasible and everything below ``lo`` is not.  At the deadline each ``b`` keeps its feasible
     ``cands[hi]`` (``exact=False``).
     """
-    found = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass, saturate=1)
+    found = _first_phase(dp, sizes, deadline, on_pass, saturate=1)
     return {b: found.get((b, dp.E)) for b in sizes}
 
 
@@ -89,20 +89,23 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     staging, the smallest depth that reaches it); every bound ``e >= e0`` has that same answer, so
     only ``e < e0`` is searched next, by DP passes bounded to depth ``max e0 - 1`` (small tables).
     ``deepen(first)``, given the first phase's answers ``{b: TpsSearch}``, may name the sizes worth
-    the second phase (the others keep their one point); by default every size.  ``max_bound``
+    the second phase (the others keep their one point), or map each such size to the least depth
+    bound worth searching there; by default every size and bound.  ``max_bound``
     limits the second phase to depth bounds ``e <= max_bound`` (the passes' tables grow with the
     square of the bound: a chain of 100 operators on 32 devices has stagings 32 deep).
     """
     # depths saturate (StageDP.depth_cap) no lower than the second phase's bounds + 2, so a staging
     # whose depth the cap hides is deeper than every bound searched next
     floor = dp.E + 1 if max_bound is None else int(max_bound) + 2
-    first = _search_keys(dp, sizes, [(b, dp.E) for b in sizes], deadline, on_pass, saturate=floor)
+    first = _first_phase(dp, sizes, deadline, on_pass, saturate=floor)
     if deadline is not None and time.perf_counter() > deadline:     # no second phase: its points are unproven
         return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
-    wide = set(e0) if deepen is None else set(deepen({b: first[(b, dp.E)] for b in e0})) & set(e0)
+    asked = {b: 1 for b in e0} if deepen is None else deepen({b: first[(b, dp.E)] for b in e0})
+    if not isinstance(asked, dict):
+        asked = {b: 1 for b in asked}
     cap = dp.E if max_bound is None else max(1, int(max_bound))
-    keys = [(b, e) for b in sorted(wide) for e in range(1, min(e0[b] - 1, cap) + 1)]
+    keys = [(b, e) for b in sorted(set(asked) & set(e0)) for e in range(max(1, int(asked[b])), min(e0[b] - 1, cap) + 1)]
     found = {}
     if keys:
         try:
@@ -126,9 +129,36 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     return out
 
 
+#: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)
+PRE_DEPTH = 16
+
+
+def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_pass: Callable[[int], None] | None,
+                 saturate: int | None = None) -> dict[tuple[int, int], TpsSearch]:
+    """The least TPS at every size, at any depth (keys ``(b, dp.E)``).
+
+    On large trees (:meth:`StageDP.large`) whose depth bound ``E`` exceeds :data:`PRE_DEPTH`, a
+    preliminary search runs bounded to depth ``PRE_DEPTH``: its passes hold ``(PRE_DEPTH + 1)^2``
+    entries per segment instead of ``(E + 1)^2``.  A staging of depth ``<= PRE_DEPTH`` is a
+    staging, so its answer ``t'`` is feasible at any depth; the full-depth search then opens with
+    one pass at ``t'`` and the candidate just below it for every size: where the latter is
+    infeasible the answer is ``t'``, proven, and its stages are the full-depth DP's traceback (the
+    same as without the preliminary search); elsewhere it goes on below ``t'`` as usual.  The
+    answers are the same as a full-depth search's."""
+    keys = [(b, dp.E) for b in sizes]
+    if not dp.large() or dp.E <= PRE_DEPTH:
+        return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate)
+    pre = _search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH)
+    if deadline is not None and time.perf_counter() > deadline and pre:
+        return {(b, dp.E): replace(r, exact=False, depth_bound=dp.E) for (b, _), r in pre.items()}
+    start = {b: r.tps for (b, _), r in pre.items()}
+    return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, start=start)
+
+
 def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
                  on_pass: Callable[[int], None] | None, E: int | None = None,
-                 must_answer: bool = True, saturate: int | None = None) -> dict[tuple[int, int], TpsSearch]:
+                 must_answer: bool = True, saturate: int | None = None,
+                 start: dict[int, float] | None = None) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -144,6 +174,10 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     pass without ``must_answer``) stops inside when the deadline passes: the earlier passes'
     answers stand (``exact=False``; a size not reached has none), or :class:`TimeLimitError` when
     there are none.
+
+    ``start``: per size a candidate target known feasible (:func:`_first_phase`): the first pass
+    probes it and the candidate below it for every such size (run to its end), and the search
+    goes on from there.
     """
     cands: dict[int, np.ndarray] = {}
     per_degree = 0.0        # seconds per degree of the last size's tables (their cost grows with the degrees)
@@ -173,6 +207,14 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     # expensive one of all (every segment usable), so there the search gallops up from the lower
     # bound instead and, at the deadline without any answer, spends one last pass at the top
     tops = [b for b in of_b] if must_answer and deadline is not None and not gallop else []
+    opening: dict[int, set[int]] = {}
+    for b, t in (start or {}).items():
+        if b in of_b:
+            i = int(np.searchsorted(cands[b], t))
+            if i < len(cands[b]) and cands[b][i] == t:
+                opening[b] = {i - 1, i} - {-1}
+    if opening:
+        tops = []
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
@@ -191,8 +233,11 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                 lo[k] = top[k] - 1
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
-        guard = (not passes and bool(tops)) or last_resort      # the passes run to their end
-        if tops:        # one size at a time: its largest candidate, a feasible answer if it has one
+        guard = (not passes and (bool(tops) or bool(opening))) or last_resort      # the passes run to their end
+        if opening:     # every size at its known feasible target and the candidate below it
+            probes.update(opening)
+            opening = {}
+        elif tops:      # one size at a time: its largest candidate, a feasible answer if it has one
             b0 = tops.pop(0)
             probes[b0] = {top[k] - 1 for k in of_b[b0]}
         for k in active if not probes else ():

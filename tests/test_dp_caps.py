@@ -7,7 +7,8 @@ chains, shared sinks and many devices:
   they are the uncapped DP's stagings;
 * segments no target can use left out of the table (``StageDP._dev``): the same values as the
   dense table of every segment;
-* the search (galloping, saturated first phase): the same answers as the search without a cap.
+* the search (galloping, saturated first phase, the preliminary depth-bounded search): the same
+  answers as the search without them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import random
 import numpy as np
 import pytest
 
+from gpp_solver import binary_search
 from gpp_solver.binary_search import search_depths, search_many
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.planners.graphpipe.dp import StageDP
@@ -142,9 +144,10 @@ def test_the_table_of_used_segments_equals_the_dense_table(seed: int) -> None:
 def test_search_with_depth_caps_equals_the_search_without(seed: int, monkeypatch) -> None:
     graph, cluster, B = deep_instance(random.Random(9800 + seed))
     sizes = [b for b in (1, 2, 4, 8) if B % b == 0]
-    for max_bound in (None, 1, 3):
-        with monkeypatch.context() as m:     # the large-tree path: galloping, capped first phase
-            m.setattr(StageDP, "LARGE_TABLE", 0)
+    for max_bound, pre in ((None, 16), (1, 1), (3, 2), (None, 3)):
+        with monkeypatch.context() as m:     # the large-tree path: galloping, capped first phase,
+            m.setattr(StageDP, "LARGE_TABLE", 0)    # a preliminary search bounded to depth `pre`
+            m.setattr(binary_search, "PRE_DEPTH", pre)
             got = search_depths(StageDP(graph, cluster, B), sizes, max_bound=max_bound)
             nocap = search_many(StageDP(graph, cluster, B), sizes)
         with monkeypatch.context() as m:     # the small-tree path: k-ary over every candidate, no cap

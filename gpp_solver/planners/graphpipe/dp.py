@@ -29,7 +29,8 @@ from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
 from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices_by_depth, devices_for_segments,
-                                                           max_depths, segment_comm, segment_sums, stage_tps)
+                                                           SegmentComm, max_depths, segment_comm, segment_sums,
+                                                           stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree
@@ -71,7 +72,8 @@ class StageDP:
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
                  degree_options: Sequence[int] | None = None, max_devices: int | None = None,
-                 optimistic_transfers: bool = False, shared_sinks: bool = True) -> None:
+                 optimistic_transfers: bool = False, shared_sinks: bool = True,
+                 lower_bound_pricing: bool = False) -> None:
         self.graph = graph
         self.cluster = cluster
         self.B = mini_batch_size
@@ -104,6 +106,12 @@ class StageDP:
         #: conservative estimate differs from the optimistic one)
         self.placement_sensitive = slow != fast and not one_node(cluster, self.D)
         self._intra, self._low = node_bandwidth(cluster), slow
+        #: with ``lower_bound_pricing`` a stage's figure is a *lower* bound of the cost model's exact
+        #: TPS instead: no transfers, the all-reduce at the faster bandwidth (memory as always).  If
+        #: such a DP finds no staging meeting ``t``, every staging the DP space holds (at any of its
+        #: degrees) has a stage whose exact TPS exceeds ``t`` — a bound the depth sweep prunes with
+        self.lower_bound_pricing = bool(lower_bound_pricing)
+        self._fast = fast
         self._cache: dict[int, SizeTables] = {}
 
     # ---- per micro-batch size -------------------------------------------------------------
@@ -111,6 +119,8 @@ class StageDP:
         return tuple(d for d in self.degree_options if b % d == 0 and d <= self.D)
 
     def _allreduce_bandwidth(self, d: int) -> float:
+        if self.lower_bound_pricing:
+            return self._fast
         dpn = self.cluster.devices_per_node
         if dpn is not None and self._pow2 and dpn % d == 0:
             return self._intra
@@ -121,7 +131,9 @@ class StageDP:
         if tb is None:
             degs = self.degrees(b)
             compute = [self._costs.compute_at(b / d)[self._perm] for d in degs]
-            tps = stage_tps(self.idx, compute, self.W, self.comm, b, degs, mini_batch=self.B,
+            comm = self.comm if not self.lower_bound_pricing else \
+                SegmentComm(np.zeros_like(self.comm.count), np.zeros_like(self.comm.nbytes))
+            tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch=self.B,
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
                             allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
             md = self._max_depths(b, degs, self.memory)

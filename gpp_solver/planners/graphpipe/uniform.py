@@ -9,7 +9,10 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
+import numpy as np
+
 from gpp_solver._backend.progress import ProgressBar
+
 from gpp_solver.binary_search import TpsSearch, search_depths, search_many
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
@@ -59,7 +62,8 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                 r = min(first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1],
                                                        r.tps, -r.b))
                 inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
-                return [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
+                sizes_left = [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
+                return _least_useful_depths(graph, cluster, B, dec, dp, sizes_left, inc, max_depth_bound, deadline)
 
             per_b = search_depths(dp, sizes, deadline=deadline, on_pass=bar.step, deepen=deepen,
                                   max_bound=max_depth_bound)
@@ -157,6 +161,39 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
         logger.warning("plan TPS %.9g exceeds the DP's target %.9g: the DP estimate is not an upper bound here",
                        plan.predicted.time_per_sample, chosen.tps)
     return plan
+
+
+def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP,
+                         sizes: Sequence[int], incumbent: float, max_bound: int | None,
+                         deadline: float | None) -> dict[int, int]:
+    """For each size the least bound on the stage graph's depth at which a staging could still
+    beat ``incumbent`` (a simulated iteration time); sizes where none could are left out.
+
+    A plan's iteration takes at least ``B * TPS`` of its busiest stage (every stage is busy that
+    long), so a staging that beats the incumbent has every stage's exact TPS below
+    ``incumbent / B``.  One pass of the lower-bound DP (:class:`StageDP` with
+    ``lower_bound_pricing``: no transfers, the all-reduce at the faster bandwidth, memory as
+    always) at that target tells, for every size and depth bound at once, whether any staging of
+    the DP's space (at any degrees: the leftover-device pass only raises them) gets there; where
+    it does not, searching that depth bound cannot change the pick.  Feasibility only grows with
+    the bound, so each size's useful bounds are those from the least feasible one up."""
+    if not sizes:
+        return {}
+    cap = dp.E if max_bound is None else max(1, min(int(max_bound), dp.E))
+    lb = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
+                 shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
+    t = incumbent / B * (1 + 1e-9)
+    try:
+        devices = lb.probe([(b, t) for b in sizes], keep=False, E=cap, deadline=deadline).devices
+    except TimeLimitError:
+        return {b: 1 for b in sizes}
+    out = {}
+    for b, row in zip(sizes, devices):
+        ok = np.nonzero(row[1:] <= dp.D)[0]
+        if len(ok):
+            out[b] = int(ok[0]) + 1
+    logger.debug("depth sweep: least useful depth bound per size %s (of %s)", out, list(sizes))
+    return out
 
 
 def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, dp: StageDP, search_k: bool,
