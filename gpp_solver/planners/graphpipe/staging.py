@@ -58,9 +58,13 @@ class StagingPricer:
         transfers = stage_transfers(graph, stage_of)
         n = len(stages)
         self.nodes = [s.nodes for s in stages]
-        self.transfers = [transfers.get(i, []) for i in range(n)]
+        self.first = np.asarray([s.first for s in stages], dtype=np.int64)
+        flat = [(i, peer, nb) for i in range(n) for peer, nb in transfers.get(i, [])]   # stage by stage
+        self.t_stage = np.asarray([f[0] for f in flat], dtype=np.int64)
+        self.t_peer = np.asarray([f[1] for f in flat], dtype=np.int64)
+        self.t_bytes = np.asarray([f[2] for f in flat], dtype=np.float64)
         self.ix = [np.asarray([graph.index[v] for v in s.nodes], dtype=np.int64) for s in stages]
-        self.weight = [float(tables.weight[ix].sum()) for ix in self.ix]
+        self.weight = np.asarray([float(tables.weight[ix].sum()) for ix in self.ix])
         preds: list[list[int]] = [[] for _ in range(n)]
         for u, v in stage_graph_edges(graph, stage_of):
             preds[v].append(u)
@@ -80,43 +84,55 @@ class StagingPricer:
                 else:
                     order.append(i)
         self.order = order
-        self._compute: dict[tuple[int, int], float] = {}
+        self._comp: dict[int, np.ndarray] = {}
 
-    def _bandwidth(self, lo: int, hi: int) -> float:
-        """:meth:`Cluster.bandwidth` of devices ``lo..hi`` (the union of contiguous ranges; ``hi > lo``
-        unless it is one device)."""
-        c = self.cluster
-        dpn = c.devices_per_node
-        if dpn is not None and (hi == lo or lo // dpn == hi // dpn) and c.intra_node_bandwidth is not None:
-            return c.intra_node_bandwidth
-        return c.inter_node_bandwidth
+    def _compute(self, d: int) -> np.ndarray:
+        """Every stage's compute per micro-batch at degree ``d`` (``compute_at(b / d)`` summed)."""
+        out = self._comp.get(d)
+        if out is None:
+            at = self.tables.compute_at(self.b / d)
+            out = self._comp[d] = np.asarray([float(at[ix].sum()) for ix in self.ix])
+        return out
 
     def price(self, stages: Sequence[DPStage]) -> tuple[float, float]:
-        """``(TPS, iteration estimate)`` of ``stages`` (this partition's node sets, any degrees)."""
+        """``(TPS, iteration estimate)`` of ``stages`` (this partition's node sets, any degrees):
+        :func:`assign_devices`' ranges and the cost model's formulas, evaluated for all stages
+        and transfers at once (the same floating-point operations in the same order)."""
         assert len(stages) == len(self.nodes)
         c, b, B = self.cluster, self.b, self.B
-        devs = assign_devices(stages, c.devices_per_node)
-        ends = [(dv[0], dv[-1]) for dv in devs]
-        per_mb, allreduce, tps = [], [], 0.0
-        for i, (lo, hi) in enumerate(ends):
-            d = len(devs[i])
-            comm_half = sum(comm_time(nb, b / d, self._bandwidth(min(lo, ends[peer][0]), max(hi, ends[peer][1])),
-                                      c.latency)
-                            for peer, nb in self.transfers[i])
-            a = allreduce_time(self.weight[i], d, self._bandwidth(lo, hi))
-            key = (i, d)
-            comp = self._compute.get(key)
-            if comp is None:
-                comp = self._compute[key] = float(self.tables.compute_at(b / d)[self.ix[i]].sum())
-            m = comp + 2 * comm_half
-            per_mb.append(m)
-            allreduce.append(a)
-            tps = max(tps, time_per_sample(m, b, a, B))
-        longest = [0.0] * len(per_mb)          # longest path of per-micro-batch times ending at stage i
+        S = len(stages)
+        deg = np.asarray([s.degree for s in stages], dtype=np.int64)
+        order = np.lexsort((self.first, -deg))          # assign_devices: largest degree first, then leaf order
+        start = np.empty(S, dtype=np.int64)
+        start[order] = np.cumsum(deg[order]) - deg[order]
+        end = start + deg - 1
+        dpn, intra, inter = c.devices_per_node, c.intra_node_bandwidth, c.inter_node_bandwidth
+        x = b / deg
+        comm_half = np.zeros(S)
+        if len(self.t_stage):
+            lo = np.minimum(start[self.t_stage], start[self.t_peer])
+            hi = np.maximum(end[self.t_stage], end[self.t_peer])
+            bw = np.full(len(lo), inter) if dpn is None or intra is None else \
+                np.where(lo // dpn == hi // dpn, intra, inter)
+            t = 1 * c.latency + self.t_bytes * x[self.t_stage] / bw        # comm_time, one message each
+            comm_half = np.bincount(self.t_stage, weights=t, minlength=S)
+        if dpn is None or intra is None:
+            bw_st = np.full(S, inter)
+        else:
+            bw_st = np.where((deg <= 1) | (start // dpn == end // dpn), intra, inter)
+        allreduce = np.where(deg > 1, 2.0 * (deg - 1) / deg * self.weight / bw_st, 0.0)
+        comp = np.empty(S)
+        for d in np.unique(deg).tolist():
+            m = deg == d
+            comp[m] = self._compute(d)[m]
+        per_mb = comp + 2 * comm_half
+        tps = float(np.max(per_mb / b + allreduce / B))
+        pm = per_mb.tolist()
+        longest = [0.0] * S          # longest path of per-micro-batch times ending at stage i
         for i in self.order:
-            longest[i] = per_mb[i] + max((longest[u] for u in self.preds[i]), default=0.0)
+            longest[i] = pm[i] + max((longest[u] for u in self.preds[i]), default=0.0)
         L = max(longest)
-        return tps, L + (B // b - 1) * max(per_mb) + max(allreduce)
+        return tps, L + (B // b - 1) * max(pm) + float(np.max(allreduce))
 
 
 def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
