@@ -33,7 +33,7 @@ from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices
                                                            stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
-from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree
+from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree, tree_segments
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
@@ -68,12 +68,20 @@ class StageDP:
     RETRACE_BYTES = 256 << 20
     #: entries of a dense (segments x depths) table above which :meth:`large` holds
     LARGE_TABLE = 1 << 20
+    #: entries of one pass's stage-value table above which :meth:`probe` halves its targets
+    PASS_ENTRIES = 1 << 24
+    #: segments above which long series are coarsened into blocks (``max_segments``; 0: never)
+    MAX_SEGMENTS = 150_000
+    #: the children a coarsened series keeps (about 74,000 segments)
+    COARSE_CHILDREN = 384
+    #: the largest stage-graph depth a coarsened space holds
+    COARSE_DEPTH = 64
 
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
                  degree_options: Sequence[int] | None = None, max_devices: int | None = None,
                  optimistic_transfers: bool = False, shared_sinks: bool = True,
-                 lower_bound_pricing: bool = False) -> None:
+                 lower_bound_pricing: bool = False, max_segments: int | None = None) -> None:
         self.graph = graph
         self.cluster = cluster
         self.B = mini_batch_size
@@ -81,7 +89,15 @@ class StageDP:
         self.decomposition = decomposition or decompose(graph)
         #: GraphPipe's shared terminals: a parallel block's sink side may join one branch's last stage
         self.shared_sinks = bool(shared_sinks)
-        self.idx: TreeIndex = index_tree(self.decomposition.tree, self.shared_sinks)
+        limit = self.MAX_SEGMENTS if max_segments is None else max_segments
+        tree = self.decomposition.tree
+        #: series coarsened into blocks of operators (``dp_tree.index_tree``) when the tree lists
+        #: more than ``MAX_SEGMENTS`` segments: the answers are then stagings, not proven optima
+        coarse = self.COARSE_CHILDREN if limit and tree_segments(tree) > limit else None
+        if coarse is not None:      # nor shared-sink stages: their tables cost a pass's time again per site
+            self.shared_sinks = False
+        self.idx: TreeIndex = index_tree(tree, self.shared_sinks, coarse)
+        self.coarsened = bool(self.idx.blocks)
         self.comm = segment_comm(self.idx, graph.edge_bytes_map)
         opts = power_of_two_degrees(self.D) if degree_options is None else tuple(sorted(set(degree_options)))
         if not opts or opts[0] < 1:
@@ -89,6 +105,11 @@ class StageDP:
         self.degree_options = opts
         self._pow2 = all(d & (d - 1) == 0 for d in opts)
         self.E = max(1, min(self.D, self.idx.height))
+        #: ``E`` bounds the depth below the deepest staging the tree holds (a coarsened space is
+        #: bounded in depth too: its passes' tables grow as ``E^2``); depths then never saturate
+        self.depth_limited = self.coarsened and self.E > self.COARSE_DEPTH
+        if self.depth_limited:
+            self.E = self.COARSE_DEPTH
         perm = np.asarray([graph.index[v] for v in self.idx.leaf_order], dtype=np.int64)
         self._perm = perm
         self._costs = CostTables(graph)
@@ -168,6 +189,8 @@ class StageDP:
         every finite ``maxdepth`` is below ``n = B / b`` (``max_depths``): beyond the largest
         finite one, ``M``, no stage's devices change with its depth.  ``C = max(M + 1, floor)``
         (at most ``E``; ``floor`` keeps the depths a caller still asks about exact)."""
+        if self.depth_limited:      # saturating would admit the stagings deeper than E
+            return self.E
         md = self.tables(b).maxdepth
         fin = md[md < BIG_DEPTH]
         return min(self.E, max(int(fin.max()) + 1 if fin.size else 1, int(floor)))
@@ -235,7 +258,10 @@ class StageDP:
             if any(C < E for C in caps):
                 return self._probe_saturated(pairs, keep, caps, deadline)
         groups = self._split(pairs, E)
-        if len(groups) > 1:         # one pass per micro-batch size: see _split
+        if len(groups) == 1 and len(pairs) > 1 and self._pass_entries(pairs, E) > self.PASS_ENTRIES:
+            half = len(pairs) // 2          # bound the pass's tables: halves of the targets
+            groups = [list(range(half)), list(range(half, len(pairs)))]
+        if len(groups) > 1:         # one pass per micro-batch size (see _split), or per half
             subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline=deadline), rows) for rows in groups]
             devices = np.empty((len(pairs), E + 1), dtype=np.int64)
             where = {}
@@ -246,6 +272,16 @@ class StageDP:
         dev = self._dev(pairs, E, deadline=deadline)
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
+
+    def _pass_entries(self, pairs: Sequence[tuple[int, float]], E: int) -> int:
+        """Entries of one pass's stage-value table (:meth:`_dev`) for ``pairs`` at depth bound ``E``."""
+        use = np.zeros(len(self.idx.seg_lo), dtype=bool)
+        by_b: dict[int, float] = {}
+        for b, t in pairs:
+            by_b[b] = max(by_b.get(b, -np.inf), t)
+        for b, t in by_b.items():
+            use |= self.tables(b).best <= t
+        return len(pairs) * (int(use.sum()) + 1) * (E + 2)
 
     def _probe_saturated(self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]],
                          deadline: float | None = None) -> "DPProbe":

@@ -40,6 +40,9 @@ class TreeIndex:
     #: shared-sink sites: series node -> its :class:`AttachSite` list (empty without ``shared_sinks``)
     sites: dict[int, list["AttachSite"]] = field(default_factory=dict)
     n_tree_segments: int = 0
+    #: sizes of the blocks of several operators a coarsened series holds (``index_tree``'s
+    #: ``max_series_children``; empty: the full search space)
+    blocks: tuple[int, ...] = ()
 
     def ranges(self, g: int) -> list[tuple[int, int]]:
         """Leaf ranges of segment ``g`` (one, or two for a shared-sink stage)."""
@@ -68,9 +71,25 @@ class AttachSite:
     groups: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...] = ()
 
 
-def index_tree(tree: SPNode, shared_sinks: bool = False) -> TreeIndex:
+def tree_segments(tree: SPNode) -> int:
+    """How many segments :func:`index_tree` would list for ``tree`` (without shared sinks):
+    ``k (k + 1) / 2`` per internal node of ``k`` children."""
+    if isinstance(tree, Leaf):
+        return 1
+    k = len(tree.children)
+    return k * (k + 1) // 2 + sum(tree_segments(c) for c in tree.children if not isinstance(c, Leaf))
+
+
+def index_tree(tree: SPNode, shared_sinks: bool = False, max_series_children: int | None = None) -> TreeIndex:
     """Flatten ``tree``; with ``shared_sinks`` also list the shared-sink stages (see
-    :func:`add_shared_sinks`)."""
+    :func:`add_shared_sinks`).
+
+    ``max_series_children`` coarsens long series: a series node with more children than that has
+    each run of consecutive operator children cut into blocks of about equal length (as many as
+    needed to bring the node down to that many children), and a block is one child — its operators
+    always share a stage.  The DP's search space is then coarser (``TreeIndex.blocks`` counts the
+    blocks of more than one operator): its answers are stagings, not the optimum over the full
+    space.  NASNet-A large, SP-ized, is one series of 977 children (480,000 segments)."""
     leaf_order: list = []
     nodes: list = []
     child_range: list = []
@@ -86,6 +105,8 @@ def index_tree(tree: SPNode, shared_sinks: bool = False) -> TreeIndex:
             return ("leaf", p), p, p + 1, 1
         kids = [walk(c) for c in t.children]
         kind = "S" if isinstance(t, Series) else "P"
+        if kind == "S" and max_series_children is not None and len(kids) > max_series_children:
+            kids = _blocks(kids, max_series_children)
         height = sum(k[3] for k in kids) if kind == "S" else max(k[3] for k in kids)
         k = len(kids)
         ids = np.full((k, k), -1, dtype=np.int64)
@@ -101,13 +122,44 @@ def index_tree(tree: SPNode, shared_sinks: bool = False) -> TreeIndex:
         seg.append(ids)
         return ("node", len(nodes) - 1), kids[0][1], kids[-1][2], height
 
+    def _blocks(kids: list, limit: int) -> list:
+        """Runs of operator children cut into blocks: ``("leaf", first position)`` over the run's
+        leaf range, height 1 (a block is one stage)."""
+        internal = sum(1 for h, *_ in kids if h[0] == "node")
+        runs, cur = [], []
+        for c in kids:
+            if c[0][0] == "leaf":
+                cur.append(c)
+            else:
+                if cur:
+                    runs.append(cur)
+                    cur = []
+                runs.append(c)
+        if cur:
+            runs.append(cur)
+        leaves = len(kids) - internal
+        size = max(1, -(-leaves // max(1, limit - internal)))       # operators per block
+        out = []
+        for r in runs:
+            if not isinstance(r, list):
+                out.append(r)
+                continue
+            n = -(-len(r) // size)
+            for i in range(n):
+                part = r[i * len(r) // n:(i + 1) * len(r) // n]
+                out.append((("leaf", part[0][1]), part[0][1], part[-1][2], 1))
+                if len(part) > 1:
+                    blocks.append(len(part))
+        return out
+
+    blocks: list[int] = []
     if isinstance(tree, Leaf):
         # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
         tree = Series((tree,))
     root, _, _, height = walk(tree)
     lo, hi = np.concatenate(lo_list), np.concatenate(hi_list)
     idx = TreeIndex(tuple(leaf_order), nodes, child_range, seg, lo, hi, root, height,
-                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo))
+                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo), tuple(blocks))
     if shared_sinks:
         add_shared_sinks(idx)
     return idx

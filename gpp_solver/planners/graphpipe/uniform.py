@@ -135,7 +135,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     b_final = chosen.b
     if timed_out or cut_short:
         status = Status.TIME_LIMIT
-    elif chosen.tps <= min_tps[b_final]:
+    elif chosen.tps <= min_tps[b_final] and not dp.coarsened:
         status = Status.OPTIMAL_WITHIN_SEARCH_SPACE
     else:
         status = Status.FEASIBLE     # a shallower staging at a larger bottleneck (depth_tradeoff)
@@ -151,6 +151,13 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                              else f"; of the {len(short)} with the least iteration estimate")
                           + ", the least simulated iteration time",
              "simulated_candidates": tried}
+    if dp.coarsened:        # the search space was coarsened: its optimum is not GraphPipe's
+        extra["coarsened_series"] = {"blocks": len(dp.idx.blocks), "largest_block": max(dp.idx.blocks),
+                                     "operators_in_blocks": sum(dp.idx.blocks),
+                                     "max_series_children": dp.COARSE_CHILDREN, "max_depth": dp.E}
+        extra["objective"] += (f" (over the SP tree with long series coarsened into blocks of operators "
+                               f"that share a stage, stage graphs at most {dp.E} deep and no shared-sink stages: a staging, not "
+                               f"the optimum of the full space)")
     if depth_tradeoff:
         extra["depth_tradeoff"] = True
         extra["depth_bound"] = chosen.depth_bound
@@ -276,6 +283,7 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
     devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
     need_dev = min(devs) if devs else None
     space = (f"GraphPipe's search space (series-parallel-tree partitions"
+             f"{f', long series coarsened into blocks, at most {dp.E} stages deep' if dp.coarsened else ''}"
              f"{' with shared sinks' if dp.shared_sinks else ''}, one micro-batch size per plan "
              f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})")
     parts = [f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
