@@ -8,7 +8,10 @@ Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transform
 12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
 published profiles under ``/work/shared/data/pipedream`` (``pd-NAME``, e.g. ``pd-inception_v3``;
 ``pd-nasnetalarge`` when that file exists; ``pd-/path/to/x.graph.txt`` for a profile elsewhere, e.g.
-NASNet-A large fetched from PipeDream's repository; batch size 128 as the profiles were taken).  Cluster:
+NASNet-A large (1,251 operators) from PipeDream's repository: ``git clone
+https://github.com/msr-fiddle/pipedream`` and take
+``profiler/image_classification/profiles/nasnetalarge/graph.txt`` (commit ``7db6a1c``), saved as
+``nasnetalarge.graph.txt``; batch size 128 as the profiles were taken).  Cluster:
 ``v100_cluster(D)`` (4 GPUs of 16 GiB per node).  Mini-batch ``B = 16 * D``, at least 64.
 
 Each cell (workload, devices, planner) runs in its own subprocess (a fresh interpreter, so one
@@ -45,6 +48,13 @@ def pd_path(name: str) -> str:
     """The profile file of ``pd-NAME`` (a name under ``DATA``) or ``pd-/a/path`` (a path as given)."""
     rest = name[3:]
     return rest if os.sep in rest else os.path.join(DATA, rest + ".graph.txt")
+
+
+def label(name: str) -> str:
+    """The workload's name in tables: ``pd-/some/dir/nasnetalarge.graph.txt`` reads ``pd-nasnetalarge``."""
+    if name.startswith("pd-") and os.sep in name:
+        return "pd-" + os.path.basename(name).split(".")[0]
+    return name
 
 
 def build_workload(name: str):
@@ -138,7 +148,7 @@ def main() -> None:
             for p in planners:
                 r = cell_subprocess(w, d, p, a.time_limit, a.timeout)
                 rows.append(r)
-                print(f"{w:18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
+                print(f"{label(w):18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
                       f"{r['peak_mb']:8.0f}  {r['status']}", flush=True)
     print("\ngrowth exponents (seconds ~ x^k, least squares on log-log, finished cells only)")
     for p in planners:
@@ -151,7 +161,7 @@ def main() -> None:
             c = [r for r in rows if r["planner"] == p and r["workload"] == w and finished(r)]
             k = slope([r["devices"] for r in c], [r["seconds"] for r in c])
             if k is not None:
-                print(f"  {p:14} {w:18} vs devices: k = {k:.2f}  ({len(c)} cells)")
+                print(f"  {p:14} {label(w):18} vs devices: k = {k:.2f}  ({len(c)} cells)")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
@@ -167,7 +177,7 @@ def main() -> None:
             c = sorted((r for r in rows if r["planner"] == p and r["workload"] == workloads[-1] and finished(r)),
                        key=lambda r: r["devices"])
             ax2.plot([r["devices"] for r in c], [r["seconds"] for r in c], "o-", label=p)
-        for ax, xl, t in ((ax1, "operators", f"D = {max(devices)}"), (ax2, "devices", workloads[-1])):
+        for ax, xl, t in ((ax1, "operators", f"D = {max(devices)}"), (ax2, "devices", label(workloads[-1]))):
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(xl)
