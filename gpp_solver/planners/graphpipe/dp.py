@@ -28,7 +28,7 @@ import numpy as np
 from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
-from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices_by_depth, devices_for_segments,
+from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices_for_segments,
                                                            SegmentComm, max_depths, segment_comm, segment_sums,
                                                            stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
@@ -357,34 +357,6 @@ class StageDP:
                 return self.traceback(self.probe([(b, t)]), 0, prefer_shared)
             logger.info("b=%d: staging traced under the depth cap %d (a table without it is too large)", b, E)
         return st
-
-    def min_memory(self, b: int) -> float | None:
-        """Smallest memory per device with which some plan at ``b`` fits in ``D`` devices (any TPS),
-        found by binary search over every stage's memory figure; ``None`` if none does."""
-        tb = self.tables(b)
-        degs = np.asarray(tb.degrees, dtype=float)
-        n = self.B // b
-        depth = np.minimum(np.arange(1, self.E + 1), n).astype(float)
-        osf = self.cluster.optimizer_state_factor
-        cands = (osf * self.W[:, None, None]
-                 + depth[None, None, :] * b / degs[None, :, None] * self.A[:, None, None])
-        cands = np.unique(cands)
-
-        def ok(mem: float) -> bool:
-            md = self._max_depths(b, tb.degrees, mem)
-            dev = SegDev(encode(devices_by_depth(tb.tps, md, tb.degrees, np.array([np.inf]), self.E)))
-            return decode(run_dp(self.idx, dev, self.E)[0][0, 0, self.E]) <= self.D
-
-        if not ok(float(cands[-1]) * (1 + 1e-12)):
-            return None
-        lo, hi = 0, len(cands) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ok(float(cands[mid]) * (1 + 1e-12)):
-                hi = mid
-            else:
-                lo = mid + 1
-        return float(cands[lo])
 
     def min_devices_any_tps(self, b: int) -> int | None:
         """Fewest devices for a plan at ``b`` that fits in memory, ignoring TPS (None: never fits)."""

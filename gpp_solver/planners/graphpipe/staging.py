@@ -10,8 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from gpp_solver.cost.model import (CostTables, allreduce_time, comm_time, iteration_time_estimate, stage_costs,
-                                   stage_transfers, time_per_sample)
+from gpp_solver.cost.model import CostTables, iteration_time_estimate, stage_costs, stage_transfers
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.types import Cluster, Graph

@@ -17,6 +17,7 @@ from gpp_solver.binary_search import TpsSearch, search_depths, search_many
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_needs import min_memory
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
 from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
 from gpp_solver.planners.graphpipe.staging import (K_OPTIONS, PLANNER, estimate_iteration, price_staging,
@@ -278,7 +279,7 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
     --tight``).  So ``required_memory_bytes`` is the smallest memory per device with which *this
     search space* holds a plan on these devices, not the least any plan needs.
     """
-    mems = [m for m in (dp.min_memory(b) for b in sizes) if m is not None]
+    mems = [m for m in (min_memory(dp, b) for b in sizes) if m is not None]
     need_mem = min(mems) if mems else None
     devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
     need_dev = min(devs) if devs else None
