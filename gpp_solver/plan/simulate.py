@@ -98,14 +98,19 @@ def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int,
 def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
                     forward: Mapping[int, float], backward: Mapping[int, float],
                     allreduce: Mapping[int, float], edges: Sequence[tuple[int, int]],
-                    mini_batch_size: int) -> tuple[float, list[Task]]:
-    """The makespan and the timed tasks of the given per-stage orders (pure, no cost model)."""
+                    mini_batch_size: int, *, record: bool = True) -> tuple[float, list[Task]]:
+    """The makespan and the timed tasks of the given per-stage orders (pure, no cost model);
+    ``record=False``: the makespan alone (the task list comes back empty, the figures are the same)."""
     stages = list(orders)
     preds: dict[int, list[int]] = {s: [] for s in stages}
     succs: dict[int, list[int]] = {s: [] for s in stages}
     for a, b in edges:
         succs[a].append(b)
         preds[b].append(a)
+    # per stage and direction: its neighbours, each with whether it has the same micro-batch size
+    # (then micro-batch j waits on the neighbour's j alone, the common case)
+    deps_f = {s: [(p, micro_batch[p] == micro_batch[s]) for p in preds[s]] for s in stages}
+    deps_b = {s: [(p, micro_batch[p] == micro_batch[s]) for p in succs[s]] for s in stages}
     done: dict[tuple[int, str, int], float] = {}
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
@@ -115,30 +120,45 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
         progress = False
         for s in stages:
             order = orders[s]
-            while ptr[s] < len(order):
-                kind, j = order[ptr[s]]
-                deps = preds[s] if kind == "F" else succs[s]
-                ready = free[s]
+            i, n_order, fs, bs = ptr[s], len(order), forward[s], backward[s]
+            if i >= n_order:
+                continue
+            b_s = micro_batch[s]
+            ready0 = free[s]
+            while i < n_order:
+                kind, j = order[i]
+                is_f = kind == "F"
+                ready = ready0
                 ok = True
-                for p in deps:
-                    for q in _covering(j, micro_batch[s], micro_batch[p]):
+                for p, same in (deps_f[s] if is_f else deps_b[s]):
+                    if same:
+                        t = done.get((p, kind, j))
+                        if t is None:
+                            ok = False
+                            break
+                        if t > ready:       # max(ready, t)
+                            ready = t
+                        continue
+                    for q in _covering(j, b_s, micro_batch[p]):
                         t = done.get((p, kind, q))
                         if t is None:
                             ok = False
                             break
-                        ready = max(ready, t)
+                        if t > ready:
+                            ready = t
                     if not ok:
                         break
                 if not ok:
                     break
-                dur = forward[s] if kind == "F" else backward[s]
-                end = ready + dur
+                end = ready + (fs if is_f else bs)
                 done[(s, kind, j)] = end
-                tasks.append(Task(s, kind, j, ready, end))
-                free[s] = end
-                ptr[s] += 1
+                if record:
+                    tasks.append(Task(s, kind, j, ready, end))
+                ready0 = end
+                i += 1
                 remaining -= 1
                 progress = True
+            ptr[s], free[s] = i, ready0
         if not progress:
             raise _deadlock(orders, ptr, preds, succs, micro_batch, done)
     makespan = max(free[s] + allreduce[s] for s in stages)
