@@ -103,6 +103,8 @@ class Problem:
         self.evaluations = 0
         self.cache_hits = 0
         self._cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Eval | None] = {}
+        self._rb_cache: dict[tuple[tuple[int, ...], int], tuple[int, ...] | None] = {}
+        self.rebalance_hits = 0
         self._cache_max = max(1000, CACHE_ENTRIES_TIMES_NODES // max(self.N, 1))
         # arrays for the vectorised evaluator
         self._ar = np.arange(self.N)
@@ -356,7 +358,25 @@ class Problem:
         """Data-parallel degrees minimising the bottleneck TPS for a fixed partition (min-max over
         thresholds; transfers priced at the slower bandwidth unless it is constant, the all-reduce
         at the intra-node one when an aligned group fits a node).  ``None`` when the stage graph
-        is cyclic."""
+        is cyclic.  Cached (the searches meet the same merged partitions again and again)."""
+        ck = (tuple(assign), k)
+        if ck in self._rb_cache:
+            self.rebalance_hits += 1
+            return self._rb_cache[ck]
+        out = self._rebalance(ck[0], k)
+        if len(self._rb_cache) >= self._cache_max:
+            self._rb_cache.clear()
+        self._rb_cache[ck] = out
+        return out
+
+    def share_rebalance_cache(self, other: "Problem") -> None:
+        """Use ``other``'s rebalance cache (same graph, cluster, ``B`` and ``b``; the key order
+        ``by_estimate`` plays no part in :meth:`rebalance`)."""
+        if (other.graph, other.cluster, other.B, other.b) != (self.graph, self.cluster, self.B, self.b):
+            raise ValueError("share_rebalance_cache: another instance or micro-batch size")
+        self._rb_cache = other._rb_cache
+
+    def _rebalance(self, assign: Sequence[int], k: int) -> tuple[int, ...] | None:
         a = np.asarray(assign, dtype=np.int64)
         st = self._structure(a, k)
         if st is None:

@@ -337,6 +337,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                 break
             if b not in polish_problems:
                 polish_problems[b] = Problem(graph, cluster, B, b, tables, by_estimate=True)
+                if b in starts:     # rebalance does not depend on the key: share its cache
+                    polish_problems[b].share_rebalance_cache(starts[b][0])
             Q = polish_problems[b]
             res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
             timed_out |= res.stopped == "time"
