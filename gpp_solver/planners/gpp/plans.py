@@ -58,8 +58,11 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     ``head(s) + n (F_s + B_s) + A_s``.  And its last backward waits for the backward of micro-batch
     ``n - 1`` of every successor, which waits for that successor's own forward of it after
     ``s``'s last forward, and so on down: ``head(s) + n F_s + down(s) + B_s + A_s`` with
-    ``down(s)`` the longest chain of ``F_t + B_t`` over descendants.  The durations are the
-    simulator's (``stage_costs``); the caller allows for float rounding."""
+    ``down(s)`` the longest chain of ``F_t + B_t`` over descendants.  After that last backward
+    the stage runs its all-reduce, and every predecessor ``p`` still runs its own last backward
+    (it waits for ``s``'s) and then its all-reduce, and so on up: ``+ max(A_s, up(s))`` with
+    ``up(s) = max_p B_p + max(A_p, up(p))``.  The durations are the simulator's
+    (``stage_costs``); the caller allows for float rounding."""
     k = len(state.devs)
     costs = stage_costs(P.graph, P.cluster, _stage_specs(P, state, ev), P.B)
     succ: list[set[int]] = [set() for _ in range(k)]
@@ -73,11 +76,16 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     for s in ev.order:
         for t in succ[s]:
             head[t] = max(head[t], head[s] + fw[s])
+    ar = [c.allreduce for c in costs]
+    up = [0.0] * k
+    for s in ev.order:
+        for t in succ[s]:
+            up[t] = max(up[t], bw[s] + max(ar[s], up[s]))
     down = [0.0] * k
     for s in reversed(ev.order):
         down[s] = max((fw[t] + bw[t] + down[t] for t in succ[s]), default=0.0)
     n = P.n_micro
-    return max(head[s] + costs[s].allreduce + max(n * (fw[s] + bw[s]), n * fw[s] + down[s] + bw[s]) for s in range(k))
+    return max(head[s] + max(n * (fw[s] + bw[s]), n * fw[s] + down[s] + bw[s]) + max(ar[s], up[s]) for s in range(k))
 
 
 def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
