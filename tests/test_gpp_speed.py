@@ -100,6 +100,85 @@ def test_simulate_orders_without_tasks_gives_the_same_makespan():
     assert checked > 100
 
 
+def _reference_simulate(orders, micro_batch, forward, backward, allreduce, edges):
+    """The simulator's rules in their plainest form (the loop ``simulate_orders`` had before issue 16)."""
+    from gpp_solver.plan.simulate import _covering
+    stages = list(orders)
+    preds = {s: [] for s in stages}
+    succs = {s: [] for s in stages}
+    for a, b in edges:
+        succs[a].append(b)
+        preds[b].append(a)
+    done, ptr, free, tasks = {}, {s: 0 for s in stages}, {s: 0.0 for s in stages}, []
+    remaining = sum(len(o) for o in orders.values())
+    while remaining:
+        progress = False
+        for s in stages:
+            while ptr[s] < len(orders[s]):
+                kind, j = orders[s][ptr[s]]
+                ready, ok = free[s], True
+                for p in (preds[s] if kind == "F" else succs[s]):
+                    for q in _covering(j, micro_batch[s], micro_batch[p]):
+                        t = done.get((p, kind, q))
+                        if t is None:
+                            ok = False
+                            break
+                        ready = max(ready, t)
+                    if not ok:
+                        break
+                if not ok:
+                    break
+                end = ready + (forward[s] if kind == "F" else backward[s])
+                done[(s, kind, j)] = end
+                tasks.append((s, kind, j, ready, end))
+                free[s], ptr[s] = end, ptr[s] + 1
+                remaining -= 1
+                progress = True
+        if not progress:
+            return None
+    return max(free[s] + allreduce[s] for s in stages), tasks
+
+
+def test_simulate_orders_follows_the_reference_rules():
+    """Mixed micro-batch sizes, shuffled orders (deadlocks), repeated actions and odd kinds."""
+    rng = random.Random(5)
+    for _ in range(600):
+        k, B = rng.randint(1, 6), rng.choice([8, 16, 32])
+        edges = sorted({(a, b) for a in range(k) for b in range(a + 1, k) if rng.random() < 0.4})
+        mb = {s: rng.choice([x for x in (1, 2, 4, 8) if B % x == 0]) for s in range(k)}
+        if rng.random() < 0.5:
+            mb = {s: mb[0] for s in range(k)}
+        orders = {}
+        for s in range(k):
+            o = list(kfkb_order(B // mb[s], rng.randint(1, B // mb[s])))
+            if rng.random() < 0.3:
+                rng.shuffle(o)
+            if rng.random() < 0.1:
+                o = [("X", j) if rng.random() < 0.2 else (kind, j) for kind, j in o] + o[:2]
+            orders[s] = tuple(o)
+        fw, bw, ar = ({s: rng.random() for s in range(k)} for _ in range(3))
+        ref = _reference_simulate(orders, mb, fw, bw, ar, edges)
+        if ref is None:
+            with pytest.raises(DeadlockError):
+                simulate_orders(orders, mb, fw, bw, ar, edges, B)
+            continue
+        makespan, tasks = simulate_orders(orders, mb, fw, bw, ar, edges, B)
+        assert makespan == ref[0]
+        assert [(t.stage, t.kind, t.micro_batch, t.start, t.end) for t in tasks] == ref[1]
+
+
+def test_rebalance_cache_is_shared_only_with_the_same_instance():
+    g, c = build_model("dlrm"), v100_cluster(8)
+    P, Q = Problem(g, c, 512, 64), Problem(g, c, 512, 64, by_estimate=True)
+    Q.share_rebalance_cache(P)
+    st = next(iter(chain_states(P)))[1]
+    rb = P.rebalance(st.assign, len(st.devs))
+    assert Q.rebalance(st.assign, len(st.devs)) == rb and Q.rebalance_hits == 1
+    assert rb == Problem(g, c, 512, 64)._rebalance(st.assign, len(st.devs))
+    with pytest.raises(ValueError):
+        Problem(g, c, 512, 32).share_rebalance_cache(P)
+
+
 @pytest.mark.parametrize("model,devices,B", [("transformer", 8, 128), ("candle-uno", 16, 16384)])
 def test_lazy_bound_never_exceeds_the_simulated_iteration_time(model, devices, B):
     g, c = build_model(model), v100_cluster(devices)
@@ -119,10 +198,12 @@ def test_lazy_bound_never_exceeds_the_simulated_iteration_time(model, devices, B
 @pytest.mark.parametrize("model,devices,B", [("mmt", 32, 512), ("transformer", 16, 256)])
 def test_lazy_pool_picks_the_plan_the_eager_pool_picks(model, devices, B, monkeypatch):
     g, c = build_model(model), v100_cluster(devices)
-    lazy = gpp_planner.plan_gpp(g, c, B, tighten=False)
+    lazy = gpp_planner.plan_gpp(g, c, B, tighten=False, time_limit=120)
+    assert lazy.search.status != "time-limit"
     assert lazy.search.extra["plans_built"] < 2 * len(lazy.search.extra["per_micro_batch"])
     init = gpp_planner._Pool.__init__
     monkeypatch.setattr(gpp_planner._Pool, "__init__", lambda self, score, lazy: init(self, score, False))
-    eager = gpp_planner.plan_gpp(g, c, B, tighten=False)
+    eager = gpp_planner.plan_gpp(g, c, B, tighten=False, time_limit=120)
+    assert eager.search.status != "time-limit"
     assert lazy.stages == eager.stages and lazy.predicted == eager.predicted
     assert lazy.search.extra["plans_built"] < eager.search.extra["plans_built"]
