@@ -20,8 +20,9 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
 3. (``polish``, objective ``iteration_time``) searches again with the iteration-time *estimate* as
    the first key (after memory), which favours shallower stage graphs, from the best plan of its
    own and from the least-estimate start states of the ``POLISH_SIZES`` most promising sizes;
-4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches,
-   picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
+4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches
+   (with objective ``iteration_time`` and one start per size, only those whose iteration-time
+   lower bound does not exceed the best plan built so far: ``_Pool``, same pick), picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
    the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
    time) — so the answer is never worse than any seed in that objective; then tightens its
    micro-batch orders with the CP-SAT schedule model when available (``tighten=None``: on when the
