@@ -99,12 +99,12 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
                 {i: c.allreduce for i, c in enumerate(costs)}, edges, mini_batch_size)
     kind = "kFkB"
     try:
-        makespan, _ = simulate_orders(orders, *sim_args)
+        makespan, _ = simulate_orders(orders, *sim_args, record=False)
     except DeadlockError as exc:
         logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
         orders = {i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)]
                            + [Action(Kind.B, j) for j in range(len(o) // 2)]) for i, o in orders.items()}
-        makespan, _ = simulate_orders(orders, *sim_args)
+        makespan, _ = simulate_orders(orders, *sim_args, record=False)
         kind = "GPipe"
     stages = []
     for i, (s, c) in enumerate(zip(specs, costs)):

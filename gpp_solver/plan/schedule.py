@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable, Mapping, Sequence
 
@@ -84,6 +85,7 @@ def warmup_micro_batches(in_flight_samples: int, b: int, n_micro: int) -> int:
     return max(1, min(n_micro, math.ceil(in_flight_samples / b)))
 
 
+@functools.lru_cache(maxsize=4096)     # immutable result; planners build the same orders many times
 def kfkb_order(n_micro: int, warmup: int) -> tuple[Action, ...]:
     """``warmup`` forwards, then B/F alternating (backward as early as possible), then the rest."""
     if n_micro < 1:

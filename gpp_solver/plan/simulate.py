@@ -98,14 +98,88 @@ def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int,
 def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
                     forward: Mapping[int, float], backward: Mapping[int, float],
                     allreduce: Mapping[int, float], edges: Sequence[tuple[int, int]],
-                    mini_batch_size: int) -> tuple[float, list[Task]]:
-    """The makespan and the timed tasks of the given per-stage orders (pure, no cost model)."""
+                    mini_batch_size: int, *, record: bool = True) -> tuple[float, list[Task]]:
+    """The makespan and the timed tasks of the given per-stage orders (pure, no cost model);
+    ``record=False``: the makespan alone (the task list comes back empty, the figures are the same)."""
     stages = list(orders)
     preds: dict[int, list[int]] = {s: [] for s in stages}
     succs: dict[int, list[int]] = {s: [] for s in stages}
     for a, b in edges:
         succs[a].append(b)
         preds[b].append(a)
+    # each stage's finish times by kind and micro-batch; per stage and kind, the neighbours it waits
+    # on: (their finish times of that kind, same micro-batch size?, their size) — with the same size
+    # micro-batch j waits on the neighbour's j alone, the common case
+    fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}} for s in stages}
+    deps_f = {s: [(fin[p]["F"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in preds[s]] for s in stages}
+    deps_b = {s: [(fin[p]["B"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in succs[s]] for s in stages}
+    acts: dict[int, list[tuple[str, int, bool, dict[int, float]]]] = {}
+    for s in stages:
+        acts[s] = []
+        for kind, j in orders[s]:
+            if kind != "F" and kind != "B":
+                return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record)
+            acts[s].append((kind, j, kind == "F", fin[s]["F" if kind == "F" else "B"]))
+    ptr = {s: 0 for s in stages}
+    free = {s: 0.0 for s in stages}
+    tasks: list[Task] = []
+    remaining = sum(len(o) for o in acts.values())
+    while remaining:
+        progress = False
+        for s in stages:
+            todo = acts[s]
+            i, n_todo = ptr[s], len(todo)
+            if i >= n_todo:
+                continue
+            fs, bs, b_s, ready0 = forward[s], backward[s], micro_batch[s], free[s]
+            df, db = deps_f[s], deps_b[s]
+            while i < n_todo:
+                kind, j, is_f, own = todo[i]
+                ready = ready0
+                ok = True
+                for dd, same, b_p in (df if is_f else db):
+                    if same:
+                        t = dd.get(j)
+                        if t is None:
+                            ok = False
+                            break
+                        if t > ready:       # max(ready, t)
+                            ready = t
+                        continue
+                    for q in _covering(j, b_s, b_p):
+                        t = dd.get(q)
+                        if t is None:
+                            ok = False
+                            break
+                        if t > ready:
+                            ready = t
+                    if not ok:
+                        break
+                if not ok:
+                    break
+                end = ready + (fs if is_f else bs)
+                own[j] = end
+                if record:
+                    tasks.append(Task(s, kind, j, ready, end))
+                ready0 = end
+                i += 1
+                remaining -= 1
+                progress = True
+            ptr[s], free[s] = i, ready0
+        if not progress:
+            done = {(s, kind, j): t for s in stages for kind, d in fin[s].items() for j, t in d.items()}
+            raise _deadlock(orders, ptr, preds, succs, micro_batch, done)
+    makespan = max(free[s] + allreduce[s] for s in stages)
+    return makespan, tasks
+
+
+def _simulate_any_kind(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
+                       forward: Mapping[int, float], backward: Mapping[int, float], allreduce: Mapping[int, float],
+                       preds: Mapping[int, list[int]], succs: Mapping[int, list[int]],
+                       record: bool) -> tuple[float, list[Task]]:
+    """:func:`simulate_orders` for orders with a kind other than ``F``/``B`` (timed as a backward,
+    waiting on the same kind of the successors): the general loop, keyed by kind."""
+    stages = list(orders)
     done: dict[tuple[int, str, int], float] = {}
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
@@ -131,18 +205,17 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
                         break
                 if not ok:
                     break
-                dur = forward[s] if kind == "F" else backward[s]
-                end = ready + dur
+                end = ready + (forward[s] if kind == "F" else backward[s])
                 done[(s, kind, j)] = end
-                tasks.append(Task(s, kind, j, ready, end))
+                if record:
+                    tasks.append(Task(s, kind, j, ready, end))
                 free[s] = end
                 ptr[s] += 1
                 remaining -= 1
                 progress = True
         if not progress:
             raise _deadlock(orders, ptr, preds, succs, micro_batch, done)
-    makespan = max(free[s] + allreduce[s] for s in stages)
-    return makespan, tasks
+    return max(free[s] + allreduce[s] for s in stages), tasks
 
 
 def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:

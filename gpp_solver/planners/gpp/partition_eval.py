@@ -35,12 +35,18 @@ import numpy as np
 
 from gpp_solver.cost.model import CostTables, allreduce_time, comm_time, memory_per_device, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth, node_bandwidth, slowest_bandwidth
+from gpp_solver.planners.gpp.partition_eval_py import evaluate_py
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
 
 MEM_REL_TOL = 5e-10      # stricter than the validator's 1e-9, so float order never flips a verdict
 CACHE_ENTRIES_TIMES_NODES = 20_000_000   # evaluation cache: at most this many node labels held (then cleared)
+# up to this many nodes + edges a state is priced in plain Python (``Problem._evaluate_py``): on the
+# paper's workloads (33-102 nodes) numpy's per-call overhead on arrays of a few stages was most of
+# the search time; the figures are bit-identical to the vectorised evaluator (same operations in
+# the same order; tests/test_gpp_partition_eval.py checks it), which prices larger graphs
+PY_EVAL_MAX_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,8 @@ class Problem:
         self.evaluations = 0
         self.cache_hits = 0
         self._cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Eval | None] = {}
+        self._rb_cache: dict[tuple[tuple[int, ...], int], tuple[int, ...] | None] = {}
+        self.rebalance_hits = 0
         self._cache_max = max(1000, CACHE_ENTRIES_TIMES_NODES // max(self.N, 1))
         # arrays for the vectorised evaluator
         self._ar = np.arange(self.N)
@@ -111,6 +119,8 @@ class Problem:
         self._edst = np.asarray([e[1] for e in es], dtype=np.int64)
         self._ebytes = np.asarray([e[2] for e in es], dtype=float)
         self._deg = np.asarray(self.degrees, dtype=np.int64)
+        self._edges = [(u, v, float(nb)) for u, v, nb in es]    # (producer, consumer, bytes), as the arrays above
+        self._py = self.N + len(es) <= PY_EVAL_MAX_SIZE
 
     # ------------------------------------------------------------------ structure
     def _structure(self, a: np.ndarray, k: int):
@@ -164,7 +174,7 @@ class Problem:
         if ck in self._cache:
             self.cache_hits += 1
             return self._cache[ck]
-        out = self._evaluate(ck[0], ck[1])
+        out = self._evaluate_py(ck[0], ck[1]) if self._py else self._evaluate(ck[0], ck[1])
         if len(self._cache) >= self._cache_max:
             self._cache.clear()
         self._cache[ck] = out
@@ -190,6 +200,11 @@ class Problem:
             if best is None or e.key < best.key:
                 best = e
         return best
+
+    def _evaluate_py(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
+        """:meth:`_evaluate` in plain Python (:mod:`gpp_solver.planners.gpp.partition_eval_py`)."""
+        r = evaluate_py(self, assign, devs)
+        return None if r is None else Eval(*r)
 
     def _placements(self, order: Sequence[int], devs: Sequence[int]) -> Iterator[tuple[int, ...]]:
         """Contiguous device ranges in topological order; then (when placement matters) largest first."""
@@ -248,7 +263,25 @@ class Problem:
         """Data-parallel degrees minimising the bottleneck TPS for a fixed partition (min-max over
         thresholds; transfers priced at the slower bandwidth unless it is constant, the all-reduce
         at the intra-node one when an aligned group fits a node).  ``None`` when the stage graph
-        is cyclic."""
+        is cyclic.  Cached (the searches meet the same merged partitions again and again)."""
+        ck = (tuple(assign), k)
+        if ck in self._rb_cache:
+            self.rebalance_hits += 1
+            return self._rb_cache[ck]
+        out = self._rebalance(ck[0], k)
+        if len(self._rb_cache) >= self._cache_max:
+            self._rb_cache.clear()
+        self._rb_cache[ck] = out
+        return out
+
+    def share_rebalance_cache(self, other: "Problem") -> None:
+        """Use ``other``'s rebalance cache (same graph, cluster, ``B`` and ``b``; the key order
+        ``by_estimate`` plays no part in :meth:`rebalance`)."""
+        if (other.graph, other.cluster, other.B, other.b) != (self.graph, self.cluster, self.B, self.b):
+            raise ValueError("share_rebalance_cache: another instance or micro-batch size")
+        self._rb_cache = other._rb_cache
+
+    def _rebalance(self, assign: Sequence[int], k: int) -> tuple[int, ...] | None:
         a = np.asarray(assign, dtype=np.int64)
         st = self._structure(a, k)
         if st is None:
@@ -316,3 +349,4 @@ def canonical(state: State, ev: Eval) -> State:
     """Relabel stages in the evaluated topological order (deterministic labels)."""
     relabel = {s: i for i, s in enumerate(ev.order)}
     return State(tuple(relabel[s] for s in state.assign), tuple(state.devs[s] for s in ev.order))
+

@@ -20,8 +20,9 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
 3. (``polish``, objective ``iteration_time``) searches again with the iteration-time *estimate* as
    the first key (after memory), which favours shallower stage graphs, from the best plan of its
    own and from the least-estimate start states of the ``POLISH_SIZES`` most promising sizes;
-4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches,
-   picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
+4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches
+   (with objective ``iteration_time`` and one start per size, only those whose iteration-time
+   lower bound does not exceed the best plan built so far: ``_Pool``, same pick), picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
    the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
    time) — so the answer is never worse than any seed in that objective; then tightens its
    micro-batch orders with the CP-SAT schedule model when available (``tighten=None``: on when the
@@ -69,7 +70,8 @@ from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.model import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.planners.exact.planner import exact_for_gpp
-from gpp_solver.planners.gpp.plans import build_from_state, rebuild_as_gpp, states_from_plan, uniform_micro_batch
+from gpp_solver.planners.gpp.pool import Pool as _Pool
+from gpp_solver.planners.gpp.plans import rebuild_as_gpp, states_from_plan, uniform_micro_batch
 from gpp_solver.planners.gpp.seeds import run_seed_planners
 from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.gpp.local_search import SearchResult, chain_states, search
@@ -84,8 +86,6 @@ DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
 MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
 RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
 POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
-
-
 def candidate_micro_batch_sizes(B: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
     """The common rule's powers of two dividing ``B`` (:mod:`gpp_solver.cost.micro_batch`) with
     ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
@@ -180,9 +180,11 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             break
     order = sorted(starts, key=lambda b: (starts[b][1][0][2].key[0], starts[b][1][0][2].estimate, b))
     lap("starts")
-    pool: list[tuple[Plan, dict[str, Any]]] = []
+    # lazy plans when the score starts with the iteration time, and the restarts (phase 2) need no
+    # per-size scores (restarts == 1: the default beyond small instances)
+    pool = _Pool(score, lazy=objective == "iteration_time" and restarts == 1)
     for name, p in seeds.items():
-        pool.append((p, {"origin": name, "micro_batch_size": uniform_micro_batch(p)}))
+        pool.add(p, {"origin": name, "micro_batch_size": uniform_micro_batch(p)})
     per_b: dict[int, dict[str, Any]] = {}
     best_key: dict[int, tuple] = {}
     best_score: dict[int, tuple[float, float]] = {}
@@ -218,9 +220,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                 "moves": res.moves}
         for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
             if e_.key[0] == 0:
-                plan = build_from_state(P, s_, e_, SearchInfo(0.0, Status.FEASIBLE))
-                pool.append((plan, m_))
-                best_score[b] = min(best_score.get(b, score(plan)), score(plan))
+                pool.add_state(P, s_, e_, m_)
+                if not pool.lazy:
+                    plan = pool.items[-1][0]
+                    best_score[b] = min(best_score.get(b, score(plan)), score(plan))
         log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
             res.moves, res.stopped)
         return all(f[0].stopped != "time" for f in found)
@@ -233,7 +236,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         bar.set_postfix_str(f"b={b}")
         bar.update(1)
         P, start_list = starts[b]
-        best_now = min((score(p) for p, _ in pool), default=None)
+        best_pm = pool.best()
+        best_now = None if best_pm is None else score(best_pm[0])
         if best_now is not None and (B * P.lb_tps if objective == "iteration_time" else P.lb_tps) >= best_now[0]:
             per_b[b] = {"skipped": "bound"}
             continue
@@ -252,9 +256,9 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     # whose starts promise the least estimate
     if polish and objective == "iteration_time" and time.perf_counter() < deadline:
         todo: list[tuple[int, str, State, dict[str, Any]]] = []
-        own = [(p, m) for p, m in pool if p.planner == "gpp" and uniform_micro_batch(p) is not None]
+        own = pool.best(own=True)
         if own:
-            p0, m0 = min(own, key=lambda pm: score(pm[0]))
+            p0, m0 = own
             b0 = uniform_micro_batch(p0)
             todo.append((b0, "best", states_from_plan(starts[b0][0], p0)[0], m0))
         for b in sorted(by_estimate, key=lambda x: (by_estimate[x][2].estimate, x))[:POLISH_SIZES]:
@@ -268,13 +272,14 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                 break
             if b not in polish_problems:
                 polish_problems[b] = Problem(graph, cluster, B, b, tables, by_estimate=True)
+                if b in starts:     # rebalance does not depend on the key: share its cache
+                    polish_problems[b].share_rebalance_cache(starts[b][0])
             Q = polish_problems[b]
             res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
             timed_out |= res.stopped == "time"
             if res.ev.key[0] == 0 and (res.moves or label != "best"):
-                plan = build_from_state(Q, res.state, res.ev, SearchInfo(0.0, Status.FEASIBLE))
-                pool.append((plan, {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves,
-                                    "tps_after": res.ev.max_tps}))
+                pool.add_state(Q, res.state, res.ev, {**m0, "moves": m0.get("moves", 0) + res.moves,
+                                                      "polish_moves": res.moves, "tps_after": res.ev.max_tps})
             per_b.setdefault(b, {}).setdefault("polish", []).append(
                 {"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
     lap("polish")
@@ -283,10 +288,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     ex = None
     if o.exact is not False and objective == "iteration_time":
         ex = exact_for_gpp(graph, cluster, B, deadline=deadline, micro_batch_sizes=micro_batch_sizes, force=bool(o.exact),
-                           upper_bound=min((p.predicted.iteration_time for p, _ in pool), default=float("inf")))
+                           upper_bound=pool.best_iteration_time())
         timed_out |= ex.cut
         if ex.plan is not None:
-            pool.append((ex.plan, {"origin": "exact", "micro_batch_size": uniform_micro_batch(ex.plan)}))
+            pool.add(ex.plan, {"origin": "exact", "micro_batch_size": uniform_micro_batch(ex.plan)})
     worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:
@@ -300,7 +305,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
             f"no plan fits in {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices"
             + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
             required_memory_bytes=need)
-    plan, meta = min(pool, key=lambda pm: score(pm[0]))
+    plan, meta = pool.best()
     lap("exact")
     if plan.planner != "gpp":
         plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE))
@@ -318,14 +323,15 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
              "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
              "iteration_time_estimate": plan.search.iteration_time_estimate,
-             "phase_seconds": {k: round(v, 4) for k, v in phases.items()}}
+             "phase_seconds": {k: round(v, 4) for k, v in phases.items()},
+             "plans_built": pool.built}
     plan = replace(plan, planner="gpp", search=SearchInfo(time.perf_counter() - t0, status, None, extra))
     validate(plan, graph, cluster)
     return plan
 
 
 def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
-           pool: list[tuple[Plan, dict[str, Any]]]) -> tuple[float | None, bool]:
+           pool: _Pool) -> tuple[float | None, bool]:
     """Run the exact planner (``milp``) if installed in the time left: its optimal TPS (or
     ``None``) and whether the wall clock cut it (no time left, or its status ``time-limit``)."""
     try:
@@ -341,5 +347,5 @@ def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
     except Exception as exc:  # noqa: BLE001
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
         return None, time.perf_counter() > deadline
-    pool.append((p, {"origin": "milp", "micro_batch_size": uniform_micro_batch(p)}))
+    pool.add(p, {"origin": "milp", "micro_batch_size": uniform_micro_batch(p)})
     return (p.predicted.time_per_sample if p.search.status is Status.OPTIMAL_TIME_PER_SAMPLE else None), p.search.status is Status.TIME_LIMIT

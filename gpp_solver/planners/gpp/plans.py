@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
+from gpp_solver.cost.model import stage_costs
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
 
@@ -37,16 +38,59 @@ def states_from_plan(P: Problem, plan: Plan) -> list[State]:
     return out
 
 
-def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
-    """A full, priced plan of a state (stage devices as placed by the evaluator)."""
+def _stage_specs(P: Problem, state: State, ev: Eval) -> list[StageSpec]:
     k = len(state.devs)
     members: list[list[int]] = [[] for _ in range(k)]
     for u, s in enumerate(state.assign):
         members[s].append(u)
     ids = P.graph.ids
-    specs = [StageSpec(nodes=tuple(ids[u] for u in members[s]),
-                       devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
-                       micro_batch_size=P.b, k=1) for s in range(k)]
+    return [StageSpec(nodes=tuple(ids[u] for u in members[s]),
+                      devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
+                      micro_batch_size=P.b, k=1) for s in range(k)]
+
+
+def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
+    """A lower bound on the simulated iteration time of :func:`build_from_state`'s plan, under any
+    orders (``spec/cost-model.md``, *Iteration time*; one micro-batch size, ``n = B / b``).
+
+    Stage ``s`` starts no forward before ``head(s)``, the longest chain of predecessors' forwards,
+    and runs its ``n`` forwards and ``n`` backwards one after another, then its all-reduce:
+    ``head(s) + n (F_s + B_s) + A_s``.  And its last backward waits for the backward of micro-batch
+    ``n - 1`` of every successor, which waits for that successor's own forward of it after
+    ``s``'s last forward, and so on down: ``head(s) + n F_s + down(s) + B_s + A_s`` with
+    ``down(s)`` the longest chain of ``F_t + B_t`` over descendants.  After that last backward
+    the stage runs its all-reduce, and every predecessor ``p`` still runs its own last backward
+    (it waits for ``s``'s) and then its all-reduce, and so on up: ``+ max(A_s, up(s))`` with
+    ``up(s) = max_p B_p + max(A_p, up(p))``.  The durations are the simulator's
+    (``stage_costs``); the caller allows for float rounding."""
+    k = len(state.devs)
+    costs = stage_costs(P.graph, P.cluster, _stage_specs(P, state, ev), P.B)
+    succ: list[set[int]] = [set() for _ in range(k)]
+    for u in range(P.N):
+        for v, _ in P.succ[u]:
+            if state.assign[u] != state.assign[v]:
+                succ[state.assign[u]].add(state.assign[v])
+    fw = [c.forward for c in costs]
+    bw = [c.backward for c in costs]
+    head = [0.0] * k
+    for s in ev.order:
+        for t in succ[s]:
+            head[t] = max(head[t], head[s] + fw[s])
+    ar = [c.allreduce for c in costs]
+    up = [0.0] * k
+    for s in ev.order:
+        for t in succ[s]:
+            up[t] = max(up[t], bw[s] + max(ar[s], up[s]))
+    down = [0.0] * k
+    for s in reversed(ev.order):
+        down[s] = max((fw[t] + bw[t] + down[t] for t in succ[s]), default=0.0)
+    n = P.n_micro
+    return max(head[s] + max(n * (fw[s] + bw[s]), n * fw[s] + down[s] + bw[s]) + max(ar[s], up[s]) for s in range(k))
+
+
+def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
+    """A full, priced plan of a state (stage devices as placed by the evaluator)."""
+    specs = _stage_specs(P, state, ev)
     plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info)
     if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
         logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
