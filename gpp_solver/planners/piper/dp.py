@@ -13,8 +13,9 @@ with ``TPS`` from ``piper_cost`` and ``s <= min(N, K)``.  The answer is the firs
 ``k`` then ``s``) reaching the least ``dp[V][k][s]``, as in the published code.
 
 Speed-ups that change no result: stages whose lowest possible memory (at ``y = 1``) exceeds ``M``
-are skipped, and knapsack instances that need the heuristic are solved only where their lower bound
-(the all-fastest TPS) could still improve the table.  Only the *breakpoints* of a finished table
+are skipped, and on the dense path knapsack instances that need the heuristic are solved only where
+their lower bound (the all-fastest TPS) could still improve the table (on the sparse path solving
+them all is cheaper than that test).  Only the *breakpoints* of a finished table
 are used (:class:`_Breakpoints`, as the published code does): a stage's cost does not depend on
 ``k``, so ``max(dp[D'][k - dt][s - d], TPS)`` is constant in ``k`` between two points where
 ``dp[D']`` drops along ``k``, and the table is made monotone in ``k`` and ``s`` afterwards — writing
@@ -262,52 +263,38 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
             sub_dp = None if sparse else dp[rows]
             cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
             pre = (G[opt.t][i] - G[opt.t][rows], cut)
-            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True, pre=pre)):
+            # sparse: every knapsack now; dense: only where its lower bound could improve the table
+            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=not sparse, pre=pre)):
                 dt = d * opt.t
                 ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
                 if sparse:
                     _update(acc, bps, rows, corners, c.out[:, ycol], dt, d)
-                else:
-                    _update_dense(acc, sub_dp, c.out[:, ycol], dt, d)
+                    continue
+                _update_dense(acc, sub_dp, c.out[:, ycol], dt, d)
                 if c.hard.any():
-                    pending.append((c, rows, corners, sub_dp, dt, d, ycol))
-        if pending:     # monotone first, so the lower-bound test below need only look at breakpoints
+                    pending.append((c, sub_dp, dt, d, ycol))
+        if pending:     # monotone first: the lower-bound test compares against a finished table
             np.minimum.accumulate(acc, axis=0, out=acc)
             np.minimum.accumulate(acc, axis=1, out=acc)
-        for c, rows, corners, sub_dp, dt, d, ycol in pending:
-            # lower bound of each hard (row, s - d): could it beat acc at some k?
+        for c, sub_dp, dt, d, ycol in pending:
+            # lower bound of each hard (row, y): could it beat acc somewhere?  Only the hard columns s - d.
+            hr = np.flatnonzero(c.hard.any(axis=1))
+            hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
+            cols = np.flatnonzero(hy.any(axis=0))
+            if len(cols) == 0:
+                continue
+            lo, hi = cols[0], cols[-1] + 1
+            lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
+            better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
+                      < acc[dt:, d + lo: d + hi]).any(axis=1)
+            rr, ss = np.nonzero(better)
             want = np.zeros(c.hard.shape, dtype=bool)
-            if corners is not None:
-                # between two k-drops of dp[row] the candidate is constant and acc does not rise
-                # with k, so the k-drop (the smallest such k) decides
-                # only the columns s - d whose y is hard
-                o, col = np.nonzero(c.hard[:, ycol[: S1 + 1 - d]])
-                o, k, s, v = bps.column_drops(rows, o, col)
-                m = k <= K - dt
-                o, k, s, v = o[m], k[m], s[m], v[m]
-                lb = c.tf[o]
-                better = np.maximum(v, lb) < acc[k + dt, s + d]
-                want[o[better], ycol[s[better]]] = True
-            else:
-                hr = np.flatnonzero(c.hard.any(axis=1))
-                hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
-                cols = np.flatnonzero(hy.any(axis=0))                        # only the hard columns s - d
-                lo, hi = (cols[0], cols[-1] + 1) if len(cols) else (0, 0)
-                lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
-                better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
-                          < acc[dt:, d + lo: d + hi]).any(axis=1)
-                rr, ss = np.nonzero(better)
-                want[hr[rr], ycol[lo + ss]] = True
+            want[hr[rr], ycol[lo + ss]] = True
             if not want.any():
                 continue
             c.fill(want)
             use = want.any(axis=1)
-            if corners is not None:
-                sel = use[corners[0]]
-                _update(acc, bps, rows, tuple(a[sel] for a in corners), np.where(use[:, None], c.out[:, ycol], INF),
-                        dt, d)
-            else:
-                _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
+            _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
         np.minimum.accumulate(acc, axis=0, out=acc)
         np.minimum.accumulate(acc, axis=1, out=acc)
         bps.add(i, acc)
