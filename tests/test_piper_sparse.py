@@ -96,7 +96,7 @@ def test_update_equals_dense_on_random_tables_and_costs(seed):
     K, S1 = int(rng.integers(3, 14)), int(rng.integers(2, 12))
     K1, F = K + 1, S1 + 1
     subs_tables = [np.zeros((K1, F))] + [random_table(rng, K1, F) for _ in range(int(rng.integers(1, 5)))]
-    bps = Breakpoints(len(subs_tables), F)
+    bps = Breakpoints(np.stack(subs_tables))
     for j, t in enumerate(subs_tables):
         bps.add(j, t)
     ts, dsl = [1, 2, 3], [d for d in range(1, S1 + 1) if rng.random() < 0.7] or [1]

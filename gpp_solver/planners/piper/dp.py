@@ -148,7 +148,7 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
     into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
     pairs = 0
-    bps = Breakpoints(ND, S1 + 1)
+    bps = Breakpoints(dp)
     bps.add(0, dp[0])
     # every (t, d) as an offset (dt, d), dominators first
     offsets = sorted((d * o.t, d) for o in inst.degrees for d in ker.ds if d * o.t <= K and d <= S1)

@@ -3,7 +3,7 @@ can still matter once the table is made monotone in ``k`` and ``s``.
 
 A finished table ``dp[D']`` is kept as its *corners* (points that drop along both ``k`` and ``s``),
 by column ``f = s`` and then ``k``, with ``m`` = the smaller of the values just below (``k - 1``) and
-just left (``s - 1``), and its *k-drops* by column with ``b`` = the value just below.  For one stage
+just left (``s - 1``); its *k-drops* (with ``b`` = the value just below) are read from the table.  For one stage
 ``D \\ D'`` on ``(t, d)`` (offset ``(dt, d)``) with cost ``T(f)`` (by the column ``f = s - d`` of
 ``dp[D']``, constant over each ``y = ceil(s / d)``) the candidate is ``w = max(dp[D'][k][f], T(f))``
 written at ``(k + dt, f + d)``.  A corner's candidate is needed only if
@@ -62,11 +62,13 @@ class _Store:
 class Breakpoints:
     """Corners and k-drops of every finished table ``dp[j]`` (monotone in ``k`` and ``s``)."""
 
-    def __init__(self, n_tables: int, columns: int) -> None:
+    def __init__(self, tables: np.ndarray) -> None:
+        self.tables = tables                                              # (n, K + 1, columns), filled in order
+        n_tables, K1, columns = tables.shape
         self.F = columns
-        self.drops = _Store(k=np.int64, s=np.int64, v=float, b=float)
         self.corners = _Store(k=np.int64, f=np.int64, v=float, m=float, key=np.int64)
-        self.colptr = np.zeros((n_tables, columns + 1), dtype=np.int64)   # k-drops of (table, column)
+        self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)   # k of a column's first corner
+        self.vlast = np.full((n_tables, columns), INF)                    # value of its last corner
         self.cptr = np.zeros((n_tables, columns + 1), dtype=np.int64)     # corners of (table, column)
         self.vals: list[np.ndarray | None] = [None] * n_tables           # sorted corner values
         self.base = np.zeros(n_tables + 1, dtype=np.int64)                # key range of each table
@@ -80,19 +82,19 @@ class Breakpoints:
         left = np.empty_like(table)
         left[:, 0] = INF
         left[:, 1:] = table[:, :-1]
-        kdrop = table < below
-        ss, ks = np.nonzero(kdrop.T)                      # by column, then k
-        self.colptr[j] = self.drops.n + np.concatenate(([0], np.cumsum(kdrop.sum(axis=0))))
-        self.drops.append(k=ks, s=ss, v=table[ks, ss], b=below[ks, ss])
-        corner = kdrop & (table < left)
-        fc, kc = np.nonzero(corner.T)
+        corner = (table < below) & (table < left)
+        fc, kc = np.nonzero(corner.T)                     # by column, then k
         v = table[kc, fc]
         vals = np.unique(v)
         R = len(vals) + 1
         key = self.base[j] + fc * R + (R - 1 - np.searchsorted(vals, v))
         self.base[j + 1] = self.base[j] + (self.F + 1) * R
         self.vals[j], self.R[j] = vals, R
-        self.cptr[j] = self.corners.n + np.concatenate(([0], np.cumsum(corner.sum(axis=0))))
+        cnt = corner.sum(axis=0)
+        self.cptr[j] = self.corners.n + np.concatenate(([0], np.cumsum(cnt)))
+        has = cnt > 0
+        self.kfirst[j, has] = kc[self.cptr[j, :-1][has] - self.corners.n]
+        self.vlast[j, has] = v[self.cptr[j, 1:][has] - 1 - self.corners.n]
         self.corners.append(k=kc, f=fc, v=v, m=np.minimum(below[kc, fc], left[kc, fc]), key=key)
 
     def count(self, rows: np.ndarray) -> int:
@@ -100,9 +102,12 @@ class Breakpoints:
 
     def column_drops(self, rows: np.ndarray, o: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, ...]:
         """``(owner, k, value, b)`` of the k-drops of column ``col[i]`` of table ``rows[o[i]]``."""
-        start = self.colptr[rows[o], col]
-        own, idx = ranges(start, self.colptr[rows[o], col + 1] - start)
-        return own, self.drops.k[idx], self.drops.v[idx], self.drops.b[idx]
+        v = self.tables[rows[o], :, col]                                  # (len(o), K + 1)
+        b = np.empty_like(v)
+        b[:, 0] = INF
+        b[:, 1:] = v[:, :-1]
+        own, k = np.nonzero(v < b)
+        return own, k, v[own, k], b[own, k]
 
     def first_at_most(self, tables: np.ndarray, f: np.ndarray, x: np.ndarray, strict: bool) -> np.ndarray:
         """Index (into ``corners``) of the first corner of column ``f`` of table ``tables[i]`` whose
@@ -158,7 +163,8 @@ def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tu
     dts = np.array([o[0] for o in offsets], dtype=np.int64)
     ds = np.array([o[1] for o in offsets], dtype=np.int64)
     alive = T < U
-    c, r, f = np.nonzero(alive)
+    # columns with some corner below U, the first in reach
+    c, r, f = np.nonzero(alive & (bps.vlast[rows][None] < U) & (bps.kfirst[rows][None] < (K1 - dts)[:, None, None]))
     t, u = T[c, r, f], U[c, r, f]
     tables = rows[r]
     p = bps.first_at_most(tables, f, t, strict=False)            # first corner with v <= T
