@@ -13,13 +13,12 @@ with ``TPS`` from ``piper_cost`` and ``s <= min(N, K)``.  The answer is the firs
 ``k`` then ``s``) reaching the least ``dp[V][k][s]``, as in the published code.
 
 Speed-ups that change no result: stages whose lowest possible memory (at ``y = 1``) exceeds ``M``
-are skipped, and on the dense path knapsack instances that need the heuristic are solved only where
-their lower bound (the all-fastest TPS) could still improve the table (on the sparse path solving
-them all is cheaper than that test).  Only the *breakpoints* of a finished table
-are used (:class:`_Breakpoints`, as the published code does): a stage's cost does not depend on
-``k``, so ``max(dp[D'][k - dt][s - d], TPS)`` is constant in ``k`` between two points where
-``dp[D']`` drops along ``k``, and the table is made monotone in ``k`` and ``s`` afterwards — writing
-the candidate at those points alone gives the same table as writing it everywhere.
+are skipped.  Where the sub-downsets' tables are sparse (few *corners*, points where a table drops
+along both ``k`` and ``s``) only the candidate points that can still matter once the table is made
+monotone are written (``sparse.py``; the published code likewise writes only where ``dp[D']``
+drops), every knapsack instance being solved first.  Otherwise the dense update runs, and knapsack
+instances that need the heuristic are solved only where their lower bound (the all-fastest TPS)
+could still improve the table.
 """
 
 from __future__ import annotations
