@@ -140,32 +140,48 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
     ``acc`` monotone afterwards.  ``staged[c] = (positions in subs, T)`` with ``T[p][f]`` the stage
     cost by column ``f = 0 .. S1 - d``; a missing ``c`` or row costs ``inf``.  ``preds``: from
     :func:`dominators`, listed so that every offset comes after its dominators."""
-    C, F = len(offsets), acc.shape[1]
+    C, (K1, F) = len(offsets), acc.shape
     step = max(1, CHUNK // (C * F))
     for lo in range(0, len(subs), step):
         rows = subs[lo: lo + step]
-        T = np.full((C, len(rows), F), INF)
-        for c, (pos, cost) in staged.items():
-            m = (pos >= lo) & (pos < lo + len(rows))
-            T[c, pos[m] - lo, : cost.shape[1]] = cost[m]
-        U = np.full_like(T, INF)
-        W = np.empty_like(T)                             # min(T, U) of each (t, d)
-        for c in range(C):
+        R = len(rows)
+        vlast, kfirst = bps.vlast[rows], bps.kfirst[rows]
+        W = np.empty((C, R, F))                          # min(T, U) of each (t, d)
+        trip, drops = [], []
+        for c, (dt, d) in enumerate(offsets):           # one (t, d) at a time: its arrays stay in cache
+            T = W[c]
+            T.fill(INF)
+            if c in staged:
+                pos, cost = staged[c]
+                m = (pos >= lo) & (pos < lo + R)
+                T[pos[m] - lo, : cost.shape[1]] = cost[m]
+            U = np.full((R, F), INF)
             for p in preds[c]:
-                np.minimum(U[c], W[p], out=U[c])
-            np.minimum(T[c], U[c], out=W[c])
-        _write(acc, bps, rows, offsets, T, U)
+                np.minimum(U, W[p], out=U)
+            n = F - d
+            if c in staged and dt < K1:
+                Tn, Un = T[:, :n], U[:, :n]
+                alive = Tn < Un
+                # columns with some corner below U, the first in reach
+                r, f = np.nonzero(alive & (vlast[:, :n] < Un) & (kfirst[:, :n] < K1 - dt))
+                trip.append((np.full(len(r), c), r, f, Tn[r, f], Un[r, f]))
+                # columns where T drops: every k-drop there, with the value below as m
+                dr, df = np.nonzero(alive[:, 1:] & (Tn[:, 1:] < Tn[:, :-1]))
+                if len(dr):
+                    drops.append((np.full(len(dr), c), dr, df + 1, Tn[dr, df + 1], Un[dr, df + 1]))
+            np.minimum(T, U, out=T)
+        if trip:
+            _write(acc, bps, rows, offsets, *(np.concatenate(x) for x in zip(*trip)),
+                   drops=[np.concatenate(x) for x in zip(*drops)] if drops else None)
 
 
 def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tuple[int, int]],
-           T: np.ndarray, U: np.ndarray) -> None:
+           c: np.ndarray, r: np.ndarray, f: np.ndarray, t: np.ndarray, u: np.ndarray, drops=None) -> None:
+    """Write the needed points of the triples ``(c, r, f)`` with cost ``t`` and bound ``u``, and of
+    the k-drops of the ``drops`` triples (the same fields)."""
     K1, F = acc.shape
     dts = np.array([o[0] for o in offsets], dtype=np.int64)
     ds = np.array([o[1] for o in offsets], dtype=np.int64)
-    alive = T < U
-    # columns with some corner below U, the first in reach
-    c, r, f = np.nonzero(alive & (bps.vlast[rows][None] < U) & (bps.kfirst[rows][None] < (K1 - dts)[:, None, None]))
-    t, u = T[c, r, f], U[c, r, f]
     tables = rows[r]
     p = bps.first_at_most(tables, f, t, strict=False)            # first corner with v <= T
     q = bps.first_at_most(tables, f, u, strict=True)             # first corner with v < U
@@ -179,14 +195,11 @@ def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tu
     fs.append(f[hit])
     vals.append(t[hit])
     cs.append(c[hit])
-    # columns where T drops: every k-drop there, with the value below as m
-    drop = np.zeros_like(alive)
-    drop[:, :, 1:] = alive[:, :, 1:] & (T[:, :, 1:] < T[:, :, :-1])
-    dc, dr, df = np.nonzero(drop)
-    if len(dc):
+    if drops is not None:
+        dc, dr, df, dtv, du = drops
         o, k, v, b = bps.column_drops(rows, dr, df)
-        w = np.maximum(v, T[dc[o], dr[o], df[o]])
-        ok = w < np.minimum(b, U[dc[o], dr[o], df[o]])
+        w = np.maximum(v, dtv[o])
+        ok = w < np.minimum(b, du[o])
         ks.append(k[ok])
         fs.append(df[o[ok]])
         vals.append(w[ok])
