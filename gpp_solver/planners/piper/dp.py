@@ -13,12 +13,12 @@ with ``TPS`` from ``piper_cost`` and ``s <= min(N, K)``.  The answer is the firs
 ``k`` then ``s``) reaching the least ``dp[V][k][s]``, as in the published code.
 
 Speed-ups that change no result: stages whose lowest possible memory (at ``y = 1``) exceeds ``M``
-are skipped, and knapsack instances that need the heuristic are solved only where their lower bound
-(the all-fastest TPS) could still improve the table.  Only the *breakpoints* of a finished table
-are used (:class:`_Breakpoints`, as the published code does): a stage's cost does not depend on
-``k``, so ``max(dp[D'][k - dt][s - d], TPS)`` is constant in ``k`` between two points where
-``dp[D']`` drops along ``k``, and the table is made monotone in ``k`` and ``s`` afterwards — writing
-the candidate at those points alone gives the same table as writing it everywhere.
+are skipped.  Where the sub-downsets' tables are sparse (few *corners*, points where a table drops
+along both ``k`` and ``s``) only the candidate points that can still matter once the table is made
+monotone are written (``sparse.py``; the published code likewise writes only where ``dp[D']``
+drops), every knapsack instance being solved first.  Otherwise the dense update runs, and knapsack
+instances that need the heuristic are solved only where their lower bound (the all-fastest TPS)
+could still improve the table.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import numpy as np
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.errors import SearchSpaceTooLargeError, SolverError, TimeLimitError
 from gpp_solver.planners.piper.cost import INF, PiperInstance, StageCostKernel
+from gpp_solver.planners.piper.sparse import Breakpoints, dominators
+from gpp_solver.planners.piper.sparse import update as sparse_update
 
 logger = logging.getLogger(__name__)
 
@@ -115,100 +117,9 @@ class _Table:
         return np.flatnonzero(((head & ~self.packed[i]) == 0).all(axis=1))
 
 
-def _ranges(start: np.ndarray, cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(owner, index)`` of the concatenated ranges ``[start[i], start[i] + cnt[i])``."""
-    owner = np.repeat(np.arange(len(start)), cnt)
-    return owner, start[owner] + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-
-
-class _Store:
-    """Growing ``(k, s, value)`` point arrays."""
-
-    def __init__(self) -> None:
-        self.k = np.zeros(1024, dtype=np.int64)
-        self.s = np.zeros(1024, dtype=np.int64)
-        self.v = np.zeros(1024)
-        self.n = 0
-
-    def append(self, k: np.ndarray, s: np.ndarray, v: np.ndarray) -> None:
-        lo, hi = self.n, self.n + len(k)
-        if hi > len(self.k):
-            cap = max(hi, 2 * len(self.k))
-            self.k, self.s, self.v = (np.resize(a, cap) for a in (self.k, self.s, self.v))
-        self.k[lo:hi], self.s[lo:hi], self.v[lo:hi] = k, s, v
-        self.n = hi
-
-    def take(self, owner: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, ...]:
-        return owner, self.k[idx], self.s[idx], self.v[idx]
-
-
-class _Breakpoints:
-    """The breakpoints of every finished table ``dp[j]`` (monotone in ``k`` and ``s``): its
-    *k-drops* ``dp[j][k][s] < dp[j][k-1][s]`` (``k = 0`` when finite), by column, and its *corners*,
-    the k-drops that also drop along ``s`` (``s = 0`` when finite)."""
-
-    def __init__(self, n_tables: int, columns: int) -> None:
-        self.drops, self.corners = _Store(), _Store()
-        self.colptr = np.zeros((n_tables, columns + 1), dtype=np.int64)   # k-drops of (table, column)
-        self.cptr = np.zeros(n_tables + 1, dtype=np.int64)                 # corners of a table
-
-    def add(self, j: int, table: np.ndarray) -> None:
-        left = np.empty_like(table)
-        left[0] = INF
-        left[1:] = table[:-1]
-        kdrop = table < left
-        ss, ks = np.nonzero(kdrop.T)                      # by column, then k
-        self.colptr[j] = self.drops.n + np.concatenate(([0], np.cumsum(kdrop.sum(axis=0))))
-        self.drops.append(ks, ss, table[ks, ss])
-        below = np.empty_like(table)
-        below[:, 0] = INF
-        below[:, 1:] = table[:, :-1]
-        kc, sc = np.nonzero(kdrop & (table < below))
-        self.corners.append(kc, sc, table[kc, sc])
-        self.cptr[j + 1] = self.corners.n
-
-    def all_corners(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(owner, k, s, value)`` of every corner of the tables ``rows``."""
-        start = self.cptr[rows]
-        return self.corners.take(*_ranges(start, self.cptr[rows + 1] - start))
-
-    def needed(self, rows: np.ndarray, corners: tuple[np.ndarray, ...], stage: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The points where ``max(dp[rows[o]][k][s], stage[o][s])`` can drop along both ``k`` and
-        ``s``: the ``corners`` (of ``rows``), and the k-drops of the columns where ``stage[o]`` drops
-        along ``s``."""
-        o1, k1, s1, v1 = corners
-        with np.errstate(invalid="ignore"):
-            sdrop = np.empty(stage.shape, dtype=bool)
-            sdrop[:, 0] = np.isfinite(stage[:, 0])
-            sdrop[:, 1:] = stage[:, 1:] < stage[:, :-1]
-        o2, k2, s2, v2 = self.column_drops(rows, *np.nonzero(sdrop))
-        return (np.concatenate((o1, o2)), np.concatenate((k1, k2)), np.concatenate((s1, s2)),
-                np.concatenate((v1, v2)))
-
-    def column_drops(self, rows: np.ndarray, o: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, ...]:
-        """``(owner, k, s, value)`` of the k-drops of column ``col[i]`` of table ``rows[o[i]]``."""
-        start = self.colptr[rows[o], col]
-        own, idx = _ranges(start, self.colptr[rows[o], col + 1] - start)
-        return self.drops.take(o[own], idx)
-
-
-def _update(acc: np.ndarray, bps: _Breakpoints, rows: np.ndarray, corners: tuple[np.ndarray, ...],
-            stage: np.ndarray, dt: int, d: int) -> None:
-    """``acc[k][s] = min(acc[k][s], max(dp[r][k-dt][s-d], stage[r][s-d]))`` over ``rows`` (whose
-    corners are given), written only at the points that matter once ``acc`` is made monotone (the
-    caller does that)."""
-    K1, S1 = acc.shape
-    owner, k, s, v = bps.needed(rows, corners, stage)
-    m = (k < K1 - dt) & (s < S1 - d)
-    o, k, s, v = owner[m], k[m], s[m], v[m]
-    cand = np.maximum(v, stage[o, s])
-    fin = np.isfinite(cand)
-    np.minimum.at(acc.reshape(-1), (k[fin] + dt) * S1 + s[fin] + d, cand[fin])
-
-
 SPARSE_SHARE = 0.04
-"""Use the breakpoints when the sub-downsets' corners are fewer than this share of their dense
-tables (measured: dense numpy is faster above about 10%); both give the same table."""
+"""Use the breakpoints (``sparse.py``) when the sub-downsets' corners are fewer than this share of
+their dense tables; both give the same table."""
 
 
 def _update_dense(acc: np.ndarray, sub_dp: np.ndarray, stage: np.ndarray, dt: int, d: int) -> None:
@@ -236,8 +147,12 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
     into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
     pairs = 0
-    bps = _Breakpoints(ND, S1 + 1)
+    bps = Breakpoints(dp)
     bps.add(0, dp[0])
+    # every (t, d) as an offset (dt, d), dominators first
+    offsets = sorted((d * o.t, d) for o in inst.degrees for d in ker.ds if d * o.t <= K and d <= S1)
+    combo = {(dt // d, d): c for c, (dt, d) in enumerate(offsets)}
+    preds = dominators(offsets)
     bar = _progress(ND, progress)
     for i in range(1, ND):
         if deadline is not None and time.monotonic() > deadline:
@@ -246,6 +161,8 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
         pairs += len(subs)
         acc = dp[i]
         pending = []
+        sparse = bps.count(subs) < SPARSE_SHARE * len(subs) * (K + 1) * (S1 + 1)
+        staged = {}
         z = np.where(X[i], 0.0, 1.0) @ c_in                           # 2c from outside D into each node
         for opt in inst.degrees:
             ok = unsup[opt.t][i] - unsup[opt.t][subs] < 0.5
@@ -256,58 +173,43 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
             if len(rows) == 0 or not dlist:
                 continue
             S = X[i][None] & ~X[rows]
-            n_corners = int((bps.cptr[rows + 1] - bps.cptr[rows]).sum())
-            sparse = n_corners < SPARSE_SHARE * len(rows) * (K + 1) * (S1 + 1)
-            corners = bps.all_corners(rows) if sparse else None
             sub_dp = None if sparse else dp[rows]
             cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
             pre = (G[opt.t][i] - G[opt.t][rows], cut)
-            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True, pre=pre)):
+            # sparse: every knapsack now; dense: only where its lower bound could improve the table
+            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=not sparse, pre=pre)):
                 dt = d * opt.t
                 ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
                 if sparse:
-                    _update(acc, bps, rows, corners, c.out[:, ycol], dt, d)
-                else:
-                    _update_dense(acc, sub_dp, c.out[:, ycol], dt, d)
+                    staged[combo[opt.t, d]] = (np.flatnonzero(ok), c.out[:, ycol])
+                    continue
+                _update_dense(acc, sub_dp, c.out[:, ycol], dt, d)
                 if c.hard.any():
-                    pending.append((c, rows, corners, sub_dp, dt, d, ycol))
-        if pending:     # monotone first, so the lower-bound test below need only look at breakpoints
+                    pending.append((c, sub_dp, dt, d, ycol))
+        if staged:
+            sparse_update(acc, bps, subs, offsets, preds, staged)
+        if pending:     # monotone first: the lower-bound test compares against a finished table
             np.minimum.accumulate(acc, axis=0, out=acc)
             np.minimum.accumulate(acc, axis=1, out=acc)
-        for c, rows, corners, sub_dp, dt, d, ycol in pending:
-            # lower bound of each hard (row, s - d): could it beat acc at some k?
+        for c, sub_dp, dt, d, ycol in pending:
+            # lower bound of each hard (row, y): could it beat acc somewhere?  Only the hard columns s - d.
+            hr = np.flatnonzero(c.hard.any(axis=1))
+            hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
+            cols = np.flatnonzero(hy.any(axis=0))
+            if len(cols) == 0:
+                continue
+            lo, hi = cols[0], cols[-1] + 1
+            lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
+            better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
+                      < acc[dt:, d + lo: d + hi]).any(axis=1)
+            rr, ss = np.nonzero(better)
             want = np.zeros(c.hard.shape, dtype=bool)
-            if corners is not None:
-                # between two k-drops of dp[row] the candidate is constant and acc does not rise
-                # with k, so the k-drop (the smallest such k) decides
-                # only the columns s - d whose y is hard
-                o, col = np.nonzero(c.hard[:, ycol[: S1 + 1 - d]])
-                o, k, s, v = bps.column_drops(rows, o, col)
-                m = k <= K - dt
-                o, k, s, v = o[m], k[m], s[m], v[m]
-                lb = c.tf[o]
-                better = np.maximum(v, lb) < acc[k + dt, s + d]
-                want[o[better], ycol[s[better]]] = True
-            else:
-                hr = np.flatnonzero(c.hard.any(axis=1))
-                hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
-                cols = np.flatnonzero(hy.any(axis=0))                        # only the hard columns s - d
-                lo, hi = (cols[0], cols[-1] + 1) if len(cols) else (0, 0)
-                lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
-                better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
-                          < acc[dt:, d + lo: d + hi]).any(axis=1)
-                rr, ss = np.nonzero(better)
-                want[hr[rr], ycol[lo + ss]] = True
+            want[hr[rr], ycol[lo + ss]] = True
             if not want.any():
                 continue
             c.fill(want)
             use = want.any(axis=1)
-            if corners is not None:
-                sel = use[corners[0]]
-                _update(acc, bps, rows, tuple(a[sel] for a in corners), np.where(use[:, None], c.out[:, ycol], INF),
-                        dt, d)
-            else:
-                _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
+            _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
         np.minimum.accumulate(acc, axis=0, out=acc)
         np.minimum.accumulate(acc, axis=1, out=acc)
         bps.add(i, acc)

@@ -1,0 +1,124 @@
+"""Piper's breakpoint DP update (``planners/piper/sparse.py``) against the dense update: every table
+equal, bit for bit, on small random instances (knapsack, sync-cost and tensor-parallel paths)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpp_solver as gs
+from gpp_solver.planners.piper import dp as piper_dp
+from gpp_solver.planners.piper.planner import build_instance, count_downsets
+from gpp_solver.planners.piper.sparse import Breakpoints, dominators
+from gpp_solver.types import Cluster
+
+
+def random_graph(rng: np.random.Generator, n: int) -> dict:
+    nodes = []
+    for i in range(n):
+        f = float(rng.uniform(0.5, 3.0))
+        w, act = float(rng.uniform(10, 100)), float(rng.uniform(5, 60))
+        nodes.append({"id": f"n{i}", "fw_time": [f], "bw_time": [2 * f], "weight_bytes": w,
+                      "activation_bytes": act, "output_bytes": float(rng.uniform(1, 8)),
+                      "tmpc": [{"t": 1, "recompute": False, "fw_time": [f], "bw_time": [2 * f],
+                                "weight_bytes": w, "activation_bytes": act},
+                               {"t": 1, "recompute": True, "fw_time": [f], "bw_time": [float(rng.uniform(2.2, 3.5)) * f],
+                                "weight_bytes": w, "activation_bytes": act * float(rng.uniform(0.05, 0.4))},
+                               {"t": 2, "recompute": False, "fw_time": [float(rng.uniform(0.5, 0.8)) * f],
+                                "bw_time": [float(rng.uniform(1.0, 1.6)) * f],
+                                "weight_bytes": w / 2, "activation_bytes": act / 2}]})
+    edges = [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(n - 1)]
+    edges += [{"src": f"n{i}", "dst": f"n{i + 2}"} for i in range(n - 2) if rng.random() < 0.3]
+    return {"format": "gpp-graph/1", "name": "rand", "micro_batch_sizes": [1], "nodes": nodes, "edges": edges}
+
+
+def tables(inst, downsets, share: float, monkeypatch) -> tuple[list[np.ndarray], float]:
+    seen = []
+
+    class Recording(Breakpoints):
+        def add(self, j, table):
+            seen.append(table.copy())
+            super().add(j, table)
+
+    monkeypatch.setattr(piper_dp, "Breakpoints", Recording)
+    monkeypatch.setattr(piper_dp, "SPARSE_SHARE", share)
+    res = piper_dp.run_dp(inst, downsets)
+    return seen, res.value
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_breakpoint_update_gives_the_dense_tables(seed, monkeypatch):
+    rng = np.random.default_rng(seed)
+    g = gs.graph_from_dict(random_graph(rng, int(rng.integers(4, 7))))
+    k = int(rng.choice([6, 12, 16, 24]))
+    n_mb = int(rng.choice([4, 12, 24, 60]))
+    mem = float(rng.uniform(150, 900))
+    inst = build_instance(g, Cluster(devices=k, memory_bytes=mem, inter_node_bandwidth=20.0), n_mb, mode="piper")
+    if seed % 2:    # sync costs: the general knapsack path
+        degs = tuple(type(o)(**{**o.__dict__, "sfw": o.sfw + rng.uniform(0, 3, o.sfw.shape)}) for o in inst.degrees)
+        inst = type(inst)(**{**inst.__dict__, "degrees": degs})
+    ds = count_downsets(g)
+    dense, v_dense = tables(inst, ds, 0.0, monkeypatch)
+    sparse, v_sparse = tables(inst, ds, np.inf, monkeypatch)
+    assert len(dense) == len(sparse) == len(ds)
+    for a, b in zip(dense, sparse):
+        assert np.array_equal(a, b)
+    assert v_dense == v_sparse or (np.isinf(v_dense) and np.isinf(v_sparse))
+
+
+def test_dominators_are_the_immediate_ones():
+    offs = sorted([(1, 1), (2, 2), (2, 1), (4, 4), (4, 2), (4, 1), (3, 3)])
+    preds = dominators(offs)
+    got = {offs[c]: sorted(offs[p] for p in preds[c]) for c in range(len(offs))}
+    assert got[(1, 1)] == []
+    assert got[(2, 1)] == [(1, 1)]
+    assert got[(2, 2)] == [(2, 1)]
+    assert got[(4, 2)] == [(2, 2), (4, 1)]
+    assert got[(3, 3)] == [(2, 2)]
+    assert got[(4, 4)] == [(3, 3), (4, 2)]
+    assert all(p < c for c in range(len(offs)) for p in preds[c])
+
+
+def random_table(rng: np.random.Generator, K1: int, F: int) -> np.ndarray:
+    t = np.round(rng.uniform(0, 20, (K1, F)))                    # ties and plateaus
+    t[: rng.integers(0, K1 // 2 + 1)] = np.inf
+    t[:, : rng.integers(0, 2)] = np.inf
+    np.minimum.accumulate(t, axis=0, out=t)
+    np.minimum.accumulate(t, axis=1, out=t)
+    return t
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_update_equals_dense_on_random_tables_and_costs(seed):
+    # stage costs need not rise with s here (drops, inf gaps): the k-drop path and every pruning rule
+    from gpp_solver.planners.piper.sparse import update
+    rng = np.random.default_rng(100 + seed)
+    K, S1 = int(rng.integers(3, 14)), int(rng.integers(2, 12))
+    K1, F = K + 1, S1 + 1
+    subs_tables = [np.zeros((K1, F))] + [random_table(rng, K1, F) for _ in range(int(rng.integers(1, 5)))]
+    bps = Breakpoints(np.stack(subs_tables))
+    for j, t in enumerate(subs_tables):
+        bps.add(j, t)
+    ts, dsl = [1, 2, 3], [d for d in range(1, S1 + 1) if rng.random() < 0.7] or [1]
+    offsets = sorted((d * t, d) for t in ts for d in dsl if d * t <= K)
+    preds = dominators(offsets)
+    subs = np.arange(len(subs_tables))
+    staged, dense = {}, np.full((K1, F), np.inf)
+    for c, (dt, d) in enumerate(offsets):
+        if rng.random() < 0.15:
+            continue                                              # a (t, d) with no stage at all
+        pos = np.flatnonzero(rng.random(len(subs)) < 0.8)
+        cost = np.round(rng.uniform(0, 20, (len(pos), F - d)))
+        cost[rng.random(cost.shape) < 0.2] = np.inf
+        if rng.random() < 0.5:
+            cost = np.sort(cost, axis=1)                          # the usual case: rising with s
+        staged[c] = (pos, cost)
+        for p, row in zip(pos, cost):
+            cand = np.maximum(subs_tables[p][: K1 - dt, : F - d], row[None, :])
+            np.minimum(dense[dt:, d:], cand, out=dense[dt:, d:])
+    got = np.full((K1, F), np.inf)
+    update(got, bps, subs, offsets, preds, staged)
+    for a in (got, dense):
+        np.minimum.accumulate(a, axis=0, out=a)
+        np.minimum.accumulate(a, axis=1, out=a)
+    assert np.array_equal(got, dense)
