@@ -26,6 +26,7 @@ devices, then fewer stages, then smaller ``b``): ``search.objective`` says so.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import time as _time
 from dataclasses import replace
@@ -43,19 +44,13 @@ from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 OBJECTIVE = ("least simulated iteration time over chains of w equal-compute stages, each replicated d times, and "
              "micro-batch sizes b (PipeDream-2BW's space, enumerated)")
 from gpp_solver.plan.validate import validate
-from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer, select_by_simulation
+from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer
 from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
 
 logger = logging.getLogger(__name__)
 
 
-def equal_partition(weights: list[float], w: int) -> list[int]:
-    """Cut points ``0 = c_0 < c_1 < ... < c_w = n`` so every part has one or more items and part
-    sums are near ``total / w`` (each cut at the prefix sum nearest to ``i * total / w``)."""
-    n = len(weights)
-    if not 1 <= w <= n:
-        raise InvalidInputError(f"`1 <= w <= number of nodes` must hold, but got (w={w}, nodes={n})")
-    prefix = np.concatenate([[0.0], np.cumsum(weights)])
+def _equal_partition_loop(prefix: np.ndarray, n: int, w: int) -> list[int]:
     total = prefix[-1]
     cuts = [0]
     for i in range(1, w):
@@ -67,14 +62,93 @@ def equal_partition(weights: list[float], w: int) -> list[int]:
     return cuts
 
 
+def equal_partition(weights: list[float], w: int) -> list[int]:
+    """Cut points ``0 = c_0 < c_1 < ... < c_w = n`` so every part has one or more items and part
+    sums are near ``total / w`` (each cut at the prefix sum nearest to ``i * total / w``: the first
+    index of ``[c_{i-1} + 1, n - (w - i)]`` minimising ``|prefix - i * total / w|``).
+
+    With non-negative weights the prefix sums are non-decreasing, so ``|prefix - target|`` falls
+    then rises: the first minimiser over all of ``[0, n]`` is the first index ``k`` with
+    ``prefix[k] >= target`` or the one before it (found for every cut at once by ``searchsorted``),
+    and when it lies in the cut's allowed range it is also the first minimiser there.  Cuts where
+    it does not (or where ``k - 1`` ties with ``k - 2``, so the first minimiser might lie further
+    left) are found by the direct scan, so the cuts are exactly the scan's."""
+    n = len(weights)
+    if not 1 <= w <= n:
+        raise InvalidInputError(f"`1 <= w <= number of nodes` must hold, but got (w={w}, nodes={n})")
+    wt = np.asarray(weights, dtype=np.float64)
+    prefix = np.concatenate([[0.0], np.cumsum(wt)])
+    if w == 1:
+        return [0, n]
+    if not bool(np.all(wt >= 0.0)):
+        return _equal_partition_loop(prefix, n, w)
+    total = prefix[-1]
+    targets = np.asarray([total * i / w for i in range(1, w)], dtype=np.float64)
+    k = np.searchsorted(prefix, targets, side="left")              # first prefix >= target (n + 1: none)
+    km1 = np.maximum(k - 1, 0)
+    v_k = np.where(k <= n, np.abs(prefix[np.minimum(k, n)] - targets), np.inf)
+    v_km1 = np.where(k >= 1, np.abs(prefix[km1] - targets), np.inf)
+    v_km2 = np.where(k >= 2, np.abs(prefix[np.maximum(k - 2, 0)] - targets), np.inf)
+    left = v_km1 <= v_k                                            # ties: the earlier index
+    first = np.where(left, km1, k).tolist()
+    sure = (~left | (k == 1) | (v_km2 > v_km1)).tolist()           # nothing further left ties
+    cuts = [0]
+    for i in range(1, w):
+        lo, hi = cuts[-1] + 1, n - (w - i)
+        j = first[i - 1]
+        if sure[i - 1] and lo <= j <= hi:
+            cuts.append(j)
+        else:
+            cand = np.arange(lo, hi + 1)
+            cuts.append(int(cand[np.argmin(np.abs(prefix[cand] - total * i / w))]))
+    cuts.append(n)
+    return cuts
+
+
+#: relative slack of the cheap bounds below the priced one (their sums are in another order)
+_CHEAP_SLACK = 1e-9
+
+
 def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
                        progress: bool = False, **options: Any) -> Plan:
     """Best ``(w, d, b)`` of PipeDream-2BW's space by simulated iteration time (module docstring).
 
-    Every configuration is priced with numpy (:mod:`.seq_eval`: memory with two weight versions,
-    a lower bound on the simulated iteration time); only those whose bound does not exceed the
-    best simulated time found are built and simulated, so the answer is the exhaustive one.
     ``options`` are the fields of :class:`PipeDream2BWOptions`.
+
+    **Lazy pricing.**  Every configuration is enumerated, but priced (:mod:`.seq_eval`: memory
+    with two weight versions, a lower bound ``L`` on the simulated iteration time) only when it
+    might be needed.  Two cheap bounds stand below ``L`` (``n = B // b`` micro-batches, ``c_s``
+    the forward + backward time of stage ``s``'s core nodes at ``b / d`` samples, ``a`` the
+    negative part of the detached nodes' times, 0 for real profiles; ``L >= n (fwd + bwd)(s)``
+    and ``fwd + bwd >= c_s + a`` since transfers, all-reduce and the first forward's wait are
+    non-negative):
+
+    - ``L0 = n (sum_s c_s / w + a)``, from the graph's total alone (the largest stage is at least
+      the mean one);
+    - ``L1 = n (max_s c_s + a)``, from the equal-compute cuts of ``(w, b / d)``;
+
+    each less a slack of ``1e-9 n sum |f| + |g|`` for its sums being rounded in another order.
+    A heap holds every configuration at its best known bound, and is popped in increasing
+    ``(bound, priced, index)`` order: a configuration at ``L0`` gets its cuts and ``L1``, one at
+    ``L1`` is priced (a memory-infeasible one leaves), one at ``L`` is built and simulated, as
+    :func:`.seq_eval.select_by_simulation` does, until the popped bound exceeds the best simulated
+    time by the relative ``MARGIN``.
+
+    **Same answer as pricing everything.**  When a priced configuration ``i`` is popped, every
+    other one in the heap has a larger ``(L, index)`` (unpriced ones with ``L >= `` their bound
+    ``> L_i``; a tie of bounds sorts the unpriced first), so the configurations are built in the
+    order of the exhaustive ``select_by_simulation`` (increasing ``L``, ties by enumeration index)
+    and it stops at the same point: the plans built are the same set.  The pick is the argmin of
+    ``(iteration_time, w * d, w, b)`` over them (unique per configuration); every configuration
+    not built has ``iteration >= L > best * (1 + MARGIN)``.  When no configuration fits, nothing
+    stops the search early, every configuration is priced and ``least_need`` is exact.
+
+    **Time limit.**  After the deadline the search stops as soon as one plan is accepted (then
+    ``search.status`` is ``time-limit`` and the plan the best built so far).
+
+    ``search.extra``: ``configurations`` (enumerated, the whole space), ``priced`` (fully
+    priced), ``within_memory`` (priced and within memory with two weight versions; unpriced ones
+    are not counted), ``simulated`` (built and accepted).
     """
     o = parse_options("pipedream-2bw", PipeDream2BWOptions, options)
     balance = o.balance
@@ -87,46 +161,58 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     sizes = graph.micro_batch_sizes
     cap = cluster.memory_bytes
     pricer = SequentialPricer(graph, cluster, B, order, inputs, sinks)
-    weights_at: dict[float, list[float]] = {}
-    cuts_at: dict[tuple[float, int], list[int]] = {}
+    idx = graph.index
+    core_idx = np.asarray([idx[v] for v in order], dtype=np.int64)
+    det_idx = np.asarray([idx[v] for v in list(inputs) + list(sinks)], dtype=np.int64)
+
+    # ---- enumeration (the old loop's order) and the cheapest bound
     configs: list[tuple[int, int, int]] = []
-    lower: list[float] = []
-    least_need = float("inf")
-    enumerated, cut = 0, False
     for b in candidate_micro_batches(B, o.micro_batch_sizes):
         divisors = [d for d in range(1, b + 1) if b % d == 0]         # d | b: no loop over unusable devices
         for w in range(1, min(K, len(order)) + 1):
-            if configs and deadline is not None and _time.perf_counter() > deadline:
-                cut = True          # the configurations enumerated so far are the search space
-                break
             for d in divisors:
                 if d > K // w:
                     break
-                x = b / d if balance == "compute" else 0.0
-                cuts = cuts_at.get((x, w))
-                if cuts is None:
-                    weights = weights_at.get(x)
-                    if weights is None:
-                        weights = weights_at[x] = (
-                            [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x)
-                             for v in order] if balance == "compute" else [1.0] * len(order))
-                    cuts = cuts_at[x, w] = equal_partition(weights, w)
-                stage = np.repeat(np.arange(w), np.diff(cuts))
-                enumerated += 1
-                pr = pricer.price(stage, [tuple(range(i * d, (i + 1) * d)) for i in range(w)], b)
-                need = float(np.max(pr.memory + pr.weights))
-                least_need = min(least_need, need)
-                if need > cap * (1 + MARGIN):
-                    continue
                 configs.append((b, w, d))
-                lower.append(pr.lower_bound)
-        if cut:
-            break
+    sums_at: dict[float, tuple[np.ndarray, float, float, float]] = {}
+
+    def sums(x: float) -> tuple[np.ndarray, float, float, float]:
+        """Core nodes' f + g at ``x``, their total, the detached nodes' negative part, the slack."""
+        r = sums_at.get(x)
+        if r is None:
+            f, g = pricer.fw_bw_at(x)
+            fg = (f + g)[core_idx]
+            neg = float(np.minimum(f[det_idx], 0.0).sum() + np.minimum(g[det_idx], 0.0).sum())
+            absum = float(np.abs(f).sum() + np.abs(g).sum())
+            r = sums_at[x] = (fg, float(fg.sum()), neg, _CHEAP_SLACK * absum)
+        return r
+
+    heap: list[tuple[float, int, int]] = []
+    for i, (b, w, d) in enumerate(configs):
+        _, total, neg, slack = sums(b / d)
+        n = B // b
+        heap.append((n * (total / w + neg) - n * slack, 0, i))
+    heapq.heapify(heap)
+    level = [0] * len(configs)                   # 0: at L0, 1: at L1, 2: priced (at L)
+
+    weights_at: dict[float, list[float]] = {}
+    cuts_at: dict[tuple[float, int], list[int]] = {}
+
+    def cuts_of(b: int, w: int, d: int) -> list[int]:
+        x = b / d if balance == "compute" else 0.0
+        cuts = cuts_at.get((x, w))
+        if cuts is None:
+            weights = weights_at.get(x)
+            if weights is None:
+                weights = weights_at[x] = (
+                    [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x)
+                     for v in order] if balance == "compute" else [1.0] * len(order))
+            cuts = cuts_at[x, w] = equal_partition(weights, w)
+        return cuts
 
     def build(i: int) -> Plan | None:
         b, w, d = configs[i]
-        x = b / d if balance == "compute" else 0.0
-        cuts = cuts_at[x, w]
+        cuts = cuts_of(b, w, d)
         rows = [(order[cuts[s]:cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
         plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="pipedream-2bw",
                           search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE))
@@ -134,8 +220,45 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                    for st in plan.stages)
         return plan if need <= cap else None
 
-    built, complete = select_by_simulation(lower, build, deadline)
-    complete = complete and not cut
+    built: dict[int, Plan] = {}
+    best_time = float("inf")
+    least_need = float("inf")
+    priced = within = 0
+    complete = True
+    while heap:
+        bound, _, i = heap[0]
+        if bound > best_time * (1.0 + MARGIN):
+            break                                # every configuration left has L >= bound
+        if deadline is not None and best_time < float("inf") and _time.perf_counter() > deadline:
+            complete = False
+            break
+        heapq.heappop(heap)
+        b, w, d = configs[i]
+        if level[i] == 0:                        # L0 -> L1
+            cuts = cuts_of(b, w, d)
+            fg, _, neg, slack = sums(b / d)
+            n = B // b
+            stage_max = float(np.max(np.add.reduceat(fg, cuts[:-1])))
+            level[i] = 1
+            heapq.heappush(heap, (max(bound, n * (stage_max + neg) - n * slack), 0, i))
+        elif level[i] == 1:                      # L1 -> L (priced), or out for memory
+            cuts = cuts_of(b, w, d)
+            stage = np.repeat(np.arange(w), np.diff(cuts))
+            pr = pricer.price(stage, [tuple(range(s * d, (s + 1) * d)) for s in range(w)], b)
+            priced += 1
+            need = float(np.max(pr.memory + pr.weights))
+            least_need = min(least_need, need)
+            level[i] = 2
+            if need > cap * (1 + MARGIN):
+                continue
+            within += 1
+            heapq.heappush(heap, (pr.lower_bound, 1, i))
+        else:                                    # the next configuration by (L, index): build it
+            plan = build(i)
+            if plan is not None:
+                built[i] = plan
+                best_time = min(best_time, plan.predicted.iteration_time)
+
     best: Plan | None = None
     best_key = None
     for i in sorted(built):                      # the exhaustive loop's rule, in its order
@@ -150,7 +273,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
             f"weight versions on {K} devices (B={B}); the smallest configuration needs {least_need:.4g} bytes",
             required_memory_bytes=least_need)
     extra = {"w": len(best.stages), "d": best.stages[0].data_parallel, "balance": balance,
-             "configurations": enumerated, "within_memory": len(configs), "simulated": len(built),
+             "configurations": len(configs), "priced": priced, "within_memory": within, "simulated": len(built),
              "memory_model": "(osf + 1) * W + activations (two weight versions)",
              "weight_versions_bytes": max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
                                           for st in best.stages),
