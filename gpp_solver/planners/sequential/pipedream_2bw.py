@@ -129,8 +129,10 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
 
     each less a slack of ``1e-9 n sum |f| + |g|`` for its sums being rounded in another order.
     A heap holds every configuration at its best known bound, and is popped in increasing
-    ``(bound, priced, index)`` order: a configuration at ``L0`` gets its cuts and ``L1``, one at
-    ``L1`` is priced (a memory-infeasible one leaves), one at ``L`` is built and simulated, as
+    ``(bound, priced, index)`` order: a configuration at ``L0`` gets its cuts and ``L1`` (or is set
+    aside unpriced when its stages' core nodes alone need more than the cap:
+    ``(osf + 1) W + b / d * act``, one micro-batch in flight), one at ``L1`` is priced (a
+    memory-infeasible one leaves), one at ``L`` is built and simulated, as
     :func:`.seq_eval.select_by_simulation` does, until the popped bound exceeds the best simulated
     time by the relative ``MARGIN``.
 
@@ -141,14 +143,16 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     and it stops at the same point: the plans built are the same set.  The pick is the argmin of
     ``(iteration_time, w * d, w, b)`` over them (unique per configuration); every configuration
     not built has ``iteration >= L > best * (1 + MARGIN)``.  When no configuration fits, nothing
-    stops the search early, every configuration is priced and ``least_need`` is exact.
+    stops the search early, every configuration is priced (those set aside too) and
+    ``least_need`` is exact.
 
     **Time limit.**  After the deadline the search stops as soon as one plan is accepted (then
     ``search.status`` is ``time-limit`` and the plan the best built so far).
 
     ``search.extra``: ``configurations`` (enumerated, the whole space), ``priced`` (fully
     priced), ``within_memory`` (priced and within memory with two weight versions; unpriced ones
-    are not counted), ``simulated`` (built and accepted).
+    are not counted), ``set_aside_for_memory`` (over the cap by the cheap memory bound, unpriced),
+    ``simulated`` (built and accepted).
     """
     o = parse_options("pipedream-2bw", PipeDream2BWOptions, options)
     balance = o.balance
@@ -220,6 +224,26 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                    for st in plan.stages)
         return plan if need <= cap else None
 
+    def price_need(i: int) -> tuple[float, float]:
+        """Prices configuration ``i``: its bound ``L`` and memory need (two weight versions)."""
+        nonlocal priced, least_need
+        b, w, d = configs[i]
+        cuts = cuts_of(b, w, d)
+        stage = np.repeat(np.arange(w), np.diff(cuts))
+        pr = pricer.price(stage, [tuple(range(s * d, (s + 1) * d)) for s in range(w)], b)
+        priced += 1
+        need = float(np.max(pr.memory + pr.weights))
+        least_need = min(least_need, need)
+        return pr.lower_bound, need
+
+    # memory: a stage needs at least (osf + 1) W + b / d * act of its core nodes (one micro-batch
+    # in flight; detached nodes only add), so a configuration over the cap by that is set aside
+    # unpriced (and priced only if nothing fits, for ``least_need``)
+    t = pricer.tables
+    osf = cluster.optimizer_state_factor
+    core_weight, core_act = t.weight[core_idx], t.activation[core_idx]
+    mem_filter = bool(np.all(t.weight >= 0.0) and np.all(t.activation >= 0.0) and osf >= 0.0)
+    aside: list[int] = []
     built: dict[int, Plan] = {}
     best_time = float("inf")
     least_need = float("inf")
@@ -234,25 +258,27 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
             break
         heapq.heappop(heap)
         b, w, d = configs[i]
-        if level[i] == 0:                        # L0 -> L1
+        if level[i] == 0:                        # L0 -> L1, or set aside for memory
             cuts = cuts_of(b, w, d)
+            if mem_filter:
+                starts = cuts[:-1]
+                wc = np.add.reduceat(core_weight, starts)
+                ac = np.add.reduceat(core_act, starts)
+                if float(np.max((osf + 1.0) * wc + b / d * ac)) * (1.0 - _CHEAP_SLACK) > cap * (1 + MARGIN):
+                    aside.append(i)
+                    continue
             fg, _, neg, slack = sums(b / d)
             n = B // b
             stage_max = float(np.max(np.add.reduceat(fg, cuts[:-1])))
             level[i] = 1
             heapq.heappush(heap, (max(bound, n * (stage_max + neg) - n * slack), 0, i))
         elif level[i] == 1:                      # L1 -> L (priced), or out for memory
-            cuts = cuts_of(b, w, d)
-            stage = np.repeat(np.arange(w), np.diff(cuts))
-            pr = pricer.price(stage, [tuple(range(s * d, (s + 1) * d)) for s in range(w)], b)
-            priced += 1
-            need = float(np.max(pr.memory + pr.weights))
-            least_need = min(least_need, need)
+            lower, need = price_need(i)
             level[i] = 2
             if need > cap * (1 + MARGIN):
                 continue
             within += 1
-            heapq.heappush(heap, (pr.lower_bound, 1, i))
+            heapq.heappush(heap, (lower, 1, i))
         else:                                    # the next configuration by (L, index): build it
             plan = build(i)
             if plan is not None:
@@ -268,12 +294,15 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
         if best_key is None or key < best_key:
             best, best_key = plan, key
     if best is None:
+        for i in aside:                          # nothing fits: the least need over the whole space
+            price_need(i)
         raise InfeasibleError(
             f"pipedream-2bw: no (w, d, b) of graph '{graph.name}' fits {cap:.4g} bytes per device with two "
             f"weight versions on {K} devices (B={B}); the smallest configuration needs {least_need:.4g} bytes",
             required_memory_bytes=least_need)
     extra = {"w": len(best.stages), "d": best.stages[0].data_parallel, "balance": balance,
-             "configurations": len(configs), "priced": priced, "within_memory": within, "simulated": len(built),
+             "configurations": len(configs), "priced": priced, "within_memory": within,
+             "set_aside_for_memory": len(aside), "simulated": len(built),
              "memory_model": "(osf + 1) * W + activations (two weight versions)",
              "weight_versions_bytes": max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
                                           for st in best.stages),
