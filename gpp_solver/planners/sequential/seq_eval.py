@@ -147,7 +147,8 @@ class SequentialPricer:
             lat = cl.latency
             comm += np.bincount(pu, weights=comm_time(nb, x[pu], bw, lat), minlength=S)
             comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
-        ar = np.asarray([allreduce_time(W[s], d[s], self._bandwidth(tuple(devices[s]))) for s in range(S)])
+        # the array form of allreduce_time: the scalar form's operations, element-wise
+        ar = allreduce_time(W, d, np.asarray([self._bandwidth(tuple(dv)) for dv in devices], dtype=np.float64))
         fwd, bwd = cf + comm, cb + comm
         ef = np.zeros(S)
         bb = np.zeros(S)
