@@ -147,7 +147,9 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     ``least_need`` is exact.
 
     **Time limit.**  After the deadline the search stops as soon as one plan is accepted (then
-    ``search.status`` is ``time-limit`` and the plan the best built so far).
+    ``search.status`` is ``time-limit`` and the plan the best built so far); if none was built
+    yet, the priced memory-feasible configurations are built in increasing ``L`` (pricing goes
+    on only while there are none), as the exhaustive loop built those it had enumerated.
 
     ``search.extra``: ``configurations`` (enumerated, the whole space), ``priced`` (fully
     priced), ``within_memory`` (priced and within memory with two weight versions; unpriced ones
@@ -253,9 +255,20 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
         bound, _, i = heap[0]
         if bound > best_time * (1.0 + MARGIN):
             break                                # every configuration left has L >= bound
-        if deadline is not None and best_time < float("inf") and _time.perf_counter() > deadline:
+        if deadline is not None and _time.perf_counter() > deadline:
             complete = False
-            break
+            if best_time < float("inf"):
+                break
+            ready = [e for e in heap if e[1] == 1]
+            if ready:                            # no plan yet: build the priced one of least bound now
+                e = min(ready)
+                heap.remove(e)
+                heapq.heapify(heap)
+                plan = build(e[2])
+                if plan is not None:
+                    built[e[2]] = plan
+                    best_time = plan.predicted.iteration_time
+                continue
         heapq.heappop(heap)
         b, w, d = configs[i]
         if level[i] == 0:                        # L0 -> L1, or set aside for memory
