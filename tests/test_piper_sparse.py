@@ -122,3 +122,28 @@ def test_update_equals_dense_on_random_tables_and_costs(seed):
         np.minimum.accumulate(a, axis=0, out=a)
         np.minimum.accumulate(a, axis=1, out=a)
     assert np.array_equal(got, dense)
+
+
+def test_first_at_most_with_nothing_asked():
+    """A pass whose (table, column) triples are all filtered out asks about no corner (it crashed
+    with an IndexError on the 96-layer Transformer at 64 devices)."""
+    tables = np.full((2, 3, 4), 5.0)
+    tables[:, 0, :] = np.inf
+    bps = Breakpoints(tables)
+    bps.add(0, tables[0])
+    empty = np.zeros(0, dtype=np.int64)
+    assert len(bps.first_at_most(empty, empty, np.zeros(0), strict=False)) == 0
+    assert len(bps.first_at_most(empty, empty, np.zeros(0), strict=True)) == 0
+
+
+@pytest.mark.slow
+def test_transformer_96_at_64_devices_sparse_equals_dense(monkeypatch):
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.planners.piper.planner import plan_piper
+    from gpp_solver.workloads import build_model
+    graph = build_model("transformer", layers=96)
+    sparse = plan_piper(graph, v100_cluster(64), 1024)
+    monkeypatch.setattr(piper_dp, "SPARSE_SHARE", 0.0)
+    dense = plan_piper(graph, v100_cluster(64), 1024)
+    assert [s.nodes for s in sparse.stages] == [s.nodes for s in dense.stages]
+    assert sparse.predicted.time_per_sample == dense.predicted.time_per_sample

@@ -112,6 +112,8 @@ class Breakpoints:
     def first_at_most(self, tables: np.ndarray, f: np.ndarray, x: np.ndarray, strict: bool) -> np.ndarray:
         """Index (into ``corners``) of the first corner of column ``f`` of table ``tables[i]`` whose
         value is ``<= x[i]`` (``< x[i]`` if ``strict``); the column's end when there is none."""
+        if not len(x):          # no (table, column) pair asked about
+            return np.zeros(0, dtype=np.int64)
         r = np.empty(len(x), dtype=np.int64)
         order = np.argsort(tables, kind="stable")
         ts = tables[order]
