@@ -201,13 +201,8 @@ class StageDP:
         stored only for the segments some pair's target can use (the others are ``INF`` at every
         depth and every degree, so leaving them out changes no DP value): a target near the
         optimum leaves most long segments out, which keeps the table small on long series."""
-        by_b: dict[int, list[int]] = {}
-        for i, (b, _) in enumerate(pairs):
-            by_b.setdefault(b, []).append(i)
+        by_b, use, _ = self._usable(pairs)
         nseg = len(self.idx.seg_lo)
-        use = np.zeros(nseg, dtype=bool)
-        for b, rows in by_b.items():
-            use |= self.tables(b).best <= max(pairs[i][1] for i in rows)
         used = np.nonzero(use)[0]
         gmap = np.full(nseg + 1, len(used), dtype=np.int64)
         gmap[used] = np.arange(len(used))
@@ -258,10 +253,7 @@ class StageDP:
             if any(C < E for C in caps):
                 return self._probe_saturated(pairs, keep, caps, deadline)
         groups = self._split(pairs, E)
-        if len(groups) == 1 and len(pairs) > 1 and self._pass_entries(pairs, E) > self.PASS_ENTRIES:
-            half = len(pairs) // 2          # bound the pass's tables: halves of the targets
-            groups = [list(range(half)), list(range(half, len(pairs)))]
-        if len(groups) > 1:         # one pass per micro-batch size (see _split), or per half
+        if len(groups) > 1:         # one pass per micro-batch size, or per half of the targets (_split)
             subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline=deadline), rows) for rows in groups]
             devices = np.empty((len(pairs), E + 1), dtype=np.int64)
             where = {}
@@ -273,15 +265,20 @@ class StageDP:
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
 
-    def _pass_entries(self, pairs: Sequence[tuple[int, float]], E: int) -> int:
-        """Entries of one pass's stage-value table (:meth:`_dev`) for ``pairs`` at depth bound ``E``."""
+    def _usable(self, pairs: Sequence[tuple[int, float]]) -> tuple[dict[int, list[int]], np.ndarray, int]:
+        """``pairs``' rows by micro-batch size, the segments some pair's target can use (a target
+        below a segment's ``best`` leaves it ``INF`` everywhere), and the sum over rows of the
+        segments each row's own size and target could use (by size, at its largest target)."""
+        by_b: dict[int, list[int]] = {}
+        for i, (b, _) in enumerate(pairs):
+            by_b.setdefault(b, []).append(i)
         use = np.zeros(len(self.idx.seg_lo), dtype=bool)
-        by_b: dict[int, float] = {}
-        for b, t in pairs:
-            by_b[b] = max(by_b.get(b, -np.inf), t)
-        for b, t in by_b.items():
-            use |= self.tables(b).best <= t
-        return len(pairs) * (int(use.sum()) + 1) * (E + 2)
+        own = 0
+        for b, rows in by_b.items():
+            u = self.tables(b).best <= max(pairs[i][1] for i in rows)
+            own += len(rows) * int(u.sum())
+            use |= u
+        return by_b, use, own
 
     def _probe_saturated(self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]],
                          deadline: float | None = None) -> "DPProbe":
@@ -307,22 +304,16 @@ class StageDP:
         """The rows of ``pairs`` by micro-batch size when passes of their own store much less than
         one batched pass (whose table holds, for every target, the union of the segments the
         sizes' targets can use: a small ``b`` with its large targets would widen every row);
-        else one group.  The answers do not depend on the grouping."""
-        by_b: dict[int, list[int]] = {}
-        for i, (b, _) in enumerate(pairs):
-            by_b.setdefault(b, []).append(i)
-        if len(by_b) == 1:
-            return [list(range(len(pairs)))]
-        use = np.zeros(len(self.idx.seg_lo), dtype=bool)
-        own = 0
-        for b, rows in by_b.items():
-            u = self.tables(b).best <= max(pairs[i][1] for i in rows)
-            own += len(rows) * int(u.sum())
-            use |= u
+        else one group, or its halves when that one pass's stage-value table would hold more than
+        ``PASS_ENTRIES`` entries.  The answers do not depend on the grouping."""
+        by_b, use, own = self._usable(pairs)
         whole = len(pairs) * int(use.sum())
-        if whole * (E + 2) < (1 << 20) or own * 2 > whole:
-            return [list(range(len(pairs)))]
-        return list(by_b.values())
+        if len(by_b) > 1 and whole * (E + 2) >= (1 << 20) and own * 2 <= whole:
+            return list(by_b.values())
+        if len(pairs) > 1 and len(pairs) * (int(use.sum()) + 1) * (E + 2) > self.PASS_ENTRIES:
+            half = len(pairs) // 2          # bound the pass's tables: halves of the targets
+            return [list(range(half)), list(range(half, len(pairs)))]
+        return [list(range(len(pairs)))]
 
     def large(self) -> bool:
         """Whether a dense table of every segment at every depth is large (over a million entries):
