@@ -164,3 +164,25 @@ def test_equal_partition_matches_the_direct_scan():
         prefix = np.concatenate([[0.0], np.cumsum(ws)])
         for w in range(1, n + 1):
             assert equal_partition(ws, w) == _equal_partition_loop(prefix, n, w)
+
+
+def test_equal_partition_fast_path_matches_the_direct_scan_on_long_inputs():
+    """Long weight lists with runs of zero-cost nodes (ties between equal prefix sums) and mixed
+    magnitudes (ties from rounding): the vectorised first minimisers equal the scan's cuts."""
+    import random
+    import numpy as np
+    from gpp_solver.planners.sequential.pipedream_2bw import _equal_partition_loop
+    rng = random.Random(11)
+    for _ in range(150):
+        n = rng.randint(20, 300)
+        kind = rng.random()
+        if kind < 0.4:
+            ws = [0.0 if rng.random() < 0.4 else rng.random() for _ in range(n)]
+        elif kind < 0.7:
+            ws = [rng.choice([0.0, 0.0, 1e-17, 0.1, 0.3, 1.0, 1e16]) for _ in range(n)]
+        else:
+            ws = [float(rng.randint(0, 2)) for _ in range(n)]
+        prefix = np.concatenate([[0.0], np.cumsum(ws)])
+        for w in sorted({1, 2, n // 7 + 1, n // 2, n - 1, n, rng.randint(1, n)}):
+            if w >= 1:
+                assert equal_partition(ws, w) == _equal_partition_loop(prefix, n, w)

@@ -83,15 +83,43 @@ def equal_partition(weights: list[float], w: int) -> list[int]:
     if not bool(np.all(wt >= 0.0)):
         return _equal_partition_loop(prefix, n, w)
     total = prefix[-1]
-    targets = np.asarray([total * i / w for i in range(1, w)], dtype=np.float64)
+    targets = total * np.arange(1, w, dtype=np.float64) / w                 # the same operations as total * i / w
     k = np.searchsorted(prefix, targets, side="left")              # first prefix >= target (n + 1: none)
     km1 = np.maximum(k - 1, 0)
     v_k = np.where(k <= n, np.abs(prefix[np.minimum(k, n)] - targets), np.inf)
     v_km1 = np.where(k >= 1, np.abs(prefix[km1] - targets), np.inf)
     v_km2 = np.where(k >= 2, np.abs(prefix[np.maximum(k - 2, 0)] - targets), np.inf)
     left = v_km1 <= v_k                                            # ties: the earlier index
-    first = np.where(left, km1, k).tolist()
-    sure = (~left | (k == 1) | (v_km2 > v_km1)).tolist()           # nothing further left ties
+    first_a = np.where(left, km1, k)
+    sure_a = ~left | (k == 1) | (v_km2 > v_km1)                    # nothing further left ties
+    # The first minimiser g over all of [0, n]: k when k - 1 is farther; else the first index j0
+    # holding prefix[k - 1]'s value, provided the index before j0 is strictly farther (rounded
+    # target - prefix does not increase with prefix, so nothing further left ties either).  From
+    # g on, |prefix - target| does not decrease, so the first minimiser over [lo, hi] with
+    # lo = previous cut + 1 is max(g, lo) while that is at most hi = n - (w - i): the cuts are
+    # c_i = i + max(0, max_{j <= i} (g_j - j)), a running maximum.  Where a cut is lo > j0 the
+    # tie test is not needed (the true first minimiser is at most j0).  The loop below takes
+    # exactly these cuts; it runs only when some cut is not settled this way.  Once a cut's
+    # max(g, lo) passes hi, every later range is the single point hi; at the first such cut the
+    # function does not increase on [lo, hi] (hi < g, g known), so the cut is hi when hi - 1 is
+    # strictly farther (or lo = hi).
+    j0 = np.searchsorted(prefix, prefix[km1], side="left")
+    v_before = np.where(j0 >= 1, np.abs(prefix[np.maximum(j0 - 1, 0)] - targets), np.inf)
+    known = ~left | (v_before > v_km1)
+    glob = np.where(left, j0, k)
+    i_ar = np.arange(1, w)
+    c = i_ar + np.maximum(np.maximum.accumulate(glob - i_ar), 0)
+    hi_ar = n - w + i_ar
+    over = c > hi_ar
+    ok = bool(np.all(known | (c > j0) | over))
+    if ok and bool(over.any()):
+        f = int(np.argmax(over))
+        lo, hi = (int(c[f - 1]) + 1 if f else 1), int(hi_ar[f])
+        t = targets[f]
+        ok = lo == hi or (bool(known[f]) and abs(prefix[hi - 1] - t) > abs(prefix[hi] - t))
+    if ok:
+        return [0, *np.minimum(c, hi_ar).tolist(), n]
+    first, sure = first_a.tolist(), sure_a.tolist()
     cuts = [0]
     for i in range(1, w):
         lo, hi = cuts[-1] + 1, n - (w - i)
@@ -226,13 +254,18 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                    for st in plan.stages)
         return plan if need <= cap else None
 
+    layouts: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+
     def price_need(i: int) -> tuple[float, float]:
         """Prices configuration ``i``: its bound ``L`` and memory need (two weight versions)."""
         nonlocal priced, least_need
         b, w, d = configs[i]
         cuts = cuts_of(b, w, d)
         stage = np.repeat(np.arange(w), np.diff(cuts))
-        pr = pricer.price(stage, [tuple(range(s * d, (s + 1) * d)) for s in range(w)], b)
+        lay = layouts.get((w, d))
+        if lay is None:
+            lay = layouts[w, d] = [tuple(range(s * d, (s + 1) * d)) for s in range(w)]
+        pr = pricer.price(stage, lay, b)
         priced += 1
         need = float(np.max(pr.memory + pr.weights))
         least_need = min(least_need, need)

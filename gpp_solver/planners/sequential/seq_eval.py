@@ -76,11 +76,24 @@ class SequentialPricer:
         self.ebytes = np.asarray(list(pairs.values()), dtype=np.float64)
         self.tables = CostTables(graph)
         self._bw: dict[tuple[int, ...], float] = {}
+        self._layouts: dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, dict[int, float]]] = {}
 
     # ---------------------------------------------------------------------------------------
     def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward time of every node (graph order) at ``x`` samples."""
         return self.tables.fw_bw_at(x)
+
+    def _layout(self, devices: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, dict[int, float]]:
+        """Per stage the bandwidth of its device group, and a cache of stage-pair bandwidths
+        (keyed ``a * S + c``), for one device layout (cached: a planner prices many partitions
+        on the same layout)."""
+        lay = tuple(tuple(dv) for dv in devices)
+        out = self._layouts.get(lay)
+        if out is None:
+            if len(self._layouts) >= 4096:
+                self._layouts.clear()
+            out = self._layouts[lay] = (np.asarray([self._bandwidth(dv) for dv in lay], dtype=np.float64), {})
+        return out
 
     def _bandwidth(self, devices: tuple[int, ...]) -> float:
         bw = self._bw.get(devices)
@@ -122,8 +135,9 @@ class SequentialPricer:
         su_e, sv_e = st[self.src], st[self.dst]
         cross = su_e != sv_e
         comm = np.zeros(S)
-        preds: list[list[int]] = [[] for _ in range(S)]
-        succ_any = np.zeros(S, dtype=bool)
+        ar_bw, pair_bw = self._layout(devices)
+        edges_a: list[int] = []
+        edges_c: list[int] = []
         if cross.any():
             u, sv, nb = self.src[cross], sv_e[cross], self.ebytes[cross]
             key = u * S + sv
@@ -134,34 +148,45 @@ class SequentialPricer:
             nb = np.maximum.reduceat(nb, starts)
             key = key[starts]
             pu, pv = st[key // S], key % S
-            sp = np.unique(pu * S + pv)
-            bw_pair = {}
-            for k in sp.tolist():
-                a, c = divmod(k, S)
-                if a >= c:
-                    raise AssertionError(f"stage edge {a}->{c} goes backwards in the pipeline order")
-                bw_pair[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
-                preds[c].append(a)
-                succ_any[a] = True
-            bw = np.asarray([bw_pair[k] for k in (pu * S + pv).tolist()])
+            pk = pu * S + pv
+            sp = np.unique(pk)                       # stage edges a -> c, by a then c
+            ea, ec = sp // S, sp % S
+            if bool((ea >= ec).any()):
+                j = int(np.argmax(ea >= ec))
+                raise AssertionError(f"stage edge {int(ea[j])}->{int(ec[j])} goes backwards in the pipeline order")
+            edges_a, edges_c = ea.tolist(), ec.tolist()
+            bw_sp = []
+            for k, a, c in zip(sp.tolist(), edges_a, edges_c):
+                bw_ = pair_bw.get(k)
+                if bw_ is None:
+                    bw_ = pair_bw[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
+                bw_sp.append(bw_)
+            bw = np.asarray(bw_sp, dtype=np.float64)[np.searchsorted(sp, pk)]
             lat = cl.latency
             comm += np.bincount(pu, weights=comm_time(nb, x[pu], bw, lat), minlength=S)
             comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
         # the array form of allreduce_time: the scalar form's operations, element-wise
-        ar = allreduce_time(W, d, np.asarray([self._bandwidth(tuple(dv)) for dv in devices], dtype=np.float64))
+        ar = allreduce_time(W, d, ar_bw)
         fwd, bwd = cf + comm, cb + comm
-        ef = np.zeros(S)
-        bb = np.zeros(S)
-        for s in range(S):
-            for p in preds[s]:
-                ef[s] = max(ef[s], ef[p] + fwd[p])
-                bb[s] = max(bb[s], bwd[p] + max(ar[p], bb[p]))
+        # the longest-path recurrences over the stage edges, on Python floats (the same IEEE
+        # operations as on numpy scalars): edges in increasing source order finish every stage's
+        # in-edges before its out-edges are used (sources precede targets); max is exact, so the
+        # order within a stage's in-edges does not change the result
+        fl, bl, al = fwd.tolist(), bwd.tolist(), ar.tolist()
+        efl = [0.0] * S
+        bbl = [0.0] * S
+        for a, c in zip(edges_a, edges_c):
+            efl[c] = max(efl[c], efl[a] + fl[a])
+            bbl[c] = max(bbl[c], bl[a] + max(al[a], bbl[a]))
+        ef, bb = np.asarray(efl), np.asarray(bbl)
         lower = float(np.max(ef + n * (fwd + bwd) + np.maximum(ar, bb)))
-        # 1F1B in-flight: (longest path to a sink + 1) micro-batches, at most n
-        depth = np.zeros(S, dtype=np.int64)
-        for s in range(S - 1, -1, -1):
-            for p in preds[s]:
-                depth[p] = max(depth[p], depth[s] + 1)
+        # 1F1B in-flight: (longest path to a sink + 1) micro-batches, at most n; edges in
+        # decreasing target order finish a stage's depth before it is read
+        depl = [0] * S
+        for i in np.argsort(np.asarray(edges_c, dtype=np.int64), kind="stable")[::-1].tolist():
+            a, c = edges_a[i], edges_c[i]
+            depl[a] = max(depl[a], depl[c] + 1)
+        depth = np.asarray(depl, dtype=np.int64)
         in_flight = np.minimum(n, depth + 1) * b
         memory = memory_per_device(cl.optimizer_state_factor, W, in_flight, d, act)
         return Priced(lower, memory, W, fwd + bwd)
