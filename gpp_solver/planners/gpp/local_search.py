@@ -9,8 +9,9 @@ pool or another stage), ``s`` split in two along two topological orders, merges 
 ``s`` with each neighbour (every down-set split of their union).  Every candidate is a valid plan
 (acyclic stage graph, memory), so every accepted state is one too.
 
-Deterministic: no randomness, fixed move order, capped by ``max_iterations``; the wall clock
-(``deadline``) is only a safety stop.
+Deterministic: no randomness, fixed move order, capped by ``max_iterations`` and (optionally)
+``max_evaluations`` — a count of priced states, so the cap does not depend on the machine; the
+wall clock (``deadline``) is only a safety stop.
 """
 
 from __future__ import annotations
@@ -241,61 +242,79 @@ class SearchResult:
     ev: Eval
     moves: int
     iterations: int
-    stopped: str                # "converged", "iterations" or "time"
+    stopped: str                # "converged", "iterations", "evaluations" (max_evaluations) or "time"
     move_counts: dict[str, int]
+    evaluations: int = 0        # states priced by this search (cache hits included)
 
 
 def search(P: Problem, state: State, *, max_iterations: int = 300, tiers: int = 2,
-           deadline: float | None = None, exact: bool = True) -> SearchResult:
-    """Best-improvement local search from ``state`` (see the module docstring)."""
+           deadline: float | None = None, exact: bool = True,
+           max_evaluations: int | None = None) -> SearchResult:
+    """Best-improvement local search from ``state`` (see the module docstring).  With
+    ``max_evaluations`` it stops once it has priced that many states (``stopped="evaluations"``),
+    taking the best improving move of the part of the neighbourhood priced so far."""
+    first = P.evaluations
     ev = P.evaluate(state.assign, state.devs)
     if ev is None:
         raise ValueError("the start state's stage graph has a cycle")
     state = canonical(state, ev)
     ev = P.evaluate(state.assign, state.devs)
+    limit = None if max_evaluations is None else first + max_evaluations
     counts: dict[str, int] = {}
     moves = iterations = 0
     stopped = "iterations"
+
+    def spent() -> bool:
+        return limit is not None and P.evaluations >= limit
+
     while iterations < max_iterations:
-        iterations += 1
         if deadline is not None and time.perf_counter() > deadline:
             stopped = "time"
             break
+        if spent():
+            stopped = "evaluations"
+            break
+        iterations += 1
         k = len(state.devs)
         ranked = sorted(range(k), key=lambda s: (-max(0.0, ev.memory[s] - P.cap), -ev.tps[s], s))
         found = None
+        cut = False             # the neighbourhood was not priced whole (deadline or max_evaluations)
         rb = P.rebalance(state.assign, k)
         if rb is not None and rb != state.devs:
             e = P.evaluate(state.assign, rb)
             if e is not None and e.key < ev.key:
                 found = ("rebalance", State(state.assign, rb), e)
         for s in ranked[:tiers]:
-            if found is not None:
+            if found is not None or cut:
                 break
             best = None
             for label, cand in neighbours(P, state, s, ev.tps):
                 e = P.evaluate(cand.assign, cand.devs)
                 if e is not None and e.key < ev.key and (best is None or e.key < best[2].key):
                     best = (label, cand, e)
-                if deadline is not None and P.evaluations % 64 == 0 and time.perf_counter() > deadline:
+                if spent() or (deadline is not None and P.evaluations % 64 == 0 and time.perf_counter() > deadline):
+                    cut = True
                     break
             found = best
-        if found is None and exact:
+        if found is None and exact and not cut:
             best = None
             for label, cand in repartitions(P, state, ranked[0]):
                 e = P.evaluate(cand.assign, cand.devs)
                 if e is not None and e.key < ev.key and (best is None or e.key < best[2].key):
                     best = (label, cand, e)
+                if spent():
+                    cut = True
+                    break
             found = best
         if found is None:
-            stopped = "converged"
+            stopped = ("evaluations" if spent() else "time") if cut else "converged"
             break
         label, cand, e = found
         state = canonical(cand, e)
         ev = P.evaluate(state.assign, state.devs)
         moves += 1
         counts[label] = counts.get(label, 0) + 1
-    return SearchResult(state, ev, moves, iterations, stopped, counts)
+    return SearchResult(state, ev, moves, iterations, stopped, counts, P.evaluations - first)
 
 
 # ---------------------------------------------------------------------------------- seeds

@@ -22,6 +22,12 @@ SMALL_GRAPH_NODES = 48
 SMALL_GRAPH_DEVICES = 16
 SMALL_GRAPH_RESTARTS = 3    # there, too, the extra local-search starts cost milliseconds
 DEFAULT_MAX_ITERATIONS = 400
+# Local-search work per run, in node-evaluations (states priced x graph nodes; a state costs about
+# its node count to price): a count, so the cap does not depend on the machine's speed or load.
+# The paper's workloads at 4-32 devices use at most ~0.7M; on 1,000-operator graphs a search from
+# a start that does not fit in memory priced 300k+ states (2 minutes) without making it fit.
+DEFAULT_MAX_WORK = 20_000_000
+WORK_SHARE = 4              # one search prices at most max_work / WORK_SHARE node-evaluations
 OBJECTIVES = ("iteration_time", "time_per_sample")
 
 
@@ -40,6 +46,8 @@ class GppOptions:
     seed_planners: Sequence[str] = SEED_PLANNERS
     # local-search moves per search at most
     max_iterations: int = DEFAULT_MAX_ITERATIONS
+    # local-search work per run in node-evaluations (states priced x graph nodes); None = no cap
+    max_work: int | None = DEFAULT_MAX_WORK
     # start states searched per micro-batch size (the best first; the rest for the RESTART_SIZES best sizes);
     # None: SMALL_GRAPH_RESTARTS on small instances (SMALL_GRAPH_NODES, SMALL_GRAPH_DEVICES), else 1
     restarts: int | None = None
@@ -59,5 +67,8 @@ class GppOptions:
         if self.restarts is not None and (isinstance(self.restarts, bool) or not isinstance(self.restarts, int)
                                           or self.restarts < 1):
             raise InvalidInputError(f"restarts must be a positive integer or None, got {self.restarts!r}")
+        if self.max_work is not None and (isinstance(self.max_work, bool) or not isinstance(self.max_work, int)
+                                          or self.max_work < 1):
+            raise InvalidInputError(f"max_work must be a positive integer or None, got {self.max_work!r}")
         if self.objective not in OBJECTIVES:
             raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")

@@ -33,7 +33,10 @@ planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp`
 **Time.**  ``time_limit`` (default ``DEFAULT_TIME_LIMIT`` = 10 s) covers everything, seed planners
 included.  The wall clock is only a *safety stop*: the seed planners run with their natural
 algorithms until ``SEED_SAFETY_SHARE`` of it (:mod:`gpp_solver.planners.gpp.seeds`), the local searches are
-capped by ``max_iterations`` and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
+capped by ``max_iterations`` moves each and by ``max_work`` node-evaluations (states priced x
+graph nodes) in all — at most ``max_work / WORK_SHARE`` per search, and a search that would start
+with nothing left is skipped (``per_micro_batch[b]["skipped"] = "work"``); counts, so these caps do
+not depend on the machine (``search.extra["work"]``) — and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
 (at most ``TIGHTEN_MAX_SECONDS``, the default limit's share, so any larger limit gives the same
 plan) in CP-SAT's *deterministic* time.  ``search.extra["phase_seconds"]`` records where the wall
 time went (seeds, starts, search, restarts, polish, exact, tighten).  Whenever a safety stop is (or
@@ -64,7 +67,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from gpp_solver.planners.gpp.options import (OPTIONAL_SEED_PLANNERS, SEED_PLANNERS, SMALL_GRAPH_DEVICES,
-                                             SMALL_GRAPH_NODES, SMALL_GRAPH_RESTARTS, GppOptions)
+                                             SMALL_GRAPH_NODES, SMALL_GRAPH_RESTARTS, WORK_SHARE, GppOptions)
 from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.model import CostTables
@@ -186,6 +189,24 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     for name, p in seeds.items():
         pool.add(p, {"origin": name, "micro_batch_size": uniform_micro_batch(p)})
     per_b: dict[int, dict[str, Any]] = {}
+    work = {"max_work": o.max_work, "used": 0, "searches": 0, "skipped": 0}   # node-evaluations
+
+    def cap() -> int | None:
+        """States the next search may price (``None``: no cap; 0: nothing left)."""
+        if o.max_work is None:
+            return None
+        return min(o.max_work - work["used"], o.max_work // WORK_SHARE) // len(graph.nodes)
+
+    def run_search(Q: Problem, st: State) -> SearchResult | None:
+        m = cap()
+        if m is not None and m <= 0:
+            work["skipped"] += 1
+            return None
+        res = search(Q, st, max_iterations=max_iterations, deadline=deadline, max_evaluations=m)
+        work["used"] += res.evaluations * len(graph.nodes)
+        work["searches"] += 1
+        return res
+
     best_key: dict[int, tuple] = {}
     best_score: dict[int, tuple[float, float]] = {}
     worst_memory: list[float] = []
@@ -197,7 +218,11 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         for label, st, e0 in chosen:
             if time.perf_counter() > deadline and pool:         # out of time: keep at least one plan
                 return False
-            found.append((search(P, st, max_iterations=max_iterations, deadline=deadline), label, e0, st))
+            res = run_search(P, st)
+            if res is None:
+                per_b.setdefault(b, {})["skipped"] = "work"
+                break
+            found.append((res, label, e0, st))
         if not found:
             return True
         res, label, e0, st = min(found, key=lambda f: f[0].ev.key)
@@ -275,7 +300,10 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
                 if b in starts:     # rebalance does not depend on the key: share its cache
                     polish_problems[b].share_rebalance_cache(starts[b][0])
             Q = polish_problems[b]
-            res = search(Q, st0, max_iterations=max_iterations, deadline=deadline)
+            res = run_search(Q, st0)
+            if res is None:
+                per_b.setdefault(b, {}).setdefault("polish", []).append({"from": label, "skipped": "work"})
+                continue
             timed_out |= res.stopped == "time"
             if res.ev.key[0] == 0 and (res.moves or label != "best"):
                 pool.add_state(Q, res.state, res.ev, {**m0, "moves": m0.get("moves", 0) + res.moves,
@@ -321,7 +349,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     extra = {"exact": dict(ex.info) if ex is not None else {"status": "off"},"seed_planner": meta["origin"], "micro_batch_size": meta.get("micro_batch_size"),
              "moves": meta.get("moves", 0), "polish_moves": meta.get("polish_moves", 0), "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
              "tps_after": plan.predicted.time_per_sample, "seeds": seed_info, "per_micro_batch": per_b,
-             "cp_tighten": tinfo, "max_iterations": max_iterations, "exact_tps": proven,
+             "cp_tighten": tinfo, "max_iterations": max_iterations, "work": work, "exact_tps": proven,
              "iteration_time_estimate": plan.search.iteration_time_estimate,
              "phase_seconds": {k: round(v, 4) for k, v in phases.items()},
              "plans_built": pool.built}
