@@ -2,7 +2,8 @@
 
 Each instance below takes clearly longer without a limit (measured on the 2-core dev machine under
 load, 2026-11-23: graphpipe 18 s (48-layer Transformer; since its DP got faster, MMT of 16 x 16 layers
-on 1,024 devices, 22 s on a quiet machine), pipedream-2bw over 5 s (96 layers: 18 s), alpa 29 s, piper 3.6 s CPU
+on 1,024 devices, 22 s on a quiet machine), pipedream-2bw over 5 s (96 layers: 18 s; since its pricing got lazier, 0.9 s on 48 layers, so MMT of
+16 x 16 layers on 1,024 devices: 4.4 s under load 2), alpa 29 s, piper 3.6 s CPU
 (192 layers; 96 layers finished in 2 s after its reconstruction got faster), exact 10 s, milp 17 s,
 gpp past its 10 s default).  With a small limit the planner must return within the limit plus a
 slack for the work it cannot interrupt (one table, one small pass, the final simulation) and for a
@@ -49,7 +50,7 @@ CASES = {   # planner -> (graph, cluster, B, limit, options)
     "graphpipe": (lambda: build_model("mmt", branches=16, layers=16), lambda: cluster(1024), 16384, 2.0, {}),
     "graphpipe-per-stage": (lambda: _transformer(24), lambda: cluster(64), 128, 1.0, {"per_stage_micro_batch": True}),
     "pipedream": (lambda: _transformer(96), lambda: cluster(1024), 128, 1.0, {}),
-    "pipedream-2bw": (lambda: _transformer(48), lambda: cluster(1024), 128, 1.0, {}),
+    "pipedream-2bw": (lambda: build_model("mmt", branches=16, layers=16), lambda: cluster(1024), 16384, 1.0, {}),
     "alpa": (lambda: _transformer(48), lambda: cluster(128), 128, 2.0, {"max_table_bytes": 10**10}),
     "piper": (lambda: _transformer(192), lambda: cluster(64), 128, 1.0, {}),
     "exact": (lambda: random_graph(random.Random(3), "chain", 14), lambda: cluster(8), 8, 1.0, {}),

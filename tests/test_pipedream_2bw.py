@@ -142,7 +142,7 @@ def test_lazy_pricing_picks_and_builds_what_pricing_everything_does(gd, cd, B):
     assert ours.predicted.iteration_time == ref.predicted.iteration_time
     extra = ours.search.extra
     assert extra["simulated"] == n_built                      # the same plans were built
-    assert extra["simulated"] <= extra["within_memory"] <= extra["priced"] <= extra["configurations"]
+    assert extra["simulated"] <= extra["within_memory"] <= extra["priced"] <= extra["memory_checked"] <= extra["configurations"]
 
 
 def test_equal_partition_matches_the_direct_scan():

@@ -36,7 +36,7 @@ import numpy as np
 
 from gpp_solver.planners.registry import parse_options
 from gpp_solver.planners.sequential.options import PipeDream2BWOptions
-from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.model import allreduce_time, node_compute
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -151,9 +151,16 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     and ``fwd + bwd >= c_s + a`` since transfers, all-reduce and the first forward's wait are
     non-negative):
 
-    - ``L0 = n (sum_s c_s / w + a)``, from the graph's total alone (the largest stage is at least
-      the mean one);
-    - ``L1 = n (max_s c_s + a)``, from the equal-compute cuts of ``(w, b / d)``;
+    - ``L0 = max(n (sum_s c_s / w + a), P)``, from the graph's total alone (the largest stage is at
+      least the mean one) and ``P``, the longest path of forward + backward times at ``b / d``
+      through the operator graph when no time is negative: the first micro-batch's forward runs
+      through the stages that hold the path in order, each stage's forward lasting at least its
+      operators' sum, then its backward back through them (``P`` bounds the *simulated* time,
+      not ``L``: see below);
+    - ``L1 = max_s (n (c_s + a) + A_s)``, from the equal-compute cuts of ``(w, b / d)``, with
+      ``A_s`` the all-reduce of stage ``s``'s core weights among its ``d`` replicas (``L`` adds
+      ``max(all-reduce, backward wait) >= `` the all-reduce of all its weights, and the all-reduce
+      grows with the weights, which are non-negative; with a negative weight ``A_s = 0``);
 
     each less a slack of ``1e-9 n sum |f| + |g|`` for its sums being rounded in another order.
     A heap holds every configuration at its best known bound, and is popped in increasing
@@ -164,24 +171,28 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     :func:`.seq_eval.select_by_simulation` does, until the popped bound exceeds the best simulated
     time by the relative ``MARGIN``.
 
-    **Same answer as pricing everything.**  When a priced configuration ``i`` is popped, every
-    other one in the heap has a larger ``(L, index)`` (unpriced ones with ``L >= `` their bound
-    ``> L_i``; a tie of bounds sorts the unpriced first), so the configurations are built in the
-    order of the exhaustive ``select_by_simulation`` (increasing ``L``, ties by enumeration index)
-    and it stops at the same point: the plans built are the same set.  The pick is the argmin of
-    ``(iteration_time, w * d, w, b)`` over them (unique per configuration); every configuration
-    not built has ``iteration >= L > best * (1 + MARGIN)``.  When no configuration fits, nothing
-    stops the search early, every configuration is priced (those set aside too) and
-    ``least_need`` is exact.
+    A priced configuration waits in the heap at ``max(L, P)``.
+
+    **Same answer as pricing everything.**  Every bound in the heap is at most its
+    configuration's simulated iteration time (``L0``, ``L1`` and ``L`` are at most ``L``; ``P``
+    bounds the simulation directly), and the search stops when the least bound left exceeds the
+    best simulated time so far by ``MARGIN``: every configuration not built is slower than the
+    best one built.  The pick is the argmin of ``(iteration_time, w * d, w, b)`` over the plans
+    built (unique per configuration), so it is the argmin over the whole space — what the
+    exhaustive ``select_by_simulation`` (which builds every configuration with
+    ``L <= best * (1 + MARGIN)``, the argmin among them) returns; the lazy search builds at most
+    those.  When no configuration fits, nothing stops the search early, every configuration is
+    priced (those set aside too) and ``least_need`` is exact.
 
     **Time limit.**  After the deadline the search stops as soon as one plan is accepted (then
     ``search.status`` is ``time-limit`` and the plan the best built so far); if none was built
     yet, the priced memory-feasible configurations are built in increasing ``L`` (pricing goes
     on only while there are none), as the exhaustive loop built those it had enumerated.
 
-    ``search.extra``: ``configurations`` (enumerated, the whole space), ``priced`` (fully
-    priced), ``within_memory`` (priced and within memory with two weight versions; unpriced ones
-    are not counted), ``set_aside_for_memory`` (over the cap by the cheap memory bound, unpriced),
+    ``search.extra``: ``configurations`` (enumerated, the whole space), ``memory_checked`` (their
+    exact memory computed: the stage graph's in-flight counts, no time figures), ``priced``
+    (fully priced: those of them within memory), ``within_memory`` (priced and within memory with
+    two weight versions, the same count; unpriced ones are not counted), ``set_aside_for_memory`` (over the cap by the cheap memory bound, unpriced),
     ``simulated`` (built and accepted).
     """
     o = parse_options("pipedream-2bw", PipeDream2BWOptions, options)
@@ -221,11 +232,31 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
             r = sums_at[x] = (fg, float(fg.sum()), neg, _CHEAP_SLACK * absum)
         return r
 
+    topo = [idx[v] for v in graph.topo_order]
+    topo_preds = [[idx[p] for p in graph.preds(v)] for v in graph.topo_order]
+    path_at: dict[float, float] = {}
+
+    def longest_path(x: float) -> float:
+        """``P``: the longest path of f + g at ``x`` through the operator graph, less its slack (0
+        when some time is negative)."""
+        r = path_at.get(x)
+        if r is None:
+            f, g = pricer.fw_bw_at(x)
+            r = 0.0
+            if bool(np.all(f >= 0.0) and np.all(g >= 0.0)):
+                fg = (f + g).tolist()
+                end = [0.0] * len(fg)
+                for v, ps in zip(topo, topo_preds):
+                    end[v] = fg[v] + max((end[p] for p in ps), default=0.0)
+                r = max(end) * (1.0 - _CHEAP_SLACK)
+            path_at[x] = r
+        return r
+
     heap: list[tuple[float, int, int]] = []
     for i, (b, w, d) in enumerate(configs):
         _, total, neg, slack = sums(b / d)
         n = B // b
-        heap.append((n * (total / w + neg) - n * slack, 0, i))
+        heap.append((max(n * (total / w + neg) - n * slack, longest_path(b / d)), 0, i))
     heapq.heapify(heap)
     level = [0] * len(configs)                   # 0: at L0, 1: at L1, 2: priced (at L)
 
@@ -256,20 +287,28 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
 
     layouts: dict[tuple[int, int], list[tuple[int, ...]]] = {}
 
-    def price_need(i: int) -> tuple[float, float]:
-        """Prices configuration ``i``: its bound ``L`` and memory need (two weight versions)."""
-        nonlocal priced, least_need
-        b, w, d = configs[i]
-        cuts = cuts_of(b, w, d)
-        stage = np.repeat(np.arange(w), np.diff(cuts))
+    def layout(w: int, d: int) -> list[tuple[int, ...]]:
+        """Stage ``s`` on devices ``[s d, (s + 1) d)``."""
         lay = layouts.get((w, d))
         if lay is None:
             lay = layouts[w, d] = [tuple(range(s * d, (s + 1) * d)) for s in range(w)]
-        pr = pricer.price(stage, lay, b)
-        priced += 1
-        need = float(np.max(pr.memory + pr.weights))
+        return lay
+
+    def price_need(i: int) -> tuple[float | None, float]:
+        """Configuration ``i``'s memory need (two weight versions) and, when it fits, its bound
+        ``L`` (``None`` when over the cap: the time figures are not computed)."""
+        nonlocal priced, memory_checked, least_need
+        b, w, d = configs[i]
+        cuts = cuts_of(b, w, d)
+        stage = np.repeat(np.arange(w), np.diff(cuts))
+        mem, W = pricer.memory(stage, layout(w, d), b)
+        memory_checked += 1
+        need = float(np.max(mem + W))
         least_need = min(least_need, need)
-        return pr.lower_bound, need
+        if need > cap * (1 + MARGIN):
+            return None, need
+        priced += 1
+        return pricer.price(stage, layout(w, d), b).lower_bound, need
 
     # memory: a stage needs at least (osf + 1) W + b / d * act of its core nodes (one micro-batch
     # in flight; detached nodes only add), so a configuration over the cap by that is set aside
@@ -278,11 +317,12 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     osf = cluster.optimizer_state_factor
     core_weight, core_act = t.weight[core_idx], t.activation[core_idx]
     mem_filter = bool(np.all(t.weight >= 0.0) and np.all(t.activation >= 0.0) and osf >= 0.0)
+    ar_filter = bool(np.all(t.weight >= 0.0))
     aside: list[int] = []
     built: dict[int, Plan] = {}
     best_time = float("inf")
     least_need = float("inf")
-    priced = within = 0
+    priced = within = memory_checked = 0
     complete = True
     while heap:
         bound, _, i = heap[0]
@@ -315,16 +355,22 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
                     continue
             fg, _, neg, slack = sums(b / d)
             n = B // b
-            stage_max = float(np.max(np.add.reduceat(fg, cuts[:-1])))
+            per = n * (np.add.reduceat(fg, cuts[:-1]) + neg)
+            if ar_filter and d > 1:
+                ar = allreduce_time(np.add.reduceat(core_weight, cuts[:-1]), np.full(w, float(d)),
+                                    pricer.stage_bandwidths(layout(w, d)))
+                l1 = float(np.max(per + ar)) - _CHEAP_SLACK * float(np.max(ar))
+            else:
+                l1 = float(np.max(per))
             level[i] = 1
-            heapq.heappush(heap, (max(bound, n * (stage_max + neg) - n * slack), 0, i))
+            heapq.heappush(heap, (max(bound, l1 - n * slack), 0, i))
         elif level[i] == 1:                      # L1 -> L (priced), or out for memory
             lower, need = price_need(i)
             level[i] = 2
-            if need > cap * (1 + MARGIN):
+            if lower is None:
                 continue
             within += 1
-            heapq.heappush(heap, (lower, 1, i))
+            heapq.heappush(heap, (max(lower, longest_path(b / d)), 1, i))
         else:                                    # the next configuration by (L, index): build it
             plan = build(i)
             if plan is not None:
@@ -347,7 +393,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
             f"weight versions on {K} devices (B={B}); the smallest configuration needs {least_need:.4g} bytes",
             required_memory_bytes=least_need)
     extra = {"w": len(best.stages), "d": best.stages[0].data_parallel, "balance": balance,
-             "configurations": len(configs), "priced": priced, "within_memory": within,
+             "configurations": len(configs), "memory_checked": memory_checked, "priced": priced, "within_memory": within,
              "set_aside_for_memory": len(aside), "simulated": len(built),
              "memory_model": "(osf + 1) * W + activations (two weight versions)",
              "weight_versions_bytes": max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)

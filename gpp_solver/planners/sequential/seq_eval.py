@@ -77,11 +77,31 @@ class SequentialPricer:
         self.tables = CostTables(graph)
         self._bw: dict[tuple[int, ...], float] = {}
         self._layouts: dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, dict[int, float]]] = {}
+        self._ends_cache: dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, np.ndarray]] = {}
+        # the pair bandwidths by Cluster.bandwidth's own rule, vectorised: intra-node when the
+        # least and the greatest device of the two stages share a node (two or more devices)
+        self._node_rule = (type(cluster).bandwidth is Cluster.bandwidth and cluster.devices_per_node is not None
+                           and cluster.intra_node_bandwidth is not None)
 
     # ---------------------------------------------------------------------------------------
     def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
         """Forward and backward time of every node (graph order) at ``x`` samples."""
         return self.tables.fw_bw_at(x)
+
+    def _ends(self, devices: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+        """Each stage's least and greatest device (cached per layout)."""
+        lay = tuple(tuple(dv) for dv in devices)
+        out = self._ends_cache.get(lay)
+        if out is None:
+            if len(self._ends_cache) >= 4096:
+                self._ends_cache.clear()
+            out = self._ends_cache[lay] = (np.asarray([min(dv) for dv in lay], dtype=np.int64),
+                                           np.asarray([max(dv) for dv in lay], dtype=np.int64))
+        return out
+
+    def stage_bandwidths(self, devices: Sequence[tuple[int, ...]]) -> np.ndarray:
+        """The bandwidth of each stage's device group (its all-reduce's), as :meth:`price` uses."""
+        return self._layout(devices)[0]
 
     def _layout(self, devices: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, dict[int, float]]:
         """Per stage the bandwidth of its device group, and a cache of stage-pair bandwidths
@@ -112,11 +132,59 @@ class SequentialPricer:
         return st
 
     # ---------------------------------------------------------------------------------------
+    def _transfers(self, st: np.ndarray, S: int):
+        """Transfers across stage boundaries — one per (producer, consumer stage), of the largest
+        bytes: producer stage, consumer stage, bytes, ``a * S + c`` keys — and the sorted stage
+        edges (``keys``, sources, targets); ``None`` when nothing crosses."""
+        su_e, sv_e = st[self.src], st[self.dst]
+        cross = su_e != sv_e
+        if not cross.any():
+            return None
+        u, sv, nb = self.src[cross], sv_e[cross], self.ebytes[cross]
+        key = u * S + sv
+        order = np.argsort(key, kind="stable")
+        key, nb = key[order], nb[order]
+        first = np.r_[True, key[1:] != key[:-1]]
+        starts = np.nonzero(first)[0]
+        nb = np.maximum.reduceat(nb, starts)
+        key = key[starts]
+        pu, pv = st[key // S], key % S
+        pk = pu * S + pv
+        sp = np.unique(pk)                       # stage edges a -> c, by a then c
+        ea, ec = sp // S, sp % S
+        if bool((ea >= ec).any()):
+            j = int(np.argmax(ea >= ec))
+            raise AssertionError(f"stage edge {int(ea[j])}->{int(ec[j])} goes backwards in the pipeline order")
+        return pu, pv, nb, pk, sp, ea.tolist(), ec.tolist()
+
+    def _memory(self, st: np.ndarray, S: int, d: np.ndarray, b: int, edges_a: list[int],
+                edges_c: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per-device memory and weights of each stage.  1F1B in-flight: (longest path to a sink
+        + 1) micro-batches, at most n; edges in decreasing target order finish a stage's depth
+        before it is read."""
+        t = self.tables
+        W = np.bincount(st, weights=t.weight, minlength=S)
+        act = np.bincount(st, weights=t.activation, minlength=S)
+        depl = [0] * S
+        for i in np.argsort(np.asarray(edges_c, dtype=np.int64), kind="stable")[::-1].tolist():
+            a, c = edges_a[i], edges_c[i]
+            depl[a] = max(depl[a], depl[c] + 1)
+        depth = np.asarray(depl, dtype=np.int64)
+        in_flight = np.minimum(self.B // b, depth + 1) * b
+        return memory_per_device(self.cluster.optimizer_state_factor, W, in_flight, d, act), W
+
+    def memory(self, core_stage: np.ndarray, devices: Sequence[tuple[int, ...]], b: int) -> tuple[np.ndarray, np.ndarray]:
+        """``price(...).memory`` and ``.weights``, the same figures, without the time figures (cheaper)."""
+        S = len(devices)
+        st = self.stage_of(core_stage, S)
+        d = np.asarray([len(dv) for dv in devices], dtype=np.float64)
+        tr = self._transfers(st, S)
+        return self._memory(st, S, d, b, [], []) if tr is None else self._memory(st, S, d, b, tr[5], tr[6])
+
     def price(self, core_stage: np.ndarray, devices: Sequence[tuple[int, ...]], b: int) -> Priced:
         """Figures of the candidate whose core node ``i`` (``core_order``) is in stage
         ``core_stage[i]`` (pipeline order, 0-based), stage ``s`` on ``devices[s]``, micro-batch ``b``."""
         S = len(devices)
-        cl = self.cluster
         n = self.B // b
         st = self.stage_of(core_stage, S)
         d = np.asarray([len(dv) for dv in devices], dtype=np.float64)
@@ -128,43 +196,31 @@ class SequentialPricer:
             m = x[st] == xv
             cf += np.bincount(st[m], weights=f[m], minlength=S)
             cb += np.bincount(st[m], weights=g[m], minlength=S)
-        t = self.tables
-        W = np.bincount(st, weights=t.weight, minlength=S)
-        act = np.bincount(st, weights=t.activation, minlength=S)
-        # transfers: one per (producer, consumer stage) across a boundary, of the largest bytes
-        su_e, sv_e = st[self.src], st[self.dst]
-        cross = su_e != sv_e
         comm = np.zeros(S)
         ar_bw, pair_bw = self._layout(devices)
         edges_a: list[int] = []
         edges_c: list[int] = []
-        if cross.any():
-            u, sv, nb = self.src[cross], sv_e[cross], self.ebytes[cross]
-            key = u * S + sv
-            order = np.argsort(key, kind="stable")
-            key, nb = key[order], nb[order]
-            first = np.r_[True, key[1:] != key[:-1]]
-            starts = np.nonzero(first)[0]
-            nb = np.maximum.reduceat(nb, starts)
-            key = key[starts]
-            pu, pv = st[key // S], key % S
-            pk = pu * S + pv
-            sp = np.unique(pk)                       # stage edges a -> c, by a then c
-            ea, ec = sp // S, sp % S
-            if bool((ea >= ec).any()):
-                j = int(np.argmax(ea >= ec))
-                raise AssertionError(f"stage edge {int(ea[j])}->{int(ec[j])} goes backwards in the pipeline order")
-            edges_a, edges_c = ea.tolist(), ec.tolist()
-            bw_sp = []
-            for k, a, c in zip(sp.tolist(), edges_a, edges_c):
-                bw_ = pair_bw.get(k)
-                if bw_ is None:
-                    bw_ = pair_bw[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
-                bw_sp.append(bw_)
+        tr = self._transfers(st, S)
+        if tr is not None:
+            pu, pv, nb, pk, sp, edges_a, edges_c = tr
+            if self._node_rule:             # Cluster.bandwidth's rule on each pair's device range
+                lo, hi = self._ends(devices)
+                ea, ec = sp // S, sp % S
+                dpn = self.cluster.devices_per_node
+                same = np.minimum(lo[ea], lo[ec]) // dpn == np.maximum(hi[ea], hi[ec]) // dpn
+                bw_sp = np.where(same, self.cluster.intra_node_bandwidth, self.cluster.inter_node_bandwidth)
+            else:
+                bw_sp = []
+                for k, a, c in zip(sp.tolist(), edges_a, edges_c):
+                    bw_ = pair_bw.get(k)
+                    if bw_ is None:
+                        bw_ = pair_bw[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
+                    bw_sp.append(bw_)
             bw = np.asarray(bw_sp, dtype=np.float64)[np.searchsorted(sp, pk)]
-            lat = cl.latency
+            lat = self.cluster.latency
             comm += np.bincount(pu, weights=comm_time(nb, x[pu], bw, lat), minlength=S)
             comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
+        memory, W = self._memory(st, S, d, b, edges_a, edges_c)
         # the array form of allreduce_time: the scalar form's operations, element-wise
         ar = allreduce_time(W, d, ar_bw)
         fwd, bwd = cf + comm, cb + comm
@@ -180,15 +236,6 @@ class SequentialPricer:
             bbl[c] = max(bbl[c], bl[a] + max(al[a], bbl[a]))
         ef, bb = np.asarray(efl), np.asarray(bbl)
         lower = float(np.max(ef + n * (fwd + bwd) + np.maximum(ar, bb)))
-        # 1F1B in-flight: (longest path to a sink + 1) micro-batches, at most n; edges in
-        # decreasing target order finish a stage's depth before it is read
-        depl = [0] * S
-        for i in np.argsort(np.asarray(edges_c, dtype=np.int64), kind="stable")[::-1].tolist():
-            a, c = edges_a[i], edges_c[i]
-            depl[a] = max(depl[a], depl[c] + 1)
-        depth = np.asarray(depl, dtype=np.int64)
-        in_flight = np.minimum(n, depth + 1) * b
-        memory = memory_per_device(cl.optimizer_state_factor, W, in_flight, d, act)
         return Priced(lower, memory, W, fwd + bwd)
 
 
