@@ -45,7 +45,7 @@ CACHE_ENTRIES_TIMES_NODES = 20_000_000   # evaluation cache: at most this many n
 # up to this many nodes + edges a state is priced in plain Python (``Problem._evaluate_py``): on the
 # paper's workloads (33-102 nodes) numpy's per-call overhead on arrays of a few stages was most of
 # the search time; the figures are bit-identical to the vectorised evaluator (same operations in
-# the same order; tests/test_gpp_partition_eval.py checks it), which prices larger graphs: about
+# the same order; tests/test_gpp_speed.py checks it), which prices larger graphs: about
 # even at 500-700 nodes + edges (MMT 8x8, Transformer-96), numpy 1.4x faster at 1,800 (MMT 16x16,
 # 8 devices), 2.9x at 2,700 (NASNet-A large, 1,024 devices)
 PY_EVAL_MAX_SIZE = 1024
