@@ -35,7 +35,9 @@ included.  The wall clock is only a *safety stop*: the seed planners run with th
 algorithms until ``SEED_SAFETY_SHARE`` of it (:mod:`gpp_solver.planners.gpp.seeds`), the local searches are
 capped by ``max_iterations`` moves each and by ``max_work`` node-evaluations (states priced x
 graph nodes) in all — at most ``max_work / WORK_SHARE`` per search, and a search that would start
-with nothing left is skipped (``per_micro_batch[b]["skipped"] = "work"``); counts, so these caps do
+with nothing left is skipped (``per_micro_batch[b]["skipped"] = "work"``), and one from a start
+over memory while a plan is in hand gets a ``WORK_SHARE``-th of that (on 1,000-operator graphs such
+repairs spent their share without reaching memory); counts, so these caps do
 not depend on the machine (``search.extra["work"]``) — and stop at the deadline, CP-SAT gets ``TIGHTEN_SHARE`` of the limit
 (at most ``TIGHTEN_MAX_SECONDS``, the default limit's share, so any larger limit gives the same
 plan) in CP-SAT's *deterministic* time.  ``search.extra["phase_seconds"]`` records where the wall
@@ -191,14 +193,16 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     per_b: dict[int, dict[str, Any]] = {}
     work = {"max_work": o.max_work, "used": 0, "searches": 0, "skipped": 0}   # node-evaluations
 
-    def cap() -> int | None:
-        """States the next search may price (``None``: no cap; 0: nothing left)."""
+    def cap(repair: bool) -> int | None:
+        """States the next search may price (``None``: no cap; 0: nothing left); a search from a
+        start over memory while a plan is in hand (``repair``) gets a ``WORK_SHARE``-th of a share."""
         if o.max_work is None:
             return None
-        return min(o.max_work - work["used"], o.max_work // WORK_SHARE) // len(graph.nodes)
+        share = o.max_work // WORK_SHARE
+        return min(o.max_work - work["used"], share // WORK_SHARE if repair else share) // len(graph.nodes)
 
-    def run_search(Q: Problem, st: State) -> SearchResult | None:
-        m = cap()
+    def run_search(Q: Problem, st: State, e0: Eval | None = None) -> SearchResult | None:
+        m = cap(e0 is not None and e0.key[0] > 0 and bool(pool))
         if m is not None and m <= 0:
             work["skipped"] += 1
             return None
@@ -218,7 +222,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         for label, st, e0 in chosen:
             if time.perf_counter() > deadline and pool:         # out of time: keep at least one plan
                 return False
-            res = run_search(P, st)
+            res = run_search(P, st, e0)
             if res is None:
                 per_b.setdefault(b, {})["skipped"] = "work"
                 break
