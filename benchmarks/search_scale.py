@@ -6,7 +6,7 @@
 
 Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transformer", layers=L)``,
 12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
-published profiles under ``/work/shared/data/pipedream`` (``pd-NAME``, e.g. ``pd-inception_v3``;
+published profiles under ``../shared/data/pipedream`` (beside the checkout) (``pd-NAME``, e.g. ``pd-inception_v3``;
 ``pd-nasnetalarge`` when that file exists; ``pd-/path/to/x.graph.txt`` for a profile elsewhere, e.g.
 NASNet-A large (1,251 operators) from PipeDream's repository: ``git clone
 https://github.com/msr-fiddle/pipedream`` and take
@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-DATA = "/work/shared/data/pipedream"
+DATA = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "pipedream"))
 PLANNERS = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper", "milp", "exact")
 FULL_WORKLOADS = ("transformer-12", "transformer-24", "transformer-48", "transformer-96",
                   "mmt-4x4", "mmt-8x8", "mmt-16x16", "pd-inception_v3", "pd-nasnetalarge")
@@ -55,6 +55,16 @@ def label(name: str) -> str:
     if name.startswith("pd-") and os.sep in name:
         return "pd-" + os.path.basename(name).split(".")[0]
     return name
+
+
+def workload_error(name: str) -> str | None:
+    """Why ``name`` is not a workload this script knows (``None`` when it is)."""
+    import re
+    if re.fullmatch(r"transformer-[1-9][0-9]*", name) or re.fullmatch(r"mmt-[1-9][0-9]*x[1-9][0-9]*", name):
+        return None
+    if name.startswith("pd-"):
+        return None if os.path.exists(pd_path(name)) else f"no profile file {pd_path(name)!r} for workload {name!r}"
+    return f"unknown workload {name!r} (transformer-L, mmt-BxL, pd-NAME or pd-/path/to/x.graph.txt)"
 
 
 def build_workload(name: str):
@@ -137,10 +147,23 @@ def main() -> None:
         w, d, p, tl = a.cell
         print(json.dumps(run_cell(w, int(d), p, float(tl))))
         return
-    workloads = a.workloads.split(",") if a.workloads else list(QUICK_WORKLOADS if a.quick else FULL_WORKLOADS)
-    workloads = [w for w in workloads if not w.startswith("pd-") or os.path.exists(pd_path(w))]
-    devices = [int(x) for x in a.devices.split(",")] if a.devices else list(QUICK_DEVICES if a.quick else FULL_DEVICES)
+    if a.workloads:             # given: every one must be known (exit 2 otherwise)
+        workloads = a.workloads.split(",")
+        bad = [e for e in map(workload_error, workloads) if e]
+        if bad:
+            ap.error(bad[0])
+    else:                       # the default grid: PipeDream profiles that are not here are left out
+        workloads = [w for w in (QUICK_WORKLOADS if a.quick else FULL_WORKLOADS) if workload_error(w) is None]
+    try:
+        devices = [int(x) for x in a.devices.split(",")] if a.devices else list(QUICK_DEVICES if a.quick else FULL_DEVICES)
+    except ValueError:
+        ap.error(f"--devices must be comma-separated integers, got {a.devices!r}")
+    if any(d < 1 for d in devices):
+        ap.error(f"--devices must be positive, got {a.devices!r}")
     planners = a.planners.split(",") if a.planners else list(QUICK_PLANNERS if a.quick else PLANNERS)
+    unknown = [p for p in planners if p not in PLANNERS]
+    if unknown:
+        ap.error(f"unknown planner {unknown[0]!r} (one of {', '.join(PLANNERS)})")
     rows = []
     print(f"{'workload':18} {'ops':>5} {'D':>5} {'planner':14} {'seconds':>8} {'peak MB':>8}  status", flush=True)
     for w in workloads:
