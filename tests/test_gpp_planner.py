@@ -14,7 +14,8 @@ from gpp_solver.errors import InfeasibleError
 from gpp_solver.planners.gpp.planner import plan_gpp
 from gpp_solver.planners.gpp.plans import build_from_state
 from gpp_solver.planners.gpp.seeds import seed_fn
-from gpp_solver.planners.gpp.local_search import chain_states, neighbours, repartitions, search
+from gpp_solver.planners.gpp.chains import chain_states
+from gpp_solver.planners.gpp.local_search import neighbours, repartitions, search
 from gpp_solver.planners.gpp.partition_eval import Problem
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, SearchInfo

@@ -14,7 +14,8 @@ from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.schedule import kfkb_order
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.planners.gpp import planner as gpp_planner
-from gpp_solver.planners.gpp.local_search import chain_states, neighbours, repartitions
+from gpp_solver.planners.gpp.chains import chain_states
+from gpp_solver.planners.gpp.local_search import neighbours, repartitions
 from gpp_solver.planners.gpp.partition_eval import Problem, State
 from gpp_solver.planners.gpp.plans import build_from_state, iteration_time_lower_bound
 from gpp_solver.types import SearchInfo

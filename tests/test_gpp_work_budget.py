@@ -9,7 +9,8 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import v100_cluster
-from gpp_solver.planners.gpp.local_search import chain_states, search
+from gpp_solver.planners.gpp.chains import chain_states
+from gpp_solver.planners.gpp.local_search import search
 from gpp_solver.planners.gpp.options import DEFAULT_MAX_WORK, WORK_SHARE
 from gpp_solver.planners.gpp.partition_eval import Problem
 from gpp_solver.planners.gpp.planner import plan_gpp

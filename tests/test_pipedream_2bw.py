@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import CLUSTER, chain_dict, diamond_dict
-from gpp_solver.planners.sequential.pipedream_2bw import equal_partition, plan_pipedream_2bw
+from gpp_solver.planners.sequential.equal_partition import equal_partition
+from gpp_solver.planners.sequential.pipedream_2bw import plan_pipedream_2bw
 from gpp_solver.formats.cluster import cluster_from_dict
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
@@ -148,7 +149,7 @@ def test_lazy_pricing_picks_and_builds_what_pricing_everything_does(gd, cd, B):
 def test_equal_partition_matches_the_direct_scan():
     import random
     import numpy as np
-    from gpp_solver.planners.sequential.pipedream_2bw import _equal_partition_loop
+    from gpp_solver.planners.sequential.equal_partition import _equal_partition_loop
     rng = random.Random(7)
     for _ in range(3000):
         n = rng.randint(1, 25)
@@ -171,7 +172,7 @@ def test_equal_partition_fast_path_matches_the_direct_scan_on_long_inputs():
     magnitudes (ties from rounding): the vectorised first minimisers equal the scan's cuts."""
     import random
     import numpy as np
-    from gpp_solver.planners.sequential.pipedream_2bw import _equal_partition_loop
+    from gpp_solver.planners.sequential.equal_partition import _equal_partition_loop
     rng = random.Random(11)
     for _ in range(150):
         n = rng.randint(20, 300)

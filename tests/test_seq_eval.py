@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import CLUSTER, chain_dict, diamond_dict
-from gpp_solver.planners.sequential.pipedream_2bw import equal_partition, plan_pipedream_2bw
+from gpp_solver.planners.sequential.equal_partition import equal_partition
+from gpp_solver.planners.sequential.pipedream_2bw import plan_pipedream_2bw
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
 from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
 from gpp_solver.formats.cluster import cluster_from_dict

@@ -79,7 +79,8 @@ from gpp_solver.planners.gpp.pool import Pool as _Pool
 from gpp_solver.planners.gpp.plans import rebuild_as_gpp, states_from_plan, uniform_micro_batch
 from gpp_solver.planners.gpp.seeds import run_seed_planners
 from gpp_solver.planners.gpp.tighten import tighten_orders
-from gpp_solver.planners.gpp.local_search import SearchResult, chain_states, search
+from gpp_solver.planners.gpp.chains import chain_states
+from gpp_solver.planners.gpp.local_search import SearchResult, search
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes, check_mini_batch_size, powers_of_two_dividing
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
