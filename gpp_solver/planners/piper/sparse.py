@@ -69,6 +69,7 @@ class Breakpoints:
         self.corners = _Store(k=np.int64, f=np.int64, v=float, m=float, key=np.int64)
         self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)   # k of a column's first corner
         self.vlast = np.full((n_tables, columns), INF)                    # value of its last corner
+        self.mfirst = np.full((n_tables, columns), -INF)                  # m of its first corner
         self.cptr = np.zeros((n_tables, columns + 1), dtype=np.int64)     # corners of (table, column)
         self.vals: list[np.ndarray | None] = [None] * n_tables           # sorted corner values
         self.base = np.zeros(n_tables + 1, dtype=np.int64)                # key range of each table
@@ -95,7 +96,9 @@ class Breakpoints:
         has = cnt > 0
         self.kfirst[j, has] = kc[self.cptr[j, :-1][has] - self.corners.n]
         self.vlast[j, has] = v[self.cptr[j, 1:][has] - 1 - self.corners.n]
-        self.corners.append(k=kc, f=fc, v=v, m=np.minimum(below[kc, fc], left[kc, fc]), key=key)
+        m = np.minimum(below[kc, fc], left[kc, fc])
+        self.mfirst[j, has] = m[self.cptr[j, :-1][has] - self.corners.n]
+        self.corners.append(k=kc, f=fc, v=v, m=m, key=key)
 
     def count(self, rows: np.ndarray) -> int:
         return int((self.cptr[rows, -1] - self.cptr[rows, 0]).sum())
@@ -147,7 +150,7 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
     for lo in range(0, len(subs), step):
         rows = subs[lo: lo + step]
         R = len(rows)
-        vlast, kfirst = bps.vlast[rows], bps.kfirst[rows]
+        vlast, kfirst, mfirst = bps.vlast[rows], bps.kfirst[rows], bps.mfirst[rows]
         W = np.empty((C, R, F))                          # min(T, U) of each (t, d)
         trip, drops = [], []
         for c, (dt, d) in enumerate(offsets):           # one (t, d) at a time: its arrays stay in cache
@@ -164,8 +167,9 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
             if c in staged and dt < K1:
                 Tn, Un = T[:, :n], U[:, :n]
                 alive = Tn < Un
-                # columns with some corner below U, the first in reach
-                r, f = np.nonzero(alive & (vlast[:, :n] < Un) & (kfirst[:, :n] < K1 - dt))
+                # columns with some corner below U, the first in reach, and T below the first's m (else
+                # every corner has v <= T and the first one, the only candidate, has m <= T)
+                r, f = np.nonzero(alive & (vlast[:, :n] < Un) & (Tn < mfirst[:, :n]) & (kfirst[:, :n] < K1 - dt))
                 trip.append((np.full(len(r), c), r, f, Tn[r, f], Un[r, f]))
                 # columns where T drops: every k-drop there, with the value below as m
                 dr, df = np.nonzero(alive[:, 1:] & (Tn[:, 1:] < Tn[:, :-1]))
