@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.planners.piper.knapsack import EPS_BYTES, HardInstances, solve_hard
+from gpp_solver.planners.piper.knapsack import EPS_BYTES, HardInstances, solve_hard, solve_two
 
 INF = np.inf
 
@@ -78,19 +78,45 @@ class StageCosts:
     cut: np.ndarray | None = None
     mem_f: np.ndarray | None = None
     tps_full: np.ndarray | None = None
+    fast: np.ndarray | None = None       # (P, n) fastest slot of each node (with ``tps_full``)
 
     def fill(self, mask: np.ndarray | None = None) -> None:
-        mask = self.hard if mask is None else mask & self.hard
+        fill_many([self], None if mask is None else [mask])
+
+
+def fill_many(costs: list[StageCosts], masks: list[np.ndarray] | None = None) -> None:
+    """:meth:`StageCosts.fill` of several (one degree's, same stages, by ``d``): the two-slot
+    heuristic with sync costs runs once for all of them."""
+    batch = []
+    for j, sc in enumerate(costs):
+        mask = sc.hard if masks is None else masks[j] & sc.hard
         if not mask.any():
-            return
+            continue
         r, yi = np.nonzero(mask)
-        k, opt = self.kernel, self.opt
-        if self.tps_full is None and opt.p.shape[1] <= 2:
-            vals = k.sep_hard(opt, self.S, self.d, r, yi, self.tf - self.cut, self.mem_f)
+        k, opt = sc.kernel, sc.opt
+        if sc.tps_full is None and opt.p.shape[1] <= 2:
+            vals = k.sep_hard(opt, sc.S, sc.d, r, yi, sc.tf - sc.cut, sc.mem_f)
+        elif opt.p.shape[1] <= 2:
+            batch.append((sc, r, yi))
+            continue
         else:
-            vals, _ = k.hard_values(opt, self.S, self.d, r, yi, self.tps_full)
-        self.out[r, yi] = vals + self.cut[r]
-        self.hard &= ~mask
+            vals, _ = k.hard_values(opt, sc.S, sc.d, r, yi, sc.tps_full)
+        sc.out[r, yi] = vals + sc.cut[r]
+        sc.hard &= ~mask
+    if batch:
+        k, opt = batch[0][0].kernel, batch[0][0].opt
+        rows = k.two_rows(opt, np.concatenate([sc.tps_full for sc, _, _ in batch]),
+                          np.concatenate([sc.fast for sc, _, _ in batch]))
+        off = np.cumsum([0] + [len(sc.S) for sc, _, _ in batch])
+        r = np.concatenate([rr + o for (_, rr, _), o in zip(batch, off)])
+        yi = np.concatenate([y for _, _, y in batch])
+        S = np.concatenate([sc.S[rr] for sc, rr, _ in batch])
+        base = np.concatenate([sc.tf[rr] for sc, rr, _ in batch])
+        vals, _ = k.two_values(opt, rows, r, yi, S, base)
+        for (sc, rr, y), lo, hi in zip(batch, np.cumsum([0] + [len(b[1]) for b in batch]),
+                                       np.cumsum([len(b[1]) for b in batch])):
+            sc.out[rr, y] = vals[lo:hi] + sc.cut[rr]
+            sc.hard[rr, y] = False
 
 
 class StageCostKernel:
@@ -178,6 +204,8 @@ class StageCostKernel:
         if self.sep[opt.t]:
             # slots differ only in node-local terms: the fastest slot does not depend on the stage
             sums = {d: col_sums[:, self.S1 + 2 + 3 * k: self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
+        else:
+            e_bytes = self.node_bytes(opt, S)                               # the same for every d
         result = []
         for j, d in enumerate(ds):
             Y = self.S1 // d + 2
@@ -186,9 +214,9 @@ class StageCostKernel:
             if sums is not None:
                 cut = cut_raw / d / inst.bandwidth
                 tf, af, bf = sums[d][:, 0] + cut, sums[d][:, 1], sums[d][:, 2]
-                tps_full = None
+                tps_full = fast = None
             else:
-                tps_full = self.node_tps(opt, self.node_bytes(opt, S), d)  # (P, n, L)
+                tps_full = self.node_tps(opt, e_bytes, d)  # (P, n, L)
                 fast = np.argmin(tps_full, axis=2)[:, :, None]
                 pick = lambda arr: np.take_along_axis(np.broadcast_to(arr, tps_full.shape), fast, axis=2)[:, :, 0]
                 tf = np.where(S, pick(tps_full), 0.0).sum(axis=1)
@@ -204,7 +232,8 @@ class StageCostKernel:
             bad = (S & ~opt.supported).any(axis=1)
             out[bad] = INF
             hard[bad] = False
-            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full)
+            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full,
+                           None if fast is None else fast[:, :, 0])
             if not defer:
                 c.fill()
             result.append(c)
@@ -253,16 +282,39 @@ class StageCostKernel:
         """The heuristic on stages ``S[r]`` at ``y = yi`` (general form).  Without sync costs
         (``tps_full`` None) the boundary bytes are the same in every slot of a node and are left out
         (the caller adds them): they do not change the choice."""
-        if tps_full is None:
-            tps = np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape)
-        else:
-            tps = tps_full[r]
+        if opt.p.shape[1] <= 2:      # the fast heuristic: slots and TPS per stage, memory per (stage, y)
+            tps, ri = (self.node_tps(opt, np.zeros_like(opt.p), d)[None], np.zeros_like(r)) if tps_full is None \
+                else (tps_full, r)
+            rows = self.two_rows(opt, tps, np.argmin(tps, axis=2))
+            return self.two_values(opt, rows, ri, yi, S[r], None, want_choice)
+        tps = np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape) \
+            if tps_full is None else tps_full[r]
         y = yi.astype(float)[:, None, None]
         with np.errstate(invalid="ignore"):
             mem = np.where(opt.avail[None], opt.a[None] * y + opt.b[None], INF)
         f = np.argmin(tps, axis=2)
         return solve_hard(HardInstances(tps=tps, mem=mem, in_s=S[r], fastest=f, limit=self.inst.memory),
                           want_choice=want_choice)
+
+    def two_rows(self, opt: DegreeOptions, tps: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per stage (rows of ``tps``, ``(P, n, L)``, ``L <= 2``; ``f`` its argmin over slots): fastest
+        and other slot, their TPS, ``a``, ``b`` and whether the other slot exists (each ``(P, n)``)."""
+        o = 1 - f if tps.shape[2] == 2 else f
+        pick = lambda arr, sl: np.take_along_axis(np.broadcast_to(arr, tps.shape), sl[:, :, None], axis=2)[:, :, 0]
+        return f, o, pick(tps, f), pick(tps, o), pick(opt.a, f), pick(opt.b, f), pick(opt.a, o), pick(opt.b, o), \
+            pick(opt.avail, f), pick(opt.avail, o)
+
+    def two_values(self, opt: DegreeOptions, rows: tuple[np.ndarray, ...], r: np.ndarray, yi: np.ndarray,
+                   in_s: np.ndarray, base: np.ndarray | None, want_choice: bool = False):
+        """The fast heuristic on stages ``r`` (of :meth:`two_rows`' ``rows``) at ``y = yi``."""
+        f, o, tps_f, tps_o, af, bf, ao, bo, okf, oko = rows
+        y = yi.astype(float)[:, None]
+        with np.errstate(invalid="ignore"):
+            mem_f = np.where(okf[r], af[r] * y + bf[r], INF)
+            mem_o = np.where(oko[r], ao[r] * y + bo[r], INF)
+        best, applied = solve_two(tps_f, tps_o, r, mem_f, mem_o, in_s, self.inst.memory, base=base,
+                                  want_choice=want_choice)
+        return best, (np.where(applied, o[r], f[r]) if want_choice else None)
 
     def choice(self, opt: DegreeOptions, S_row: np.ndarray, d: int, y: int) -> tuple[int, ...]:
         """Labels of the slots the heuristic picks for the nodes of one stage at ``y``."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.errors import SearchSpaceTooLargeError, SolverError, TimeLimitError
-from gpp_solver.planners.piper.cost import INF, PiperInstance, StageCostKernel
+from gpp_solver.planners.piper.cost import INF, PiperInstance, StageCostKernel, fill_many
 from gpp_solver.planners.piper.sparse import Breakpoints, dominators
 from gpp_solver.planners.piper.sparse import update as sparse_update
 
@@ -177,7 +177,10 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
             cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
             pre = (G[opt.t][i] - G[opt.t][rows], cut)
             # sparse: every knapsack now; dense: only where its lower bound could improve the table
-            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=not sparse, pre=pre)):
+            cs = ker.costs_many(opt, S, dlist, defer=True, pre=pre)
+            if sparse:
+                fill_many(cs)
+            for d, c in zip(dlist, cs):
                 dt = d * opt.t
                 ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
                 if sparse:

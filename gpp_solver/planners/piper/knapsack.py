@@ -50,11 +50,21 @@ def solve_hard(h: HardInstances, *, want_choice: bool = False) -> tuple[np.ndarr
     cols = np.arange(n)[None, :]
     f = h.fastest
     o = 1 - f if L == 2 else f
-    tps_f = h.tps[rows, cols, f]
-    mem_f = h.mem[rows, cols, f]
-    tps_o = h.tps[rows, cols, o]
-    mem_o = h.mem[rows, cols, o]
-    in_s = h.in_s
+    best, applied = solve_two(h.tps[rows, cols, f], h.tps[rows, cols, o], np.arange(H), h.mem[rows, cols, f],
+                              h.mem[rows, cols, o], h.in_s, h.limit, want_choice=want_choice)
+    return best, (np.where(applied, o, f) if want_choice else None)
+
+
+def solve_two(tps_f: np.ndarray, tps_o: np.ndarray, r: np.ndarray, mem_f: np.ndarray, mem_o: np.ndarray,
+              in_s: np.ndarray, limit: float, *, base: np.ndarray | None = None,
+              want_choice: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """The fast heuristic (at most two slots per node) on ``H`` instances: instance ``h`` has the nodes
+    ``in_s[h]``, TPS ``tps_f[r[h]]`` in each node's fastest slot and ``tps_o[r[h]]`` in its other one
+    (per stage: the same for every ``y``), memory ``mem_f[h]`` / ``mem_o[h]`` (``inf`` where the
+    other slot is unavailable); ``base``: the all-fastest TPS of each instance if known.  Returns the
+    best TPS (``inf`` if none) and, optionally, which nodes switch to their other slot (``(H, n)`` bool)."""
+    H, n = in_s.shape
+    tps_f, tps_o = tps_f[r], tps_o[r]
     with np.errstate(invalid="ignore", divide="ignore"):
         sav = np.where(in_s, mem_f - mem_o, 0.0)
         cand = in_s & np.isfinite(mem_o) & (sav > EPS_BYTES)
@@ -63,21 +73,21 @@ def solve_hard(h: HardInstances, *, want_choice: bool = False) -> tuple[np.ndarr
     order = np.argsort(ratio, axis=1, kind="stable")           # ties: lower node index first
     sav_sorted = np.take_along_axis(np.where(cand, sav, 0.0), order, axis=1)
     cand_sorted = np.take_along_axis(cand, order, axis=1)
-    need = np.where(in_s, mem_f, 0.0).sum(axis=1) - h.limit     # memory to shave off
+    need = np.where(in_s, mem_f, 0.0).sum(axis=1) - limit       # memory to shave off
     left = need[:, None] - np.cumsum(sav_sorted, axis=1)
     done = cand_sorted & (left < EPS_BYTES)
     ok = done.any(axis=1)
     kstar = np.argmax(done, axis=1)
-    base = np.where(in_s, tps_f, 0.0).sum(axis=1)
+    if base is None:
+        base = np.where(in_s, tps_f, 0.0).sum(axis=1)
     dsum = np.cumsum(np.take_along_axis(dtps, order, axis=1), axis=1)
     best = np.where(ok, base + dsum[np.arange(H), kstar], np.inf)
-    choice = None
+    applied = None
     if want_choice:
         applied = np.zeros((H, n), dtype=bool)
         pos = np.arange(n)[None, :] <= kstar[:, None]
         np.put_along_axis(applied, order, pos & cand_sorted & ok[:, None], axis=1)
-        choice = np.where(applied, o, f)
-    return best, choice
+    return best, applied
 
 
 def _solve_general(h: HardInstances, want_choice: bool) -> tuple[np.ndarray, np.ndarray | None]:
