@@ -85,9 +85,9 @@ class StageCosts:
 
 
 def fill_many(costs: list[StageCosts], masks: list[np.ndarray] | None = None) -> None:
-    """:meth:`StageCosts.fill` of several (one degree's, same stages, by ``d``): the two-slot
-    heuristic with sync costs runs once for all of them."""
-    batch = []
+    """:meth:`StageCosts.fill` of several (``masks``: the instances to solve, default all): the
+    two-slot heuristic with sync costs runs once per degree for all of them."""
+    batch: dict[int, list] = {}
     for j, sc in enumerate(costs):
         mask = sc.hard if masks is None else masks[j] & sc.hard
         if not mask.any():
@@ -97,24 +97,25 @@ def fill_many(costs: list[StageCosts], masks: list[np.ndarray] | None = None) ->
         if sc.tps_full is None and opt.p.shape[1] <= 2:
             vals = k.sep_hard(opt, sc.S, sc.d, r, yi, sc.tf - sc.cut, sc.mem_f)
         elif opt.p.shape[1] <= 2:
-            batch.append((sc, r, yi))
+            batch.setdefault(opt.t, []).append((sc, r, yi))
             continue
         else:
             vals, _ = k.hard_values(opt, sc.S, sc.d, r, yi, sc.tps_full)
         sc.out[r, yi] = vals + sc.cut[r]
-        sc.hard &= ~mask
-    if batch:
-        k, opt = batch[0][0].kernel, batch[0][0].opt
-        rows = k.two_rows(opt, np.concatenate([sc.tps_full for sc, _, _ in batch]),
-                          np.concatenate([sc.fast for sc, _, _ in batch]))
-        off = np.cumsum([0] + [len(sc.S) for sc, _, _ in batch])
-        r = np.concatenate([rr + o for (_, rr, _), o in zip(batch, off)])
-        yi = np.concatenate([y for _, _, y in batch])
-        S = np.concatenate([sc.S[rr] for sc, rr, _ in batch])
-        base = np.concatenate([sc.tf[rr] for sc, rr, _ in batch])
+        sc.hard[r, yi] = False
+    for group in batch.values():
+        k, opt = group[0][0].kernel, group[0][0].opt
+        used = [np.unique(r, return_inverse=True) for _, r, _ in group]     # stages with some instance
+        rows = k.two_rows(opt, np.concatenate([sc.tps_full[u] for (sc, _, _), (u, _) in zip(group, used)]),
+                          np.concatenate([sc.fast[u] for (sc, _, _), (u, _) in zip(group, used)]))
+        off = np.cumsum([0] + [len(u) for u, _ in used])
+        r = np.concatenate([inv + o for (_, inv), o in zip(used, off)])
+        yi = np.concatenate([y for _, _, y in group])
+        S = np.concatenate([sc.S[rr] for sc, rr, _ in group])
+        base = np.concatenate([sc.tf[rr] for sc, rr, _ in group])
         vals, _ = k.two_values(opt, rows, r, yi, S, base)
-        for (sc, rr, y), lo, hi in zip(batch, np.cumsum([0] + [len(b[1]) for b in batch]),
-                                       np.cumsum([len(b[1]) for b in batch])):
+        ends = np.cumsum([len(rr) for _, rr, _ in group])
+        for (sc, rr, y), lo, hi in zip(group, ends - [len(g[1]) for g in group], ends):
             sc.out[rr, y] = vals[lo:hi] + sc.cut[rr]
             sc.hard[rr, y] = False
 
@@ -217,11 +218,11 @@ class StageCostKernel:
                 tps_full = fast = None
             else:
                 tps_full = self.node_tps(opt, e_bytes, d)  # (P, n, L)
-                fast = np.argmin(tps_full, axis=2)[:, :, None]
-                pick = lambda arr: np.take_along_axis(np.broadcast_to(arr, tps_full.shape), fast, axis=2)[:, :, 0]
-                tf = np.where(S, pick(tps_full), 0.0).sum(axis=1)
-                af = np.where(S, pick(opt.a), 0.0).sum(axis=1)
-                bf = np.where(S, pick(opt.b), 0.0).sum(axis=1)
+                fast = np.argmin(tps_full, axis=2)
+                nodes = np.arange(n)[None, :]
+                tf = np.where(S, tps_full[np.arange(P)[:, None], nodes, fast], 0.0).sum(axis=1)
+                af = np.where(S, opt.a[nodes, fast], 0.0).sum(axis=1)
+                bf = np.where(S, opt.b[nodes, fast], 0.0).sum(axis=1)
                 cut = np.zeros(P)
             mem_f = af[:, None] * ys[None] + bf[:, None]
             M = inst.memory
@@ -232,8 +233,7 @@ class StageCostKernel:
             bad = (S & ~opt.supported).any(axis=1)
             out[bad] = INF
             hard[bad] = False
-            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full,
-                           None if fast is None else fast[:, :, 0])
+            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full, fast)
             if not defer:
                 c.fill()
             result.append(c)
@@ -300,9 +300,10 @@ class StageCostKernel:
         """Per stage (rows of ``tps``, ``(P, n, L)``, ``L <= 2``; ``f`` its argmin over slots): fastest
         and other slot, their TPS, ``a``, ``b`` and whether the other slot exists (each ``(P, n)``)."""
         o = 1 - f if tps.shape[2] == 2 else f
-        pick = lambda arr, sl: np.take_along_axis(np.broadcast_to(arr, tps.shape), sl[:, :, None], axis=2)[:, :, 0]
-        return f, o, pick(tps, f), pick(tps, o), pick(opt.a, f), pick(opt.b, f), pick(opt.a, o), pick(opt.b, o), \
-            pick(opt.avail, f), pick(opt.avail, o)
+        P, n, _ = tps.shape
+        rows, nodes = np.arange(P)[:, None], np.arange(n)[None, :]
+        return f, o, tps[rows, nodes, f], tps[rows, nodes, o], opt.a[nodes, f], opt.b[nodes, f], opt.a[nodes, o], \
+            opt.b[nodes, o], opt.avail[nodes, f], opt.avail[nodes, o]
 
     def two_values(self, opt: DegreeOptions, rows: tuple[np.ndarray, ...], r: np.ndarray, yi: np.ndarray,
                    in_s: np.ndarray, base: np.ndarray | None, want_choice: bool = False):

@@ -129,6 +129,23 @@ def _update_dense(acc: np.ndarray, sub_dp: np.ndarray, stage: np.ndarray, dt: in
     np.minimum(acc[dt:, d:], cand.min(axis=0), out=acc[dt:, d:])
 
 
+def _worth_solving(c, sub_dp: np.ndarray, acc: np.ndarray, dt: int, d: int, ycol: np.ndarray) -> np.ndarray:
+    """The deferred knapsack instances ``(row, y)`` of ``c`` whose lower bound (the all-fastest TPS)
+    beats the monotone table ``acc`` somewhere (only the hard columns ``s - d`` are compared)."""
+    want = np.zeros(c.hard.shape, dtype=bool)
+    hr = np.flatnonzero(c.hard.any(axis=1))
+    hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
+    cols = np.flatnonzero(hy.any(axis=0))
+    if len(cols) == 0:
+        return want
+    lo, hi = cols[0], cols[-1] + 1
+    lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
+    better = (np.maximum(sub_dp[hr, : acc.shape[0] - dt, lo:hi], lb[:, None, :]) < acc[dt:, d + lo: d + hi]).any(axis=1)
+    rr, ss = np.nonzero(better)
+    want[hr[rr], ycol[lo + ss]] = True
+    return want
+
+
 def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
            deadline: float | None = None, progress: bool = False) -> DPResult:
     """Fill the table over ``downsets`` (sorted by size, the empty set first, the full set last) and
@@ -194,25 +211,12 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
         if pending:     # monotone first: the lower-bound test compares against a finished table
             np.minimum.accumulate(acc, axis=0, out=acc)
             np.minimum.accumulate(acc, axis=1, out=acc)
-        for c, sub_dp, dt, d, ycol in pending:
-            # lower bound of each hard (row, y): could it beat acc somewhere?  Only the hard columns s - d.
-            hr = np.flatnonzero(c.hard.any(axis=1))
-            hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
-            cols = np.flatnonzero(hy.any(axis=0))
-            if len(cols) == 0:
-                continue
-            lo, hi = cols[0], cols[-1] + 1
-            lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
-            better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
-                      < acc[dt:, d + lo: d + hi]).any(axis=1)
-            rr, ss = np.nonzero(better)
-            want = np.zeros(c.hard.shape, dtype=bool)
-            want[hr[rr], ycol[lo + ss]] = True
-            if not want.any():
-                continue
-            c.fill(want)
+        wants = [_worth_solving(c, sub_dp, acc, dt, d, ycol) for c, sub_dp, dt, d, ycol in pending]
+        fill_many([p[0] for p in pending], wants)      # all at once, against the table before any of them
+        for (c, sub_dp, dt, d, ycol), want in zip(pending, wants):
             use = want.any(axis=1)
-            _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
+            if use.any():
+                _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
         np.minimum.accumulate(acc, axis=0, out=acc)
         np.minimum.accumulate(acc, axis=1, out=acc)
         bps.add(i, acc)
