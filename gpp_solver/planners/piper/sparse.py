@@ -30,12 +30,6 @@ CHUNK = 1 << 22
 """Most (t, d) x row x column cells handled at once (memory bound of one step)."""
 
 
-def ranges(start: np.ndarray, cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(owner, index)`` of the concatenated ranges ``[start[i], start[i] + cnt[i])``."""
-    owner = np.repeat(np.arange(len(start)), cnt)
-    return owner, start[owner] + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-
-
 class _Store:
     """Growing point arrays (``names``: int64 or float columns)."""
 
@@ -66,7 +60,7 @@ class Breakpoints:
         self.tables = tables                                              # (n, K + 1, columns), filled in order
         n_tables, K1, columns = tables.shape
         self.F = columns
-        self.corners = _Store(k=np.int64, f=np.int64, v=float, m=float, key=np.int64)
+        self.corners = _Store(k=np.int64, f=np.int64, kf=np.int64, v=float, m=float, key=np.int64)
         self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)   # k of a column's first corner
         self.vlast = np.full((n_tables, columns), INF)                    # value of its last corner
         self.mfirst = np.full((n_tables, columns), -INF)                  # m of its first corner
@@ -98,7 +92,7 @@ class Breakpoints:
         self.vlast[j, has] = v[self.cptr[j, 1:][has] - 1 - self.corners.n]
         m = np.minimum(below[kc, fc], left[kc, fc])
         self.mfirst[j, has] = m[self.cptr[j, :-1][has] - self.corners.n]
-        self.corners.append(k=kc, f=fc, v=v, m=m, key=key)
+        self.corners.append(k=kc, f=fc, kf=kc * self.F + fc, v=v, m=m, key=key)
 
     def count(self, rows: np.ndarray) -> int:
         return int((self.cptr[rows, -1] - self.cptr[rows, 0]).sum())
@@ -186,31 +180,27 @@ def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tu
     """Write the needed points of the triples ``(c, r, f)`` with cost ``t`` and bound ``u``, and of
     the k-drops of the ``drops`` triples (the same fields)."""
     K1, F = acc.shape
-    dts = np.array([o[0] for o in offsets], dtype=np.int64)
-    ds = np.array([o[1] for o in offsets], dtype=np.int64)
+    off = np.array([dt * F + d for dt, d in offsets], dtype=np.int64)   # flat shift of each (t, d)
     tables = rows[r]
     p = bps.first_at_most(tables, f, t, strict=False)            # first corner with v <= T
     q = bps.first_at_most(tables, f, u, strict=True)             # first corner with v < U
     cr = bps.corners
-    own, idx = ranges(q, p - q)                                  # T < v < U: the corner's own value
-    ks, fs, vals, cs = [cr.k[idx]], [cr.f[idx]], [cr.v[idx]], [c[own]]
+    kf = cr.kf                                                   # flat position of each corner
+    cnt = p - q                                                  # T < v < U: the corner's own value
+    idx = np.arange(int(cnt.sum())) + np.repeat(q - (np.cumsum(cnt) - cnt), cnt)
+    ats, vals = [kf[idx] + np.repeat(off[c], cnt)], [cr.v[idx]]
     end = bps.cptr[tables, f + 1]
     pp = np.minimum(p, max(cr.n - 1, 0))
     hit = (p < end) & (t < cr.m[pp])                              # the first with v <= T, if T < m
-    ks.append(cr.k[pp[hit]])
-    fs.append(f[hit])
+    ats.append(kf[pp[hit]] + off[c[hit]])
     vals.append(t[hit])
-    cs.append(c[hit])
     if drops is not None:
         dc, dr, df, dtv, du = drops
         o, k, v, b = bps.column_drops(rows, dr, df)
         w = np.maximum(v, dtv[o])
         ok = w < np.minimum(b, du[o])
-        ks.append(k[ok])
-        fs.append(df[o[ok]])
+        ats.append(k[ok] * F + df[o[ok]] + off[dc[o[ok]]])
         vals.append(w[ok])
-        cs.append(dc[o[ok]])
-    k, f, v, c = (np.concatenate(a) for a in (ks, fs, vals, cs))
-    keep = k + dts[c] < K1
-    k, f, v, c = k[keep], f[keep], v[keep], c[keep]
-    np.minimum.at(acc.reshape(-1), (k + dts[c]) * F + f + ds[c], v)
+    at, v = np.concatenate(ats), np.concatenate(vals)
+    keep = at < K1 * F                      # (k + dt) * F + f + d with f + d < F: in the table iff k + dt < K1
+    np.minimum.at(acc.reshape(-1), at[keep], v[keep])
