@@ -147,3 +147,23 @@ def test_transformer_96_at_64_devices_sparse_equals_dense(monkeypatch):
     dense = plan_piper(graph, v100_cluster(64), 1024)
     assert [s.nodes for s in sparse.stages] == [s.nodes for s in dense.stages]
     assert sparse.predicted.time_per_sample == dense.predicted.time_per_sample
+
+
+def test_first_best_is_the_published_scan():
+    """``_first_best`` (binary search per row) against the published double loop, near-ties included."""
+    def scan(t):
+        best, bk, bs = np.inf, 0, 0
+        for k in range(t.shape[0]):
+            for s in range(1, t.shape[1]):
+                v = t[k, s]
+                if v + 1e-9 * max(1.0, abs(v)) < best:
+                    best, bk, bs = float(v), k, s
+        return best, bk, bs
+
+    rng = np.random.default_rng(3)
+    vals = [np.inf, 1.0, 1.0 + 1e-10, 1.0 + 5e-10, 2.0, 0.5, 0.5 - 1e-10, 3.0, 1e-12, 0.0]
+    for _ in range(500):
+        K, S = rng.integers(1, 12, size=2)
+        t = rng.choice(vals, size=(K, S + 1)) * (rng.uniform(0.5, 2) if rng.random() < 0.3 else 1.0)
+        t = np.minimum.accumulate(np.minimum.accumulate(t, axis=0), axis=1)
+        assert piper_dp._first_best(t) == scan(t)

@@ -225,16 +225,26 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     if bar is not None:
         bar.close()
     full = ND - 1
-    best, bk, bs = INF, 0, 0
-    for k in range(K + 1):
-        for s in range(1, S1 + 1):
-            v = dp[full, k, s]
-            if v + 1e-9 * max(1.0, abs(v)) < best:
-                best, bk, bs = float(v), k, s
+    best, bk, bs = _first_best(dp[full])
     if not np.isfinite(best):
         return DPResult(INF, 0, 0, (), ND, pairs)
     stages = _reconstruct(inst, ker, tab, full, bk, bs, deadline)
     return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, pairs)
+
+
+def _first_best(table: np.ndarray) -> tuple[float, int, int]:
+    """The published scan for the answer: over ``k``, then ``s >= 1``, take ``v`` when ``v + 1e-9 max(1,
+    |v|) < best``.  The table is monotone, so along a row ``v + tol(v)`` does not rise: each update is
+    found by binary search, and rows whose last value cannot update are skipped."""
+    best, bk, bs = INF, 0, 0
+    v = table[:, 1:]
+    w = v + 1e-9 * np.maximum(1.0, np.abs(v))
+    for k in np.flatnonzero(w[:, -1] < INF):
+        row, neg = v[k], -w[k]
+        while w[k, -1] < best:
+            s = int(np.searchsorted(neg, -best, side="right"))   # first s with w < best
+            best, bk, bs = float(row[s]), int(k), s + 1
+    return best, bk, bs
 
 
 def _progress(total: int, on: bool) -> ProgressBar:
