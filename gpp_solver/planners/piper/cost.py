@@ -307,15 +307,26 @@ class StageCostKernel:
 
     def two_values(self, opt: DegreeOptions, rows: tuple[np.ndarray, ...], r: np.ndarray, yi: np.ndarray,
                    in_s: np.ndarray, base: np.ndarray | None, want_choice: bool = False):
-        """The fast heuristic on stages ``r`` (of :meth:`two_rows`' ``rows``) at ``y = yi``."""
+        """The fast heuristic on stages ``r`` (of :meth:`two_rows`' ``rows``) at ``y = yi`` (``in_s``:
+        each instance's nodes).  Only the memory to shave off is summed over every node (the same
+        sum as the published form's, bit for bit); the rest runs on the nodes of some stage."""
         f, o, tps_f, tps_o, af, bf, ao, bo, okf, oko = rows
         y = yi.astype(float)[:, None]
+        cols = np.flatnonzero(in_s.any(axis=0))
+        s_c = in_s[:, cols]
         with np.errstate(invalid="ignore"):
-            mem_f = np.where(okf[r], af[r] * y + bf[r], INF)
-            mem_o = np.where(oko[r], ao[r] * y + bo[r], INF)
-        best, applied = solve_two(tps_f, tps_o, r, mem_f, mem_o, in_s, self.inst.memory, base=base,
-                                  want_choice=want_choice)
-        return best, (np.where(applied, o[r], f[r]) if want_choice else None)
+            mem_f = af[r] * y + bf[r]                   # a stage's nodes have their fastest slot
+            need = np.where(in_s, mem_f, 0.0).sum(axis=1) - self.inst.memory
+            sav = np.where(s_c, mem_f[:, cols] - (ao[:, cols][r] * y + bo[:, cols][r]), 0.0)
+            cand = s_c & oko[:, cols][r] & (sav > EPS_BYTES)
+        if base is None:
+            base = np.where(in_s, tps_f[r], 0.0).sum(axis=1)
+        best, applied = solve_two((tps_o - tps_f)[:, cols], r, need, sav, cand, base, want_choice=want_choice)
+        if not want_choice:
+            return best, None
+        switch = np.zeros(in_s.shape, dtype=bool)
+        switch[:, cols] = applied
+        return best, np.where(switch, o[r], f[r])
 
     def choice(self, opt: DegreeOptions, S_row: np.ndarray, d: int, y: int) -> tuple[int, ...]:
         """Labels of the slots the heuristic picks for the nodes of one stage at ``y``."""
