@@ -311,6 +311,8 @@ class StageCostKernel:
         each instance's nodes).  Only the memory to shave off is summed over every node (the same
         sum as the published form's, bit for bit); the rest runs on the nodes of some stage."""
         f, o, tps_f, tps_o, af, bf, ao, bo, okf, oko = rows
+        if len(r) == 0:
+            return np.zeros(0), (np.zeros(in_s.shape, dtype=int) if want_choice else None)
         y = yi.astype(float)[:, None]
         cols = np.flatnonzero(in_s.any(axis=0))
         s_c = in_s[:, cols]
