@@ -15,9 +15,9 @@ written at ``(k + dt, f + d)``.  A corner's candidate is needed only if
 
 In a column the corners' values fall with ``k``, so the needed ones are a slice: those with
 ``T < v < U`` and the first with ``v <= T`` (if ``T < m`` there).  The slices are found by binary
-search over per-table value ranks (``Breakpoints.keys``), so the work grows with the (row, (t, d),
-column) triples where ``T < U`` and the points written, not with every corner of every row for
-every ``(t, d)``.  The written set has the same monotone closure as writing everywhere.
+search in the columns' runs of corners (all triples at once), so the work grows with the (row,
+(t, d), column) triples where ``T < U`` and the points written, not with every corner of every row
+for every ``(t, d)``.  The written set has the same monotone closure as writing everywhere.
 """
 
 from __future__ import annotations
@@ -60,14 +60,11 @@ class Breakpoints:
         self.tables = tables                                              # (n, K + 1, columns), filled in order
         n_tables, K1, columns = tables.shape
         self.F = columns
-        self.corners = _Store(k=np.int64, f=np.int64, kf=np.int64, v=float, m=float, key=np.int64)
+        self.corners = _Store(k=np.int64, f=np.int64, kf=np.int64, v=float, m=float)
         self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)   # k of a column's first corner
         self.vlast = np.full((n_tables, columns), INF)                    # value of its last corner
         self.mfirst = np.full((n_tables, columns), -INF)                  # m of its first corner
         self.cptr = np.zeros((n_tables, columns + 1), dtype=np.int64)     # corners of (table, column)
-        self.vals: list[np.ndarray | None] = [None] * n_tables           # sorted corner values
-        self.base = np.zeros(n_tables + 1, dtype=np.int64)                # key range of each table
-        self.R = np.ones(n_tables, dtype=np.int64)
 
     def add(self, j: int, table: np.ndarray) -> None:
         """Tables are added in order ``j = 0, 1, ...``."""
@@ -80,11 +77,6 @@ class Breakpoints:
         corner = (table < below) & (table < left)
         fc, kc = np.nonzero(corner.T)                     # by column, then k
         v = table[kc, fc]
-        vals = np.unique(v)
-        R = len(vals) + 1
-        key = self.base[j] + fc * R + (R - 1 - np.searchsorted(vals, v))
-        self.base[j + 1] = self.base[j] + (self.F + 1) * R
-        self.vals[j], self.R[j] = vals, R
         cnt = corner.sum(axis=0)
         self.cptr[j] = self.corners.n + np.concatenate(([0], np.cumsum(cnt)))
         has = cnt > 0
@@ -92,7 +84,7 @@ class Breakpoints:
         self.vlast[j, has] = v[self.cptr[j, 1:][has] - 1 - self.corners.n]
         m = np.minimum(below[kc, fc], left[kc, fc])
         self.mfirst[j, has] = m[self.cptr[j, :-1][has] - self.corners.n]
-        self.corners.append(k=kc, f=fc, kf=kc * self.F + fc, v=v, m=m, key=key)
+        self.corners.append(k=kc, f=fc, kf=kc * self.F + fc, v=v, m=m)
 
     def count(self, rows: np.ndarray) -> int:
         return int((self.cptr[rows, -1] - self.cptr[rows, 0]).sum())
@@ -108,18 +100,20 @@ class Breakpoints:
 
     def first_at_most(self, tables: np.ndarray, f: np.ndarray, x: np.ndarray, strict: bool) -> np.ndarray:
         """Index (into ``corners``) of the first corner of column ``f`` of table ``tables[i]`` whose
-        value is ``<= x[i]`` (``< x[i]`` if ``strict``); the column's end when there is none."""
-        if not len(x):          # no (table, column) pair asked about
-            return np.zeros(0, dtype=np.int64)
-        r = np.empty(len(x), dtype=np.int64)
-        order = np.argsort(tables, kind="stable")
-        ts = tables[order]
-        cuts = np.flatnonzero(np.diff(ts)) + 1
-        for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(ts)]))):
-            sel = order[lo:hi]
-            r[sel] = np.searchsorted(self.vals[ts[lo]], x[sel], side="left" if strict else "right") - 1
-        R = self.R[tables]
-        return np.searchsorted(self.corners.key[: self.corners.n], self.base[tables] + f * R + (R - 1 - r))
+        value is ``<= x[i]`` (``< x[i]`` if ``strict``); the column's end when there is none.  A
+        binary search in every column's run of corners at once (values fall along a run)."""
+        lo = self.cptr[tables, f]
+        hi = self.cptr[tables, f + 1]
+        v = self.corners.v
+        live = np.flatnonzero(lo < hi)
+        while len(live):
+            a, b = lo[live], hi[live]
+            mid = (a + b) >> 1
+            right = v[mid] >= x[live] if strict else v[mid] > x[live]     # the answer lies past mid
+            lo[live] = np.where(right, mid + 1, a)
+            hi[live] = np.where(right, b, mid)
+            live = live[lo[live] < hi[live]]
+        return lo
 
 
 def dominators(offsets: list[tuple[int, int]]) -> list[np.ndarray]:
