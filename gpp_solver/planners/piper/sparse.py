@@ -134,6 +134,12 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
     cost by column ``f = 0 .. S1 - d``; a missing ``c`` or row costs ``inf``.  ``preds``: from
     :func:`dominators`, listed so that every offset comes after its dominators."""
     C, (K1, F) = len(offsets), acc.shape
+    if not staged:
+        return
+    used = np.unique(np.concatenate([pos for pos, _ in staged.values()]))
+    if len(used) < len(subs):       # sub-downsets with no stage cost at all write nothing and bound nothing
+        subs = subs[used]
+        staged = {c: (np.searchsorted(used, pos), cost) for c, (pos, cost) in staged.items()}
     step = max(1, CHUNK // (C * F))
     for lo in range(0, len(subs), step):
         rows = subs[lo: lo + step]
