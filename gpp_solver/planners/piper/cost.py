@@ -207,6 +207,7 @@ class StageCostKernel:
             sums = {d: col_sums[:, self.S1 + 2 + 3 * k: self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
         else:
             e_bytes = self.node_bytes(opt, S)                               # the same for every d
+        bad = (S & ~opt.supported).any(axis=1)
         result = []
         for j, d in enumerate(ds):
             Y = self.S1 // d + 2
@@ -230,7 +231,6 @@ class StageCostKernel:
             hard = (mem_f > M) & (mem_low <= M)
             hard[:, 0] = False
             out[:, 0] = INF
-            bad = (S & ~opt.supported).any(axis=1)
             out[bad] = INF
             hard[bad] = False
             c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full, fast)

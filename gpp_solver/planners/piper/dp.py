@@ -270,11 +270,13 @@ def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int,
                 continue
             S = X[i][None] & ~X[rows]
             dlist = [d for d in ker.ds if d * opt.t <= k and d <= s]
-            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True)):
+            cs = ker.costs_many(opt, S, dlist, defer=True)
+            cols = [np.zeros(c.hard.shape, dtype=bool) for c in cs]
+            for d, col in zip(dlist, cols):
+                col[:, math.ceil(s / d)] = True
+            fill_many(cs, cols)                              # the heuristic at each d's y only
+            for d, c in zip(dlist, cs):
                 dt, y = d * opt.t, math.ceil(s / d)
-                col = np.zeros(c.hard.shape, dtype=bool)
-                col[:, y] = True
-                c.fill(col)                                  # the heuristic at this y only
                 cost = c.out[:, y]
                 val = np.maximum(dp[rows, k - dt, s - d], cost)
                 j = int(np.argmin(val))
