@@ -262,10 +262,16 @@ def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int,
             raise TimeLimitError(f"time limit reached in Piper's DP while rebuilding its partition ({len(stages)} "
                                  f"stages so far)")
         target = dp[i, k, s]
+        thr = target * (1 + 1e-9) + 1e-12
         subs = tab.subs(i)[::-1]
         best = None
         for opt in inst.degrees:
-            rows = np.array([j for j in subs if not (X[i] & ~X[j] & ~opt.supported).any()], dtype=int)
+            if opt.t > k or s < 1:
+                continue
+            # a stage's value is at least dp[D'][k - t][s - 1] (d >= 1): sub-downsets above the accepted
+            # value cannot hold the (first) least value, which is at most thr when the rebuild succeeds
+            fits = ~(X[i][None] & ~X[subs] & ~opt.supported).any(axis=1) & (dp[subs, k - opt.t, s - 1] <= thr)
+            rows = subs[fits]
             if len(rows) == 0:
                 continue
             S = X[i][None] & ~X[rows]
@@ -282,7 +288,7 @@ def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int,
                 j = int(np.argmin(val))
                 if best is None or val[j] < best[0]:
                     best = (float(val[j]), int(rows[j]), opt, d, float(cost[j]))
-        if best is None or not best[0] <= target * (1 + 1e-9) + 1e-12:
+        if best is None or not best[0] <= thr:
             raise SolverError(f"Piper DP reconstruction found no stage for value {target!r}")
         _, j, opt, d, tps = best
         S_row = X[i] & ~X[j]
