@@ -147,3 +147,84 @@ def test_transformer_96_at_64_devices_sparse_equals_dense(monkeypatch):
     dense = plan_piper(graph, v100_cluster(64), 1024)
     assert [s.nodes for s in sparse.stages] == [s.nodes for s in dense.stages]
     assert sparse.predicted.time_per_sample == dense.predicted.time_per_sample
+
+
+def test_first_best_is_the_published_scan():
+    """``_first_best`` (binary search per row) against the published double loop, near-ties included."""
+    def scan(t):
+        best, bk, bs = np.inf, 0, 0
+        for k in range(t.shape[0]):
+            for s in range(1, t.shape[1]):
+                v = t[k, s]
+                if v + 1e-9 * max(1.0, abs(v)) < best:
+                    best, bk, bs = float(v), k, s
+        return best, bk, bs
+
+    rng = np.random.default_rng(3)
+    vals = [np.inf, 1.0, 1.0 + 1e-10, 1.0 + 5e-10, 2.0, 0.5, 0.5 - 1e-10, 3.0, 1e-12, 0.0]
+    for _ in range(500):
+        K, S = rng.integers(1, 12, size=2)
+        t = rng.choice(vals, size=(K, S + 1)) * (rng.uniform(0.5, 2) if rng.random() < 0.3 else 1.0)
+        t = np.minimum.accumulate(np.minimum.accumulate(t, axis=0), axis=1)
+        assert piper_dp._first_best(t) == scan(t)
+
+
+def _previous_two_slot(tps, mem, in_s, f, limit):
+    """The two-slot heuristic as it was computed before the per-stage form (every quantity per
+    instance over every node), kept to check the new form bit for bit."""
+    H, n, L = tps.shape
+    rows, cols = np.arange(H)[:, None], np.arange(n)[None, :]
+    o = 1 - f if L == 2 else f
+    tps_f, mem_f, tps_o, mem_o = tps[rows, cols, f], mem[rows, cols, f], tps[rows, cols, o], mem[rows, cols, o]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sav = np.where(in_s, mem_f - mem_o, 0.0)
+        cand = in_s & np.isfinite(mem_o) & (sav > 1e-9)
+        dtps = np.where(cand, tps_o - tps_f, 0.0)
+        ratio = np.where(cand, dtps / np.where(cand, sav, 1.0), np.inf)
+    order = np.argsort(ratio, axis=1, kind="stable")
+    sav_sorted = np.take_along_axis(np.where(cand, sav, 0.0), order, axis=1)
+    cand_sorted = np.take_along_axis(cand, order, axis=1)
+    need = np.where(in_s, mem_f, 0.0).sum(axis=1) - limit
+    done = cand_sorted & (need[:, None] - np.cumsum(sav_sorted, axis=1) < 1e-9)
+    ok, kstar = done.any(axis=1), np.argmax(done, axis=1)
+    base = np.where(in_s, tps_f, 0.0).sum(axis=1)
+    dsum = np.cumsum(np.take_along_axis(dtps, order, axis=1), axis=1)
+    applied = np.zeros((H, n), dtype=bool)
+    np.put_along_axis(applied, order, (np.arange(n)[None, :] <= kstar[:, None]) & cand_sorted & ok[:, None], axis=1)
+    return np.where(ok, base + dsum[np.arange(H), kstar], np.inf), np.where(applied, o, f)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_two_slot_heuristic_per_stage_is_the_previous_one_bit_for_bit(seed):
+    """``StageCostKernel.two_values`` (per-stage slots, only the batch's nodes) and ``fill_many``
+    (all d of a degree in one call) against the per-instance form on random stages with sync costs."""
+    from gpp_solver.planners.piper.cost import StageCostKernel, fill_many
+
+    rng = np.random.default_rng(200 + seed)
+    g = gs.graph_from_dict(random_graph(rng, int(rng.integers(6, 11))))
+    checked = 0
+    for memory in (800.0, 1600.0):
+        inst = build_instance(g, Cluster(devices=16, memory_bytes=memory, inter_node_bandwidth=20.0), 24, mode="piper")
+        degs = tuple(type(o)(**{**o.__dict__, "sfw": o.sfw + rng.uniform(0, 3, o.sfw.shape)}) for o in inst.degrees)
+        inst = type(inst)(**{**inst.__dict__, "degrees": degs})
+        ker = StageCostKernel(inst)
+        for opt in inst.degrees:
+            S = rng.random((30, inst.n)) < rng.uniform(0.2, 0.9)
+            S[:, ~opt.supported] = False
+            S[~S.any(axis=1), 0] = True
+            ds = [d for d in ker.ds if d * opt.t <= inst.devices]
+            cs = ker.costs_many(opt, S, ds, defer=True)
+            ref = []
+            for d, c in zip(ds, cs):
+                r, yi = np.nonzero(c.hard)
+                tps = c.tps_full[r]
+                with np.errstate(invalid="ignore"):
+                    mem = np.where(opt.avail[None], opt.a[None] * yi[:, None, None] + opt.b[None], np.inf)
+                ref.append((r, yi, *_previous_two_slot(tps, mem, S[r], np.argmin(tps, axis=2), inst.memory)))
+                got, choice = ker.hard_values(opt, S, d, r, yi, c.tps_full, want_choice=True)
+                assert np.array_equal(got, ref[-1][2]) and np.array_equal(choice, ref[-1][3])
+            fill_many(cs)
+            for c, (r, yi, best, _) in zip(cs, ref):
+                assert np.array_equal(c.out[r, yi], best + c.cut[r])
+            checked += sum(len(x[0]) for x in ref)
+    assert checked > 30

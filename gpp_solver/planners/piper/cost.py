@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.planners.piper.knapsack import EPS_BYTES, HardInstances, solve_hard
+from gpp_solver.planners.piper.knapsack import EPS_BYTES, HardInstances, solve_hard, solve_two
 
 INF = np.inf
 
@@ -78,19 +78,46 @@ class StageCosts:
     cut: np.ndarray | None = None
     mem_f: np.ndarray | None = None
     tps_full: np.ndarray | None = None
+    fast: np.ndarray | None = None       # (P, n) fastest slot of each node (with ``tps_full``)
 
     def fill(self, mask: np.ndarray | None = None) -> None:
-        mask = self.hard if mask is None else mask & self.hard
+        fill_many([self], None if mask is None else [mask])
+
+
+def fill_many(costs: list[StageCosts], masks: list[np.ndarray] | None = None) -> None:
+    """:meth:`StageCosts.fill` of several (``masks``: the instances to solve, default all): the
+    two-slot heuristic with sync costs runs once per degree for all of them."""
+    batch: dict[int, list] = {}
+    for j, sc in enumerate(costs):
+        mask = sc.hard if masks is None else masks[j] & sc.hard
         if not mask.any():
-            return
+            continue
         r, yi = np.nonzero(mask)
-        k, opt = self.kernel, self.opt
-        if self.tps_full is None and opt.p.shape[1] <= 2:
-            vals = k.sep_hard(opt, self.S, self.d, r, yi, self.tf - self.cut, self.mem_f)
+        k, opt = sc.kernel, sc.opt
+        if sc.tps_full is None and opt.p.shape[1] <= 2:
+            vals = k.sep_hard(opt, sc.S, sc.d, r, yi, sc.tf - sc.cut, sc.mem_f)
+        elif opt.p.shape[1] <= 2:
+            batch.setdefault(opt.t, []).append((sc, r, yi))
+            continue
         else:
-            vals, _ = k.hard_values(opt, self.S, self.d, r, yi, self.tps_full)
-        self.out[r, yi] = vals + self.cut[r]
-        self.hard &= ~mask
+            vals, _ = k.hard_values(opt, sc.S, sc.d, r, yi, sc.tps_full)
+        sc.out[r, yi] = vals + sc.cut[r]
+        sc.hard[r, yi] = False
+    for group in batch.values():
+        k, opt = group[0][0].kernel, group[0][0].opt
+        used = [np.unique(r, return_inverse=True) for _, r, _ in group]     # stages with some instance
+        rows = k.two_rows(opt, np.concatenate([sc.tps_full[u] for (sc, _, _), (u, _) in zip(group, used)]),
+                          np.concatenate([sc.fast[u] for (sc, _, _), (u, _) in zip(group, used)]))
+        off = np.cumsum([0] + [len(u) for u, _ in used])
+        r = np.concatenate([inv + o for (_, inv), o in zip(used, off)])
+        yi = np.concatenate([y for _, _, y in group])
+        S = np.concatenate([sc.S[rr] for sc, rr, _ in group])
+        base = np.concatenate([sc.tf[rr] for sc, rr, _ in group])
+        vals, _ = k.two_values(opt, rows, r, yi, S, base)
+        ends = np.cumsum([len(rr) for _, rr, _ in group])
+        for (sc, rr, y), lo, hi in zip(group, ends - [len(g[1]) for g in group], ends):
+            sc.out[rr, y] = vals[lo:hi] + sc.cut[rr]
+            sc.hard[rr, y] = False
 
 
 class StageCostKernel:
@@ -178,6 +205,9 @@ class StageCostKernel:
         if self.sep[opt.t]:
             # slots differ only in node-local terms: the fastest slot does not depend on the stage
             sums = {d: col_sums[:, self.S1 + 2 + 3 * k: self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
+        else:
+            e_bytes = self.node_bytes(opt, S)                               # the same for every d
+        bad = (S & ~opt.supported).any(axis=1)
         result = []
         for j, d in enumerate(ds):
             Y = self.S1 // d + 2
@@ -186,14 +216,14 @@ class StageCostKernel:
             if sums is not None:
                 cut = cut_raw / d / inst.bandwidth
                 tf, af, bf = sums[d][:, 0] + cut, sums[d][:, 1], sums[d][:, 2]
-                tps_full = None
+                tps_full = fast = None
             else:
-                tps_full = self.node_tps(opt, self.node_bytes(opt, S), d)  # (P, n, L)
-                fast = np.argmin(tps_full, axis=2)[:, :, None]
-                pick = lambda arr: np.take_along_axis(np.broadcast_to(arr, tps_full.shape), fast, axis=2)[:, :, 0]
-                tf = np.where(S, pick(tps_full), 0.0).sum(axis=1)
-                af = np.where(S, pick(opt.a), 0.0).sum(axis=1)
-                bf = np.where(S, pick(opt.b), 0.0).sum(axis=1)
+                tps_full = self.node_tps(opt, e_bytes, d)  # (P, n, L)
+                fast = np.argmin(tps_full, axis=2)
+                nodes = np.arange(n)[None, :]
+                tf = np.where(S, tps_full[np.arange(P)[:, None], nodes, fast], 0.0).sum(axis=1)
+                af = np.where(S, opt.a[nodes, fast], 0.0).sum(axis=1)
+                bf = np.where(S, opt.b[nodes, fast], 0.0).sum(axis=1)
                 cut = np.zeros(P)
             mem_f = af[:, None] * ys[None] + bf[:, None]
             M = inst.memory
@@ -201,10 +231,9 @@ class StageCostKernel:
             hard = (mem_f > M) & (mem_low <= M)
             hard[:, 0] = False
             out[:, 0] = INF
-            bad = (S & ~opt.supported).any(axis=1)
             out[bad] = INF
             hard[bad] = False
-            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full)
+            c = StageCosts(self, opt, S, d, out, hard, tf, cut, mem_f, tps_full, fast)
             if not defer:
                 c.fill()
             result.append(c)
@@ -253,16 +282,53 @@ class StageCostKernel:
         """The heuristic on stages ``S[r]`` at ``y = yi`` (general form).  Without sync costs
         (``tps_full`` None) the boundary bytes are the same in every slot of a node and are left out
         (the caller adds them): they do not change the choice."""
-        if tps_full is None:
-            tps = np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape)
-        else:
-            tps = tps_full[r]
+        if opt.p.shape[1] <= 2:      # the fast heuristic: slots and TPS per stage, memory per (stage, y)
+            tps, ri = (self.node_tps(opt, np.zeros_like(opt.p), d)[None], np.zeros_like(r)) if tps_full is None \
+                else (tps_full, r)
+            rows = self.two_rows(opt, tps, np.argmin(tps, axis=2))
+            return self.two_values(opt, rows, ri, yi, S[r], None, want_choice)
+        tps = np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape) \
+            if tps_full is None else tps_full[r]
         y = yi.astype(float)[:, None, None]
         with np.errstate(invalid="ignore"):
             mem = np.where(opt.avail[None], opt.a[None] * y + opt.b[None], INF)
         f = np.argmin(tps, axis=2)
         return solve_hard(HardInstances(tps=tps, mem=mem, in_s=S[r], fastest=f, limit=self.inst.memory),
                           want_choice=want_choice)
+
+    def two_rows(self, opt: DegreeOptions, tps: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per stage (rows of ``tps``, ``(P, n, L)``, ``L <= 2``; ``f`` its argmin over slots): fastest
+        and other slot, their TPS, ``a``, ``b`` and whether the other slot exists (each ``(P, n)``)."""
+        o = 1 - f if tps.shape[2] == 2 else f
+        P, n, _ = tps.shape
+        rows, nodes = np.arange(P)[:, None], np.arange(n)[None, :]
+        return f, o, tps[rows, nodes, f], tps[rows, nodes, o], opt.a[nodes, f], opt.b[nodes, f], opt.a[nodes, o], \
+            opt.b[nodes, o], opt.avail[nodes, f], opt.avail[nodes, o]
+
+    def two_values(self, opt: DegreeOptions, rows: tuple[np.ndarray, ...], r: np.ndarray, yi: np.ndarray,
+                   in_s: np.ndarray, base: np.ndarray | None, want_choice: bool = False):
+        """The fast heuristic on stages ``r`` (of :meth:`two_rows`' ``rows``) at ``y = yi`` (``in_s``:
+        each instance's nodes).  Only the memory to shave off is summed over every node (the same
+        sum as the published form's, bit for bit); the rest runs on the nodes of some stage."""
+        f, o, tps_f, tps_o, af, bf, ao, bo, okf, oko = rows
+        if len(r) == 0:
+            return np.zeros(0), (np.zeros(in_s.shape, dtype=int) if want_choice else None)
+        y = yi.astype(float)[:, None]
+        cols = np.flatnonzero(in_s.any(axis=0))
+        s_c = in_s[:, cols]
+        with np.errstate(invalid="ignore"):
+            mem_f = af[r] * y + bf[r]                   # a stage's nodes have their fastest slot
+            need = np.where(in_s, mem_f, 0.0).sum(axis=1) - self.inst.memory
+            sav = np.where(s_c, mem_f[:, cols] - (ao[:, cols][r] * y + bo[:, cols][r]), 0.0)
+            cand = s_c & oko[:, cols][r] & (sav > EPS_BYTES)
+        if base is None:
+            base = np.where(in_s, tps_f[r], 0.0).sum(axis=1)
+        best, applied = solve_two((tps_o - tps_f)[:, cols], r, need, sav, cand, base, want_choice=want_choice)
+        if not want_choice:
+            return best, None
+        switch = np.zeros(in_s.shape, dtype=bool)
+        switch[:, cols] = applied
+        return best, np.where(switch, o[r], f[r])
 
     def choice(self, opt: DegreeOptions, S_row: np.ndarray, d: int, y: int) -> tuple[int, ...]:
         """Labels of the slots the heuristic picks for the nodes of one stage at ``y``."""

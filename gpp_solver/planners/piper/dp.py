@@ -32,7 +32,7 @@ import numpy as np
 
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.errors import SearchSpaceTooLargeError, SolverError, TimeLimitError
-from gpp_solver.planners.piper.cost import INF, PiperInstance, StageCostKernel
+from gpp_solver.planners.piper.cost import INF, PiperInstance, StageCostKernel, fill_many
 from gpp_solver.planners.piper.sparse import Breakpoints, dominators
 from gpp_solver.planners.piper.sparse import update as sparse_update
 
@@ -129,6 +129,23 @@ def _update_dense(acc: np.ndarray, sub_dp: np.ndarray, stage: np.ndarray, dt: in
     np.minimum(acc[dt:, d:], cand.min(axis=0), out=acc[dt:, d:])
 
 
+def _worth_solving(c, sub_dp: np.ndarray, acc: np.ndarray, dt: int, d: int, ycol: np.ndarray) -> np.ndarray:
+    """The deferred knapsack instances ``(row, y)`` of ``c`` whose lower bound (the all-fastest TPS)
+    beats the monotone table ``acc`` somewhere (only the hard columns ``s - d`` are compared)."""
+    want = np.zeros(c.hard.shape, dtype=bool)
+    hr = np.flatnonzero(c.hard.any(axis=1))
+    hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
+    cols = np.flatnonzero(hy.any(axis=0))
+    if len(cols) == 0:
+        return want
+    lo, hi = cols[0], cols[-1] + 1
+    lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
+    better = (np.maximum(sub_dp[hr, : acc.shape[0] - dt, lo:hi], lb[:, None, :]) < acc[dt:, d + lo: d + hi]).any(axis=1)
+    rr, ss = np.nonzero(better)
+    want[hr[rr], ycol[lo + ss]] = True
+    return want
+
+
 def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
            deadline: float | None = None, progress: bool = False) -> DPResult:
     """Fill the table over ``downsets`` (sorted by size, the empty set first, the full set last) and
@@ -177,7 +194,10 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
             cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
             pre = (G[opt.t][i] - G[opt.t][rows], cut)
             # sparse: every knapsack now; dense: only where its lower bound could improve the table
-            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=not sparse, pre=pre)):
+            cs = ker.costs_many(opt, S, dlist, defer=True, pre=pre)
+            if sparse:
+                fill_many(cs)
+            for d, c in zip(dlist, cs):
                 dt = d * opt.t
                 ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
                 if sparse:
@@ -191,25 +211,12 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
         if pending:     # monotone first: the lower-bound test compares against a finished table
             np.minimum.accumulate(acc, axis=0, out=acc)
             np.minimum.accumulate(acc, axis=1, out=acc)
-        for c, sub_dp, dt, d, ycol in pending:
-            # lower bound of each hard (row, y): could it beat acc somewhere?  Only the hard columns s - d.
-            hr = np.flatnonzero(c.hard.any(axis=1))
-            hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
-            cols = np.flatnonzero(hy.any(axis=0))
-            if len(cols) == 0:
-                continue
-            lo, hi = cols[0], cols[-1] + 1
-            lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
-            better = (np.maximum(sub_dp[hr, : K + 1 - dt, lo:hi], lb[:, None, :])
-                      < acc[dt:, d + lo: d + hi]).any(axis=1)
-            rr, ss = np.nonzero(better)
-            want = np.zeros(c.hard.shape, dtype=bool)
-            want[hr[rr], ycol[lo + ss]] = True
-            if not want.any():
-                continue
-            c.fill(want)
+        wants = [_worth_solving(c, sub_dp, acc, dt, d, ycol) for c, sub_dp, dt, d, ycol in pending]
+        fill_many([p[0] for p in pending], wants)      # all at once, against the table before any of them
+        for (c, sub_dp, dt, d, ycol), want in zip(pending, wants):
             use = want.any(axis=1)
-            _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
+            if use.any():
+                _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
         np.minimum.accumulate(acc, axis=0, out=acc)
         np.minimum.accumulate(acc, axis=1, out=acc)
         bps.add(i, acc)
@@ -218,16 +225,26 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     if bar is not None:
         bar.close()
     full = ND - 1
-    best, bk, bs = INF, 0, 0
-    for k in range(K + 1):
-        for s in range(1, S1 + 1):
-            v = dp[full, k, s]
-            if v + 1e-9 * max(1.0, abs(v)) < best:
-                best, bk, bs = float(v), k, s
+    best, bk, bs = _first_best(dp[full])
     if not np.isfinite(best):
         return DPResult(INF, 0, 0, (), ND, pairs)
     stages = _reconstruct(inst, ker, tab, full, bk, bs, deadline)
     return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, pairs)
+
+
+def _first_best(table: np.ndarray) -> tuple[float, int, int]:
+    """The published scan for the answer: over ``k``, then ``s >= 1``, take ``v`` when ``v + 1e-9 max(1,
+    |v|) < best``.  The table is monotone, so along a row ``v + tol(v)`` does not rise: each update is
+    found by binary search, and rows whose last value cannot update are skipped."""
+    best, bk, bs = INF, 0, 0
+    v = table[:, 1:]
+    w = v + 1e-9 * np.maximum(1.0, np.abs(v))
+    for k in np.flatnonzero(w[:, -1] < INF):
+        row, neg = v[k], -w[k]
+        while w[k, -1] < best:
+            s = int(np.searchsorted(neg, -best, side="right"))   # first s with w < best
+            best, bk, bs = float(row[s]), int(k), s + 1
+    return best, bk, bs
 
 
 def _progress(total: int, on: bool) -> ProgressBar:
@@ -245,25 +262,33 @@ def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int,
             raise TimeLimitError(f"time limit reached in Piper's DP while rebuilding its partition ({len(stages)} "
                                  f"stages so far)")
         target = dp[i, k, s]
+        thr = target * (1 + 1e-9) + 1e-12
         subs = tab.subs(i)[::-1]
         best = None
         for opt in inst.degrees:
-            rows = np.array([j for j in subs if not (X[i] & ~X[j] & ~opt.supported).any()], dtype=int)
+            if opt.t > k or s < 1:
+                continue
+            # a stage's value is at least dp[D'][k - t][s - 1] (d >= 1): sub-downsets above the accepted
+            # value cannot hold the (first) least value, which is at most thr when the rebuild succeeds
+            fits = ~(X[i][None] & ~X[subs] & ~opt.supported).any(axis=1) & (dp[subs, k - opt.t, s - 1] <= thr)
+            rows = subs[fits]
             if len(rows) == 0:
                 continue
             S = X[i][None] & ~X[rows]
             dlist = [d for d in ker.ds if d * opt.t <= k and d <= s]
-            for d, c in zip(dlist, ker.costs_many(opt, S, dlist, defer=True)):
+            cs = ker.costs_many(opt, S, dlist, defer=True)
+            cols = [np.zeros(c.hard.shape, dtype=bool) for c in cs]
+            for d, col in zip(dlist, cols):
+                col[:, math.ceil(s / d)] = True
+            fill_many(cs, cols)                              # the heuristic at each d's y only
+            for d, c in zip(dlist, cs):
                 dt, y = d * opt.t, math.ceil(s / d)
-                col = np.zeros(c.hard.shape, dtype=bool)
-                col[:, y] = True
-                c.fill(col)                                  # the heuristic at this y only
                 cost = c.out[:, y]
                 val = np.maximum(dp[rows, k - dt, s - d], cost)
                 j = int(np.argmin(val))
                 if best is None or val[j] < best[0]:
                     best = (float(val[j]), int(rows[j]), opt, d, float(cost[j]))
-        if best is None or not best[0] <= target * (1 + 1e-9) + 1e-12:
+        if best is None or not best[0] <= thr:
             raise SolverError(f"Piper DP reconstruction found no stage for value {target!r}")
         _, j, opt, d, tps = best
         S_row = X[i] & ~X[j]

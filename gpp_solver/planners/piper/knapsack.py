@@ -50,34 +50,45 @@ def solve_hard(h: HardInstances, *, want_choice: bool = False) -> tuple[np.ndarr
     cols = np.arange(n)[None, :]
     f = h.fastest
     o = 1 - f if L == 2 else f
-    tps_f = h.tps[rows, cols, f]
-    mem_f = h.mem[rows, cols, f]
-    tps_o = h.tps[rows, cols, o]
-    mem_o = h.mem[rows, cols, o]
-    in_s = h.in_s
+    tps_f, mem_f, mem_o = h.tps[rows, cols, f], h.mem[rows, cols, f], h.mem[rows, cols, o]
+    with np.errstate(invalid="ignore"):
+        sav = np.where(h.in_s, mem_f - mem_o, 0.0)
+        cand = h.in_s & np.isfinite(mem_o) & (sav > EPS_BYTES)
+        dtps = h.tps[rows, cols, o] - tps_f
+    need = np.where(h.in_s, mem_f, 0.0).sum(axis=1) - h.limit
+    base = np.where(h.in_s, tps_f, 0.0).sum(axis=1)
+    best, applied = solve_two(dtps, np.arange(H), need, sav, cand, base, want_choice=want_choice)
+    return best, (np.where(applied, o, f) if want_choice else None)
+
+
+def solve_two(dtps: np.ndarray, r: np.ndarray, need: np.ndarray, sav: np.ndarray, cand: np.ndarray,
+              base: np.ndarray, *, want_choice: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """The fast heuristic (at most two slots per node) on ``H`` instances: ``need[h]`` bytes to shave
+    off the all-fastest choice (TPS ``base[h]``); switching node ``i`` to its other slot saves
+    ``sav[h, i]`` bytes (used where ``cand[h, i]``: the node is in the stage, its other slot exists
+    and saves more than ``EPS_BYTES``) and costs ``dtps[r[h], i]`` (per stage: the same for every
+    ``y``).  The columns may be any superset of the stages' nodes.  Returns the best TPS (``inf`` if
+    none) and, optionally, which nodes switch (``(H, n)`` bool)."""
+    H, n = sav.shape
+    d = dtps[r]
     with np.errstate(invalid="ignore", divide="ignore"):
-        sav = np.where(in_s, mem_f - mem_o, 0.0)
-        cand = in_s & np.isfinite(mem_o) & (sav > EPS_BYTES)
-        dtps = np.where(cand, tps_o - tps_f, 0.0)
-        ratio = np.where(cand, dtps / np.where(cand, sav, 1.0), np.inf)
+        ratio = np.where(cand, d / sav, np.inf)                 # the candidates first, then the rest
     order = np.argsort(ratio, axis=1, kind="stable")           # ties: lower node index first
-    sav_sorted = np.take_along_axis(np.where(cand, sav, 0.0), order, axis=1)
     cand_sorted = np.take_along_axis(cand, order, axis=1)
-    need = np.where(in_s, mem_f, 0.0).sum(axis=1) - h.limit     # memory to shave off
-    left = need[:, None] - np.cumsum(sav_sorted, axis=1)
-    done = cand_sorted & (left < EPS_BYTES)
-    ok = done.any(axis=1)
-    kstar = np.argmax(done, axis=1)
-    base = np.where(in_s, tps_f, 0.0).sum(axis=1)
-    dsum = np.cumsum(np.take_along_axis(dtps, order, axis=1), axis=1)
-    best = np.where(ok, base + dsum[np.arange(H), kstar], np.inf)
-    choice = None
+    # past the candidates (a prefix of the order) nothing counts, whatever sav and d hold there
+    with np.errstate(invalid="ignore"):
+        left = need[:, None] - np.cumsum(np.take_along_axis(sav, order, axis=1), axis=1)
+        done = cand_sorted & (left < EPS_BYTES)
+        ok = done.any(axis=1)
+        kstar = np.argmax(done, axis=1)
+        dsum = np.cumsum(np.take_along_axis(d, order, axis=1), axis=1)
+        best = np.where(ok, base + dsum[np.arange(H), kstar], np.inf)
+    applied = None
     if want_choice:
         applied = np.zeros((H, n), dtype=bool)
         pos = np.arange(n)[None, :] <= kstar[:, None]
         np.put_along_axis(applied, order, pos & cand_sorted & ok[:, None], axis=1)
-        choice = np.where(applied, o, f)
-    return best, choice
+    return best, applied
 
 
 def _solve_general(h: HardInstances, want_choice: bool) -> tuple[np.ndarray, np.ndarray | None]:

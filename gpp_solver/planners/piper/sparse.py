@@ -15,9 +15,9 @@ written at ``(k + dt, f + d)``.  A corner's candidate is needed only if
 
 In a column the corners' values fall with ``k``, so the needed ones are a slice: those with
 ``T < v < U`` and the first with ``v <= T`` (if ``T < m`` there).  The slices are found by binary
-search over per-table value ranks (``Breakpoints.keys``), so the work grows with the (row, (t, d),
-column) triples where ``T < U`` and the points written, not with every corner of every row for
-every ``(t, d)``.  The written set has the same monotone closure as writing everywhere.
+search in the columns' runs of corners (all triples at once), so the work grows with the (row,
+(t, d), column) triples where ``T < U`` and the points written, not with every corner of every row
+for every ``(t, d)``.  The written set has the same monotone closure as writing everywhere.
 """
 
 from __future__ import annotations
@@ -28,12 +28,6 @@ from gpp_solver.planners.piper.cost import INF
 
 CHUNK = 1 << 22
 """Most (t, d) x row x column cells handled at once (memory bound of one step)."""
-
-
-def ranges(start: np.ndarray, cnt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(owner, index)`` of the concatenated ranges ``[start[i], start[i] + cnt[i])``."""
-    owner = np.repeat(np.arange(len(start)), cnt)
-    return owner, start[owner] + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
 
 
 class _Store:
@@ -66,13 +60,11 @@ class Breakpoints:
         self.tables = tables                                              # (n, K + 1, columns), filled in order
         n_tables, K1, columns = tables.shape
         self.F = columns
-        self.corners = _Store(k=np.int64, f=np.int64, v=float, m=float, key=np.int64)
+        self.corners = _Store(k=np.int64, f=np.int64, kf=np.int64, v=float, m=float)
         self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)   # k of a column's first corner
         self.vlast = np.full((n_tables, columns), INF)                    # value of its last corner
+        self.mfirst = np.full((n_tables, columns), -INF)                  # m of its first corner
         self.cptr = np.zeros((n_tables, columns + 1), dtype=np.int64)     # corners of (table, column)
-        self.vals: list[np.ndarray | None] = [None] * n_tables           # sorted corner values
-        self.base = np.zeros(n_tables + 1, dtype=np.int64)                # key range of each table
-        self.R = np.ones(n_tables, dtype=np.int64)
 
     def add(self, j: int, table: np.ndarray) -> None:
         """Tables are added in order ``j = 0, 1, ...``."""
@@ -85,17 +77,14 @@ class Breakpoints:
         corner = (table < below) & (table < left)
         fc, kc = np.nonzero(corner.T)                     # by column, then k
         v = table[kc, fc]
-        vals = np.unique(v)
-        R = len(vals) + 1
-        key = self.base[j] + fc * R + (R - 1 - np.searchsorted(vals, v))
-        self.base[j + 1] = self.base[j] + (self.F + 1) * R
-        self.vals[j], self.R[j] = vals, R
         cnt = corner.sum(axis=0)
         self.cptr[j] = self.corners.n + np.concatenate(([0], np.cumsum(cnt)))
         has = cnt > 0
         self.kfirst[j, has] = kc[self.cptr[j, :-1][has] - self.corners.n]
         self.vlast[j, has] = v[self.cptr[j, 1:][has] - 1 - self.corners.n]
-        self.corners.append(k=kc, f=fc, v=v, m=np.minimum(below[kc, fc], left[kc, fc]), key=key)
+        m = np.minimum(below[kc, fc], left[kc, fc])
+        self.mfirst[j, has] = m[self.cptr[j, :-1][has] - self.corners.n]
+        self.corners.append(k=kc, f=fc, kf=kc * self.F + fc, v=v, m=m)
 
     def count(self, rows: np.ndarray) -> int:
         return int((self.cptr[rows, -1] - self.cptr[rows, 0]).sum())
@@ -111,18 +100,20 @@ class Breakpoints:
 
     def first_at_most(self, tables: np.ndarray, f: np.ndarray, x: np.ndarray, strict: bool) -> np.ndarray:
         """Index (into ``corners``) of the first corner of column ``f`` of table ``tables[i]`` whose
-        value is ``<= x[i]`` (``< x[i]`` if ``strict``); the column's end when there is none."""
-        if not len(x):          # no (table, column) pair asked about
-            return np.zeros(0, dtype=np.int64)
-        r = np.empty(len(x), dtype=np.int64)
-        order = np.argsort(tables, kind="stable")
-        ts = tables[order]
-        cuts = np.flatnonzero(np.diff(ts)) + 1
-        for lo, hi in zip(np.concatenate(([0], cuts)), np.concatenate((cuts, [len(ts)]))):
-            sel = order[lo:hi]
-            r[sel] = np.searchsorted(self.vals[ts[lo]], x[sel], side="left" if strict else "right") - 1
-        R = self.R[tables]
-        return np.searchsorted(self.corners.key[: self.corners.n], self.base[tables] + f * R + (R - 1 - r))
+        value is ``<= x[i]`` (``< x[i]`` if ``strict``); the column's end when there is none.  A
+        binary search in every column's run of corners at once (values fall along a run)."""
+        lo = self.cptr[tables, f]
+        hi = self.cptr[tables, f + 1]
+        v = self.corners.v
+        live = np.flatnonzero(lo < hi)
+        while len(live):
+            a, b = lo[live], hi[live]
+            mid = (a + b) >> 1
+            right = v[mid] >= x[live] if strict else v[mid] > x[live]     # the answer lies past mid
+            lo[live] = np.where(right, mid + 1, a)
+            hi[live] = np.where(right, b, mid)
+            live = live[lo[live] < hi[live]]
+        return lo
 
 
 def dominators(offsets: list[tuple[int, int]]) -> list[np.ndarray]:
@@ -143,11 +134,17 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
     cost by column ``f = 0 .. S1 - d``; a missing ``c`` or row costs ``inf``.  ``preds``: from
     :func:`dominators`, listed so that every offset comes after its dominators."""
     C, (K1, F) = len(offsets), acc.shape
+    if not staged:
+        return
+    used = np.unique(np.concatenate([pos for pos, _ in staged.values()]))
+    if len(used) < len(subs):       # sub-downsets with no stage cost at all write nothing and bound nothing
+        subs = subs[used]
+        staged = {c: (np.searchsorted(used, pos), cost) for c, (pos, cost) in staged.items()}
     step = max(1, CHUNK // (C * F))
     for lo in range(0, len(subs), step):
         rows = subs[lo: lo + step]
         R = len(rows)
-        vlast, kfirst = bps.vlast[rows], bps.kfirst[rows]
+        vlast, kfirst, mfirst = bps.vlast[rows], bps.kfirst[rows], bps.mfirst[rows]
         W = np.empty((C, R, F))                          # min(T, U) of each (t, d)
         trip, drops = [], []
         for c, (dt, d) in enumerate(offsets):           # one (t, d) at a time: its arrays stay in cache
@@ -164,8 +161,9 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
             if c in staged and dt < K1:
                 Tn, Un = T[:, :n], U[:, :n]
                 alive = Tn < Un
-                # columns with some corner below U, the first in reach
-                r, f = np.nonzero(alive & (vlast[:, :n] < Un) & (kfirst[:, :n] < K1 - dt))
+                # columns with some corner below U, the first in reach, and T below the first's m (else
+                # every corner has v <= T and the first one, the only candidate, has m <= T)
+                r, f = np.nonzero(alive & (vlast[:, :n] < Un) & (Tn < mfirst[:, :n]) & (kfirst[:, :n] < K1 - dt))
                 trip.append((np.full(len(r), c), r, f, Tn[r, f], Un[r, f]))
                 # columns where T drops: every k-drop there, with the value below as m
                 dr, df = np.nonzero(alive[:, 1:] & (Tn[:, 1:] < Tn[:, :-1]))
@@ -182,31 +180,27 @@ def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tu
     """Write the needed points of the triples ``(c, r, f)`` with cost ``t`` and bound ``u``, and of
     the k-drops of the ``drops`` triples (the same fields)."""
     K1, F = acc.shape
-    dts = np.array([o[0] for o in offsets], dtype=np.int64)
-    ds = np.array([o[1] for o in offsets], dtype=np.int64)
+    off = np.array([dt * F + d for dt, d in offsets], dtype=np.int64)   # flat shift of each (t, d)
     tables = rows[r]
     p = bps.first_at_most(tables, f, t, strict=False)            # first corner with v <= T
     q = bps.first_at_most(tables, f, u, strict=True)             # first corner with v < U
     cr = bps.corners
-    own, idx = ranges(q, p - q)                                  # T < v < U: the corner's own value
-    ks, fs, vals, cs = [cr.k[idx]], [cr.f[idx]], [cr.v[idx]], [c[own]]
+    kf = cr.kf                                                   # flat position of each corner
+    cnt = p - q                                                  # T < v < U: the corner's own value
+    idx = np.arange(int(cnt.sum())) + np.repeat(q - (np.cumsum(cnt) - cnt), cnt)
+    ats, vals = [kf[idx] + np.repeat(off[c], cnt)], [cr.v[idx]]
     end = bps.cptr[tables, f + 1]
     pp = np.minimum(p, max(cr.n - 1, 0))
     hit = (p < end) & (t < cr.m[pp])                              # the first with v <= T, if T < m
-    ks.append(cr.k[pp[hit]])
-    fs.append(f[hit])
+    ats.append(kf[pp[hit]] + off[c[hit]])
     vals.append(t[hit])
-    cs.append(c[hit])
     if drops is not None:
         dc, dr, df, dtv, du = drops
         o, k, v, b = bps.column_drops(rows, dr, df)
         w = np.maximum(v, dtv[o])
         ok = w < np.minimum(b, du[o])
-        ks.append(k[ok])
-        fs.append(df[o[ok]])
+        ats.append(k[ok] * F + df[o[ok]] + off[dc[o[ok]]])
         vals.append(w[ok])
-        cs.append(dc[o[ok]])
-    k, f, v, c = (np.concatenate(a) for a in (ks, fs, vals, cs))
-    keep = k + dts[c] < K1
-    k, f, v, c = k[keep], f[keep], v[keep], c[keep]
-    np.minimum.at(acc.reshape(-1), (k + dts[c]) * F + f + ds[c], v)
+    at, v = np.concatenate(ats), np.concatenate(vals)
+    keep = at < K1 * F                      # (k + dt) * F + f + d with f + d < F: in the table iff k + dt < K1
+    np.minimum.at(acc.reshape(-1), at[keep], v[keep])
