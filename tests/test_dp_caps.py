@@ -104,8 +104,11 @@ def test_capped_dp_equals_the_uncapped_dp(seed: int) -> None:
             big = np.minimum(full.devices, dp.D + 1)   # above D: infeasible (a deeper staging than E needs more)
             got = np.minimum(capped.devices, dp.D + 1)
             assert np.array_equal(got[:, dp.E], big[:, dp.E]), (b, floor, C)
-            assert np.array_equal(got[:, :C], big[:, :C]), (b, floor, C)
             for i, (_, t) in enumerate(pairs):
+                # each target's own cap: at most its size's, at least the floor; the columns below it exact
+                Ci = dp.depth_cap(b, floor, t)
+                assert min(floor, dp.E) <= Ci <= C
+                assert np.array_equal(got[i, :Ci], big[i, :Ci]), (b, floor, t, Ci)
                 if full.devices[i, dp.E] > dp.D:
                     continue
                 # the retrace: the uncapped DP's staging
@@ -120,7 +123,7 @@ def test_capped_dp_equals_the_uncapped_dp(seed: int) -> None:
                 # (the traceback stages the shallowest depth bound that fits in D devices)
                 e0 = int(np.nonzero(capped.devices[i] <= dp.D)[0][0])
                 _check_staging(dp, graph, b, t, st, int(capped.devices[i, e0]))
-                assert max(s.depth for s in st) <= min(e0, C)
+                assert max(s.depth for s in st) <= min(e0, Ci)
 
 
 @pytest.mark.parametrize("seed", range(40))

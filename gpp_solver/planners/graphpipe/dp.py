@@ -134,6 +134,7 @@ class StageDP:
         self.lower_bound_pricing = bool(lower_bound_pricing)
         self._fast = fast
         self._cache: dict[int, SizeTables] = {}
+        self._caps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     # ---- per micro-batch size -------------------------------------------------------------
     def degrees(self, b: int) -> tuple[int, ...]:
@@ -181,19 +182,40 @@ class StageDP:
         return float(max(one, work))
 
     # ---- per target ----------------------------------------------------------------------
-    def depth_cap(self, b: int, floor: int = 1) -> int:
+    def depth_cap(self, b: int, floor: int = 1, t: float | None = None) -> int:
         """A depth ``C <= E`` at which the DP at ``b`` may saturate its depths (count every stage
         deeper than ``C`` as depth ``C``) and still find the fewest devices at any depth, exactly:
         depth enters a stage's figures only through memory, ``osf * W + min(depth, n) * b / d * A``,
         so segment ``g`` at degree ``d`` fits at depth ``m`` iff ``m <= maxdepth[g, d]``, and
         every finite ``maxdepth`` is below ``n = B / b`` (``max_depths``): beyond the largest
         finite one, ``M``, no stage's devices change with its depth.  ``C = max(M + 1, floor)``
-        (at most ``E``; ``floor`` keeps the depths a caller still asks about exact)."""
+        (at most ``E``; ``floor`` keeps the depths a caller still asks about exact).
+
+        With a target ``t`` only the (segment, degree) pairs meeting it count (the others never
+        serve a stage at ``t``), and only their ``maxdepth`` below ``E`` (one of ``E`` or more
+        fits at every depth a staging on ``D`` devices reaches): exact for that target, and
+        where memory never binds at ``t`` the cap is ``floor``."""
         if self.depth_limited:      # saturating would admit the stagings deeper than E
             return self.E
+        if t is not None:
+            keys, reach = self._cap_steps(b)
+            k = int(np.searchsorted(keys, t, side="right"))
+            return min(self.E, max(int(reach[k - 1]) + 1 if k else 1, int(floor)))
         md = self.tables(b).maxdepth
         fin = md[md < BIG_DEPTH]
         return min(self.E, max(int(fin.max()) + 1 if fin.size else 1, int(floor)))
+
+    def _cap_steps(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (segment, degree) pairs at ``b`` whose memory binds below depth ``E``: their TPS
+        sorted, and the running maximum of their ``maxdepth`` in that order (:meth:`depth_cap`)."""
+        got = self._caps.get(b)
+        if got is None:
+            tb = self.tables(b)
+            sel = tb.maxdepth < self.E
+            order = np.argsort(tb.tps[sel], kind="stable")
+            got = (tb.tps[sel][order], np.maximum.accumulate(tb.maxdepth[sel][order]) if order.size else order)
+            self._caps[b] = got
+        return got
 
     def _dev(self, pairs: Sequence[tuple[int, float]], E: int, sat: bool = False,
              deadline: float | None = None) -> SegDev:
@@ -248,8 +270,8 @@ class StageDP:
         E = self.E if E is None or E >= self.E else max(1, int(E))
         if saturate is not None and E == self.E:
             caps: dict[int, list[int]] = {}
-            for i, (b, _) in enumerate(pairs):
-                caps.setdefault(self.depth_cap(b, saturate), []).append(i)
+            for i, (b, t) in enumerate(pairs):
+                caps.setdefault(self.depth_cap(b, saturate, t), []).append(i)
             if any(C < E for C in caps):
                 return self._probe_saturated(pairs, keep, caps, deadline)
         groups = self._split(pairs, E)
@@ -282,7 +304,7 @@ class StageDP:
 
     def _probe_saturated(self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]],
                          deadline: float | None = None) -> "DPProbe":
-        """:meth:`probe` with each pair's depths saturated at its size's :meth:`depth_cap` (one
+        """:meth:`probe` with each pair's depths saturated at its :meth:`depth_cap` (at its size and target) (one
         pass per cap).  Column ``E`` of ``devices`` (any depth) is exact, as are the columns below
         each cap; the columns from a cap to ``E - 1`` repeat the any-depth answer."""
         devices = np.empty((len(pairs), self.E + 1), dtype=np.int64)
