@@ -29,8 +29,8 @@ from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
 from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices_for_segments,
-                                                           SegmentComm, max_depths, segment_comm, segment_sums,
-                                                           stage_tps)
+                                                           SegmentComm, max_depths, segment_comm, segment_fits,
+                                                           segment_sums, stage_tps)
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree, tree_segments
@@ -135,6 +135,7 @@ class StageDP:
         self._fast = fast
         self._cache: dict[int, SizeTables] = {}
         self._caps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._fits: dict[int, tuple] = {}      # b -> (E, dp_stage_tables.segment_fits at E)
 
     # ---- per micro-batch size -------------------------------------------------------------
     def degrees(self, b: int) -> tuple[int, ...]:
@@ -235,10 +236,14 @@ class StageDP:
             tb = self.tables(b)
             enc = encode(np.asarray(tb.degrees, dtype=np.int64))
             ts = [pairs[i][1] for i in rows]
+            if self._fits.get(b, (None,))[0] != E:      # one depth bound per size at a time (a few MB)
+                self._fits[b] = (E, segment_fits(tb.maxdepth, E))
+            fits = self._fits[b][1]
             if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
-                devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0]:rows[-1] + 1, :-1])
+                devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0]:rows[-1] + 1, :-1],
+                                     fits=fits)
             else:
-                arr[rows, :-1] = devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E)
+                arr[rows, :-1] = devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, fits=fits)
         if sat:                 # depth E + 1 counts as depth E
             arr[:, :-1, E + 1] = arr[:, :-1, E]
         return SegDev(arr, gmap)

@@ -289,10 +289,24 @@ def best_at_sink(tps: np.ndarray, maxdepth: np.ndarray) -> np.ndarray:
     return np.where(maxdepth >= 1, tps, np.inf).min(axis=1)
 
 
+def segment_fits(maxdepth: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray]:
+    """What :func:`devices_for_segments` needs of ``maxdepth`` at depth bound ``E``, for every
+    segment (a caller may keep it for every pass): whether the segment's ``maxdepth`` is
+    non-decreasing along the degrees (and their count at most :data:`LUT_DEGREES`), and
+    :func:`_first_fitting` (zeros where not)."""
+    J = maxdepth.shape[1]
+    fast = (np.diff(maxdepth, axis=1) >= 0).all(axis=1) if J <= LUT_DEGREES else np.zeros(len(maxdepth), dtype=bool)
+    first = np.zeros((len(maxdepth), E + 2), dtype=np.int8)
+    first[fast] = _first_fitting(maxdepth[fast], E)
+    return fast, first
+
+
 def devices_for_segments(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets, used: np.ndarray,
-                         E: int, out: np.ndarray | None = None) -> np.ndarray:
+                         E: int, out: np.ndarray | None = None,
+                         fits: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """:func:`devices_by_depth` for the segments ``used`` only: ``out[i, u, depth]`` for segment
-    ``used[u]`` (``degrees`` may be any values standing for the degrees; ``out`` filled in place)."""
+    ``used[u]`` (``degrees`` may be any values standing for the degrees; ``out`` filled in place;
+    ``fits``: :func:`segment_fits` of every segment at ``E``, else computed for ``used``)."""
     t = np.atleast_1d(np.asarray(targets, dtype=float))[:, None]
     shape = (t.shape[0], len(used), E + 2)
     if out is None:
@@ -305,16 +319,71 @@ def devices_for_segments(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequenc
     tp, md = tps[used], maxdepth[used]
     J = len(degrees)
     vals = np.append(np.asarray(degrees, dtype=np.int64), INF)
+    # where memory per device never grows with the degree (maxdepth non-decreasing along j, as
+    # the cost model has it), the degrees fitting at a depth are a suffix j >= first[depth], so
+    # dev[depth] is the first degree of that suffix meeting the target: one lookup by the bit
+    # mask of the degrees meeting it
+    fast, first_all = segment_fits(md, E) if fits is None else (fits[0][used], fits[1])
+    rest = np.nonzero(~fast)[0]
+    if len(rest) < len(used):
+        rows = np.nonzero(fast)[0] if len(rest) else slice(None)
+        first = first_all[rows] if fits is None else first_all[used[rows]]                      # (F, E+2)
+        mask = (tp[rows][None] <= t[:, :, None]).astype(np.int64) @ (np.int64(1) << np.arange(J, dtype=np.int64))
+        lut = vals[_first_bit_at_or_after(J)].ravel()                                          # (2^J (J+1),)
+        idx = mask[:, :, None] * (J + 1)
+        idx = idx + first[None]
+        if len(rest):
+            out[:, rows] = lut[idx]
+        else:
+            np.take(lut, idx, out=out)
+    if len(rest):
+        out[:, rest] = _binding_devices(tp[rest], md[rest], vals, t, E)
+    out[:, :, 0] = INF
+    out[:, :, E + 1] = INF
+    return out
+
+
+#: the most degrees for which :func:`devices_for_segments` looks its values up by bit mask
+LUT_DEGREES = 12
+
+
+def _first_fitting(md: np.ndarray, E: int) -> np.ndarray:
+    """``first[u, m]``: how many degrees of row ``u`` fit in memory at no depth ``>= m``
+    (``maxdepth < m``), ``m = 0..E+1``; with ``maxdepth`` non-decreasing along the degrees, the
+    first degree fitting at depth ``m``."""
+    U, J = md.shape
+    hist = np.zeros((U, E + 3), dtype=np.int64)
+    at = np.arange(U)
+    for j in range(J):      # degree j stops fitting from depth maxdepth + 1 on
+        hist[at, np.clip(md[:, j], 0, E + 1) + 1] += 1
+    return np.cumsum(hist[:, :E + 2], axis=1)
+
+
+_FIRST_BIT: dict[int, np.ndarray] = {}
+
+
+def _first_bit_at_or_after(J: int) -> np.ndarray:
+    """``tab[mask, s]``: the lowest set bit of ``mask`` at position ``>= s`` (``J`` when none)."""
+    tab = _FIRST_BIT.get(J)
+    if tab is None:
+        masks = np.arange(1 << J, dtype=np.int64)
+        tab = np.full((1 << J, J + 1), J, dtype=np.int64)
+        for s in range(J - 1, -1, -1):
+            tab[:, s] = np.where((masks >> s) & 1, s, tab[:, s + 1])
+        _FIRST_BIT[J] = tab
+    return tab
+
+
+def _binding_devices(tp: np.ndarray, md: np.ndarray, vals: np.ndarray, t: np.ndarray, E: int) -> np.ndarray:
+    """:func:`devices_for_segments`' values for segments given by their TPS and ``maxdepth`` rows."""
+    J = len(vals) - 1
     reach = np.where(tp[None] <= t[:, :, None], np.minimum(md, E + 1)[None], 0)        # (T, U, J)
     np.maximum.accumulate(reach, axis=2, out=reach)
-    step = np.zeros(shape[:2] + (E + 3,), dtype=np.int64)
+    step = np.zeros((t.shape[0], tp.shape[0], E + 3), dtype=np.int64)
     rows = step.reshape(-1, E + 3)
     first = np.arange(rows.shape[0])
     rows[:, 0] = vals[0]
     for j in range(J):      # from depth reach[j] + 1 on, degree j no longer serves
         pos = reach[..., j].reshape(-1) + 1
         rows[first, pos] += vals[j + 1] - vals[j]         # one entry per row: no repeated index
-    np.cumsum(step[..., :E + 2], axis=2, out=out)
-    out[:, :, 0] = INF
-    out[:, :, E + 1] = INF
-    return out
+    return np.cumsum(step[..., :E + 2], axis=2)
