@@ -129,6 +129,16 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     return out
 
 
+def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float | None = None,
+                   on_pass: Callable[[int], None] | None = None) -> dict[int, TpsSearch]:
+    """For every size the least TPS of a staging at most ``e`` deep (passes bounded to depth ``e``:
+    small tables); sizes with none are left out.  At the deadline the answers found stand
+    (``exact=False``), or :class:`TimeLimitError` when there are none."""
+    e = max(1, min(int(e), dp.E))
+    found = _search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False)
+    return {b: r for (b, _), r in found.items()}
+
+
 #: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)
 PRE_DEPTH = 16
 
@@ -296,4 +306,4 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     return out
 
 
-__all__ = ["TpsSearch", "search_tps", "search_many", "search_depths"]
+__all__ = ["TpsSearch", "search_tps", "search_many", "search_depths", "search_bounded"]

@@ -27,7 +27,10 @@ chain, or 3 stages instead of 4 when a mini-batch holds two micro-batches — ca
 comparison.  This is how the baselines pick too (PipeDream-2BW, for one, keeps the least simulated
 iteration time among its configurations).  Sizes whose every plan is provably slower than the
 least-TPS search's best staging (``B * StageDP.lower_bound(b)`` above its simulated iteration) are
-not swept.
+not swept.  On large trees a quick search bounded to a shallow depth first gives every size a
+staging; the best by estimate, simulated, is a *seed* (kept as a candidate), and sizes where the
+lower-bound DP finds no staging that could beat it are not searched at all
+(``search.extra["micro_batch_sizes_pruned"]``; :func:`gpp_solver.planners.graphpipe.uniform._prune_sizes`).
 
 **Shared sinks** (on by default; ``shared_sinks=False`` for the strict vertex-SP space): GraphPipe's
 decompositions share terminals — a series split's halves share the boundary node, a parallel

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpp_solver._backend.progress import ProgressBar
 
-from gpp_solver.binary_search import TpsSearch, search_depths, search_many
+from gpp_solver.binary_search import TpsSearch, search_bounded, search_depths, search_many
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
@@ -27,6 +27,11 @@ from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
+
+#: search only the sizes that may beat a quick seed staging (:func:`_prune_sizes`; large trees)
+PRUNE_SIZES = True
+#: the depth bound of the quick search giving :func:`_prune_sizes` its seed
+SEED_DEPTH = 4
 
 #: the stagings, best by iteration estimate, that also get a second opinion (the optimistic-transfer
 #: DP's proposal, the traceback with separate sink-side stages): each costs DP passes
@@ -52,7 +57,11 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     """The best plan with one micro-batch size from ``sizes`` (``search.seconds`` left at 0, not validated)."""
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options, shared_sinks=shared_sinks)
     bar = _Progress(None, progress)
+    searched, pruned, seeds, lbdp = list(sizes), [], [], None
     try:
+        if PRUNE_SIZES and simulate_top is None and dp.large() and len(sizes) > 1:
+            searched, pruned, seeds, lbdp = _prune_sizes(graph, cluster, B, dec, dp, sizes, search_k, deadline,
+                                                        bar.step)
         if depth_tradeoff:
             def deepen(first: dict[int, TpsSearch]) -> list[int]:
                 """The sizes where a shallower staging could beat the incumbent: the first phase's
@@ -63,17 +72,21 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                 r = min(first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1],
                                                        r.tps, -r.b))
                 inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
+                inc = min([inc] + [s[1] for s in seeds])        # the seed stays a candidate
                 sizes_left = [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
-                return _least_useful_depths(graph, cluster, B, dec, dp, sizes_left, inc, max_depth_bound, deadline)
+                return _least_useful_depths(graph, cluster, B, dec, dp, sizes_left, inc, max_depth_bound, deadline,
+                                            lbdp)
 
-            per_b = search_depths(dp, sizes, deadline=deadline, on_pass=bar.step, deepen=deepen,
+            per_b = search_depths(dp, searched, deadline=deadline, on_pass=bar.step, deepen=deepen,
                                   max_bound=max_depth_bound)
         else:
-            one = search_many(dp, sizes, deadline=deadline, on_pass=bar.step)
-            per_b = {b: [] if one[b] is None else [one[b]] for b in sizes}
+            one = search_many(dp, searched, deadline=deadline, on_pass=bar.step)
+            per_b = {b: [] if one[b] is None else [one[b]] for b in searched}
     finally:
         bar.close()
+    per_b.update({b: [] for b in pruned})
     results = [r for b in sizes for r in per_b[b]]
+    results += [s for s, _ in seeds if all((r.b, r.stages) != (s.b, s.stages) for r in results)]
     if not results:
         if deadline is not None and time.perf_counter() > deadline:    # some sizes may not have been searched
             raise TimeLimitError("graphpipe: time limit reached before the stage DP found a plan")
@@ -90,8 +103,9 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     optimistic: dict[int, list[tuple[str, TpsSearch, tuple[DPStage, ...]]]] = {}
     proposed = dp.placement_sensitive and not timed_out and not past_deadline()
     if proposed:
+        least = {r.b: r for r in reversed(short[:VARIANTS_TOP]) if r.tps == min_tps[r.b]}    # one per size
         for c in _optimistic_proposals(graph, cluster, B, dec, dp,
-                                       [r for r in short[:VARIANTS_TOP] if r.tps == min_tps[r.b]], deadline, proposals):
+                                       [r for r in short[:VARIANTS_TOP] if least.get(r.b) is r], deadline, proposals):
             optimistic.setdefault(c[1].b, []).append(c)
     cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
     cut_short = False   # candidates left unpriced or unsimulated at the deadline
@@ -144,7 +158,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
              "dp_min_time_per_sample": min_tps[b_final], "dp_runs": max(r.probes for r in results),
              "micro_batch_sizes_searched": list(sizes),
              ("micro_batch_sizes_unfinished" if timed_out else "micro_batch_sizes_infeasible"):
-                 [b for b in sizes if not per_b[b]],
+                 [b for b in sizes if not per_b[b] and b not in pruned],
              "sp_added_dependencies": dec.added_pairs, "stages_from": origin,
              "objective": "min bottleneck TPS per micro-batch size (DP estimate)"
                           + (" and per bound on the stage graph's depth" if depth_tradeoff else "")
@@ -159,6 +173,8 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
         extra["objective"] += (f" (over the SP tree with long series coarsened into blocks of operators "
                                f"that share a stage, stage graphs at most {dp.E} deep and no shared-sink stages: a staging, not "
                                f"the optimum of the full space)")
+    if pruned:
+        extra["micro_batch_sizes_pruned"] = pruned     # no staging of theirs beats a simulated one (_prune_sizes)
     if depth_tradeoff:
         extra["depth_tradeoff"] = True
         extra["depth_bound"] = chosen.depth_bound
@@ -171,9 +187,39 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     return plan
 
 
+def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP, sizes: Sequence[int],
+                 search_k: bool, deadline: float | None, on_pass) -> tuple[list[int], list[int], list, StageDP | None]:
+    """The sizes worth searching, on large trees: a quick search bounded to depth ``SEED_DEPTH``
+    (small tables) gives each size a staging; the best of them by estimate, simulated, is an
+    incumbent (the *seed*, kept as a candidate); one pass of the lower-bound DP
+    (:func:`_least_useful_depths`) at ``incumbent / B``, at any depth, tells the sizes with no
+    staging whose exact TPS gets there: every plan of theirs takes longer than the seed (an
+    iteration is at least ``B`` times its busiest stage's TPS), so they are not searched.  The
+    plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
+    seed ``[(search result, simulated iteration)]`` and the lower-bound DP (``[]``/``None``: no pruning)."""
+    try:
+        quick = search_bounded(dp, sizes, SEED_DEPTH, deadline=deadline, on_pass=on_pass)
+    except TimeLimitError:
+        return list(sizes), [], [], None
+    if not quick or any(not r.exact for r in quick.values()):
+        return list(sizes), [], [], None
+    r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
+    inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
+    lb = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
+                 shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
+    try:
+        devices = lb.probe([(b, inc / B * (1 + 1e-9)) for b in sizes], keep=False, saturate=1,
+                           deadline=deadline).devices[:, -1]
+    except TimeLimitError:
+        return list(sizes), [], [(r, inc)], lb
+    kept = [b for b, n in zip(sizes, devices) if n <= dp.D]
+    logger.debug("sizes pruned by the seed (b=%d, iteration %.6g): %s", r.b, inc, [b for b in sizes if b not in kept])
+    return kept, [b for b in sizes if b not in kept], [(r, inc)], lb
+
+
 def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP,
                          sizes: Sequence[int], incumbent: float, max_bound: int | None,
-                         deadline: float | None) -> dict[int, int]:
+                         deadline: float | None, lb: StageDP | None = None) -> dict[int, int]:
     """For each size the least bound on the stage graph's depth at which a staging could still
     beat ``incumbent`` (a simulated iteration time); sizes where none could are left out.
 
@@ -188,8 +234,8 @@ def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecompos
     if not sizes:
         return {}
     cap = dp.E if max_bound is None else max(1, min(int(max_bound), dp.E))
-    lb = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
-                 shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
+    lb = lb or StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
+                       shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
     t = incumbent / B * (1 + 1e-9)
     try:
         devices = lb.probe([(b, t) for b in sizes], keep=False, E=cap, deadline=deadline).devices

@@ -1,0 +1,114 @@
+"""GraphPipe's planner shortcuts against the full paths they replace:
+
+* micro-batch sizes pruned by a seed staging (``uniform._prune_sizes``): the plan picked is the
+  same as with every size searched (or better: the seed is a candidate of its own);
+* ``run_dp`` in chunks of targets: the same tables as one batch;
+* ``devices_for_segments``'s lookup by bit mask (and with :func:`segment_fits` kept): the same
+  values as ``devices_by_depth``.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.planners.graphpipe import dp_kernel, uniform
+from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp_kernel import run_dp
+from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth, devices_for_segments, segment_fits
+from gpp_solver.planners.graphpipe.planner import plan_graphpipe
+from gpp_solver.workloads import build_model
+from test_dp_caps import deep_instance
+
+MODELS = [("mmt", 8, 128), ("transformer", 16, 256), ("dlrm", 8, 512), ("candle-uno", 4, 4096),
+          ("transformer", 64, 1024)]
+
+
+def _same_or_better(got, want) -> None:
+    a, b = got.predicted.iteration_time, want.predicted.iteration_time
+    assert a <= b * (1 + 1e-12), (a, b)
+    if a >= b * (1 - 1e-12):        # the same pick: the same plan
+        assert [s.nodes for s in got.stages] == [s.nodes for s in want.stages]
+        assert [s.devices for s in got.stages] == [s.devices for s in want.stages]
+
+
+def _plans(graph, cluster, B, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(StageDP, "LARGE_TABLE", 0)        # the large-tree path on small instances
+        pruned = []
+        real = uniform._prune_sizes
+
+        def spy(*a, **k):
+            out = real(*a, **k)
+            pruned.append(out[1])
+            return out
+        m.setattr(uniform, "_prune_sizes", spy)
+        got = plan_graphpipe(graph, cluster, B)
+        m.setattr(uniform, "PRUNE_SIZES", False)
+        want = plan_graphpipe(graph, cluster, B)
+    return got, want, pruned
+
+
+@pytest.mark.parametrize("name,devices,B", MODELS)
+def test_pruned_sizes_pick_the_same_plan(name: str, devices: int, B: int, monkeypatch) -> None:
+    graph, cluster = build_model(name), v100_cluster(devices)
+    got, want, pruned = _plans(graph, cluster, B, monkeypatch)
+    _same_or_better(got, want)
+    assert got.search.extra.get("micro_batch_sizes_pruned", []) == (pruned[0] if pruned else [])
+    assert set(got.search.extra["micro_batch_sizes_infeasible"]) <= set(want.search.extra["micro_batch_sizes_infeasible"])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pruned_sizes_on_random_instances(seed: int, monkeypatch) -> None:
+    graph, cluster, B = deep_instance(random.Random(7100 + seed))
+    try:
+        want_plan = True
+        got, want, _ = _plans(graph, cluster, B, monkeypatch)
+    except Exception as exc:        # noqa: BLE001 - infeasible instances: both paths must say so
+        want_plan = False
+        err = type(exc)
+    if want_plan:
+        _same_or_better(got, want)
+    else:
+        with monkeypatch.context() as m, pytest.raises(err):
+            m.setattr(uniform, "PRUNE_SIZES", False)
+            plan_graphpipe(graph, cluster, B)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_run_dp_in_chunks_equals_one_batch(seed: int, monkeypatch) -> None:
+    graph, cluster, B = deep_instance(random.Random(7300 + seed))
+    dp = StageDP(graph, cluster, B)
+    b = 1
+    c = dp.candidates(b)
+    ts = [float(x) for x in np.quantile(c, [0.0, 0.3, 0.6, 1.0])] if len(c) else [float("inf")]
+    dev = dp._dev([(b, t) for t in ts], dp.E)
+    whole = run_dp(dp.idx, dev, dp.E, keep=True)
+    monkeypatch.setattr(dp_kernel, "CHUNK_BYTES", 1)        # one target per chunk
+    parts = run_dp(dp.idx, dev, dp.E, keep=True)
+    assert np.array_equal(whole[0], parts[0])
+    for x, y in zip(whole[1] + whole[2], parts[1] + parts[2]):
+        assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_devices_for_segments_equals_devices_by_depth(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    G, J, E, T = (int(x) for x in (rng.integers(1, 30), rng.integers(1, 14), rng.integers(1, 10), rng.integers(1, 5)))
+    tps = rng.uniform(0, 1, (G, J))
+    if seed % 3 == 0:
+        tps[rng.uniform(size=(G, J)) < 0.2] = np.inf
+    md = rng.choice([0, 1, 2, 3, 5, 8, 12, 1 << 30], size=(G, J)) if seed % 2 else rng.choice([0, 1 << 30], size=(G, J))
+    if seed % 4 < 2:        # maxdepth non-decreasing along the degrees: the lookup
+        md = np.sort(md, axis=1)
+    degs = np.sort(rng.choice(np.arange(1, 40), size=J, replace=False))
+    ts = rng.uniform(0, 1.2, T)
+    used = np.sort(rng.choice(G, size=int(rng.integers(1, G + 1)), replace=False))
+    want = devices_by_depth(tps, md, degs, ts, E)[:, used]
+    assert np.array_equal(devices_for_segments(tps, md, degs, ts, used, E), want)
+    big = np.zeros((T + 1, len(used) + 1, E + 2), dtype=np.int64)       # into a slice, with the fits kept
+    devices_for_segments(tps, md, degs, ts, used, E, out=big[1:, :-1], fits=segment_fits(md, E))
+    assert np.array_equal(big[1:, :-1], want)
