@@ -73,7 +73,8 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
 def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None,
                   on_pass: Callable[[int], None] | None = None,
                   deepen: Callable[[dict[int, TpsSearch]], Iterable[int]] | None = None,
-                  max_bound: int | None = None) -> dict[int, list[TpsSearch]]:
+                  max_bound: int | None = None,
+                  feasible: dict[int, tuple[float, int]] | None = None) -> dict[int, list[TpsSearch]]:
     """For every ``b``: the smallest DP target TPS at every bound on the stage graph's depth.
 
     The paper's DP gives, for every target, the fewest in-flight micro-batches at the source (the
@@ -93,11 +94,13 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     bound worth searching there; by default every size and bound.  ``max_bound``
     limits the second phase to depth bounds ``e <= max_bound`` (the passes' tables grow with the
     square of the bound: a chain of 100 operators on 32 devices has stagings 32 deep).
+    ``feasible``: per size a target and the depth of a staging meeting it (e.g. from
+    :func:`search_bounded`): the searches start below it, without a probe.
     """
     # depths saturate (StageDP.depth_cap) no lower than the second phase's bounds + 2, so a staging
     # whose depth the cap hides is deeper than every bound searched next
     floor = dp.E + 1 if max_bound is None else int(max_bound) + 2
-    first = _first_phase(dp, sizes, deadline, on_pass, saturate=floor)
+    first = _first_phase(dp, sizes, deadline, on_pass, saturate=floor, feasible=feasible)
     if deadline is not None and time.perf_counter() > deadline:     # no second phase: its points are unproven
         return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
@@ -132,11 +135,21 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
 def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float | None = None,
                    on_pass: Callable[[int], None] | None = None) -> dict[int, TpsSearch]:
     """For every size the least TPS of a staging at most ``e`` deep (passes bounded to depth ``e``:
-    small tables); sizes with none are left out.  At the deadline the answers found stand
-    (``exact=False``), or :class:`TimeLimitError` when there are none."""
+    small tables); sizes with none are left out.  Past the deadline: ``{}`` (nothing traced)."""
     e = max(1, min(int(e), dp.E))
-    found = _search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False)
-    return {b: r for (b, _), r in found.items()}
+    try:
+        found = _search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False,
+                             stages=False)
+    except TimeLimitError:
+        return {}
+    if any(not r.exact for r in found.values()) or (deadline is not None and time.perf_counter() > deadline):
+        return {}
+    st = dp.stages_many([(b, r.tps) for (b, _), r in found.items()], E=e)
+    return {b: replace(r, stages=tuple(x)) for ((b, _), r), x in zip(found.items(), st)}
+
+
+#: the most bytes of DP tables the opening pass after the preliminary search keeps for its tracebacks
+KEEP_OPENING = 256 << 20
 
 
 #: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)
@@ -144,7 +157,8 @@ PRE_DEPTH = 16
 
 
 def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_pass: Callable[[int], None] | None,
-                 saturate: int | None = None) -> dict[tuple[int, int], TpsSearch]:
+                 saturate: int | None = None,
+                 feasible: dict[int, tuple[float, int]] | None = None) -> dict[tuple[int, int], TpsSearch]:
     """The least TPS at every size, at any depth (keys ``(b, dp.E)``).
 
     On large trees (:meth:`StageDP.large`) whose depth bound ``E`` exceeds :data:`PRE_DEPTH`, a
@@ -156,11 +170,16 @@ def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_p
     same as without the preliminary search); elsewhere it goes on below ``t'`` as usual.  The
     answers are the same as a full-depth search's."""
     keys = [(b, dp.E) for b in sizes]
+    feasible = feasible or {}
     if not dp.large() or dp.E <= PRE_DEPTH:
-        return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate)
-    pre = _search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH)
-    if deadline is not None and time.perf_counter() > deadline and pre:
-        return {(b, dp.E): replace(r, exact=False, depth_bound=dp.E) for (b, _), r in pre.items()}
+        return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate,
+                            bound={b: t for b, (t, _) in feasible.items()})
+    pre = _search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH,
+                       bound={b: t for b, (t, e) in feasible.items() if e <= PRE_DEPTH}, stages=False)
+    if deadline is not None and time.perf_counter() > deadline and pre:     # its answers stand, traced now
+        st = dp.stages_many([(b, r.tps) for (b, _), r in pre.items()], E=PRE_DEPTH)
+        return {(b, dp.E): replace(r, stages=tuple(x), exact=False, depth_bound=dp.E)
+                for ((b, _), r), x in zip(pre.items(), st)}
     start = {b: r.tps for (b, _), r in pre.items()}
     return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, start=start)
 
@@ -168,7 +187,8 @@ def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_p
 def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
                  on_pass: Callable[[int], None] | None, E: int | None = None,
                  must_answer: bool = True, saturate: int | None = None,
-                 start: dict[int, float] | None = None) -> dict[tuple[int, int], TpsSearch]:
+                 start: dict[int, float] | None = None, bound: dict[int, float] | None = None,
+                 stages: bool = True) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -187,7 +207,10 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
 
     ``start``: per size a candidate target known feasible (:func:`_first_phase`): the first pass
     probes it and the candidate below it for every such size (run to its end), and the search
-    goes on from there.
+    goes on from there; its tables are kept for the tracebacks (the answer is often ``start``).
+    ``bound``: per size a target known feasible for every key (a staging within every key's
+    depth bound): the keys' intervals start below it, without a probe.  ``stages=False``: the
+    answers' ``stages`` are left empty (no tracebacks).
     """
     cands: dict[int, np.ndarray] = {}
     per_degree = 0.0        # seconds per degree of the last size's tables (their cost grows with the degrees)
@@ -225,6 +248,12 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                 opening[b] = {i - 1, i} - {-1}
     if opening:
         tops = []
+    for b, t in (bound or {}).items():
+        if b in of_b:
+            i = int(np.searchsorted(cands[b], t, side="right"))     # cands[i - 1] <= t: feasible
+            for k in of_b[b]:
+                if 0 < i <= top[k]:
+                    hi[k] = min(hi[k], i - 1)
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
@@ -244,6 +273,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
         guard = (not passes and (bool(tops) or bool(opening))) or last_resort      # the passes run to their end
+        opened = bool(opening)
         if opening:     # every size at its known feasible target and the candidate below it
             probes.update(opening)
             opening = {}
@@ -263,8 +293,10 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
         try:
-            probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=keep, E=E, saturate=saturate,
-                             deadline=None if guard else deadline)
+            if opened:      # the answers are often the known targets: keep the tables unless too large
+                opened = len(pairs) * sum(len(kids) + 1 for _, kids in dp.idx.nodes) * (dp.E + 1) ** 2 * 8 <= KEEP_OPENING
+            probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=(keep or opened) and stages, E=E,
+                             saturate=saturate, deadline=None if guard else deadline)
         except TimeLimitError:
             exact = False
             answered = any(hi[k] < top[k] for k in keys)
@@ -283,25 +315,24 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                 if row[k[1]]:
                     if i < hi[k]:
                         hi[k] = i
-                        if keep:
+                        if probe.kept is not None:
                             found_at[(b, i)] = (probe, row_i)
                 elif i >= lo[k]:
                     lo[k] = i + 1
-        if keep:        # drop the tables no key's answer refers to any more
-            want = {(k[0], hi[k]) for k in keys}
-            found_at = {bi: v for bi, v in found_at.items() if bi in want}
+        want = {(k[0], hi[k]) for k in keys}        # drop the tables no key's answer refers to any more
+        found_at = {bi: v for bi, v in found_at.items() if bi in want}
     live = [k for k in keys if hi[k] < top[k]]
     out: dict[tuple[int, int], TpsSearch] = {}
     if live:
         uniq = sorted({(k[0], hi[k]) for k in live})
-        if keep:        # the probes that proved the answers feasible hold their tables
-            stages = {bi: dp.traceback(*found_at[bi]) for bi in uniq}
-        else:
-            stages = dict(zip(uniq, dp.stages_many([(b, float(cands[b][i])) for b, i in uniq], E=E,
-                                                   saturate=saturate)))
+        # the probes that proved the answers feasible hold their tables where kept; else one pass more
+        st = {bi: dp.traceback(*found_at[bi]) for bi in uniq if bi in found_at} if stages else {}
+        rest = [bi for bi in uniq if bi not in found_at] if stages else []
+        if rest:
+            st.update(zip(rest, dp.stages_many([(b, float(cands[b][i])) for b, i in rest], E=E, saturate=saturate)))
         for k in live:
             b = k[0]
-            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(stages[(b, hi[k])]), passes + (not keep), len(cands[b]),
+            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(st.get((b, hi[k]), ())), passes + bool(rest), len(cands[b]),
                                (exact or lo[k] == hi[k]) and not cut, depth_bound=k[1])
     return out
 

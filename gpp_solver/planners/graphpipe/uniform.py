@@ -57,11 +57,11 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
     """The best plan with one micro-batch size from ``sizes`` (``search.seconds`` left at 0, not validated)."""
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options, shared_sinks=shared_sinks)
     bar = _Progress(None, progress)
-    searched, pruned, seeds, lbdp = list(sizes), [], [], None
+    searched, pruned, seeds, lbdp, quick = list(sizes), [], [], None, {}
     try:
         if PRUNE_SIZES and simulate_top is None and dp.large() and len(sizes) > 1:
-            searched, pruned, seeds, lbdp = _prune_sizes(graph, cluster, B, dec, dp, sizes, search_k, deadline,
-                                                        bar.step)
+            searched, pruned, seeds, lbdp, quick = _prune_sizes(graph, cluster, B, dec, dp, sizes, search_k, deadline,
+                                                               bar.step)
         if depth_tradeoff:
             def deepen(first: dict[int, TpsSearch]) -> list[int]:
                 """The sizes where a shallower staging could beat the incumbent: the first phase's
@@ -78,7 +78,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                                             lbdp)
 
             per_b = search_depths(dp, searched, deadline=deadline, on_pass=bar.step, deepen=deepen,
-                                  max_bound=max_depth_bound)
+                                  max_bound=max_depth_bound, feasible={b: (r.tps, max(s.depth for s in r.stages)) for b, r in quick.items()})
         else:
             one = search_many(dp, searched, deadline=deadline, on_pass=bar.step)
             per_b = {b: [] if one[b] is None else [one[b]] for b in searched}
@@ -196,25 +196,26 @@ def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, d
     staging whose exact TPS gets there: every plan of theirs takes longer than the seed (an
     iteration is at least ``B`` times its busiest stage's TPS), so they are not searched.  The
     plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
-    seed ``[(search result, simulated iteration)]`` and the lower-bound DP (``[]``/``None``: no pruning)."""
-    try:
-        quick = search_bounded(dp, sizes, SEED_DEPTH, deadline=deadline, on_pass=on_pass)
-    except TimeLimitError:
-        return list(sizes), [], [], None
-    if not quick or any(not r.exact for r in quick.values()):
-        return list(sizes), [], [], None
+    seed ``[(search result, simulated iteration)]``, the lower-bound DP (``[]``/``None``: no pruning)
+    and the quick search's answers by size (their targets are feasible: the searches start below)."""
+    quick = search_bounded(dp, sizes, SEED_DEPTH, deadline=deadline, on_pass=on_pass)
+    if not quick:
+        return list(sizes), [], [], None, {}
     r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
     inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
     lb = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
                  shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
-    try:
-        devices = lb.probe([(b, inc / B * (1 + 1e-9)) for b in sizes], keep=False, saturate=1,
-                           deadline=deadline).devices[:, -1]
+    t = inc / B * (1 + 1e-9)
+    try:        # a size kept at depth <= SEED_DEPTH (a cheap pass) needs no pass at any depth
+        shallow = lb.probe([(b, t) for b in sizes], keep=False, E=SEED_DEPTH, deadline=deadline).devices[:, -1]
+        rest = [b for b, n in zip(sizes, shallow) if n > dp.D]
+        deep = lb.probe([(b, t) for b in rest], keep=False, saturate=1, deadline=deadline).devices[:, -1] \
+            if rest else []
     except TimeLimitError:
-        return list(sizes), [], [(r, inc)], lb
-    kept = [b for b, n in zip(sizes, devices) if n <= dp.D]
-    logger.debug("sizes pruned by the seed (b=%d, iteration %.6g): %s", r.b, inc, [b for b in sizes if b not in kept])
-    return kept, [b for b in sizes if b not in kept], [(r, inc)], lb
+        return list(sizes), [], [(r, inc)], lb, quick
+    out = [b for b, n in zip(rest, deep) if n > dp.D]
+    logger.debug("sizes pruned by the seed (b=%d, iteration %.6g): %s", r.b, inc, out)
+    return [b for b in sizes if b not in out], out, [(r, inc)], lb, {b: x for b, x in quick.items() if b not in out}
 
 
 def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP,
