@@ -149,7 +149,7 @@ def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float
 
 
 #: the most bytes of DP tables the opening pass after the preliminary search keeps for its tracebacks
-KEEP_OPENING = 256 << 20
+KEEP_OPENING = 64 << 20
 
 
 #: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)

@@ -236,9 +236,9 @@ class StageDP:
             tb = self.tables(b)
             enc = encode(np.asarray(tb.degrees, dtype=np.int64))
             ts = [pairs[i][1] for i in rows]
-            if self._fits.get(b, (None,))[0] != E:      # one depth bound per size at a time (a few MB)
-                self._fits[b] = (E, segment_fits(tb.maxdepth, E))
-            fits = self._fits[b][1]
+            if self._fits.get(b, (None,))[0] != E and len(tb.maxdepth) * (E + 2) <= 1 << 22:
+                self._fits[b] = (E, segment_fits(tb.maxdepth, E))      # one bound per size, 4 MB at most
+            fits = self._fits[b][1] if self._fits.get(b, (None,))[0] == E else None
             if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
                 devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0]:rows[-1] + 1, :-1],
                                      fits=fits)

@@ -352,11 +352,11 @@ def _first_fitting(md: np.ndarray, E: int) -> np.ndarray:
     (``maxdepth < m``), ``m = 0..E+1``; with ``maxdepth`` non-decreasing along the degrees, the
     first degree fitting at depth ``m``."""
     U, J = md.shape
-    hist = np.zeros((U, E + 3), dtype=np.int64)
+    hist = np.zeros((U, E + 3), dtype=np.int8)      # at most LUT_DEGREES: one byte each
     at = np.arange(U)
     for j in range(J):      # degree j stops fitting from depth maxdepth + 1 on
         hist[at, np.clip(md[:, j], 0, E + 1) + 1] += 1
-    return np.cumsum(hist[:, :E + 2], axis=1)
+    return np.cumsum(hist[:, :E + 2], axis=1, dtype=np.int8)
 
 
 _FIRST_BIT: dict[int, np.ndarray] = {}
