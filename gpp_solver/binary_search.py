@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -49,6 +49,8 @@ class TpsSearch:
     candidates: int
     exact: bool                 # False when stopped by the time limit before the interval closed
     depth_bound: int | None = None   # the bound on the stage graph's depth searched under (E: none)
+    #: (probe, row) of the DP pass that proved ``tps`` feasible, where its tables were kept (:func:`trace`)
+    kept: tuple | None = field(default=None, compare=False, repr=False)
 
 
 def search_tps(dp: StageDP, b: int, *, deadline: float | None = None) -> TpsSearch | None:
@@ -148,8 +150,16 @@ def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float
     return {b: replace(r, stages=tuple(x)) for ((b, _), r), x in zip(found.items(), st)}
 
 
+def trace(dp: StageDP, r: TpsSearch, prefer_shared: bool = True) -> tuple[DPStage, ...]:
+    """The stages of ``r``'s target traced at any depth (:meth:`StageDP.stages_many`), from the
+    tables of the pass that proved it where they were kept (no pass of its own)."""
+    if r.kept is not None and r.kept[0].E in (None, dp.E):     # a pass at any depth (saturated or not)
+        return tuple(dp.traceback(*r.kept, prefer_shared))
+    return tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=prefer_shared)[0])
+
+
 #: the most bytes of DP tables the opening pass after the preliminary search keeps for its tracebacks
-KEEP_OPENING = 64 << 20
+KEEP_OPENING = 256 << 20
 
 
 #: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)
@@ -333,8 +343,8 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
         for k in live:
             b = k[0]
             out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(st.get((b, hi[k]), ())), passes + bool(rest), len(cands[b]),
-                               (exact or lo[k] == hi[k]) and not cut, depth_bound=k[1])
+                               (exact or lo[k] == hi[k]) and not cut, depth_bound=k[1], kept=found_at.get((b, hi[k])))
     return out
 
 
-__all__ = ["TpsSearch", "search_tps", "search_many", "search_depths", "search_bounded"]
+__all__ = ["TpsSearch", "search_tps", "search_many", "search_depths", "search_bounded", "trace"]

@@ -111,8 +111,9 @@ def test_capped_dp_equals_the_uncapped_dp(seed: int) -> None:
                 assert np.array_equal(got[i, :Ci], big[i, :Ci]), (b, floor, t, Ci)
                 if full.devices[i, dp.E] > dp.D:
                     continue
-                # the retrace: the uncapped DP's staging
+                # the retrace: the uncapped DP's staging (either way of tracing shared sinks)
                 assert dp.traceback(capped, i) == dp.traceback(full, i)
+                assert dp.traceback(capped, i, False) == dp.traceback(full, i, False)
                 # without it: a staging of the same value under the cap
                 old = dp.RETRACE_BYTES
                 dp.RETRACE_BYTES = -1

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpp_solver._backend.progress import ProgressBar
 
-from gpp_solver.binary_search import TpsSearch, search_bounded, search_depths, search_many
+from gpp_solver.binary_search import TpsSearch, search_bounded, search_depths, search_many, trace
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
@@ -116,7 +116,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
         variants = [("conservative DP", r.stages)]
         if dp.idx.sites and rank < VARIANTS_TOP and not past_deadline():
             # the same optimum traced back with separate sink-side stages where both reach it
-            alt = tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=False)[0])
+            alt = trace(dp, r, prefer_shared=False)
             if alt != tuple(r.stages):
                 variants.append(("conservative DP, separate sink stages", alt))
         for origin, st in variants:
@@ -297,7 +297,7 @@ def _optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: Stage
             continue
         variants = [("optimistic-transfer DP, exactly priced", tuple(res.stages))]
         if odp.idx.sites and (deadline is None or time.perf_counter() < deadline):
-            alt = tuple(odp.stages_many([(r.b, res.tps)], prefer_shared=False)[0])
+            alt = trace(odp, res, prefer_shared=False)
             if alt != variants[0][1]:
                 variants.append(("optimistic-transfer DP, separate sink stages, exactly priced", alt))
         for origin, st in variants:
