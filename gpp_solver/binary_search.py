@@ -135,13 +135,14 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
 
 
 def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float | None = None,
-                   on_pass: Callable[[int], None] | None = None) -> dict[int, TpsSearch]:
-    """For every size the least TPS of a staging at most ``e`` deep (passes bounded to depth ``e``:
-    small tables); sizes with none are left out.  Past the deadline: ``{}`` (nothing traced)."""
+                   on_pass: Callable[[int], None] | None = None, tol: float = 0.0) -> dict[int, TpsSearch]:
+    """For every size a staging at most ``e`` deep (passes bounded to depth ``e``: small tables)
+    whose TPS is within a factor ``1 + tol`` of the least such; sizes with none are left out.
+    Past the deadline: ``{}`` (nothing traced)."""
     e = max(1, min(int(e), dp.E))
     try:
         found = _search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False,
-                             stages=False)
+                             stages=False, tol=tol)
     except TimeLimitError:
         return {}
     if any(not r.exact for r in found.values()) or (deadline is not None and time.perf_counter() > deadline):
@@ -198,7 +199,7 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                  on_pass: Callable[[int], None] | None, E: int | None = None,
                  must_answer: bool = True, saturate: int | None = None,
                  start: dict[int, float] | None = None, bound: dict[int, float] | None = None,
-                 stages: bool = True) -> dict[tuple[int, int], TpsSearch]:
+                 stages: bool = True, tol: float = 0.0) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -220,7 +221,8 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     goes on from there; its tables are kept for the tracebacks (the answer is often ``start``).
     ``bound``: per size a target known feasible for every key (a staging within every key's
     depth bound): the keys' intervals start below it, without a probe.  ``stages=False``: the
-    answers' ``stages`` are left empty (no tracebacks).
+    answers' ``stages`` are left empty (no tracebacks).  ``tol``: a key stops once its feasible
+    target is within that factor of every target not yet proven infeasible (an answer, not the least).
     """
     cands: dict[int, np.ndarray] = {}
     per_degree = 0.0        # seconds per degree of the last size's tables (their cost grows with the degrees)
@@ -267,6 +269,10 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
+        if tol:         # close enough: the known feasible target stands
+            for k in keys:
+                if hi[k] < top[k] and lo[k] < hi[k] and cands[k[0]][hi[k]] <= cands[k[0]][lo[k]] * (1 + tol):
+                    lo[k] = hi[k]
         active = [k for k in keys if lo[k] < hi[k]]
         if not active:
             break

@@ -30,8 +30,9 @@ logger = logging.getLogger(__name__)
 
 #: search only the sizes that may beat a quick seed staging (:func:`_prune_sizes`; large trees)
 PRUNE_SIZES = True
-#: the depth bound of the quick search giving :func:`_prune_sizes` its seed
-SEED_DEPTH = 4
+#: the depth bound of the quick search giving :func:`_prune_sizes` its seed, and how close to the
+#: least TPS at that bound its stagings get (any staging is a valid seed)
+SEED_DEPTH, SEED_TOL = 4, 0.02
 
 #: the stagings, best by iteration estimate, that also get a second opinion (the optimistic-transfer
 #: DP's proposal, the traceback with separate sink-side stages): each costs DP passes
@@ -198,7 +199,7 @@ def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, d
     plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
     seed ``[(search result, simulated iteration)]``, the lower-bound DP (``[]``/``None``: no pruning)
     and the quick search's answers by size (their targets are feasible: the searches start below)."""
-    quick = search_bounded(dp, sizes, SEED_DEPTH, deadline=deadline, on_pass=on_pass)
+    quick = search_bounded(dp, sizes, SEED_DEPTH, deadline=deadline, on_pass=on_pass, tol=SEED_TOL)
     if not quick:
         return list(sizes), [], [], None, {}
     r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
