@@ -17,6 +17,10 @@ there the first phase also saturates depths at each size's cap
 pass spreads over every candidate and, with a deadline, includes the largest.  The result is optimal within the DP's search
 space and with respect to its (conservative) stage estimates.
 
+Known bounds narrow the intervals without a probe: targets known feasible (the planner's quick
+search bounded to a shallow depth, :func:`search_bounded`) and, for the depth sweep's second
+phase, the least TPS at any depth below which no bound is feasible.
+
 Across micro-batch sizes the paper sweeps for throughput (A.2); we search every ``b`` (all of
 them batched into the same DP passes, :func:`search_many`; with the depth sweep, :func:`search_depths`)
 and the planner (:mod:`gpp_solver.planners.graphpipe.uniform`) picks among the stagings by simulation.
@@ -115,7 +119,8 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     if keys:
         try:
             found = _search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
-                                 E=max(e for _, e in keys), must_answer=False)
+                                 E=max(e for _, e in keys), must_answer=False, bound=feasible,
+                                 floor={b: first[(b, dp.E)].tps for b in e0})
         except TimeLimitError:      # inside the second phase's first pass: the first phase's points stand
             return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     out: dict[int, list[TpsSearch]] = {}
@@ -183,10 +188,9 @@ def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_p
     keys = [(b, dp.E) for b in sizes]
     feasible = feasible or {}
     if not dp.large() or dp.E <= PRE_DEPTH:
-        return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate,
-                            bound={b: t for b, (t, _) in feasible.items()})
-    pre = _search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH,
-                       bound={b: t for b, (t, e) in feasible.items() if e <= PRE_DEPTH}, stages=False)
+        return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, bound=feasible)
+    pre = _search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH, bound=feasible,
+                       stages=False)
     if deadline is not None and time.perf_counter() > deadline and pre:     # its answers stand, traced now
         st = dp.stages_many([(b, r.tps) for (b, _), r in pre.items()], E=PRE_DEPTH)
         return {(b, dp.E): replace(r, stages=tuple(x), exact=False, depth_bound=dp.E)
@@ -198,8 +202,8 @@ def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_p
 def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
                  on_pass: Callable[[int], None] | None, E: int | None = None,
                  must_answer: bool = True, saturate: int | None = None,
-                 start: dict[int, float] | None = None, bound: dict[int, float] | None = None,
-                 stages: bool = True, tol: float = 0.0) -> dict[tuple[int, int], TpsSearch]:
+                 start: dict[int, float] | None = None, bound: dict[int, tuple[float, int]] | None = None,
+                 floor: dict[int, float] | None = None, stages: bool = True, tol: float = 0.0) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -219,8 +223,9 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     ``start``: per size a candidate target known feasible (:func:`_first_phase`): the first pass
     probes it and the candidate below it for every such size (run to its end), and the search
     goes on from there; its tables are kept for the tracebacks (the answer is often ``start``).
-    ``bound``: per size a target known feasible for every key (a staging within every key's
-    depth bound): the keys' intervals start below it, without a probe.  ``stages=False``: the
+    ``bound``: per size a target and the depth of a staging meeting it: the intervals of the
+    keys bounded no lower than that depth start below it, without a probe; ``floor``: per size a
+    target below which no key is feasible (the least at any depth): the intervals start there.  ``stages=False``: the
     answers' ``stages`` are left empty (no tracebacks).  ``tol``: a key stops once its feasible
     target is within that factor of every target not yet proven infeasible (an answer, not the least).
     """
@@ -260,12 +265,15 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                 opening[b] = {i - 1, i} - {-1}
     if opening:
         tops = []
-    for b, t in (bound or {}).items():
-        if b in of_b:
-            i = int(np.searchsorted(cands[b], t, side="right"))     # cands[i - 1] <= t: feasible
-            for k in of_b[b]:
-                if 0 < i <= top[k]:
-                    hi[k] = min(hi[k], i - 1)
+    for b, (t, depth) in (bound or {}).items():
+        i = int(np.searchsorted(cands[b], t, side="right")) if b in of_b else 0    # cands[i - 1] <= t: feasible
+        for k in of_b.get(b, []) if i else ():
+            if k[1] >= depth and i <= top[k]:
+                hi[k] = min(hi[k], i - 1)
+    for b, t in (floor or {}).items():
+        i = int(np.searchsorted(cands[b], t, side="left")) if b in of_b else 0     # every target below: infeasible
+        for k in of_b.get(b, []):
+            lo[k] = max(lo[k], min(i, hi[k]))
     keep = dp.keep_tables()
     found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
     while True:
