@@ -96,7 +96,9 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
 
     def past_deadline() -> bool:
         return deadline is not None and time.perf_counter() >= deadline
-    min_tps = {b: min(r.tps for r in per_b[b]) for b in sizes if per_b[b]}
+    min_tps: dict[int, float] = {}      # per size, over its results and the seed (a size cut short may have only it)
+    for r in results:
+        min_tps[r.b] = min(min_tps.get(r.b, r.tps), r.tps)
     tables = dp._costs
     ranked = sorted(results, key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b))
     short = ranked if simulate_top is None else ranked[:max(1, simulate_top)]
