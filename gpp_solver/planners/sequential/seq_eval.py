@@ -51,6 +51,16 @@ class Priced:
     per_micro_batch: np.ndarray  # C + comm of each stage
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """One device layout (stage ``s`` on ``devices[s]``): what pricing needs of it."""
+
+    stage_bw: np.ndarray        # each stage's group bandwidth (its all-reduce's)
+    pair_bw: dict               # stage-pair bandwidths met so far, keyed a * S + c (filled lazily)
+    lo: np.ndarray              # each stage's least device
+    hi: np.ndarray              # each stage's greatest device
+
+
 class SequentialPricer:
     """Prices candidates of one graph, cluster and mini-batch size (module docstring)."""
 
@@ -76,8 +86,7 @@ class SequentialPricer:
         self.ebytes = np.asarray(list(pairs.values()), dtype=np.float64)
         self.tables = CostTables(graph)
         self._bw: dict[tuple[int, ...], float] = {}
-        self._layouts: dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, dict[int, float]]] = {}
-        self._ends_cache: dict[tuple[tuple[int, ...], ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._layouts: dict[tuple[tuple[int, ...], ...], _Layout] = {}
         # the pair bandwidths by Cluster.bandwidth's own rule, vectorised: intra-node when the
         # least and the greatest device of the two stages share a node (two or more devices)
         self._node_rule = (type(cluster).bandwidth is Cluster.bandwidth and cluster.devices_per_node is not None
@@ -88,31 +97,20 @@ class SequentialPricer:
         """Forward and backward time of every node (graph order) at ``x`` samples."""
         return self.tables.fw_bw_at(x)
 
-    def _ends(self, devices: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
-        """Each stage's least and greatest device (cached per layout)."""
-        lay = tuple(tuple(dv) for dv in devices)
-        out = self._ends_cache.get(lay)
-        if out is None:
-            if len(self._ends_cache) >= 4096:
-                self._ends_cache.clear()
-            out = self._ends_cache[lay] = (np.asarray([min(dv) for dv in lay], dtype=np.int64),
-                                           np.asarray([max(dv) for dv in lay], dtype=np.int64))
-        return out
-
     def stage_bandwidths(self, devices: Sequence[tuple[int, ...]]) -> np.ndarray:
         """The bandwidth of each stage's device group (its all-reduce's), as :meth:`price` uses."""
-        return self._layout(devices)[0]
+        return self._layout(devices).stage_bw
 
-    def _layout(self, devices: Sequence[tuple[int, ...]]) -> tuple[np.ndarray, dict[int, float]]:
-        """Per stage the bandwidth of its device group, and a cache of stage-pair bandwidths
-        (keyed ``a * S + c``), for one device layout (cached: a planner prices many partitions
-        on the same layout)."""
+    def _layout(self, devices: Sequence[tuple[int, ...]]) -> _Layout:
+        """One device layout's figures (cached: a planner prices many partitions on one layout)."""
         lay = tuple(tuple(dv) for dv in devices)
         out = self._layouts.get(lay)
         if out is None:
             if len(self._layouts) >= 4096:
                 self._layouts.clear()
-            out = self._layouts[lay] = (np.asarray([self._bandwidth(dv) for dv in lay], dtype=np.float64), {})
+            out = self._layouts[lay] = _Layout(
+                np.asarray([self._bandwidth(dv) for dv in lay], dtype=np.float64), {},
+                np.asarray([min(dv) for dv in lay], dtype=np.int64), np.asarray([max(dv) for dv in lay], dtype=np.int64))
         return out
 
     def _bandwidth(self, devices: tuple[int, ...]) -> float:
@@ -197,14 +195,14 @@ class SequentialPricer:
             cf += np.bincount(st[m], weights=f[m], minlength=S)
             cb += np.bincount(st[m], weights=g[m], minlength=S)
         comm = np.zeros(S)
-        ar_bw, pair_bw = self._layout(devices)
+        lay = self._layout(devices)
         edges_a: list[int] = []
         edges_c: list[int] = []
         tr = self._transfers(st, S)
         if tr is not None:
             pu, pv, nb, pk, sp, edges_a, edges_c = tr
             if self._node_rule:             # Cluster.bandwidth's rule on each pair's device range
-                lo, hi = self._ends(devices)
+                lo, hi = lay.lo, lay.hi
                 ea, ec = sp // S, sp % S
                 dpn = self.cluster.devices_per_node
                 same = np.minimum(lo[ea], lo[ec]) // dpn == np.maximum(hi[ea], hi[ec]) // dpn
@@ -212,9 +210,9 @@ class SequentialPricer:
             else:
                 bw_sp = []
                 for k, a, c in zip(sp.tolist(), edges_a, edges_c):
-                    bw_ = pair_bw.get(k)
+                    bw_ = lay.pair_bw.get(k)
                     if bw_ is None:
-                        bw_ = pair_bw[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
+                        bw_ = lay.pair_bw[k] = self._bandwidth(tuple(devices[a]) + tuple(devices[c]))
                     bw_sp.append(bw_)
             bw = np.asarray(bw_sp, dtype=np.float64)[np.searchsorted(sp, pk)]
             lat = self.cluster.latency
@@ -222,7 +220,7 @@ class SequentialPricer:
             comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
         memory, W = self._memory(st, S, d, b, edges_a, edges_c)
         # the array form of allreduce_time: the scalar form's operations, element-wise
-        ar = allreduce_time(W, d, ar_bw)
+        ar = allreduce_time(W, d, lay.stage_bw)
         fwd, bwd = cf + comm, cb + comm
         # the longest-path recurrences over the stage edges, on Python floats (the same IEEE
         # operations as on numpy scalars): edges in increasing source order finish every stage's
