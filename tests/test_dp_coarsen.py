@@ -58,3 +58,23 @@ def test_coarsened_plan_is_valid_and_not_called_optimal(devices: int, monkeypatc
     full = plan_graphpipe(graph, cluster, 16 * devices)
     assert "coarsened_series" not in full.search.extra
     assert full.search.extra["dp_min_time_per_sample"] <= plan.search.extra["dp_min_time_per_sample"] * (1 + 1e-12)
+
+
+def test_coarsened_depth_bound_follows_memory(monkeypatch) -> None:
+    """A coarsened space holds stage graphs ``COARSE_DEPTH`` deep, or twice the fewest stages a
+    chain needs to hold the weights when that is more; the bound is never above the tree's own."""
+    from dataclasses import replace
+    graph = build_model("transformer", layers=48)            # one series of 146 operators
+    monkeypatch.setattr(StageDP, "MAX_SEGMENTS", 100)
+    monkeypatch.setattr(StageDP, "COARSE_CHILDREN", 60)
+    monkeypatch.setattr(StageDP, "COARSE_DEPTH", 8)
+    cluster = v100_cluster(64)
+    dp = StageDP(graph, cluster, 1024)
+    assert dp.coarsened and dp.depth_limited and dp.E == 8
+    weights = sum(n.weight_bytes for n in graph.nodes)
+    tight = replace(cluster, memory_bytes=cluster.optimizer_state_factor * weights / 9.5)   # 10 stages at least
+    dp = StageDP(graph, tight, 1024)
+    assert dp.depth_limited and dp.E == 20
+    plan = plan_graphpipe(graph, tight, 1024)
+    validate(plan, graph, tight)
+    assert plan.depth <= 20 and plan.search.extra["coarsened_series"]["max_depth"] == 20

@@ -66,7 +66,7 @@ class StageDP:
 
     #: largest (segments x depths) table a traceback under a depth cap may rebuild without the cap
     RETRACE_BYTES = 256 << 20
-    #: entries of a dense (segments x depths) table above which :meth:`large` holds
+    #: a pass's work per target, segments x (depth bound + 2)^2, from which :meth:`large` holds
     LARGE_TABLE = 1 << 20
     #: entries of one pass's stage-value table above which :meth:`probe` halves its targets
     PASS_ENTRIES = 1 << 24
@@ -74,8 +74,8 @@ class StageDP:
     MAX_SEGMENTS = 150_000
     #: the children a coarsened series keeps (about 74,000 segments)
     COARSE_CHILDREN = 384
-    #: the largest stage-graph depth a coarsened space holds
-    COARSE_DEPTH = 64
+    #: the largest stage-graph depth a coarsened space holds (unless memory needs more, see ``E``)
+    COARSE_DEPTH = 32
 
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                  decomposition: SPDecomposition | None = None,
@@ -105,14 +105,16 @@ class StageDP:
         self.degree_options = opts
         self._pow2 = all(d & (d - 1) == 0 for d in opts)
         self.E = max(1, min(self.D, self.idx.height))
-        #: ``E`` bounds the depth below the deepest staging the tree holds (a coarsened space is
-        #: bounded in depth too: its passes' tables grow as ``E^2``); depths then never saturate
-        self.depth_limited = self.coarsened and self.E > self.COARSE_DEPTH
-        if self.depth_limited:
-            self.E = self.COARSE_DEPTH
         perm = np.asarray([graph.index[v] for v in self.idx.leaf_order], dtype=np.int64)
         self._perm = perm
         self._costs = CostTables(graph)
+        #: ``E`` bounds the depth below the deepest staging the tree holds (a coarsened space is
+        #: bounded in depth too, its passes' tables grow as ``E^2``: ``COARSE_DEPTH``, or twice the
+        #: fewest stages a chain needs to hold the weights, if more); depths then never saturate
+        need = cluster.optimizer_state_factor * float(self._costs.weight.sum()) / cluster.memory_bytes
+        self.depth_limited = self.coarsened and self.E > max(self.COARSE_DEPTH, 2 * int(np.ceil(need)))
+        if self.depth_limited:
+            self.E = max(self.COARSE_DEPTH, 2 * int(np.ceil(need)))
         self.W = segment_sums(self.idx, self._costs.weight[perm])
         self.A = segment_sums(self.idx, self._costs.activation[perm])
         self.memory = cluster.memory_bytes
@@ -255,11 +257,6 @@ class StageDP:
         work = sum(len(kids) ** 2 for _, kids in self.idx.nodes) * size * size
         return int(max(1, min(32, 4e5 // max(work, 1))))
 
-    def min_devices_many(self, b: int, targets) -> np.ndarray:
-        """``min_devices`` for several targets in one batched pass."""
-        R, _, _ = run_dp(self.idx, self._dev([(b, float(t)) for t in targets], self.E), self.E)
-        return decode(R[:, 0, self.E])
-
     def min_devices_by_depth(self, pairs: Sequence[tuple[int, float]]) -> np.ndarray:
         """``out[i, e]``: fewest devices for ``pairs[i] = (b, t)`` with the stage graph's depth at
         most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
@@ -343,10 +340,11 @@ class StageDP:
         return [list(range(len(pairs)))]
 
     def large(self) -> bool:
-        """Whether a dense table of every segment at every depth is large (over a million entries):
-        only then do the searches gallop and cap depths (:mod:`gpp_solver.binary_search`) — on
-        small trees the extra passes would cost more Python overhead than the tables save."""
-        return len(self.idx.seg_lo) * (self.E + 2) >= self.LARGE_TABLE
+        """Whether a pass is large per target: segments x (depth bound + 2)^2 (its kernel's tables
+        per segment are depth^2) of at least :data:`LARGE_TABLE`.  Only then do the searches gallop,
+        cap depths and prune sizes by a seed staging (:mod:`gpp_solver.binary_search`); below it the
+        extra passes cost more Python overhead than they save."""
+        return len(self.idx.seg_lo) * (self.E + 2) ** 2 >= self.LARGE_TABLE
 
     def keep_tables(self) -> bool:
         """Whether a search may hold every probe's tables for its tracebacks (a few MB at most)."""
@@ -383,7 +381,8 @@ class StageDP:
 
     def min_devices(self, b: int, t: float) -> int:
         """Fewest devices with which every stage meets TPS ``t`` and memory (``INF`` if none)."""
-        return int(self.min_devices_many(b, [t])[0])
+        R, _, _ = run_dp(self.idx, self._dev([(b, float(t))], self.E), self.E)
+        return int(decode(R[0, 0, self.E]))
 
     def feasible(self, b: int, t: float) -> bool:
         return self.min_devices(b, t) <= self.D
