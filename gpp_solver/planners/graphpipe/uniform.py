@@ -33,6 +33,9 @@ PRUNE_SIZES = True
 #: the depth bound of the quick search giving :func:`_prune_sizes` its seed, and how close to the
 #: least TPS at that bound its stagings get (any staging is a valid seed)
 SEED_DEPTH, SEED_TOL = 4, 0.02
+#: best-first: the quick search runs on this many sizes at a time, those with the least lower bound
+#: on an iteration (``B * StageDP.lower_bound``) first, until one has a staging that shallow
+SEED_SIZES = 4
 
 #: the stagings, best by iteration estimate, that also get a second opinion (the optimistic-transfer
 #: DP's proposal, the traceback with separate sink-side stages): each costs DP passes
@@ -193,7 +196,9 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
 def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP, sizes: Sequence[int],
                  search_k: bool, deadline: float | None, on_pass) -> tuple[list[int], list[int], list, StageDP | None]:
     """The sizes worth searching, on large trees: a quick search bounded to depth ``SEED_DEPTH``
-    (small tables) gives each size a staging; the best of them by estimate, simulated, is an
+    (small tables) gives stagings, best-first: the ``SEED_SIZES`` sizes with the least lower bound
+    (:meth:`StageDP.lower_bound`, ties to the larger size) first, the next ones only when none of
+    those has a staging that shallow; the best of them by estimate, simulated, is an
     incumbent (the *seed*, kept as a candidate); one pass of the lower-bound DP
     (:func:`_least_useful_depths`) at ``incumbent / B``, at any depth, tells the sizes with no
     staging whose exact TPS gets there: every plan of theirs takes longer than the seed (an
@@ -201,7 +206,13 @@ def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, d
     plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
     seed ``[(search result, simulated iteration)]``, the lower-bound DP (``[]``/``None``: no pruning)
     and the quick search's answers by size (their targets are feasible: the searches start below)."""
-    quick = search_bounded(dp, sizes, SEED_DEPTH, deadline=deadline, on_pass=on_pass, tol=SEED_TOL)
+    order = sorted(sizes, key=lambda b: (dp.lower_bound(b), -b))
+    quick: dict[int, TpsSearch] = {}
+    for i in range(0, len(order), SEED_SIZES):
+        quick = search_bounded(dp, order[i:i + SEED_SIZES], SEED_DEPTH, deadline=deadline, on_pass=on_pass,
+                               tol=SEED_TOL)
+        if quick or (deadline is not None and time.perf_counter() > deadline):
+            break
     if not quick:
         return list(sizes), [], [], None, {}
     r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
