@@ -223,6 +223,8 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     ``start``: per size a candidate target known feasible (:func:`_first_phase`): the first pass
     probes it and the candidate below it for every such size (run to its end), and the search
     goes on from there; its tables are kept for the tracebacks (the answer is often ``start``).
+    Where those tables would exceed :data:`KEEP_OPENING`, ``start`` stands feasible without a
+    probe and the first pass tests the candidates below only (a pass at the larger targets costs most).
     ``bound``: per size a target and the depth of a staging meeting it: the intervals of the
     keys bounded no lower than that depth start below it, without a probe; ``floor``: per size a
     target below which no key is feasible (the least at any depth): the intervals start there.  ``stages=False``: the
@@ -258,11 +260,19 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
     # bound instead and, at the deadline without any answer, spends one last pass at the top
     tops = [b for b in of_b] if must_answer and deadline is not None and not gallop else []
     opening: dict[int, set[int]] = {}
+    per_pair = sum(len(kids) + 1 for _, kids in dp.idx.nodes) * (dp.E + 1) ** 2 * 8     # bytes of kept tables
+    keep_open = 2 * len(start or {}) * per_pair <= KEEP_OPENING
     for b, t in (start or {}).items():
         if b in of_b:
             i = int(np.searchsorted(cands[b], t))
             if i < len(cands[b]) and cands[b][i] == t:
-                opening[b] = {i - 1, i} - {-1}
+                if keep_open:
+                    opening[b] = {i - 1, i} - {-1}
+                else:       # too large to keep: ``t`` stands feasible unprobed, the opening tests below it
+                    for k in of_b[b]:
+                        hi[k] = min(hi[k], i)
+                    if i:
+                        opening[b] = {i - 1}
     if opening:
         tops = []
     for b, (t, depth) in (bound or {}).items():
@@ -296,8 +306,8 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
                 lo[k] = top[k] - 1
         width = max(1, budget // len(active))
         probes: dict[int, set[int]] = {}
-        guard = (not passes and (bool(tops) or bool(opening))) or last_resort      # the passes run to their end
-        opened = bool(opening)
+        guard = (not passes and (bool(tops) or (bool(opening) and keep_open))) or last_resort   # run to their end
+        opened = bool(opening) and keep_open
         if opening:     # every size at its known feasible target and the candidate below it
             probes.update(opening)
             opening = {}
@@ -317,8 +327,6 @@ def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, in
             probes.setdefault(k[0], set()).update(picks)
         pairs = [(b, i) for b in probes for i in sorted(probes[b])]
         try:
-            if opened:      # the answers are often the known targets: keep the tables unless too large
-                opened = len(pairs) * sum(len(kids) + 1 for _, kids in dp.idx.nodes) * (dp.E + 1) ** 2 * 8 <= KEEP_OPENING
             probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=(keep or opened) and stages, E=E,
                              saturate=saturate, deadline=None if guard else deadline)
         except TimeLimitError:
