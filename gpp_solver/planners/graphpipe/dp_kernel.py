@@ -104,6 +104,8 @@ def targets_per_chunk(idx: TreeIndex, E: int) -> int:
 
 def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline: float | None):
     T = dev.shape[0]
+    assert dev.seg_axis == 1
+    arr = dev.arr
     size = E + 1
     s_idx = np.arange(size)[:, None]
     e_idx = np.arange(size)[None, :]
@@ -119,6 +121,10 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
         kind, kids0 = idx.nodes[group[0]]
         k, g = len(kids0), len(group)
         segs = np.stack([idx.seg[t] for t in group])                          # (g, k, k)
+        rows = dev.gmap[segs]                                                   # their rows in dev.arr
+        # per p, 1 + the last q whose segment p..q some target can use (0: none)
+        anyq = (rows != dev.arr.shape[1] - 1).any(axis=0)                       # (k, k)
+        last = np.where(anyq.any(axis=1), k - np.argmax(anyq[:, ::-1], axis=1), 0).tolist()
         # nothing follows the root: its rows s > 0 are never read, so only s = 0 is computed
         S = 1 if group == [idx.root[1]] else size
         suf = np.empty((T, g, k + 1, S, size), dtype=np.int64)
@@ -128,13 +134,12 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
             out = suf[:, :, p]
             Rc = np.stack([R[idx.nodes[t][1][p][1]] for t in group], axis=1) if child_internal else None
             # segments p..q no target can use are INF throughout: stop at the last one some can
-            usedq = np.nonzero(dev.used(segs[:, p, q0:k]).any(axis=0))[0]
-            qe = q0 + int(usedq[-1]) + 1 if len(usedq) else q0
+            qe = max(q0, last[p])
             if kind == "S":
                 if p == k - 1:
                     suf[:, :, k] = empty_series[:S]
                 if q0 < qe:
-                    D = dev[:, segs[:, p, q0:qe], 1:size + 1]                 # D[i, j, q, m] = dev at depth m+1
+                    D = arr[:, rows[:, p, q0:qe], 1:size + 1]                 # D[i, j, q, m] = dev at depth m+1
                     X = (D[:, :, :, None, :] + suf[:, :, q0 + 1:qe + 1]).min(axis=2)   # X[i, j, s, m]
                     np.minimum.accumulate(X, axis=3, out=X)
                     out[..., 0] = INF
@@ -150,7 +155,7 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
                 if p == k - 1:
                     suf[:, :, k] = 0
                 if q0 < qe:
-                    D = dev[:, segs[:, p, q0:qe], 1:S + 1]                    # D[i, j, q, s] = dev at depth s+1
+                    D = arr[:, rows[:, p, q0:qe], 1:S + 1]                    # D[i, j, q, s] = dev at depth s+1
                     X = (D[..., None] + suf[:, :, q0 + 1:qe + 1]).min(axis=2)
                     X[:, :, lower[:S]] = INF
                     out[...] = X
