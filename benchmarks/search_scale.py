@@ -145,7 +145,17 @@ def main() -> None:
     a = ap.parse_args()
     if a.cell:
         w, d, p, tl = a.cell
-        print(json.dumps(run_cell(w, int(d), p, float(tl))))
+        if workload_error(w):
+            ap.error(workload_error(w))
+        if p not in PLANNERS:
+            ap.error(f"unknown planner {p!r} (one of {', '.join(PLANNERS)})")
+        try:
+            d, tl = int(d), float(tl)
+        except ValueError:
+            ap.error(f"--cell takes WORKLOAD DEVICES PLANNER TIME_LIMIT, got {' '.join(a.cell)!r}")
+        if d < 1 or not tl > 0:
+            ap.error(f"--cell needs positive devices and time limit, got {d} and {tl}")
+        print(json.dumps(run_cell(w, d, p, tl)))
         return
     if a.workloads:             # given: every one must be known (exit 2 otherwise)
         workloads = a.workloads.split(",")

@@ -112,3 +112,17 @@ def test_devices_for_segments_equals_devices_by_depth(seed: int) -> None:
     big = np.zeros((T + 1, len(used) + 1, E + 2), dtype=np.int64)       # into a slice, with the fits kept
     devices_for_segments(tps, md, degs, ts, used, E, out=big[1:, :-1], fits=segment_fits(md, E))
     assert np.array_equal(big[1:, :-1], want)
+
+
+@pytest.mark.parametrize("name,kw,devices", [("mmt", {}, 32), ("transformer", {"layers": 24}, 64),
+                                             ("mmt", {"branches": 8, "layers": 8}, 64)])
+def test_large_path_on_mid_sized_trees(name: str, kw: dict, devices: int, monkeypatch) -> None:
+    """``StageDP.large`` measures a pass by segments x depth^2: these trees (1,500-3,100 segments,
+    depth bounds 27-64) take the large-tree path, which picks the plan the small-tree path picks."""
+    graph, cluster, B = build_model(name, **kw), v100_cluster(devices), 16 * devices
+    dp = StageDP(graph, cluster, B)
+    assert dp.large() and len(dp.idx.seg_lo) * (dp.E + 2) < 1 << 20     # large by the square only
+    got = plan_graphpipe(graph, cluster, B)
+    monkeypatch.setattr(StageDP, "LARGE_TABLE", 1 << 62)     # the small-tree path
+    want = plan_graphpipe(graph, cluster, B)
+    _same_or_better(got, want)
