@@ -145,8 +145,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.cell:
         w, d, p, tl = a.cell
-        if workload_error(w):
-            ap.error(workload_error(w))
+        bad = workload_error(w)
+        if bad:
+            ap.error(bad)
         if p not in PLANNERS:
             ap.error(f"unknown planner {p!r} (one of {', '.join(PLANNERS)})")
         try:

@@ -111,10 +111,10 @@ class StageDP:
         #: ``E`` bounds the depth below the deepest staging the tree holds (a coarsened space is
         #: bounded in depth too, its passes' tables grow as ``E^2``: ``COARSE_DEPTH``, or twice the
         #: fewest stages a chain needs to hold the weights, if more); depths then never saturate
-        need = cluster.optimizer_state_factor * float(self._costs.weight.sum()) / cluster.memory_bytes
-        self.depth_limited = self.coarsened and self.E > max(self.COARSE_DEPTH, 2 * int(np.ceil(need)))
+        chain = int(np.ceil(cluster.optimizer_state_factor * float(self._costs.weight.sum()) / cluster.memory_bytes))
+        self.depth_limited = self.coarsened and self.E > max(self.COARSE_DEPTH, 2 * chain)
         if self.depth_limited:
-            self.E = max(self.COARSE_DEPTH, 2 * int(np.ceil(need)))
+            self.E = max(self.COARSE_DEPTH, 2 * chain)
         self.W = segment_sums(self.idx, self._costs.weight[perm])
         self.A = segment_sums(self.idx, self._costs.activation[perm])
         self.memory = cluster.memory_bytes

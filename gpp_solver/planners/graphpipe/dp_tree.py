@@ -266,10 +266,6 @@ class SegDev:
     def shape(self) -> tuple[int, ...]:
         return self.arr.shape
 
-    def used(self, segs: np.ndarray) -> np.ndarray:
-        """Which of the segment ids ``segs`` have a row (``False`` where every value is ``INF``)."""
-        return self.gmap[segs] != self.arr.shape[self.seg_axis] - 1
-
     def __getitem__(self, key):
         if not isinstance(key, tuple):
             key = (key,)
