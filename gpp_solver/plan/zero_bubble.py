@@ -31,6 +31,7 @@ from gpp_solver.action import Action, Kind
 from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.errors import DeadlockError, InvalidInputError, show
 from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.types import Plan
 
 Orders = Mapping[int, Sequence[Action]]
 SCHEDULES = ("1f1b", "zb", "auto")
@@ -201,7 +202,7 @@ def check_schedule(schedule: object) -> str:
     return schedule  # type: ignore[return-value]
 
 
-def schedule_record(requested: str, chosen: str, t_1f1b: float, t_zb: float) -> dict[str, object]:
+def schedule_record(requested: str, chosen: str, t_1f1b: float | None, t_zb: float | None) -> dict[str, object]:
     """What a plan's ``search.extra["schedule"]`` says: the schedule asked for, the one its orders
     use (``"zb"``: they hold ``W`` actions), and the simulated iteration time of the partition under
     each (seconds)."""
@@ -220,3 +221,13 @@ def apply_schedule(schedule: str, orders: Orders, makespan: float, kind: str, d:
     if not take:
         return dict(orders), makespan, kind, record
     return zb, t_zb, ZB_KIND, record
+
+
+def final_record(plan: Plan, requested: str) -> dict[str, object]:
+    """The ``search.extra["schedule"]`` of a finished plan: the record ``build_plan`` left on it
+    (the partition's iteration time under each schedule) with ``chosen`` and ``iteration_time``
+    read from the plan itself (a later step such as CP-SAT may have changed its orders)."""
+    old = plan.search.extra.get("schedule") or {}
+    chosen = "zb" if any(a[0] == "W" for s in plan.stages for a in s.schedule.order) else "1f1b"
+    return {**schedule_record(requested, chosen, old.get("iteration_time_1f1b"), old.get("iteration_time_zb")),
+            "iteration_time": plan.predicted.iteration_time}
