@@ -22,7 +22,7 @@ from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.action import Action, Kind, as_order, has_weight_actions
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
-from gpp_solver.plan.zero_bubble import ZB_KIND, Durations, apply_schedule, check_schedule
+from gpp_solver.plan.zero_bubble import ZB_KIND, Durations, apply_schedule, check_schedule, memory_caps
 from gpp_solver.types import Cluster, Graph, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,8 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
         kind = "GPipe"
     if schedule != "1f1b" and all(s.order is None for s in specs):
         orders, makespan, _, record = apply_schedule(schedule, orders, makespan, kind, Durations(
-            bsz, sim_args[1], sim_args[2], weight, sim_args[3], tuple(edges)))
+            bsz, sim_args[1], sim_args[2], weight, sim_args[3], tuple(edges),
+            memory_caps(graph, cluster, specs, orders, mini_batch_size)))
         search = replace(search, extra={**dict(search.extra), "schedule": record})
     stages = []
     for i, (s, c) in enumerate(zip(specs, costs)):

@@ -5,8 +5,10 @@ A stage's backward splits into ``B`` (the input gradient, which its predecessors
 Parallelism (Qi et al., ICLR 2024) does for chains; here for any stage DAG (``docs/zero-bubble.md``).
 
 Every order this module makes keeps each stage's in-flight micro-batches (forwards done minus
-weight gradients done, the memory rule of an order with ``W``) at most ``cap[S]``, the peak of the
-stage's 1F1B (kFkB) order, as ZB-H1 does: the memory of the plan does not change.  Candidates:
+weight gradients done, the memory rule of an order with ``W``) at most ``cap[S]``: the peak of the
+stage's 1F1B (kFkB) order, or (``Durations.memory_cap``, ZB-H1's rule) the most the stage may hold
+without its memory exceeding the largest stage memory of the kFkB orders — either way the plan's
+peak memory does not grow.  Candidates:
 
 * **eager** — the kFkB order with ``W j`` right after ``B j``: never slower than the kFkB order (the
   simulated start of every action is a max-plus expression of the durations and a ``B`` only gets
@@ -28,10 +30,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gpp_solver.action import Action, Kind
-from gpp_solver.cost.model import in_flight_from_order
+from gpp_solver.cost.model import StageLike, in_flight_from_order, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidInputError, show
 from gpp_solver.plan.simulate import simulate_orders
-from gpp_solver.types import Plan
+from gpp_solver.types import Cluster, Graph, Plan
 
 Orders = Mapping[int, Sequence[Action]]
 SCHEDULES = ("1f1b", "zb", "auto")
@@ -49,6 +51,9 @@ class Durations:
     weight: Mapping[int, float]
     allreduce: Mapping[int, float]
     edges: tuple[tuple[int, int], ...]
+    #: per stage, the most micro-batches it may hold without its memory exceeding the largest stage
+    #: memory of the kFkB orders (ZB-H1's rule: the pipeline's peak memory does not grow); absent: its own peak
+    memory_cap: Mapping[int, int] | None = None
 
     def makespan(self, orders: Orders) -> float:
         return simulate_orders(orders, self.micro_batch, self.forward, self.backward, self.allreduce, self.edges,
@@ -180,11 +185,17 @@ def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Ac
     eager = {s: eager_w(o) if split[s] else tuple(o) for s, o in orders.items()}
     best, best_t = eager, d.makespan(eager)
     cands = [{s: deferred_w(o, cap[s]) if split[s] else tuple(o) for s, o in orders.items()}]
-    for b_first in (True, False):
-        try:
-            cands.append(greedy_w(d, n, cap, split, b_first))
-        except DeadlockError:       # pragma: no cover - the precedences are acyclic (docs/zero-bubble.md)
-            continue
+    caps = [cap]
+    if d.memory_cap is not None:
+        wide = {s: max(cap[s], min(n[s], d.memory_cap.get(s, cap[s]))) for s in orders}
+        if wide != cap:
+            caps.append(wide)
+    for c in caps:
+        for b_first in (True, False):
+            try:
+                cands.append(greedy_w(d, n, c, split, b_first))
+            except DeadlockError:       # pragma: no cover - the precedences are acyclic (docs/zero-bubble.md)
+                continue
     for c in cands:
         try:
             t = d.makespan(c)
@@ -231,3 +242,22 @@ def final_record(plan: Plan, requested: str) -> dict[str, object]:
     chosen = "zb" if any(a[0] == "W" for s in plan.stages for a in s.schedule.order) else "1f1b"
     return {**schedule_record(requested, chosen, old.get("iteration_time_1f1b"), old.get("iteration_time_zb")),
             "iteration_time": plan.predicted.iteration_time}
+
+
+def memory_caps(graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders,
+                mini_batch_size: int) -> dict[int, int]:
+    """Per stage ``i`` (``specs[i]``, ``orders[i]``): the most micro-batches it may hold with its
+    memory at most the largest stage memory of ``orders`` and within the cluster's memory."""
+    mem = {i: stage_memory(graph, cluster, s, in_flight_from_order(orders[i], s.micro_batch_size))
+           for i, s in enumerate(specs)}
+    limit = min(max(mem.values()), cluster.memory_bytes) * (1 + 1e-12)
+    out = {}
+    for i, s in enumerate(specs):
+        n = mini_batch_size // s.micro_batch_size
+        base = stage_memory(graph, cluster, s, 0)
+        per = stage_memory(graph, cluster, s, s.micro_batch_size) - base
+        k = n if per <= 0 else int(min(n, max(0.0, (limit - base) / per)))
+        while k > 0 and stage_memory(graph, cluster, s, k * s.micro_batch_size) > limit:
+            k -= 1
+        out[i] = max(k, in_flight_from_order(orders[i], 1))
+    return out
