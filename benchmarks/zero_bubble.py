@@ -23,6 +23,7 @@ import time
 from gpp_solver.action import Action, Kind
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.workloads import build_model
@@ -90,10 +91,9 @@ def chain_rows(devices, time_limit):
         args = (mb, {i: x.forward for i, x in zip(ids, costs)}, {i: x.backward for i, x in zip(ids, costs)},
                 {i: x.allreduce for i, x in zip(ids, costs)}, plan.edges, B)
         w = {i: x.backward_weight for i, x in zip(ids, costs)}
-        zb = get_planner("graphpipe")(g, c, B, time_limit=time_limit, schedule="zb",
-                                      micro_batch_sizes=[plan.stages[0].micro_batch_size])
-        same = [s.nodes for s in zb.stages] == [s.nodes for s in plan.stages]
-        ours = zb.predicted.iteration_time if same else float("nan")
+        specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k) for s in plan.stages]
+        ours = build_plan(g, c, specs, B, planner="graphpipe", search=plan.search,
+                          schedule="zb").predicted.iteration_time
         h1 = {s: zb_h1_chain_order(p, k, n) for k, s in enumerate(ids)}
         t_h1 = simulate_orders(h1, *args, record=False, weight=w)[0]
         t_1 = plan.predicted.iteration_time

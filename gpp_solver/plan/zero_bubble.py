@@ -15,6 +15,8 @@ peak memory does not grow.  Candidates:
   shorter, so no start moves later), and it holds the same activations;
 * **deferred** — the kFkB order of ``F`` and ``B`` with each ``W`` put off until a forward needs its
   memory, the rest in the cool-down;
+* **lagged** — the kFkB order with ``W j - L`` right after ``B j``, ``L`` the micro-batches ZB-H1's
+  rule adds to the stage's own peak (the paper's handcrafted ZB-H1 on a chain);
 * **greedy** — a list schedule in simulated time: whenever a stage is free it runs, by priority, a
   ready ``B`` (the critical path), a ready ``F`` within ``cap``, else a pending ``W`` (filling the wait);
   and the same with ``F`` before ``B``.
@@ -85,6 +87,22 @@ def deferred_w(order: Sequence[Action], cap: int) -> tuple[Action, ...]:
             b_done += 1
         out.append(a)
     out.extend(Action(Kind.W, j) for j in range(w_done, b_done))
+    return tuple(out)
+
+
+def lagged_w(order: Sequence[Action], lag: int) -> tuple[Action, ...]:
+    """``order`` with ``W j - lag`` right after every ``B j`` and the last ``lag`` ``W`` at the end
+    (the paper's handcrafted ZB-H1 for a chain: stage ``i`` of ``p`` lags by ``i``)."""
+    out: list[Action] = []
+    nw = nb = 0
+    for a in order:
+        out.append(a)
+        if a.kind == Kind.B:
+            nb += 1
+            if nb > lag:
+                out.append(Action(Kind.W, nw))
+                nw += 1
+    out.extend(Action(Kind.W, j) for j in range(nw, nb))
     return tuple(out)
 
 
@@ -190,6 +208,8 @@ def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Ac
         wide = {s: max(cap[s], min(n[s], d.memory_cap.get(s, cap[s]))) for s in orders}
         if wide != cap:
             caps.append(wide)
+    if len(caps) > 1:
+        cands.append({s: lagged_w(o, caps[1][s] - cap[s]) if split[s] else tuple(o) for s, o in orders.items()})
     for c in caps:
         for b_first in (True, False):
             try:
