@@ -12,6 +12,7 @@ needs before and the sends it posts after:
 
     F j: recv act (per producer chunk overlapping, sample order) ; F j ; send act
     B j: recv grad (per consumer chunk overlapping)              ; B j ; send grad
+    W j: W j (the weight gradient of a split backward: no message)
 
 Sends are non-blocking; a receive waits for its matching send. Messages between two ranks are
 matched in posting order, so ``lower`` checks that sender and receiver list each pair's messages
@@ -24,6 +25,9 @@ from dataclasses import dataclass, field
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from .plan_io import Plan, StagePlan
+
+
+COMPUTE = ("F", "B", "W")       # the compute actions (the rest are send/recv)
 
 
 @dataclass(frozen=True)
@@ -77,14 +81,14 @@ class Message:
 
 @dataclass(frozen=True)
 class Action:
-    """``F``/``B`` (compute micro-batch ``mb``), or ``send``/``recv`` of ``msg``."""
+    """``F``/``B``/``W`` (compute micro-batch ``mb``), or ``send``/``recv`` of ``msg``."""
 
     op: str
     mb: int
     msg: Message | None = None
 
     def __str__(self) -> str:
-        if self.op in ("F", "B"):
+        if self.op in COMPUTE:
             return f"{self.op}{self.mb}"
         return f"{self.op}:{self.msg}"
 
@@ -120,6 +124,9 @@ def lower(plan: Plan, specs: list[TransferSpec]) -> dict[int, list[Action]]:
             acts: list[Action] = []
             for kind, j in s.order:
                 c = chunk(s, j, r)
+                if kind == "W":
+                    acts.append(Action(kind, j))
+                    continue
                 if kind == "F":
                     recv = [(pc.lo, t.index, _msg("act", t, pc, c)) for t in ins[s.id]
                             for pc in overlapping(plan.stage(t.src), c.lo, c.hi)]
@@ -191,10 +198,10 @@ def grid(plan: Plan, acts: dict[int, list[Action]], pos: dict[int, int] | None =
             lst = acts[rank]
             stuck_at = None
             if pos is not None and pos[rank] < len(lst):
-                stuck_at = next(i for i in range(pos[rank], len(lst)) if lst[i].op in ("F", "B"))
+                stuck_at = next(i for i in range(pos[rank], len(lst)) if lst[i].op in COMPUTE)
                 waits.append(f"  rank {rank} waits before {lst[stuck_at]} for {lst[pos[rank]].msg}")
             cells = [f"[{a}]*" if i == stuck_at else str(a)
-                     for i, a in enumerate(lst) if a.op in ("F", "B")]
+                     for i, a in enumerate(lst) if a.op in COMPUTE]
             lines.append(f"stage {s.id} (rank {rank}): " + " ".join(cells))
     return "\n".join(lines + waits)
 

@@ -150,20 +150,27 @@ def _parse_stage(st: dict, index: int, big_b: int) -> StagePlan:
 
 
 def _parse_order(order, sid: int, n: int) -> tuple[tuple[str, int], ...]:
-    """Check C4: every F j and B j once for j < n; F j before F j+1, B j before B j+1, F j before B j."""
+    """Check C4: every F j and B j once for j < n; F j before F j+1, B j before B j+1, F j before B j;
+    an order with ``W`` actions (split backward) also holds every W j once, after B j, in order."""
     if not isinstance(order, list):
-        raise InvalidPlanError(f"stage {sid}: schedule.order must be a list of [\"F\"|\"B\", j]")
+        raise InvalidPlanError(f"stage {sid}: schedule.order must be a list of [\"F\"|\"B\"|\"W\", j]")
     out = []
-    next_f = next_b = 0
+    next_f = next_b = next_w = 0
     for item in order:
-        if (not isinstance(item, (list, tuple)) or len(item) != 2 or item[0] not in ("F", "B")
+        if (not isinstance(item, (list, tuple)) or len(item) != 2 or item[0] not in ("F", "B", "W")
                 or isinstance(item[1], bool) or not isinstance(item[1], int)):
-            raise InvalidPlanError(f"stage {sid}: schedule.order item {item!r} must be [\"F\"|\"B\", j]")
+            raise InvalidPlanError(f"stage {sid}: schedule.order item {item!r} must be [\"F\"|\"B\"|\"W\", j]")
         kind, j = item[0], item[1]
         if kind == "F":
             if j != next_f:
                 raise InvalidPlanError(f"stage {sid}: order has F{j} where F{next_f} must come next (C4)")
             next_f += 1
+        elif kind == "W":
+            if j != next_w:
+                raise InvalidPlanError(f"stage {sid}: order has W{j} where W{next_w} must come next (C4)")
+            if j >= next_b:
+                raise InvalidPlanError(f"stage {sid}: order has W{j} before B{j} (C4)")
+            next_w += 1
         else:
             if j != next_b:
                 raise InvalidPlanError(f"stage {sid}: order has B{j} where B{next_b} must come next (C4)")
@@ -171,10 +178,10 @@ def _parse_order(order, sid: int, n: int) -> tuple[tuple[str, int], ...]:
                 raise InvalidPlanError(f"stage {sid}: order has B{j} before F{j} (C4)")
             next_b += 1
         out.append((kind, j))
-    if next_f != n or next_b != n:
+    if next_f != n or next_b != n or next_w not in (0, n):
         raise InvalidPlanError(
-            f"stage {sid}: order must hold F and B of all {n} micro-batches (B / b), "
-            f"but has {next_f} F and {next_b} B")
+            f"stage {sid}: order must hold F and B (and, with any W, W) of all {n} micro-batches (B / b), "
+            f"but has {next_f} F, {next_b} B and {next_w} W")
     return tuple(out)
 
 
