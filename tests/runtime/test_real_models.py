@@ -51,8 +51,7 @@ def _plan(tmp_path, doc: dict, batch: int, devices: int, fraction: float, sizes=
     res = subprocess.run(
         [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "graph.json"), "--cluster",
          str(tmp_path / "cluster.json"), "--batch", str(batch), "--planner", planner,
-         "--micro-batch-sizes", sizes, "--time-limit", "20", "--quiet", "-o", str(out)]
-        + (["--schedule", "1f1b"] if planner in ("gpp", "graphpipe") else []),     # the runtime runs no W yet
+         "--micro-batch-sizes", sizes, "--time-limit", "20", "--quiet", "-o", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     plan = json.loads(out.read_text())
