@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_graphs import random_dag_edges
 
 import gpp_solver as gs
 from gpp_solver.action import Action, parse_order
@@ -19,7 +20,6 @@ from gpp_solver.errors import InvalidGraphError, InvalidInputError, InvalidPlanE
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.zero_bubble import Durations, zero_bubble_orders
-from tiny_graphs import chain_dict, random_dag_edges
 
 REPO = Path(__file__).resolve().parents[1]
 INFO = gs.SearchInfo(0.0, "feasible")
@@ -205,7 +205,8 @@ def test_zb_on_random_dags_valid_same_memory_not_slower(seed, cluster_dict):
 
 def test_zero_bubble_orders_greedy_beats_eager_somewhere():
     """A 4-stage chain, F = B_in = W = 1, 8 micro-batches: with ZB-H1's memory rule (every stage may
-    hold as many as the first stage's 1F1B peak, 4) the placement beats W right after B (30)."""
+    hold as many as the first stage's 1F1B peak, 4) the placement beats W right after B (30) and
+    reaches the paper's ZB-H1 figure n (F + B + W) + (p - 1)(F + B - W) = 24 + 3."""
     from gpp_solver.plan.schedule import kfkb_order
     from gpp_solver.plan.zero_bubble import eager_w
 
@@ -216,7 +217,7 @@ def test_zero_bubble_orders_greedy_beats_eager_somewhere():
     orders = {s: kfkb_order(n, S - s) for s in range(S)}
     best, t = zero_bubble_orders(orders, d)
     eager = d.makespan({s: eager_w(o) for s, o in orders.items()})
-    assert eager == pytest.approx(30.0) and t < eager and t == pytest.approx(d.makespan(best))
+    assert eager == pytest.approx(30.0) and t == pytest.approx(27.0) and t == pytest.approx(d.makespan(best))
     assert all(in_flight_from_order(best[s], 1) <= S for s in range(S))
 
 
@@ -257,7 +258,7 @@ def test_cli_schedule(tmp_path, chain, cluster_dict):
     def run(*extra):
         return subprocess.run([sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster",
                                str(tmp_path / "c.json"), "--batch", "8", "--quiet", *extra],
-                              cwd=REPO, capture_output=True, text=True, timeout=120)
+                              check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
     r = run("--planner", "graphpipe", "--schedule", "zb", "-o", str(tmp_path / "p.json"))
     assert r.returncode == 0, r.stderr
     assert "schedule zb (asked zb" in r.stdout

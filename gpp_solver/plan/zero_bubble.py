@@ -160,7 +160,7 @@ def greedy_w(d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: 
                 s, now = x, t
         if s < 0:
             raise DeadlockError("zero-bubble placement found no stage able to act")
-        tb, tf, tw = cache[s]
+        tb, tf, _ = cache[s]
         first, second = (("B", tb), ("F", tf)) if b_first else (("F", tf), ("B", tb))
         kind = first[0] if first[1] <= now else second[0] if second[1] <= now else "W"
         if kind == "F":
