@@ -33,6 +33,7 @@ def test_chain_with_w_actions_equals_one_process(tmp_path):
     assert sum(k == "W" for k, _ in o0) == 4 and o0[-2:] == [["W", 2], ["W", 3]]
     doc = plan(8, [stage(0, SEQ[:4], [0], 2, 8, depth=1, order=o0), stage(1, SEQ[4:], [1], 2, 8, depth=0, order=o1)],
                [[0, 1]])
+    assert [len(st["schedule"]["order"]) for st in doc["stages"]] == [12, 12]    # 4 micro-batches x F, B, W
     trace = tmp_path / "trace.json"
     res = torchrun(2, ["--plan", write(tmp_path, doc), "--model", SEQ_MODEL, "--steps", "3",
                        "--verify", "--momentum", "0.9", "--trace", str(trace)])
@@ -47,6 +48,8 @@ def test_graph_with_w_actions_and_data_parallel_equals_one_process(tmp_path):
                    stage(1, TWO_BRANCH[1], [1], 2, 8, depth=1),          # no W: the whole backward at B
                    stage(2, TWO_BRANCH["merge"], [2, 3], 4, 8, depth=0, order=deferred_w(one_f_one_b(0, 2), 1))],
                [[0, 2], [1, 2]])
+    assert [len(st["devices"]) for st in doc["stages"]] == [1, 1, 2]
+    assert [any(k == "W" for k, _ in st["schedule"]["order"]) for st in doc["stages"]] == [True, False, True]
     _ok(torchrun(4, ["--plan", write(tmp_path, doc), "--model", "examples.two_branch:workload", "--steps", "2",
                      "--verify"]))
 
