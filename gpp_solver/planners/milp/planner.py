@@ -96,7 +96,15 @@ def _solve(model: MilpModel, time_limit: float | None, solver: str | None, progr
     chosen = _solver(solver, time_limit, False)
     try:
         if isinstance(chosen, dict):
-            solve_highs(prob, **chosen)
+            try:
+                solve_highs(prob, **chosen)
+            except SolverError as exc:
+                if solver not in (None, "auto"):
+                    raise
+                # HiGHS fails on some small models (its own exception); CBC solves the same model exactly
+                logger.info("milp b=%d: %s; solving with CBC", model.b, exc)
+                left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+                prob.solve(_solver("cbc", left, False))
         else:
             prob.solve(chosen)
     except (pulp.PulpSolverError, SolverError) as exc:
