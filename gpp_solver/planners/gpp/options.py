@@ -40,7 +40,8 @@ class GppOptions:
     seed: int = 0
     # CP-SAT tightening of the orders: True always, False never, None when the model is small enough
     tighten: bool | None = None
-    # candidate micro-batch sizes (default: powers of two dividing B with B / b <= MAX_MICRO_BATCHES, plus the seeds')
+    # candidate micro-batch sizes (default: powers of two dividing B with B / b <= MAX_MICRO_BATCHES, plus the seeds');
+    # given, they hold for every plan considered: the seed planners get them, a seed plan outside them is dropped
     micro_batch_sizes: Sequence[int] | None = None
     # the registered planners whose plans seed the search, run in this order
     seed_planners: Sequence[str] = SEED_PLANNERS
