@@ -5,6 +5,7 @@ masks, so ``--verify`` holds with several micro-batches."""
 from __future__ import annotations
 
 import torch
+from runtime_plans import assert_shape, plan, stage, torchrun, write
 from torch import nn
 
 from runtime.dropout import ChunkSeeded, Context, per_chunk, set_context
@@ -75,3 +76,17 @@ def test_gradients_match_with_two_micro_batches():
             g += d
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_two_tower_dropout_verifies_in_float32_with_replicas(tmp_path):
+    """The encoder layer and the attention (both with dropout 0.1, traced whole) on a stage of two
+    data-parallel replicas, two micro-batches of 2 (1 sample per replica): --verify at the default
+    float32 tolerance."""
+    doc = plan(4, [stage(0, ["embed", "image.0", "image.1", "image.2", "image.3", "flatten", "transpose"], [0],
+                         2, 4, depth=1),
+                   stage(1, ["text", "fuse", "mean", "mean_1", "cat", "head"], [1, 2], 2, 4, depth=0)], [[0, 1]])
+    assert_shape(doc, stages=2, micro_batches=2, devices=[1, 2])
+    res = torchrun(3, ["--plan", write(tmp_path, doc), "--model", "examples.real_models:two_tower_dropout",
+                       "--steps", "3", "--verify"], timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0 and "verify: OK" in out, out[-3000:]
