@@ -237,3 +237,14 @@ def test_cli_micro_batch_sizes_hold(tmp_path):
     res = subprocess.run(base + ["--planner", "piper", "--micro-batch-sizes", "2"], capture_output=True, text=True,
                          timeout=120, check=False, cwd=REPO)
     assert res.returncode == 2 and "micro_batch_sizes" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("name", ["graphpipe", "pipedream", "alpa"])
+def test_tightened_orders_keep_the_options(name):
+    """``solve(tighten=True)`` rewrites the orders (CP-SAT): sizes, devices and memory still hold."""
+    g = graph("two-branch")
+    c = cluster(devices=2, memory_bytes=TIGHT["two-branch"])
+    p = gs.solve(g, c, mini_batch_size=B, planner=name, tighten=True, micro_batch_sizes=(2,), time_limit=TIME_LIMIT)
+    assert sizes_of(p) == {2}
+    assert_fits(p, g, c)
+    assert p.search.cp_tighten is not None
