@@ -15,7 +15,7 @@
 - ``two_tower``: a text tower (embedding, ``nn.TransformerEncoderLayer``) and an image tower
   (convolutions) fused by a raw ``nn.MultiheadAttention`` (its output is a tuple) and a head.
 
-torchvision and transformers are imported through ``runtime.third_party`` (see there why).
+torchvision and transformers are imported through ``runtime.capture.third_party`` (see there why).
 Dropout is 0 everywhere: ``--verify`` needs the pipeline and one process to draw equal masks.
 """
 
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from runtime.third_party import import_torchvision, import_transformers
+from runtime.capture.third_party import import_torchvision, import_transformers
 
 CLASSES = 10
 
@@ -188,5 +188,5 @@ def two_tower(dropout: float = 0.0, dtype=torch.float32):
 def two_tower_dropout():
     """The two-tower model with dropout 0.1, float32: the encoder layer's dropouts and the
     attention's dropout run inside modules traced whole, so ``--verify`` needs their draws per
-    chunk of samples too (``runtime.dropout.ChunkSeeded``)."""
+    chunk of samples too (``runtime.capture.dropout.ChunkSeeded``)."""
     return two_tower(dropout=0.1, dtype=torch.float32)
