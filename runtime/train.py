@@ -63,7 +63,7 @@ from .p2p import CommTimeout
 from .pipeline import GraphPipeline
 from .stage_setup import build, prepare
 from .tracing import workload_hooks
-from .verify import compare, make_optimizer, reference_params
+from .verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
 
 logger = logging.getLogger("runtime.train")
 
@@ -91,8 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--p2p", choices=("auto", "eager", "batched"), default="auto",
                     help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)")
     ap.add_argument("--verify", action="store_true", help="compare with one-process training")
-    ap.add_argument("--rtol", type=float, default=1e-5, help="--verify relative tolerance (default 1e-5)")
-    ap.add_argument("--atol", type=float, default=1e-6, help="--verify absolute tolerance (default 1e-6)")
+    ap.add_argument("--rtol", type=float, default=None,
+                    help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)")
+    ap.add_argument("--atol", type=float, default=None,
+                    help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
+                         "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.verify.default_tolerance)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
     ap.add_argument("--checkpoint-every", type=int, default=1)
@@ -297,13 +300,17 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
         want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
                                 lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
                                 device, args.seed, tracing=workload_hooks(ref.raw))
-        bad = compare(all_params, want, args.rtol, args.atol)
+        dtype = next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), torch.float32)
+        rtol, atol = default_tolerance(dtype, args.optimizer, args.lr, args.steps)
+        rtol = rtol if args.rtol is None else args.rtol
+        atol = atol if args.atol is None else args.atol
+        bad = compare(all_params, want, rtol, atol)
         if bad:
             print(f"verify: FAILED, {len(bad)} parameters differ from one-process training "
-                  f"(rtol {args.rtol:g}, atol {args.atol:g}): " + "; ".join(bad[:5]), file=sys.stderr, flush=True)
+                  f"(rtol {rtol:g}, atol {atol:g}): " + "; ".join(bad[:5]), file=sys.stderr, flush=True)
             return 1
-        logger.info("verify: OK, %d parameters equal one-process training (rtol %g, atol %g)",
-                    len(want), args.rtol, args.atol)
+        logger.info("verify: OK, %d parameters equal one-process training (rtol %g, atol %g; largest "
+                    "difference %.3g)", len(want), rtol, atol, largest_difference(all_params, want))
     if args.json and m:
         print(json.dumps({"gpp_runtime": {k: m.get(k) for k in (
             "mini_batch_size", "warmup_steps", "timed_steps", "seconds_per_step", "samples_per_second",
