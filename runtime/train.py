@@ -33,8 +33,12 @@ Rank r runs the stage whose ``devices`` list r (replica = position in the list).
 with device cuda:LOCAL_RANK when CUDA is available (unless ``--cpu``), else gloo on CPU. Only
 rank 0 logs; every rank that fails writes its own error to stderr (flushed) before exiting.
 ``--json`` prints one last line ``{"gpp_runtime": {...}}`` on rank 0's stdout with the measured
-seconds per step (``step_seconds``: per step, the first start to the last end over all ranks),
-``seconds_per_step`` and ``samples_per_second`` after the warm-up steps. Exit codes: 0 ok; 2 bad input (plan
+seconds of each step (``step_seconds``: per step, the first rank's start to the last rank's end,
+warm-up included), and ``seconds_per_step`` and ``samples_per_second`` after the warm-up steps
+(the timed steps' wall time over all ranks divided by their count). The two differ: ranks are
+not synchronised between steps, so one step's span overlaps the next one's and the mean of
+``step_seconds`` exceeds ``seconds_per_step`` (by 12-22% on the examples' CPU plans); throughput
+is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.metrics``). Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
 
@@ -279,6 +283,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
         for r in records:
             for st, t0, t1, _busy in r["steps"]:
                 by_step.setdefault(st, []).append((t0, t1))
+        # each step's span over all ranks; spans of consecutive steps overlap (module docstring)
         m["step_seconds"] = [max(e for _s, e in v) - min(s for s, _e in v) for _k, v in sorted(by_step.items())]
         if not args.quiet:
             logger.info("%s", metrics.format_summary(m))
