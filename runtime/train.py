@@ -38,7 +38,7 @@ warm-up included), and ``seconds_per_step`` and ``samples_per_second`` after the
 (the timed steps' wall time over all ranks divided by their count). The two differ: ranks are
 not synchronised between steps, so one step's span overlaps the next one's and the mean of
 ``step_seconds`` exceeds ``seconds_per_step`` (by 12-22% on the examples' CPU plans); throughput
-is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.metrics``). Exit codes: 0 ok; 2 bad input (plan
+is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``). Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
 
@@ -62,12 +62,13 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
-from . import checkpoint, cores, metrics
-from .p2p import CommTimeout
-from .pipeline import GraphPipeline
-from .stage_setup import build, prepare
-from .tracing import workload_hooks
-from .verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
+from . import cores
+from .engine import checkpoint, metrics
+from .engine.p2p import CommTimeout
+from .engine.pipeline import GraphPipeline
+from .engine.stage_setup import build, prepare
+from .capture.tracing import workload_hooks
+from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
 
 logger = logging.getLogger("runtime.train")
 
@@ -99,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)")
     ap.add_argument("--atol", type=float, default=None,
                     help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
-                         "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.verify.default_tolerance)")
+                         "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
     ap.add_argument("--checkpoint-every", type=int, default=1)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime import pipeline, train
+from runtime import train
+from runtime.engine import pipeline
 
 
 class TinyTied(nn.Module):

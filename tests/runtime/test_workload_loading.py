@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gpp_solver.errors import InvalidInputError
-from runtime.fx_graph import load_workload
+from runtime.capture.fx_graph import load_workload
 from runtime_plans import REPO
 
 
