@@ -13,9 +13,7 @@ import gpp_solver as gs
 from fuzz_harness import CLUSTER, run_cli
 from tiny_graphs import diamond_dict
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not DATA.exists():
-    DATA = Path("/work/shared/data")
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def write(tmp: Path, name: str, doc=None, raw: bytes | str | None = None) -> str:
