@@ -226,7 +226,7 @@ class Status(StrEnum):
     OPTIMAL_ITERATION_TIME = "optimal-iteration-time"
     #: the best plan of the planner's own restricted space for the objective named in ``search.objective``
     OPTIMAL_WITHIN_SEARCH_SPACE = "optimal-within-search-space"
-    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (formats.md's example; no
+    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (read; no
     #: built-in planner reports it)
     OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
     FEASIBLE = "feasible"                    # a valid plan, nothing proven about its quality
