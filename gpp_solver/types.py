@@ -215,7 +215,7 @@ class Status(StrEnum):
     """What a plan's search proved (``search.status``); each value is the plan JSON's string.
 
     An ``optimal-*`` status names the objective it was proven for: a plan optimal for the bottleneck
-    time-per-sample (TPS) may have a far longer iteration time than the best plan (README, "Plan
+    time-per-sample (TPS) may have a far longer iteration time than the best plan (docs/planners.md, "Plan
     statuses").
     """
 
