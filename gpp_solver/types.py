@@ -222,7 +222,7 @@ class Status(StrEnum):
     #: least bottleneck TPS of the cost model proven over ``milp``'s space (convex stages, any acyclic
     #: stage graph, one micro-batch size, 1F1B); says nothing about the iteration time
     OPTIMAL_TIME_PER_SAMPLE = "optimal-time-per-sample"
-    #: least simulated iteration time proven (reserved for an exact iteration-time method: no planner proves it yet)
+    #: least simulated iteration time proven over ``exact``'s space (convex stages, one micro-batch size, 1F1B)
     OPTIMAL_ITERATION_TIME = "optimal-iteration-time"
     #: the best plan of the planner's own restricted space for the objective named in ``search.objective``
     OPTIMAL_WITHIN_SEARCH_SPACE = "optimal-within-search-space"

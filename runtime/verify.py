@@ -5,7 +5,7 @@ the same data (``sample(B, step)``), runs the same traced graph with the same dr
 dropout node's mini-batch is split into the chunks its stage computes, each drawn from
 ``(seed, step, chunk's first sample, node)``, see ``runtime.dropout``), uses the same loss and
 the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``); in
-float64 (``--dtype float64``) rounding no longer hides in it.
+float64 (``--dtype float64``) rounding stays far below it.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_solve_options_value(diamond, cluster_dict):
         gs.solve(g, c, mini_batch_size=0)
 
 
-# --- the first hour of a new user (issue 17): defaults, time limit, progress, wording, formats ---
+# --- the first hour of a new user: defaults, time limit, progress, wording, formats ---
 
 def _subparsers(parser):
     import argparse

@@ -1,4 +1,4 @@
-"""Regressions of issue 15 (no silent wrong result, no traceback): each case the issue lists."""
+"""Bad input never yields a silent wrong result or a traceback: one test per case of the input contract."""
 
 from __future__ import annotations
 

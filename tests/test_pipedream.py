@@ -286,7 +286,7 @@ def random_dag_dict(rng, n: int) -> dict:
 
 
 def test_shared_mode_linearises_every_source_and_beats_every_topological_chain():
-    """The old first-source start jumped over whole source branches; now every downset is a
+    """PipeDream's first-source start would jump over whole source branches; every downset is a
     state, so the DP (exact here: no producer fans out) is <= every chain of the topological order."""
     g = graph_from_dict(two_sources_dict())
     cl = cluster_from_dict(flat_cluster(4))
