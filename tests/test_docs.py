@@ -48,3 +48,16 @@ def test_published_profiles_carry_their_licences():
     for f in sorted((ROOT / "data").glob("*/*")):
         if f.name != "LICENSE.txt":
             assert f"`{f.parent.name}/{f.name}`" in readme, f"data/README.md does not list {f.name}"
+
+
+HISTORY = re.compile(r"\b[Ii]ssue \d+|\bthis turn\b|\bsession \d+\b|\buntil this\b|\bbefore this (change|turn|work)\b")
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.suffix in (".py", ".ipynb")] + [ROOT / "README.md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_history_in_code_or_readme(path):
+    """History lives in git: no issue numbers or 'until this turn' in the code, its comments or README."""
+    if path == Path(__file__):
+        return
+    found = [m.group(0) for m in HISTORY.finditer(path.read_text(errors="replace"))]
+    assert not found, f"{path.relative_to(ROOT)}: {found}"
