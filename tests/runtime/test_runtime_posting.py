@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpp_solver.errors import DeadlockError
-from runtime.actions import Step, TransferSpec, group_actions, lower
-from runtime.posting import Post, check_rendezvous, posting
-from runtime.plan_io import parse_plan
+from runtime.lowering.actions import Step, TransferSpec, group_actions, lower
+from runtime.lowering.posting import Post, check_rendezvous, posting
+from runtime.lowering.plan_io import parse_plan
 from runtime_plans import SEQ, plan, stage
 
 

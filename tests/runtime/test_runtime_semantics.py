@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from runtime.dropout import Context, chunk_dropout, set_context
+from runtime.capture.dropout import Context, chunk_dropout, set_context
 from runtime_plans import REPO, plan, stage, torchrun, write
 
 TOWER = "examples.two_tower:workload"
