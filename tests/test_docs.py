@@ -61,3 +61,29 @@ def test_no_history_in_code_or_readme(path):
         return
     found = [m.group(0) for m in HISTORY.finditer(path.read_text(errors="replace"))]
     assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def _resolve(dotted: str) -> object:
+    """Import the longest module prefix of ``dotted`` and get the rest as attributes."""
+    import importlib
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+NAMES = sorted({n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_named_python_objects_exist(name):
+    """Every ``gpp_solver.x.y`` / ``runtime.x.y`` a document names can be imported."""
+    if name.startswith("runtime"):
+        pytest.importorskip("torch")
+    assert _resolve(name) is not None
