@@ -9,7 +9,7 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Plan
 
 # The default seeds: GraphPipe's DP and PipeDream-2BW's uniform chains.  PipeDream's and Alpa's DPs
-# are left out by default (issue 16: they were 60-75% of the seed time at 32 devices): on the paper's
+# are left out by default (they would be 60-75% of the seed time at 32 devices): on the paper's
 # workloads at 4-32 devices gpp's result is the same without them (benchmarks/gpp_vs_spp.py), since
 # its own sequential starts (balanced chains, uniform chains of D / d stages) cover their spaces.
 SEED_PLANNERS = ("graphpipe", "pipedream-2bw")
