@@ -45,7 +45,7 @@ from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.oracles.brute_force import (best_plan_bruteforce, min_peak_memory_bruteforce, random_cluster,
                                             random_graph)
 from gpp_solver.planners.registry import available_planners, get_planner
-from gpp_solver.sp_tree import decompose
+from gpp_solver.planners.graphpipe.sp_tree import decompose
 from gpp_solver.types import Status
 
 CLASSES = {"chain": ("chain",), "SP": ("diamond", "sp"), "non-SP": ("dag",)}

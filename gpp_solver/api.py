@@ -10,7 +10,8 @@ from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to
 from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
-from gpp_solver.formats.jsonio import MAX_SECONDS, show
+from gpp_solver.errors import show
+from gpp_solver.limits import MAX_SECONDS
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SolveOptions
 from gpp_solver.plan.validate import validate
@@ -100,7 +101,7 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     # the planner checks its options itself (planners.registry.parse_options: unknown ones by name)
     plan = fn(g, c, B, time_limit=time_limit, progress=progress, **planner_options)
     if tighten and name != "gpp":
-        from gpp_solver.cp_schedule import tighten_plan_if_fits
+        from gpp_solver.cp_orders.cp_schedule import tighten_plan_if_fits
 
         plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit, progress=progress)
         logger.info("CP-SAT tightening: %s, iteration %.6g -> %.6g s", info["status"], info["makespan_before"],

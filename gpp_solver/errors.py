@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 class GppError(Exception):
@@ -94,8 +95,18 @@ def check_types(**named: tuple[object, type]) -> None:
             raise InvalidInputError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
 
 
+def show(value: Any) -> str:
+    """``value`` as an error message names it: short, a huge integer by its digit count, a container by its kind."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, (dict, list)):
+        return f"a {'JSON object' if isinstance(value, dict) else 'list'}"
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 __all__ = [
     "GppError", "InvalidInputError", "InvalidGraphError", "InvalidClusterError",
     "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError", "TimeLimitError",
-    "DeadlockError", "check_types", "exit_status",
+    "DeadlockError", "check_types", "exit_status", "show",
 ]

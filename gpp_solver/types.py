@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 import networkx as nx
 
-from gpp_solver.plan.action import Action, as_order, order_text
+from gpp_solver.action import Action, as_order, order_text
 
 GRAPH_FORMAT = "gpp-graph/1"
 CLUSTER_FORMAT = "gpp-cluster/1"
@@ -165,7 +165,7 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A stage's micro-batch order: :class:`~gpp_solver.plan.action.Action` records (``F j`` / ``B j``)
+    """A stage's micro-batch order: :class:`~gpp_solver.action.Action` records (``F j`` / ``B j``)
     in the order it runs them; pairs such as ``("F", 0)`` are converted."""
 
     kind: str
@@ -176,7 +176,7 @@ class Schedule:
         object.__setattr__(self, "order", as_order(self.order))
 
     def text(self) -> str:
-        """Compact form, e.g. ``F0 F1 B0 F2 B1 B2`` (:func:`gpp_solver.plan.action.parse_order` reads it)."""
+        """Compact form, e.g. ``F0 F1 B0 F2 B1 B2`` (:func:`gpp_solver.action.parse_order` reads it)."""
         return order_text(self.order)
 
 

@@ -1,6 +1,7 @@
 """The layout's rules, checked on the source: no module over 400 lines, at most 16 modules at the top
-level of ``gpp_solver/``, no import cycle (imports inside functions count), and the solver never
-imports torch."""
+level of ``gpp_solver/``, no import cycle (imports inside functions count), the packages never
+import the top level above its bottom modules, the design card's names re-export their
+algorithm's package, and the solver never imports torch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpp_solver"
 MAX_LINES = 400
+#: The top-level modules every package may import: records, actions, supported ranges, errors.
+BOTTOM = {"gpp_solver.types", "gpp_solver.action", "gpp_solver.limits", "gpp_solver.errors"}
+#: The design card's top-level names and the package module each re-exports.
+DESIGN_CARD = {"gpp_solver.sp_tree": "gpp_solver.planners.graphpipe.sp_tree",
+               "gpp_solver.binary_search": "gpp_solver.planners.graphpipe.binary_search",
+               "gpp_solver.cp_schedule": "gpp_solver.cp_orders.cp_schedule"}
 
 
 def _modules() -> dict[str, Path]:
@@ -64,6 +71,29 @@ def test_design_card_names_are_kept():
     for rel in ("gpp_solver/sp_tree.py", "gpp_solver/cp_schedule.py", "gpp_solver/binary_search.py",
                 "runtime/__init__.py", "tests", "pyproject.toml", "README.md"):
         assert (ROOT / rel).exists(), rel
+
+
+def test_design_card_names_re_export_their_package():
+    import importlib
+
+    for thin, home in DESIGN_CARD.items():
+        thin_mod, home_mod = importlib.import_module(thin), importlib.import_module(home)
+        assert thin_mod.__all__ == home_mod.__all__ and home_mod.__all__, thin
+        for name in home_mod.__all__:
+            assert getattr(thin_mod, name) is getattr(home_mod, name), (thin, name)
+
+
+def test_packages_import_only_the_bottom_of_the_top_level():
+    """A module inside a package (planners, plan, cost, formats, ...) never imports a top-level module
+    other than the bottom ones: an algorithm's code lives in its package, the top level only uses it."""
+    mods = _modules()
+    top = {name for name, path in mods.items() if name.count(".") == 1 and path.name != "__init__.py"}
+    wrong = {name: sorted(deps) for name, path in mods.items() if name.count(".") >= 2
+             if (deps := (_imports(name, path, set(mods)) & top) - BOTTOM)}
+    assert not wrong, f"package modules importing the top level: {wrong}"
+    bottom_up = {name: sorted(deps) for name in BOTTOM
+                 if (deps := {d for d in _imports(name, mods[name], set(mods)) if d != "gpp_solver"} - BOTTOM)}
+    assert not bottom_up, f"bottom modules importing above the bottom: {bottom_up}"
 
 
 def test_no_import_cycle():

@@ -18,8 +18,8 @@ import random
 import numpy as np
 import pytest
 
-from gpp_solver import binary_search
-from gpp_solver.binary_search import search_depths, search_many
+from gpp_solver.planners.graphpipe import binary_search
+from gpp_solver.planners.graphpipe.binary_search import search_depths, search_many
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_kernel import run_dp

@@ -17,7 +17,7 @@ from gpp_solver.planners.milp.space import contiguous_ranges, layouts
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.oracles.brute_force import (GRAPH_KINDS, best_plan_bruteforce, candidates, min_peak_memory_bruteforce,
                                             ordered_partitions, random_cluster, random_graph)
-from gpp_solver.sp_tree import decompose
+from gpp_solver.planners.graphpipe.sp_tree import decompose
 
 
 def _set_partitions(items):

@@ -11,7 +11,7 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.errors import InvalidPlanError, SearchSpaceTooLargeError
 from gpp_solver.planners.registry import REGISTRY, get_planner
-from gpp_solver.plan.action import Action, Kind, order_text, parse_order
+from gpp_solver.action import Action, Kind, order_text, parse_order
 from gpp_solver.types import SEARCH_FIELDS, SearchInfo, Status
 
 from tiny_graphs import diamond_dict
@@ -161,5 +161,5 @@ def test_a_legacy_optimal_plan_still_loads_and_round_trips(plans):
 def test_action_module_example_holds():
     import doctest
 
-    import gpp_solver.plan.action as action
+    import gpp_solver.action as action
     assert doctest.testmod(action).failed == 0

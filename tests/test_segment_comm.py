@@ -10,7 +10,7 @@ import pytest
 
 from gpp_solver.planners.graphpipe.dp_stage_tables import segment_comm
 from gpp_solver.planners.graphpipe.dp_tree import TreeIndex, index_tree
-from gpp_solver.sp_tree import decompose
+from gpp_solver.planners.graphpipe.sp_tree import decompose
 from tiny_graphs import random_dag_edges
 
 

@@ -252,7 +252,7 @@ def test_repricing_keeps_the_bound_on_multi_node_clusters(seed: int) -> None:
 def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
     """With every size simulated, the plan is the fastest per-b DP plan in simulation (the paper's
     sweep "to maximize training throughput"), and each b's staging is still the DP's optimum."""
-    from gpp_solver.binary_search import search_many
+    from gpp_solver.planners.graphpipe.binary_search import search_many
     from gpp_solver.planners.graphpipe.dp import StageDP
     g = build_model("mmt", branches=2, layers=2)
     c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
@@ -311,7 +311,7 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
     model's own TPS and iteration estimate."""
     import random
     from test_dp import random_instance
-    from gpp_solver.binary_search import search_many
+    from gpp_solver.planners.graphpipe.binary_search import search_many
     from gpp_solver.cost.model import CostTables
     from gpp_solver.planners.graphpipe.dp import StageDP
     from gpp_solver.planners.graphpipe.staging import estimate_iteration, price_staging, stage_specs

@@ -10,7 +10,7 @@ from typing import Hashable
 import networkx as nx
 import pytest
 
-from gpp_solver.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
+from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
 from tiny_graphs import random_dag_edges
 
 DATA = Path("/work/shared/data/pipedream")

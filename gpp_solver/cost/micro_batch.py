@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.formats.jsonio import MAX_COUNT, show
+from gpp_solver.errors import show
+from gpp_solver.limits import MAX_COUNT
 
 
 def powers_of_two_dividing(mini_batch_size: int) -> tuple[int, ...]:

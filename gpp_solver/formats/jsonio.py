@@ -5,10 +5,8 @@ nested deeper than :data:`MAX_DEPTH`, or that holds a number no float can repres
 ``Infinity``, ``1e400``, an integer of more than 308 digits) is one :class:`InvalidInputError`
 naming the file and, for numbers, the JSON path of the value.
 
-Supported ranges (:data:`MAX_BYTES`, :data:`MAX_SECONDS`, ...) bound every quantity a graph or a
-cluster carries, so that whatever a planner computes from them (products over a mini-batch, a
-stage, a cluster) stays a finite float: a value outside them is rejected by name instead of
-becoming ``inf``/``nan`` inside a planner.
+The supported ranges the field checks are given (``MAX_BYTES``, ``MAX_SECONDS``, ...) are
+:mod:`gpp_solver.limits`.
 """
 
 from __future__ import annotations
@@ -18,23 +16,11 @@ import math
 from pathlib import Path
 from typing import Any, Type
 
-from gpp_solver.errors import InvalidInputError
+from gpp_solver.errors import InvalidInputError, show
 
 #: Deepest nesting of arrays/objects a document may have.
 MAX_DEPTH = 64
-#: Largest byte count (weights, activations, outputs, device memory): one exabyte.
-MAX_BYTES = 1e18
-#: Largest time (seconds) of one operation, and largest latency: about 31 years.
-MAX_SECONDS = 1e9
-#: Smallest non-zero time (seconds); a smaller positive time is a unit mistake, and its
-#: reciprocals (throughput) overflow.
-MIN_SECONDS = 1e-15
-#: Bandwidth range, bytes/s.
-MIN_BANDWIDTH, MAX_BANDWIDTH = 1.0, 1e18
-#: Largest integer count (devices, samples of a mini-batch or micro-batch).
-MAX_COUNT = 2**20
-#: Largest optimizer-state factor (bytes of state per byte of weights).
-MAX_FACTOR = 1e6
+
 
 
 class _Unrepresentable:
@@ -161,15 +147,6 @@ def extra(d: dict, where: str, error: Type[InvalidInputError]) -> dict:
     if not isinstance(x, dict):
         raise error(f"{where}.extra must be a JSON object, got {show(x)}")
     return dict(x)
-
-
-def show(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**24:
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
-    if isinstance(value, (dict, list)):
-        return f"a {'JSON object' if isinstance(value, dict) else 'list'}"
-    r = repr(value)
-    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def number(value: Any, where: str, error: Type[InvalidInputError], *, positive: bool = False,

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from gpp_solver.errors import InvalidPlanError
-from gpp_solver.plan.action import Action
-from gpp_solver.formats.jsonio import (MAX_COUNT, document, extra, integer, known_fields, number, obj, read_json,
-                                       require, show, write_json)
+from gpp_solver.action import Action
+from gpp_solver.limits import MAX_COUNT
+from gpp_solver.formats.jsonio import (document, extra, integer, known_fields, number, obj, read_json, require, show, write_json)
 from gpp_solver.types import (PLAN_FORMAT, SEARCH_FIELDS, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
                               StagePrediction, Status)
 

@@ -1,9 +1,10 @@
 """Brute-force oracle: enumerate every plan of a tiny graph and keep the best.
 
-The search space is ``planners/milp/space.py``'s (convex stages with an acyclic stage graph, one
+The search space is the exact planners' (convex stages with an acyclic stage graph, one
 micro-batch size, ``b % d == 0``, 1F1B, contiguous device ranges in a topological order of the
-stage graph); the objective is the cost model's bottleneck time-per-sample.  It is evaluated here
-independently of the MILP (straight from the cost-model formulas), and the winner is built with
+stage graph); the objective is the cost model's bottleneck time-per-sample.  Both are enumerated
+and evaluated here independently of the MILP (its space module is not used: the stages come
+from :func:`ordered_partitions` below, the figures straight from the cost-model formulas), and the winner is built with
 ``build_plan`` so its figures are the cost model's.  Only for tiny inputs: at most
 :data:`MAX_NODES` nodes and :data:`MAX_DEVICES` devices.
 
@@ -18,14 +19,12 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from itertools import product
+from itertools import accumulate, product
 from typing import Iterator, Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth
-from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples,
-                                            ordered_partitions)  # ordered_partitions: re-exported
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -35,6 +34,62 @@ logger = logging.getLogger(__name__)
 
 MAX_NODES = 8
 MAX_DEVICES = 4
+#: A stage fits when ``M(S) <= memory_bytes * (1 + MEMORY_REL_TOL)`` (the validator's tolerance).
+MEMORY_REL_TOL = 1e-9
+
+
+def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = True
+                       ) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every partition of the nodes into at most ``max_stages`` convex stages with an acyclic stage
+    graph, the stages listed in a topological order of the stage graph.
+
+    A stage numbering of the nodes that never decreases along an edge and uses the numbers
+    ``0..k-1`` is exactly such a partition listed in such an order; the numberings come in
+    lexicographic order (nodes in the graph's topological order).  With ``every_order`` each
+    partition comes once per topological order of its stage graph (the placement differs);
+    otherwise once.
+    """
+    topo = graph.topo_order
+    at = {v: i for i, v in enumerate(topo)}
+    earlier_preds = [[at[p] for p in graph.preds(v)] for v in topo]
+    label: list[int] = []
+    seen: set[frozenset[frozenset[str]]] = set()
+
+    def numberings() -> Iterator[tuple[int, ...]]:
+        i = len(label)
+        if i == len(topo):
+            if len(set(label)) == max(label) + 1:
+                yield tuple(label)
+            return
+        for s in range(max((label[p] for p in earlier_preds[i]), default=0), max_stages):
+            label.append(s)
+            yield from numberings()
+            label.pop()
+
+    for numbering in numberings():
+        parts = tuple(tuple(v for v, s in zip(topo, numbering) if s == t) for t in range(max(numbering) + 1))
+        if not every_order:
+            key = frozenset(frozenset(p) for p in parts)
+            if key in seen:
+                continue
+            seen.add(key)
+        yield parts
+
+
+def device_options(b: int, devices: int) -> tuple[int, ...]:
+    """Data-parallel degrees of a stage of micro-batch size ``b``: ``1 <= d <= devices``, ``d`` divides ``b``."""
+    return tuple(d for d in range(1, devices + 1) if b % d == 0)
+
+
+def contiguous_ranges(counts: Sequence[int]) -> list[tuple[int, ...]]:
+    """The placement: the stages take consecutive device ranges from device 0, in their order."""
+    ends = list(accumulate(counts))
+    return [tuple(range(end - c, end)) for c, end in zip(counts, ends)]
+
+
+def in_flight_samples(depth: int, b: int, mini_batch_size: int) -> int:
+    """1F1B: a stage ``depth`` stages above the sinks holds ``depth + 1`` micro-batches, at most all ``B / b``."""
+    return b * min(depth + 1, mini_batch_size // b)
 
 
 @dataclass(frozen=True)

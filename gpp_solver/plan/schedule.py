@@ -17,7 +17,7 @@ from typing import Iterable, Mapping, Sequence
 import networkx as nx
 
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.plan.action import Action, Kind
+from gpp_solver.action import Action, Kind
 
 
 def compute_in_flight(kx: int, bx: int, ky: int, by: int, iy: int) -> int:

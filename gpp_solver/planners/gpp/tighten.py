@@ -1,5 +1,5 @@
 """``plan_gpp``'s last step: CP-SAT tightening of the chosen plan's micro-batch orders
-(:func:`gpp_solver.cp_schedule.tighten`) under a deterministic-time budget."""
+(:func:`gpp_solver.cp_orders.cp_schedule.tighten`) under a deterministic-time budget."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
     if tighten is None and cut:     # before importing CP-SAT (a second on a loaded machine)
         return plan, {"status": "skipped", "reason": "time limit reached"}, False
     try:
-        from gpp_solver import cp_schedule
+        from gpp_solver.cp_orders import cp_schedule
     except Exception as exc:  # noqa: BLE001
         return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
     actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)

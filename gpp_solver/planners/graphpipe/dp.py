@@ -35,7 +35,7 @@ from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, powe
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree, tree_segments
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.sp_tree import SPDecomposition, decompose
+from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
@@ -342,7 +342,7 @@ class StageDP:
     def large(self) -> bool:
         """Whether a pass is large per target: segments x (depth bound + 2)^2 (its kernel's tables
         per segment are depth^2) of at least :data:`LARGE_TABLE`.  Only then do the searches gallop,
-        cap depths and prune sizes by a seed staging (:mod:`gpp_solver.binary_search`); below it the
+        cap depths and prune sizes by a seed staging (:mod:`gpp_solver.planners.graphpipe.binary_search`); below it the
         extra passes cost more Python overhead than they save."""
         return len(self.idx.seg_lo) * (self.E + 2) ** 2 >= self.LARGE_TABLE
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from gpp_solver._backend.progress import ProgressBar
 
-from gpp_solver.binary_search import TpsSearch, search_bounded, search_depths, search_many, trace
+from gpp_solver.planners.graphpipe.binary_search import TpsSearch, search_bounded, search_depths, search_many, trace
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
@@ -23,7 +23,7 @@ from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
 from gpp_solver.planners.graphpipe.staging import (K_OPTIONS, PLANNER, estimate_iteration, price_staging,
                                                   spend_leftover_devices, stage_specs)
 from gpp_solver.plan.build import build_plan
-from gpp_solver.sp_tree import SPDecomposition
+from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
@@ -332,7 +332,7 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
     """No micro-batch size fits *within GraphPipe's search space*: say how much memory (or how many
     devices) would.
 
-    The search space is series-parallel-tree partitions (:mod:`gpp_solver.sp_tree`; non-SP graphs
+    The search space is series-parallel-tree partitions (:mod:`gpp_solver.planners.graphpipe.sp_tree`; non-SP graphs
     are SP-ized, which forbids some convex partitions), one micro-batch size for all stages from
     ``sizes``, 1F1B in-flight counts, power-of-two data-parallel degrees (``degree_options``).  A
     plan outside it may still fit: the exact MILP (:mod:`gpp_solver.planners.milp.planner`) finds plans in

@@ -1,5 +1,5 @@
 """The CP-SAT model of every stage's micro-batch order for a FIXED partition: data, variables,
-constraints, solve (the verify and tighten steps that use it are :mod:`gpp_solver.cp_schedule`).
+constraints, solve (the verify and tighten steps that use it are :mod:`gpp_solver.cp_orders.cp_schedule`).
 
 The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.  The
 model follows the simulator's rules (``spec/cost-model.md``, *Iteration time*) exactly, up to the
@@ -42,7 +42,7 @@ from ortools.sat.python import cp_model
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.cost.model import stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
-from gpp_solver.plan.action import Action
+from gpp_solver.action import Action
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.validate import check_order
 from gpp_solver.types import Cluster, Graph, Plan

@@ -1,0 +1,2 @@
+"""CP-SAT over the micro-batch orders of a fixed partition: the model (:mod:`.order_model`) and the
+verify and tighten steps that use it (:mod:`.cp_schedule`, the design card's ``gpp_solver.cp_schedule``)."""
