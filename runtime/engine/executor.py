@@ -26,13 +26,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.types import Stage
 from ..capture.dropout import Context, set_context
-from ..lowering.actions import Action, Chunk, Message, Step, chunk, group_actions
+from ..lowering.actions import Chunk, Message, RankAction, Step, chunk, group_actions
 from ..lowering.posting import Post, posting
 from ..lowering.fx_split import StageProgram
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
-from ..lowering.plan_io import StagePlan
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                   operator.ior, operator.ixor, operator.setitem}
@@ -59,8 +59,8 @@ def _rows(tree, lo: int, hi: int):
 class StageExecutor:
     """Executes the actions of one rank (one replica of one stage) for each training step."""
 
-    def __init__(self, program: StageProgram, stage: StagePlan, replica: int, rank: int,
-                 actions: list[Action], meta: dict[str, ValueMeta], loss_fn, mini_batch: int,
+    def __init__(self, program: StageProgram, stage: Stage, replica: int, rank: int,
+                 actions: list[RankAction], meta: dict[str, ValueMeta], loss_fn, mini_batch: int,
                  device: torch.device, comm: P2P, rec: Recorder, *, loss_reduction: str = "mean",
                  lookahead: int = 2, seed: int = 0, grad_sync=None) -> None:
         self.program = program
@@ -69,7 +69,7 @@ class StageExecutor:
         self.rank = rank
         self.steps = group_actions(actions)
         self.items = posting(self.steps, comm.mode, lookahead)
-        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.op == "B"), default=-1)
+        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.kind == "B"), default=-1)
         self.meta = meta
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
@@ -118,12 +118,12 @@ class StageExecutor:
             t1 = time.time()
             if t1 - t0 > 1e-5:
                 self.rec.event("wait", t0, t1, "wait")
-            c = chunk(self.stage, st.act.mb, self.replica)
+            c = chunk(self.stage, st.act.micro_batch, self.replica)
             ev = None
             if cuda:
                 ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 ev[0].record()
-            if st.act.op == "F":
+            if st.act.kind == "F":
                 loss = self._forward(st, c, bufs, inputs, target, state, step, out_tensors)
                 if loss is not None:
                     loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()

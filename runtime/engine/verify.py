@@ -14,9 +14,10 @@ import logging
 
 import torch
 
+from gpp_solver.types import Plan
 from ..capture.dropout import Context, per_chunk, set_context
 from ..capture.fx_graph import set_training, trace
-from ..lowering.plan_io import Plan
+from ..lowering.plan_io import replica_batch
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def make_optimizer(params, name: str, lr: float, momentum: float = 0.0):
 
 def chunk_rows(plan: Plan) -> dict[str, int]:
     """Rows per chunk of every node: its stage's samples per replica and micro-batch."""
-    return {nid: s.replica_batch for s in plan.stages for nid in s.nodes}
+    return {nid: replica_batch(s) for s in plan.stages for nid in s.nodes}
 
 
 def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps: int,

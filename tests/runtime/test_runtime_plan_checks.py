@@ -9,8 +9,11 @@ import sys
 import pytest
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from runtime.lowering.actions import TransferSpec, dry_run, lower
-from runtime.lowering.plan_io import parse_plan
+from runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
+from runtime.capture.fx_graph import trace
+from runtime.engine.stage_setup import seeded_workload
+from runtime.lowering.plan_check import check_plan, check_world
+from runtime.lowering.plan_io import read_plan
 from runtime.train import main as train_main
 from runtime_plans import REPO, SEQ, plan, stage, write
 
@@ -29,10 +32,15 @@ def _deadlocking():
 
 
 def test_lowering_pairs_every_send_with_a_receive():
-    p = parse_plan(_two_stage(b0=2, b1=4, dev1=(1, 2)))
+    p = read_plan(_two_stage(b0=2, b1=4, dev1=(1, 2)))
     acts = lower(p, [TransferSpec("layers.3", 0, 1, 3)])
-    sends = [a.msg for r in acts for a in acts[r] if a.op == "send"]
-    recvs = [a.msg for r in acts for a in acts[r] if a.op == "recv"]
+    ops = [a for r in acts for a in acts[r] if isinstance(a, MessageOp)]
+    sends = [a.msg for a in ops if a.op == "send"]
+    recvs = [a.msg for a in ops if a.op == "recv"]
+    # every compute action of every rank is its stage's own order entry, a gpp_solver Action
+    for s in p.stages:
+        for rank in s.devices:
+            assert tuple(a for a in acts[rank] if not isinstance(a, MessageOp)) == s.schedule.order
     assert sorted(map(str, sends)) == sorted(map(str, recvs))
     # 8 samples cross the edge in 4 producer chunks of 2: 4 activations and 4 gradients
     assert len(sends) == 8
@@ -40,12 +48,26 @@ def test_lowering_pairs_every_send_with_a_receive():
 
 
 def test_dry_run_refuses_a_deadlock_and_marks_the_stuck_steps():
-    p = parse_plan(_deadlocking())
+    p = read_plan(_deadlocking())
     with pytest.raises(DeadlockError) as info:
         dry_run(p, lower(p, [TransferSpec("layers.3", 0, 1, 3)]))
     text = str(info.value)
     assert "stage 0 (rank 0): F0 [B0]* F1" in text
     assert "stage 1 (rank 1): [F0]* B0 F1 B1" in text
+
+
+def _check(doc: dict, world: int | None = None) -> None:
+    """The runtime's plan checks without a process group: read, world size, gpp's validator on the
+    traced model's structure."""
+    plan = read_plan(doc)
+    check_world(plan, sum(len(s.devices) for s in plan.stages) if world is None else world)
+    wl = seeded_workload("examples.sequential:workload")
+    check_plan(plan, trace(wl.model, wl.sample(2, 0)[0]))
+
+
+def test_a_valid_plan_passes_the_checks():
+    _check(_two_stage())
+    _check(_two_stage(b0=2, b1=4, dev1=(1, 2)))
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -54,13 +76,32 @@ def test_dry_run_refuses_a_deadlock_and_marks_the_stuck_steps():
     (lambda d: d["stages"][1].update(devices=[1, 2], micro_batch_size=1), "b % d == 0"),
     (lambda d: d["stages"][0]["schedule"].update(order=[["B", 0], ["F", 0]]), "C4"),
     (lambda d: d["stages"][1].update(devices=[0]), "device 0"),
+    (lambda d: d["stages"][1].update(devices=[2]), "devices must be 0..1"),
     (lambda d: d.update(edges=[[0, 5]]), "edge"),
+    (lambda d: d["stages"][1]["nodes"].remove("head"), "'head' is in no stage"),
+    (lambda d: d["stages"][0].update(tensor_parallel=2), "tensor_parallel"),
 ])
-def test_plan_reader_names_the_problem(mutate, words):
+def test_plan_checks_name_the_problem(mutate, words):
     doc = _two_stage()
     mutate(doc)
     with pytest.raises(InvalidPlanError, match=words):
-        parse_plan(doc)
+        _check(doc)
+
+
+def test_the_world_size_is_the_number_of_ranks_started():
+    _check(_two_stage(), world=2)
+    with pytest.raises(InvalidPlanError, match="2 devices but 3 ranks"):
+        _check(_two_stage(), world=3)
+
+
+def test_a_missing_in_flight_count_is_taken_from_the_order():
+    doc = _two_stage()
+    assert all("in_flight_samples" not in s for s in doc["stages"])
+    plan = read_plan(doc)
+    assert [s.in_flight_samples for s in plan.stages] == [4, 2]  # 1F1B: 2 and 1 micro-batches of 2
+    doc["stages"][0]["in_flight_samples"] = 2
+    with pytest.raises(InvalidPlanError, match="in_flight_samples is 2 but its order holds up to 4"):
+        _check(doc)
 
 
 def _run_direct(tmp_path, monkeypatch, capsys, doc, model="examples.sequential:workload", world=2):
