@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,11 +10,17 @@ import sys
 import pytest
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
+from gpp_solver.formats.cluster import load_cluster
+from gpp_solver.formats.graph import load_graph
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.types import SearchInfo, Status
 from runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
 from runtime.capture.fx_graph import trace
-from runtime.engine.stage_setup import seeded_workload
+from runtime.engine.stage_setup import build, seeded_workload
 from runtime.lowering.plan_check import check_plan, check_world
 from runtime.lowering.plan_io import read_plan
+from runtime.profile import main as profile_main
 from runtime.train import main as train_main
 from runtime_plans import REPO, SEQ, plan, stage, write
 
@@ -145,3 +152,33 @@ def test_cli_can_run_as_a_subprocess_and_exit_2(tmp_path):
                           "--model", "examples.sequential:workload"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "deadlock" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_without_a_cluster_the_factor_is_the_plans_record_else_the_default():
+    wl = seeded_workload("examples.sequential:workload")
+    doc = _two_stage()
+    assert build(doc, wl.model, wl.sample(8, 0)[0], rank=0, world=2).optimizer_state_factor == 4.0
+    doc["optimizer_state_factor"] = 2.0
+    assert build(doc, wl.model, wl.sample(8, 0)[0], rank=1, world=2).optimizer_state_factor == 2.0
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_with_a_cluster_the_factor_is_the_plans_record_else_the_clusters(tmp_path, recorded):
+    """A plan priced by gpp_solver on a cluster with factor 3 records it; one that does not record
+    it takes --cluster's. Either way the runtime checks the optimizer against 3, not 4."""
+    graph, cluster = tmp_path / "g.json", tmp_path / "c.json"
+    assert profile_main(["--model", "examples.sequential:workload", "--batch-sizes", "2",
+                         "--repeats", "1", "--warmup", "0", "-o", str(graph)]) == 0
+    cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12,
+                                   "inter_node_bandwidth": 1e9, "optimizer_state_factor": 3.0}))
+    specs = [StageSpec(tuple(SEQ[:4]), (0,), 2), StageSpec(tuple(SEQ[4:]), (1,), 2)]
+    priced = build_plan(load_graph(graph), load_cluster(cluster), specs, 8, planner="hand",
+                        search=SearchInfo(0.0, Status.FEASIBLE))
+    doc = plan_to_dict(priced)
+    assert doc["optimizer_state_factor"] == 3.0
+    if not recorded:
+        del doc["optimizer_state_factor"]
+    wl = seeded_workload("examples.sequential:workload")
+    setup = build(doc, wl.model, wl.sample(8, 0)[0], rank=0, world=2, graph_path=str(graph),
+                  cluster_path=str(cluster))
+    assert setup.optimizer_state_factor == 3.0
