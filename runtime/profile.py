@@ -1,11 +1,11 @@
 """Profile a PyTorch workload into a ``gpp-graph/1`` JSON, measuring what the trainer runs.
 
-    python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
+    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
 
 The model is traced with torch.fx and its nodes grouped into graph nodes (see
 ``runtime.capture.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
 graph nodes). Each fx node is then run on its own, with the inputs it sees in a full forward
-pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` intra-op threads
+pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with ``--threads`` intra-op threads
 (default 1: what each torchrun rank of ``runtime.train`` uses):
 
 - ``fw_time[i]``: median over ``--repeats`` runs (after ``--warmup`` runs) of the forward at
@@ -118,7 +118,7 @@ def _batchnorms(model: torch.nn.Module) -> list[str]:
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
 
 
-def _forward_all(mg: ModelGraph, inputs: tuple, b: int) -> dict:
+def _forward_all(mg: ModelGraph, inputs: tuple, micro_batch_size: int) -> dict:
     """Every node's value in a training-mode forward (no grad); refuses a size the model cannot run."""
     if len(inputs) != len(mg.placeholders):
         raise InvalidInputError(
@@ -132,14 +132,14 @@ def _forward_all(mg: ModelGraph, inputs: tuple, b: int) -> dict:
                 except Exception as exc:  # noqa: BLE001 - the model's own error, reported by node
                     where = mg.group.get(n, n.name)
                     raise InvalidInputError(
-                        f"the model cannot run a micro-batch of {b} in training mode: node "
+                        f"the model cannot run a micro-batch of {micro_batch_size} in training mode: node "
                         f"{where!r} fails ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
                         "profile only sizes it can run (BatchNorm needs more than one value per "
-                        "channel: start --batch-sizes at 2, and plan with --micro-batch-sizes)") from exc
+                        "channel: start --micro-batch-sizes at 2, here and in `gpp plan`)") from exc
     return env
 
 
-def _activation_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
+def _activation_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
     inside = set(members)
     ins, outs = [], []
     for n in members:
@@ -147,14 +147,14 @@ def _activation_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
                 for t in _tensors(env[m]) if t.is_floating_point()]
         if not any(u in inside and u.target is operator.getitem for u in n.users):
             outs += [t for t in _tensors(env[n]) if t.is_floating_point()]
-    return _nbytes(ins + outs) / b
+    return _nbytes(ins + outs) / micro_batch_size
 
 
-def _output_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
+def _output_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
     inside = set(members)
     sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside
                                                        for u in n.users)]
-    return _nbytes([t for n in sent for t in _tensors(env[n])]) / b
+    return _nbytes([t for n in sent for t in _tensors(env[n])]) / micro_batch_size
 
 
 def device_info(device: torch.device) -> dict:
@@ -167,14 +167,15 @@ def device_info(device: torch.device) -> dict:
             "torch": torch.__version__}
 
 
-def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
+def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
             name: str = "model") -> dict:
-    """Profile ``workload`` at each batch size and return the gpp-graph/1 document (a dict).
+    """Profile ``workload`` at each micro-batch size and return the gpp-graph/1 document (a dict).
 
     Runs with the current ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
-    if not batch_sizes or any(b <= 0 for b in batch_sizes) or sorted(set(batch_sizes)) != batch_sizes:
+    if (not micro_batch_sizes or any(b <= 0 for b in micro_batch_sizes)
+            or sorted(set(micro_batch_sizes)) != micro_batch_sizes):
         raise InvalidInputError(
-            f"--batch-sizes must be strictly increasing positive integers, but got {batch_sizes}")
+            f"--micro-batch-sizes must be strictly increasing positive integers, but got {micro_batch_sizes}")
     if warmup < 0 or repeats < 1:
         raise InvalidInputError(f"--warmup must be >= 0 and --repeats >= 1, got {warmup}, {repeats}")
     mg = trace_workload(workload)
@@ -189,17 +190,17 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
     timing = {n: {"fw": [], "bw": []} for n in mg.nodes}
     act_bytes: dict = {}
     out_bytes: dict = {}
-    for b in batch_sizes:
-        inputs, _ = workload.sample(b, 0)
+    for micro_batch_size in micro_batch_sizes:
+        inputs, _ = workload.sample(micro_batch_size, 0)
         inputs = tuple(x.to(device) for x in inputs)
-        env = _forward_all(mg, inputs, b)
+        env = _forward_all(mg, inputs, micro_batch_size)
         for node in mg.nodes:
             timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
             timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
-        if b == batch_sizes[-1]:
+        if micro_batch_size == micro_batch_sizes[-1]:
             for gid, members in mg.groups:
-                act_bytes[gid] = _activation_bytes(mg, members, env, b)
-                out_bytes[gid] = _output_bytes(mg, members, env, b)
+                act_bytes[gid] = _activation_bytes(mg, members, env, micro_batch_size)
+                out_bytes[gid] = _output_bytes(mg, members, env, micro_batch_size)
     nodes = []
     for gid, members in mg.groups:
         nd = {"id": gid}
@@ -220,7 +221,7 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
         for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
     info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
-    return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(batch_sizes),
+    return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(micro_batch_sizes),
             "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
             "extra": {"profile": info}}
 
@@ -281,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad input)."""
     ap = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
-    ap.add_argument("--batch-sizes", default="1,2,4,8", help="comma-separated micro-batch sizes")
+    ap.add_argument("--micro-batch-sizes", "--batch-sizes", dest="micro_batch_sizes", default="1,2,4,8",
+                    help="comma-separated micro-batch sizes (default 1,2,4,8; --batch-sizes is the "
+                         "deprecated spelling)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs before timing (default 2)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")
     ap.add_argument("--threads", type=int, default=1,
@@ -293,10 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if any(a == "--batch-sizes" or a.startswith("--batch-sizes=") for a in (sys.argv[1:] if argv is None else argv)):
+        logger.warning("--batch-sizes is deprecated: it means micro-batch sizes, spelled --micro-batch-sizes")
     try:
-        sizes = [int(s) for s in args.batch_sizes.split(",") if s.strip()]
+        sizes = [int(s) for s in args.micro_batch_sizes.split(",") if s.strip()]
     except ValueError:
-        print(f"error: --batch-sizes must be integers, but got {args.batch_sizes!r}", file=sys.stderr)
+        print(f"error: --micro-batch-sizes must be integers, but got {args.micro_batch_sizes!r}", file=sys.stderr)
         return 2
     if args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)

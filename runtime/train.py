@@ -4,7 +4,7 @@ Commands (from the repository root; plans are JSON written by ``gpp plan`` or by
 ones in ``examples/plans/``):
 
     # profile the model into a graph the planner reads
-    python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
+    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
     # two-branch graph pipeline on 3 CPU ranks (branch 0 | branch 1 -> cat+head), checked
     # against one-process training
     torchrun --standalone --nproc-per-node 3 -m runtime.train \\
@@ -129,19 +129,19 @@ def _fatal(rank: int, msg: str) -> None:
 
 class _Workload:
     """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
-    summed loss divided by the mini-batch size ``B`` (so gradients are those of the mean)."""
+    summed loss divided by the mini-batch size (so gradients are those of the mean)."""
 
-    def __init__(self, wl, dtype, mini_batch: int) -> None:
+    def __init__(self, wl, dtype, mini_batch_size: int) -> None:
         self.model = wl.model.to(dtype) if dtype is not None else wl.model
-        self._wl, self._dtype, self._b = wl, dtype, mini_batch
+        self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
         self.raw = wl
         self.reduction = getattr(wl, "loss_reduction", "sum")
         self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
         if self.reduction not in ("sum", "mean"):
             raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
 
-    def sample(self, b: int, step: int):
-        inputs, target = self._wl.sample(b, step)
+    def sample(self, rows: int, step: int):
+        inputs, target = self._wl.sample(rows, step)
         if self._dtype is None:
             return tuple(inputs), target
         cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
@@ -149,7 +149,7 @@ class _Workload:
 
     def loss(self, output, target):
         loss = self._wl.loss(output, target)
-        return loss if self.reduction == "mean" else loss / self._b
+        return loss if self.reduction == "mean" else loss / self.mini_batch_size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -263,10 +263,9 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
                 tied_bad.append(k)
             all_params.setdefault(k, v)
     per_step = next((r["losses"] for r in records if r["losses"] is not None), [])
-    b = setup.plan.mini_batch_size
     stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)}
               for s in setup.plan.stages]
-    m = metrics.summarize(records, stages, b, args.warmup_steps) if records[0]["steps"] else {}
+    m = metrics.summarize(records, stages, setup.plan.mini_batch_size, args.warmup_steps) if records[0]["steps"] else {}
     if m:
         m["losses"] = per_step
         m["first_step"] = start

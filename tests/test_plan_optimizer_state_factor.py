@@ -8,14 +8,14 @@ import json
 from dataclasses import replace
 
 import pytest
+from tiny_graphs import chain_dict
 
 from gpp_solver import solve
 from gpp_solver.errors import InvalidPlanError
+from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.formats.plan_json import plan_from_dict, plan_to_dict
 from gpp_solver.plan.validate import validate
-from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.types import Cluster
-from tiny_graphs import chain_dict
 
 
 def _solved(factor: float):

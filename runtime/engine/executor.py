@@ -4,7 +4,7 @@ Forward ``F j`` slices the model inputs it reads to its chunk, assembles each re
 the received pieces (per tensor leaf: a received piece is a leaf that requires grad, so each
 piece gets its own gradient; one piece is cloned when the stage holds an in-place operation, so
 ``ReLU(inplace=True)`` as the first op never modifies a leaf), runs the stage module and, if it
-holds the sink, the loss: ``loss_fn(output, target) * rows / B`` for a loss that is the mean over
+holds the sink, the loss: ``loss_fn(output, target) * rows / mini_batch_size`` for a loss that is the mean over
 the samples it is given (``loss_reduction="mean"``), ``loss_fn(output, target)`` for a sum.
 Either way the gradients summed over all chunks equal those of ``loss_fn`` on the whole
 mini-batch. Dropout nodes draw their masks from ``(seed, step, chunk's first sample, node)``.
@@ -60,7 +60,7 @@ class StageExecutor:
     """Executes the actions of one rank (one replica of one stage) for each training step."""
 
     def __init__(self, program: StageProgram, stage: Stage, replica: int, rank: int,
-                 actions: list[RankAction], meta: dict[str, ValueMeta], loss_fn, mini_batch: int,
+                 actions: list[RankAction], meta: dict[str, ValueMeta], loss_fn, mini_batch_size: int,
                  device: torch.device, comm: P2P, rec: Recorder, *, loss_reduction: str = "mean",
                  lookahead: int = 2, seed: int = 0, grad_sync=None) -> None:
         self.program = program
@@ -74,7 +74,7 @@ class StageExecutor:
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
         self.check_loss = True
-        self.mini_batch = mini_batch
+        self.mini_batch_size = mini_batch_size
         self.device = device
         self.comm = comm
         self.rec = rec
@@ -196,7 +196,7 @@ class StageExecutor:
                 if self.check_loss:
                     self._check_reduction(outs[-1], tgt, loss)
                 if self.loss_reduction == "mean":
-                    loss = loss * ((c.hi - c.lo) / self.mini_batch)
+                    loss = loss * ((c.hi - c.lo) / self.mini_batch_size)
         for m in st.sends:
             value = outs[self.out_index[m.value]]
             out_tensors[m] = [t[m.lo - c.lo:m.hi - c.lo].detach().contiguous()

@@ -149,7 +149,7 @@ def test_batchnorm_size_refused_and_warned(caplog):
     wl = load_workload("examples.real_models:googlenet_bn")
     with caplog.at_level("WARNING"):
         with pytest.raises(InvalidInputError,
-                           match=r"micro-batch of 1 .* node '.*bn'.*--batch-sizes at 2"):
+                           match=r"micro-batch of 1 .* node '.*bn'.*--micro-batch-sizes at 2"):
             profile(wl, [1, 2], warmup=0, repeats=1)
     assert "statistics are computed per micro-batch" in caplog.text
 

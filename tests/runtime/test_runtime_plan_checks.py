@@ -25,9 +25,9 @@ from runtime.train import main as train_main
 from runtime_plans import REPO, SEQ, plan, stage, write
 
 
-def _two_stage(b0=2, b1=2, big_b=8, dev1=(1,)):
-    return plan(big_b, [stage(0, SEQ[:4], [0], b0, big_b, depth=1),
-                        stage(1, SEQ[4:], list(dev1), b1, big_b, depth=0)], [[0, 1]])
+def _two_stage(b0=2, b1=2, mini_batch_size=8, dev1=(1,)):
+    return plan(mini_batch_size, [stage(0, SEQ[:4], [0], b0, mini_batch_size, depth=1),
+                        stage(1, SEQ[4:], list(dev1), b1, mini_batch_size, depth=0)], [[0, 1]])
 
 
 def _deadlocking():
@@ -167,7 +167,7 @@ def test_with_a_cluster_the_factor_is_the_plans_record_else_the_clusters(tmp_pat
     """A plan priced by gpp_solver on a cluster with factor 3 records it; one that does not record
     it takes --cluster's. Either way the runtime checks the optimizer against 3, not 4."""
     graph, cluster = tmp_path / "g.json", tmp_path / "c.json"
-    assert profile_main(["--model", "examples.sequential:workload", "--batch-sizes", "2",
+    assert profile_main(["--model", "examples.sequential:workload", "--micro-batch-sizes", "2",
                          "--repeats", "1", "--warmup", "0", "-o", str(graph)]) == 0
     cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12,
                                    "inter_node_bandwidth": 1e9, "optimizer_state_factor": 3.0}))
