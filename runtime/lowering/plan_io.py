@@ -74,11 +74,6 @@ def replica_batch(stage: Stage) -> int:
     return stage.micro_batch_size // len(stage.devices)
 
 
-def num_micro_batches(plan: Plan, stage: Stage) -> int:
-    """Micro-batches of ``stage`` per mini-batch (``mini_batch_size / micro_batch_size``)."""
-    return plan.mini_batch_size // stage.micro_batch_size
-
-
 def predicted_time_per_sample(stage: Stage) -> float | None:
     """The stage's predicted time per sample, or None when the plan gives none (0)."""
     return stage.predicted.time_per_sample or None

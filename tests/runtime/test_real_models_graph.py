@@ -13,7 +13,7 @@ from torch import nn
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
 from runtime.capture.fx_graph import input_derived, load_workload, propagate, trace_workload
-from runtime.profile import profile
+from runtime.capture.profiler import profile
 
 
 class Quirky(nn.Module):
