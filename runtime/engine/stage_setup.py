@@ -20,7 +20,7 @@ from gpp_solver.formats.cluster import load_cluster
 from gpp_solver.formats.graph import load_graph
 from gpp_solver.types import Plan, Stage
 from ..capture.dropout import per_chunk
-from ..lowering.actions import Action, TransferSpec, dry_run, lower
+from ..lowering.actions import RankAction, TransferSpec, dry_run, lower
 from ..lowering.posting import check_rendezvous
 from .checkpoint import fingerprint
 from ..capture.fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
@@ -44,7 +44,7 @@ class RankSetup:
     stage: Stage
     replica: int
     program: StageProgram
-    actions: dict[int, list[Action]]
+    actions: dict[int, list[RankAction]]
     meta: dict[str, ValueMeta]
     fingerprint: str
     names: dict[int, str]

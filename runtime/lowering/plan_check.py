@@ -36,8 +36,8 @@ def check_world(plan: Plan, world: int) -> None:
     the runtime supports."""
     if world_size(plan) != world:
         raise InvalidPlanError(
-            f"the plan uses {world_size(plan)} devices but {world} ranks were started "
-            f"(torchrun --nproc-per-node {world_size(plan)})")
+            f"the plan uses {_count(world_size(plan), 'device')} but {_count(world, 'rank')} "
+            f"{'was' if world == 1 else 'were'} started (torchrun --nproc-per-node {world_size(plan)})")
     owner: dict[int, int] = {}
     for s in plan.stages:
         for d in s.devices:
@@ -49,6 +49,10 @@ def check_world(plan: Plan, world: int) -> None:
     for s in plan.stages:
         if s.tensor_parallel != 1:
             raise InvalidPlanError(f"stage {s.id}: tensor_parallel = {s.tensor_parallel}: the runtime supports only 1")
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def check_plan(plan: Plan, mg: ModelGraph, graph: Graph | None = None, cluster: Cluster | None = None) -> None:
