@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from runtime.capture.fx_graph import load_workload
-from runtime.profile import profile
+from runtime.capture.profiler import profile
 from runtime.capture.third_party import import_torchvision, import_transformers
 from runtime_plans import REPO, assert_shape, torchrun
 
