@@ -20,13 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from tiny_graphs import chain_dict, diamond_dict  # noqa: E402
+
 from gpp_solver import solve  # noqa: E402
 from gpp_solver.errors import GppError  # noqa: E402
 from gpp_solver.formats.graph import graph_from_dict  # noqa: E402
 from gpp_solver.formats.importers import import_pipedream  # noqa: E402
 from gpp_solver.formats.plan_json import plan_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
-from tiny_graphs import chain_dict, diamond_dict  # noqa: E402
 
 HEURISTIC = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa")
 EVERY = HEURISTIC + ("milp", "exact")

@@ -10,17 +10,18 @@ import argparse
 import json
 import logging
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from gpp_solver.formats.cluster_spec import cluster_from_spec
+from gpp_solver._backend.progress import show_progress_on_stderr
 from gpp_solver.errors import GppError, InvalidInputError, exit_status
+from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.formats.graph import load_graph, save_graph
 from gpp_solver.formats.machines import MACHINES
 from gpp_solver.formats.plan_json import load_plan, save_plan
 from gpp_solver.formats.sniff import load_expecting
 from gpp_solver.formats.summary import describe_cluster, describe_plan, time_limit_note
 from gpp_solver.formats.units import format_bytes, plural
-from gpp_solver._backend.progress import show_progress_on_stderr
 from gpp_solver.types import Cluster, Graph
 
 CLUSTER_HELP = ("a gpp-cluster/1 JSON file (write one with `gpp cluster`), or a machine shorthand NAME:N "
@@ -74,11 +75,11 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpp_solver.workloads import MODELS
     from gpp_solver.compare import DEFAULT_PLANNERS
     from gpp_solver.planners.gpp.planner import DEFAULT_TIME_LIMIT
     from gpp_solver.planners.gpp.tighten import TIGHTEN_MAX_ACTIONS
     from gpp_solver.planners.registry import REGISTRY
+    from gpp_solver.workloads import MODELS
 
     p = _Parser(prog="gpp", description="Plan graph pipeline parallelism (GraphPipe) for DNN training.",
                 epilog="Exit codes: 0 ok, 1 no feasible plan or solver failure, 2 bad input or usage.")

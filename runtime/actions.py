@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
+
 from .plan_io import Plan, StagePlan
 
 
@@ -41,9 +42,9 @@ class TransferSpec:
 class Step:
     """One compute action with the receives before it and the sends after it."""
 
-    act: "Action"
-    recvs: list["Message"] = field(default_factory=list)
-    sends: list["Message"] = field(default_factory=list)
+    act: Action
+    recvs: list[Message] = field(default_factory=list)
+    sends: list[Message] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import re
 import torch
 
 from gpp_solver.errors import InvalidInputError
+
 from .fx_graph import ModelGraph
 from .plan_io import Plan
 

@@ -120,7 +120,7 @@ class _Sleep(torch.autograd.Function):
     """Forward sleeps ``fw(rows)`` and returns zeros of the op's width; backward sleeps ``bw(rows)``."""
 
     @staticmethod
-    def forward(ctx, op: "EmulatedOp", weight: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, op: EmulatedOp, weight: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
         rows = xs[0].shape[0]
         SLEEPER.sleep(op.fw(rows))
         ctx.op, ctx.rows = op, rows

@@ -26,13 +26,14 @@ import torch
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
-from .dropout import Context, set_context
+
 from .actions import Action, Chunk, Message, Step, chunk, group_actions
-from .posting import Post, posting
+from .dropout import Context, set_context
 from .fx_split import StageProgram
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
 from .plan_io import StagePlan
+from .posting import Post, posting
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                   operator.ior, operator.ixor, operator.setitem}

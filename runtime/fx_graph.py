@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
+
 from .tracing import trace_module, workload_graph_module
 
 logger = logging.getLogger(__name__)

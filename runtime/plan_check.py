@@ -11,12 +11,12 @@ predictions need the graph and cluster.
 
 from __future__ import annotations
 
-
 from gpp_solver.formats.cluster import load_cluster
 from gpp_solver.formats.graph import graph_from_dict, load_graph
 from gpp_solver.formats.plan_json import plan_from_dict
-from gpp_solver.types import Cluster
 from gpp_solver.plan.validate import validate
+from gpp_solver.types import Cluster
+
 from .fx_graph import ModelGraph
 from .plan_io import Plan
 

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from gpp_solver.errors import DeadlockError
+
 from .actions import Action, Message, Step, endpoint, group_actions
 from .plan_io import Plan
 

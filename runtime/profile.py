@@ -56,6 +56,7 @@ import time
 import torch
 
 from gpp_solver.errors import InvalidInputError
+
 from . import cores
 from .fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
 

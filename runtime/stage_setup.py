@@ -16,15 +16,16 @@ from dataclasses import dataclass
 import torch
 
 from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
-from .dropout import per_chunk
+
 from .actions import Action, TransferSpec, dry_run, lower
-from .posting import check_rendezvous
 from .checkpoint import fingerprint
+from .dropout import per_chunk
 from .fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
 from .fx_split import StageProgram, assign_nodes, build_stage, transfers
 from .p2p import ValueMeta, describe
 from .plan_check import check_plan
 from .plan_io import Plan, StagePlan, load_plan, parse_plan
+from .posting import check_rendezvous
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
+
 from . import checkpoint, cores, metrics
 from .p2p import CommTimeout
 from .pipeline import GraphPipeline

@@ -11,13 +11,20 @@ import networkx as nx
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.cost.micro_batch import powers_of_two_dividing
-from gpp_solver.planners.milp.space import contiguous_ranges, layouts
+from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.errors import SearchSpaceTooLargeError
-from gpp_solver.oracles.brute_force import (GRAPH_KINDS, best_plan_bruteforce, candidates, min_peak_memory_bruteforce,
-                                            ordered_partitions, random_cluster, random_graph)
+from gpp_solver.oracles.brute_force import (
+    GRAPH_KINDS,
+    best_plan_bruteforce,
+    candidates,
+    min_peak_memory_bruteforce,
+    ordered_partitions,
+    random_cluster,
+    random_graph,
+)
 from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.planners.milp.space import contiguous_ranges, layouts
 
 
 def _set_partitions(items):

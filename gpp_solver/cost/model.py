@@ -25,8 +25,9 @@ bytes by those of its ``i``-th TMPC; the stage's tensor-parallel degree divides 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 import networkx as nx
 import numpy as np

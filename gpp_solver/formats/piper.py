@@ -43,8 +43,8 @@ from typing import Any
 
 from gpp_solver.errors import InvalidGraphError
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.limits import MAX_BYTES
 from gpp_solver.formats.jsonio import integer, number, read_json, require
+from gpp_solver.limits import MAX_BYTES
 from gpp_solver.types import GRAPH_FORMAT, Graph
 
 logger = logging.getLogger(__name__)

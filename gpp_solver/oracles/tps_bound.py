@@ -81,18 +81,21 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import networkx as nx
+
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
+
+# isort: split
 import pulp
 
-from gpp_solver.cost.model import CostTables, allreduce_time
-from gpp_solver.errors import InvalidInputError, SolverError
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
+from gpp_solver.cost.model import CostTables, allreduce_time
 from gpp_solver.cost.network import best_bandwidth
+from gpp_solver.errors import InvalidInputError, SolverError
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)

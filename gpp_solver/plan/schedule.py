@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from gpp_solver.errors import InvalidInputError
 from gpp_solver.action import Action, Kind
+from gpp_solver.errors import InvalidInputError
 
 
 def compute_in_flight(kx: int, bx: int, ky: int, by: int, iy: int) -> int:

@@ -6,7 +6,7 @@ first violation; for a schedule, the stage's order is shown with the bad step ma
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import networkx as nx
 

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
+from gpp_solver import SearchInfo, StageSpec, as_cluster, as_graph, build_plan
 from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InvalidInputError
-from gpp_solver import SearchInfo, StageSpec, as_cluster, as_graph, build_plan
 from runtime.emulate import Sleeper, build_model, make_workload, realised_graph
 from runtime.fx_graph import trace
 

@@ -15,11 +15,11 @@ import subprocess
 import sys
 
 import pytest
+from runtime_plans import REPO, torchrun
 
 from runtime.fx_graph import load_workload
 from runtime.profile import profile
 from runtime.third_party import import_torchvision, import_transformers
-from runtime_plans import REPO, torchrun
 
 try:
     import_torchvision()

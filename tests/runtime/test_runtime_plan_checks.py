@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 import pytest
+from runtime_plans import REPO, SEQ, plan, stage, write
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from runtime.actions import TransferSpec, dry_run, lower
 from runtime.plan_io import parse_plan
 from runtime.train import main as train_main
-from runtime_plans import REPO, SEQ, plan, stage, write
 
 
 def _two_stage(b0=2, b1=2, big_b=8, dev1=(1,)):

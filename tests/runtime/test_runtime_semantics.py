@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from runtime_plans import REPO, plan, stage, torchrun, write
 
 from runtime.dropout import Context, chunk_dropout, set_context
-from runtime_plans import REPO, plan, stage, torchrun, write
 
 TOWER = "examples.two_tower:workload"
 

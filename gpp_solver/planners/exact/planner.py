@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from gpp_solver.errors import (InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError,
-                               TimeLimitError)
+from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError, TimeLimitError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import build_plan

@@ -29,18 +29,23 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.model import allreduce_time, interp_time, stage_costs, stage_transfers
+from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
 from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
-from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
-from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples,
-                                            ordered_partitions)
+from gpp_solver.planners.milp.space import (
+    MEMORY_REL_TOL,
+    contiguous_ranges,
+    device_options,
+    in_flight_samples,
+    ordered_partitions,
+)
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)

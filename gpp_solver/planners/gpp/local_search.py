@@ -17,8 +17,8 @@ wall clock (``deadline``) is only a safety stop.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from gpp_solver.planners.gpp.chains import _branch_order
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical

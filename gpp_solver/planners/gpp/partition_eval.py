@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -276,7 +276,7 @@ class Problem:
         self._rb_cache[ck] = out
         return out
 
-    def share_rebalance_cache(self, other: "Problem") -> None:
+    def share_rebalance_cache(self, other: Problem) -> None:
         """Use ``other``'s rebalance cache (same graph, cluster, ``B`` and ``b``; the key order
         ``by_estimate`` plays no part in :meth:`rebalance`)."""
         if (other.graph, other.cluster, other.B, other.b) != (self.graph, self.cluster, self.B, self.b):

@@ -8,7 +8,8 @@ checks it).  It returns the fields of ``partition_eval.Eval`` as a tuple (no imp
 from __future__ import annotations
 
 import heapq
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

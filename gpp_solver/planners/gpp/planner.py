@@ -65,26 +65,34 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
-from gpp_solver.planners.gpp.options import (OPTIONAL_SEED_PLANNERS, SEED_PLANNERS, SMALL_GRAPH_DEVICES,
-                                             SMALL_GRAPH_NODES, SMALL_GRAPH_RESTARTS, WORK_SHARE, GppOptions)
-from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver._backend.progress import ProgressBar, note
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes, check_mini_batch_size, powers_of_two_dividing
 from gpp_solver.cost.model import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.exact.planner import exact_for_gpp
-from gpp_solver.planners.gpp.pool import Pool as _Pool
-from gpp_solver.planners.gpp.plans import rebuild_as_gpp, states_from_plan, uniform_micro_batch
-from gpp_solver.planners.gpp.seeds import run_seed_planners
-from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.gpp.chains import chain_states
 from gpp_solver.planners.gpp.local_search import SearchResult, search
-from gpp_solver.cost.micro_batch import check_micro_batch_sizes, check_mini_batch_size, powers_of_two_dividing
+from gpp_solver.planners.gpp.options import (
+    OPTIONAL_SEED_PLANNERS,
+    SEED_PLANNERS,
+    SMALL_GRAPH_DEVICES,
+    SMALL_GRAPH_NODES,
+    SMALL_GRAPH_RESTARTS,
+    WORK_SHARE,
+    GppOptions,
+)
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
+from gpp_solver.planners.gpp.plans import rebuild_as_gpp, states_from_plan, uniform_micro_batch
+from gpp_solver.planners.gpp.pool import Pool as _Pool
+from gpp_solver.planners.gpp.seeds import run_seed_planners
+from gpp_solver.planners.gpp.tighten import tighten_orders
+from gpp_solver.planners.registry import get_planner, parse_options
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
-from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
 

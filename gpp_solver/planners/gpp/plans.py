@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
 
 logger = logging.getLogger(__name__)

@@ -41,15 +41,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from gpp_solver.errors import TimeLimitError
+from gpp_solver.plan.schedule import compute_in_flight
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline
-from gpp_solver.plan.schedule import compute_in_flight
 from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph
 
@@ -133,7 +133,7 @@ class GeneralStageDP:
 
         def stage_options(g: int, G: tuple) -> list:
             out = []
-            for ci, (b, k) in enumerate(self.configs):
+            for ci, (b, _k) in enumerate(self.configs):
                 i = G[ci]
                 n = self.B // b
                 peak = max(1, min(n, -(-i // b))) * b

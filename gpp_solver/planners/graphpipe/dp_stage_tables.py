@@ -5,8 +5,8 @@ count memory allows, and the fewest devices that meet a target TPS (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

@@ -3,7 +3,7 @@ and parallel splits, shared-sink stages with their branch heads and the other br
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -38,7 +38,7 @@ class TreeIndex:
     seg_lo2: np.ndarray | None = None
     seg_hi2: np.ndarray | None = None
     #: shared-sink sites: series node -> its :class:`AttachSite` list (empty without ``shared_sinks``)
-    sites: dict[int, list["AttachSite"]] = field(default_factory=dict)
+    sites: dict[int, list[AttachSite]] = field(default_factory=dict)
     n_tree_segments: int = 0
     #: sizes of the blocks of several operators a coarsened series holds (``index_tree``'s
     #: ``max_series_children``; empty: the full search space)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from gpp_solver.cost.model import stage_costs
-from gpp_solver.planners.graphpipe.dp_stage import assign_devices
-from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
+from gpp_solver.planners.graphpipe.dp_stage import assign_devices
 from gpp_solver.planners.graphpipe.staging import K_OPTIONS, PLANNER, estimate_iteration, raise_degrees
 from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status

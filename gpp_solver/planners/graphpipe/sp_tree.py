@@ -43,8 +43,9 @@ cut's block: ``O(n^2)`` in all (NASNet-A, 1,251 operators, in about half a secon
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterator, Sequence, Union
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -66,17 +67,17 @@ class Leaf:
 class Series:
     """Blocks in sequence: each node of ``children[i]`` precedes each node of ``children[i+1]``."""
 
-    children: tuple["SPNode", ...]
+    children: tuple[SPNode, ...]
 
 
 @dataclass(frozen=True)
 class Parallel:
     """Blocks with no dependency between any two of them."""
 
-    children: tuple["SPNode", ...]
+    children: tuple[SPNode, ...]
 
 
-SPNode = Union[Leaf, Series, Parallel]
+SPNode = Leaf | Series | Parallel
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,15 @@ fast pricing of a staging and the leftover-device pass."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from gpp_solver.cost.model import CostTables, iteration_time_estimate, stage_costs, stage_transfers
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
+from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.types import Cluster, Graph
 
 PLANNER = "graphpipe"

@@ -6,24 +6,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 import numpy as np
 
 from gpp_solver._backend.progress import ProgressBar
-
-from gpp_solver.planners.graphpipe.binary_search import TpsSearch, search_bounded, search_depths, search_many, trace
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
+from gpp_solver.plan.build import build_plan
+from gpp_solver.planners.graphpipe.binary_search import TpsSearch, search_bounded, search_depths, search_many, trace
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_needs import min_memory
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
 from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
-from gpp_solver.planners.graphpipe.staging import (K_OPTIONS, PLANNER, estimate_iteration, price_staging,
-                                                  spend_leftover_devices, stage_specs)
-from gpp_solver.plan.build import build_plan
 from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition
+from gpp_solver.planners.graphpipe.staging import (
+    K_OPTIONS,
+    PLANNER,
+    estimate_iteration,
+    price_staging,
+    spend_leftover_devices,
+    stage_specs,
+)
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)

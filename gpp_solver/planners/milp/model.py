@@ -35,12 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
+
+# isort: split
 import pulp
 
 from gpp_solver.cost.model import node_compute
-from gpp_solver.types import Cluster, Graph
 from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, layouts
+from gpp_solver.types import Cluster, Graph
 
 
 @dataclass

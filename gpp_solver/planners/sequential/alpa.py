@@ -37,19 +37,23 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.planners.registry import parse_options
-from gpp_solver.planners.sequential.options import AlpaOptions
-from gpp_solver.planners.sequential.pipedream import plan_pipedream
 from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.plan.build import build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.common import (
+    attach_detached,
+    candidate_micro_batches,
+    pipedream_core,
+    usable_cluster,
+)
 from gpp_solver.planners.sequential.linearize import Linearization, topological_states
+from gpp_solver.planners.sequential.options import AlpaOptions
+from gpp_solver.planners.sequential.pipedream import plan_pipedream
 from gpp_solver.planners.sequential.pipedream_dp import INF, DeadlineReached, minmax_dp
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.planners.sequential.common import (attach_detached, candidate_micro_batches, pipedream_core,
-                                                   usable_cluster)
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.plan.build import StageSpec

@@ -34,19 +34,19 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.planners.registry import parse_options
-from gpp_solver.planners.sequential.options import PipeDream2BWOptions
 from gpp_solver.cost.model import allreduce_time, node_compute
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.plan.build import build_plan
+from gpp_solver.plan.validate import validate
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
+from gpp_solver.planners.sequential.equal_partition import equal_partition
+from gpp_solver.planners.sequential.options import PipeDream2BWOptions
+from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 OBJECTIVE = ("least simulated iteration time over chains of w equal-compute stages, each replicated d times, and "
              "micro-batch sizes b (PipeDream-2BW's space, enumerated)")
-from gpp_solver.plan.validate import validate
-from gpp_solver.planners.sequential.equal_partition import equal_partition
-from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer
-from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
 
 logger = logging.getLogger(__name__)
 
