@@ -123,7 +123,7 @@ def best_chain(model_spec: str, mb: int, big_b: int, nstages: int) -> tuple[list
 
     import torch
 
-    from runtime.fx_graph import load_workload
+    from runtime.capture.fx_graph import load_workload
     from runtime.profile import profile
     torch.set_num_threads(1)
     torch.manual_seed(0)

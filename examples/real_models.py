@@ -15,7 +15,7 @@
 - ``two_tower``: a text tower (embedding, ``nn.TransformerEncoderLayer``) and an image tower
   (convolutions) fused by a raw ``nn.MultiheadAttention`` (its output is a tuple) and a head.
 
-torchvision and transformers are imported through ``runtime.third_party`` (see there why).
+torchvision and transformers are imported through ``runtime.capture.third_party`` (see there why).
 Dropout is 0 everywhere: ``--verify`` needs the pipeline and one process to draw equal masks.
 """
 
@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from runtime.third_party import import_torchvision, import_transformers
+from runtime.capture.third_party import import_torchvision, import_transformers
 
 CLASSES = 10
 

@@ -1,8 +1,8 @@
 """Runtime: profile a PyTorch model into a gpp-graph/1 and train it with a gpp-plan/1 under torchrun.
 
-``runtime.GraphPipeline`` runs a plan inside the user's own training loop (``runtime/pipeline.py``).
+``runtime.GraphPipeline`` runs a plan inside the user's own training loop (``runtime/engine/pipeline.py``).
 """
 
-from .pipeline import GraphPipeline
+from .engine.pipeline import GraphPipeline
 
 __all__ = ["GraphPipeline"]

@@ -3,7 +3,7 @@
     python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
 
 The model is traced with torch.fx and its nodes grouped into graph nodes (see
-``runtime.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
+``runtime.capture.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
 graph nodes). Each fx node is then run on its own, with the inputs it sees in a full forward
 pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` intra-op threads
 (default 1: what each torchrun rank of ``runtime.train`` uses):
@@ -14,7 +14,7 @@ pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` i
   ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
   leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
 - ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes. A
-  parameter shared by several graph nodes (tied weights, ``runtime.fx_graph``) is counted once
+  parameter shared by several graph nodes (tied weights, ``runtime.capture.fx_graph``) is counted once
   in each of them: every stage that holds a copy pays for its weights, gradients and optimizer
   state, which is what the runtime allocates; two users on one stage are counted twice (an
   overestimate of one copy);
@@ -58,7 +58,7 @@ import torch
 from gpp_solver.errors import InvalidInputError
 
 from . import cores
-from .fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
+from .capture.fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
 
 logger = logging.getLogger(__name__)
 

@@ -59,12 +59,13 @@ import torch.utils._pytree as pytree
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
 
-from . import checkpoint, cores, metrics
-from .p2p import CommTimeout
-from .pipeline import GraphPipeline
-from .stage_setup import build, prepare
-from .tracing import workload_hooks
-from .verify import compare, make_optimizer, reference_params
+from . import cores
+from .capture.tracing import workload_hooks
+from .engine import checkpoint, metrics
+from .engine.p2p import CommTimeout
+from .engine.pipeline import GraphPipeline
+from .engine.stage_setup import build, prepare
+from .engine.verify import compare, make_optimizer, reference_params
 
 logger = logging.getLogger("runtime.train")
 

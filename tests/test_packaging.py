@@ -22,11 +22,16 @@ def test_every_package_directory_is_listed():
     assert found - listed == set(), f"not installed: {sorted(found - listed)}"
     assert "runtime" not in listed and "gpp_runtime" in listed
     assert _config()["package-dir"] == {"gpp_runtime": "runtime"}
+    # runtime/ sub-packages install under gpp_runtime (the package-dir above maps the whole tree)
+    runtime = {".".join(("gpp_runtime",) + p.parent.relative_to(ROOT / "runtime").parts)
+               for p in (ROOT / "runtime").rglob("__init__.py")}
+    assert runtime - listed == set(), f"not installed: {sorted(runtime - listed)}"
+    assert not any(n.startswith("runtime") for n in listed)
 
 
 def test_runtime_modules_import_each_other_relatively():
     """Absolute ``runtime.x`` imports would load a second copy (or fail) under ``gpp_runtime``."""
-    bad = [f"{p.name}:{i}" for p in (ROOT / "runtime").glob("*.py")
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "runtime").rglob("*.py")
            for i, line in enumerate(p.read_text().splitlines(), 1)
            if line.lstrip().startswith(("from runtime", "import runtime"))]
     assert not bad, bad

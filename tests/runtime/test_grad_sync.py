@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.grad_sync import GradSync
-from runtime.p2p import P2P
+from runtime.engine.grad_sync import GradSync
+from runtime.engine.p2p import P2P
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_buckets_launch_in_order_during_the_armed_backward(group):
 
 
 def test_emulated_all_reduce_sleeps_the_modelled_time_after_the_last_backward(group):
-    from runtime.metrics import Recorder
+    from runtime.engine.metrics import Recorder
 
     model = nn.Linear(4, 2)
     rec = Recorder(rank=0, stage=0)

@@ -60,7 +60,7 @@ def test_tied_embedding_and_head_on_different_stages(tmp_path):
 
 def test_tuple_and_dict_values_stay_inside_graph_nodes(tmp_path):
     """MultiheadAttention's tuple and a dict value are grouped with the getitems that read them
-    (``runtime.fx_graph``), so a plan cuts only where tensors flow: stage 0 ends with the attention
+    (``runtime.capture.fx_graph``), so a plan cuts only where tensors flow: stage 0 ends with the attention
     group (its two tensor parts cross), stage 1 ends with the dict's group (``lo`` and ``hi`` cross)."""
     doc = plan(8, [stage(0, ["inp", "attn"], [0], 2, 8, depth=2),
                    stage(1, ["sum_1", "add", "fc", "getitem_3"], [1], 2, 8, depth=1),

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from gpp_solver.errors import InvalidPlanError  # noqa: E402
-from runtime.plan_io import load_plan  # noqa: E402
+from runtime.lowering.plan_io import load_plan  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plans" / "two_tower_3ranks.json"
 

@@ -17,9 +17,9 @@ import sys
 import pytest
 from runtime_plans import REPO, torchrun
 
-from runtime.fx_graph import load_workload
+from runtime.capture.fx_graph import load_workload
+from runtime.capture.third_party import import_torchvision, import_transformers
 from runtime.profile import profile
-from runtime.third_party import import_torchvision, import_transformers
 
 try:
     import_torchvision()

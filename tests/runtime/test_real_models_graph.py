@@ -12,7 +12,7 @@ from torch import nn
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
-from runtime.fx_graph import input_derived, load_workload, propagate, trace_workload
+from runtime.capture.fx_graph import input_derived, load_workload, propagate, trace_workload
 from runtime.profile import profile
 
 

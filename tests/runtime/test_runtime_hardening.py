@@ -9,7 +9,7 @@ import torch
 from runtime_plans import SEQ, plan, stage, write
 
 from gpp_solver.errors import InvalidInputError
-from runtime import checkpoint
+from runtime.engine import checkpoint
 from runtime.profile import main as profile_main
 from runtime.train import main as train_main
 

@@ -10,8 +10,8 @@ import pytest
 from runtime_plans import REPO, SEQ, plan, stage, write
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from runtime.actions import TransferSpec, dry_run, lower
-from runtime.plan_io import parse_plan
+from runtime.lowering.actions import TransferSpec, dry_run, lower
+from runtime.lowering.plan_io import parse_plan
 from runtime.train import main as train_main
 
 

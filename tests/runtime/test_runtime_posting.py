@@ -6,9 +6,9 @@ import pytest
 from runtime_plans import SEQ, plan, stage
 
 from gpp_solver.errors import DeadlockError
-from runtime.actions import Step, TransferSpec, group_actions, lower
-from runtime.plan_io import parse_plan
-from runtime.posting import Post, check_rendezvous, posting
+from runtime.lowering.actions import Step, TransferSpec, group_actions, lower
+from runtime.lowering.plan_io import parse_plan
+from runtime.lowering.posting import Post, check_rendezvous, posting
 
 
 def _chain(b0=2, b1=2, dev1=(1,)):

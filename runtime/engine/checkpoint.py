@@ -21,8 +21,8 @@ import torch
 
 from gpp_solver.errors import InvalidInputError
 
-from .fx_graph import ModelGraph
-from .plan_io import Plan
+from ..capture.fx_graph import ModelGraph
+from ..lowering.plan_io import Plan
 
 logger = logging.getLogger(__name__)
 

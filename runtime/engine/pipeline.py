@@ -11,7 +11,7 @@ Under torchrun, every rank builds the same model (same seed, so the same weights
         opt.step()
 
 Models that plain ``torch.fx`` cannot trace: pass ``tracing={"leaf_modules": (Block,)}`` (or
-``concrete_args``, ``autowrap_functions``, ``tracer``, ``graph_module``; see ``runtime.tracing``);
+``concrete_args``, ``autowrap_functions``, ``tracer``, ``graph_module``; see ``runtime.capture.tracing``);
 where fx fails, ``torch.export`` of ``example_inputs`` is tried.
 
 Conventions:
@@ -35,7 +35,7 @@ Conventions:
   m, v). After the first ``optimizer.step()`` on this rank's parameters the pipeline measures
   what the optimizer holds and warns (``strict_optimizer_state=True``: raises) when it exceeds
   the factor the plan was made with.
-- Dropout draws one reproducible stream per (seed, step, chunk, node) (``runtime.dropout``).
+- Dropout draws one reproducible stream per (seed, step, chunk, node) (``runtime.capture.dropout``).
 """
 
 from __future__ import annotations

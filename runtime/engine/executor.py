@@ -13,7 +13,7 @@ stage (pieces of one stage tile the rows; different stages are summed), back-pro
 sends each received piece's gradient back to its producer.
 
 Operations are posted in ``posting.posting``'s order (``eager`` or ``batched``, see
-``runtime.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
+``runtime.engine.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
 events read once at the end of the step.
 """
 
@@ -27,13 +27,13 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 
-from .actions import Action, Chunk, Message, Step, chunk, group_actions
-from .dropout import Context, set_context
-from .fx_split import StageProgram
+from ..capture.dropout import Context, set_context
+from ..lowering.actions import Action, Chunk, Message, Step, chunk, group_actions
+from ..lowering.fx_split import StageProgram
+from ..lowering.plan_io import StagePlan
+from ..lowering.posting import Post, posting
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
-from .plan_io import StagePlan
-from .posting import Post, posting
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                   operator.ior, operator.ixor, operator.setitem}

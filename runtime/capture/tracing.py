@@ -33,7 +33,7 @@ import torch.fx as fx
 from gpp_solver.errors import InvalidInputError
 
 logger = logging.getLogger(__name__)
-_FX_FILES = ("torch/fx/", "torch/nn/modules/module.py", "torch/_", "runtime/tracing.py")
+_FX_FILES = ("torch/fx/", "torch/nn/modules/module.py", "torch/_", "runtime/capture/tracing.py")
 
 
 class _HookTracer(fx.Tracer):

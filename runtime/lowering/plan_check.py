@@ -17,7 +17,7 @@ from gpp_solver.formats.plan_json import plan_from_dict
 from gpp_solver.plan.validate import validate
 from gpp_solver.types import Cluster
 
-from .fx_graph import ModelGraph
+from ..capture.fx_graph import ModelGraph
 from .plan_io import Plan
 
 

@@ -1,7 +1,7 @@
 """Everything a rank prepares before its first message, identically on every rank.
 
-Read the plan, trace the model, rewrite its dropout nodes (``runtime.dropout``), match the
-plan's node ids, validate the plan as ``gpp validate`` does (``runtime.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
+Read the plan, trace the model, rewrite its dropout nodes (``runtime.capture.dropout``), match the
+plan's node ids, validate the plan as ``gpp validate`` does (``runtime.lowering.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
 shapes and dtypes (one forward pass in eval mode, no grad, on the first rows of the example
 inputs), find parameters shared by several stages (by tensor identity), lower the orders to
 per-rank actions and prove them deadlock-free (``dry_run``, and ``check_rendezvous`` for the
@@ -17,15 +17,15 @@ import torch
 
 from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
 
-from .actions import Action, TransferSpec, dry_run, lower
+from ..capture.dropout import per_chunk
+from ..capture.fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
+from ..lowering.actions import Action, TransferSpec, dry_run, lower
+from ..lowering.fx_split import StageProgram, assign_nodes, build_stage, transfers
+from ..lowering.plan_check import check_plan
+from ..lowering.plan_io import Plan, StagePlan, load_plan, parse_plan
+from ..lowering.posting import check_rendezvous
 from .checkpoint import fingerprint
-from .dropout import per_chunk
-from .fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
-from .fx_split import StageProgram, assign_nodes, build_stage, transfers
 from .p2p import ValueMeta, describe
-from .plan_check import check_plan
-from .plan_io import Plan, StagePlan, load_plan, parse_plan
-from .posting import check_rendezvous
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
 
     The posting order is proved deadlock-free with rendezvous sends (``check_rendezvous``) in the
     ``batched`` mode and whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
-    :func:`runtime.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
+    :func:`runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
     plan = load_plan_any(plan)
     if plan.world_size != world:
         raise InvalidPlanError(

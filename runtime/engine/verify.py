@@ -3,7 +3,7 @@
 The reference starts from the same weights (``torch.manual_seed(0)`` then ``FUNCTION()``), sees
 the same data (``sample(B, step)``), runs the same traced graph with the same dropout masks (each
 dropout node's mini-batch is split into the chunks its stage computes, each drawn from
-``(seed, step, chunk's first sample, node)``, see ``runtime.dropout``), uses the same loss and
+``(seed, step, chunk's first sample, node)``, see ``runtime.capture.dropout``), uses the same loss and
 the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``); in
 float64 (``--dtype float64``) rounding no longer hides in it.
 """
@@ -14,9 +14,9 @@ import logging
 
 import torch
 
-from .dropout import Context, per_chunk, set_context
-from .fx_graph import set_training, trace
-from .plan_io import Plan
+from ..capture.dropout import Context, per_chunk, set_context
+from ..capture.fx_graph import set_training, trace
+from ..lowering.plan_io import Plan
 
 logger = logging.getLogger(__name__)
 
