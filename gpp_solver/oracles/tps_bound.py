@@ -149,8 +149,9 @@ def transfer_bandwidth_ub(cluster: Cluster, d: int) -> float:
     return best_bandwidth(cluster, d + 1)
 
 
-def single_stage_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
+def single_stage_tps(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int) -> float:
     """Exact least TPS of a one-stage plan with micro-batch ``b`` that fits in memory (inf if none)."""
+    B = mini_batch_size          # the paper's B
     t = CostTables(graph)
     W, A = float(t.weight.sum()), float(t.activation.sum())
     limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
@@ -178,9 +179,10 @@ def _solver_options(time_limit: float | None) -> dict:
                 mip_feasibility_tolerance=1e-9)
 
 
-def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: float, *,
+def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, scale: float, *,
                       time_limit: float | None = None) -> _MultiResult:
     """Step 6 of the proof: the class MILP for plans of at least two stages."""
+    B = mini_batch_size          # the paper's B
     if min(cluster.devices, len(graph.nodes)) < 2:
         return _MultiResult(math.inf, "infeasible", "fewer than 2 nodes or devices: no 2-stage plan")
     m = _ClassMilp(graph, cluster, b, B, scale)
@@ -320,13 +322,14 @@ class _ClassMilp:
                                + pulp.lpSum(d * e for (k, d), e in self.extra.items()))
 
 
-def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
+def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, *,
                       time_limit: float | None = None) -> TpsBound:
     """A lower bound on the bottleneck TPS of every plan with micro-batch size ``b`` (module docstring).
 
     ``time_limit`` (seconds) caps the MILP; when it stops the solver the value is HiGHS's proven
     dual bound (``status="dual-bound"``, ``proven=False``), or the perfect-balance bound when none.
     """
+    B = mini_batch_size          # the paper's B
     t0 = time.perf_counter()
     check_micro_batch_sizes(B, [b])
     if time_limit is not None and not time_limit > 0:
@@ -355,9 +358,10 @@ def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
                     status=status, relaxation_gap=multi.gap, micro_batch_size=b, seconds=time.perf_counter() - t0, detail=detail)
 
 
-def relaxed_tps_bounds(graph: Graph, cluster: Cluster, B: int, *, micro_batch_sizes: Sequence[int] | None = None,
-                       time_limit: float | None = None) -> dict[int, TpsBound]:
+def relaxed_tps_bounds(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
+                       micro_batch_sizes: Sequence[int] | None = None, time_limit: float | None = None) -> dict[int, TpsBound]:
     """:func:`relaxed_tps_bound` for every candidate ``b`` (default: powers of two dividing ``B``);
     ``min(v.value for v in result.values())`` bounds every uniform-``b`` plan among them."""
+    B = mini_batch_size          # the paper's B
     return {b: relaxed_tps_bound(graph, cluster, b, B, time_limit=time_limit)
             for b in check_micro_batch_sizes(B, micro_batch_sizes)}

@@ -84,7 +84,7 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     down = [0.0] * k
     for s in reversed(ev.order):
         down[s] = max((fw[t] + bw[t] + down[t] for t in succ[s]), default=0.0)
-    n = P.n_micro
+    n = P.num_micro_batches
     return max(head[s] + max(n * (fw[s] + bw[s]), n * fw[s] + down[s] + bw[s]) + max(ar[s], up[s]) for s in range(k))
 
 

@@ -222,7 +222,7 @@ def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, 
     """Deepest position (1 = sink) each segment may take at each degree under the memory limit:
     ``osf * W + min(depth, n) * b / d * A <= memory``; 0 = not even as a sink, ``BIG_DEPTH`` = never
     binds."""
-    n_micro = mini_batch // b
+    num_micro_batches = mini_batch // b
     static = memory - osf * W
     out = np.empty((len(W), len(degrees)), dtype=np.int64)
     for j, d in enumerate(degrees):
@@ -230,7 +230,7 @@ def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, 
             md = np.floor(static * d / (b * A))
         md = np.where(A > 0, md, BIG_DEPTH)
         md = np.where(static < 0, 0, md)
-        md = np.where(md >= n_micro, BIG_DEPTH, md)
+        md = np.where(md >= num_micro_batches, BIG_DEPTH, md)
         out[:, j] = np.clip(md, 0, BIG_DEPTH).astype(np.int64)
     return out
 

@@ -14,8 +14,9 @@ from gpp_solver.planners.graphpipe.staging import estimate_iteration, spend_left
 from gpp_solver.types import Cluster, Graph
 
 
-def optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: StageDP, results: Sequence[TpsSearch],
-                          deadline: float | None, log: list[dict]) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
+def optimistic_proposals(graph: Graph, cluster: Cluster, mini_batch_size: int, dec, dp: StageDP,
+                         results: Sequence[TpsSearch], deadline: float | None,
+                         log: list[dict]) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
     """Second opinion from a DP that prices every transfer at the faster bandwidth.
 
     The search's stage estimate counts every transfer at the slower (inter-node) bandwidth unless
@@ -27,6 +28,7 @@ def optimistic_proposals(graph: Graph, cluster: Cluster, B: int, dec, dp: StageD
     becomes a candidate (to be simulated beside the others) only when its exact TPS is at most the
     conservative DP's optimum at that ``b`` (so the claim "plan TPS <= DP optimum" still holds).
     """
+    B = mini_batch_size          # the paper's B
     odp = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options, optimistic_transfers=True,
                   shared_sinks=dp.shared_sinks)
     found = search_many(odp, [r.b for r in results], deadline=deadline)

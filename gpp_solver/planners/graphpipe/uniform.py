@@ -57,12 +57,13 @@ class _Progress(ProgressBar):
         self.update(1)
 
 
-def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, sizes: Sequence[int], *,
+def plan_uniform(graph: Graph, cluster: Cluster, mini_batch_size: int, dec: SPDecomposition, sizes: Sequence[int], *,
                  deadline: float | None, progress: bool | None = None, search_k: bool = False,
                  degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True,
                  simulate_top: int | None = SIMULATE_TOP, shared_sinks: bool = True,
                  max_depth_bound: int | None = MAX_DEPTH_BOUND) -> Plan:
     """The best plan with one micro-batch size from ``sizes`` (``search.seconds`` left at 0, not validated)."""
+    B = mini_batch_size          # the paper's B
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options, shared_sinks=shared_sinks)
     u = _UniformSearch(graph, cluster, B, dec, dp, list(sizes), deadline, search_k, depth_tradeoff, max_depth_bound)
     u.search(progress, simulate_top)

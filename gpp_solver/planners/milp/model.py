@@ -70,12 +70,13 @@ class MilpModel:
         return stages, tuple(counts)
 
 
-def build_model(graph: Graph, cluster: Cluster, B: int, b: int, slots: int, *, objective: str = "tps",
+def build_model(graph: Graph, cluster: Cluster, mini_batch_size: int, b: int, slots: int, *, objective: str = "tps",
                 cutoff: float | None = None) -> MilpModel:
     """The MILP for micro-batch size ``b``; ``objective`` is ``"tps"`` (bottleneck time-per-sample,
     memory constrained; only plans with TPS <= ``cutoff`` seconds if given) or ``"memory"``
     (smallest peak memory per device, no memory limit).  The blocks of constraints are added in
     the order of :class:`_Builder`'s methods (the module docstring names the variables)."""
+    B = mini_batch_size          # the paper's B
     mb = _Builder(graph, cluster, B, b, slots)
     mb.assignment()
     used, ycnt = mb.devices()

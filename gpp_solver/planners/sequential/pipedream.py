@@ -180,7 +180,7 @@ class RangeCosts:
 
     def __init__(self, graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int) -> None:
         self.graph, self.cluster, self.lin, self.B, self.b = graph, cluster, lin, B, b
-        self.n_micro = B // b
+        self.num_micro_batches = B // b
         nodes = [graph.node(v) for v in lin.order]
         W = lin.state_sums([n.weight_bytes for n in nodes])
         act = lin.state_sums([n.activation_bytes for n in nodes])
@@ -208,7 +208,7 @@ class RangeCosts:
         x = b / d
         comm = 2.0 * comm_time(self.in_b + self.out_b, x, bw, self.cluster.latency, self.in_c + self.out_c)
         tps = time_per_sample(self.compute(x) + comm, b, allreduce_time(self.W, d, bw), self.B)
-        f = min(self.n_micro, max(1, in_flight_stages)) * b
+        f = min(self.num_micro_batches, max(1, in_flight_stages)) * b
         mem = memory_per_device(self.cluster.optimizer_state_factor, self.W, f, d, self.act)
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)
 
