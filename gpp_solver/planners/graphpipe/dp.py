@@ -144,7 +144,7 @@ class StageDP:
             compute = [self._costs.compute_at(b / d)[self._perm] for d in degs]
             comm = self.comm if not self.lower_bound_pricing else \
                 SegmentComm(np.zeros_like(self.comm.count), np.zeros_like(self.comm.nbytes))
-            tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch=self.B,
+            tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch_size=self.B,
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
                             allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
             md = self._max_depths(b, degs, self.memory)
@@ -153,7 +153,7 @@ class StageDP:
         return tb
 
     def _max_depths(self, b: int, degs: Sequence[int], memory: float) -> np.ndarray:
-        return max_depths(self.W, self.A, b, degs, mini_batch=self.B, memory=memory,
+        return max_depths(self.W, self.A, b, degs, mini_batch_size=self.B, memory=memory,
                           osf=self.cluster.optimizer_state_factor)
 
     def candidates(self, b: int) -> np.ndarray:

@@ -199,7 +199,7 @@ def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
 
 
 def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
-              degrees: Sequence[int], *, mini_batch: int, latency: float, comm_bandwidth: float,
+              degrees: Sequence[int], *, mini_batch_size: int, latency: float, comm_bandwidth: float,
               allreduce_bandwidth: Sequence[float]) -> np.ndarray:
     """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
     ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes.
@@ -213,16 +213,16 @@ def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm
         C = segment_sums(idx, compute[j])
         comm_half = comm_time(comm.nbytes, b / d, comm_bandwidth, latency, comm.count)
         ar = allreduce_time(W, d, allreduce_bandwidth[j])
-        tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch)
+        tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch_size)
     return tps
 
 
-def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch: int,
+def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch_size: int,
                memory: float, osf: float) -> np.ndarray:
     """Deepest position (1 = sink) each segment may take at each degree under the memory limit:
     ``osf * W + min(depth, n) * b / d * A <= memory``; 0 = not even as a sink, ``BIG_DEPTH`` = never
     binds."""
-    num_micro_batches = mini_batch // b
+    num_micro_batches = mini_batch_size // b
     static = memory - osf * W
     out = np.empty((len(W), len(degrees)), dtype=np.int64)
     for j, d in enumerate(degrees):
