@@ -34,7 +34,7 @@ HEURISTIC = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa")
 EVERY = HEURISTIC + ("milp", "exact")
 #: generous, so that no planner's result depends on the machine's load (gpp's default is a few seconds)
 TIME_LIMIT = 600.0
-SHARED = ROOT.parent / "shared" if (ROOT.parent / "shared").exists() else Path("/work/shared")
+DATA = ROOT / "data"   # the published profiles (data/README.md)
 
 
 def _strip(v):
@@ -59,7 +59,7 @@ def instances():
         for d in (2, 4):
             yield f"{name}@{d}", g, f"v100:{d}", EVERY
     for name in ("alexnet", "gnmt"):
-        g = import_pipedream(SHARED / "data" / "pipedream" / f"{name}.graph.txt", batch_size=1)
+        g = import_pipedream(DATA / "pipedream" / f"{name}.graph.txt", batch_size=1)
         for d in (4, 8):
             yield f"pd-{name}@{d}", g, f"v100:{d}", HEURISTIC
 

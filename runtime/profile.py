@@ -23,7 +23,7 @@ pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` i
   its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus
   the output that stays alive until the consumer's backward. Measured at the largest batch size.
 
-Optional fields (``spec/formats.md``: fields may be added; readers keep them): every node has
+Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
 of the timed runs per micro-batch size (summed over its fx nodes), and ``"fx_nodes"`` when it
 merges several fx nodes; the document has ``"profile"``: ``{"device", "device_name", "threads",

@@ -1,7 +1,7 @@
 """``plan_gpp``: the project's own planner — the best seed plan, improved over ALL convex partitions.
 
 GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
-planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
+planners only chains; both leave throughput on the table.  ``plan_gpp``:
 
 1. runs the seed planners that are installed (default ``graphpipe`` and ``pipedream-2bw``, and on
    small instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — also ``pipedream``

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,7 +33,7 @@ from gpp_solver.planners.gpp.options import (
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 from gpp_solver.planners.gpp.plans import rebuild_as_gpp, states_from_plan, uniform_micro_batch
 from gpp_solver.planners.gpp.pool import Pool
-from gpp_solver.planners.gpp.seeds import run_seed_planners
+from gpp_solver.planners.gpp.seeds import run_seed_planners, within_sizes
 from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -83,8 +84,11 @@ class GppRun:
         """The seed planners' plans and the plans given (``seed_plans``), and the sizes to search."""
         graph, cluster, B, o = self.graph, self.cluster, self.B, self.o
         given = dict(o.seed_plans or {})
+        allowed = None if o.micro_batch_sizes is None else check_micro_batch_sizes(B, o.micro_batch_sizes)
+        self.allowed = allowed
         seeds, self.seed_info, seeds_cut = run_seed_planners(
-            graph, cluster, B, [n for n in self.seed_planners if n not in given], self.budget, progress=self.progress)
+            graph, cluster, B, [n for n in self.seed_planners if n not in given], self.budget, progress=self.progress,
+            micro_batch_sizes=allowed)
         for name, p in given.items():
             try:
                 validate(p, graph, cluster)
@@ -94,6 +98,9 @@ class GppRun:
             if p.mini_batch_size != B:
                 self.seed_info[name] = {"status": "error: mini_batch_size differs", "given": True}
                 continue
+            if not within_sizes(p, allowed):
+                self.seed_info[name] = {"status": "dropped: micro-batch size not allowed", "given": True}
+                continue
             seeds[name] = p
             self.seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
                                     "time_per_sample": p.predicted.time_per_sample,
@@ -101,8 +108,8 @@ class GppRun:
         self.seeds = seeds
         self.lap("seeds")
         extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
-        if o.micro_batch_sizes is not None:
-            self.bs = list(check_micro_batch_sizes(B, o.micro_batch_sizes))
+        if allowed is not None:
+            self.bs = list(allowed)
         else:
             self.bs = candidate_micro_batch_sizes(B, extra_b)
         self.tables = CostTables(graph)
@@ -315,7 +322,7 @@ class GppRun:
         worst_memory_found = min(self.worst_memory) if self.worst_memory else None
         self.proven = None
         if o.prove:
-            self.proven, prove_cut = _prove(self.graph, self.cluster, self.B, self.deadline, pool)
+            self.proven, prove_cut = _prove(self.graph, self.cluster, self.B, self.deadline, pool, self.allowed)
             self.timed_out |= prove_cut
         if not pool and self.timed_out:
             raise TimeLimitError(f"gpp: the time limit ({self.budget:g} s) was reached before any plan was found")
@@ -370,7 +377,7 @@ def _consider(P: Problem, label: str, st: State, seen: set[State], evald: list[S
 
 
 def _prove(graph: Graph, cluster: Cluster, mini_batch_size: int, deadline: float,
-           pool: Pool) -> tuple[float | None, bool]:
+           pool: Pool, micro_batch_sizes: Sequence[int] | None = None) -> tuple[float | None, bool]:
     """Run the exact planner (``milp``) if installed in the time left: its optimal TPS (or
     ``None``) and whether the wall clock cut it (no time left, or its status ``time-limit``)."""
     try:
@@ -381,7 +388,8 @@ def _prove(graph: Graph, cluster: Cluster, mini_batch_size: int, deadline: float
     if left <= 0:
         return None, True
     try:
-        p = fn(graph, cluster, mini_batch_size, time_limit=left)
+        p = fn(graph, cluster, mini_batch_size, time_limit=left,
+               **({} if micro_batch_sizes is None else {"micro_batch_sizes": tuple(micro_batch_sizes)}))
         validate(p, graph, cluster)
     except Exception as exc:  # noqa: BLE001
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
