@@ -67,6 +67,7 @@ def wanted_cell(model: str, devices: int, full: bool, only: list[str] | None) ->
 
 def check_search_time(text: str, rtol: float, full: bool, only: list[str] | None = None) -> list[str]:
     from search_time import PER_DEVICE
+
     from gpp_solver.formats.cluster import v100_cluster
     from gpp_solver.planners.graphpipe.planner import plan_graphpipe
     from gpp_solver.workloads import build_model

@@ -51,13 +51,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import fidelity_cpu  # noqa: E402
 from gpp_solver import GppError, load_cluster, save_plan, simulate, solve  # noqa: E402
 from gpp_solver.formats.cluster import cluster_from_dict  # noqa: E402
 from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
 from runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
-
-from benchmarks import fidelity_cpu  # noqa: E402
 
 PLANNERS = "graphpipe,pipedream,gpp,piper"
 EMULATED_MODELS = {

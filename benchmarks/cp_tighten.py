@@ -17,12 +17,12 @@ import argparse
 import sys
 import time
 
-from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.cp_orders.cp_schedule import MAX_ACTIONS, tighten
-from gpp_solver.workloads import build_model
+from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Plan, SearchInfo
 from gpp_solver.plan.validate import validate
+from gpp_solver.types import Plan, SearchInfo
+from gpp_solver.workloads import build_model
 
 GiB = 2**30
 

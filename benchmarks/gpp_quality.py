@@ -35,17 +35,18 @@ import sys
 import time
 from typing import Any
 
-from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.cost.model import CostTables, stage_costs
-from gpp_solver.plan.build import StageSpec
 from gpp_solver.errors import GppError, SolverError
+from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.oracles.tps_bound import TpsBound, perfect_balance_tps, relaxed_tps_bound
+from gpp_solver.oracles.tps_bound import degrees as _degrees
+from gpp_solver.plan.build import StageSpec
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.gpp.planner import plan_gpp
 from gpp_solver.planners.gpp.seeds import seed_fn
-from gpp_solver.workloads import build_model
 from gpp_solver.planners.registry import REGISTRY
-from gpp_solver.oracles.tps_bound import TpsBound, degrees as _degrees, perfect_balance_tps, relaxed_tps_bound
 from gpp_solver.types import Cluster, Graph, Plan
-from gpp_solver.plan.validate import validate
+from gpp_solver.workloads import build_model
 
 SAMPLES_PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")

@@ -22,10 +22,10 @@ import statistics
 import sys
 import time
 
-from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.compare import compare, row_from_plan
-from gpp_solver.workloads import build_model
+from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.planners.registry import available_planners, get_planner
+from gpp_solver.workloads import build_model
 
 PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 PLANNERS = ["gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa"]
@@ -101,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             gp_2bw.setdefault(kind, []).append(r1)
         if r4 is not None and not params:
             alg1_2bw.setdefault(kind, []).append(r4)
-        f = lambda x: "—" if x is None else f"{x:.2f}x"
+
+        def f(x):
+            return "—" if x is None else f"{x:.2f}x"
+
         s1, s2 = time_ratio(rows, "pipedream", "graphpipe"), time_ratio(rows, "piper", "graphpipe")
         print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r4)} | {f(r2)} | {f(r3)} "
               f"| {f(s1)} | {f(s2)} |")

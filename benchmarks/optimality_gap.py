@@ -37,15 +37,18 @@ import statistics
 import sys
 import time
 
-from gpp_solver import graph_from_dict
-from gpp_solver import graph_to_dict
-from gpp_solver.planners.milp.planner import plan_milp
+from gpp_solver import graph_from_dict, graph_to_dict
 from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.errors import GppError, InfeasibleError
-from gpp_solver.oracles.brute_force import (best_plan_bruteforce, min_peak_memory_bruteforce, random_cluster,
-                                            random_graph)
-from gpp_solver.planners.registry import available_planners, get_planner
+from gpp_solver.oracles.brute_force import (
+    best_plan_bruteforce,
+    min_peak_memory_bruteforce,
+    random_cluster,
+    random_graph,
+)
 from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.planners.milp.planner import plan_milp
+from gpp_solver.planners.registry import available_planners, get_planner
 from gpp_solver.types import Status
 
 CLASSES = {"chain": ("chain",), "SP": ("diamond", "sp"), "non-SP": ("dag",)}

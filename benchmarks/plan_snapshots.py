@@ -5,7 +5,8 @@ to one directory, so that two checkouts' plans can be compared file by file (``d
 
 Instances: the paper's workloads (mmt, dlrm, candle-uno, transformer) on 4, 8 and 16 V100s with the
 heuristic planners; tiny graphs on 2 and 4 devices with every planner (exact ones included); PipeDream
-profiles (alexnet, gnmt) on 4 and 8 devices.  A planner that refuses an instance writes its error.
+profiles (alexnet, gnmt) on 4 and 8 devices.  Every planner gets a time limit of
+:data:`TIME_LIMIT` seconds.  A planner that refuses an instance writes its error.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from tiny_graphs import chain_dict, diamond_dict  # noqa: E402
+
 from gpp_solver import solve  # noqa: E402
 from gpp_solver.errors import GppError  # noqa: E402
 from gpp_solver.formats.graph import graph_from_dict  # noqa: E402
 from gpp_solver.formats.importers import import_pipedream  # noqa: E402
 from gpp_solver.formats.plan_json import plan_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
-from tiny_graphs import chain_dict, diamond_dict  # noqa: E402
 
 HEURISTIC = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa")
 EVERY = HEURISTIC + ("milp", "exact")
+#: generous, so that no planner's result depends on the machine's load (gpp's default is a few seconds)
+TIME_LIMIT = 600.0
 DATA = ROOT / "data"   # the published profiles (data/README.md)
 
 
@@ -73,7 +77,7 @@ def main() -> None:
                 continue
             t = time.perf_counter()
             try:
-                doc = _strip(plan_to_dict(solve(g, cluster, planner=planner)))
+                doc = _strip(plan_to_dict(solve(g, cluster, planner=planner, time_limit=TIME_LIMIT)))
             except GppError as e:
                 doc = {"error": type(e).__name__, "message": str(e)}
             (args.out / f"{key}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

@@ -69,8 +69,8 @@ def build_workload(name: str):
     if name.startswith("transformer-"):
         return build_model("transformer", layers=int(name.split("-")[1]))
     if name.startswith("mmt-"):
-        b, l = name.split("-")[1].split("x")
-        return build_model("mmt", branches=int(b), layers=int(l))
+        branches, layers = name.split("-")[1].split("x")
+        return build_model("mmt", branches=int(branches), layers=int(layers))
     if name.startswith("pd-"):
         from gpp_solver.formats.pipedream import import_pipedream
         return import_pipedream(pd_path(name), batch_size=128)
@@ -129,8 +129,8 @@ def finished(r: dict) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a small subset: %s on %s devices, %s"
-                    % (", ".join(QUICK_WORKLOADS), QUICK_DEVICES, ", ".join(QUICK_PLANNERS)))
+    ap.add_argument("--quick", action="store_true", help=f"a small subset: {', '.join(QUICK_WORKLOADS)} on {QUICK_DEVICES} devices, "
+                                                             f"{', '.join(QUICK_PLANNERS)}")
     ap.add_argument("--workloads", help="comma-separated workload names")
     ap.add_argument("--devices", help="comma-separated device counts")
     ap.add_argument("--planners", help="comma-separated planner names")

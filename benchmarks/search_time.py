@@ -27,8 +27,8 @@ import sys
 import time
 
 from gpp_solver.formats.cluster import v100_cluster
-from gpp_solver.workloads import build_model
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
+from gpp_solver.workloads import build_model
 
 PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024}
 PAPER = {  # GraphPipe, Table 1 (seconds)

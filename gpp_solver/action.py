@@ -45,12 +45,12 @@ class Action(NamedTuple):
         return f"Action(kind={str(self.kind)!r}, micro_batch={self.micro_batch})"
 
     @classmethod
-    def of(cls, kind: str, micro_batch: int) -> "Action":
+    def of(cls, kind: str, micro_batch: int) -> Action:
         """The action ``kind`` (``"F"``/``"B"``/``"W"`` or a :class:`Kind`) of ``micro_batch``."""
         return cls(Kind(kind), micro_batch)
 
     @classmethod
-    def parse(cls, text: str) -> "Action":
+    def parse(cls, text: str) -> Action:
         """``"F0"`` -> ``Action(F, 0)``; anything else raises :class:`InvalidPlanError`."""
         m = _TEXT.fullmatch(text) if isinstance(text, str) else None
         if m is None:

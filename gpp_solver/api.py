@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from gpp_solver.cost.micro_batch import check_mini_batch_size
+from gpp_solver.errors import InvalidInputError, show
 from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
 from gpp_solver.formats.cluster_spec import cluster_from_spec
-from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
-from gpp_solver.errors import show
 from gpp_solver.limits import MAX_SECONDS
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SolveOptions
-from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
 

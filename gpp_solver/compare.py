@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from gpp_solver._backend.progress import note
 from gpp_solver.cost.micro_batch import check_mini_batch_size
 from gpp_solver.errors import GppError, InfeasibleError, SearchSpaceTooLargeError, TimeLimitError, check_types
-from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.plan.simulate import simulate
-from gpp_solver.types import Cluster, Graph, Plan, Status
 from gpp_solver.plan.validate import validate
+from gpp_solver.planners.registry import REGISTRY, get_planner
+from gpp_solver.types import Cluster, Graph, Plan, Status
 
 logger = logging.getLogger(__name__)
 

@@ -7,10 +7,11 @@ Units: seconds, bytes, samples.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -166,7 +167,7 @@ class Cluster:
             return self.intra_node_bandwidth
         return self.inter_node_bandwidth
 
-    def with_(self, **changes: Any) -> "Cluster":
+    def with_(self, **changes: Any) -> Cluster:
         from dataclasses import replace
         return replace(self, **changes)
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import GppError, InvalidInputError
@@ -72,7 +73,7 @@ def _device_text(devices: Sequence[int]) -> str:
     return "dev " + ",".join(map(str, ds))
 
 
-def stage_label(plan: "Plan", graph: "Graph | None", stage_id: int) -> str:
+def stage_label(plan: Plan, graph: Graph | None, stage_id: int) -> str:
     """Box text of one stage: ``S3 · 5 nodes`` / first and last node id / devices and micro-batch."""
     st = plan.stage(stage_id)
     nodes = list(st.nodes)
@@ -84,7 +85,7 @@ def stage_label(plan: "Plan", graph: "Graph | None", stage_id: int) -> str:
     return f"{head}\n{span}\n{_device_text(st.devices)} · b={st.micro_batch_size}{extra}"
 
 
-def stage_layout(plan: "Plan") -> dict[int, tuple[float, float]]:
+def stage_layout(plan: Plan) -> dict[int, tuple[float, float]]:
     """Positions ``{stage id: (x, y)}``: ``x`` the stage's topological depth (longest path from a
     source), ``y`` its slot in that column, ordered by the mean height of its predecessors and
     centred on 0 (stage graphs are small; no graphviz needed)."""
@@ -124,7 +125,7 @@ def stage_layout(plan: "Plan") -> dict[int, tuple[float, float]]:
     return pos
 
 
-def draw_stage_graph(plan: "Plan", graph: "Graph | None", ax: "Axes", *, title: str | None = None,
+def draw_stage_graph(plan: Plan, graph: Graph | None, ax: Axes, *, title: str | None = None,
                      fontsize: float | None = None) -> dict[int, tuple[float, float]]:
     """Draw the stage DAG of ``plan`` on ``ax``; return the stage positions used.
 
@@ -172,8 +173,8 @@ def time_unit(t: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
-def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, sim: "SimResult | None" = None,
-               time_max: float | None = None, title: str | None = None, fontsize: float = 7.0) -> "SimResult":
+def draw_gantt(plan: Plan, graph: Graph, cluster: Cluster, ax: Axes, *, sim: SimResult | None = None,
+               time_max: float | None = None, title: str | None = None, fontsize: float = 7.0) -> SimResult:
     """Draw the simulated schedule of ``plan`` on ``ax`` and return the simulation.
 
     One row per stage (stage 0 on top): forward bars in blue, backward in orange, the micro-batch
@@ -242,7 +243,7 @@ def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, 
     return sim
 
 
-def plan_figure(plan: "Plan", graph: "Graph", cluster: "Cluster | None", *, dpi: int = 120) -> "Figure":
+def plan_figure(plan: Plan, graph: Graph, cluster: Cluster | None, *, dpi: int = 120) -> Figure:
     """A matplotlib ``Figure`` (not registered with pyplot) with the stage graph above the Gantt chart."""
     _matplotlib()
     from matplotlib.figure import Figure
@@ -266,7 +267,7 @@ def plan_figure(plan: "Plan", graph: "Graph", cluster: "Cluster | None", *, dpi:
 PICTURE_FORMATS = ("png", "pdf", "svg")
 
 
-def draw_plan(plan: "Plan", graph: "Graph", cluster: "Cluster | None", path: str | Path, *, dpi: int = 120) -> Path:
+def draw_plan(plan: Plan, graph: Graph, cluster: Cluster | None, path: str | Path, *, dpi: int = 120) -> Path:
     """Write the stage graph and, when ``cluster`` is given, the schedule's Gantt chart to ``path``,
     in the format its extension names (``.png``, ``.pdf`` or ``.svg``; another one is refused)."""
     path = Path(path)
@@ -280,7 +281,7 @@ def draw_plan(plan: "Plan", graph: "Graph", cluster: "Cluster | None", path: str
     return path
 
 
-def draw_metric_vs_devices(results: Mapping[int, Sequence["CompareRow"]], metric: str, ax: "Axes", *,
+def draw_metric_vs_devices(results: Mapping[int, Sequence[CompareRow]], metric: str, ax: Axes, *,
                            log: bool = False, bars: bool = True, ylabel: str | None = None,
                            title: str | None = None, legend: bool = True) -> None:
     """Plot ``metric`` (a :class:`~gpp_solver.compare.CompareRow` field, e.g. ``throughput`` or

@@ -73,6 +73,7 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph, graph_to_dict
 from gpp_solver.types import Graph, Node, Plan, Stage
+
 from .engine.split_backward import phase
 
 ENV_GRAPH = "GPP_EMULATE_GRAPH"
@@ -121,7 +122,7 @@ class _Sleep(torch.autograd.Function):
     """Forward sleeps ``fw(rows)`` and returns zeros of the op's width; backward sleeps ``bw(rows)``."""
 
     @staticmethod
-    def forward(ctx, op: "EmulatedOp", weight: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, op: EmulatedOp, weight: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
         rows = xs[0].shape[0]
         SLEEPER.sleep(op.fw(rows))
         ctx.op, ctx.rows = op, rows

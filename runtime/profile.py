@@ -20,6 +20,7 @@ import sys
 import torch
 
 from gpp_solver.errors import InvalidInputError
+
 from . import cores
 from .capture.fx_graph import load_workload
 from .capture.profiler import profile

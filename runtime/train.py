@@ -61,12 +61,13 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
+
 from . import cores
+from .capture.tracing import workload_hooks
 from .engine import checkpoint, metrics
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
 from .engine.stage_setup import build, prepare, seeded_workload
-from .capture.tracing import workload_hooks
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
 from .lowering.plan_io import predicted_time_per_sample
 

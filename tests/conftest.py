@@ -6,7 +6,6 @@ import copy
 from pathlib import Path
 
 import pytest
-
 from tiny_graphs import chain_dict, diamond_dict, node  # noqa: F401
 
 #: the published profiles the tests read (PipeDream, Piper; see data/README.md)

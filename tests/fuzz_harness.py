@@ -18,10 +18,11 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from tiny_graphs import diamond_dict
 
@@ -68,7 +69,7 @@ RAW = ("none",) * 8 + ("truncate", "non-utf8", "bom", "trailing-garbage")
 KINDS = ("graph", "cluster", "plan")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _base_plan_json() -> str:
     from gpp_solver import cluster_from_dict, graph_from_dict, plan_to_dict, solve
 

@@ -6,17 +6,17 @@ import itertools
 import math
 
 import pytest
-
 from conftest import CLUSTER, chain_dict, diamond_dict
-from gpp_solver.planners.sequential.alpa import group_sizes, plan_alpa
-from gpp_solver.formats.cluster import cluster_from_dict, v100_cluster
+from test_pipedream import branchy_dict, compositions, flat_cluster
+
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
+from gpp_solver.formats.cluster import cluster_from_dict, v100_cluster
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.plan.build import StageSpec
 from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.build import StageSpec
 from gpp_solver.plan.validate import validate
-from test_pipedream import branchy_dict, compositions, flat_cluster
+from gpp_solver.planners.sequential.alpa import group_sizes, plan_alpa
 
 
 def test_group_sizes_follow_the_node_shape():

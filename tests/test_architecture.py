@@ -1,5 +1,5 @@
-"""The layout's rules, checked on the source: no module over 400 lines, at most 16 modules at the top
-level of ``gpp_solver/``, no import cycle (imports inside functions count), the packages never
+"""The layout's rules, checked on the source: no module over 400 lines, no function over 80 lines,
+at most 16 modules at the top level of ``gpp_solver/``, no import cycle (imports inside functions count), the packages never
 import the top level above its bottom modules, the design card's names re-export their
 algorithm's package, and the solver never imports torch."""
 
@@ -14,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpp_solver"
 MAX_LINES = 400
+MAX_FUNCTION_LINES = 80
+#: the source trees the function-length rule covers
+FUNCTION_ROOTS = [PACKAGE, ROOT / "runtime"]
 #: The top-level modules every package may import: records, actions, supported ranges, errors.
 BOTTOM = {"gpp_solver.types", "gpp_solver.action", "gpp_solver.limits", "gpp_solver.errors"}
 #: The design card's top-level names and the package module each re-exports.
@@ -60,6 +63,33 @@ def test_no_module_over_400_lines():
     long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def long_functions(roots: list[Path], limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``path:line name`` -> lines of every function or method under ``roots`` longer than ``limit``
+    lines (its signature, docstring and body)."""
+    out = {}
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > limit:
+                        where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                        out[f"{where}:{node.lineno} {node.name}"] = n
+    return out
+
+
+def test_no_function_over_80_lines():
+    long = long_functions(FUNCTION_ROOTS)
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_function_length_rule_sees_a_long_function(tmp_path):
+    (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES + "\n\ndef g():\n    pass\n")
+    (tmp_path / "ok.py").write_text("def h():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES - 1))
+    found = {k.rsplit(" ", 1)[1]: v for k, v in long_functions([tmp_path]).items()}
+    assert found == {"f": MAX_FUNCTION_LINES + 1}
 
 
 def test_at_most_16_modules_at_the_top_level():
@@ -116,30 +146,6 @@ def test_solver_never_imports_torch(path):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
         assert not any(n == "torch" or n.startswith("torch.") for n in names), path
-
-
-#: Package roots whose functions stay short: a longer function becomes a sequence of named phases
-#: or a small class. Add a root here once its long functions are split.
-SHORT_FUNCTION_ROOTS = ("runtime",)
-MAX_FUNCTION_LINES = 80
-
-
-def _function_lengths(root: Path) -> dict[str, int]:
-    """``path:line name`` -> lines (decorators excluded) of every function and method under ``root``."""
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                out[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
-    return out
-
-
-@pytest.mark.parametrize("root", SHORT_FUNCTION_ROOTS)
-def test_no_function_over_80_lines(root):
-    lengths = _function_lengths(ROOT / root)
-    assert lengths, f"no functions found under {root}/"
-    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
 
 
 #: runtime/'s jobs, bottom first: a sub-package imports only the ones below it; the command-line

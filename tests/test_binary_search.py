@@ -9,8 +9,8 @@ import pytest
 
 from gpp_solver.planners.graphpipe.binary_search import search_tps
 from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.workloads import build_model
 from gpp_solver.types import Cluster
+from gpp_solver.workloads import build_model
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+from tiny_graphs import chain_dict, diamond_dict, node
 
 import gpp_solver as gs
 from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError
 from gpp_solver.planners.registry import REGISTRY, get_planner
-
-from tiny_graphs import chain_dict, diamond_dict, node
 
 #: what a planner may report (optimal-* names its objective; the legacy "optimal" is never written)
 HONEST = {"optimal-time-per-sample", "optimal-iteration-time", "optimal-within-search-space", "feasible", "time-limit"}
@@ -54,7 +53,8 @@ def test_valid_deterministic_honest(name, gname):
         assert p1.search.objective
     assert p1.planner == name
     p2 = fn(g, c, 8, time_limit=20)
-    strip = lambda p: {**gs.plan_to_dict(p), "search": None}
+    def strip(p):
+        return {**gs.plan_to_dict(p), "search": None}
     assert strip(p1) == strip(p2)
 
 

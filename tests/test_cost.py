@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost.model import (allreduce_time, in_flight_from_order, interp_time, iteration_time_estimate,
-                                   stage_costs, stage_memory, stage_transfers)
+from gpp_solver.cost.model import (
+    allreduce_time,
+    in_flight_from_order,
+    interp_time,
+    iteration_time_estimate,
+    stage_costs,
+    stage_memory,
+    stage_transfers,
+)
 from gpp_solver.plan.build import StageSpec
 
 

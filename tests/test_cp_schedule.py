@@ -7,8 +7,14 @@ import random
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cp_orders.cp_schedule import (build_schedule_model, max_in_flight_micro_batches, solve_model, tighten,
-                                    tighten_plan_if_fits, verify_orders)
+from gpp_solver.cp_orders.cp_schedule import (
+    build_schedule_model,
+    max_in_flight_micro_batches,
+    solve_model,
+    tighten,
+    tighten_plan_if_fits,
+    verify_orders,
+)
 from gpp_solver.plan.build import StageSpec
 
 SEARCH = gs.SearchInfo(0.0, "feasible")

@@ -26,8 +26,8 @@ import pytest
 
 from gpp_solver.errors import SolverError, TimeLimitError
 from gpp_solver.oracles.brute_force import random_graph
-from gpp_solver.planners.registry import get_planner
 from gpp_solver.plan.validate import validate
+from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Status
 from gpp_solver.workloads import build_model
 

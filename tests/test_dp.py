@@ -13,15 +13,15 @@ import math
 import random
 
 import pytest
+from tiny_graphs import random_dag_edges
 
-from gpp_solver.planners.graphpipe.binary_search import search_tps
 from gpp_solver.cost.model import interp_time
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.planners.graphpipe.binary_search import search_tps
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import assign_devices, power_of_two_degrees
-from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
 from gpp_solver.types import Cluster
-from tiny_graphs import random_dag_edges
 
 
 # ---------------------------------------------------------------- random tiny instances
@@ -148,7 +148,7 @@ def brute_force(graph, cluster, B, b, tree, shared_sinks=False):
                  for i in range(k)}
         depth: dict[int, int] = {}
 
-        def dep(i):
+        def dep(i, depth=depth, after=after):
             if i not in depth:
                 depth[i] = 1 + max((dep(j) for j in after[i]), default=0)
             return depth[i]
@@ -264,7 +264,12 @@ def test_a_group_of_whole_branches_keeps_the_shared_sink() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
     import numpy as np
-    from gpp_solver.planners.graphpipe.dp_stage_tables import degree_thresholds, devices_by_depth, devices_from_thresholds
+
+    from gpp_solver.planners.graphpipe.dp_stage_tables import (
+        degree_thresholds,
+        devices_by_depth,
+        devices_from_thresholds,
+    )
     graph, cluster, B, b = random_instance(random.Random(500 + seed))
     dp = StageDP(graph, cluster, B)
     tb = dp.tables(b)

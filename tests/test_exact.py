@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
+from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError
 from gpp_solver.oracles.brute_force import random_cluster, random_graph
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -21,8 +23,6 @@ from gpp_solver.plan.simulate import simulate
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.exact.planner import STATUS_OPTIMAL, plan_exact
 from gpp_solver.planners.exact.search import search_exact
-from gpp_solver.cost.micro_batch import powers_of_two_dividing
-from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.planners.milp.space import contiguous_ranges, device_options, ordered_partitions
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import SearchInfo

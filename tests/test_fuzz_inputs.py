@@ -8,11 +8,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import fuzz_harness as F
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import fuzz_harness as F
 
 N = int(os.environ.get("GPP_FUZZ_EXAMPLES", "12"))
 SETTINGS = settings(max_examples=N, deadline=None, derandomize=True, database=None,

@@ -11,13 +11,13 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.planners.gpp.planner import plan_gpp
-from gpp_solver.planners.gpp.plans import build_from_state
-from gpp_solver.planners.gpp.seeds import seed_fn
+from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.planners.gpp.chains import chain_states
 from gpp_solver.planners.gpp.local_search import neighbours, repartitions, search
 from gpp_solver.planners.gpp.partition_eval import Problem
-from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.gpp.planner import plan_gpp
+from gpp_solver.planners.gpp.plans import build_from_state
+from gpp_solver.planners.gpp.seeds import seed_fn
 from gpp_solver.types import Cluster, SearchInfo
 
 oracle = pytest.importorskip("gpp_solver.oracles.brute_force")
@@ -170,7 +170,8 @@ def test_deterministic_under_a_fixed_seed_and_time_limit():
     g, c = instances(1, 23, sizes=(7,))[0]
     a = plan_gpp(g, c, 16, time_limit=30, seed=3)
     b = plan_gpp(g, c, 16, time_limit=30, seed=3)
-    strip = lambda p: {**gs.plan_to_dict(p), "search": None}
+    def strip(p):
+        return {**gs.plan_to_dict(p), "search": None}
     assert strip(a) == strip(b)
     for k in ("seed_planner", "moves", "tps_before", "tps_after"):
         assert a.search.extra[k] == b.search.extra[k]
@@ -262,8 +263,8 @@ def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_th
     import types
     from dataclasses import replace as dc_replace
 
-    from gpp_solver.planners.gpp import seeds as gpp_seeds
     from gpp_solver import planners
+    from gpp_solver.planners.gpp import seeds as gpp_seeds
 
     g, c = instances(1, 19, sizes=(6,))[0]
     gp = seed_fn("graphpipe")
@@ -326,7 +327,8 @@ def test_same_plan_on_a_five_times_slower_machine(monkeypatch):
     b = plan_gpp(g, c, 16, time_limit=20, exact=False)
     monkeypatch.undo()
     assert a.search.status == b.search.status == "feasible"
-    strip = lambda p: {k: v for k, v in gs.plan_to_dict(p).items() if k != "search"}
+    def strip(p):
+        return {k: v for k, v in gs.plan_to_dict(p).items() if k != "search"}
     assert strip(a) == strip(b)
     ea, eb = a.search.extra, b.search.extra
     assert a.search.cp_tighten["status"] == b.search.cp_tighten["status"] != "skipped"
@@ -344,7 +346,8 @@ def test_quickstart_plan_is_the_same_under_a_ten_times_larger_limit():
     a = plan_gpp(g, c, 128)
     b = plan_gpp(g, c, 128, time_limit=10 * DEFAULT_TIME_LIMIT)
     assert a.search.status == b.search.status == "feasible"
-    strip = lambda p: {k: v for k, v in gs.plan_to_dict(p).items() if k != "search"}
+    def strip(p):
+        return {k: v for k, v in gs.plan_to_dict(p).items() if k != "search"}
     assert strip(a) == strip(b)
     assert a.search.cp_tighten["status"] == b.search.cp_tighten["status"] != "skipped"
 

@@ -18,6 +18,7 @@ from gpp_solver.planners.gpp.chains import chain_states
 from gpp_solver.planners.gpp.local_search import neighbours, repartitions
 from gpp_solver.planners.gpp.partition_eval import Problem, State
 from gpp_solver.planners.gpp.plans import build_from_state, iteration_time_lower_bound
+from gpp_solver.planners.gpp.pool import Pool
 from gpp_solver.types import SearchInfo
 from gpp_solver.workloads import build_model
 
@@ -202,8 +203,8 @@ def test_lazy_pool_picks_the_plan_the_eager_pool_picks(model, devices, B, monkey
     lazy = gpp_planner.plan_gpp(g, c, B, tighten=False, time_limit=120)
     assert lazy.search.status != "time-limit"
     assert lazy.search.extra["plans_built"] < 2 * len(lazy.search.extra["per_micro_batch"])
-    init = gpp_planner._Pool.__init__
-    monkeypatch.setattr(gpp_planner._Pool, "__init__", lambda self, score, lazy, **kw: init(self, score, False, **kw))
+    init = Pool.__init__
+    monkeypatch.setattr(Pool, "__init__", lambda self, score, lazy, **kw: init(self, score, False, **kw))
     eager = gpp_planner.plan_gpp(g, c, B, tighten=False, time_limit=120)
     assert eager.search.status != "time-limit"
     assert lazy.stages == eager.stages and lazy.predicted == eager.predicted

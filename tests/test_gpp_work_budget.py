@@ -49,7 +49,7 @@ def test_capped_run_is_deterministic_feasible_and_keeps_to_the_cap(mmt):
     assert [s.nodes for s in p1.stages] == [s.nodes for s in p2.stages]
     gs.validate(p1, mmt, c)
     # never worse than its seeds, capped or not
-    for name, info in p1.search.extra["seeds"].items():
+    for _name, info in p1.search.extra["seeds"].items():
         if "iteration_time" in info:
             assert p1.predicted.iteration_time <= info["iteration_time"] * (1 + 1e-12)
     uncapped = plan_gpp(mmt, c, 64, max_work=None, time_limit=60)

@@ -13,6 +13,7 @@ import random
 
 import numpy as np
 import pytest
+from test_dp_caps import deep_instance
 
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.planners.graphpipe import dp_kernel, uniform
@@ -21,7 +22,6 @@ from gpp_solver.planners.graphpipe.dp_kernel import run_dp
 from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth, devices_for_segments, segment_fits
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.workloads import build_model
-from test_dp_caps import deep_instance
 
 MODELS = [("mmt", 8, 128), ("transformer", 16, 256), ("dlrm", 8, 512), ("candle-uno", 4, 4096),
           ("transformer", 64, 1024)]

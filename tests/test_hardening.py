@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
-
-import gpp_solver as gs
 from fuzz_harness import CLUSTER, run_cli
 from tiny_graphs import diamond_dict
+
+import gpp_solver as gs
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(not highs_available(), reason="HiGHS (highspy) i
 
 def test_the_solution_comes_back_into_the_problem() -> None:
     import pulp
+
     from gpp_solver._backend.highs_worker import solve_highs
 
     prob = pulp.LpProblem("t", pulp.LpMinimize)
@@ -32,6 +33,7 @@ def test_the_solution_comes_back_into_the_problem() -> None:
 
 def test_a_killed_worker_is_restarted() -> None:
     import pulp
+
     from gpp_solver._backend import highs_worker
 
     prob = pulp.LpProblem("t", pulp.LpMaximize)

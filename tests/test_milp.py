@@ -9,12 +9,17 @@ import random
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.planners.milp.planner import MAX_NODE_SLOTS, plan_milp
-from gpp_solver.planners.milp.model import build_model
-from gpp_solver.planners.milp.space import layouts
 from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError
-from gpp_solver.oracles.brute_force import (GRAPH_KINDS, best_plan_bruteforce, min_peak_memory_bruteforce,
-                                            random_cluster, random_graph)
+from gpp_solver.oracles.brute_force import (
+    GRAPH_KINDS,
+    best_plan_bruteforce,
+    min_peak_memory_bruteforce,
+    random_cluster,
+    random_graph,
+)
+from gpp_solver.planners.milp.model import build_model
+from gpp_solver.planners.milp.planner import MAX_NODE_SLOTS, plan_milp
+from gpp_solver.planners.milp.space import layouts
 from gpp_solver.planners.registry import get_planner
 
 B = 8

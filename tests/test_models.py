@@ -10,9 +10,19 @@ import pytest
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
-from gpp_solver.workloads import (MODELS, V100, V100_FP32, OpCost, build_model, candle_uno_dict, dlrm_dict,
-                                  forward_time, mmt_dict, transformer_dict)
-from gpp_solver.workloads import ops
+from gpp_solver.workloads import (
+    MODELS,
+    V100,
+    V100_FP32,
+    OpCost,
+    build_model,
+    candle_uno_dict,
+    dlrm_dict,
+    forward_time,
+    mmt_dict,
+    ops,
+    transformer_dict,
+)
 
 TINY = {
     "mmt": dict(branches=2, layers=2, seq=8, hidden=16, heads=2, ffn=32, vocab=50, max_micro_batch=8),

@@ -11,13 +11,21 @@ import networkx as nx
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.cost.micro_batch import powers_of_two_dividing
-from gpp_solver.planners.milp.space import contiguous_ranges, layouts
+from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.errors import SearchSpaceTooLargeError
-from gpp_solver.oracles.brute_force import (GRAPH_KINDS, best_plan_bruteforce, candidates, min_peak_memory_bruteforce,
-                                            ordered_partitions, random_cluster, random_graph)
+from gpp_solver.oracles.brute_force import (
+    GRAPH_KINDS,
+    best_plan_bruteforce,
+    candidates,
+    min_peak_memory_bruteforce,
+    ordered_partitions,
+    random_cluster,
+    random_graph,
+)
 from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.planners.milp import space as milp_space
+from gpp_solver.planners.milp.space import contiguous_ranges, layouts
 
 
 def _set_partitions(items):
@@ -46,6 +54,19 @@ def _valid_by_networkx(graph, parts) -> bool:
         if any(nx.descendants(g, w) & inside for w in out):
             return False
     return True
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_milp_space_enumerates_what_the_oracle_does(seed):
+    """The oracle enumerates its partitions itself (it does not use the MILP's space): both give
+    the same partitions in the same order, with every order of the stage graph or one."""
+    rng = random.Random(100 + seed)
+    graph = random_graph(rng, GRAPH_KINDS[seed % len(GRAPH_KINDS)], 5 + seed % 3)
+    for max_stages in (1, 3, 4):
+        for every_order in (True, False):
+            mine = list(ordered_partitions(graph, max_stages, every_order=every_order))
+            theirs = list(milp_space.ordered_partitions(graph, max_stages, every_order=every_order))
+            assert mine == theirs and mine, (max_stages, every_order)
 
 
 @pytest.mark.parametrize("seed", range(6))

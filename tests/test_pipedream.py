@@ -10,19 +10,19 @@ import random
 import time
 
 import pytest
-
 from conftest import CLUSTER, chain_dict, diamond_dict, node
-from gpp_solver.planners.sequential.linearize import antichain_states, linearize, topological_states
-from gpp_solver.planners.sequential.pipedream import pipedream_optimizer, plan_pipedream
-from gpp_solver.formats.cluster import cluster_from_dict
+
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, TimeLimitError
-from gpp_solver.oracles.brute_force import random_graph
-from gpp_solver.types import Cluster
+from gpp_solver.formats.cluster import cluster_from_dict
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.plan.build import StageSpec
 from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.oracles.brute_force import random_graph
+from gpp_solver.plan.build import StageSpec
 from gpp_solver.plan.validate import validate
+from gpp_solver.planners.sequential.linearize import antichain_states, linearize, topological_states
+from gpp_solver.planners.sequential.pipedream import pipedream_optimizer, plan_pipedream
+from gpp_solver.types import Cluster
 
 
 def branchy_dict() -> dict:
@@ -191,8 +191,8 @@ def test_memory_limit_forces_a_split_and_infeasible_reports_the_need():
 
 
 def test_agrees_with_graphpipe_on_a_chain():
-    from gpp_solver.planners.registry import get_planner
     from gpp_solver.errors import InvalidInputError
+    from gpp_solver.planners.registry import get_planner
     try:
         graphpipe = get_planner("graphpipe")
     except InvalidInputError:
@@ -321,7 +321,7 @@ def test_range_transfers_price_random_chains_like_the_shared_model(seed):
             continue
         stage = {v: s for s, sp in enumerate(specs) for v in sp.nodes}
         fans = any(len({stage[w] for w in g.succs(v) if stage[w] != stage[v]}) > 1 for v in g.ids)
-        for s, (sc, (k, j)) in enumerate(zip(stage_costs(g, cl, specs, 8), zip(chain, chain[1:]))):
+        for _s, (sc, (k, j)) in enumerate(zip(stage_costs(g, cl, specs, 8), zip(chain, chain[1:]))):
             dp = 2.0 * ((in_c[k, j] + out_c[k, j]) * cl.latency + (in_b[k, j] + out_b[k, j]) * b / cl.inter_node_bandwidth)
             if fans:
                 assert dp <= sc.comm * (1 + 1e-9) + 1e-12

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import CLUSTER, chain_dict, diamond_dict
+from test_pipedream import branchy_dict, flat_cluster
+
+from gpp_solver.errors import InfeasibleError, InvalidInputError
+from gpp_solver.formats.cluster import cluster_from_dict
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.equal_partition import equal_partition
 from gpp_solver.planners.sequential.pipedream_2bw import plan_pipedream_2bw
-from gpp_solver.formats.cluster import cluster_from_dict
-from gpp_solver.errors import InfeasibleError, InvalidInputError
-from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.types import SearchInfo
-from gpp_solver.plan.validate import validate
-from test_pipedream import branchy_dict, flat_cluster
 
 
 def test_equal_partition_balances_and_keeps_every_part_non_empty():
@@ -80,6 +80,7 @@ def _exhaustive_2bw(g, cl, B, micro_batch_sizes=None):
     """The pre-lazy planner: price every configuration, then ``select_by_simulation`` over the
     memory-feasible ones.  Returns (best plan or None, number built, least need)."""
     import numpy as np
+
     from gpp_solver.cost.model import node_compute
     from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
     from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer, select_by_simulation
@@ -148,7 +149,9 @@ def test_lazy_pricing_picks_and_builds_what_pricing_everything_does(gd, cd, B):
 
 def test_equal_partition_matches_the_direct_scan():
     import random
+
     import numpy as np
+
     from gpp_solver.planners.sequential.equal_partition import _equal_partition_loop
     rng = random.Random(7)
     for _ in range(3000):
@@ -171,7 +174,9 @@ def test_equal_partition_fast_path_matches_the_direct_scan_on_long_inputs():
     """Long weight lists with runs of zero-cost nodes (ties between equal prefix sums) and mixed
     magnitudes (ties from rounding): the vectorised first minimisers equal the scan's cuts."""
     import random
+
     import numpy as np
+
     from gpp_solver.planners.sequential.equal_partition import _equal_partition_loop
     rng = random.Random(11)
     for _ in range(150):

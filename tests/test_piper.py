@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.planners.piper.planner import build_instance, count_downsets, plan_piper
+from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, SolverError
 from gpp_solver.planners.piper.cost import StageCostKernel
 from gpp_solver.planners.piper.dp import run_dp
 from gpp_solver.planners.piper.knapsack import HardInstances, solve_hard
-from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, SolverError
+from gpp_solver.planners.piper.planner import build_instance, count_downsets, plan_piper
 from gpp_solver.types import Cluster
 
 GiB = 2**30
@@ -210,7 +210,7 @@ def brute_force(inst, downsets) -> float:
             best = min(best, tot)
         return best
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def rec(D, k, s):                      # partition downset D on <= k devices, sum of d <= s
         if D == 0:
             return 0.0
@@ -358,7 +358,8 @@ def test_sync_bytes_keyed_like_the_published_code():
     inst = build_instance(g, Cluster(devices=2, memory_bytes=1e9, inter_node_bandwidth=1.0), 1, mode="piper")
     opt = next(o for o in inst.degrees if o.t == 2)
     ker = StageCostKernel(inst)
-    cost = lambda rows: ker.costs(opt, np.array(rows, dtype=bool), 1).out[:, 1]
+    def cost(rows):
+        return ker.costs(opt, np.array(rows, dtype=bool), 1).out[:, 1]
     only_u, only_v, both = cost([[1, 0], [0, 1], [1, 1]])
     assert only_u == pytest.approx(1.0 + 2 * (3.0 + 7.0))     # out-edge to v: c + sbw keyed by v
     assert only_v == pytest.approx(1.0 + 2 * (3.0 + 5.0))     # in-edge from u: c + sfw keyed by u

@@ -31,8 +31,8 @@ def test_cli_quiet_when_piped(tmp_path):
     import json
     import subprocess
 
-    from gpp_solver.workloads import build_model
     from gpp_solver.formats.graph import save_graph
+    from gpp_solver.workloads import build_model
 
     save_graph(build_model("mmt", branches=2, layers=1), tmp_path / "g.json")
     argv = [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster", "v100:4",

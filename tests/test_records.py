@@ -7,14 +7,13 @@ import copy
 import json
 
 import pytest
+from tiny_graphs import diamond_dict
 
 import gpp_solver as gs
+from gpp_solver.action import Action, Kind, order_text, parse_order
 from gpp_solver.errors import InvalidPlanError, SearchSpaceTooLargeError
 from gpp_solver.planners.registry import REGISTRY, get_planner
-from gpp_solver.action import Action, Kind, order_text, parse_order
 from gpp_solver.types import SEARCH_FIELDS, SearchInfo, Status
-
-from tiny_graphs import diamond_dict
 
 CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
            "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0, "latency": 0.001}

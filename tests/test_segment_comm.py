@@ -7,11 +7,11 @@ import random
 import networkx as nx
 import numpy as np
 import pytest
+from tiny_graphs import random_dag_edges
 
 from gpp_solver.planners.graphpipe.dp_stage_tables import segment_comm
 from gpp_solver.planners.graphpipe.dp_tree import TreeIndex, index_tree
 from gpp_solver.planners.graphpipe.sp_tree import decompose
-from tiny_graphs import random_dag_edges
 
 
 def reference_segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> tuple[np.ndarray, np.ndarray]:

@@ -7,18 +7,18 @@ import random
 
 import numpy as np
 import pytest
-
 from conftest import CLUSTER, chain_dict, diamond_dict
+from test_pipedream import branchy_dict, flat_cluster
+
+from gpp_solver.cost.model import stage_costs
+from gpp_solver.formats.cluster import cluster_from_dict
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.plan.build import build_plan
+from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
 from gpp_solver.planners.sequential.equal_partition import equal_partition
 from gpp_solver.planners.sequential.pipedream_2bw import plan_pipedream_2bw
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
-from gpp_solver.formats.cluster import cluster_from_dict
-from gpp_solver.cost.model import stage_costs
-from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.plan.build import build_plan
 from gpp_solver.types import SearchInfo
-from test_pipedream import branchy_dict, flat_cluster
 
 
 def _with_inputs(gd: dict) -> dict:

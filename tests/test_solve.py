@@ -6,25 +6,23 @@ import itertools
 import math
 
 import pytest
+from conftest import CLUSTER, chain_dict, diamond_dict
 
 import gpp_solver as gs
-
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.workloads import build_model
 from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.build import StageSpec
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
+from gpp_solver.types import Cluster
+from gpp_solver.workloads import build_model
 
 
 def solve(graph, budget, **kw):
     """The library's front door with GraphPipe's planner."""
     return gs.solve(graph, budget, planner="graphpipe", **kw)
-from gpp_solver.plan.build import StageSpec
-from gpp_solver.types import Cluster
-from gpp_solver.plan.validate import validate
-
-from conftest import CLUSTER, chain_dict, diamond_dict
 
 
 def _strip(plan) -> dict:
@@ -234,6 +232,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
 @pytest.mark.parametrize("seed", range(25))
 def test_repricing_keeps_the_bound_on_multi_node_clusters(seed: int) -> None:
     import random
+
     from test_dp import random_instance
     graph, cluster, B, _ = random_instance(random.Random(1000 + seed))
     cluster = cluster.with_(devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4,
@@ -270,8 +269,8 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
         if "not_simulated_lower_bound" in s:
             assert s["not_simulated_lower_bound"] > plan.predicted.iteration_time
     # ... and that bound is a true lower bound of the simulated iteration time
-    from gpp_solver.planners.graphpipe.staging import stage_specs
     from gpp_solver.plan.build import build_plan
+    from gpp_solver.planners.graphpipe.staging import stage_specs
     from gpp_solver.types import SearchInfo
     for b, r in search_many(StageDP(g, c, B), extra["micro_batch_sizes_searched"]).items():
         p = build_plan(g, c, stage_specs(r.stages, b, c.devices_per_node), B, planner="x",
@@ -310,9 +309,11 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
     """The planner ranks stagings with ``price_staging`` (vectorised compute); it must give the cost
     model's own TPS and iteration estimate."""
     import random
+
     from test_dp import random_instance
-    from gpp_solver.planners.graphpipe.binary_search import search_many
+
     from gpp_solver.cost.model import CostTables
+    from gpp_solver.planners.graphpipe.binary_search import search_many
     from gpp_solver.planners.graphpipe.dp import StageDP
     from gpp_solver.planners.graphpipe.staging import estimate_iteration, price_staging, stage_specs
     graph, cluster, B, _ = random_instance(random.Random(500 + seed))
@@ -330,8 +331,8 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
 
 @pytest.mark.parametrize("option, value", [("simulate_top", 0), ("max_depth_bound", "8"), ("max_depth_bound", True)])
 def test_bad_sweep_options_name_themselves(option, value) -> None:
-    from gpp_solver.formats.cluster import cluster_from_dict
     from gpp_solver.errors import InvalidInputError
+    from gpp_solver.formats.cluster import cluster_from_dict
     with pytest.raises(InvalidInputError, match=option):
         plan_graphpipe(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), 4, **{option: value})
 

@@ -12,7 +12,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, decompose, describe, leaves, order_pairs, reachability_pairs
+from gpp_solver.planners.graphpipe.sp_tree import (
+    Leaf,
+    Parallel,
+    Series,
+    decompose,
+    describe,
+    leaves,
+    order_pairs,
+    reachability_pairs,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 

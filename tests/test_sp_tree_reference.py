@@ -4,13 +4,13 @@ replaced: the same tree, the same forced cuts (same tie-breaks), on SP and non-S
 from __future__ import annotations
 
 import random
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Hashable
 
 import networkx as nx
+from tiny_graphs import random_dag_edges
 
 from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
-from tiny_graphs import random_dag_edges
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 

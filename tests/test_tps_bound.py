@@ -9,11 +9,10 @@ import random
 
 import pytest
 
+from gpp_solver._backend.highs_worker import highs_available
 from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
 from gpp_solver.oracles.tps_bound import TpsBound, perfect_balance_tps, relaxed_tps_bound, relaxed_tps_bounds
 from gpp_solver.types import Cluster
-
-from gpp_solver._backend.highs_worker import highs_available
 
 # the bound solves its relaxation with HiGHS, in a worker process (gpp_solver._backend.highs_worker)
 pytestmark = pytest.mark.skipif(not highs_available(), reason="HiGHS (highspy) is not installed")

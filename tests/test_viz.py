@@ -107,7 +107,8 @@ def test_gpp_show_writes_png_with_and_without_cluster(setup, tmp_path, diamond, 
     _check_png(graph_only)
     assert "wrote" in capsys.readouterr().out
     # the picture with the Gantt chart is taller than the stage graph alone
-    h = lambda path: int.from_bytes(path.read_bytes()[20:24], "big")
+    def h(path):
+        return int.from_bytes(path.read_bytes()[20:24], "big")
     assert h(both) > h(graph_only)
 
 

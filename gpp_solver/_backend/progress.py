@@ -71,7 +71,7 @@ class ProgressBar:
             self.bar.close()
             self.bar = None
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,10 +7,9 @@ dividing ``B``; anything else is bad input, never silently dropped.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from gpp_solver.errors import InvalidInputError
-from gpp_solver.errors import show
+from gpp_solver.errors import InvalidInputError, show
 from gpp_solver.limits import MAX_COUNT
 
 

@@ -25,8 +25,9 @@ bytes by those of its ``i``-th TMPC; the stage's tensor-parallel degree divides 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Protocol, TypeVar
 
 import networkx as nx
 import numpy as np
@@ -88,7 +89,7 @@ def node_config(node: Node, tmpc_index: int | None = None) -> NodeConfig:
 WEIGHT_GRAD_SHARE = 0.5
 
 
-def node_weight_grad_time(c: "NodeConfig | Node", sizes: Sequence[int], x: float) -> float:
+def node_weight_grad_time(c: NodeConfig | Node, sizes: Sequence[int], x: float) -> float:
     """``w_v(x)``: the part of ``g_v(x)`` spent on weight gradients — ``bw_weight_time`` interpolated
     like ``bw_time`` when given, else :data:`WEIGHT_GRAD_SHARE` of ``g_v(x)`` for a node with weights."""
     if c.bw_weight_time is not None:

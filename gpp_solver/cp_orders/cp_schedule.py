@@ -16,16 +16,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from gpp_solver.cost.model import in_flight_from_order
+from gpp_solver.cp_orders.order_model import (
+    DEFAULT_RESOLUTION,
+    MEMORY_RESOLUTION,
+    Key,
+    Order,
+    ScheduleData,
+    ScheduleVars,
+    Solved,
+    add_memory_objective,
+    add_order_hint,
+    build_schedule_model,
+    max_in_flight_micro_batches,
+    model_from_data,
+    schedule_data,
+    solve_model,
+)
 from gpp_solver.errors import DeadlockError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.cp_orders.order_model import (DEFAULT_RESOLUTION, MEMORY_RESOLUTION, Key, Order, ScheduleData,
-                                              ScheduleVars, Solved, add_memory_objective, add_order_hint,
-                                              build_schedule_model, max_in_flight_micro_batches, model_from_data,
-                                              schedule_data, solve_model)
 from gpp_solver.plan.simulate import simulate
 from gpp_solver.plan.validate import validate
 from gpp_solver.types import Cluster, Graph, Plan, Schedule
@@ -113,7 +126,7 @@ def _memory_phase(data: ScheduleData, orders: Mapping[int, Order], makespan_tick
     peak = {s: in_flight_from_order(orders[s], 1) for s in data.stages}
     choice = add_memory_objective(model, v, makespan_cap=makespan_ticks, peak_cap=peak)
     add_order_hint(model, v, orders)
-    for s, xs in choice.items():
+    for xs in choice.values():
         for k, x in xs.items():
             model.add_hint(x, k == max(xs))
     return solve_model(model, v, time_limit=time_limit, seed=seed, workers=workers, deterministic=deterministic)

@@ -34,15 +34,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
 from gpp_solver._backend.progress import ProgressBar
+from gpp_solver.action import Action, has_weight_actions
 from gpp_solver.cost.model import stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
-from gpp_solver.action import Action, has_weight_actions
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.validate import check_order
 from gpp_solver.types import Cluster, Graph, Plan

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from gpp_solver.errors import InvalidClusterError
+from gpp_solver.formats.jsonio import document, extra, integer, number, read_json, require, write_json
 from gpp_solver.formats.machines import machine_cluster
 from gpp_solver.limits import MAX_BANDWIDTH, MAX_BYTES, MAX_COUNT, MAX_FACTOR, MAX_SECONDS, MIN_BANDWIDTH
-from gpp_solver.formats.jsonio import document, extra, integer, number, read_json, require, write_json
 from gpp_solver.types import CLUSTER_FORMAT, DEFAULT_OPTIMIZER_STATE_FACTOR, Cluster
 
 E = InvalidClusterError

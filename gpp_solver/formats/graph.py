@@ -7,14 +7,15 @@ negative or non-finite numbers, time lists of the wrong length, an empty or disc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import networkx as nx
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS
 from gpp_solver.formats.jsonio import document, extra, integer, known_fields, number, read_json, require, write_json
+from gpp_solver.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS
 from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError

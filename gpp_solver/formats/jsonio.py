@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Type
+from typing import Any
 
 from gpp_solver.errors import InvalidInputError, show
 
@@ -49,7 +49,7 @@ def _parse_constant(text: str) -> Any:
     return _Unrepresentable(text)
 
 
-def _check_tree(doc: Any, what: str, p: Path | str, error: Type[InvalidInputError]) -> None:
+def _check_tree(doc: Any, what: str, p: Path | str, error: type[InvalidInputError]) -> None:
     """Iteratively: depth <= MAX_DEPTH and no unrepresentable number (named by its JSON path)."""
     stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
     while stack:
@@ -65,7 +65,7 @@ def _check_tree(doc: Any, what: str, p: Path | str, error: Type[InvalidInputErro
                 stack.append((x, f"{path}.{k}" if isinstance(v, dict) else f"{path}[{k}]", depth + 1))
 
 
-def loads(text: str, what: str, p: Path | str, error: Type[InvalidInputError]) -> Any:
+def loads(text: str, what: str, p: Path | str, error: type[InvalidInputError]) -> Any:
     """Parse JSON ``text`` (of file ``p``) with every failure as one ``error``."""
     try:
         doc = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
@@ -79,7 +79,7 @@ def loads(text: str, what: str, p: Path | str, error: Type[InvalidInputError]) -
     return doc
 
 
-def read_text(path: str | Path, what: str, error: Type[InvalidInputError]) -> str:
+def read_text(path: str | Path, what: str, error: type[InvalidInputError]) -> str:
     """The UTF-8 text of a file, a missing/unreadable/non-UTF-8 file as one clear ``error``."""
     p = Path(path)
     try:
@@ -96,7 +96,7 @@ def read_text(path: str | Path, what: str, error: Type[InvalidInputError]) -> st
         raise error(f"{what} file {p} is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start})") from None
 
 
-def read_json(path: str | Path, what: str, error: Type[InvalidInputError]) -> Any:
+def read_json(path: str | Path, what: str, error: type[InvalidInputError]) -> Any:
     """Load a JSON file, turning a missing file or bad JSON into one clear ``error``."""
     return loads(read_text(path, what, error), what, Path(path), error)
 
@@ -105,7 +105,7 @@ def write_json(obj: Any, path: str | Path) -> None:
     Path(path).write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
 
 
-def require(d: Any, key: str, where: str, error: Type[InvalidInputError]) -> Any:
+def require(d: Any, key: str, where: str, error: type[InvalidInputError]) -> Any:
     if not isinstance(d, dict):
         raise error(f"{where} must be a JSON object, got {show(d)}")
     if key not in d:
@@ -113,14 +113,14 @@ def require(d: Any, key: str, where: str, error: Type[InvalidInputError]) -> Any
     return d[key]
 
 
-def obj(value: Any, where: str, error: Type[InvalidInputError]) -> dict:
+def obj(value: Any, where: str, error: type[InvalidInputError]) -> dict:
     """``value`` must be a JSON object."""
     if not isinstance(value, dict):
         raise error(f"{where} must be a JSON object, got {show(value)}")
     return value
 
 
-def known_fields(d: dict, allowed: set[str] | frozenset[str], where: str, error: Type[InvalidInputError]) -> None:
+def known_fields(d: dict, allowed: set[str] | frozenset[str], where: str, error: type[InvalidInputError]) -> None:
     """Reject a field outside ``allowed`` (extensions go under an ``extra`` object), naming it."""
     for k in d:
         if k not in allowed:
@@ -129,7 +129,7 @@ def known_fields(d: dict, allowed: set[str] | frozenset[str], where: str, error:
 
 
 def document(d: Any, what: str, fields: set[str] | frozenset[str], fmt: str,
-             error: Type[InvalidInputError]) -> dict:
+             error: type[InvalidInputError]) -> dict:
     """The checks every document reader starts with: ``d`` is an object, has no unknown field and
     is of format ``fmt`` (an absent ``format`` is taken as ``fmt``)."""
     if not isinstance(d, dict):
@@ -141,7 +141,7 @@ def document(d: Any, what: str, fields: set[str] | frozenset[str], fmt: str,
     return d
 
 
-def extra(d: dict, where: str, error: Type[InvalidInputError]) -> dict:
+def extra(d: dict, where: str, error: type[InvalidInputError]) -> dict:
     """The ``extra`` object of ``d`` (empty when absent)."""
     x = d.get("extra", {})
     if not isinstance(x, dict):
@@ -149,7 +149,7 @@ def extra(d: dict, where: str, error: Type[InvalidInputError]) -> dict:
     return dict(x)
 
 
-def number(value: Any, where: str, error: Type[InvalidInputError], *, positive: bool = False,
+def number(value: Any, where: str, error: type[InvalidInputError], *, positive: bool = False,
            allow_zero: bool = True, maximum: float | None = None, minimum_nonzero: float | None = None,
            minimum: float | None = None) -> float:
     """A finite, non-negative JSON number (bools and strings rejected), within the given range."""
@@ -176,7 +176,7 @@ def number(value: Any, where: str, error: Type[InvalidInputError], *, positive: 
     return v
 
 
-def integer(value: Any, where: str, error: Type[InvalidInputError], *, minimum: int | None = None,
+def integer(value: Any, where: str, error: type[InvalidInputError], *, minimum: int | None = None,
             maximum: int | None = None) -> int:
     if isinstance(value, _Unrepresentable):
         raise error(f"{where} must be an integer, got {value!r}")

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from gpp_solver.errors import InvalidGraphError
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.limits import MAX_COUNT
 from gpp_solver.formats.jsonio import integer, read_json, read_text, require
+from gpp_solver.limits import MAX_COUNT
 from gpp_solver.types import GRAPH_FORMAT, Graph
 
 logger = logging.getLogger(__name__)

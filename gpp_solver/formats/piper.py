@@ -43,8 +43,8 @@ from typing import Any
 
 from gpp_solver.errors import InvalidGraphError
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.limits import MAX_BYTES
 from gpp_solver.formats.jsonio import integer, number, read_json, require
+from gpp_solver.limits import MAX_BYTES
 from gpp_solver.types import GRAPH_FORMAT, Graph
 
 logger = logging.getLogger(__name__)
@@ -98,8 +98,15 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
         raise E("Piper input: nodes must be a non-empty list")
     if not isinstance(raw_edges, list):
         raise E("Piper input: edges must be a list")
+    pids, our = _node_ids(raw_nodes)
+    links = _Links(pids, our, raw_edges)
+    nodes = [_node(nd, pids[i], our, links, time_unit) for i, nd in enumerate(raw_nodes)]
+    return {"format": GRAPH_FORMAT, "name": name, "micro_batch_sizes": [1], "nodes": nodes,
+            "edges": links.edges, "extra": {"piper": top}}
 
-    # ids: Piper name when unique, else n<id>
+
+def _node_ids(raw_nodes: list) -> tuple[list[int], dict[int, str]]:
+    """The Piper ids in order and our node id of each: the Piper name when unique, else ``n<id>``."""
     pids: list[int] = []
     for i, nd in enumerate(raw_nodes):
         pid = integer(require(nd, "id", f"Piper node #{i}", E), f"Piper node #{i}.id", E)
@@ -108,78 +115,89 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
         pids.append(pid)
     names = [nd.get("name") for nd in raw_nodes]
     use_names = all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
-    our = {pid: (names[i] if use_names else f"n{pid}") for i, pid in enumerate(pids)}
+    return pids, {pid: (names[i] if use_names else f"n{pid}") for i, pid in enumerate(pids)}
 
-    preds: dict[int, set[int]] = {p: set() for p in pids}
-    succs: dict[int, set[int]] = {p: set() for p in pids}
-    edges: list[dict] = []
-    out_bytes: dict[int, float] = {p: 0.0 for p in pids}
-    for i, ed in enumerate(raw_edges):
-        where = f"Piper edge #{i}"
-        s = integer(require(ed, "sourceId", where, E), f"{where}.sourceId", E)
-        t = integer(require(ed, "destId", where, E), f"{where}.destId", E)
-        c = number(require(ed, "communicationCost", where, E), f"{where}.communicationCost", E, maximum=MAX_BYTES)
-        for end in (s, t):
-            if end not in preds:
-                raise E(f"{where} ({s} -> {t}) refers to unknown node id {end}")
-        if t in succs[s]:
-            raise E(f"{where} ({s} -> {t}) is a duplicate edge")
-        succs[s].add(t)
-        preds[t].add(s)
-        out_bytes[s] = max(out_bytes[s], c)
-        edges.append({"src": our[s], "dst": our[t], "bytes": c})
 
-    nodes: list[dict] = []
-    for i, nd in enumerate(raw_nodes):
-        pid = pids[i]
-        where = f"Piper node {our[pid]!r} (id {pid})"
-        tm = require(nd, "TMPCs", where, E)
-        if not isinstance(tm, dict):
-            raise E(f"{where}.TMPCs must be an object keyed by tensor-parallel degree")
-        groups: dict[int, list[dict]] = {}
-        for key, lst in tm.items():
-            try:
-                t = int(key)
-            except (TypeError, ValueError):
-                raise E(f"{where}.TMPCs key {key!r} is not a tensor-parallel degree") from None
-            if t < 1 or not isinstance(lst, list):
-                raise E(f"{where}.TMPCs[{key!r}] must be a list under a degree >= 1")
-            groups[t] = [_read_tmpc(x, f"{where}.TMPCs[{key!r}][{j}]") for j, x in enumerate(lst)]
-        base_group = groups.get(1, [])
-        base = next((x for x in base_group if not _is_recompute(x["id"])), None)
-        if base is None:
-            raise E(f"{where} has no t=1 TMPC without recomputation (needed for its base times)")
-        _, base_frac = _forward_share(base_group)
-        frac = 1.0 / 3.0 if base_frac is None else base_frac
-        tmpcs = []
-        for t in sorted(groups):
-            fw_ms, _ = _forward_share(groups[t])
-            van = next((x for x in groups[t] if not _is_recompute(x["id"])), groups[t][0] if groups[t] else None)
-            if fw_ms is None and van is not None:
-                fw_ms = frac * van["timePerSample"]
-            for j, x in enumerate(groups[t]):
-                for key, allowed, kind in (("syncTimeFw", preds[pid], "predecessor"),
-                                           ("syncTimeBw", succs[pid], "successor")):
-                    for k in x[key]:
-                        if not k.lstrip("-").isdigit() or int(k) not in allowed:
-                            raise E(f"{where}.TMPCs['{t}'][{j}].{key} has key {k!r}, not a {kind} of this node")
-                f = min(fw_ms, x["timePerSample"])
-                tmpcs.append({
-                    "t": t, "recompute": _is_recompute(x["id"]),
-                    "fw_time": [f * time_unit], "bw_time": [(x["timePerSample"] - f) * time_unit],
-                    "weight_bytes": x["parameterSize"], "activation_bytes": x["memoryUsageA"],
-                    "extra": {
-                        "name": x["id"], "memory_b": x["memoryUsageB"], "time_per_sample": x["timePerSample"],
-                        "sync_time_fw": {our[p]: x["syncTimeFw"].get(str(p), 0.0) for p in sorted(preds[pid])},
-                        "sync_time_bw": {our[s]: x["syncTimeBw"].get(str(s), 0.0) for s in sorted(succs[pid])}},
-                })
-        b = next(x for x in tmpcs if x["t"] == 1 and x["extra"]["name"] == base["id"])
-        nodes.append({"id": our[pid], "fw_time": list(b["fw_time"]), "bw_time": list(b["bw_time"]),
-                      "weight_bytes": b["weight_bytes"], "activation_bytes": b["activation_bytes"],
-                      "output_bytes": out_bytes[pid], "tmpc": tmpcs,
-                      "extra": {"op": nd.get("name", ""), "piper_id": pid}})
-    return {"format": GRAPH_FORMAT, "name": name, "micro_batch_sizes": [1], "nodes": nodes,
-            "edges": edges, "extra": {"piper": top}}
+class _Links:
+    """The Piper edges read: predecessors and successors by Piper id, our edge dicts, and each
+    node's largest outgoing transfer (its ``output_bytes``)."""
+
+    def __init__(self, pids: list[int], our: dict[int, str], raw_edges: list) -> None:
+        self.preds: dict[int, set[int]] = {p: set() for p in pids}
+        self.succs: dict[int, set[int]] = {p: set() for p in pids}
+        self.edges: list[dict] = []
+        self.out_bytes: dict[int, float] = {p: 0.0 for p in pids}
+        for i, ed in enumerate(raw_edges):
+            where = f"Piper edge #{i}"
+            s = integer(require(ed, "sourceId", where, E), f"{where}.sourceId", E)
+            t = integer(require(ed, "destId", where, E), f"{where}.destId", E)
+            c = number(require(ed, "communicationCost", where, E), f"{where}.communicationCost", E,
+                       maximum=MAX_BYTES)
+            for end in (s, t):
+                if end not in self.preds:
+                    raise E(f"{where} ({s} -> {t}) refers to unknown node id {end}")
+            if t in self.succs[s]:
+                raise E(f"{where} ({s} -> {t}) is a duplicate edge")
+            self.succs[s].add(t)
+            self.preds[t].add(s)
+            self.out_bytes[s] = max(self.out_bytes[s], c)
+            self.edges.append({"src": our[s], "dst": our[t], "bytes": c})
+
+
+def _tmpc_groups(tm: Any, where: str) -> dict[int, list[dict]]:
+    """A node's ``TMPCs`` object read: its TMPCs per tensor-parallel degree."""
+    if not isinstance(tm, dict):
+        raise E(f"{where}.TMPCs must be an object keyed by tensor-parallel degree")
+    groups: dict[int, list[dict]] = {}
+    for key, lst in tm.items():
+        try:
+            t = int(key)
+        except (TypeError, ValueError):
+            raise E(f"{where}.TMPCs key {key!r} is not a tensor-parallel degree") from None
+        if t < 1 or not isinstance(lst, list):
+            raise E(f"{where}.TMPCs[{key!r}] must be a list under a degree >= 1")
+        groups[t] = [_read_tmpc(x, f"{where}.TMPCs[{key!r}][{j}]") for j, x in enumerate(lst)]
+    return groups
+
+
+def _node(nd: dict, pid: int, our: dict[int, str], links: _Links, time_unit: float) -> dict:
+    """Our node dict of Piper node ``nd``: its TMPCs, and the base figures of its t=1 TMPC without
+    recomputation."""
+    where = f"Piper node {our[pid]!r} (id {pid})"
+    groups = _tmpc_groups(require(nd, "TMPCs", where, E), where)
+    base_group = groups.get(1, [])
+    base = next((x for x in base_group if not _is_recompute(x["id"])), None)
+    if base is None:
+        raise E(f"{where} has no t=1 TMPC without recomputation (needed for its base times)")
+    _, base_frac = _forward_share(base_group)
+    frac = 1.0 / 3.0 if base_frac is None else base_frac
+    preds, succs = links.preds[pid], links.succs[pid]
+    tmpcs = []
+    for t in sorted(groups):
+        fw_ms, _ = _forward_share(groups[t])
+        van = next((x for x in groups[t] if not _is_recompute(x["id"])), groups[t][0] if groups[t] else None)
+        if fw_ms is None and van is not None:
+            fw_ms = frac * van["timePerSample"]
+        for j, x in enumerate(groups[t]):
+            for key, allowed, kind in (("syncTimeFw", preds, "predecessor"), ("syncTimeBw", succs, "successor")):
+                for k in x[key]:
+                    if not k.lstrip("-").isdigit() or int(k) not in allowed:
+                        raise E(f"{where}.TMPCs['{t}'][{j}].{key} has key {k!r}, not a {kind} of this node")
+            f = min(fw_ms, x["timePerSample"])
+            tmpcs.append({
+                "t": t, "recompute": _is_recompute(x["id"]),
+                "fw_time": [f * time_unit], "bw_time": [(x["timePerSample"] - f) * time_unit],
+                "weight_bytes": x["parameterSize"], "activation_bytes": x["memoryUsageA"],
+                "extra": {
+                    "name": x["id"], "memory_b": x["memoryUsageB"], "time_per_sample": x["timePerSample"],
+                    "sync_time_fw": {our[p]: x["syncTimeFw"].get(str(p), 0.0) for p in sorted(preds)},
+                    "sync_time_bw": {our[s]: x["syncTimeBw"].get(str(s), 0.0) for s in sorted(succs)}},
+            })
+    b = next(x for x in tmpcs if x["t"] == 1 and x["extra"]["name"] == base["id"])
+    return {"id": our[pid], "fw_time": list(b["fw_time"]), "bw_time": list(b["bw_time"]),
+            "weight_bytes": b["weight_bytes"], "activation_bytes": b["activation_bytes"],
+            "output_bytes": links.out_bytes[pid], "tmpc": tmpcs,
+            "extra": {"op": nd.get("name", ""), "piper_id": pid}}
 
 
 def import_piper(path: str | Path, *, name: str | None = None, time_unit: float = 1e-3) -> Graph:

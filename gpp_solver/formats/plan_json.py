@@ -16,12 +16,32 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gpp_solver.errors import InvalidPlanError
 from gpp_solver.action import Action
+from gpp_solver.errors import InvalidPlanError
+from gpp_solver.formats.jsonio import (
+    document,
+    extra,
+    integer,
+    known_fields,
+    number,
+    obj,
+    read_json,
+    require,
+    show,
+    write_json,
+)
 from gpp_solver.limits import MAX_COUNT, MAX_FACTOR
-from gpp_solver.formats.jsonio import (document, extra, integer, known_fields, number, obj, read_json, require, show, write_json)
-from gpp_solver.types import (PLAN_FORMAT, SEARCH_FIELDS, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
-                              StagePrediction, Status)
+from gpp_solver.types import (
+    PLAN_FORMAT,
+    SEARCH_FIELDS,
+    Plan,
+    PlanPrediction,
+    Schedule,
+    SearchInfo,
+    Stage,
+    StagePrediction,
+    Status,
+)
 
 E = InvalidPlanError
 _PLAN_FIELDS = frozenset({"format", "planner", "graph", "mini_batch_size", "optimizer_state_factor", "stages", "edges",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpp_solver.formats.units import format_bandwidth, format_bytes, format_seconds, plural
 from gpp_solver.types import Cluster, Plan

@@ -18,9 +18,9 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, product
-from typing import Iterator, Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample

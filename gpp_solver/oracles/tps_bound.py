@@ -81,18 +81,22 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import networkx as nx
+
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
+
+# isort: split
 import pulp
 
-from gpp_solver.cost.model import CostTables, allreduce_time
-from gpp_solver.errors import InvalidInputError, SolverError
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
+from gpp_solver.cost.model import CostTables, allreduce_time
 from gpp_solver.cost.network import best_bandwidth
+from gpp_solver.errors import InvalidInputError, SolverError
+from gpp_solver.oracles.node_classes import node_classes, watched_nodes
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
@@ -145,8 +149,9 @@ def transfer_bandwidth_ub(cluster: Cluster, d: int) -> float:
     return best_bandwidth(cluster, d + 1)
 
 
-def single_stage_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
+def single_stage_tps(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int) -> float:
     """Exact least TPS of a one-stage plan with micro-batch ``b`` that fits in memory (inf if none)."""
+    B = mini_batch_size          # the paper's B
     t = CostTables(graph)
     W, A = float(t.weight.sum()), float(t.activation.sum())
     limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
@@ -157,49 +162,6 @@ def single_stage_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
         tps = float(t.compute_at(b / d).sum()) / b + allreduce_time(W, d, allreduce_bandwidth_ub(cluster, d)) / B
         best = min(best, tps)
     return best
-
-
-def node_classes(graph: Graph) -> list[list[int]]:
-    """Node indices grouped by identical (fw times, bw times, weight, activation bytes)."""
-    groups: dict[tuple, list[int]] = {}
-    for i, n in enumerate(graph.nodes):
-        groups.setdefault((n.fw_time, n.bw_time, n.weight_bytes, n.activation_bytes), []).append(i)
-    return list(groups.values())
-
-
-@dataclass(frozen=True)
-class Watched:
-    """A node alone in its class (step 6b): its in-neighbours per class and its out-edges."""
-
-    cls: int                                    # its own class
-    ins: tuple[tuple[int, int, float], ...]     # (class c, m = |U_{v,c}|, least bytes of those edges)
-    outs: tuple[tuple[int, int], ...]           # (class c, out-neighbours of v in c)
-    out_bytes: float                            # least bytes of v's out-edges
-
-
-def watched_nodes(graph: Graph, classes: list[list[int]]) -> list[Watched]:
-    """Step 6b's data; in-neighbour sets ``U_{v,c}`` are made disjoint across watched nodes."""
-    cls_of = {i: c for c, m in enumerate(classes) for i in m}
-    ids, idx, eb = graph.ids, graph.index, graph.edge_bytes_map
-    claimed: set[int] = set()
-    out = []
-    for c, m in enumerate(classes):
-        if len(m) != 1:
-            continue
-        v = m[0]
-        ins: dict[int, list[float]] = {}
-        for uid in graph.preds(ids[v]):
-            u = idx[uid]
-            if u not in claimed:
-                claimed.add(u)
-                ins.setdefault(cls_of[u], []).append(eb[(uid, ids[v])])
-        outs: dict[int, int] = {}
-        for wid in graph.succs(ids[v]):
-            outs[cls_of[idx[wid]]] = outs.get(cls_of[idx[wid]], 0) + 1
-        ob = min((eb[(ids[v], w)] for w in graph.succs(ids[v])), default=0.0)
-        out.append(Watched(c, tuple((cc, len(bs), min(bs)) for cc, bs in sorted(ins.items())),
-                           tuple(sorted(outs.items())), ob))
-    return out
 
 
 @dataclass(frozen=True)
@@ -217,99 +179,24 @@ def _solver_options(time_limit: float | None) -> dict:
                 mip_feasibility_tolerance=1e-9)
 
 
-def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: float, *,
+def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, scale: float, *,
                       time_limit: float | None = None) -> _MultiResult:
     """Step 6 of the proof: the class MILP for plans of at least two stages."""
-    n, D = len(graph.nodes), cluster.devices
-    K = min(D, n)
-    if K < 2:
+    B = mini_batch_size          # the paper's B
+    if min(cluster.devices, len(graph.nodes)) < 2:
         return _MultiResult(math.inf, "infeasible", "fewer than 2 nodes or devices: no 2-stage plan")
-    tab = CostTables(graph)
-    classes = node_classes(graph)
-    ds = degrees(b, D)
-    kappa = nx.number_weakly_connected_components(graph.to_networkx())
-    beta = min(graph.edge_bytes_map.values(), default=0.0)
-    n_edges = max(1, len(graph.edge_bytes_map))
-    osf, limit = cluster.optimizer_state_factor, cluster.memory_bytes * (1 + MEMORY_REL_TOL)
-    comp = {d: tab.compute_at(b / d) for d in ds}
-    u = {(c, d): (float(comp[d][m[0]]) / b
-                  + allreduce_time(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
-         for c, m in enumerate(classes) for d in ds}
-    tau = {d: 2 * (cluster.latency / b + beta / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
-    # step 6c: participations forced onto the inter-node bandwidth, and their extra cost over tau
-    dpn, inter = cluster.devices_per_node, cluster.inter_node_bandwidth
-    islands = dpn is not None and transfer_bandwidth_ub(cluster, 1) > inter and D > dpn
-    tau_up = {d: 2 * beta * (1 / (d * inter) - 1 / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
-    mem = {(c, d): (osf * float(tab.weight[m[0]]) + b / d * float(tab.activation[m[0]])) / limit
-           for c, m in enumerate(classes) for d in ds}
-
-    prob = pulp.LpProblem("tps_bound", pulp.LpMinimize)
-    t = prob.add_variable("t", 0)
-    y = {(k, d): prob.add_variable(f"y_{k}_{d}", cat=pulp.LpBinary) for k in range(K) for d in ds}
-    x = {(k, c, d): prob.add_variable(f"x_{k}_{c}_{d}", 0, len(m), cat=pulp.LpInteger)
-         for k in range(K) for c, m in enumerate(classes) for d in ds}
-    r = {(k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
-         for k in range(K) for d in ds}
-    up = {(k, d): prob.add_variable(f"inter_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
-          for k in range(K) for d in ds if islands}   # all degrees count towards the sum
-    for (k, d), v in up.items():
-        prob += v <= r[k, d]
-    if up:
-        prob += pulp.lpSum(up.values()) >= 2 * pulp.lpSum(min(d, dpn) / dpn * y[k, d] for k in range(K) for d in ds) \
-            - 2 * kappa
-    prob += t
-    watched = watched_nodes(graph, classes)
-    extra: dict[tuple[int, int], pulp.LpAffineExpression] = {}
-    S = pulp.lpSum(y.values())
-    prob += S >= 2
-    prob += pulp.lpSum(d * y[k, d] for k in range(K) for d in ds) <= D
-    prob += pulp.lpSum(r.values()) >= 2 * S - 2 * kappa
-    for c, m in enumerate(classes):
-        prob += pulp.lpSum(x[k, c, d] for k in range(K) for d in ds) == len(m)
-    for k in range(K):
-        prob += pulp.lpSum(y[k, d] for d in ds) <= 1
-        for d in ds:
-            xs = [x[k, c, d] for c in range(len(classes))]
-            for c, m in enumerate(classes):
-                prob += x[k, c, d] <= len(m) * y[k, d]
-            prob += pulp.lpSum(xs) >= y[k, d]
-            prob += r[k, d] <= 2 * n_edges * y[k, d]
-            if kappa == 1:
-                prob += r[k, d] >= y[k, d]
-            prob += pulp.lpSum(mem[c, d] * x[k, c, d] for c in range(len(classes))) <= y[k, d]
-            # step 6b: transfers a watched node's stage must take part in, at their edges' bytes
-            per_byte = 2 / (d * transfer_bandwidth_ub(cluster, d)) / scale
-            known, cost = [], []
-            for j, w in enumerate(watched):
-                for c, m, bytes_in in w.ins:
-                    miss = prob.add_variable(f"miss_{k}_{d}_{j}_{c}", 0, m)
-                    prob += miss >= m * x[k, w.cls, d] - x[k, c, d]
-                    known.append(miss)
-                    cost.append((bytes_in - beta) * per_byte * miss)
-                if w.outs:
-                    o = prob.add_variable(f"out_{k}_{d}_{j}", cat=pulp.LpBinary)
-                    for c, m in w.outs:
-                        prob += m * o >= m * x[k, w.cls, d] - x[k, c, d]
-                    known.append(o)
-                    cost.append((w.out_bytes - beta) * per_byte * o)
-            if known:
-                prob += r[k, d] >= pulp.lpSum(known)
-            if (k, d) in up:
-                cost.append(tau_up[d] * up[k, d])
-            extra[k, d] = pulp.lpSum(cost)
-        prob += t >= (pulp.lpSum(u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
-                      + pulp.lpSum(tau[d] * r[k, d] for d in ds) + pulp.lpSum(extra[k, d] for d in ds))
-    for k in range(K - 1):   # symmetry: used slots first, degrees non-increasing
-        prob += pulp.lpSum(y[k, d] for d in ds) >= pulp.lpSum(y[k + 1, d] for d in ds)
-        prob += pulp.lpSum(d * y[k, d] for d in ds) >= pulp.lpSum(d * y[k + 1, d] for d in ds)
-    prob += D * t >= (pulp.lpSum(d * u[c, d] * x[k, c, d] for k in range(K) for c in range(len(classes)) for d in ds)
-                      + pulp.lpSum(d * tau[d] * r[k, d] for k in range(K) for d in ds)
-                      + pulp.lpSum(d * e for (k, d), e in extra.items()))
+    m = _ClassMilp(graph, cluster, b, B, scale)
+    m.link_constraints()
+    m.prob += m.t
+    m.count_constraints()
+    for k in range(m.K):
+        m.slot_constraints(k)
+    m.order_and_average()
     try:
-        out = solve_highs(prob, **_solver_options(time_limit))
+        out = solve_highs(m.prob, **_solver_options(time_limit))
     except SolverError as exc:
         raise SolverError(f"tps_bound: the solver failed on b={b}: {exc}") from exc
-    size = f"{K} slots x {len(classes)} classes x {len(ds)} degrees, {len(watched)} watched nodes"
+    size = f"{m.K} slots x {len(m.classes)} classes x {len(m.ds)} degrees, {len(m.watched)} watched nodes"
     if out.model_status == "kInfeasible":
         return _MultiResult(math.inf, "infeasible", f"S>=2 MILP ({size}) infeasible (memory)")
     dual, primal = out.dual_bound, out.objective
@@ -324,13 +211,125 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, B: int, scale: flo
                         "without a dual bound")
 
 
-def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
+class _ClassMilp:
+    """The class MILP of :func:`multi_stage_bound`: its coefficients, variables and blocks of
+    constraints (added in the order of the methods' calls)."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, b: int, B: int, scale: float) -> None:
+        n, D = len(graph.nodes), cluster.devices
+        self.cluster, self.D, self.K, self.scale = cluster, D, min(D, n), scale
+        tab = CostTables(graph)
+        self.classes = classes = node_classes(graph)
+        self.ds = ds = degrees(b, D)
+        self.kappa = nx.number_weakly_connected_components(graph.to_networkx())
+        self.beta = beta = min(graph.edge_bytes_map.values(), default=0.0)
+        self.n_edges = max(1, len(graph.edge_bytes_map))
+        osf, limit = cluster.optimizer_state_factor, cluster.memory_bytes * (1 + MEMORY_REL_TOL)
+        comp = {d: tab.compute_at(b / d) for d in ds}
+        self.u = {(c, d): (float(comp[d][m[0]]) / b
+                           + allreduce_time(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
+                  for c, m in enumerate(classes) for d in ds}
+        self.tau = {d: 2 * (cluster.latency / b + beta / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
+        # step 6c: participations forced onto the inter-node bandwidth, and their extra cost over tau
+        self.dpn, inter = cluster.devices_per_node, cluster.inter_node_bandwidth
+        islands = self.dpn is not None and transfer_bandwidth_ub(cluster, 1) > inter and D > self.dpn
+        self.tau_up = {d: 2 * beta * (1 / (d * inter) - 1 / (d * transfer_bandwidth_ub(cluster, d))) / scale
+                       for d in ds}
+        self.mem = {(c, d): (osf * float(tab.weight[m[0]]) + b / d * float(tab.activation[m[0]])) / limit
+                    for c, m in enumerate(classes) for d in ds}
+        K, n_edges = self.K, self.n_edges
+        self.prob = prob = pulp.LpProblem("tps_bound", pulp.LpMinimize)
+        self.t = prob.add_variable("t", 0)
+        self.y = {(k, d): prob.add_variable(f"y_{k}_{d}", cat=pulp.LpBinary) for k in range(K) for d in ds}
+        self.x = {(k, c, d): prob.add_variable(f"x_{k}_{c}_{d}", 0, len(m), cat=pulp.LpInteger)
+                  for k in range(K) for c, m in enumerate(classes) for d in ds}
+        self.r = {(k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
+                  for k in range(K) for d in ds}
+        self.up = {(k, d): prob.add_variable(f"inter_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
+                   for k in range(K) for d in ds if islands}   # all degrees count towards the sum
+        self.watched = watched_nodes(graph, classes)
+        self.extra: dict[tuple[int, int], pulp.LpAffineExpression] = {}
+
+    def link_constraints(self) -> None:
+        """Inter-node participations: each at most its slot's, and at least those the islands force."""
+        prob, y, ds, K, dpn = self.prob, self.y, self.ds, self.K, self.dpn
+        for (k, d), v in self.up.items():
+            prob += v <= self.r[k, d]
+        if self.up:
+            prob += pulp.lpSum(self.up.values()) >= 2 * pulp.lpSum(min(d, dpn) / dpn * y[k, d] for k in range(K)
+                                                                   for d in ds) - 2 * self.kappa
+
+    def count_constraints(self) -> None:
+        """At least two stages, the devices, the participations of a connected stage graph, every class placed."""
+        prob, y, x, ds, K = self.prob, self.y, self.x, self.ds, self.K
+        S = pulp.lpSum(y.values())
+        prob += S >= 2
+        prob += pulp.lpSum(d * y[k, d] for k in range(K) for d in ds) <= self.D
+        prob += pulp.lpSum(self.r.values()) >= 2 * S - 2 * self.kappa
+        for c, m in enumerate(self.classes):
+            prob += pulp.lpSum(x[k, c, d] for k in range(K) for d in ds) == len(m)
+
+    def slot_constraints(self, k: int) -> None:
+        """Slot ``k``: one degree, its classes, participations, memory, and ``t`` at least its TPS."""
+        prob, y, x, r, ds, classes = self.prob, self.y, self.x, self.r, self.ds, self.classes
+        prob += pulp.lpSum(y[k, d] for d in ds) <= 1
+        for d in ds:
+            xs = [x[k, c, d] for c in range(len(classes))]
+            for c, m in enumerate(classes):
+                prob += x[k, c, d] <= len(m) * y[k, d]
+            prob += pulp.lpSum(xs) >= y[k, d]
+            prob += r[k, d] <= 2 * self.n_edges * y[k, d]
+            if self.kappa == 1:
+                prob += r[k, d] >= y[k, d]
+            prob += pulp.lpSum(self.mem[c, d] * x[k, c, d] for c in range(len(classes))) <= y[k, d]
+            self.extra[k, d] = self._watched_cost(k, d)
+        prob += self.t >= (pulp.lpSum(self.u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
+                           + pulp.lpSum(self.tau[d] * r[k, d] for d in ds)
+                           + pulp.lpSum(self.extra[k, d] for d in ds))
+
+    def _watched_cost(self, k: int, d: int) -> pulp.LpAffineExpression:
+        """Step 6b: transfers a watched node's stage must take part in, at their edges' bytes."""
+        prob, x, beta = self.prob, self.x, self.beta
+        per_byte = 2 / (d * transfer_bandwidth_ub(self.cluster, d)) / self.scale
+        known, cost = [], []
+        for j, w in enumerate(self.watched):
+            for c, m, bytes_in in w.ins:
+                miss = prob.add_variable(f"miss_{k}_{d}_{j}_{c}", 0, m)
+                prob += miss >= m * x[k, w.cls, d] - x[k, c, d]
+                known.append(miss)
+                cost.append((bytes_in - beta) * per_byte * miss)
+            if w.outs:
+                o = prob.add_variable(f"out_{k}_{d}_{j}", cat=pulp.LpBinary)
+                for c, m in w.outs:
+                    prob += m * o >= m * x[k, w.cls, d] - x[k, c, d]
+                known.append(o)
+                cost.append((w.out_bytes - beta) * per_byte * o)
+        if known:
+            prob += self.r[k, d] >= pulp.lpSum(known)
+        if (k, d) in self.up:
+            cost.append(self.tau_up[d] * self.up[k, d])
+        return pulp.lpSum(cost)
+
+    def order_and_average(self) -> None:
+        """Symmetry (used slots first, degrees non-increasing) and ``D t`` at least the total work."""
+        prob, y, x, r, ds, K, D = self.prob, self.y, self.x, self.r, self.ds, self.K, self.D
+        for k in range(K - 1):
+            prob += pulp.lpSum(y[k, d] for d in ds) >= pulp.lpSum(y[k + 1, d] for d in ds)
+            prob += pulp.lpSum(d * y[k, d] for d in ds) >= pulp.lpSum(d * y[k + 1, d] for d in ds)
+        prob += D * self.t >= (pulp.lpSum(d * self.u[c, d] * x[k, c, d] for k in range(K)
+                                          for c in range(len(self.classes)) for d in ds)
+                               + pulp.lpSum(d * self.tau[d] * r[k, d] for k in range(K) for d in ds)
+                               + pulp.lpSum(d * e for (k, d), e in self.extra.items()))
+
+
+def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, *,
                       time_limit: float | None = None) -> TpsBound:
     """A lower bound on the bottleneck TPS of every plan with micro-batch size ``b`` (module docstring).
 
     ``time_limit`` (seconds) caps the MILP; when it stops the solver the value is HiGHS's proven
     dual bound (``status="dual-bound"``, ``proven=False``), or the perfect-balance bound when none.
     """
+    B = mini_batch_size          # the paper's B
     t0 = time.perf_counter()
     check_micro_batch_sizes(B, [b])
     if time_limit is not None and not time_limit > 0:
@@ -359,9 +358,10 @@ def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, B: int, *,
                     status=status, relaxation_gap=multi.gap, micro_batch_size=b, seconds=time.perf_counter() - t0, detail=detail)
 
 
-def relaxed_tps_bounds(graph: Graph, cluster: Cluster, B: int, *, micro_batch_sizes: Sequence[int] | None = None,
-                       time_limit: float | None = None) -> dict[int, TpsBound]:
+def relaxed_tps_bounds(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
+                       micro_batch_sizes: Sequence[int] | None = None, time_limit: float | None = None) -> dict[int, TpsBound]:
     """:func:`relaxed_tps_bound` for every candidate ``b`` (default: powers of two dividing ``B``);
     ``min(v.value for v in result.values())`` bounds every uniform-``b`` plan among them."""
+    B = mini_batch_size          # the paper's B
     return {b: relaxed_tps_bound(graph, cluster, b, B, time_limit=time_limit)
             for b in check_micro_batch_sizes(B, micro_batch_sizes)}

@@ -12,14 +12,14 @@ the cost model is kept as ``search.iteration_time_estimate``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
 
 import networkx as nx
 
+from gpp_solver.action import Action, Kind, as_order, has_weight_actions
 from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from gpp_solver.action import Action, Kind, as_order, has_weight_actions
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.zero_bubble import ZB_KIND, Durations, apply_schedule, check_schedule, memory_caps

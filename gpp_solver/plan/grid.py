@@ -9,7 +9,7 @@ stage 1  F0   B0<
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 def order_grid(orders: Mapping[int, Sequence[tuple[str, int]]], *, marks: Iterable[tuple[int, int]] = (),

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import networkx as nx
 
-from gpp_solver.errors import InvalidInputError
 from gpp_solver.action import Action, Kind
+from gpp_solver.errors import InvalidInputError
 
 
 def compute_in_flight(kx: int, bx: int, ky: int, by: int, iy: int) -> int:
@@ -80,22 +80,22 @@ def schedule_stage_graph(succs: Mapping[int, Sequence[int]], micro_batch: Mappin
     return out
 
 
-def warmup_micro_batches(in_flight_samples: int, b: int, n_micro: int) -> int:
+def warmup_micro_batches(in_flight_samples: int, b: int, num_micro_batches: int) -> int:
     """Forwards a stage runs before its first backward to hold ``in_flight_samples``."""
-    return max(1, min(n_micro, math.ceil(in_flight_samples / b)))
+    return max(1, min(num_micro_batches, math.ceil(in_flight_samples / b)))
 
 
 @functools.lru_cache(maxsize=4096)     # immutable result; planners build the same orders many times
-def kfkb_order(n_micro: int, warmup: int) -> tuple[Action, ...]:
+def kfkb_order(num_micro_batches: int, warmup: int) -> tuple[Action, ...]:
     """``warmup`` forwards, then B/F alternating (backward as early as possible), then the rest."""
-    if n_micro < 1:
-        raise InvalidInputError(f"a stage needs at least one micro-batch, got {n_micro}")
-    w = max(1, min(warmup, n_micro))
+    if num_micro_batches < 1:
+        raise InvalidInputError(f"a stage needs at least one micro-batch, got {num_micro_batches}")
+    w = max(1, min(warmup, num_micro_batches))
     order = [Action(Kind.F, j) for j in range(w)]
     nxt = w
-    for j in range(n_micro):
+    for j in range(num_micro_batches):
         order.append(Action(Kind.B, j))
-        if nxt < n_micro:
+        if nxt < num_micro_batches:
             order.append(Action(Kind.F, nxt))
             nxt += 1
     return tuple(order)

@@ -14,8 +14,8 @@ wait on each other forever raise :class:`DeadlockError` naming the waiting stage
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, SolverError, check_types

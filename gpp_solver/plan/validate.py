@@ -6,15 +6,15 @@ first violation; for a schedule, the stage's order is shown with the bad step ma
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import networkx as nx
 
 from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
 from gpp_solver.errors import InvalidPlanError, check_types
 from gpp_solver.plan.build import stage_graph_edges
-from gpp_solver.plan.simulate import simulate
-from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.plan.simulate import SimResult, simulate
+from gpp_solver.types import Cluster, Graph, Plan, Stage
 
 E = InvalidPlanError
 REL_TOL = 1e-6
@@ -81,13 +81,42 @@ def _check_optimizer_state_factor(plan: Plan, cluster: Cluster) -> None:
 
 
 def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: bool = True) -> None:
-    """Raise :class:`InvalidPlanError` at the first violation; return ``None`` for a valid plan."""
+    """Raise :class:`InvalidPlanError` at the first violation; return ``None`` for a valid plan.
+
+    The checks, in order: stage ids, C1 (a partition of the nodes; convex stages), C2 (the stage
+    edges; an acyclic stage graph), C3 (devices, ``b % d``, ``B % b``, TMPC choices), C4 (the
+    orders and their in-flight counts), memory (Eq. 2), deadlock-free orders (simulated) and,
+    with ``check_predictions``, the predicted figures against the cost model's."""
     check_types(plan=(plan, Plan), graph=(graph, Graph), cluster=(cluster, Cluster))
     ids = [s.id for s in plan.stages]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise E(f"stage id {dup} appears twice")
-    # C1: the stages partition the graph's nodes
+    stage_of = _check_partition(plan, graph)
+    implied = set(stage_graph_edges(graph, stage_of))
+    _check_convex(plan, graph, stage_of)
+    _check_stage_edges(plan, graph, ids, stage_of, implied)
+    owner: dict[int, int] = {}
+    for s in plan.stages:   # C3: devices
+        _check_devices(plan, graph, cluster, s, owner)
+    for s in plan.stages:   # C4: orders
+        check_order(s.id, s.schedule.order, plan.mini_batch_size // s.micro_batch_size)
+        peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
+        if s.in_flight_samples != peak:
+            raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
+    _check_optimizer_state_factor(plan, cluster)
+    for s in plan.stages:   # memory (Eq. 2)
+        m = stage_memory(graph, cluster, s, s.in_flight_samples)
+        if m > cluster.memory_bytes * (1 + 1e-9):
+            raise E(f"stage {s.id} needs {m:.6g} bytes per device but the cluster has {cluster.memory_bytes:.6g} "
+                    f"(memory limit, Eq. 2)")
+    sim = simulate(plan, graph, cluster)     # deadlock-free orders
+    if check_predictions:
+        _check_predictions(plan, graph, cluster, sim)
+
+
+def _check_partition(plan: Plan, graph: Graph) -> dict[str, int]:
+    """C1: the stages partition the graph's nodes; each node's stage id."""
     stage_of: dict[str, int] = {}
     for s in plan.stages:
         if not s.nodes:
@@ -101,8 +130,11 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
     for v in graph.ids:
         if v not in stage_of:
             raise E(f"node '{v}' is in no stage (C1: stages must cover the graph)")
-    # C1 convexity + acyclic stage graph
-    implied = set(stage_graph_edges(graph, stage_of))
+    return stage_of
+
+
+def _check_convex(plan: Plan, graph: Graph, stage_of: dict[str, int]) -> None:
+    """C1: no path leaves a stage and re-enters it."""
     nxg = graph.to_networkx()
     for s in plan.stages:
         inside = set(s.nodes)
@@ -117,7 +149,11 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
                 if w not in outside_reach:
                     outside_reach.add(w)
                     frontier.append(w)
-    # C2: stage edges
+
+
+def _check_stage_edges(plan: Plan, graph: Graph, ids: list[int], stage_of: dict[str, int],
+                       implied: set[tuple[int, int]]) -> None:
+    """C2: the plan's stage edges are exactly those the graph's edges imply, and acyclic."""
     listed = set()
     for a, b in plan.edges:
         if a not in ids or b not in ids:
@@ -137,57 +173,46 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
     if not nx.is_directed_acyclic_graph(sg):
         cyc = nx.find_cycle(sg)
         raise E("stage graph has a cycle: " + " -> ".join(str(a) for a, _ in cyc))
-    # C3: devices
-    owner: dict[int, int] = {}
-    for s in plan.stages:
-        if not s.devices:
-            raise E(f"stage {s.id} has no devices (C3)")
-        for d in s.devices:
-            if d >= cluster.devices:
-                raise E(f"stage {s.id} uses device {d} but the cluster has {cluster.devices} (0..{cluster.devices - 1})")
-            if d in owner:
-                raise E(f"device {d} is in stage {owner[d]} and in stage {s.id} (C3: device lists must be disjoint)")
-            owner[d] = s.id
-        t = s.tensor_parallel
-        if len(s.devices) % t:
-            raise E(f"stage {s.id}: `len(devices) % tensor_parallel == 0` must hold, but got "
-                    f"(devices={len(s.devices)}, t={t})")
-        d = len(s.devices) // t
-        if s.micro_batch_size % d:
-            raise E(f"stage {s.id}: `b % d == 0` must hold, but got (b={s.micro_batch_size}, d={d})")
-        if plan.mini_batch_size % s.micro_batch_size:
-            raise E(f"stage {s.id}: `B % b == 0` must hold, but got (B={plan.mini_batch_size}, "
-                    f"b={s.micro_batch_size})")
-        if s.tmpc:
-            for v, idx in s.tmpc.items():
-                if v not in s.nodes:
-                    raise E(f"stage {s.id}: tmpc names node '{v}' which is not in the stage")
-                node = graph.node(v)
-                if not isinstance(idx, int) or not 0 <= idx < len(node.tmpc):
-                    raise E(f"stage {s.id}: tmpc index {idx!r} for node '{v}' is out of range "
-                            f"({len(node.tmpc)} TMPCs)")
-                if node.tmpc[idx].t != t:
-                    raise E(f"stage {s.id}: node '{v}' TMPC {idx} has t={node.tmpc[idx].t} but the stage's "
-                            f"tensor_parallel is {t}")
-        elif t != 1:
-            raise E(f"stage {s.id}: tensor_parallel={t} needs a tmpc choice for its nodes")
-    # C4: orders
-    for s in plan.stages:
-        check_order(s.id, s.schedule.order, plan.mini_batch_size // s.micro_batch_size)
-        peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
-        if s.in_flight_samples != peak:
-            raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
-    # memory (Eq. 2)
-    _check_optimizer_state_factor(plan, cluster)
-    for s in plan.stages:
-        m = stage_memory(graph, cluster, s, s.in_flight_samples)
-        if m > cluster.memory_bytes * (1 + 1e-9):
-            raise E(f"stage {s.id} needs {m:.6g} bytes per device but the cluster has {cluster.memory_bytes:.6g} "
-                    f"(memory limit, Eq. 2)")
-    # deadlock-free orders + predicted figures
-    sim = simulate(plan, graph, cluster)
-    if not check_predictions:
-        return
+
+
+def _check_devices(plan: Plan, graph: Graph, cluster: Cluster, s: Stage, owner: dict[int, int]) -> None:
+    """C3 for stage ``s``: its devices exist and no other stage has them (``owner``: device -> stage
+    so far), ``b % d == 0``, ``B % b == 0``, and its TMPC choices match its tensor parallelism."""
+    if not s.devices:
+        raise E(f"stage {s.id} has no devices (C3)")
+    for d in s.devices:
+        if d >= cluster.devices:
+            raise E(f"stage {s.id} uses device {d} but the cluster has {cluster.devices} (0..{cluster.devices - 1})")
+        if d in owner:
+            raise E(f"device {d} is in stage {owner[d]} and in stage {s.id} (C3: device lists must be disjoint)")
+        owner[d] = s.id
+    t = s.tensor_parallel
+    if len(s.devices) % t:
+        raise E(f"stage {s.id}: `len(devices) % tensor_parallel == 0` must hold, but got "
+                f"(devices={len(s.devices)}, t={t})")
+    d = len(s.devices) // t
+    if s.micro_batch_size % d:
+        raise E(f"stage {s.id}: `b % d == 0` must hold, but got (b={s.micro_batch_size}, d={d})")
+    if plan.mini_batch_size % s.micro_batch_size:
+        raise E(f"stage {s.id}: `B % b == 0` must hold, but got (B={plan.mini_batch_size}, "
+                f"b={s.micro_batch_size})")
+    if s.tmpc:
+        for v, idx in s.tmpc.items():
+            if v not in s.nodes:
+                raise E(f"stage {s.id}: tmpc names node '{v}' which is not in the stage")
+            node = graph.node(v)
+            if not isinstance(idx, int) or not 0 <= idx < len(node.tmpc):
+                raise E(f"stage {s.id}: tmpc index {idx!r} for node '{v}' is out of range "
+                        f"({len(node.tmpc)} TMPCs)")
+            if node.tmpc[idx].t != t:
+                raise E(f"stage {s.id}: node '{v}' TMPC {idx} has t={node.tmpc[idx].t} but the stage's "
+                        f"tensor_parallel is {t}")
+    elif t != 1:
+        raise E(f"stage {s.id}: tensor_parallel={t} needs a tmpc choice for its nodes")
+
+
+def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResult) -> None:
+    """Every predicted figure, per stage and of the plan, equals the cost model's (``REL_TOL``)."""
     costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     for s, c in zip(plan.stages, costs):
         if not _close(s.predicted.time_per_sample, c.time_per_sample):

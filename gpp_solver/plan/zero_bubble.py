@@ -28,8 +28,8 @@ Stages whose weight-gradient time is zero keep their order without ``W``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from gpp_solver.action import Action, Kind
 from gpp_solver.cost.model import StageLike, in_flight_from_order, stage_memory

@@ -9,13 +9,14 @@ validator, one simulator and one comparison table serve all of them.  Entries ar
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import fields
-from typing import Any, Callable, Mapping, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Cluster, Graph, Plan
 
-O = TypeVar("O")
+OptionsT = TypeVar("OptionsT")
 
 
 class Planner(Protocol):
@@ -66,7 +67,7 @@ def register(name: str, target: str) -> None:
     REGISTRY[name] = target
 
 
-def parse_options(planner: str, options_class: type[O], given: Mapping[str, Any]) -> O:
+def parse_options(planner: str, options_class: type[OptionsT], given: Mapping[str, Any]) -> OptionsT:
     """The one option check: ``given`` as the planner's frozen options dataclass.  An option the
     class has no field for raises :class:`InvalidInputError` naming it and listing the valid ones (a
     misspelt option would otherwise be ignored and the plan would not be what was asked for); a bad

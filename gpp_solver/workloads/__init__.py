@@ -38,7 +38,8 @@ Per layer (``s`` tokens, ``h`` hidden, ``a`` heads, ``f`` FFN, ``A`` = 2 bytes):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Graph

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import gpp_solver.workloads.ops as ops
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.types import GRAPH_FORMAT, Graph
-import gpp_solver.workloads.ops as ops
 from gpp_solver.workloads.device import V100, DeviceProfile, node_dict, positive_int, powers_of_two
 
 

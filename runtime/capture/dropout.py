@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-import torch.utils._pytree as pytree
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch import nn
 
 

@@ -43,6 +43,7 @@ import torch
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
+
 from .third_party import prepare_third_party
 from .tracing import trace_module, workload_graph_module
 

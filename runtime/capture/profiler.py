@@ -55,6 +55,7 @@ import time
 import torch
 
 from gpp_solver.errors import InvalidInputError
+
 from .fx_graph import COMPUTE_OPS, ModelGraph, run_node, trace_workload
 
 logger = logging.getLogger(__name__)

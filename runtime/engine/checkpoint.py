@@ -20,8 +20,9 @@ import re
 import torch
 
 from gpp_solver.errors import InvalidInputError
-from ..capture.fx_graph import ModelGraph
 from gpp_solver.types import Plan
+
+from ..capture.fx_graph import ModelGraph
 
 logger = logging.getLogger(__name__)
 

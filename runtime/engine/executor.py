@@ -29,10 +29,11 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Stage
+
 from ..capture.dropout import Context, set_context
 from ..lowering.actions import Chunk, Message, RankAction, Step, chunk, group_actions
-from ..lowering.posting import Post, posting
 from ..lowering.fx_split import StageProgram
+from ..lowering.posting import Post, posting
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
 from .split_backward import backward_input, backward_weight

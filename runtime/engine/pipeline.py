@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpp_solver.errors import InvalidInputError
+
 from .executor import StageExecutor
 from .grad_sync import GradSync
 from .metrics import Recorder
@@ -189,11 +190,11 @@ class GraphPipeline:
                  if self._local_to_name.get(n, n) in state}
         self.module.load_state_dict(local, strict=strict)
 
-    def train(self, mode: bool = True) -> "GraphPipeline":
+    def train(self, mode: bool = True) -> GraphPipeline:
         self.module.train(mode)
         return self
 
-    def eval(self) -> "GraphPipeline":
+    def eval(self) -> GraphPipeline:
         return self.train(False)
 
     def close(self) -> None:

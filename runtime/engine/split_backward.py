@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

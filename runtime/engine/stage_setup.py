@@ -19,15 +19,16 @@ from gpp_solver.errors import DeadlockError, InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
 from gpp_solver.formats.graph import load_graph
 from gpp_solver.types import Plan, Stage
+
 from ..capture.dropout import per_chunk
-from ..lowering.actions import RankAction, TransferSpec, dry_run, lower
-from ..lowering.posting import check_rendezvous
-from .checkpoint import fingerprint
 from ..capture.fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
+from ..lowering.actions import RankAction, TransferSpec, dry_run, lower
 from ..lowering.fx_split import StageProgram, assign_nodes, build_stage, transfers
-from .p2p import ValueMeta, describe
 from ..lowering.plan_check import check_plan, check_world
 from ..lowering.plan_io import optimizer_state_factor, read_plan, stage_of_rank
+from ..lowering.posting import check_rendezvous
+from .checkpoint import fingerprint
+from .p2p import ValueMeta, describe
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import logging
 import torch
 
 from gpp_solver.types import Plan
+
 from ..capture.dropout import Context, per_chunk, set_context
 from ..capture.fx_graph import set_training, trace
 from ..lowering.plan_io import replica_batch

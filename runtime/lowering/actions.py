@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from gpp_solver.action import Action
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.types import Plan, Stage
+
 from .plan_io import replica_batch
 
 
@@ -46,8 +47,8 @@ class Step:
     """One compute action with the receives before it and the sends after it."""
 
     act: Action
-    recvs: list["Message"] = field(default_factory=list)
-    sends: list["Message"] = field(default_factory=list)
+    recvs: list[Message] = field(default_factory=list)
+    sends: list[Message] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from gpp_solver.errors import InvalidPlanError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.validate import validate
 from gpp_solver.types import Cluster, Graph, Plan
+
 from ..capture.fx_graph import ModelGraph
 from .plan_io import optimizer_state_factor, world_size
 

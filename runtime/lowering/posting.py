@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from gpp_solver.errors import DeadlockError
 from gpp_solver.types import Plan
+
 from .actions import Message, RankAction, Step, endpoint, group_actions
 
 

@@ -179,7 +179,7 @@ def main() -> int:
     for n, cs in copies.items():
         if any(not torch.equal(t, cs[0][1]) for _r, t in cs[1:]):
             bad.append(f"copies of {n} differ across ranks {[r for r, _t in cs]} after {STEPS} steps")
-    for r, sid, g, p, _l, _k, _f in out:
+    for r, _sid, g, p, _l, _k, _f in out:
         for n in p:
             if n not in want_p:
                 bad.append(f"rank {r}: {n} is not a name of the original model")

@@ -4,7 +4,6 @@ a traceback; the same towers with a per-sample loss train and match one process.
 from __future__ import annotations
 
 import pytest
-
 from runtime_plans import one_f_one_b, plan, torchrun, write
 
 TOWERS = ["image.0", "image.1", "image.2", "text.0", "text.1", "text.2"]

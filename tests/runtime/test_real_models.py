@@ -15,11 +15,11 @@ import subprocess
 import sys
 
 import pytest
+from runtime_plans import REPO, assert_shape, torchrun
 
 from runtime.capture.fx_graph import load_workload
 from runtime.capture.profiler import profile
 from runtime.capture.third_party import import_torchvision, import_transformers
-from runtime_plans import REPO, assert_shape, torchrun
 
 try:
     import_torchvision()

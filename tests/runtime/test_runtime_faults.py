@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from runtime_plans import SEQ, plan, stage, torchrun, write
 
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 import torch
+from runtime_plans import SEQ, plan, stage, write
 
 from gpp_solver.errors import InvalidInputError
 from runtime.engine import checkpoint
 from runtime.profile import main as profile_main
 from runtime.train import main as train_main
-from runtime_plans import SEQ, plan, stage, write
 
 
 def _run_direct(tmp_path, monkeypatch, capsys, doc, extra=(), world=2):

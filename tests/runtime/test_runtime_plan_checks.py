@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from runtime_plans import REPO, SEQ, plan, stage, write
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.formats.cluster import load_cluster
@@ -15,14 +16,13 @@ from gpp_solver.formats.graph import load_graph
 from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo, Status
-from runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
 from runtime.capture.fx_graph import trace
 from runtime.engine.stage_setup import build, seeded_workload
+from runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
 from runtime.lowering.plan_check import check_plan, check_world
 from runtime.lowering.plan_io import read_plan
 from runtime.profile import main as profile_main
 from runtime.train import main as train_main
-from runtime_plans import REPO, SEQ, plan, stage, write
 
 
 def _two_stage(b0=2, b1=2, mini_batch_size=8, dev1=(1,)):

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from runtime_plans import REPO, assert_shape, plan, stage, torchrun, write
 
 from runtime.capture.dropout import Context, chunk_dropout, set_context
-from runtime_plans import REPO, assert_shape, plan, stage, torchrun, write
 
 TOWER = "examples.two_tower:workload"
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from runtime_plans import SEQ, TWO_BRANCH, assert_shape, plan, stage, torchrun, write
 
 SEQ_MODEL = "examples.sequential:workload"

@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
 from runtime_plans import REPO, one_f_one_b, plan, write
 
 WORKER = REPO / "tests" / "runtime" / "fault_train.py"

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from runtime_plans import REPO
 
 from gpp_solver.errors import InvalidInputError
 from runtime.capture.fx_graph import load_workload
-from runtime_plans import REPO
 
 
 def test_file_path_loads_like_the_dotted_name():

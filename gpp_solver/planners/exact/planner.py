@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from gpp_solver.errors import (InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError,
-                               TimeLimitError)
+from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError, TimeLimitError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import build_plan
@@ -41,8 +41,10 @@ def result_info(r: ExactResult) -> dict[str, Any]:
             "usable_devices": r.usable_devices, "enumeration_seconds": round(r.seconds, 6)}
 
 
-def plan_from_result(graph: Graph, cluster: Cluster, B: int, r: ExactResult, *, planner: str = "exact") -> Plan:
+def plan_from_result(graph: Graph, cluster: Cluster, mini_batch_size: int, r: ExactResult, *,
+                     planner: str = "exact") -> Plan:
     """The full plan of ``r.best``, checked against the simulated time the search found."""
+    B = mini_batch_size          # the paper's B
     assert r.best is not None
     plan = build_plan(graph, cluster, r.best.specs(), B, planner=planner,
                       search=SearchInfo(r.seconds, STATUS_OPTIMAL if r.finished else STATUS_TIME_LIMIT))
@@ -113,10 +115,11 @@ class ExactOutcome:
     info: Mapping[str, Any]
 
 
-def exact_for_gpp(graph: Graph, cluster: Cluster, B: int, *, deadline: float, upper_bound: float,
+def exact_for_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadline: float, upper_bound: float,
                   micro_batch_sizes: Sequence[int] | None = None, force: bool = False) -> ExactOutcome:
     """The exact search when the instance is small (``GPP_MAX_*``; ``force``: up to the exact
     search's own limits), pruned with ``upper_bound`` (the best iteration time ``gpp`` has)."""
+    B = mini_batch_size          # the paper's B
     usable = min(cluster.devices, len(graph.nodes) * B)
     small = len(graph.nodes) <= GPP_MAX_NODES and usable <= GPP_MAX_DEVICES and B <= GPP_MAX_MICRO_BATCHES
     if not (small or force):

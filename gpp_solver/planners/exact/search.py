@@ -29,18 +29,23 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
+from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.model import allreduce_time, interp_time, stage_costs, stage_transfers
+from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
 from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
-from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
-from gpp_solver.planners.milp.space import (MEMORY_REL_TOL, contiguous_ranges, device_options, in_flight_samples,
-                                            ordered_partitions)
+from gpp_solver.planners.milp.space import (
+    MEMORY_REL_TOL,
+    contiguous_ranges,
+    device_options,
+    in_flight_samples,
+    ordered_partitions,
+)
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
@@ -125,65 +130,84 @@ def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadli
     """The candidate of least simulated iteration time (module docstring), or the proof that none
     beats ``upper_bound``.  ``deadline`` (``time.perf_counter()`` value) stops it with
     ``finished=False``."""
-    t0 = time.perf_counter()
-    B = mini_batch_size
-    sizes = check_micro_batch_sizes(B, micro_batch_sizes)
-    n_nodes = len(graph.nodes)
-    usable = min(cluster.devices, n_nodes * max(sizes))
-    _check_size(graph, usable)
-    const_bw = constant_bandwidth(cluster)
-    fastest = const_bw if const_bw is not None else link_bandwidths(cluster)[1]
-    lat, osf = cluster.latency, cluster.optimizer_state_factor
-    limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
-    slots = min(usable, n_nodes, max_stages or n_nodes)
+    search = _ExactSearch(graph, cluster, mini_batch_size, deadline, micro_batch_sizes, max_stages, upper_bound)
+    try:
+        search.enumerate_partitions()
+        search.bound_pairs()
+        search.search_pairs()
+    except _Timeout:
+        return search.result(False)
+    return search.result(True)
 
-    def tick() -> None:
-        if deadline is not None and time.perf_counter() > deadline:
+
+class _ExactSearch:
+    """The phases of :func:`search_exact`: the ordered partitions, a lower bound per (partition,
+    ``b``) pair, and the pairs searched in increasing bound until the best simulated time beats it."""
+
+    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, deadline: float | None,
+                 micro_batch_sizes: Sequence[int] | None, max_stages: int | None, upper_bound: float) -> None:
+        self.t0 = time.perf_counter()
+        self.graph, self.cluster, self.B, self.deadline, self.upper_bound = (graph, cluster, mini_batch_size,
+                                                                              deadline, upper_bound)
+        self.sizes = check_micro_batch_sizes(mini_batch_size, micro_batch_sizes)
+        n_nodes = len(graph.nodes)
+        self.usable = min(cluster.devices, n_nodes * max(self.sizes))
+        _check_size(graph, self.usable)
+        self.const_bw = constant_bandwidth(cluster)
+        self.fastest = self.const_bw if self.const_bw is not None else link_bandwidths(cluster)[1]
+        self.limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
+        self.slots = min(self.usable, n_nodes, max_stages or n_nodes)
+        self.state = {"best": None, "time": upper_bound, "simulated": 0, "searched": 0}
+        self.parts: list[tuple[tuple[str, ...], ...]] = []
+        self.pairs: list[_Pair] = []
+        self.structure: list[tuple] = []
+        self.mem_need = math.inf
+        self.opts_of = {b: device_options(b, self.usable) for b in self.sizes}
+        # per (stage nodes, b): compute C(d), forward compute per degree, weight, activation bytes
+        self.stage_tab: dict[tuple[tuple[str, ...], int], tuple[list[float], list[float], float, float]] = {}
+
+    def tick(self) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
             raise _Timeout
 
-    state = {"best": None, "time": upper_bound, "simulated": 0, "searched": 0}
-    parts: list[tuple[tuple[str, ...], ...]] = []
-    pairs: list[_Pair] = []
-    mem_need = math.inf
-
-    def result(finished: bool) -> ExactResult:
-        need = mem_need if finished and state["best"] is None and math.isinf(upper_bound) else None
-        return ExactResult(state["best"], state["time"], finished, len(parts), len(pairs), state["searched"],
-                           state["simulated"], time.perf_counter() - t0, usable,
+    def result(self, finished: bool) -> ExactResult:
+        state = self.state
+        need = self.mem_need if finished and state["best"] is None and math.isinf(self.upper_bound) else None
+        return ExactResult(state["best"], state["time"], finished, len(self.parts), len(self.pairs),
+                           state["searched"], state["simulated"], time.perf_counter() - self.t0, self.usable,
                            None if need is None or math.isinf(need) else need)
 
-    try:
-        for p in ordered_partitions(graph, slots, every_order=const_bw is None):
-            tick()
-            parts.append(p)
-            if len(parts) > MAX_PARTITIONS:
+    def enumerate_partitions(self) -> None:
+        for p in ordered_partitions(self.graph, self.slots, every_order=self.const_bw is None):
+            self.tick()
+            self.parts.append(p)
+            if len(self.parts) > MAX_PARTITIONS:
                 raise SearchSpaceTooLargeError(
-                    f"exact: more than {MAX_PARTITIONS} ordered convex partitions into at most {slots} stages; "
+                    f"exact: more than {MAX_PARTITIONS} ordered convex partitions into at most {self.slots} stages; "
                     "pass max_stages=... or use gpp")
-        gs = graph.micro_batch_sizes
-        opts_of = {b: device_options(b, usable) for b in sizes}
-        # per (stage nodes, b): compute C(d), forward compute per degree, weight, activation bytes
-        stage_tab: dict[tuple[tuple[str, ...], int], tuple[list[float], list[float], float, float]] = {}
 
-        def tab(nodes: tuple[str, ...], b: int) -> tuple[list[float], list[float], float, float]:
-            r = stage_tab.get((nodes, b))
-            if r is None:
-                cs, fs = [], []
-                for d in opts_of[b]:
-                    cf = cb = 0.0
-                    for v in nodes:
-                        nd = graph.node(v)
-                        cf += interp_time(nd.fw_time, gs, b / d)
-                        cb += interp_time(nd.bw_time, gs, b / d)
-                    cs.append(cf + cb)
-                    fs.append(cf)
-                r = stage_tab[(nodes, b)] = (cs, fs, sum(graph.node(v).weight_bytes for v in nodes),
-                                             sum(graph.node(v).activation_bytes for v in nodes))
-            return r
+    def tab(self, nodes: tuple[str, ...], b: int) -> tuple[list[float], list[float], float, float]:
+        r = self.stage_tab.get((nodes, b))
+        if r is None:
+            graph, gs = self.graph, self.graph.micro_batch_sizes
+            cs, fs = [], []
+            for d in self.opts_of[b]:
+                cf = cb = 0.0
+                for v in nodes:
+                    nd = graph.node(v)
+                    cf += interp_time(nd.fw_time, gs, b / d)
+                    cb += interp_time(nd.bw_time, gs, b / d)
+                cs.append(cf + cb)
+                fs.append(cf)
+            r = self.stage_tab[(nodes, b)] = (cs, fs, sum(graph.node(v).weight_bytes for v in nodes),
+                                              sum(graph.node(v).activation_bytes for v in nodes))
+        return r
 
-        structure = []
-        for i, p in enumerate(parts):
-            tick()
+    def bound_pairs(self) -> None:
+        """Every (partition, ``b``) pair within memory with its lower bound, sorted by it."""
+        graph = self.graph
+        for i, p in enumerate(self.parts):
+            self.tick()
             stage_of = {v: s for s, nodes in enumerate(p) for v in nodes}
             edges = stage_graph_edges(graph, stage_of)
             succ: list[list[int]] = [[] for _ in p]
@@ -193,43 +217,50 @@ def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadli
             for s in reversed(range(len(p))):      # parts are in topological order
                 depth[s] = max((depth[t] + 1 for t in succ[s]), default=0)
             tr = stage_transfers(graph, stage_of)
-            structure.append((edges, succ))
+            self.structure.append((edges, succ))
             # one transfer half costs latency + bytes * (b/d) / bandwidth (the fastest link here)
             n_tr = [len(tr.get(s, ())) for s in range(len(p))]
             bytes_tr = [sum(nb for _, nb in tr.get(s, ())) for s in range(len(p))]
-            for b in sizes:
-                n, opts = B // b, opts_of[b]
-                work, ar, fwd, bwd, mem = [], [], [], [], []
-                for s, nodes in enumerate(p):
-                    cs, fs, weight, act = tab(nodes, b)
-                    held = in_flight_samples(depth[s], b, B)
-                    halves = [n_tr[s] * lat + bytes_tr[s] * (b / d) / fastest for d in opts]
-                    work.append([n * (cs[j] + 2 * halves[j]) for j in range(len(opts))])
-                    ar.append([allreduce_time(weight, d, fastest) for d in opts])
-                    fwd.append([fs[j] + halves[j] for j in range(len(opts))])
-                    bwd.append([cs[j] - fs[j] + halves[j] for j in range(len(opts))])
-                    mem.append([osf * weight + held / d * act for d in opts])
-                fits = [[j for j in range(len(opts)) if mem[s][j] <= limit] for s in range(len(p))]
-                if any(not f for f in fits) or sum(opts[f[0]] for f in fits) > usable:
-                    mem_need = min(mem_need, _least_peak_memory(mem, opts, usable))
-                    continue
-                head, tail = [0.0] * len(p), [0.0] * len(p)
-                for a, c in edges:            # sorted by source, sources in topological order
-                    head[c] = max(head[c], head[a] + min(fwd[a][j] for j in fits[a]))
-                    tail[c] = max(tail[c], min(bwd[a][j] + max(ar[a][j], tail[a]) for j in fits[a]))
-                bound = max(head[s] + min(work[s][j] + max(ar[s][j], tail[s]) for j in fits[s])
-                            for s in range(len(p)))
-                pairs.append(_Pair(i, b, opts, work, ar, fwd, bwd, mem, bound))
-        pairs.sort(key=lambda q: (q.bound, q.b, q.part))
-        for q in pairs:
-            tick()
-            if q.bound >= state["time"]:
+            for b in self.sizes:
+                self._bound_pair(i, p, b, edges, depth, n_tr, bytes_tr)
+        self.pairs.sort(key=lambda q: (q.bound, q.b, q.part))
+
+    def _bound_pair(self, i: int, p: tuple[tuple[str, ...], ...], b: int, edges: Sequence[tuple[int, int]],
+                    depth: list[int], n_tr: list[int], bytes_tr: list[float]) -> None:
+        """Partition ``i`` at ``b``: its tables and lower bound, or its memory need when it does not fit."""
+        B, usable, limit, fastest = self.B, self.usable, self.limit, self.fastest
+        lat, osf = self.cluster.latency, self.cluster.optimizer_state_factor
+        n, opts = B // b, self.opts_of[b]
+        work, ar, fwd, bwd, mem = [], [], [], [], []
+        for s, nodes in enumerate(p):
+            cs, fs, weight, act = self.tab(nodes, b)
+            held = in_flight_samples(depth[s], b, B)
+            halves = [n_tr[s] * lat + bytes_tr[s] * (b / d) / fastest for d in opts]
+            work.append([n * (cs[j] + 2 * halves[j]) for j in range(len(opts))])
+            ar.append([allreduce_time(weight, d, fastest) for d in opts])
+            fwd.append([fs[j] + halves[j] for j in range(len(opts))])
+            bwd.append([cs[j] - fs[j] + halves[j] for j in range(len(opts))])
+            mem.append([osf * weight + held / d * act for d in opts])
+        fits = [[j for j in range(len(opts)) if mem[s][j] <= limit] for s in range(len(p))]
+        if any(not f for f in fits) or sum(opts[f[0]] for f in fits) > usable:
+            self.mem_need = min(self.mem_need, _least_peak_memory(mem, opts, usable))
+            return
+        head, tail = [0.0] * len(p), [0.0] * len(p)
+        for a, c in edges:            # sorted by source, sources in topological order
+            head[c] = max(head[c], head[a] + min(fwd[a][j] for j in fits[a]))
+            tail[c] = max(tail[c], min(bwd[a][j] + max(ar[a][j], tail[a]) for j in fits[a]))
+        bound = max(head[s] + min(work[s][j] + max(ar[s][j], tail[s]) for j in fits[s])
+                    for s in range(len(p)))
+        self.pairs.append(_Pair(i, b, opts, work, ar, fwd, bwd, mem, bound))
+
+    def search_pairs(self) -> None:
+        for q in self.pairs:
+            self.tick()
+            if q.bound >= self.state["time"]:
                 break
-            state["searched"] += 1
-            _search_pair(graph, cluster, B, q, parts[q.part], structure[q.part], usable, limit, state, tick)
-    except _Timeout:
-        return result(False)
-    return result(True)
+            self.state["searched"] += 1
+            _search_pair(self.graph, self.cluster, self.B, q, self.parts[q.part], self.structure[q.part],
+                         self.usable, self.limit, self.state, self.tick)
 
 
 def _least_peak_memory(mem: list[list[float]], opts: Sequence[int], devices: int) -> float:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from gpp_solver.planners.gpp.partition_eval import Problem, State
 

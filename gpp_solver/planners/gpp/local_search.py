@@ -17,8 +17,8 @@ wall clock (``deadline``) is only a safety stop.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from gpp_solver.planners.gpp.chains import _branch_order
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
@@ -66,12 +66,21 @@ def _split_devices(P: Problem, part1: Sequence[int], part2: Sequence[int], avail
 
 
 def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = None) -> Iterator[tuple[str, State]]:
-    """Candidate moves that change stage ``s`` (the loaded one), in a fixed order."""
+    """Candidate moves that change stage ``s`` (the loaded one), in a fixed order: its boundary
+    nodes moved out, its neighbours' pulled in, its devices changed, it split in two, two adjacent
+    stages merged."""
+    members = _members(state.assign, len(state.devs))
+    yield from _moves(P, state, s, members)
+    yield from _pulls(P, state, s, members)
+    yield from _device_moves(P, state, s)
+    yield from _splits(P, state, s, members)
+    yield from _merges(P, state, s, tps)
+
+
+def _moves(P: Problem, state: State, s: int, members: list) -> Iterator[tuple[str, State]]:
+    """Boundary nodes of ``s`` to an adjacent stage (to any stage when there are few)."""
     assign, devs = state.assign, state.devs
     k = len(devs)
-    members = _members(assign, k)
-    free = P.D - sum(devs)
-    # 1. boundary nodes of s to an adjacent stage; 2. boundary nodes of neighbours into s
     if len(members[s]) > 1:
         for u in members[s]:
             near = sorted({assign[w] for w in P.adj[u]} - {s})
@@ -85,6 +94,12 @@ def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = N
                         a = list(assign)
                         a[u] = t
                         yield "move", State(tuple(a), devs)
+
+
+def _pulls(P: Problem, state: State, s: int, members: list) -> Iterator[tuple[str, State]]:
+    """Boundary nodes of the neighbours into ``s`` (any node when there are few stages)."""
+    assign, devs = state.assign, state.devs
+    k = len(devs)
     for u in range(P.N):
         t = assign[u]
         if t != s and len(members[t]) > 1 and (
@@ -92,7 +107,13 @@ def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = N
             a = list(assign)
             a[u] = s
             yield "pull", State(tuple(a), devs)
-    # 3. more (or fewer) devices for s, from the free pool or from one other stage
+
+
+def _device_moves(P: Problem, state: State, s: int) -> Iterator[tuple[str, State]]:
+    """More (or fewer) devices for ``s``, from the free pool or from one other stage."""
+    assign, devs = state.assign, state.devs
+    k = len(devs)
+    free = P.D - sum(devs)
     for d in P.degrees:
         if d == devs[s]:
             continue
@@ -108,8 +129,14 @@ def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = N
                 dv = list(devs)
                 dv[s], dv[t] = d, give[-1]
                 yield "devices", State(assign, tuple(dv))
-    # 4. split s in two: every down-set of s when there are at most EXACT_SPLITS of them, else the
-    #    prefixes of two topological orders; devices shared or from the pool
+
+
+def _splits(P: Problem, state: State, s: int, members: list) -> Iterator[tuple[str, State]]:
+    """``s`` split in two: every down-set of s when there are at most EXACT_SPLITS of them, else the
+    prefixes of two topological orders; devices shared or from the pool."""
+    assign, devs = state.assign, state.devs
+    k = len(devs)
+    free = P.D - sum(devs)
     if len(members[s]) > 1:
         avail = devs[s] + free
         exact = _down_sets(P, members[s], EXACT_SPLITS)
@@ -131,8 +158,13 @@ def neighbours(P: Problem, state: State, s: int, tps: Sequence[float] | None = N
             dv = list(devs) + [dd[1]]
             dv[s] = dd[0]
             yield "split", State(tuple(a), tuple(dv))
-    # 5. merge two adjacent stages (one of them s or one of the lightest stages); the freed devices
-    #    go to s (or everything is re-split)
+
+
+def _merges(P: Problem, state: State, s: int, tps: Sequence[float] | None) -> Iterator[tuple[str, State]]:
+    """Two adjacent stages merged (one of them ``s`` or one of the lightest stages); the freed
+    devices go to ``s`` (or everything is re-split)."""
+    assign, devs = state.assign, state.devs
+    k = len(devs)
     light = set(sorted(range(k), key=lambda x: (tps[x], x))[:MERGE_LIGHTEST]) if tps is not None else set(range(k))
     pairs = sorted({(min(assign[u], assign[v]), max(assign[u], assign[v]))
                     for u in range(P.N) for v, _ in P.succ[u] if assign[u] != assign[v]})

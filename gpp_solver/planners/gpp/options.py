@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
+from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.plan.zero_bubble import check_schedule
 from gpp_solver.types import Plan
@@ -22,6 +23,8 @@ OPTIONAL_SEED_PLANNERS = ("pipedream", "alpa")     # pass seed_planners=... to a
 SMALL_GRAPH_NODES = 48
 SMALL_GRAPH_DEVICES = 16
 SMALL_GRAPH_RESTARTS = 3    # there, too, the extra local-search starts cost milliseconds
+DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
+MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
 DEFAULT_MAX_ITERATIONS = 400
 # Local-search work per run, in node-evaluations (states priced x graph nodes; a state costs about
 # its node count to price): a count, so the cap does not depend on the machine's speed or load.
@@ -77,3 +80,13 @@ class GppOptions:
             raise InvalidInputError(f"max_work must be a positive integer or None, got {self.max_work!r}")
         if self.objective not in OBJECTIVES:
             raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+
+
+def candidate_micro_batch_sizes(mini_batch_size: int, extra: Sequence[int] = (),
+                                max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
+    """The common rule's powers of two dividing ``B`` (:mod:`gpp_solver.cost.micro_batch`) with
+    ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
+    B = mini_batch_size          # the paper's B
+    out = {b for b in powers_of_two_dividing(B) if B // b <= max_micro_batches}
+    out.update(x for x in extra if B % x == 0)
+    return sorted(out) if out else [B]

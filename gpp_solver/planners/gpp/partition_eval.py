@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class Problem:
                  tables: CostTables | None = None, *, by_estimate: bool = False) -> None:
         self.graph, self.cluster, self.B, self.b = graph, cluster, mini_batch_size, b
         self.by_estimate = by_estimate     # key: iteration-time estimate before the TPS vector
-        self.n_micro = mini_batch_size // b
+        self.num_micro_batches = mini_batch_size // b
         self.N = len(graph.nodes)
         self.D = cluster.devices
         idx = graph.index
@@ -193,7 +193,7 @@ class Problem:
         C = np.bincount(a, weights=self._comp_by_d[dv[a], self._ar], minlength=k)
         W = np.bincount(a, weights=self._w, minlength=k)
         Act = np.bincount(a, weights=self._a, minlength=k)
-        b, n = self.b, self.n_micro
+        b, n = self.b, self.num_micro_batches
         mem = memory_per_device(self.osf, W, np.minimum(np.asarray(depth), n) * b, dv, Act)
         excess = float(np.maximum(mem - self.cap, 0.0).sum())
         best: Eval | None = None
@@ -251,7 +251,7 @@ class Problem:
             for t in qs[s]:
                 if longest[s] > longest[t]:
                     longest[t] = longest[s]
-        est = max(longest) + (self.n_micro - 1) * float(per.max()) + float(ar.max())
+        est = max(longest) + (self.num_micro_batches - 1) * float(per.max()) + float(ar.max())
         q = self.quantum
         vec = tuple(sorted((tps / q).astype(np.int64).tolist(), reverse=True))
         if self.by_estimate:
@@ -276,7 +276,7 @@ class Problem:
         self._rb_cache[ck] = out
         return out
 
-    def share_rebalance_cache(self, other: "Problem") -> None:
+    def share_rebalance_cache(self, other: Problem) -> None:
         """Use ``other``'s rebalance cache (same graph, cluster, ``B`` and ``b``; the key order
         ``by_estimate`` plays no part in :meth:`rebalance`)."""
         if (other.graph, other.cluster, other.B, other.b) != (self.graph, self.cluster, self.B, self.b):
@@ -308,8 +308,8 @@ class Problem:
             bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
         ar = allreduce_time(W[None, :], degf, bw_ar[:, None])
         T = time_per_sample(C + 2 * comm, self.b, ar, self.B).T     # k x |deg|
-        mem = memory_per_device(self.osf, W[:, None], (np.minimum(np.asarray(depth), self.n_micro) * self.b)[:, None],
-                                degf.T, Act[:, None])
+        in_flight = np.minimum(np.asarray(depth), self.num_micro_batches) * self.b
+        mem = memory_per_device(self.osf, W[:, None], in_flight[:, None], degf.T, Act[:, None])
         ok = mem <= self.cap
         T = np.where(ok, T, np.inf)
         if not ok.any(axis=1).all():

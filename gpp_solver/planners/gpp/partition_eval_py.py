@@ -8,7 +8,8 @@ checks it).  It returns the fields of ``partition_eval.Eval`` as a tuple (no imp
 from __future__ import annotations
 
 import heapq
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def evaluate_py(self: Any, assign: Sequence[int], devs: Sequence[int]) -> Priced
     depth = [0] * k
     for s in reversed(order):
         depth[s] = 1 + max((depth[t] for t in qs[s]), default=0)
-    b, n, osf, cap = self.b, self.n_micro, self.osf, self.cap
+    b, n, osf, cap = self.b, self.num_micro_batches, self.osf, self.cap
     mem = [osf * W[s] + (min(depth[s], n) * b) / devs[s] * Act[s] for s in range(k)]
     over = [m - cap for m in mem if m - cap > 0.0]
     if len(over) <= 1:
@@ -108,7 +109,7 @@ def _price_py(self: Any, devs, order, qs, assign, tlist, C, W, mem, excess, offs
         for t in qs[s]:
             if longest[s] > longest[t]:
                 longest[t] = longest[s]
-    est = max(longest) + (self.n_micro - 1) * max(per) + max(ar)
+    est = max(longest) + (self.num_micro_batches - 1) * max(per) + max(ar)
     q = self.quantum
     vec = tuple(sorted((int(x / q) for x in tps), reverse=True))
     if self.by_estimate:

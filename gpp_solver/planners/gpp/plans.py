@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo
 
 logger = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval, split: bool =
     down = [0.0] * k
     for s in reversed(ev.order):
         down[s] = max((fw[t] + bw[t] + down[t] for t in succ[s]), default=0.0)
-    n = P.n_micro
+    n = P.num_micro_batches
     if split:
         return _split_lower_bound(costs, succ, ev.order, n, head)
     return max(head[s] + max(n * (fw[s] + bw[s]), n * fw[s] + down[s] + bw[s]) + max(ar[s], up[s]) for s in range(k))

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Collection, Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 from gpp_solver._backend.progress import note
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, Status
-from gpp_solver.plan.validate import validate
 
 logger = logging.getLogger(__name__)
 

@@ -30,31 +30,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Sequence
-
-import numpy as np
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
 from gpp_solver.errors import TimeLimitError
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
+from gpp_solver.planners.graphpipe.key_search import TpsSearch, search_keys
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TpsSearch:
-    """Outcome of the search at one micro-batch size."""
-
-    b: int
-    tps: float                  # the DP's bottleneck target reached (smallest feasible candidate)
-    stages: tuple[DPStage, ...]
-    probes: int                 # DP passes (each tests several targets at once)
-    candidates: int
-    exact: bool                 # False when stopped by the time limit before the interval closed
-    depth_bound: int | None = None   # the bound on the stage graph's depth searched under (E: none)
-    #: (probe, row) of the DP pass that proved ``tps`` feasible, where its tables were kept (:func:`trace`)
-    kept: tuple | None = field(default=None, compare=False, repr=False)
 
 
 def search_tps(dp: StageDP, b: int, *, deadline: float | None = None) -> TpsSearch | None:
@@ -118,7 +102,7 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     found = {}
     if keys:
         try:
-            found = _search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
+            found = search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
                                  E=max(e for _, e in keys), must_answer=False, bound=feasible,
                                  floor={b: first[(b, dp.E)].tps for b in e0})
         except TimeLimitError:      # inside the second phase's first pass: the first phase's points stand
@@ -146,7 +130,7 @@ def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float
     Past the deadline: ``{}`` (nothing traced)."""
     e = max(1, min(int(e), dp.E))
     try:
-        found = _search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False,
+        found = search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False,
                              stages=False, tol=tol)
     except TimeLimitError:
         return {}
@@ -162,10 +146,6 @@ def trace(dp: StageDP, r: TpsSearch, prefer_shared: bool = True) -> tuple[DPStag
     if r.kept is not None and r.kept[0].E in (None, dp.E):     # a pass at any depth (saturated or not)
         return tuple(dp.traceback(*r.kept, prefer_shared))
     return tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=prefer_shared)[0])
-
-
-#: the most bytes of DP tables the opening pass after the preliminary search keeps for its tracebacks
-KEEP_OPENING = 256 << 20
 
 
 #: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)
@@ -188,185 +168,16 @@ def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_p
     keys = [(b, dp.E) for b in sizes]
     feasible = feasible or {}
     if not dp.large() or dp.E <= PRE_DEPTH:
-        return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, bound=feasible)
-    pre = _search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH, bound=feasible,
+        return search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, bound=feasible)
+    pre = search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH, bound=feasible,
                        stages=False)
     if deadline is not None and time.perf_counter() > deadline and pre:     # its answers stand, traced now
         st = dp.stages_many([(b, r.tps) for (b, _), r in pre.items()], E=PRE_DEPTH)
         return {(b, dp.E): replace(r, stages=tuple(x), exact=False, depth_bound=dp.E)
                 for ((b, _), r), x in zip(pre.items(), st)}
     start = {b: r.tps for (b, _), r in pre.items()}
-    return _search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, start=start)
+    return search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, start=start)
 
-
-def _search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
-                 on_pass: Callable[[int], None] | None, E: int | None = None,
-                 must_answer: bool = True, saturate: int | None = None,
-                 start: dict[int, float] | None = None, bound: dict[int, tuple[float, int]] | None = None,
-                 floor: dict[int, float] | None = None, stages: bool = True, tol: float = 0.0) -> dict[tuple[int, int], TpsSearch]:
-    """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
-
-    A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
-    on at most ``D`` devices with stage-graph depth at most ``e`` (the root entry ``R[0, e]``; it
-    is monotone in ``t``).  Keys of one ``b`` share their probes: every probe of a pass answers all
-    depth bounds of its ``b`` at once.  ``E``: run the passes bounded to that depth (every key's
-    ``e`` must be at most ``E``).
-
-    Deadline: sizes whose tables would not be built by then (the last size's time per degree
-    predicts it) are left out, no key of theirs answered.
-    With ``must_answer`` the first passes probe one size each, at its largest candidate (feasible
-    if any is), the first of them run to its end so that an answer exists; every later pass (every
-    pass without ``must_answer``) stops inside when the deadline passes: the earlier passes'
-    answers stand (``exact=False``; a size not reached has none), or :class:`TimeLimitError` when
-    there are none.
-
-    ``start``: per size a candidate target known feasible (:func:`_first_phase`): the first pass
-    probes it and the candidate below it for every such size (run to its end), and the search
-    goes on from there; its tables are kept for the tracebacks (the answer is often ``start``).
-    Where those tables would exceed :data:`KEEP_OPENING`, ``start`` stands feasible without a
-    probe and the first pass tests the candidates below only (a pass at the larger targets costs most).
-    ``bound``: per size a target and the depth of a staging meeting it: the intervals of the
-    keys bounded no lower than that depth start below it, without a probe; ``floor``: per size a
-    target below which no key is feasible (the least at any depth): the intervals start there.  ``stages=False``: the
-    answers' ``stages`` are left empty (no tracebacks).  ``tol``: a key stops once its feasible
-    target is within that factor of every target not yet proven infeasible (an answer, not the least).
-    """
-    cands: dict[int, np.ndarray] = {}
-    per_degree = 0.0        # seconds per degree of the last size's tables (their cost grows with the degrees)
-    for b in sizes:
-        t0 = time.perf_counter()
-        if cands and deadline is not None and t0 + per_degree * len(dp.degrees(b)) > deadline:
-            break           # this size's tables would not be built by the deadline
-        c = dp.candidates(b)
-        per_degree = (time.perf_counter() - t0) / max(1, len(dp.degrees(b)))
-        cands[b] = c[c >= dp.lower_bound(b) * (1 - 1e-12)]
-    cut = len(cands) < len(sizes)
-    keys = [k for k in keys if k[0] in cands and len(cands[k[0]])]
-    top = {k: len(cands[k[0]]) for k in keys}       # hi == top: no candidate proven feasible yet
-    lo = {k: 0 for k in keys}
-    hi = dict(top)
-    of_b: dict[int, list[tuple[int, int]]] = {}
-    for k in keys:
-        of_b.setdefault(k[0], []).append(k)
-    passes, exact, last_resort, stopped = 0, not cut, False, False
-    gallops = {k: 0 for k in keys}
-    gallop = dp.large()
-    if not gallop:
-        saturate = None
-    budget = dp.batch_size()
-    # with a deadline, sizes whose largest candidate is probed first (one pass each, the first run
-    # to its end): an answer exists whatever the deadline; on large trees that pass is the most
-    # expensive one of all (every segment usable), so there the search gallops up from the lower
-    # bound instead and, at the deadline without any answer, spends one last pass at the top
-    tops = [b for b in of_b] if must_answer and deadline is not None and not gallop else []
-    opening: dict[int, set[int]] = {}
-    per_pair = sum(len(kids) + 1 for _, kids in dp.idx.nodes) * (dp.E + 1) ** 2 * 8     # bytes of kept tables
-    keep_open = 2 * len(start or {}) * per_pair <= KEEP_OPENING
-    for b, t in (start or {}).items():
-        if b in of_b:
-            i = int(np.searchsorted(cands[b], t))
-            if i < len(cands[b]) and cands[b][i] == t:
-                if keep_open:
-                    opening[b] = {i - 1, i} - {-1}
-                else:       # too large to keep: ``t`` stands feasible unprobed, the opening tests below it
-                    for k in of_b[b]:
-                        hi[k] = min(hi[k], i)
-                    if i:
-                        opening[b] = {i - 1}
-    if opening:
-        tops = []
-    for b, (t, depth) in (bound or {}).items():
-        i = int(np.searchsorted(cands[b], t, side="right")) if b in of_b else 0    # cands[i - 1] <= t: feasible
-        for k in of_b.get(b, []) if i else ():
-            if k[1] >= depth and i <= top[k]:
-                hi[k] = min(hi[k], i - 1)
-    for b, t in (floor or {}).items():
-        i = int(np.searchsorted(cands[b], t, side="left")) if b in of_b else 0     # every target below: infeasible
-        for k in of_b.get(b, []):
-            lo[k] = max(lo[k], min(i, hi[k]))
-    keep = dp.keep_tables()
-    found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
-    while True:
-        if tol:         # close enough: the known feasible target stands
-            for k in keys:
-                if hi[k] < top[k] and lo[k] < hi[k] and cands[k[0]][hi[k]] <= cands[k[0]][lo[k]] * (1 + tol):
-                    lo[k] = hi[k]
-        active = [k for k in keys if lo[k] < hi[k]]
-        if not active:
-            break
-        if (passes or stopped) and deadline is not None and time.perf_counter() > deadline:
-            exact = False
-            if last_resort or not must_answer or any(hi[k] < top[k] for k in keys):
-                break
-            # no answer at all yet: one last pass at the largest candidate of one size leaves one
-            last_resort = True
-            b0 = active[0][0]
-            active = [k for k in active if k[0] == b0]
-            for k in active:
-                lo[k] = top[k] - 1
-        width = max(1, budget // len(active))
-        probes: dict[int, set[int]] = {}
-        guard = (not passes and (bool(tops) or (bool(opening) and keep_open))) or last_resort   # run to their end
-        opened = bool(opening) and keep_open
-        if opening:     # every size at its known feasible target and the candidate below it
-            probes.update(opening)
-            opening = {}
-        elif tops:      # one size at a time: its largest candidate, a feasible answer if it has one
-            b0 = tops.pop(0)
-            probes[b0] = {top[k] - 1 for k in of_b[b0]}
-        for k in active if not probes else ():
-            if hi[k] == top[k] and gallop:      # nothing proven feasible yet: gallop up from lo (module docstring)
-                c = cands[k[0]]
-                span = 2.0 ** (2 ** min(gallops[k], 9))
-                vals = float(c[lo[k]]) * span ** ((np.arange(width) + 1) / width)
-                picks = set(np.minimum(np.searchsorted(c, vals), top[k] - 1).tolist()) | {lo[k]}
-                gallops[k] += 1
-            else:
-                n = hi[k] - lo[k]
-                picks = {lo[k] + (n * (i + 1)) // (width + 1) for i in range(width)} - {hi[k]} or {lo[k]}
-            probes.setdefault(k[0], set()).update(picks)
-        pairs = [(b, i) for b in probes for i in sorted(probes[b])]
-        try:
-            probe = dp.probe([(b, float(cands[b][i])) for b, i in pairs], keep=(keep or opened) and stages, E=E,
-                             saturate=saturate, deadline=None if guard else deadline)
-        except TimeLimitError:
-            exact = False
-            answered = any(hi[k] < top[k] for k in keys)
-            if must_answer and not answered and not last_resort:
-                stopped = True      # the next round spends the last pass
-                continue
-            if not answered:
-                raise
-            break
-        res = probe.devices <= dp.D                                         # (pairs, E+1)
-        passes += 1
-        if on_pass is not None:
-            on_pass(len(active))
-        for row_i, ((b, i), row) in enumerate(zip(pairs, res)):
-            for k in of_b[b]:
-                if row[k[1]]:
-                    if i < hi[k]:
-                        hi[k] = i
-                        if probe.kept is not None:
-                            found_at[(b, i)] = (probe, row_i)
-                elif i >= lo[k]:
-                    lo[k] = i + 1
-        want = {(k[0], hi[k]) for k in keys}        # drop the tables no key's answer refers to any more
-        found_at = {bi: v for bi, v in found_at.items() if bi in want}
-    live = [k for k in keys if hi[k] < top[k]]
-    out: dict[tuple[int, int], TpsSearch] = {}
-    if live:
-        uniq = sorted({(k[0], hi[k]) for k in live})
-        # the probes that proved the answers feasible hold their tables where kept; else one pass more
-        st = {bi: dp.traceback(*found_at[bi]) for bi in uniq if bi in found_at} if stages else {}
-        rest = [bi for bi in uniq if bi not in found_at] if stages else []
-        if rest:
-            st.update(zip(rest, dp.stages_many([(b, float(cands[b][i])) for b, i in rest], E=E, saturate=saturate)))
-        for k in live:
-            b = k[0]
-            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(st.get((b, hi[k]), ())), passes + bool(rest), len(cands[b]),
-                               (exact or lo[k] == hi[k]) and not cut, depth_bound=k[1], kept=found_at.get((b, hi[k])))
-    return out
 
 
 __all__ = ["TpsSearch", "search_tps", "search_many", "search_depths", "search_bounded", "trace"]

@@ -20,45 +20,31 @@ the DP uses is an upper bound of the cost model's exact one, so the plan built f
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
+from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
-from gpp_solver.planners.graphpipe.dp_stage_tables import (best_at_sink, devices_for_segments,
-                                                           SegmentComm, max_depths, segment_comm, segment_fits,
-                                                           segment_sums, stage_tps)
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode, encode, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp_stage import DPProbe, DPStage, SizeTables, decode, encode, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp_stage_tables import (
+    SegmentComm,
+    best_at_sink,
+    devices_for_segments,
+    max_depths,
+    segment_comm,
+    segment_fits,
+    segment_sums,
+    stage_tps,
+)
 from gpp_solver.planners.graphpipe.dp_traceback import trace_stages
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, SegDev, TreeIndex, index_tree, tree_segments
-from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DPProbe:
-    """One batched DP pass: ``devices[i, e]`` = fewest devices for ``pairs[i]`` at depth ``<= e``;
-    ``kept`` the DP's tables for :meth:`StageDP.traceback` (``None`` when not kept)."""
-
-    pairs: tuple[tuple[int, float], ...]
-    devices: np.ndarray
-    kept: tuple | None = None
-    E: int | None = None        # the depth bound the pass ran under (``None``: the DP's own ``E``)
-    sat: bool = False           # its depths saturated at ``E`` (StageDP.depth_cap)
-
-
-@dataclass
-class SizeTables:
-    degrees: tuple[int, ...]
-    tps: np.ndarray
-    maxdepth: np.ndarray
-    best: np.ndarray           # dp_stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF
 
 
 class StageDP:
@@ -158,7 +144,7 @@ class StageDP:
             compute = [self._costs.compute_at(b / d)[self._perm] for d in degs]
             comm = self.comm if not self.lower_bound_pricing else \
                 SegmentComm(np.zeros_like(self.comm.count), np.zeros_like(self.comm.nbytes))
-            tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch=self.B,
+            tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch_size=self.B,
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
                             allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
             md = self._max_depths(b, degs, self.memory)
@@ -167,7 +153,7 @@ class StageDP:
         return tb
 
     def _max_depths(self, b: int, degs: Sequence[int], memory: float) -> np.ndarray:
-        return max_depths(self.W, self.A, b, degs, mini_batch=self.B, memory=memory,
+        return max_depths(self.W, self.A, b, degs, mini_batch_size=self.B, memory=memory,
                           osf=self.cluster.optimizer_state_factor)
 
     def candidates(self, b: int) -> np.ndarray:
@@ -263,7 +249,7 @@ class StageDP:
         return self.probe(pairs, keep=False).devices
 
     def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None,
-              saturate: int | None = None, deadline: float | None = None) -> "DPProbe":
+              saturate: int | None = None, deadline: float | None = None) -> DPProbe:
         """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
         :meth:`traceback` needs, so a search need not run the pass again for its answer.  With
         ``E`` below the DP's own bound the pass only considers stage graphs of depth ``<= E``: the
@@ -305,7 +291,7 @@ class StageDP:
         return by_b, use, own
 
     def _probe_saturated(self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]],
-                         deadline: float | None = None) -> "DPProbe":
+                         deadline: float | None = None) -> DPProbe:
         """:meth:`probe` with each pair's depths saturated at its :meth:`depth_cap` (at its size and target) (one
         pass per cap).  Column ``E`` of ``devices`` (any depth) is exact, as are the columns below
         each cap; the columns from a cap to ``E - 1`` repeat the any-depth answer."""
@@ -352,7 +338,7 @@ class StageDP:
         per_target = sum(len(kids) + 1 for _, kids in self.idx.nodes) * size * size * 8
         return per_target * self.batch_size() <= 4 << 20
 
-    def traceback(self, probe: "DPProbe", i: int, prefer_shared: bool = True) -> list[DPStage]:
+    def traceback(self, probe: DPProbe, i: int, prefer_shared: bool = True) -> list[DPStage]:
         """The stages of ``probe``'s ``i``-th pair (it must be feasible).  Where a shared-sink stage
         and separate stages reach the same value, ``prefer_shared`` picks the former."""
         assert probe.kept is not None, "probe ran without keep=True"

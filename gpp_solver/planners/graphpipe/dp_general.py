@@ -41,15 +41,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from gpp_solver.errors import TimeLimitError
+from gpp_solver.plan.schedule import compute_in_flight
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline
-from gpp_solver.plan.schedule import compute_in_flight
 from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph
 
@@ -126,79 +126,7 @@ class GeneralStageDP:
         last = getattr(self, "_last_feasible", None)    # a search's answer is its latest feasible pass:
         if last is not None and last[0] == key:         # stages() and stage_sets() reuse it
             return last[1]
-        idx, D, C = self.idx, self.D, self._C
-        ok = {b: (tb.tps <= t, tb.degrees) for b, tb in self._tps.items()}
-        stage_memo: dict[tuple[int, int, int], tuple] = {}
-        memo: dict[tuple[int, tuple], list] = {}
-
-        def stage_options(g: int, G: tuple) -> list:
-            out = []
-            for ci, (b, k) in enumerate(self.configs):
-                i = G[ci]
-                n = self.B // b
-                peak = max(1, min(n, -(-i // b))) * b
-                key = (g, ci, i)
-                hit = stage_memo.get(key)
-                if hit is None:
-                    okb, degs = ok[b]
-                    hit = ()
-                    for j, d in enumerate(degs):
-                        if okb[g, j] and self.osf * self.W[g] + peak / d * self.A[g] <= mem:
-                            row = self.delta
-                            summ = tuple(i + row[cx][ci] for cx in range(C))
-                            hit = (d, summ, ("stage", g, ci, d, i))
-                            break
-                    stage_memo[key] = hit
-                if hit and hit[0] <= D:
-                    out.append(hit)
-            return out
-
-        def node(t_id: int, G: tuple) -> list:
-            key = (t_id, G)
-            got = memo.get(key)
-            if got is not None:
-                return got
-            kind, kids = idx.nodes[t_id]
-            segs, k = idx.seg[t_id], len(kids)
-            if kind == "S":
-                suf: list[list] = [[] for _ in range(k + 1)]
-                suf[k] = [(0, G, None)]
-                for p in range(k - 1, -1, -1):
-                    check_deadline(deadline)
-                    cand = []
-                    for q in range(p, k):
-                        for dv2, G2, tr2 in suf[q + 1]:
-                            if q == p and kids[p][0] == "node":
-                                opts = node(kids[p][1], G2)
-                            else:
-                                opts = stage_options(int(segs[p, q]), G2)
-                            for dv1, G1, tr1 in opts:
-                                if dv1 + dv2 <= D:
-                                    cand.append((dv1 + dv2, G1, (tr1, tr2)))
-                    suf[p] = _pareto(cand)
-                res = suf[0]
-            else:
-                par: list[list] = [[] for _ in range(k + 1)]
-                par[k] = [(0, None, None)]
-                for p in range(k - 1, -1, -1):
-                    check_deadline(deadline)
-                    cand = []
-                    for q in range(p, k):
-                        if q == p and kids[p][0] == "node":
-                            opts = node(kids[p][1], G)
-                        else:
-                            opts = stage_options(int(segs[p, q]), G)
-                        for dv2, G2, tr2 in par[q + 1]:
-                            for dv1, G1, tr1 in opts:
-                                if dv1 + dv2 <= D:
-                                    merged = G1 if G2 is None else tuple(map(max, G1, G2))
-                                    cand.append((dv1 + dv2, merged, (tr1, tr2)))
-                    par[p] = _pareto(cand)
-                res = par[0]
-            memo[key] = res
-            return res
-
-        out = node(self.idx.root[1], self.sink)
+        out = _ParetoPass(self, t, mem, deadline).node(self.idx.root[1], self.sink)
         if out:
             self._last_feasible = (key, out)
         return out
@@ -309,3 +237,88 @@ def _pareto(entries: list) -> list:
             continue
         kept.append(e)
     return kept
+
+
+class _ParetoPass:
+    """One pass of :meth:`GeneralStageDP.pareto` at target ``t`` and memory ``mem``: the Pareto sets
+    of every tree node (memoised per in-flight summary ``G``) and the stage options of every
+    segment."""
+
+    def __init__(self, dp: GeneralStageDP, t: float, mem: float, deadline: float | None) -> None:
+        self.dp, self.mem, self.deadline = dp, mem, deadline
+        self.ok = {b: (tb.tps <= t, tb.degrees) for b, tb in dp._tps.items()}
+        self.stage_memo: dict[tuple[int, int, int], tuple] = {}
+        self.memo: dict[tuple[int, tuple], list] = {}
+
+    def stage_options(self, g: int, G: tuple) -> list:
+        """Segment ``g`` as one stage under summary ``G``: per configuration its first degree meeting
+        the target and the memory (devices, new summary, trace)."""
+        dp, mem, stage_memo, D, C = self.dp, self.mem, self.stage_memo, self.dp.D, self.dp._C
+        out = []
+        for ci, (b, _k) in enumerate(dp.configs):
+            i = G[ci]
+            n = dp.B // b
+            peak = max(1, min(n, -(-i // b))) * b
+            key = (g, ci, i)
+            hit = stage_memo.get(key)
+            if hit is None:
+                okb, degs = self.ok[b]
+                hit = ()
+                for j, d in enumerate(degs):
+                    if okb[g, j] and dp.osf * dp.W[g] + peak / d * dp.A[g] <= mem:
+                        row = dp.delta
+                        summ = tuple(i + row[cx][ci] for cx in range(C))
+                        hit = (d, summ, ("stage", g, ci, d, i))
+                        break
+                stage_memo[key] = hit
+            if hit and hit[0] <= D:
+                out.append(hit)
+        return out
+
+    def node(self, t_id: int, G: tuple) -> list:
+        key = (t_id, G)
+        got = self.memo.get(key)
+        if got is not None:
+            return got
+        kind, kids = self.dp.idx.nodes[t_id]
+        res = self._series(t_id, kids, G) if kind == "S" else self._parallel(t_id, kids, G)
+        self.memo[key] = res
+        return res
+
+    def _options(self, t_id: int, kids: list, p: int, q: int, G: tuple) -> list:
+        """Children ``p..q`` as one stage, or child ``p`` solved recursively (``q == p``, a tree node)."""
+        if q == p and kids[p][0] == "node":
+            return self.node(kids[p][1], G)
+        return self.stage_options(int(self.dp.idx.seg[t_id][p, q]), G)
+
+    def _series(self, t_id: int, kids: list, G: tuple) -> list:
+        D, k = self.dp.D, len(kids)
+        suf: list[list] = [[] for _ in range(k + 1)]
+        suf[k] = [(0, G, None)]
+        for p in range(k - 1, -1, -1):
+            check_deadline(self.deadline)
+            cand = []
+            for q in range(p, k):
+                for dv2, G2, tr2 in suf[q + 1]:
+                    for dv1, G1, tr1 in self._options(t_id, kids, p, q, G2):
+                        if dv1 + dv2 <= D:
+                            cand.append((dv1 + dv2, G1, (tr1, tr2)))
+            suf[p] = _pareto(cand)
+        return suf[0]
+
+    def _parallel(self, t_id: int, kids: list, G: tuple) -> list:
+        D, k = self.dp.D, len(kids)
+        par: list[list] = [[] for _ in range(k + 1)]
+        par[k] = [(0, None, None)]
+        for p in range(k - 1, -1, -1):
+            check_deadline(self.deadline)
+            cand = []
+            for q in range(p, k):
+                opts = self._options(t_id, kids, p, q, G)
+                for dv2, G2, tr2 in par[q + 1]:
+                    for dv1, G1, tr1 in opts:
+                        if dv1 + dv2 <= D:
+                            merged = G1 if G2 is None else tuple(map(max, G1, G2))
+                            cand.append((dv1 + dv2, merged, (tr1, tr2)))
+            par[p] = _pareto(cand)
+        return par[0]

@@ -6,8 +6,8 @@ prefix DPs (:func:`prefix_series`, :func:`prefix_parallel`) price what comes bef
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -155,10 +155,10 @@ def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.nda
         val = (F[:, :, :, :, None] + HO[:, :, None, :, :]).min(axis=(1, 3))           # (T, s, e)
         out[:, sv] = np.minimum(out[:, sv], val)
     if site.groups:
-        F, O = group_parts(site, dev, suf, par_suf, parts.prepar, sv, size, sat)
+        F, Out = group_parts(site, dev, suf, par_suf, parts.prepar, sv, size, sat)
         step = max(1, (1 << 21) // max(1, T * len(sv) * size * size))       # bound the temporary
         for lo in range(0, len(site.groups), step):
-            val = (F[:, lo:lo + step, :, :, None] + O[:, lo:lo + step, None]).min(axis=(1, 3))   # (T, s, e)
+            val = (F[:, lo:lo + step, :, :, None] + Out[:, lo:lo + step, None]).min(axis=(1, 3))   # (T, s, e)
             out[:, sv] = np.minimum(out[:, sv], val)
     return np.minimum(out, INF)
 
@@ -166,7 +166,7 @@ def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.nda
 def group_parts(site: AttachSite, dev: np.ndarray, suf: np.ndarray, par_suf: np.ndarray,
                 prepar: list[np.ndarray], sv: np.ndarray, size: int, sat: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """For the site's whole-branch groups ``(a, c)``: ``F[., grp, s, m]``, the shared stage at depth
-    ``m`` with the series rest after it (successor depth ``s``), and ``O[., grp, m, e]``, the
+    ``m`` with the series rest after it (successor depth ``s``), and ``Out[., grp, m, e]``, the
     branches before ``a`` and after ``c`` with that stage as successor (``m <= e``: nothing before)."""
     T = dev.shape[0]
     qs = [q for q, _ in site.groups[0][2]]
@@ -181,5 +181,5 @@ def group_parts(site: AttachSite, dev: np.ndarray, suf: np.ndarray, par_suf: np.
     a = np.asarray([x for x, _, _ in site.groups])
     c = np.asarray([z for _, z, _ in site.groups])
     PP = np.stack(prepar, axis=1)                                                        # (T, i, m, e)
-    O = PP[:, a] + par_suf[:, c + 1] + _head_base(T, size)[:, None]
-    return F, np.minimum(O, INF)
+    Out = PP[:, a] + par_suf[:, c + 1] + _head_base(T, size)[:, None]
+    return F, np.minimum(Out, INF)

@@ -1,10 +1,11 @@
-"""A stage the GraphPipe DP chose (:class:`DPStage`), the DP's value encoding (devices, then stages)
+"""A stage the GraphPipe DP chose (:class:`DPStage`), the DP's value encoding (devices, then stages),
+the records of a DP pass (:class:`DPProbe`) and of one micro-batch size's tables (:class:`SizeTables`)
 and the contiguous device ranges its stages get (:func:`assign_devices`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -59,3 +60,23 @@ def assign_devices(stages: Sequence[DPStage], devices_per_node: int | None) -> l
         out[i] = tuple(range(nxt, nxt + d))
         nxt += d
     return out
+
+
+@dataclass(frozen=True)
+class DPProbe:
+    """One batched DP pass: ``devices[i, e]`` = fewest devices for ``pairs[i]`` at depth ``<= e``;
+    ``kept`` the DP's tables for :meth:`StageDP.traceback` (``None`` when not kept)."""
+
+    pairs: tuple[tuple[int, float], ...]
+    devices: np.ndarray
+    kept: tuple | None = None
+    E: int | None = None        # the depth bound the pass ran under (``None``: the DP's own ``E``)
+    sat: bool = False           # its depths saturated at ``E`` (StageDP.depth_cap)
+
+
+@dataclass
+class SizeTables:
+    degrees: tuple[int, ...]
+    tps: np.ndarray
+    maxdepth: np.ndarray
+    best: np.ndarray           # dp_stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF

@@ -5,8 +5,8 @@ count memory allows, and the fewest devices that meet a target TPS (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -35,53 +35,15 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     its outgoing edges.  A shared-sink stage is summed the same way (a sum over its leaf set
     adds the same values in hash order, so there the two agree to rounding).  Runs of similar lengths are scanned together, one row
     each of a padded table (row-wise cumulative sums add in scan order)."""
-    n = len(idx.leaf_order)
     seq = _edge_sequence(idx, edges)
     ptr = seq.ptr
-    S = len(idx.seg_lo)
-    T = idx.n_tree_segments
-    # runs: (a1, b1, a2, b2) leaf ranges scanned (a2 = b2 = n + 1: none) and the producers
-    # inside, [a1, c1) and from a2 on (a tree run: from a1 on, as the reference loop has it); per
-    # segment its run and its end's offset in the run's scan
-    lo, hi = idx.seg_lo[:T], idx.seg_hi[:T]
-    present = np.zeros(n + 1, dtype=bool)
-    present[lo] = True
-    first = np.flatnonzero(present)
-    run_of = (np.cumsum(present) - 1)[lo]
-    far = np.zeros(len(first), dtype=np.int64)
-    np.maximum.at(far, run_of, hi)
-    none = np.full_like(first, n + 1)
-    runs = [np.stack([first, far, none, none, none], axis=1)]
-    seg_run = [run_of]
-    seg_at = [ptr[hi] - ptr[lo]]
-    if S > T:
-        l1, h1, l2, h2 = idx.seg_lo[T:], idx.seg_hi[T:], idx.seg_lo2[T:], idx.seg_hi2[T:]
-        assert (h1 <= l2).all()
-        keys, pick, run_of = np.unique((l1 * (n + 1) + h1) * (n + 1) + l2, return_index=True,
-                                       return_inverse=True)
-        run_of = run_of.reshape(-1)
-        far = np.zeros(len(keys), dtype=np.int64)
-        np.maximum.at(far, run_of, h2)
-        runs.append(np.stack([l1[pick], h1[pick], l2[pick], far, h1[pick]], axis=1))
-        seg_run.append(run_of + len(first))
-        seg_at.append((ptr[h1] - ptr[l1]) + (ptr[h2] - ptr[l2]))
-    runs_a = np.concatenate(runs)
-    seg_run_a = np.concatenate(seg_run)
-    seg_at_a = np.concatenate(seg_at)
+    S, T = len(idx.seg_lo), idx.n_tree_segments
+    runs_a, seg_run_a, seg_at_a = _runs(idx, ptr)
     pp = np.r_[ptr, 0]          # ptr[n + 1] = 0: the empty second range
     p1, q1 = pp[runs_a[:, 0]], pp[runs_a[:, 1]]
     p2, q2 = pp[runs_a[:, 2]], pp[runs_a[:, 3]]
     length = (q1 - p1) + (q2 - p2)
-    # chunks of runs of similar scan lengths, at most ~2M table cells each
-    by_len = np.argsort(length, kind="stable")
-    lens = length[by_len].tolist()
-    bounds = [0]
-    while bounds[-1] < len(lens):
-        a = bounds[-1]
-        b = a + 1
-        while b < len(lens) and lens[b] <= 2 * lens[a] + 16 and (b + 1 - a) * (lens[b] + 1) <= 1 << 21:
-            b += 1
-        bounds.append(b)
+    by_len, lens, bounds = _chunks(length)
     run_chunk = np.empty(len(lens), dtype=np.int64)
     run_row = np.empty(len(lens), dtype=np.int64)
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
@@ -108,6 +70,53 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     count = (n_in + n_out).astype(float)
     nbytes = s_in + s_out
     return SegmentComm(count, nbytes)
+
+
+def _runs(idx: TreeIndex, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs scanned, ``(a1, b1, a2, b2, c1)`` per row: leaf ranges (``a2 = b2 = n + 1``: none)
+    and the producers inside, ``[a1, c1)`` and from ``a2`` on (a tree run: from ``a1`` on, as the
+    reference loop has it); per segment its run and its end's offset in the run's scan."""
+    n = len(idx.leaf_order)
+    S = len(idx.seg_lo)
+    T = idx.n_tree_segments
+    lo, hi = idx.seg_lo[:T], idx.seg_hi[:T]
+    present = np.zeros(n + 1, dtype=bool)
+    present[lo] = True
+    first = np.flatnonzero(present)
+    run_of = (np.cumsum(present) - 1)[lo]
+    far = np.zeros(len(first), dtype=np.int64)
+    np.maximum.at(far, run_of, hi)
+    none = np.full_like(first, n + 1)
+    runs = [np.stack([first, far, none, none, none], axis=1)]
+    seg_run = [run_of]
+    seg_at = [ptr[hi] - ptr[lo]]
+    if S > T:
+        l1, h1, l2, h2 = idx.seg_lo[T:], idx.seg_hi[T:], idx.seg_lo2[T:], idx.seg_hi2[T:]
+        assert (h1 <= l2).all()
+        keys, pick, run_of = np.unique((l1 * (n + 1) + h1) * (n + 1) + l2, return_index=True,
+                                       return_inverse=True)
+        run_of = run_of.reshape(-1)
+        far = np.zeros(len(keys), dtype=np.int64)
+        np.maximum.at(far, run_of, h2)
+        runs.append(np.stack([l1[pick], h1[pick], l2[pick], far, h1[pick]], axis=1))
+        seg_run.append(run_of + len(first))
+        seg_at.append((ptr[h1] - ptr[l1]) + (ptr[h2] - ptr[l2]))
+    return np.concatenate(runs), np.concatenate(seg_run), np.concatenate(seg_at)
+
+
+def _chunks(length: np.ndarray) -> tuple[np.ndarray, list[int], list[int]]:
+    """Runs of similar scan lengths in chunks of at most ~2M table cells: the runs by length, their
+    lengths in that order, and the chunks' bounds in it."""
+    by_len = np.argsort(length, kind="stable")
+    lens = length[by_len].tolist()
+    bounds = [0]
+    while bounds[-1] < len(lens):
+        a = bounds[-1]
+        b = a + 1
+        while b < len(lens) and lens[b] <= 2 * lens[a] + 16 and (b + 1 - a) * (lens[b] + 1) <= 1 << 21:
+            b += 1
+        bounds.append(b)
+    return by_len, lens, bounds
 
 
 class _EdgeSequence:
@@ -190,7 +199,7 @@ def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
 
 
 def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
-              degrees: Sequence[int], *, mini_batch: int, latency: float, comm_bandwidth: float,
+              degrees: Sequence[int], *, mini_batch_size: int, latency: float, comm_bandwidth: float,
               allreduce_bandwidth: Sequence[float]) -> np.ndarray:
     """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
     ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes.
@@ -204,16 +213,16 @@ def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm
         C = segment_sums(idx, compute[j])
         comm_half = comm_time(comm.nbytes, b / d, comm_bandwidth, latency, comm.count)
         ar = allreduce_time(W, d, allreduce_bandwidth[j])
-        tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch)
+        tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch_size)
     return tps
 
 
-def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch: int,
+def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch_size: int,
                memory: float, osf: float) -> np.ndarray:
     """Deepest position (1 = sink) each segment may take at each degree under the memory limit:
     ``osf * W + min(depth, n) * b / d * A <= memory``; 0 = not even as a sink, ``BIG_DEPTH`` = never
     binds."""
-    n_micro = mini_batch // b
+    num_micro_batches = mini_batch_size // b
     static = memory - osf * W
     out = np.empty((len(W), len(degrees)), dtype=np.int64)
     for j, d in enumerate(degrees):
@@ -221,7 +230,7 @@ def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, 
             md = np.floor(static * d / (b * A))
         md = np.where(A > 0, md, BIG_DEPTH)
         md = np.where(static < 0, 0, md)
-        md = np.where(md >= n_micro, BIG_DEPTH, md)
+        md = np.where(md >= num_micro_batches, BIG_DEPTH, md)
         out[:, j] = np.clip(md, 0, BIG_DEPTH).astype(np.int64)
     return out
 

@@ -3,7 +3,7 @@ and parallel splits, shared-sink stages with their branch heads and the other br
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,16 +22,34 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
     feas = np.nonzero(decode(Rroot[0]) <= D)[0]
     if len(feas) == 0:
         raise ValueError(f"target {t!r} is infeasible at b={b}")
-    e0 = int(feas[0])
-    out = []
-    col = {d: j for j, d in enumerate(degrees)}
+    tb = _Traceback(idx, degrees, tps, dev, tables, R, prefer_shared, E, sat)
+    tb.walk(idx.root[1], 0, int(feas[0]))
+    tb.out.sort(key=lambda st: st.first)
+    return tb.out
 
-    def emit(g: int, depth: int) -> None:
+
+class _Traceback:
+    """One traceback: the pass's tables and the stages emitted so far (``out``).  :meth:`walk` follows
+    a tree node's choices; :meth:`series_choice` and :meth:`attach_walk` find the choice worth a
+    value in a series (a segment or a child), and at a shared-sink site; :meth:`head_walk` and
+    :meth:`others_walk` emit a shared-sink stage's branch head and the other branches."""
+
+    def __init__(self, idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, dev: np.ndarray, tables: list,
+                 R: list, prefer_shared: bool, E: int, sat: bool) -> None:
+        self.idx, self.tps, self.dev, self.tables, self.R = idx, tps, dev, tables, R
+        self.prefer_shared, self.E, self.sat = prefer_shared, E, sat
+        self.out: list[DPStage] = []
+        self.col = {d: j for j, d in enumerate(degrees)}
+
+    def emit(self, g: int, depth: int) -> None:
+        idx, dev, E, tps, col = self.idx, self.dev, self.E, self.tps, self.col
         depth = min(depth, E)
         d = int(decode(dev[g, depth]))
-        out.append(DPStage(idx.leaves(g), d, depth, float(tps[g, col[d]]), int(idx.seg_lo[g])))
+        self.out.append(DPStage(idx.leaves(g), d, depth, float(tps[g, col[d]]), int(idx.seg_lo[g])))
 
-    def walk(t_id: int, s: int, e: int, p: int = 0) -> None:
+    def walk(self, t_id: int, s: int, e: int, p: int = 0) -> None:
+        idx, dev, tables, R, E, sat = self.idx, self.dev, self.tables, self.R, self.E, self.sat
+        prefer_shared = self.prefer_shared
         kind, kids = idx.nodes[t_id]
         suf, segs, k = tables[t_id], idx.seg[t_id], len(kids)
         while p < k:
@@ -41,23 +59,23 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
             found = None
             site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
             if site is not None and prefer_shared:   # fewer stages and transfers at the same value
-                qm = attach_walk(site, suf, s, e, target)
+                qm = self.attach_walk(site, suf, s, e, target)
                 if qm is not None:
                     p, e = qm[0] + 1, qm[1] - 1
                     continue
             if kind == "S":
-                found = series_choice(kids, segs, suf, p, s, e, target, internal)
+                found = self.series_choice(kids, segs, suf, p, s, e, target, internal)
                 if found is None and site is not None and not prefer_shared:
-                    qm = attach_walk(site, suf, s, e, target)
+                    qm = self.attach_walk(site, suf, s, e, target)
                     assert qm is not None
                     p, e = qm[0] + 1, qm[1] - 1
                     continue
                 assert found is not None
                 q, m = found
                 if q == p and internal:
-                    walk(kids[p][1], m, e)
+                    self.walk(kids[p][1], m, e)
                 else:
-                    emit(int(segs[p, q]), m + 1)
+                    self.emit(int(segs[p, q]), m + 1)
                 p, e = q + 1, m
             else:
                 qs = np.arange(p + int(internal), k)
@@ -71,14 +89,15 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 assert found is not None
                 q = found[0]
                 if q == p and internal:
-                    walk(kids[p][1], s, e)
+                    self.walk(kids[p][1], s, e)
                 else:
-                    emit(int(segs[p, q]), s + 1)
+                    self.emit(int(segs[p, q]), s + 1)
                 p = q + 1
 
-    def series_choice(kids, segs, suf, p: int, s: int, e: int, target: int, internal: bool):
+    def series_choice(self, kids, segs, suf, p: int, s: int, e: int, target: int, internal: bool):
         """The first ``(q, m)``, by ``m`` ascending then ``q`` descending, whose series choice is worth
         ``target``: segment ``p..q`` at depth ``m+1``, or child ``p`` solved recursively (``q = p``)."""
+        dev, R, E, sat = self.dev, self.R, self.E, self.sat
         ms = np.arange(s, e + 1 if sat and e == E else e)
         if len(ms) == 0:
             return None
@@ -96,8 +115,9 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
         mi = int(cols[0])
         return p + int(np.nonzero(hit[:, mi])[0][-1]), int(ms[mi])
 
-    def attach_walk(site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
+    def attach_walk(self, site, suf, s: int, e: int, target: int) -> tuple[int, int] | None:
         """Find a shared-sink choice worth ``target`` and emit its stages: ``(q, m)``, or ``None``."""
+        idx, dev, tables, R, E, sat = self.idx, self.dev, self.tables, self.R, self.E, self.sat
         par_suf = tables[site.par]
         Rb = [None if x is None else x[None] for x in R]
         parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E, sat)
@@ -118,9 +138,9 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
             if len(hit):
                 ui, qi, mi = (int(x) for x in hit[0])
                 m = int(ms[mi])
-                emit(int(G[ui, qi]), m)
-                head_walk(site, i, us[ui], m, e, parts.heads[i])
-                others_walk(site, i, i, m, e, parts.prepar)
+                self.emit(int(G[ui, qi]), m)
+                self.head_walk(site, i, us[ui], m, e, parts.heads[i])
+                self.others_walk(site, i, i, m, e, parts.prepar)
                 return qs[qi], int(rs[mi]) + 1
         mg = np.arange(s + 1, e + 1)
         rg = mg - 1
@@ -139,12 +159,13 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
             if len(hit):
                 gi, qi, mi = (int(x) for x in hit[0])
                 m = int(mg[mi])
-                emit(int(G[gi, qi]), m)
-                others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
+                self.emit(int(G[gi, qi]), m)
+                self.others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
                 return qs[qi], int(rg[mi]) + 1
         return None
 
-    def head_walk(site, i: int, u: int, m: int, e: int, pre: list) -> None:
+    def head_walk(self, site, i: int, u: int, m: int, e: int, pre: list) -> None:
+        idx, dev, R, E, sat = self.idx, self.dev, self.R, self.E, self.sat
         hb, cb = idx.nodes[site.par][1][i]
         if u == 0:
             return
@@ -160,20 +181,21 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                 m1 = min(m + 1, E) if sat else m + 1
                 rest = pre[0, v, m1, e] if m1 <= E else INF
                 if dev[g, m + 1] + rest == target:
-                    emit(g, m1)
+                    self.emit(g, m1)
                     nxt = (v, m1)
                     break
             if nxt is None:
                 c = kids[u - 1][1]
                 m2 = next(x for x in range(E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
-                walk(c, m, m2)
+                self.walk(c, m, m2)
                 nxt = (u - 1, m2)
             u, m = nxt
 
-    def others_walk(site, a: int, c: int, m: int, e: int, prepar: list) -> None:
+    def others_walk(self, site, a: int, c: int, m: int, e: int, prepar: list) -> None:
         """The branches before ``a`` and after ``c`` (their successor at depth ``m``)."""
+        idx, dev, R, E, sat = self.idx, self.dev, self.R, self.E, self.sat
         if c + 1 < len(idx.nodes[site.par][1]):
-            walk(site.par, m, e, c + 1)
+            self.walk(site.par, m, e, c + 1)
         kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
         j = a
         while j > 0:
@@ -185,16 +207,12 @@ def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int
                     continue
                 g = int(segs[v, j - 1])
                 if e >= (min(m + 1, E) if sat else m + 1) and dev[g, m + 1] + prepar[v][0, m, e] == target:
-                    emit(g, m + 1)
+                    self.emit(g, m + 1)
                     nxt = v
                     break
             if nxt is None:
                 c = kids[j - 1][1]
                 assert R[c][m, e] + prepar[j - 1][0, m, e] == target
-                walk(c, m, e)
+                self.walk(c, m, e)
                 nxt = j - 1
             j = nxt
-
-    walk(idx.root[1], 0, e0)
-    out.sort(key=lambda st: st.first)
-    return out

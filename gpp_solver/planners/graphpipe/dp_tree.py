@@ -38,7 +38,7 @@ class TreeIndex:
     seg_lo2: np.ndarray | None = None
     seg_hi2: np.ndarray | None = None
     #: shared-sink sites: series node -> its :class:`AttachSite` list (empty without ``shared_sinks``)
-    sites: dict[int, list["AttachSite"]] = field(default_factory=dict)
+    sites: dict[int, list[AttachSite]] = field(default_factory=dict)
     n_tree_segments: int = 0
     #: sizes of the blocks of several operators a coarsened series holds (``index_tree``'s
     #: ``max_series_children``; empty: the full search space)
@@ -90,39 +90,59 @@ def index_tree(tree: SPNode, shared_sinks: bool = False, max_series_children: in
     always share a stage.  The DP's search space is then coarser (``TreeIndex.blocks`` counts the
     blocks of more than one operator): its answers are stagings, not the optimum over the full
     space.  NASNet-A large, SP-ized, is one series of 977 children (480,000 segments)."""
-    leaf_order: list = []
-    nodes: list = []
-    child_range: list = []
-    seg: list = []
-    lo_list: list[int] = []
-    hi_list: list[int] = []
+    if isinstance(tree, Leaf):
+        # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
+        tree = Series((tree,))
+    f = _Flattener(max_series_children)
+    root, _, _, height = f.walk(tree)
+    lo, hi = np.concatenate(f.lo_list), np.concatenate(f.hi_list)
+    idx = TreeIndex(tuple(f.leaf_order), f.nodes, f.child_range, f.seg, lo, hi, root, height,
+                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo), tuple(f.blocks))
+    if shared_sinks:
+        add_shared_sinks(idx)
+    return idx
 
-    def walk(t: SPNode) -> tuple[tuple[str, int], int, int, int]:
+
+class _Flattener:
+    """The lists :func:`index_tree` fills while it walks the tree: leaves in order, internal nodes,
+    their children's leaf ranges, segment ids and bounds, and the blocks of coarsened series."""
+
+    def __init__(self, max_series_children: int | None) -> None:
+        self.max_series_children = max_series_children
+        self.leaf_order: list = []
+        self.nodes: list = []
+        self.child_range: list = []
+        self.seg: list = []
+        self.lo_list: list[int] = []
+        self.hi_list: list[int] = []
+        self.blocks: list[int] = []
+
+    def walk(self, t: SPNode) -> tuple[tuple[str, int], int, int, int]:
         """Returns (handle, lo, hi, height)."""
         if isinstance(t, Leaf):
-            leaf_order.append(t.node)
-            p = len(leaf_order) - 1
+            self.leaf_order.append(t.node)
+            p = len(self.leaf_order) - 1
             return ("leaf", p), p, p + 1, 1
-        kids = [walk(c) for c in t.children]
+        kids = [self.walk(c) for c in t.children]
         kind = "S" if isinstance(t, Series) else "P"
-        if kind == "S" and max_series_children is not None and len(kids) > max_series_children:
-            kids = _blocks(kids, max_series_children)
+        if kind == "S" and self.max_series_children is not None and len(kids) > self.max_series_children:
+            kids = self._blocks(kids, self.max_series_children)
         height = sum(k[3] for k in kids) if kind == "S" else max(k[3] for k in kids)
         k = len(kids)
         ids = np.full((k, k), -1, dtype=np.int64)
         iu, ju = np.triu_indices(k)
-        base = sum(len(x) for x in lo_list)
+        base = sum(len(x) for x in self.lo_list)
         ids[iu, ju] = np.arange(base, base + len(iu))
         los = np.asarray([c[1] for c in kids], dtype=np.int64)
         his = np.asarray([c[2] for c in kids], dtype=np.int64)
-        lo_list.append(los[iu])
-        hi_list.append(his[ju])
-        nodes.append((kind, [h for h, *_ in kids]))
-        child_range.append([(lo, hi) for _, lo, hi, _ in kids])
-        seg.append(ids)
-        return ("node", len(nodes) - 1), kids[0][1], kids[-1][2], height
+        self.lo_list.append(los[iu])
+        self.hi_list.append(his[ju])
+        self.nodes.append((kind, [h for h, *_ in kids]))
+        self.child_range.append([(lo, hi) for _, lo, hi, _ in kids])
+        self.seg.append(ids)
+        return ("node", len(self.nodes) - 1), kids[0][1], kids[-1][2], height
 
-    def _blocks(kids: list, limit: int) -> list:
+    def _blocks(self, kids: list, limit: int) -> list:
         """Runs of operator children cut into blocks: ``("leaf", first position)`` over the run's
         leaf range, height 1 (a block is one stage)."""
         internal = sum(1 for h, *_ in kids if h[0] == "node")
@@ -149,20 +169,8 @@ def index_tree(tree: SPNode, shared_sinks: bool = False, max_series_children: in
                 part = r[i * len(r) // n:(i + 1) * len(r) // n]
                 out.append((("leaf", part[0][1]), part[0][1], part[-1][2], 1))
                 if len(part) > 1:
-                    blocks.append(len(part))
+                    self.blocks.append(len(part))
         return out
-
-    blocks: list[int] = []
-    if isinstance(tree, Leaf):
-        # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
-        tree = Series((tree,))
-    root, _, _, height = walk(tree)
-    lo, hi = np.concatenate(lo_list), np.concatenate(hi_list)
-    idx = TreeIndex(tuple(leaf_order), nodes, child_range, seg, lo, hi, root, height,
-                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo), tuple(blocks))
-    if shared_sinks:
-        add_shared_sinks(idx)
-    return idx
 
 
 def add_shared_sinks(idx: TreeIndex) -> None:

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any
 
 from gpp_solver.cost.model import stage_costs
-from gpp_solver.planners.graphpipe.dp_stage import assign_devices
-from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
+from gpp_solver.planners.graphpipe.dp_stage import assign_devices
 from gpp_solver.planners.graphpipe.staging import K_OPTIONS, PLANNER, estimate_iteration, raise_degrees
 from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -45,11 +46,12 @@ def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: 
                          price, deadline)
 
 
-def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[int], search_k: bool,
+def plan_per_stage(graph: Graph, cluster: Cluster, mini_batch_size: int, dec, sizes: Sequence[int], search_k: bool,
                     degree_options: Sequence[int] | None, deadline: float | None, schedule: str = "1f1b") -> Plan:
     """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, then the leftover-device
     pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
     and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
+    B = mini_batch_size          # the paper's B
     gdp = GeneralStageDP(graph, cluster, B, micro_batch_sizes=sizes, k_options=K_OPTIONS if search_k else (1,),
                          decomposition=dec, degree_options=degree_options)
     res = gdp.search(deadline=deadline)

@@ -76,13 +76,13 @@ from typing import Any
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.planners.graphpipe.per_stage import plan_per_stage
+from gpp_solver.plan.validate import validate
 from gpp_solver.planners.graphpipe.options import GraphPipeOptions
+from gpp_solver.planners.graphpipe.per_stage import plan_per_stage
+from gpp_solver.planners.graphpipe.sp_tree import decompose
 from gpp_solver.planners.graphpipe.staging import PLANNER
 from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.planners.registry import parse_options
-from gpp_solver.plan.validate import validate
-from gpp_solver.planners.graphpipe.sp_tree import decompose
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)

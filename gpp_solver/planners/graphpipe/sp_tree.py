@@ -43,8 +43,9 @@ cut's block: ``O(n^2)`` in all (NASNet-A, 1,251 operators, in about half a secon
 from __future__ import annotations
 
 import heapq
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterator, Sequence, Union
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -66,17 +67,17 @@ class Leaf:
 class Series:
     """Blocks in sequence: each node of ``children[i]`` precedes each node of ``children[i+1]``."""
 
-    children: tuple["SPNode", ...]
+    children: tuple[SPNode, ...]
 
 
 @dataclass(frozen=True)
 class Parallel:
     """Blocks with no dependency between any two of them."""
 
-    children: tuple["SPNode", ...]
+    children: tuple[SPNode, ...]
 
 
-SPNode = Union[Leaf, Series, Parallel]
+SPNode = Leaf | Series | Parallel
 
 
 @dataclass(frozen=True)
@@ -193,21 +194,40 @@ def decompose(graph: Any) -> SPDecomposition:
     n = len(order)
     if n == 0:
         raise InvalidGraphError("cannot decompose an empty graph")
-    idx = {v: i for i, v in enumerate(order)}
-    # reach[u, v]: a path u -> ... -> v (u != v); rows filled in reverse topological order
-    reach = np.zeros((n, n), dtype=bool)
-    for i in range(n - 1, -1, -1):
-        row = reach[i]
-        for s in succ[order[i]]:
-            j = idx[s]
-            np.logical_or(row, reach[j], out=row)
-            row[j] = True
-    forced: list[tuple[tuple[Hashable, ...], tuple[Hashable, ...], int]] = []
-    names = np.empty(n, dtype=object)          # the operators by index, for fancy indexing
-    for i, v in enumerate(order):
-        names[i] = v
+    d = _Decomposer(order, succ)
+    import sys
+    limit = sys.getrecursionlimit()
+    if limit < 4 * n + 100:
+        sys.setrecursionlimit(4 * n + 100)
+    try:
+        tree = d.build(np.arange(n, dtype=np.int64), d.reach.sum(axis=1), d.reach.sum(axis=0))
+    finally:
+        sys.setrecursionlimit(limit)
+    return SPDecomposition(tree=tree, order=order, forced_cuts=tuple(d.forced))
 
-    def components(mem: np.ndarray, cd: np.ndarray, ca: np.ndarray) -> np.ndarray | None:
+
+class _Decomposer:
+    """The reachability matrix of the operators (in topological order) and the recursion that
+    splits a set of them into series or parallel parts (:meth:`build`), recording forced cuts."""
+
+    def __init__(self, order: list, succ: dict) -> None:
+        n = len(order)
+        self.order = order
+        idx = {v: i for i, v in enumerate(order)}
+        # reach[u, v]: a path u -> ... -> v (u != v); rows filled in reverse topological order
+        self.reach = reach = np.zeros((n, n), dtype=bool)
+        for i in range(n - 1, -1, -1):
+            row = reach[i]
+            for s in succ[order[i]]:
+                j = idx[s]
+                np.logical_or(row, reach[j], out=row)
+                row[j] = True
+        self.forced: list[tuple[tuple[Hashable, ...], tuple[Hashable, ...], int]] = []
+        self.names = np.empty(n, dtype=object)          # the operators by index, for fancy indexing
+        for i, v in enumerate(order):
+            self.names[i] = v
+
+    def components(self, mem: np.ndarray, cd: np.ndarray, ca: np.ndarray) -> np.ndarray | None:
         """``None`` when the set is one comparability component, else per member the lowest
         position of its component.  Every member reaches one of the set's sinks and is reached
         by one of its sources, so two members are in one component iff the sinks below them
@@ -215,6 +235,7 @@ def decompose(graph: Any) -> SPDecomposition:
         source x sink reachability table."""
         k = len(mem)
         src, snk = np.flatnonzero(ca == 0), np.flatnonzero(cd == 0)
+        reach = self.reach
         table = reach[np.ix_(mem[src], mem[snk])] | (src[:, None] == snk[None, :])
         a, b = np.nonzero(table)
         lab = _weak_labels(len(src) + len(snk), a, b + len(src))[len(src):]
@@ -227,12 +248,12 @@ def decompose(graph: Any) -> SPDecomposition:
         np.minimum.at(head, lab, np.arange(k))
         return head[lab]
 
-    def build(mem: np.ndarray, cd: np.ndarray, ca: np.ndarray) -> SPNode:
+    def build(self, mem: np.ndarray, cd: np.ndarray, ca: np.ndarray) -> SPNode:
         """``mem``: the set's members ascending (== topological order); ``cd`` / ``ca``: per member
         its number of descendants / ancestors inside the set."""
         k = len(mem)
         if k == 1:
-            return Leaf(order[mem[0]])
+            return Leaf(self.order[mem[0]])
         pos = np.arange(k)
         # pairs (prefix member, suffix member) without a path, cut after position i (1..k-1):
         # moving member i into the prefix adds its non-descendants after it and drops its
@@ -241,45 +262,40 @@ def decompose(graph: Any) -> SPDecomposition:
         cuts = np.flatnonzero(missing == 0) + 1
         if not len(cuts):
             if not np.any(cd + ca == k - 1):        # no member comparable to all: maybe split
-                lab = components(mem, cd, ca)
+                lab = self.components(mem, cd, ca)
                 if lab is not None:
                     heads = np.flatnonzero(lab == pos)
                     kids = []
                     for h in heads:
                         sel = lab == h
-                        kids.append(build(mem[sel], cd[sel], ca[sel]))
+                        kids.append(self.build(mem[sel], cd[sel], ca[sel]))
                     return Parallel(tuple(kids))
-            # forced cut: the fewest missing pairs, then the most balanced, then the earliest
-            best = int(missing.min())
-            cand = np.flatnonzero(missing == best)
-            at = int(cand[np.argmin(np.abs(cand + 1 - k / 2))]) + 1
-            pre, suf = mem[:at], mem[at:]
-            forced.append((tuple(names[pre].tolist()), tuple(names[suf].tolist()), best))
-            across = reach[np.ix_(pre, suf)]
-            blocks = [(pre, cd[:at] - across.sum(axis=1), ca[:at]),
-                      (suf, cd[at:], ca[at:] - across.sum(axis=0))]
+            blocks = self._forced_cut(mem, cd, ca, missing)
         else:
             bounds = [0, *cuts.tolist(), k]
             # a series cut: every member before it reaches every member after it
             blocks = [(mem[a:b], cd[a:b] - (k - b), ca[a:b] - a) for a, b in zip(bounds, bounds[1:])]
         out: list[SPNode] = []
         for bm, bd, ba in blocks:
-            child = build(bm, bd, ba)
+            child = self.build(bm, bd, ba)
             if isinstance(child, Series):
                 out.extend(child.children)
             else:
                 out.append(child)
         return Series(tuple(out))
 
-    import sys
-    limit = sys.getrecursionlimit()
-    if limit < 4 * n + 100:
-        sys.setrecursionlimit(4 * n + 100)
-    try:
-        tree = build(np.arange(n, dtype=np.int64), reach.sum(axis=1), reach.sum(axis=0))
-    finally:
-        sys.setrecursionlimit(limit)
-    return SPDecomposition(tree=tree, order=order, forced_cuts=tuple(forced))
+    def _forced_cut(self, mem: np.ndarray, cd: np.ndarray, ca: np.ndarray, missing: np.ndarray) -> list:
+        """No series cut and no parallel split: cut where the fewest pairs lack a path, then the most
+        balanced, then the earliest; the missing pairs are recorded (``forced_cuts``)."""
+        k = len(mem)
+        best = int(missing.min())
+        cand = np.flatnonzero(missing == best)
+        at = int(cand[np.argmin(np.abs(cand + 1 - k / 2))]) + 1
+        pre, suf = mem[:at], mem[at:]
+        self.forced.append((tuple(self.names[pre].tolist()), tuple(self.names[suf].tolist()), best))
+        across = self.reach[np.ix_(pre, suf)]
+        return [(pre, cd[:at] - across.sum(axis=1), ca[:at]),
+                (suf, cd[at:], ca[at:] - across.sum(axis=0))]
 
 
 def describe(tree: SPNode, names: Sequence[str] | None = None) -> str:

@@ -5,14 +5,15 @@ fast pricing of a staging and the leftover-device pass."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from gpp_solver.cost.model import CostTables, iteration_time_estimate, stage_costs, stage_transfers
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
+from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.types import Cluster, Graph
 
 PLANNER = "graphpipe"
@@ -25,20 +26,22 @@ def stage_specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None,
     return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=b, k=k) for s, d in zip(stages, devs)]
 
 
-def estimate_iteration(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], B: int) -> float:
+def estimate_iteration(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_batch_size: int) -> float:
+    B = mini_batch_size          # the paper's B
     stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
     costs = stage_costs(graph, cluster, specs, B)
     return iteration_time_estimate(costs, stage_graph_edges(graph, stage_of), B)
 
 
-def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, tables: CostTables
-           ) -> tuple[float, float]:
+def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, mini_batch_size: int,
+                  tables: CostTables) -> tuple[float, float]:
     """``(TPS, iteration estimate)`` of DP stages at ``b`` on their :func:`assign_devices` ranges:
     the figures of :func:`gpp_solver.cost.model.stage_costs` and :func:`~gpp_solver.cost.model.iteration_time_estimate`
     (same formulas, same transfers), with each stage's compute summed from ``tables`` at once
     instead of node by node — this runs for every candidate staging and every leftover-device step.
     It must exist beside ``stage_costs`` because it prices DP stages (no ``StageSpec`` built) with the
     compute vectorised over nodes; every formula is the cost model's pricing core."""
+    B = mini_batch_size          # the paper's B
     return StagingPricer(graph, cluster, stages, b, B, tables).price(stages)
 
 
@@ -134,7 +137,7 @@ class StagingPricer:
         return tps, L + (B // b - 1) * max(pm) + float(np.max(allreduce))
 
 
-def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
+def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, mini_batch_size: int,
                            degree_options: Sequence[int], tables: CostTables | None = None,
                            deadline: float | None = None) -> tuple[DPStage, ...]:
     """Give devices the DP left unused to stages, greedily, while the iteration estimate improves.
@@ -147,6 +150,7 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     the limit; the plan's TPS stays at most the DP's target.  Past ``deadline`` (``time.perf_counter()``)
     it stops with the steps taken so far (a valid staging).
     """
+    B = mini_batch_size          # the paper's B
     tables = tables or CostTables(graph)
     opts = sorted(d for d in degree_options if b % d == 0)
     pricer = StagingPricer(graph, cluster, stages, b, B, tables)

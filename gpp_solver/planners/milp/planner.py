@@ -27,26 +27,29 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
+
+# isort: split
 import pulp
 
-from gpp_solver._backend.progress import ProgressBar
-from gpp_solver.formats.cluster import as_cluster
-from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError
-from gpp_solver.formats.graph import as_graph
-from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
-from gpp_solver.plan.validate import validate
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
-from gpp_solver.planners.milp.model import MilpModel, build_model
-from gpp_solver.planners.milp.options import MilpOptions
-from gpp_solver.planners.registry import parse_options
+from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.errors import InfeasibleError, InvalidInputError, SearchSpaceTooLargeError, SolverError
+from gpp_solver.formats.cluster import as_cluster
+from gpp_solver.formats.graph import as_graph
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.validate import validate
+from gpp_solver.planners.milp.model import MilpModel, build_model
+from gpp_solver.planners.milp.options import MilpOptions
 from gpp_solver.planners.milp.space import contiguous_ranges, layouts
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 

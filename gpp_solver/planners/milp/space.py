@@ -23,7 +23,7 @@ all-reduce included).  Memory feasibility uses the validator's tolerance (``M(S)
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from gpp_solver.types import Graph
 

@@ -68,7 +68,7 @@ class StageCosts:
     need the heuristic may be deferred: ``inf`` in ``out``, listed in ``hard``, bounded below by
     ``tf`` (the all-fastest TPS) until :meth:`fill` solves them."""
 
-    kernel: "StageCostKernel"
+    kernel: StageCostKernel
     opt: DegreeOptions
     S: np.ndarray
     d: int
@@ -209,7 +209,7 @@ class StageCostKernel:
             e_bytes = self.node_bytes(opt, S)                               # the same for every d
         bad = (S & ~opt.supported).any(axis=1)
         result = []
-        for j, d in enumerate(ds):
+        for d in ds:
             Y = self.S1 // d + 2
             ys = np.arange(Y, dtype=float)
             mem_low = mem_low_all[:, :Y]
@@ -259,7 +259,10 @@ class StageCostKernel:
                 dq = np.where(opt.avail[rows, o], q[rows, o] - q[rows, f], 0.0)
                 ratio = np.where(cand, dq / np.where(cand, sav, 1.0), INF)
             order = np.argsort(ratio, axis=1, kind="stable")                  # ties: lower node first
-            take = lambda arr: np.take_along_axis(arr, order, axis=1)
+
+            def take(arr: np.ndarray, order: np.ndarray = order) -> np.ndarray:
+                return np.take_along_axis(arr, order, axis=1)
+
             self._tables[key] = (order, take(np.where(cand, sav, 0.0)),
                                  take(np.where(cand, np.broadcast_to(dq, sav.shape), 0.0)), take(cand))
         return self._tables[key]

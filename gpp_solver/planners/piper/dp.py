@@ -27,6 +27,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -150,64 +151,68 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
            deadline: float | None = None, progress: bool = False) -> DPResult:
     """Fill the table over ``downsets`` (sorted by size, the empty set first, the full set last) and
     rebuild the best partition.  ``deadline`` (a ``time.monotonic()`` instant) raises SolverError."""
-    K, S1 = inst.devices, inst.bound_s
     tab = _Table(inst, downsets)
-    X, dp = tab.X, tab.dp
     ND = len(downsets)
     ker = StageCostKernel(inst, objective)
-    limit = INF if objective == "memory" else inst.memory
-    Xf = X.astype(float)
-    unsup = {o.t: Xf @ (~o.supported).astype(float) for o in inst.degrees}
-    # node-additive quantities of every downset; a stage D \ D' gets G[D] - G[D'] (no per-stage sums)
-    G = {o.t: Xf @ ker.node_columns(o) for o in inst.degrees}
-    c_in = np.zeros((inst.n, inst.n))
-    np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
-    into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
-    pairs = 0
-    bps = Breakpoints(dp)
-    bps.add(0, dp[0])
-    # every (t, d) as an offset (dt, d), dominators first
-    offsets = sorted((d * o.t, d) for o in inst.degrees for d in ker.ds if d * o.t <= K and d <= S1)
-    combo = {(dt // d, d): c for c, (dt, d) in enumerate(offsets)}
-    preds = dominators(offsets)
+    fill = _Fill(inst, tab, ker, objective)
     bar = _progress(ND, progress)
     for i in range(1, ND):
         if deadline is not None and time.monotonic() > deadline:
             raise TimeLimitError(f"time limit reached in Piper's DP after {i} of {ND} downsets")
+        fill.row(i)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    full = ND - 1
+    best, bk, bs = _first_best(tab.dp[full])
+    if not np.isfinite(best):
+        return DPResult(INF, 0, 0, (), ND, fill.pairs)
+    stages = _reconstruct(inst, ker, tab, full, bk, bs, deadline)
+    return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND,
+                    fill.pairs)
+
+
+class _Fill:
+    """The table's rows, one downset ``D`` at a time (:meth:`row`): every stage ``D \\ D'`` at every
+    degree and device count, sparse (every knapsack now, through the breakpoints) or dense (the
+    knapsacks only where their lower bound could improve the table)."""
+
+    def __init__(self, inst: PiperInstance, tab: _Table, ker: StageCostKernel, objective: str) -> None:
+        self.inst, self.tab, self.ker = inst, tab, ker
+        self.K, self.S1 = inst.devices, inst.bound_s
+        X, dp = tab.X, tab.dp
+        self.limit = INF if objective == "memory" else inst.memory
+        Xf = X.astype(float)
+        self.unsup = {o.t: Xf @ (~o.supported).astype(float) for o in inst.degrees}
+        # node-additive quantities of every downset; a stage D \ D' gets G[D] - G[D'] (no per-stage sums)
+        self.G = {o.t: Xf @ ker.node_columns(o) for o in inst.degrees}
+        self.c_in = c_in = np.zeros((inst.n, inst.n))
+        np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
+        self.into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
+        self.pairs = 0
+        self.bps = Breakpoints(dp)
+        self.bps.add(0, dp[0])
+        # every (t, d) as an offset (dt, d), dominators first
+        K, S1 = self.K, self.S1
+        self.offsets = sorted((d * o.t, d) for o in inst.degrees for d in ker.ds if d * o.t <= K and d <= S1)
+        self.combo = {(dt // d, d): c for c, (dt, d) in enumerate(self.offsets)}
+        self.preds = dominators(self.offsets)
+
+    def row(self, i: int) -> None:
+        """Downset ``i``'s row of the table, made monotone, and its breakpoints."""
+        tab, K, S1 = self.tab, self.K, self.S1
         subs = tab.subs(i)
-        pairs += len(subs)
-        acc = dp[i]
-        pending = []
-        sparse = bps.count(subs) < SPARSE_SHARE * len(subs) * (K + 1) * (S1 + 1)
-        staged = {}
-        z = np.where(X[i], 0.0, 1.0) @ c_in                           # 2c from outside D into each node
-        for opt in inst.degrees:
-            ok = unsup[opt.t][i] - unsup[opt.t][subs] < 0.5
-            if limit < INF:
-                ok &= G[opt.t][i, 1] - G[opt.t][subs, 1] <= limit * (1 + 1e-9) + 1.0
-            rows = subs[ok]
-            dlist = [d for d in ker.ds if d * opt.t <= K and d <= S1]
-            if len(rows) == 0 or not dlist:
-                continue
-            S = X[i][None] & ~X[rows]
-            sub_dp = None if sparse else dp[rows]
-            cut = into[i] + into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
-            pre = (G[opt.t][i] - G[opt.t][rows], cut)
-            # sparse: every knapsack now; dense: only where its lower bound could improve the table
-            cs = ker.costs_many(opt, S, dlist, defer=True, pre=pre)
-            if sparse:
-                fill_many(cs)
-            for d, c in zip(dlist, cs):
-                dt = d * opt.t
-                ycol = -(-np.arange(d, S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
-                if sparse:
-                    staged[combo[opt.t, d]] = (np.flatnonzero(ok), c.out[:, ycol])
-                    continue
-                _update_dense(acc, sub_dp, c.out[:, ycol], dt, d)
-                if c.hard.any():
-                    pending.append((c, sub_dp, dt, d, ycol))
+        self.pairs += len(subs)
+        acc = tab.dp[i]
+        pending: list[tuple] = []
+        sparse = self.bps.count(subs) < SPARSE_SHARE * len(subs) * (K + 1) * (S1 + 1)
+        staged: dict[int, tuple] = {}
+        z = np.where(tab.X[i], 0.0, 1.0) @ self.c_in                       # 2c from outside D into each node
+        for opt in self.inst.degrees:
+            self._degree(i, opt, subs, z, acc, sparse, staged, pending)
         if staged:
-            sparse_update(acc, bps, subs, offsets, preds, staged)
+            sparse_update(acc, self.bps, subs, self.offsets, self.preds, staged)
         if pending:     # monotone first: the lower-bound test compares against a finished table
             np.minimum.accumulate(acc, axis=0, out=acc)
             np.minimum.accumulate(acc, axis=1, out=acc)
@@ -219,17 +224,38 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
                 _update_dense(acc, sub_dp[use], c.out[use][:, ycol], dt, d)
         np.minimum.accumulate(acc, axis=0, out=acc)
         np.minimum.accumulate(acc, axis=1, out=acc)
-        bps.add(i, acc)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    full = ND - 1
-    best, bk, bs = _first_best(dp[full])
-    if not np.isfinite(best):
-        return DPResult(INF, 0, 0, (), ND, pairs)
-    stages = _reconstruct(inst, ker, tab, full, bk, bs, deadline)
-    return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, pairs)
+        self.bps.add(i, acc)
+
+    def _degree(self, i: int, opt: Any, subs: np.ndarray, z: np.ndarray, acc: np.ndarray, sparse: bool,
+                staged: dict[int, tuple], pending: list[tuple]) -> None:
+        """The stages ``D \\ D'`` at tensor-parallel option ``opt``: staged for the sparse update, or
+        applied to ``acc`` with their hard knapsacks left ``pending``."""
+        tab, ker, G = self.tab, self.ker, self.G
+        ok = self.unsup[opt.t][i] - self.unsup[opt.t][subs] < 0.5
+        if self.limit < INF:
+            ok &= G[opt.t][i, 1] - G[opt.t][subs, 1] <= self.limit * (1 + 1e-9) + 1.0
+        rows = subs[ok]
+        dlist = [d for d in ker.ds if d * opt.t <= self.K and d <= self.S1]
+        if len(rows) == 0 or not dlist:
+            return
+        X = tab.X
+        S = X[i][None] & ~X[rows]
+        sub_dp = None if sparse else tab.dp[rows]
+        cut = self.into[i] + self.into[rows] - 2 * np.where(X[rows], z, 0.0).sum(axis=1)
+        pre = (G[opt.t][i] - G[opt.t][rows], cut)
+        # sparse: every knapsack now; dense: only where its lower bound could improve the table
+        cs = ker.costs_many(opt, S, dlist, defer=True, pre=pre)
+        if sparse:
+            fill_many(cs)
+        for d, c in zip(dlist, cs):
+            dt = d * opt.t
+            ycol = -(-np.arange(d, self.S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
+            if sparse:
+                staged[self.combo[opt.t, d]] = (np.flatnonzero(ok), c.out[:, ycol])
+                continue
+            _update_dense(acc, sub_dp, c.out[:, ycol], dt, d)
+            if c.hard.any():
+                pending.append((c, sub_dp, dt, d, ycol))
 
 
 def _first_best(table: np.ndarray) -> tuple[float, int, int]:

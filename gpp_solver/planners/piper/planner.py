@@ -47,12 +47,12 @@ import numpy as np
 from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.piper.cost import DegreeOptions, PiperInstance
+from gpp_solver.planners.piper.dp import DPResult, enumerate_downsets, run_dp
 from gpp_solver.planners.piper.options import DEFAULT_MAX_DOWNSETS, MODES, PiperOptions
 from gpp_solver.planners.registry import parse_options
-from gpp_solver.planners.piper.dp import DPResult, enumerate_downsets, run_dp
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 _RAW = ("time_per_sample", "memory_b", "sync_time_fw", "sync_time_bw")

@@ -32,24 +32,29 @@ from __future__ import annotations
 import logging
 import math
 import time as _time
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from gpp_solver.planners.registry import parse_options
-from gpp_solver.planners.sequential.options import AlpaOptions
-from gpp_solver.planners.sequential.pipedream import plan_pipedream
 from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.plan.build import build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.common import (
+    attach_detached,
+    candidate_micro_batches,
+    pipedream_core,
+    usable_cluster,
+)
 from gpp_solver.planners.sequential.linearize import Linearization, topological_states
+from gpp_solver.planners.sequential.options import AlpaOptions
+from gpp_solver.planners.sequential.pipedream import plan_pipedream
 from gpp_solver.planners.sequential.pipedream_dp import INF, DeadlineReached, minmax_dp
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.planners.sequential.common import (attach_detached, candidate_micro_batches, pipedream_core,
-                                                   usable_cluster)
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 
@@ -263,32 +268,9 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
             f"({len(group_sizes(cluster))} group sizes) need {table_bytes(cluster, lin.n_states):.3g} bytes, more than "
             f"max_table_bytes={limit:.3g}; the (prefix, devices, group size) DP is quadratic in the devices")
     tried: dict[int, Any] = {}
-    complete = True
-    max_eps = 0.0
     pricer = SequentialPricer(graph, full, B, lin.order, inputs, sinks)
-    cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
-    lower: list[float] = []
-    for b in sizes:
-        if deadline is not None and _time.perf_counter() > deadline:
-            complete = False
-            break
-        try:
-            res = _solve(graph, cluster, lin, B, b, deadline, int(o.max_candidates))
-        except DeadlineReached:
-            complete = False
-            break
-        if res is None:
-            tried[b] = None
-            continue
-        objective, chain, done, eps = res
-        complete &= done
-        max_eps = max(max_eps, eps)
-        devs = _place(cluster, [s for _, _, s in chain])
-        core_stage = np.empty(len(lin.order), dtype=np.int64)
-        for i, (k, j, _) in enumerate(chain):    # topological prefixes: positions k..j-1
-            core_stage[k:j] = i
-        cands.append((b, objective, [(lin.stage_nodes(k, j), d) for (k, j, _), d in zip(chain, devs)]))
-        lower.append(pricer.price(core_stage, devs, b).lower_bound)
+    cands, lower, complete, max_eps = _stage_chains(graph, cluster, lin, B, sizes, deadline, int(o.max_candidates),
+                                                    pricer, tried)
 
     def build(i: int) -> Plan:
         b, objective, stages = cands[i]
@@ -310,13 +292,7 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     if best is None and not complete:
         raise TimeLimitError(f"alpa: the time limit ({time_limit} s) was reached before any micro-batch size finished")
     if best is None:
-        try:
-            plan_pipedream(graph, full, B, micro_batch_sizes=o.micro_batch_sizes)
-        except InfeasibleError as exc:
-            raise InfeasibleError(str(exc).replace("pipedream", "alpa", 1),
-                                  required_memory_bytes=exc.required_memory_bytes) from None
-        raise InfeasibleError(f"alpa: no plan of graph '{graph.name}' with group sizes {group_sizes(cluster)} "
-                              f"fits {cluster.memory_bytes:.4g} bytes per device (B={B})")
+        _raise_no_plan(graph, full, cluster, B, o.micro_batch_sizes)
     status = Status.FEASIBLE if complete else Status.TIME_LIMIT
     plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status,
                                            extra={**dict(best.search.extra), "tried": tried,
@@ -327,3 +303,49 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
                                                   "t_max_epsilon": max_eps}))
     validate(plan, graph, full)
     return plan
+
+
+def _stage_chains(graph: Graph, cluster: Cluster, lin: Linearization, B: int, sizes: Sequence[int], deadline: float | None,
+                  max_candidates: int, pricer: SequentialPricer, tried: dict[int, Any]
+                  ) -> tuple[list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]], list[float], bool, float]:
+    """Per micro-batch size the DP's chain with its placement and the lower bound of its simulated
+    iteration time (``tried[b] = None``: no chain fits); whether every size finished, and the
+    largest ``t_max`` epsilon."""
+    complete = True
+    max_eps = 0.0
+    cands: list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]] = []
+    lower: list[float] = []
+    for b in sizes:
+        if deadline is not None and _time.perf_counter() > deadline:
+            complete = False
+            break
+        try:
+            res = _solve(graph, cluster, lin, B, b, deadline, max_candidates)
+        except DeadlineReached:
+            complete = False
+            break
+        if res is None:
+            tried[b] = None
+            continue
+        objective, chain, done, eps = res
+        complete &= done
+        max_eps = max(max_eps, eps)
+        devs = _place(cluster, [s for _, _, s in chain])
+        core_stage = np.empty(len(lin.order), dtype=np.int64)
+        for i, (k, j, _) in enumerate(chain):    # topological prefixes: positions k..j-1
+            core_stage[k:j] = i
+        cands.append((b, objective, [(lin.stage_nodes(k, j), d) for (k, j, _), d in zip(chain, devs)]))
+        lower.append(pricer.price(core_stage, devs, b).lower_bound)
+    return cands, lower, complete, max_eps
+
+
+def _raise_no_plan(graph: Graph, full: Cluster, cluster: Cluster, B: int, micro_batch_sizes: Any) -> NoReturn:
+    """No chain fits: when PipeDream's planner finds no plan either, its message (with the memory
+    it would need) under Alpa's name; else Alpa's own message."""
+    try:
+        plan_pipedream(graph, full, B, micro_batch_sizes=micro_batch_sizes)
+    except InfeasibleError as exc:
+        raise InfeasibleError(str(exc).replace("pipedream", "alpa", 1),
+                              required_memory_bytes=exc.required_memory_bytes) from None
+    raise InfeasibleError(f"alpa: no plan of graph '{graph.name}' with group sizes {group_sizes(cluster)} "
+                          f"fits {cluster.memory_bytes:.4g} bytes per device (B={B})")

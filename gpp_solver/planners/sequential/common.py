@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
 from gpp_solver.plan.build import StageSpec
@@ -69,8 +69,9 @@ def attach_detached(graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[i
             for g, (_, devs, b) in zip(groups, rows)]
 
 
-def candidate_micro_batches(B: int, given: Sequence[int] | None = None) -> list[int]:
+def candidate_micro_batches(mini_batch_size: int, given: Sequence[int] | None = None) -> list[int]:
     """``given`` (each must divide ``B``) or the powers of two dividing ``B``, ascending."""
+    B = mini_batch_size          # the paper's B
     return list(check_micro_batch_sizes(B, None if given is None else list(given)))
 
 

@@ -26,9 +26,9 @@ set and ``states[-1]`` the full node set; every state comes after all its subset
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, Sequence
 
 import numpy as np
 

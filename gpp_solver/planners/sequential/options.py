@@ -3,8 +3,8 @@ planner, checked by :func:`gpp_solver.planners.registry.parse_options`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES

@@ -59,24 +59,29 @@ from __future__ import annotations
 import logging
 import math
 import time as _time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from gpp_solver.planners.registry import parse_options
-from gpp_solver.planners.sequential.options import PipeDreamOptions
 from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import node_bandwidth
 from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import build_plan
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 from gpp_solver.plan.validate import validate
+from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.common import (
+    attach_detached,
+    candidate_micro_batches,
+    pipedream_core,
+    usable_cluster,
+)
 from gpp_solver.planners.sequential.linearize import DEFAULT_MAX_STATES, Linearization, linearize
+from gpp_solver.planners.sequential.options import PipeDreamOptions
 from gpp_solver.planners.sequential.pipedream_dp import INF, DeadlineReached, DPTable, minmax_dp
 from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_simulation
-from gpp_solver.planners.sequential.common import (attach_detached, candidate_micro_batches, pipedream_core,
-                                                   usable_cluster)
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +180,7 @@ class RangeCosts:
 
     def __init__(self, graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int) -> None:
         self.graph, self.cluster, self.lin, self.B, self.b = graph, cluster, lin, B, b
-        self.n_micro = B // b
+        self.num_micro_batches = B // b
         nodes = [graph.node(v) for v in lin.order]
         W = lin.state_sums([n.weight_bytes for n in nodes])
         act = lin.state_sums([n.activation_bytes for n in nodes])
@@ -203,7 +208,7 @@ class RangeCosts:
         x = b / d
         comm = 2.0 * comm_time(self.in_b + self.out_b, x, bw, self.cluster.latency, self.in_c + self.out_c)
         tps = time_per_sample(self.compute(x) + comm, b, allreduce_time(self.W, d, bw), self.B)
-        f = min(self.n_micro, max(1, in_flight_stages)) * b
+        f = min(self.num_micro_batches, max(1, in_flight_stages)) * b
         mem = memory_per_device(self.cluster.optimizer_state_factor, self.W, f, d, self.act)
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)
 
@@ -342,14 +347,10 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
             f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
             required_memory_bytes=need)
     status = Status.FEASIBLE if info["complete"] else Status.TIME_LIMIT
-    plan = _with_search(best, replace(best.search, seconds=_time.perf_counter() - t0, status=status,
-                                      extra={**dict(best.search.extra), **info, "mode": "shared"}))
+    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status,
+                                        extra={**dict(best.search.extra), **info, "mode": "shared"}))
     validate(plan, graph, cluster)
     return plan
-
-
-def _with_search(plan: Plan, search: SearchInfo) -> Plan:
-    return replace(plan, search=search)
 
 
 def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, o: PipeDreamOptions) -> Plan:
@@ -385,7 +386,7 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, o: 
         raise InfeasibleError(f"pipedream-costs: PipeDream's partition (no memory constraint) needs "
                               f"{best.predicted.peak_memory_bytes:.4g} bytes per device, the cluster has "
                               f"{cluster.memory_bytes:.4g}", required_memory_bytes=best.predicted.peak_memory_bytes)
-    plan = _with_search(best, SearchInfo(
+    plan = replace(best, search=SearchInfo(
         _time.perf_counter() - t0, Status.OPTIMAL_WITHIN_SEARCH_SPACE,
         objective="least bottleneck stage time in PipeDream's own cost model over the chains of its "
                   "linearisation; then the micro-batch size of least simulated iteration time",

@@ -18,8 +18,8 @@ raises :class:`DeadlineReached` past it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -74,16 +74,16 @@ def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], 
     allowed = None if replicas is None else set(int(r) for r in replicas)
     S = subset.shape[0]
     starts = tuple(starts)
-    I = len(starts)
-    val = np.full((I, S, devices + 1), INF)
-    arg_k = np.full((I, S, devices + 1), -1, dtype=np.int64)
-    arg_r = np.zeros((I, S, devices + 1), dtype=np.int64)
-    val[np.arange(I), list(starts), 0] = 0.0
+    n_starts = len(starts)
+    val = np.full((n_starts, S, devices + 1), INF)
+    arg_k = np.full((n_starts, S, devices + 1), -1, dtype=np.int64)
+    arg_r = np.zeros((n_starts, S, devices + 1), dtype=np.int64)
+    val[np.arange(n_starts), list(starts), 0] = 0.0
     chunk = max(1, _CHUNK_ELEMS // max(1, S * S))
     for m in range(1, devices + 1):
-        best = np.full((I, S), INF)
-        bk = np.full((I, S), -1, dtype=np.int64)
-        br = np.zeros((I, S), dtype=np.int64)
+        best = np.full((n_starts, S), INF)
+        bk = np.full((n_starts, S), -1, dtype=np.int64)
+        br = np.zeros((n_starts, S), dtype=np.int64)
         for r in range(1, m + 1):
             if allowed is not None and r not in allowed:
                 continue
@@ -91,7 +91,7 @@ def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], 
                 raise DeadlineReached(f"the min-max DP reached its deadline at {m} of {devices} devices")
             T = np.where(subset, stage_time(m, r), INF)
             prev = val[:, :, m - r]
-            for lo in range(0, I, chunk):
+            for lo in range(0, n_starts, chunk):
                 p = prev[lo:lo + chunk]
                 live = np.isfinite(p).any(axis=0)          # only states some start can reach
                 if not live.any():

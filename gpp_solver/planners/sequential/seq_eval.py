@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import time as _time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
