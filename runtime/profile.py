@@ -19,9 +19,10 @@ pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` i
   state, which is what the runtime allocates; two users on one stage are counted twice (an
   overestimate of one copy);
 - ``output_bytes``: bytes per sample of the tensors other graph nodes read (or the model output);
-- ``activation_bytes`` (the rule): bytes per sample of the node's floating-point tensor inputs plus
-  its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus
-  the output that stays alive until the consumer's backward. Measured at the largest batch size.
+- ``activation_bytes``: bytes per sample that autograd keeps from the forward to the backward
+  pass, measured: the storages saved for backward (``saved_tensors_hooks``) in one training-mode
+  forward at the largest batch size, each storage once, charged to the node that produced it
+  (``runtime.capture.saved`` says why; parameters and buffers excluded).
 
 Optional fields (``spec/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
@@ -45,7 +46,6 @@ import argparse
 import json
 import logging
 import math
-import operator
 import os
 import platform
 import signal
@@ -58,6 +58,7 @@ import torch
 from gpp_solver.errors import InvalidInputError
 from . import cores
 from .capture.fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
+from .capture.saved import saved_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -139,17 +140,6 @@ def _forward_all(mg: ModelGraph, inputs: tuple, b: int) -> dict:
     return env
 
 
-def _activation_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
-    inside = set(members)
-    ins, outs = [], []
-    for n in members:
-        ins += [t for m in n.all_input_nodes if m.op != "get_attr" and m not in inside
-                for t in _tensors(env[m]) if t.is_floating_point()]
-        if not any(u in inside and u.target is operator.getitem for u in n.users):
-            outs += [t for t in _tensors(env[n]) if t.is_floating_point()]
-    return _nbytes(ins + outs) / b
-
-
 def _output_bytes(mg: ModelGraph, members, env: dict, b: int) -> float:
     inside = set(members)
     sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside
@@ -197,8 +187,9 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
             timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
             timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
         if b == batch_sizes[-1]:
+            kept = saved_bytes(mg, inputs)
             for gid, members in mg.groups:
-                act_bytes[gid] = _activation_bytes(mg, members, env, b)
+                act_bytes[gid] = kept[gid] / b
                 out_bytes[gid] = _output_bytes(mg, members, env, b)
     nodes = []
     for gid, members in mg.groups:

@@ -175,10 +175,57 @@ def stage_transfers(graph: Graph, stage_of: Mapping[str, int]) -> dict[int, list
     return out
 
 
-def stage_memory(graph: Graph, cluster: Cluster, stage: StageLike, in_flight_samples: float) -> float:
-    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``."""
+def stage_memory(graph: Graph, cluster: Cluster, stage: StageLike, in_flight_samples: float,
+                 stages: Sequence[StageLike] | None = None) -> float:
+    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``;
+    with ``cluster.memory_overheads``, :func:`memory_with_overheads` (the received buffers need the
+    plan's ``stages``)."""
+    if cluster.memory_overheads:
+        received = received_bytes(graph, stages, stage) if stages is not None else 0.0
+        return memory_with_overheads(graph, cluster.optimizer_state_factor, stage, in_flight_samples, received)
     return memory_per_device(cluster.optimizer_state_factor, stage_weight_bytes(graph, stage), in_flight_samples,
                              data_parallel(stage), stage_activation_bytes(graph, stage))
+
+
+#: tensors of one micro-batch's rows, each the size of the stage's largest node output, that a
+#: backward holds beside the saved activations: the gradient flowing into a node and the one it
+#: produces (at the sink: the loss's temporaries and gradient)
+TEMPORARY_OUTPUTS = 2
+
+
+def received_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) -> float:
+    """Bytes per sample ``stage`` receives from other stages (its incoming transfers, each once)."""
+    stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
+    mine = stage_of[stage.nodes[0]] if stage.nodes else -1
+    pairs: dict[str, float] = {}
+    for (u, v), nbytes in graph.edge_bytes_map.items():
+        if stage_of[v] == mine and stage_of[u] != mine:
+            pairs[u] = max(pairs.get(u, 0.0), nbytes)
+    return sum(pairs.values())
+
+
+def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_samples: float,
+                          received_per_sample: float) -> float:
+    """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
+
+    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets)`` where
+
+    * ``received``: bytes per sample of the values received from other stages (their copies stay
+      until the backward of their micro-batch);
+    * ``temporaries = max_v weight_bytes_v + TEMPORARY_OUTPUTS * b / d * max_v output_bytes_v``: a
+      node's weight gradient before it is added into ``.grad`` (the optimizer's per-tensor scratch
+      is no larger) and the gradients of one micro-batch's activations in flight during a backward;
+    * ``buckets = W_S`` when ``d > 1``: the data-parallel all-reduce's flat copy of the gradients,
+      alive after the last backward, when the activations are gone (so the larger of the two phases).
+    """
+    d = data_parallel(stage)
+    configs = _configs(graph, stage)
+    weights = sum(c.weight_bytes for c in configs)
+    largest_weight = max((c.weight_bytes for c in configs), default=0.0)
+    largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
+    temporaries = largest_weight + TEMPORARY_OUTPUTS * stage.micro_batch_size / d * largest_output
+    activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
+    return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch._C._profiler import _EventType
