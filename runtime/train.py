@@ -216,7 +216,8 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
                          optimizer_state_factor=factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce,
-                         memory_step=min(mem_step, max(0, args.steps - 1)), graph=args.graph, _setup=setup)
+                         memory_step=min(mem_step, max(0, args.steps - 1)), graph=args.graph,
+                         cluster=args.cluster, _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
     if opt is not None:
         pipe.use_optimizer(opt)  # states now, before the first step, an optimizer state the plan did not price

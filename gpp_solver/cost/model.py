@@ -191,6 +191,8 @@ def stage_memory(graph: Graph, cluster: Cluster, stage: StageLike, in_flight_sam
 #: backward holds beside the saved activations: the gradient flowing into a node and the one it
 #: produces (at the sink: the loss's temporaries and gradient)
 TEMPORARY_OUTPUTS = 2
+#: tensors of the largest parameter's size an Adam-class optimizer step allocates at once
+OPTIMIZER_STEP_SCRATCH = 3
 
 
 def received_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) -> float:
@@ -208,7 +210,7 @@ def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_
                           received_per_sample: float) -> float:
     """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
 
-    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets)`` where
+    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets, step)`` where
 
     * ``received``: bytes per sample of the values received from other stages (their copies stay
       until the backward of their micro-batch);
@@ -216,7 +218,10 @@ def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_
       node's weight gradient before it is added into ``.grad`` (the optimizer's per-tensor scratch
       is no larger) and the gradients of one micro-batch's activations in flight during a backward;
     * ``buckets = W_S`` when ``d > 1``: the data-parallel all-reduce's flat copy of the gradients,
-      alive after the last backward, when the activations are gone (so the larger of the two phases).
+      alive after the last backward, when the activations are gone (so the largest of the phases);
+    * ``step = OPTIMIZER_STEP_SCRATCH * max_v weight_bytes_v`` when ``osf >= 4`` (Adam's class):
+      the optimizer step's temporaries (``sqrt`` of the second moment, the quotient, the previous
+      parameter's quotient not yet freed); SGD, with or without momentum, updates in place.
     """
     d = data_parallel(stage)
     configs = _configs(graph, stage)
@@ -225,7 +230,8 @@ def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_
     largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
     temporaries = largest_weight + TEMPORARY_OUTPUTS * stage.micro_batch_size / d * largest_output
     activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
-    return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0)
+    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
+    return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
 
 
 @dataclass(frozen=True)

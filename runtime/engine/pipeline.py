@@ -45,6 +45,7 @@ Conventions:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import weakref
@@ -53,7 +54,8 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from gpp_solver.cost.model import stage_weight_bytes
+from gpp_solver.cost.model import stage_memory, stage_weight_bytes
+from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import as_graph
 from .executor import StageExecutor
@@ -78,7 +80,7 @@ class GraphPipeline:
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
                  tracing: dict | None = None, emulate_allreduce=None, memory_step: int | None = 1,
-                 memory_steps: int = 1, graph=None, _setup=None) -> None:
+                 memory_steps: int = 1, graph=None, cluster=None, _setup=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise InvalidInputError("GraphPipeline needs an initialised process group "
                                     "(torch.distributed.init_process_group under torchrun)")
@@ -107,6 +109,7 @@ class GraphPipeline:
         self.used_state_factor: float | None = None  # of the optimizer in use, once known
         self._optimizers: list = []  # weak references to the optimizers that step this stage
         self._graph = as_graph(graph) if graph is not None else None
+        self._cluster = as_cluster(cluster) if cluster is not None else None
         self._steps_run = 0
         self.memory = MemoryMeter(self.device, memory_step, memory_steps)
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
@@ -262,11 +265,15 @@ class GraphPipeline:
                     yield from (v for v in st.values() if isinstance(v, torch.Tensor))
 
     def predicted_peak_memory(self) -> float:
-        """The plan's memory of this rank's stage, its optimizer term for the optimizer in use:
-        ``memory_bytes + (used - planned factor) * W_S`` with ``W_S`` the stage's weight bytes of the
-        ``graph`` given to the constructor (else of the stage's parameters and buffers)."""
+        """The cost model's memory of this rank's stage for the optimizer in use: with the
+        constructor's ``graph`` and ``cluster``, ``stage_memory`` of the plan's stage on that cluster
+        with the optimizer's state factor; else the plan's ``memory_bytes + (used - planned factor) *
+        W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and buffers)."""
         stage = self.plan.solver.stage(self.stage.id)
         used = self.used_state_factor or self.measured_state_factor or self.plan_state_factor
+        if self._graph is not None and self._cluster is not None:
+            cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
+            return stage_memory(self._graph, cluster, stage, stage.in_flight_samples, self.plan.solver.stages)
         if self._graph is not None:
             weights = stage_weight_bytes(self._graph, stage)
         else:
