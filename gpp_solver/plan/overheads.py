@@ -40,7 +40,14 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
         return run(cluster)
     seen = replace(cluster, memory_overheads=False)
     for round_ in range(ROUNDS + 1):
-        found = run(seen)
+        try:
+            found = run(seen)
+        except InfeasibleError as exc:
+            if round_ == 0:
+                raise
+            raise InfeasibleError(f"no plan fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
+                                  f"memory overheads: planning again with {seen.memory_bytes:.6g} bytes (less the "
+                                  f"largest overhead) found none: {exc}") from None
         plan = priced(found, graph, cluster)
         if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
             if seen.memory_bytes < cluster.memory_bytes and plan.search.status != Status.FEASIBLE:
