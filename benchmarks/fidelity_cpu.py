@@ -17,7 +17,7 @@ the profile described a faster device than each of two concurrent ranks gets. So
 - each rank is pinned to its own core (``runtime.train --pin-cores``), one thread;
 - every core the plan does not use runs a pinned filler (``python -m runtime.cores``: the
   model's forward and backward in a loop, one thread, at the plan's largest micro-batch).
-  ``none`` profiles one process alone and fills nothing (the old behaviour).
+  ``none`` profiles one process alone and fills nothing.
 
 What is left: while a rank waits (a pipeline bubble, a receive, the all-reduce) its core idles,
 so the other ranks briefly run on a faster device than the profile's. Filling the ranks' own

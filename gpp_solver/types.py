@@ -218,18 +218,18 @@ class Status(StrEnum):
     """What a plan's search proved (``search.status``); each value is the plan JSON's string.
 
     An ``optimal-*`` status names the objective it was proven for: a plan optimal for the bottleneck
-    time-per-sample (TPS) may have a far longer iteration time than the best plan (README, "Plan
+    time-per-sample (TPS) may have a far longer iteration time than the best plan (docs/planners.md, "Plan
     statuses").
     """
 
     #: least bottleneck TPS of the cost model proven over ``milp``'s space (convex stages, any acyclic
     #: stage graph, one micro-batch size, 1F1B); says nothing about the iteration time
     OPTIMAL_TIME_PER_SAMPLE = "optimal-time-per-sample"
-    #: least simulated iteration time proven (reserved for an exact iteration-time method: no planner proves it yet)
+    #: least simulated iteration time proven over ``exact``'s space (convex stages, one micro-batch size, 1F1B)
     OPTIMAL_ITERATION_TIME = "optimal-iteration-time"
     #: the best plan of the planner's own restricted space for the objective named in ``search.objective``
     OPTIMAL_WITHIN_SEARCH_SPACE = "optimal-within-search-space"
-    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (formats.md's example; no
+    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (read; no
     #: built-in planner reports it)
     OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
     FEASIBLE = "feasible"                    # a valid plan, nothing proven about its quality

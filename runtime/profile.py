@@ -24,7 +24,7 @@ pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` i
   forward at the largest batch size, each storage once, charged to the node that produced it
   (``runtime.capture.saved`` says why; parameters and buffers excluded).
 
-Optional fields (``spec/formats.md``: fields may be added; readers keep them): every node has
+Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
 of the timed runs per micro-batch size (summed over its fx nodes), and ``"fx_nodes"`` when it
 merges several fx nodes; the document has ``"profile"``: ``{"device", "device_name", "threads",

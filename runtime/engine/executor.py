@@ -56,6 +56,28 @@ def _rows(tree, lo: int, hi: int):
     return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
 
 
+BATCH_LEVEL = ("a pipeline computes the loss per micro-batch, so it must be a sum or mean of per-sample "
+               "terms; a loss over the whole batch (a contrastive loss such as CLIP's, where each sample's "
+               "term depends on every other sample) cannot be split: use a per-sample loss, or keep the "
+               "batch-level part (the all-pairs similarity and its loss) out of the pipelined model and "
+               "its loss_fn")
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-4 * max(abs(a), abs(b), 1e-12)
+
+
+def _combine(halves: tuple[float, float, int, int], reduction: str) -> float:
+    """The loss of a chunk from its halves' losses, for a sum or a mean over samples."""
+    a, b, na, nb = halves
+    return a + b if reduction == "sum" else (a * na + b * nb) / (na + nb)
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 class StageExecutor:
     """Executes the actions of one rank (one replica of one stage) for each training step."""
 
@@ -192,7 +214,11 @@ class StageExecutor:
             if self.program.holds_sink:
                 tgt = _rows(target, c.lo, c.hi)
                 tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
-                loss = self.loss_fn(outs[-1], tgt)
+                try:
+                    loss = self.loss_fn(outs[-1], tgt)
+                except (IndexError, RuntimeError) as exc:  # e.g. labels of the whole batch
+                    raise InvalidInputError(f"loss_fn failed on samples {c.lo}:{c.hi} of the mini-batch "
+                                            f"({_one_line(exc)}); {BATCH_LEVEL}") from exc
                 if self.check_loss:
                     self._check_reduction(outs[-1], tgt, loss)
                 if self.loss_reduction == "mean":
@@ -211,23 +237,39 @@ class StageExecutor:
             raise InvalidInputError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
                                     f"{tuple(getattr(loss, 'shape', ()))}")
         twice = lambda t: torch.cat([t, t]) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        with torch.no_grad():
-            l2 = self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt))
         l1 = float(loss.detach())
-        l2 = float(l2)
-        ratio = {"mean": 1.0, "sum": 2.0}[self.loss_reduction]
-        if abs(l2 - ratio * l1) <= 1e-4 * max(abs(l1), abs(l2), 1e-12):
+        try:
+            with torch.no_grad():
+                l2 = float(self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt)))
+                halves = self._halves(out, tgt)
+        except (IndexError, RuntimeError) as exc:
+            raise InvalidInputError(f"loss_fn failed on a micro-batch repeated twice or cut in two "
+                                    f"({_one_line(exc)}); {BATCH_LEVEL}") from exc
+        fits = {red: _close(l2, ratio * l1) and (halves is None or _close(_combine(halves, red), l1))
+                for red, ratio in (("mean", 1.0), ("sum", 2.0))}
+        if fits[self.loss_reduction]:
             return
         other = {"mean": "sum", "sum": "mean"}[self.loss_reduction]
-        if abs(l2 - {"mean": 1.0, "sum": 2.0}[other] * l1) <= 1e-4 * max(abs(l1), abs(l2), 1e-12):
+        if fits[other]:
             raise InvalidInputError(
                 f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
                 f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
                 f"GraphPipeline(loss_reduction={other!r}) (runtime.train: set the workload's "
                 f"loss_reduction = {other!r})")
+        got = "" if halves is None else f", {halves[0]:.6g} and {halves[1]:.6g} on its two halves"
         raise InvalidInputError(
-            f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk and "
-            f"{l2:.6g} on the chunk twice); the pipeline splits the mini-batch and needs one of them")
+            f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk, {l2:.6g} "
+            f"on the chunk twice{got}); {BATCH_LEVEL}")
+
+    def _halves(self, out, tgt) -> tuple[float, float, int, int] | None:
+        """The losses of the chunk's two halves and their rows (None below 2 rows)."""
+        rows = next((t.shape[0] for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
+        if rows < 2:
+            return None
+        h = rows // 2
+        a = float(self.loss_fn(_rows(out, 0, h), _rows(tgt, 0, h)))
+        b = float(self.loss_fn(_rows(out, h, rows), _rows(tgt, h, rows)))
+        return a, b, h, rows - h
 
     def _backward(self, st: Step, c: Chunk, bufs: dict, state: dict, out_tensors: dict) -> None:
         leaves, outs, loss = state.pop(c.mb)

@@ -25,7 +25,9 @@ Conventions:
   over the samples it is given; with ``"sum"`` the sum. Either way the gradients after ``step``
   equal those of ``loss_fn(model(*inputs), target)`` on the whole mini-batch in one process. The
   first step checks the claim (the loss of a chunk repeated twice must be equal for a mean,
-  double for a sum) and raises ``InvalidInputError`` naming the mismatch.
+  double for a sum, and follow from the losses of the chunk's two halves) and raises
+  ``InvalidInputError`` naming the mismatch. A loss over the whole batch (CLIP's contrastive
+  loss) cannot be computed per micro-batch and is refused the same way.
 - Gradients accumulate into ``.grad`` like plain autograd: zero them before each step.
 - ``parameters()`` / ``named_parameters()`` / ``state_dict()`` are this rank's stage under the
   original model's qualified names (``text.0.weight``); a weight tied across stages keeps its

@@ -96,7 +96,8 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
     plan = load_plan_any(plan)
     if plan.world_size != world:
         raise InvalidPlanError(
-            f"the plan uses {plan.world_size} devices but {world} ranks were started "
+            f"the plan uses {_count(plan.world_size, 'device')} but {_count(world, 'rank')} "
+            f"{'was' if world == 1 else 'were'} started "
             f"(torchrun --nproc-per-node {plan.world_size})")
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
@@ -134,13 +135,18 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
                      fingerprint=fingerprint(plan, mg), names=names, tied=tied)
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def prepare(plan_path: str, model_spec: str, rank: int, world: int):
     """Load the plan and a workload module (after ``torch.manual_seed(0)``, so every rank starts
     from the same weights); returns (plan, workload). InvalidInputError (exit 2) on bad input."""
     plan = load_plan(plan_path)
     if plan.world_size != world:
         raise InvalidPlanError(
-            f"the plan uses {plan.world_size} devices but {world} ranks were started "
+            f"the plan uses {_count(plan.world_size, 'device')} but {_count(world, 'rank')} "
+            f"{'was' if world == 1 else 'were'} started "
             f"(torchrun --nproc-per-node {plan.world_size})")
     torch.manual_seed(0)
     return plan, load_workload(model_spec)

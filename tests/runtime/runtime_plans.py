@@ -53,3 +53,20 @@ def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None
            f"--nproc-per-node={nproc}", "-m", "runtime.train", "--threads", "1", *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_shape(doc: dict, *, stages: int | None = None, micro_batches: int | None = None,
+                 devices: list[int] | None = None, sizes: set[int] | None = None) -> None:
+    """Assert the plan document's shape before a test trains on it: the number of stages, the
+    micro-batches per stage (``B / b``, every stage), the devices of each stage in order, and that
+    every stage's micro-batch size is one of ``sizes``."""
+    got = [(len(s["devices"]), s["micro_batch_size"]) for s in doc["stages"]]
+    where = f"plan stages (devices, b): {got}, B = {doc['mini_batch_size']}"
+    if stages is not None:
+        assert len(got) == stages, where
+    if micro_batches is not None:
+        assert all(doc["mini_batch_size"] // b == micro_batches for _, b in got), where
+    if devices is not None:
+        assert [d for d, _ in got] == devices, where
+    if sizes is not None:
+        assert {b for _, b in got} <= sizes, where

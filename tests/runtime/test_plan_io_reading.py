@@ -1,5 +1,5 @@
 """The runtime reads plan files through gpp_solver's own reader: the same refusals as `gpp validate`
-(issue 15: non-UTF-8, deep nesting, huge numbers, non-object `predicted`/`search`, unknown fields),
+(non-UTF-8, deep nesting, huge numbers, non-object `predicted`/`search`, unknown fields),
 each one InvalidPlanError naming the problem, never a traceback of another kind."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def _chain(b0=2, b1=2, dev1=(1,)):
 
 
 def test_early_receive_before_a_send_deadlocks_under_rendezvous():
-    # the old posting (receives two compute actions ahead): stage 0 posts recv grad(mb0)
+    # an eager posting (receives two compute actions ahead): stage 0 posts recv grad(mb0)
     # before send act(mb0) on the one stream it shares with rank 1
     p, acts = _chain()
     items = posting(group_actions(acts[0]), "eager", lookahead=2)
