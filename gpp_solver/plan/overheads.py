@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 from gpp_solver.cost.model import stage_memory
 from gpp_solver.errors import InfeasibleError
