@@ -79,7 +79,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
         label = spec.removeprefix("examples.").replace(":", "-") + f"@{batch}"
         path = work / f"graph-{label}.json"
         sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
-        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--batch-sizes", sizes,
+        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--micro-batch-sizes", sizes,
                "-o", str(path), "--threads", "1", "--concurrent", str(concurrent)]
         res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
         if res.returncode != 0:

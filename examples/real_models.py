@@ -1,6 +1,6 @@
 """Workloads on models the project did not write, for ``runtime.profile`` and ``runtime.train``.
 
-    python -m runtime.profile --model examples.real_models:googlenet --batch-sizes 2,4 -o g.json
+    python -m runtime.profile --model examples.real_models:googlenet --micro-batch-sizes 2,4 -o g.json
 
 - ``googlenet`` / ``resnet18``: torchvision's definitions as shipped (in-place ReLUs, ``+=``),
   10 classes, 32x32 images, float64 (deep CNNs in fp32 differ from one process by rounding).

@@ -19,6 +19,9 @@ from gpp_solver.action import Action, as_order, order_text
 GRAPH_FORMAT = "gpp-graph/1"
 CLUSTER_FORMAT = "gpp-cluster/1"
 PLAN_FORMAT = "gpp-plan/1"
+#: bytes of weights + gradients + optimizer state per byte of weights when a cluster does not say
+#: (fp32 Adam: weights, gradients, m, v)
+DEFAULT_OPTIMIZER_STATE_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class Cluster:
     intra_node_bandwidth: float | None = None
     devices_per_node: int | None = None
     latency: float = 0.0
-    optimizer_state_factor: float = 4.0
+    optimizer_state_factor: float = DEFAULT_OPTIMIZER_STATE_FACTOR
     #: price the runtime's memory beyond weights, state and saved activations (cost model:
     #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
     memory_overheads: bool = False
@@ -289,6 +292,9 @@ class Plan:
     edges: tuple[tuple[int, int], ...]
     predicted: PlanPrediction
     search: SearchInfo
+    #: the cluster's ``optimizer_state_factor`` the plan's memory figures were computed with; None
+    #: when the document does not record it (the cluster the plan runs on then supplies it)
+    optimizer_state_factor: float | None = None
 
     def stage(self, stage_id: int) -> Stage:
         for s in self.stages:

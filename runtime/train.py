@@ -4,7 +4,7 @@ Commands (from the repository root; plans are JSON written by ``gpp plan`` or by
 ones in ``examples/plans/``):
 
     # profile the model into a graph the planner reads
-    python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
+    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
     # two-branch graph pipeline on 3 CPU ranks (branch 0 | branch 1 -> cat+head), checked
     # against one-process training
     torchrun --standalone --nproc-per-node 3 -m runtime.train \\
@@ -67,14 +67,14 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.formats.cluster import load_cluster
 from . import cores
 from .engine import checkpoint, metrics
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
-from .engine.stage_setup import build, prepare
+from .engine.stage_setup import build, prepare, seeded_workload
 from .capture.tracing import workload_hooks
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
+from .lowering.plan_io import predicted_time_per_sample
 
 logger = logging.getLogger("runtime.train")
 
@@ -94,8 +94,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     ap.add_argument("--optimizer-state-factor", type=float, default=None,
-                    help="the cluster's optimizer_state_factor the plan was made with (default: "
-                         "--cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about")
+                    help="the optimizer_state_factor the plan was made with (default: the plan's record, "
+                         "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about")
     ap.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
                     help="cast the model and floating inputs (default: as the workload makes them)")
     ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
@@ -145,19 +145,19 @@ def _fatal(rank: int, msg: str) -> None:
 
 class _Workload:
     """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
-    summed loss divided by the mini-batch size ``B`` (so gradients are those of the mean)."""
+    summed loss divided by the mini-batch size (so gradients are those of the mean)."""
 
-    def __init__(self, wl, dtype, mini_batch: int) -> None:
+    def __init__(self, wl, dtype, mini_batch_size: int) -> None:
         self.model = wl.model.to(dtype) if dtype is not None else wl.model
-        self._wl, self._dtype, self._b = wl, dtype, mini_batch
+        self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
         self.raw = wl
         self.reduction = getattr(wl, "loss_reduction", "sum")
         self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
         if self.reduction not in ("sum", "mean"):
             raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
 
-    def sample(self, b: int, step: int):
-        inputs, target = self._wl.sample(b, step)
+    def sample(self, rows: int, step: int):
+        inputs, target = self._wl.sample(rows, step)
         if self._dtype is None:
             return tuple(inputs), target
         cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
@@ -165,7 +165,7 @@ class _Workload:
 
     def loss(self, output, target):
         loss = self._wl.loss(output, target)
-        return loss if self.reduction == "mean" else loss / self._b
+        return loss if self.reduction == "mean" else loss / self.mini_batch_size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = torch.cuda.is_available() and not args.cpu
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
-        plan, raw = prepare(args.plan, args.model, rank, world)
+        plan, raw = prepare(args.plan, args.model)
         wl = _Workload(raw, _DTYPES.get(args.dtype), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
         if bool(args.graph) != bool(args.cluster):
@@ -217,12 +217,9 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
-    factor = args.optimizer_state_factor
-    if factor is None:
-        factor = load_cluster(args.cluster).optimizer_state_factor if args.cluster else 4.0
     mem_step = args.memory_step if args.memory_step is not None else max(1, args.warmup_steps - 1)
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
-                         optimizer_state_factor=factor, seed=args.seed, p2p=p2p,
+                         optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce,
                          memory_step=min(mem_step, max(0, args.steps - 1)), graph=args.graph,
                          cluster=args.cluster, _setup=setup)
@@ -289,10 +286,9 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
                 tied_bad.append(k)
             all_params.setdefault(k, v)
     per_step = next((r["losses"] for r in records if r["losses"] is not None), [])
-    b = setup.plan.mini_batch_size
-    stages = [{"id": s.id, "predicted_time_per_sample": s.predicted_time_per_sample}
+    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)}
               for s in setup.plan.stages]
-    m = metrics.summarize(records, stages, b, args.warmup_steps) if records[0]["steps"] else {}
+    m = metrics.summarize(records, stages, setup.plan.mini_batch_size, args.warmup_steps) if records[0]["steps"] else {}
     if m:
         m["losses"] = per_step
         m["first_step"] = start
@@ -318,9 +314,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
               file=sys.stderr, flush=True)
         code = 1
     if args.verify:
-        torch.manual_seed(0)
-        ref = _Workload(prepare(args.plan, args.model, 0, setup.plan.world_size)[1], _DTYPES.get(args.dtype),
-                        setup.plan.mini_batch_size)
+        ref = _Workload(seeded_workload(args.model), _DTYPES.get(args.dtype), setup.plan.mini_batch_size)
         want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
                                 lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
                                 device, args.seed, tracing=workload_hooks(ref.raw))

@@ -67,7 +67,7 @@ def test_installed_wheel_outside_the_checkout(tmp_path):
     assert where[2] == "None", "the checkout's runtime/ must not be importable here"
 
     concurrent = min(2, len(os.sched_getaffinity(0)))
-    run("-m", "gpp_runtime.profile", "--model", "mymodel:workload", "--batch-sizes", "2,4", "--warmup", "0",
+    run("-m", "gpp_runtime.profile", "--model", "mymodel:workload", "--micro-batch-sizes", "2,4", "--warmup", "0",
         "--repeats", "1", "--concurrent", str(concurrent), "-o", "graph.json")
     graph = json.loads((work / "graph.json").read_text())
     assert graph["extra"]["profile"]["concurrent"]["processes"] == concurrent

@@ -78,7 +78,7 @@ class GraphPipeline:
     """This rank's stage of a planned graph pipeline (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, plan, loss_fn, example_inputs, device=None, *,
-                 loss_reduction: str = "mean", optimizer_state_factor: float = 4.0,
+                 loss_reduction: str = "mean", optimizer_state_factor: float | None = None,
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
                  tracing: dict | None = None, emulate_allreduce=None, memory_step: int | None = 1,
@@ -105,7 +105,9 @@ class GraphPipeline:
         self.stage = setup.stage
         self.module = setup.program.module.to(self.device)
         self.module.train()
-        self.optimizer_state_factor = optimizer_state_factor
+        # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
+        self.optimizer_state_factor = (optimizer_state_factor if optimizer_state_factor is not None
+                                       else setup.optimizer_state_factor)
         self.strict_optimizer_state = strict_optimizer_state
         self.measured_state_factor: float | None = None
         self.used_state_factor: float | None = None  # of the optimizer in use, once known
@@ -142,7 +144,7 @@ class GraphPipeline:
         """Process groups, created on every rank in the same order: data-parallel, then tied."""
         dp_group = None
         for s in self.plan.stages:
-            if s.dp > 1:
+            if len(s.devices) > 1:
                 g = dist.new_group(list(s.devices))
                 if s.id == self.stage.id:
                     dp_group = g

@@ -1,7 +1,7 @@
 """``--verify``: train the same workload on one process and compare every parameter.
 
 The reference starts from the same weights (``torch.manual_seed(0)`` then ``FUNCTION()``), sees
-the same data (``sample(B, step)``), runs the same traced graph with the same dropout masks (each
+the same data (``sample(mini_batch_size, step)``), runs the same traced graph with the same dropout masks (each
 dropout node's mini-batch is split into the chunks its stage computes, each drawn from
 ``(seed, step, chunk's first sample, node)``, see ``runtime.capture.dropout``), uses the same loss
 and the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``) or
@@ -14,9 +14,10 @@ import logging
 
 import torch
 
+from gpp_solver.types import Plan
 from ..capture.dropout import Context, per_chunk, set_context
 from ..capture.fx_graph import set_training, trace
-from ..lowering.plan_io import Plan
+from ..lowering.plan_io import replica_batch
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def default_tolerance(dtype: torch.dtype, optimizer: str, lr: float, steps: int)
 
 def chunk_rows(plan: Plan) -> dict[str, int]:
     """Rows per chunk of every node: its stage's samples per replica and micro-batch."""
-    return {nid: s.replica_batch for s in plan.stages for nid in s.nodes}
+    return {nid: replica_batch(s) for s in plan.stages for nid in s.nodes}
 
 
 def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps: int,
@@ -63,7 +64,7 @@ def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps:
                      tracing: dict | None = None) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` steps of plain single-process training of ``model``.
 
-    ``sample(B, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
+    ``sample(mini_batch_size, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
     ``make_opt(params)`` the optimizer.
     """
     model = model.to(device)

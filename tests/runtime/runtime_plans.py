@@ -16,29 +16,30 @@ TWO_BRANCH = {0: ["branch0.fc1", "branch0.act", "branch0.fc2"],
               "merge": ["cat", "head"]}
 
 
-def one_f_one_b(depth: int, n: int) -> list[list]:
-    """1F1B order for a stage ``depth`` stages above the sink (0 = sink), n micro-batches."""
-    warm = min(depth, n)
+def one_f_one_b(depth: int, num_micro_batches: int) -> list[list]:
+    """1F1B order for a stage ``depth`` stages above the sink (0 = sink)."""
+    warm = min(depth, num_micro_batches)
     order = [["F", j] for j in range(warm)]
     f, b = warm, 0
-    while f < n:
+    while f < num_micro_batches:
         order += [["F", f], ["B", b]]
         f += 1
         b += 1
-    order += [["B", j] for j in range(b, n)]
+    order += [["B", j] for j in range(b, num_micro_batches)]
     return order
 
 
-def stage(sid: int, nodes: list[str], devices: list[int], b: int, big_b: int, depth: int,
-          order: list | None = None) -> dict:
+def stage(sid: int, nodes: list[str], devices: list[int], micro_batch_size: int, mini_batch_size: int,
+          depth: int, order: list | None = None) -> dict:
     """One stage dict with a 1F1B order (or ``order``)."""
-    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": b,
-            "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, big_b // b)}}
+    num_micro_batches = mini_batch_size // micro_batch_size
+    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": micro_batch_size,
+            "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, num_micro_batches)}}
 
 
-def plan(big_b: int, stages: list[dict], edges: list[list[int]]) -> dict:
+def plan(mini_batch_size: int, stages: list[dict], edges: list[list[int]]) -> dict:
     return {"format": "gpp-plan/1", "planner": "hand", "graph": "test",
-            "mini_batch_size": big_b, "stages": stages, "edges": edges}
+            "mini_batch_size": mini_batch_size, "stages": stages, "edges": edges}
 
 
 def write(tmp_path: Path, doc: dict, name: str = "plan.json") -> str:

@@ -16,7 +16,7 @@ import torch
 from gpp_solver import save_plan, solve
 from runtime.capture.fx_graph import load_workload
 from runtime.engine.memory import MemoryMeter, state_factor_of, storage_bytes
-from runtime.profile import profile
+from runtime.capture.profiler import profile
 from runtime_plans import torchrun
 
 RANK_FIELDS = {"rank", "stage", "peak_memory_bytes", "predicted_peak_memory_bytes"}

@@ -55,7 +55,7 @@ def test_profile_loads_a_module_that_imports_a_vision_or_text_library(tmp_path, 
     (tmp_path / "uses_lib.py").write_text(MODULE.format(imports=f"import {package}"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-m", "runtime.profile", "--model", "uses_lib.py:workload",
-                          "--batch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "-o", "g.json"],
+                          "--micro-batch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "-o", "g.json"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "g.json").exists()
