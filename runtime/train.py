@@ -292,7 +292,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
     if m:
         m["losses"] = per_step
         m["first_step"] = start
-        m["predicted_iteration_seconds"] = setup.plan.solver.predicted.iteration_time
+        m["predicted_iteration_seconds"] = setup.plan.predicted.iteration_time
         m["ranks"] = sorted((r["memory_stats"] for r in records), key=lambda x: x["rank"])
         by_step: dict[int, list] = {}
         for r in records:

@@ -224,9 +224,8 @@ class GraphPipeline:
     # -- memory -------------------------------------------------------------------------------------
     @property
     def plan_state_factor(self) -> float:
-        """The optimizer_state_factor the plan was priced with: the plan's own, else the constructor's."""
-        recorded = self.plan.raw.get("optimizer_state_factor")
-        return float(recorded) if recorded is not None else float(self.optimizer_state_factor)
+        """The optimizer_state_factor the plan was priced with (the constructor's, else the plan's record)."""
+        return float(self.optimizer_state_factor)
 
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
         """Declare the optimizer that steps this stage; states at once (warns when larger, raises
@@ -273,11 +272,11 @@ class GraphPipeline:
         constructor's ``graph`` and ``cluster``, ``stage_memory`` of the plan's stage on that cluster
         with the optimizer's state factor; else the plan's ``memory_bytes + (used - planned factor) *
         W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and buffers)."""
-        stage = self.plan.solver.stage(self.stage.id)
+        stage = self.plan.stage(self.stage.id)
         used = self.used_state_factor or self.measured_state_factor or self.plan_state_factor
         if self._graph is not None and self._cluster is not None:
             cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
-            return stage_memory(self._graph, cluster, stage, stage.in_flight_samples, self.plan.solver.stages)
+            return stage_memory(self._graph, cluster, stage, stage.in_flight_samples, self.plan.stages)
         if self._graph is not None:
             weights = stage_weight_bytes(self._graph, stage)
         else:
