@@ -94,6 +94,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-output-bytes", type=float, default=16 * 1024, help="emulated: per sample")
     ap.add_argument("--max-weight-bytes", type=float, default=1 * 2**20, help="emulated: per node")
     ap.add_argument("--time-limit", type=float, default=20.0, help="per planner call (seconds)")
+    ap.add_argument("--schedule", choices=("1f1b", "zb", "auto"), default=None,
+                    help="gpp's and graphpipe's micro-batch orders (default: each planner's own, gpp auto, "
+                         "graphpipe 1f1b)")
     ap.add_argument("--cluster", default=None, help="use this gpp-cluster/1 instead of probing")
     ap.add_argument("--json", default=None, help="write every row and the summary here")
     ap.add_argument("--workdir", default=None, help="keep graphs/plans/metrics here")
@@ -313,8 +316,9 @@ def run(args) -> tuple[list[dict], dict]:
                 row = {"model": label, "devices": n, "planner": planner, "group": (label, batch)}
                 rows.append(row)
                 try:
-                    plan = solve(graph, cdoc, mini_batch_size=batch, planner=planner,
-                                 time_limit=args.time_limit)
+                    plan = solve(graph, cdoc, mini_batch_size=batch, planner=planner, time_limit=args.time_limit,
+                                 **({"schedule": args.schedule}
+                                    if args.schedule and planner in ("gpp", "graphpipe") else {}))
                 except GppError as exc:
                     row["error"] = f"no plan: {str(exc).splitlines()[0][:120]}"
                     continue

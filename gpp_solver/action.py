@@ -1,4 +1,4 @@
-"""One step of a stage's micro-batch order: the forward or backward pass of one micro-batch.
+"""One step of a stage's micro-batch order: the forward, backward or weight-gradient pass of one micro-batch.
 
 :class:`Action` is a named tuple, so ``kind, j = action`` and ``action == ("F", 0)`` keep working;
 its text form round-trips (as torch.distributed.pipelining's ``_Action``)::
@@ -21,13 +21,15 @@ from gpp_solver.errors import InvalidPlanError
 
 
 class Kind(StrEnum):
-    """``F``: forward pass of a micro-batch; ``B``: its backward pass."""
+    """``F``: forward pass of a micro-batch; ``B``: its backward pass (the input gradient alone when
+    the stage's order holds ``W`` actions); ``W``: its weight gradient (split backward, zero bubble)."""
 
     F = "F"
     B = "B"
+    W = "W"
 
 
-_TEXT = re.compile(r"([FB])(0|[1-9][0-9]*)")
+_TEXT = re.compile(r"([FBW])(0|[1-9][0-9]*)")
 
 
 class Action(NamedTuple):
@@ -44,7 +46,7 @@ class Action(NamedTuple):
 
     @classmethod
     def of(cls, kind: str, micro_batch: int) -> "Action":
-        """The action ``kind`` (``"F"``/``"B"`` or a :class:`Kind`) of ``micro_batch``."""
+        """The action ``kind`` (``"F"``/``"B"``/``"W"`` or a :class:`Kind`) of ``micro_batch``."""
         return cls(Kind(kind), micro_batch)
 
     @classmethod
@@ -52,7 +54,7 @@ class Action(NamedTuple):
         """``"F0"`` -> ``Action(F, 0)``; anything else raises :class:`InvalidPlanError`."""
         m = _TEXT.fullmatch(text) if isinstance(text, str) else None
         if m is None:
-            raise InvalidPlanError(f"an action is F or B followed by a micro-batch index, e.g. 'F0', got {text!r}")
+            raise InvalidPlanError(f"an action is F, B or W followed by a micro-batch index, e.g. 'F0', got {text!r}")
         return cls(Kind(m.group(1)), int(m.group(2)))
 
     def to_json(self) -> list[Any]:
@@ -63,6 +65,11 @@ class Action(NamedTuple):
 def as_order(actions: Any) -> tuple[Action, ...]:
     """A stage order as :class:`Action` records (pairs such as ``("F", 0)`` are converted)."""
     return tuple(a if type(a) is Action and type(a.kind) is Kind else Action.of(*a) for a in actions)
+
+
+def has_weight_actions(actions: Any) -> bool:
+    """True when the order holds a ``W`` action: its ``B`` actions are then input gradients alone."""
+    return any(a[0] == "W" for a in actions)
 
 
 def order_text(actions: Any) -> str:

@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "stage; default: shared sinks allowed)")
     pl.add_argument("--search-k", action="store_true",
                     help="graphpipe: choose each stage's k of its kFkB schedule (Algorithm 2; default: 1F1B)")
+    pl.add_argument("--schedule", choices=["1f1b", "zb", "auto"], default=None, help="gpp, graphpipe: orders 1f1b (kFkB), "
+                    "zb (weight gradients split off as W actions, same memory), auto the faster (default: gpp auto, graphpipe 1f1b)")
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it to stdout, the summary to stderr)")
 
     c = sub.add_parser("compare", help="run several planners and print one row each")
@@ -258,10 +260,8 @@ def _run(args: argparse.Namespace) -> int:
             except ValueError:
                 raise InvalidInputError(f"--micro-batch-sizes must be comma-separated integers, got "
                                         f"{args.micro_batch_sizes!r}") from None
-        if args.per_stage_micro_batch:
-            opts["per_stage_micro_batch"] = True
-        if args.search_k:
-            opts["search_k"] = True
+        opts.update({k: True for k in ("per_stage_micro_batch", "search_k") if getattr(args, k)})
+        opts.update({} if args.schedule is None else {"schedule": args.schedule})    # other planners refuse it
         if args.depth_tradeoff is not None:
             opts["depth_tradeoff"] = args.depth_tradeoff
         if not args.shared_sinks:

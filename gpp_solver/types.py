@@ -35,6 +35,8 @@ class Tmpc:
     weight_bytes: float
     activation_bytes: float
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: the part of ``bw_time`` spent on weight gradients (``None``: the cost model's estimate)
+    bw_weight_time: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class Node:
     output_bytes: float
     tmpc: tuple[Tmpc, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: the part of ``bw_time`` spent on weight gradients, per micro-batch size (``None``: the cost
+    #: model's estimate, ``docs/zero-bubble.md``)
+    bw_weight_time: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

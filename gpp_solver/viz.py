@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 F_COLOR = "#4C72B0"   # forward passes
-B_COLOR = "#DD8452"   # backward passes
+B_COLOR = "#DD8452"   # backward passes (the input gradient alone in an order with W actions)
+W_COLOR = "#55A868"   # weight gradients (W actions, split backward)
 A_COLOR = "#8C8C8C"   # all-reduce tail (hatched)
 
 
@@ -198,7 +199,7 @@ def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, 
     for sid in ids:
         y = row[sid] - h / 2
         tasks = sorted(by_stage[sid], key=lambda t: t.start)
-        for kind, color in (("F", F_COLOR), ("B", B_COLOR)):
+        for kind, color in (("F", F_COLOR), ("B", B_COLOR), ("W", W_COLOR)):
             bars = [(t.start * scale, (t.end - t.start) * scale) for t in tasks if t.kind == kind]
             if bars:
                 ax.broken_barh(bars, (y, h), facecolors=color, edgecolors="white", linewidth=0.4)
@@ -228,7 +229,10 @@ def draw_gantt(plan: "Plan", graph: "Graph", cluster: "Cluster", ax: "Axes", *, 
     for lab, c in zip(ax.get_yticklabels(), st_colors):
         lab.set_color(mpl.colors.to_hex(tuple(0.8 * v for v in c[:3])))
     ax.set_xlabel(f"time ({unit})")
-    ax.legend(handles=[Patch(fc=F_COLOR, label="forward"), Patch(fc=B_COLOR, label="backward"),
+    has_w = any(t.kind == "W" for t in sim.tasks)
+    ax.legend(handles=[Patch(fc=F_COLOR, label="forward"),
+                       Patch(fc=B_COLOR, label="backward (input grad)" if has_w else "backward")]
+              + ([Patch(fc=W_COLOR, label="weight grad")] if has_w else []) + [
                        Patch(fc="white", ec=A_COLOR, hatch="////", label="all-reduce")],
               loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=fontsize + 1, frameon=False)
     if title is None:

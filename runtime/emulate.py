@@ -68,11 +68,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from gpp_solver.cost.model import interp_time, stage_costs
+from gpp_solver.cost.model import interp_time, node_weight_grad_time, stage_costs
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph, graph_to_dict
-from gpp_solver.types import Graph, Plan, Stage
+from gpp_solver.types import Graph, Node, Plan, Stage
+from .engine.split_backward import phase
 
 ENV_GRAPH = "GPP_EMULATE_GRAPH"
 ENV_CLUSTER = "GPP_EMULATE_CLUSTER"
@@ -130,7 +131,16 @@ class _Sleep(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        SLEEPER.sleep(ctx.op.bw(ctx.rows))
+        # a split backward (plans with W actions): the input-gradient share in B, the weight share
+        # in W; an op B did not reach (no input gradient needed through it) sleeps both in W
+        part, bw = phase(), ctx.op.bw(ctx.rows)
+        if part == "input":
+            ctx.input_done = True
+            SLEEPER.sleep(bw - ctx.op.wgt(ctx.rows))
+        elif part == "weight":
+            SLEEPER.sleep(ctx.op.wgt(ctx.rows) if getattr(ctx, "input_done", False) else bw)
+        else:
+            SLEEPER.sleep(bw)
         grads = [torch.zeros((), dtype=dtype, device=grad.device).expand(shape) if need else None
                  for (shape, dtype), need in zip(ctx.in_meta, ctx.needs_input_grad[2:])]
         return (None, None, *grads)
@@ -139,10 +149,12 @@ class _Sleep(torch.autograd.Function):
 class EmulatedOp(nn.Module):
     """One graph node: sleeps its profiled times, outputs ``width`` floats per sample."""
 
-    def __init__(self, node_id: str, fw_time, bw_time, sizes, width: int, weight_values: int) -> None:
+    def __init__(self, node_id: str, fw_time, bw_time, sizes, width: int, weight_values: int,
+                 weight_grad: Node | None = None) -> None:
         super().__init__()
         self.node_id = node_id
         self.fw_time, self.bw_time, self.sizes = tuple(fw_time), tuple(bw_time), tuple(sizes)
+        self.weight_grad = weight_grad      # the node whose weight-gradient time W sleeps
         self.width = width
         self.weight = nn.Parameter(torch.zeros(weight_values))
 
@@ -151,6 +163,11 @@ class EmulatedOp(nn.Module):
 
     def bw(self, rows: int) -> float:
         return interp_time(self.bw_time, self.sizes, rows)
+
+    def wgt(self, rows: int) -> float:
+        """The weight-gradient part of :meth:`bw` (the cost model's ``w_v``)."""
+        return 0.0 if self.weight_grad is None else min(self.bw(rows), node_weight_grad_time(
+            self.weight_grad, self.sizes, rows))
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         return _Sleep.apply(self, self.weight, *xs)
@@ -178,7 +195,7 @@ class EmulatedModel(nn.Module):
         for n in graph.nodes:
             width = max(1, int(min(n.output_bytes, max_output_bytes) // 4))
             values = max(1, int(min(n.weight_bytes, max_weight_bytes) // 4))
-            op = EmulatedOp(n.id, n.fw_time, n.bw_time, graph.micro_batch_sizes, width, values)
+            op = EmulatedOp(n.id, n.fw_time, n.bw_time, graph.micro_batch_sizes, width, values, n)
             self._place(n.id, op)
             self.ops[n.id] = op
 
@@ -216,6 +233,8 @@ def realised_graph(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTE
     g = graph_to_dict(as_graph(graph))
     g = copy.deepcopy(g)
     for n in g["nodes"]:
+        if n["weight_bytes"] <= 0 and "bw_weight_time" not in n:      # keep: no weight gradient to split off
+            n["bw_weight_time"] = [0.0] * len(n["bw_time"])
         n["output_bytes"] = 4 * max(1, int(min(n["output_bytes"], max_output_bytes) // 4))
         n["weight_bytes"] = 4 * max(1, int(min(n["weight_bytes"], max_weight_bytes) // 4))
     for e in g["edges"]:

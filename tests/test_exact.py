@@ -64,14 +64,15 @@ def brute_force_iteration_time(graph, cluster, mini_batch_size) -> float:
 @pytest.mark.parametrize("idx", range(len(INSTANCES)))
 def test_exact_not_slower_than_any_planner(idx):
     """On every instance (flat and two-level networks) no planner's plan simulates faster than
-    ``exact``'s; ``gpp`` without CP-SAT tightening (tightened orders leave the 1F1B space)."""
+    ``exact``'s; ``gpp`` without CP-SAT tightening and with 1F1B orders (tightened orders and W
+    actions leave the 1F1B space)."""
     graph, cluster = INSTANCES[idx]
     ex = plan_exact(graph, cluster, B)
     validate(ex, graph, cluster)
     assert ex.search.status == STATUS_OPTIMAL
     assert math.isclose(simulate(ex, graph, cluster).iteration_time, ex.predicted.iteration_time, rel_tol=1e-12)
     for name in ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper", "milp"):
-        opts = {"tighten": False} if name == "gpp" else {}
+        opts = {"tighten": False, "schedule": "1f1b"} if name == "gpp" else {}
         other = get_planner(name)(graph, cluster, B, time_limit=20, **opts)
         it = simulate(other, graph, cluster).iteration_time
         assert ex.predicted.iteration_time <= it * (1 + 1e-9), (name, ex.predicted.iteration_time, it)
@@ -132,14 +133,20 @@ def test_refuses_large_and_bad_options():
 @pytest.mark.parametrize("idx", [3, 8, 14])
 def test_gpp_uses_exact_on_small_graphs(idx):
     """gpp is never slower than the least 1F1B iteration time over all convex partitions and says
-    so; without the exact search it can be slower (instance 8) and does not claim optimality."""
+    so (with 1F1B orders, the exact search's space); without the exact search it can be slower
+    (instance 8) and does not claim optimality; with its default schedule (W actions allowed) it is
+    no slower and claims no optimum."""
     graph, cluster = INSTANCES[idx]
     ex = plan_exact(graph, cluster, B)
-    gp = get_planner("gpp")(graph, cluster, B)
+    zb = get_planner("gpp")(graph, cluster, B)
+    validate(zb, graph, cluster)
+    assert zb.predicted.iteration_time <= ex.predicted.iteration_time * (1 + 1e-9)
+    assert zb.search.status != STATUS_OPTIMAL
+    gp = get_planner("gpp")(graph, cluster, B, schedule="1f1b")
     validate(gp, graph, cluster)
     assert gp.predicted.iteration_time <= ex.predicted.iteration_time * (1 + 1e-9)
     assert gp.search.status == STATUS_OPTIMAL and gp.search.extra["exact"]["finished"]
-    off = get_planner("gpp")(graph, cluster, B, exact=False, tighten=False)
+    off = get_planner("gpp")(graph, cluster, B, exact=False, tighten=False, schedule="1f1b")
     assert off.search.status in ("feasible", "time-limit") and off.search.extra["exact"] == {"status": "off"}
     if idx == 8:
         assert off.predicted.iteration_time > ex.predicted.iteration_time * 1.005

@@ -203,7 +203,7 @@ def test_lazy_pool_picks_the_plan_the_eager_pool_picks(model, devices, B, monkey
     assert lazy.search.status != "time-limit"
     assert lazy.search.extra["plans_built"] < 2 * len(lazy.search.extra["per_micro_batch"])
     init = gpp_planner._Pool.__init__
-    monkeypatch.setattr(gpp_planner._Pool, "__init__", lambda self, score, lazy: init(self, score, False))
+    monkeypatch.setattr(gpp_planner._Pool, "__init__", lambda self, score, lazy, **kw: init(self, score, False, **kw))
     eager = gpp_planner.plan_gpp(g, c, B, tighten=False, time_limit=120)
     assert eager.search.status != "time-limit"
     assert lazy.stages == eager.stages and lazy.predicted == eager.predicted

@@ -93,7 +93,7 @@ def test_action_is_a_pair_and_its_json_is_unchanged():
 
 @pytest.mark.parametrize("bad", ["", "F", "f0", "X1", "F-1", "F01", "F 1", "B1x", 5, None])
 def test_action_text_rejects_malformed(bad):
-    with pytest.raises(InvalidPlanError, match="an action is F or B"):
+    with pytest.raises(InvalidPlanError, match="an action is F, B or W"):
         Action.parse(bad)
 
 

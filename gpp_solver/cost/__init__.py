@@ -11,9 +11,11 @@ from gpp_solver.cost.model import (CostTables, NodeConfig, StageCost, StageLike,
                                    data_parallel, in_flight_from_order, interp_time, interpolate,
                                    iteration_time_estimate, memory_per_device, node_compute, node_config,
                                    stage_activation_bytes, stage_compute, stage_compute_parts, stage_costs,
-                                   stage_memory, stage_transfers, stage_weight_bytes, time_per_sample)
+                                   stage_memory, stage_transfers, stage_weight_bytes, stage_weight_grad_time,
+                                   time_per_sample)
 
 __all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "allreduce_time", "comm_time", "data_parallel",
            "in_flight_from_order", "interp_time", "interpolate", "iteration_time_estimate", "memory_per_device",
            "node_compute", "node_config", "stage_activation_bytes", "stage_compute", "stage_compute_parts",
-           "stage_costs", "stage_memory", "stage_transfers", "stage_weight_bytes", "time_per_sample"]
+           "stage_costs", "stage_memory", "stage_transfers", "stage_weight_bytes", "stage_weight_grad_time",
+           "time_per_sample"]

@@ -72,13 +72,30 @@ class NodeConfig:
     bw_time: tuple[float, ...]
     weight_bytes: float
     activation_bytes: float
+    bw_weight_time: tuple[float, ...] | None = None
 
 
 def node_config(node: Node, tmpc_index: int | None = None) -> NodeConfig:
     if tmpc_index is None:
-        return NodeConfig(node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes)
+        return NodeConfig(node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes, node.bw_weight_time)
     t = node.tmpc[tmpc_index]
-    return NodeConfig(t.fw_time, t.bw_time, t.weight_bytes, t.activation_bytes)
+    return NodeConfig(t.fw_time, t.bw_time, t.weight_bytes, t.activation_bytes, t.bw_weight_time)
+
+
+#: without a measured ``bw_weight_time``, this share of a node's ``bw_time`` is its weight gradient
+#: when it has weights (a matrix product's backward is two products of one size: ``dX = dY W^T`` and
+#: ``dW = X^T dY``), and none when it has no weights
+WEIGHT_GRAD_SHARE = 0.5
+
+
+def node_weight_grad_time(c: "NodeConfig | Node", sizes: Sequence[int], x: float) -> float:
+    """``w_v(x)``: the part of ``g_v(x)`` spent on weight gradients — ``bw_weight_time`` interpolated
+    like ``bw_time`` when given, else :data:`WEIGHT_GRAD_SHARE` of ``g_v(x)`` for a node with weights."""
+    if c.bw_weight_time is not None:
+        return interp_time(c.bw_weight_time, sizes, x)
+    if c.weight_bytes <= 0:
+        return 0.0
+    return WEIGHT_GRAD_SHARE * interp_time(c.bw_time, sizes, x)
 
 
 class StageLike(Protocol):
@@ -111,6 +128,12 @@ def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
         fw += interp_time(c.fw_time, sizes, x)
         bw += interp_time(c.bw_time, sizes, x)
     return fw, bw
+
+
+def stage_weight_grad_time(graph: Graph, stage: StageLike) -> float:
+    """``W(S) = sum_v w_v(b/d)``: the weight-gradient part of one micro-batch's backward on one replica."""
+    x = stage.micro_batch_size / data_parallel(stage)
+    return sum(node_weight_grad_time(c, graph.micro_batch_sizes, x) for c in _configs(graph, stage))
 
 
 def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
@@ -256,6 +279,7 @@ class StageCost:
     time_per_sample: float  # TPS(S)
     micro_batch_size: int
     data_parallel: int
+    compute_bw_weight: float = 0.0   # W(S): the part of compute_bw spent on weight gradients
 
     @property
     def compute(self) -> float:
@@ -274,6 +298,17 @@ class StageCost:
     def backward(self) -> float:
         """Duration of one ``B(S, j)`` in the simulator."""
         return self.compute_bw + self.comm_bw
+
+    @property
+    def backward_input(self) -> float:
+        """Duration of one ``B(S, j)`` in an order with ``W`` actions: the input gradient and the
+        backward halves of the transfers."""
+        return self.backward - self.compute_bw_weight
+
+    @property
+    def backward_weight(self) -> float:
+        """Duration of one ``W(S, j)``: the weight gradient."""
+        return self.compute_bw_weight
 
     @property
     def per_micro_batch(self) -> float:
@@ -295,16 +330,23 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
             comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
         a = allreduce_time(stage_weight_bytes(graph, s), d, cluster.bandwidth(s.devices))
         tps = time_per_sample(cf + cb + 2 * comm_half, b, a, mini_batch_size)
-        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d))
+        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d, min(cb, stage_weight_grad_time(graph, s))))
     return out
 
 
 def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
-    """Peak samples a stage holds under ``order``: max of (forwards done - backwards done) * b."""
+    """Peak samples a stage holds under ``order``: max of (forwards done - backwards done) * b; in an
+    order with ``W`` actions a micro-batch's activations stay until its ``W`` (forwards done - weight
+    gradients done)."""
+    order = list(order)
+    release = "W" if any(k == "W" for k, _ in order) else "B"
     live = peak = 0
     for kind, _ in order:
-        live += 1 if kind == "F" else -1
-        peak = max(peak, live)
+        if kind == "F":
+            live += 1
+            peak = max(peak, live)
+        elif kind == release:
+            live -= 1
     return peak * b
 
 

@@ -136,7 +136,7 @@ def tighten(plan: Plan, graph: Graph, cluster: Cluster, *, time_limit: float = 1
     """
     t0 = time.perf_counter()
     before = simulate(plan, graph, cluster)
-    actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
+    actions = sum(len(s.schedule.order) for s in plan.stages)
     out = TightenResult(plan, "too-large", before.iteration_time, before.iteration_time, actions=actions,
                         peak_memory_before=before.peak_memory_bytes, peak_memory_after=before.peak_memory_bytes)
     if actions > max_actions:

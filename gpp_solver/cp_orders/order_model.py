@@ -42,7 +42,7 @@ from ortools.sat.python import cp_model
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.cost.model import stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
-from gpp_solver.action import Action
+from gpp_solver.action import Action, has_weight_actions
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.validate import check_order
 from gpp_solver.types import Cluster, Graph, Plan
@@ -70,10 +70,20 @@ class ScheduleData:
     horizon: int                            # ticks; no schedule without deadlock is longer
     memory_base: Mapping[int, float] = field(default_factory=dict)       # bytes: optimizer_state_factor * W
     memory_per_micro_batch: Mapping[int, float] = field(default_factory=dict)  # bytes per device per micro-batch
+    # stages with a split backward: their W duration in ticks (``backward`` is then the input gradient's)
+    weight: Mapping[int, int] = field(default_factory=dict)
 
     @property
     def actions(self) -> int:
-        return 2 * sum(self.n.values())
+        return sum((3 if s in self.weight else 2) * n for s, n in self.n.items())
+
+    def kinds(self, s: int) -> tuple[str, ...]:
+        """The action kinds of stage ``s``: ``F``, ``B`` and, with a split backward, ``W``."""
+        return ("F", "B", "W") if s in self.weight else ("F", "B")
+
+    def release(self, s: int) -> str:
+        """The kind whose end frees a micro-batch's activations on stage ``s`` (``W`` or ``B``)."""
+        return "W" if s in self.weight else "B"
 
 
 def _ticks(seconds: float, unit: float) -> int:
@@ -99,7 +109,8 @@ def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> d
 def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: Mapping[int, int] | None = None,
                   unit: float | None = None, resolution: int = DEFAULT_RESOLUTION) -> ScheduleData:
     """Cost-model figures of the plan's partition in ticks.  ``max_in_flight``: samples per stage
-    id (overrides the memory limit for the stages it names)."""
+    id (overrides the memory limit for the stages it names).  A stage whose order holds ``W``
+    actions gets a split backward: ``B`` the input gradient, ``W`` the weight gradient."""
     costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     ids = tuple(s.id for s in plan.stages)
     n = {s.id: plan.mini_batch_size // s.micro_batch_size for s in plan.stages}
@@ -109,17 +120,19 @@ def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: 
         unit = serial / resolution if serial > 0 else 1.0
     if not unit > 0:
         raise InvalidInputError(f"`unit > 0` must hold, but got (unit={unit})")
+    split = {s.id for s in plan.stages if has_weight_actions(s.schedule.order)}
     fw = {s.id: _ticks(c.forward, unit) for s, c in zip(plan.stages, costs)}
-    bw = {s.id: _ticks(c.backward, unit) for s, c in zip(plan.stages, costs)}
+    bw = {s.id: _ticks(c.backward_input if s.id in split else c.backward, unit) for s, c in zip(plan.stages, costs)}
+    wt = {s.id: _ticks(c.backward_weight, unit) for s, c in zip(plan.stages, costs) if s.id in split}
     ar = {s.id: int(round(c.allreduce / unit)) for s, c in zip(plan.stages, costs)}
     k = max_in_flight_micro_batches(plan, graph, cluster)
     for sid, samples in (max_in_flight or {}).items():
         k[sid] = samples // plan.stage(sid).micro_batch_size
-    horizon = sum(n[i] * (fw[i] + bw[i]) for i in ids) + max(ar.values())
+    horizon = sum(n[i] * (fw[i] + bw[i] + wt.get(i, 0)) for i in ids) + max(ar.values())
     base = {s.id: stage_memory(graph, cluster, s, 0) for s in plan.stages}
     per_mb = {s.id: stage_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
     return ScheduleData(ids, n, {s.id: s.micro_batch_size for s in plan.stages}, fw, bw, ar,
-                        tuple(plan.edges), {i: min(k[i], n[i]) for i in ids}, unit, horizon, base, per_mb)
+                        tuple(plan.edges), {i: min(k[i], n[i]) for i in ids}, unit, horizon, base, per_mb, wt)
 
 
 def _last_covering(j: int, b_self: int, b_other: int) -> int:
@@ -140,7 +153,8 @@ class ScheduleVars:
 
     def end(self, key: Key) -> cp_model.LinearExpr:
         s, kind, _ = key
-        return self.start[key] + (self.data.forward[s] if kind == "F" else self.data.backward[s])
+        d = self.data
+        return self.start[key] + (d.forward[s] if kind == "F" else d.backward[s] if kind == "B" else d.weight[s])
 
 
 def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
@@ -151,14 +165,14 @@ def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[s
     model = cp_model.CpModel()
     model.name = "gpp-stage-orders"
     H = data.horizon
-    dur = {"F": data.forward, "B": data.backward}
+    dur = {"F": data.forward, "B": data.backward, "W": data.weight}
 
     # Variables: one fixed-size interval per action, named from its indices.
     start: dict[Key, cp_model.IntVar] = {}
     interval: dict[Key, cp_model.IntervalVar] = {}
     for s in data.stages:
         for j in range(data.n[s]):
-            for kind in ("F", "B"):
+            for kind in data.kinds(s):
                 key = (s, kind, j)
                 start[key] = model.new_int_var(0, H, f"{kind}_s{s}_j{j}_start")
                 interval[key] = model.new_fixed_size_interval_var(start[key], dur[kind][s], f"{kind}_s{s}_j{j}")
@@ -167,15 +181,17 @@ def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[s
 
     # One device group per stage: its actions never overlap.
     for s in data.stages:
-        model.add_no_overlap([interval[(s, k, j)] for j in range(data.n[s]) for k in ("F", "B")])
+        model.add_no_overlap([interval[(s, k, j)] for j in range(data.n[s]) for k in data.kinds(s)])
 
-    # C4: F j before F j+1, B j before B j+1, F j before B j.
+    # C4: F j before F j+1, B j before B j+1, F j before B j; split: B j before W j, W j before W j+1.
     for s in data.stages:
         for j in range(data.n[s]):
             model.add(start[(s, "B", j)] >= v.end((s, "F", j)))
+            if s in data.weight:
+                model.add(start[(s, "W", j)] >= v.end((s, "B", j)))
             if j + 1 < data.n[s]:
-                model.add(start[(s, "F", j + 1)] >= v.end((s, "F", j)))
-                model.add(start[(s, "B", j + 1)] >= v.end((s, "B", j)))
+                for kind in data.kinds(s):
+                    model.add(start[(s, kind, j + 1)] >= v.end((s, kind, j)))
 
     # Stage edges with sample coverage: F(S, j) after the covering forwards of each predecessor,
     # B(P, j) after the covering backwards of each successor (the last covering one suffices).
@@ -193,13 +209,13 @@ def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[s
             continue
         if memory_form == "precedence":
             for j in range(n - K):   # with K = 0 this contradicts C4: nothing fits, infeasible
-                model.add(start[(s, "F", j + K)] >= v.end((s, "B", j)))
+                model.add(start[(s, "F", j + K)] >= v.end((s, data.release(s), j)))
         else:
             live = []
             for j in range(n):
                 size = model.new_int_var(0, H, f"live_s{s}_j{j}_size")
                 end = model.new_int_var(0, H, f"live_s{s}_j{j}_end")
-                model.add(end == v.end((s, "B", j)))
+                model.add(end == v.end((s, data.release(s), j)))
                 live.append(model.new_interval_var(start[(s, "F", j)], size, end, f"live_s{s}_j{j}"))
             model.add_cumulative(live, [1] * n, K)
 
@@ -213,7 +229,7 @@ def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[s
 
     # Objective: the last all-reduce tail ends the iteration.
     for s in data.stages:
-        model.add(makespan >= v.end((s, "B", data.n[s] - 1)) + data.allreduce[s])
+        model.add(makespan >= v.end((s, data.release(s), data.n[s] - 1)) + data.allreduce[s])
     model.minimize(makespan)
     return model, v
 
@@ -234,8 +250,9 @@ def add_order_hint(model: cp_model.CpModel, v: ScheduleVars, orders: Mapping[int
     d = v.data
     try:
         ticks, tasks = simulate_orders(orders, d.micro_batch, {s: float(d.forward[s]) for s in d.stages},
-                                       {s: float(d.backward[s]) for s in d.stages},
-                                       {s: float(d.allreduce[s]) for s in d.stages}, d.edges, 0)
+                                       {s: float(d.backward[s] + d.weight.get(s, 0)) for s in d.stages},
+                                       {s: float(d.allreduce[s]) for s in d.stages}, d.edges, 0,
+                                       weight={s: float(w) for s, w in d.weight.items()})
     except DeadlockError:
         return False
     for t in tasks:
@@ -270,7 +287,7 @@ def add_memory_objective(model: cp_model.CpModel, v: ScheduleVars, *, makespan_c
         model.add_exactly_one(choice[s].values())
         for k, x in choice[s].items():
             for j in range(n - k):
-                model.add(v.start[(s, "F", j + k)] >= v.end((s, "B", j))).only_enforce_if(x)
+                model.add(v.start[(s, "F", j + k)] >= v.end((s, d.release(s), j))).only_enforce_if(x)
         units = {k: int(math.ceil((d.memory_base[s] + k * d.memory_per_micro_batch[s]) / mem_unit - 1e-9))
                  for k in choice[s]}
         mem_terms.append(sum(units[k] * x for k, x in choice[s].items()))
@@ -338,7 +355,7 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
     d = v.data
     orders = {}
     for s in d.stages:
-        keys = [(s, k, j) for j in range(d.n[s]) for k in ("F", "B")]
+        keys = [(s, k, j) for j in range(d.n[s]) for k in d.kinds(s)]
         keys.sort(key=lambda key: solver.value(v.start[key]))
         orders[s] = tuple(Action.of(k, j) for _, k, j in keys)
     return Solved(status, orders, int(solver.objective_value), int(math.ceil(solver.best_objective_bound - 1e-9)),

@@ -8,7 +8,7 @@ negative or non-finite numbers, time lists of the wrong length, an empty or disc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import networkx as nx
 
@@ -19,9 +19,10 @@ from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError
 _GRAPH_FIELDS = frozenset({"format", "name", "micro_batch_sizes", "nodes", "edges", "extra"})
-_NODE_FIELDS = frozenset({"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "output_bytes", "tmpc",
+_NODE_FIELDS = frozenset({"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
+                          "output_bytes", "tmpc", "extra"})
+_TMPC_FIELDS = frozenset({"t", "recompute", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
                           "extra"})
-_TMPC_FIELDS = frozenset({"t", "recompute", "fw_time", "bw_time", "weight_bytes", "activation_bytes", "extra"})
 _EDGE_FIELDS = frozenset({"src", "dst", "bytes", "extra"})
 
 
@@ -38,6 +39,18 @@ def _times(value: Any, where: str, n: int) -> tuple[float, ...]:
                  for i, v in enumerate(value))
 
 
+def _weight_times(d: Mapping[str, Any], bw: tuple[float, ...], where: str, n: int) -> tuple[float, ...] | None:
+    """The optional ``bw_weight_time`` list: same shape as ``bw_time``, each entry at most its ``bw_time``."""
+    if "bw_weight_time" not in d:
+        return None
+    w = _times(d["bw_weight_time"], f"{where}.bw_weight_time", n)
+    for i, (wi, bi) in enumerate(zip(w, bw)):
+        if wi > bi:
+            raise E(f"{where}.bw_weight_time[{i}] = {wi:.6g} exceeds bw_time[{i}] = {bi:.6g} (the weight "
+                    "gradient is a part of the backward pass)")
+    return w
+
+
 def _tmpc(d: Any, where: str, n: int) -> Tmpc:
     if not isinstance(d, dict):
         raise E(f"{where} must be an object")
@@ -46,9 +59,10 @@ def _tmpc(d: Any, where: str, n: int) -> Tmpc:
     rec = d.get("recompute", False)
     if not isinstance(rec, bool):
         raise E(f"{where}.recompute must be true or false, got {rec!r}")
+    bw = _times(require(d, "bw_time", where, E), f"{where}.bw_time", n)
     return Tmpc(t=t, recompute=rec,
                 fw_time=_times(require(d, "fw_time", where, E), f"{where}.fw_time", n),
-                bw_time=_times(require(d, "bw_time", where, E), f"{where}.bw_time", n),
+                bw_time=bw, bw_weight_time=_weight_times(d, bw, where, n),
                 weight_bytes=_bytes(require(d, "weight_bytes", where, E), f"{where}.weight_bytes"),
                 activation_bytes=_bytes(require(d, "activation_bytes", where, E), f"{where}.activation_bytes"),
                 extra=extra(d, where, E))
@@ -92,10 +106,11 @@ def graph_from_dict(d: Any) -> Graph:
         tm = nd.get("tmpc", [])
         if not isinstance(tm, list):
             raise E(f"{where}.tmpc must be a list")
+        bw = _times(require(nd, "bw_time", where, E), f"{where}.bw_time", n)
         nodes.append(Node(
             id=nid,
             fw_time=_times(require(nd, "fw_time", where, E), f"{where}.fw_time", n),
-            bw_time=_times(require(nd, "bw_time", where, E), f"{where}.bw_time", n),
+            bw_time=bw, bw_weight_time=_weight_times(nd, bw, where, n),
             weight_bytes=_bytes(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes"),
             activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
             output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
@@ -151,10 +166,13 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         nd: dict[str, Any] = {"id": n.id, "fw_time": list(n.fw_time), "bw_time": list(n.bw_time),
                               "weight_bytes": n.weight_bytes, "activation_bytes": n.activation_bytes,
                               "output_bytes": n.output_bytes}
+        if n.bw_weight_time is not None:
+            nd["bw_weight_time"] = list(n.bw_weight_time)
         if n.tmpc:
             nd["tmpc"] = [{"t": t.t, "recompute": t.recompute, "fw_time": list(t.fw_time),
                            "bw_time": list(t.bw_time), "weight_bytes": t.weight_bytes,
                            "activation_bytes": t.activation_bytes,
+                           **({"bw_weight_time": list(t.bw_weight_time)} if t.bw_weight_time is not None else {}),
                            **({"extra": dict(t.extra)} if t.extra else {})} for t in n.tmpc]
         if n.extra:
             nd["extra"] = dict(n.extra)

@@ -47,11 +47,11 @@ def _predicted(d: dict, fields: frozenset[str], where: str) -> dict[str, float]:
 
 def _order(raw: Any, where: str) -> tuple[Action, ...]:
     if not isinstance(raw, list):
-        raise E(f"{where}.order must be a list of [\"F\"|\"B\", micro-batch] pairs")
+        raise E(f"{where}.order must be a list of [\"F\"|\"B\"|\"W\", micro-batch] pairs")
     out = []
     for i, a in enumerate(raw):
-        if not (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B")):
-            raise E(f"{where}.order[{i}] must be [\"F\", j] or [\"B\", j], got {show(a)}")
+        if not (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B", "W")):
+            raise E(f"{where}.order[{i}] must be [\"F\", j], [\"B\", j] or [\"W\", j], got {show(a)}")
         out.append(Action.of(a[0], integer(a[1], f"{where}.order[{i}]", E, minimum=0, maximum=MAX_COUNT)))
     return tuple(out)
 

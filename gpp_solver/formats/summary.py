@@ -44,7 +44,21 @@ def describe_plan(plan: Plan, cluster_devices: int | None = None) -> str:
     return (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, depth {plan.depth}, "
             f"{used}, TPS {p.time_per_sample:.6g} s, iteration "
             f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
-            f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s")
+            f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s"
+            + schedule_text(plan))
+
+
+def schedule_text(plan: Plan) -> str:
+    """``, schedule zb (asked auto; 1F1B 0.25 s, zb 0.236 s)`` for a plan whose search records a
+    ``schedule`` choice; orders with ``W`` actions without a record say ``, schedule zb``; else nothing."""
+    rec = plan.search.extra.get("schedule")
+    has_w = any(a[0] == "W" for s in plan.stages for a in s.schedule.order)
+    if not isinstance(rec, dict):
+        return ", schedule zb" if has_w else ""
+    times = [f"{name} {rec[key]:.6g} s" for name, key in (("1F1B", "iteration_time_1f1b"), ("zb", "iteration_time_zb"))
+             if isinstance(rec.get(key), (int, float))]
+    return (f", schedule {'zb' if has_w else '1f1b'} (asked {rec.get('requested')}"
+            + (f"; this partition: {', '.join(times)}" if times else "") + ")")
 
 
 def time_limit_note(planners: Sequence[str], time_limit: float | None, default: float) -> str:

@@ -19,9 +19,10 @@ import networkx as nx
 
 from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs, stage_memory
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from gpp_solver.action import Action, Kind, as_order
+from gpp_solver.action import Action, Kind, as_order, has_weight_actions
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.plan.zero_bubble import ZB_KIND, Durations, apply_schedule, check_schedule, memory_caps
 from gpp_solver.types import Cluster, Graph, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction
 
 logger = logging.getLogger(__name__)
@@ -59,8 +60,15 @@ def _topological_renumbering(graph: Graph, specs: Sequence[StageSpec]) -> list[i
 
 
 def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_batch_size: int, *,
-               planner: str, search: SearchInfo, k_options: Sequence[int] = (1,)) -> Plan:
-    """Assemble and price a plan.  Stages are numbered in topological order of the stage graph."""
+               planner: str, search: SearchInfo, k_options: Sequence[int] = (1,), schedule: str = "1f1b") -> Plan:
+    """Assemble and price a plan.  Stages are numbered in topological order of the stage graph.
+
+    ``schedule``: ``"1f1b"`` the kFkB orders; ``"zb"`` those orders with the weight gradients split
+    off as ``W`` actions (:mod:`gpp_solver.plan.zero_bubble`, same memory, never slower); ``"auto"``
+    the zb orders when they are faster, else the kFkB ones.  Explicit orders (``StageSpec.order``)
+    are kept as given.  With ``"zb"``/``"auto"`` the plan's ``search.extra["schedule"]`` records
+    the choice (:func:`gpp_solver.plan.zero_bubble.schedule_record`)."""
+    check_schedule(schedule)
     seen: dict[str, int] = {}
     for i, s in enumerate(specs):
         if not s.nodes:
@@ -98,20 +106,27 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
     sim_args = (bsz, {i: c.forward for i, c in enumerate(costs)}, {i: c.backward for i, c in enumerate(costs)},
                 {i: c.allreduce for i, c in enumerate(costs)}, edges, mini_batch_size)
     kind = "kFkB"
+    weight = {i: c.backward_weight for i, c in enumerate(costs)}
     try:
-        makespan, _ = simulate_orders(orders, *sim_args, record=False)
+        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
     except DeadlockError as exc:
         logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
         orders = {i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)]
                            + [Action(Kind.B, j) for j in range(len(o) // 2)]) for i, o in orders.items()}
-        makespan, _ = simulate_orders(orders, *sim_args, record=False)
+        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
         kind = "GPipe"
+    if schedule != "1f1b" and all(s.order is None for s in specs):
+        orders, makespan, _, record = apply_schedule(schedule, orders, makespan, kind, Durations(
+            bsz, sim_args[1], sim_args[2], weight, sim_args[3], tuple(edges),
+            memory_caps(graph, cluster, specs, orders, mini_batch_size)))
+        search = replace(search, extra={**dict(search.extra), "schedule": record})
     stages = []
     for i, (s, c) in enumerate(zip(specs, costs)):
         peak = in_flight_from_order(orders[i], s.micro_batch_size)
         stages.append(Stage(
             id=i, nodes=s.nodes, devices=tuple(s.devices), micro_batch_size=s.micro_batch_size,
-            schedule=Schedule(kind=kind if s.order is None else "custom", k=inflight[i][0], order=orders[i]),
+            schedule=Schedule(kind="custom" if s.order is not None else ZB_KIND if has_weight_actions(orders[i])
+                              else kind, k=inflight[i][0], order=orders[i]),
             in_flight_samples=peak,
             predicted=StagePrediction(time_per_sample=c.time_per_sample,
                                       memory_bytes=stage_memory(graph, cluster, s, peak, specs)),

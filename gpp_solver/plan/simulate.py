@@ -5,7 +5,9 @@ plus the forward halves of its transfers and starts when the stage is free and e
 stage has finished the forwards covering micro-batch ``j``'s samples ``[j*b, (j+1)*b)`` (with
 unequal micro-batch sizes that can be several micro-batches or part of one); ``B(S, j)`` likewise
 waits for the backwards of every successor covering those samples.  Each stage ends with its
-all-reduce ``A(S)`` after its last backward.  The makespan is the iteration time.  Orders that
+all-reduce ``A(S)`` after its last action.  In an order with ``W`` actions (split backward,
+``docs/zero-bubble.md``) ``B(S, j)`` is the input gradient alone and ``W(S, j)``, the weight
+gradient, waits only on the stage itself.  The makespan is the iteration time.  Orders that
 wait on each other forever raise :class:`DeadlockError` naming the waiting stages.
 """
 
@@ -24,7 +26,7 @@ from gpp_solver.types import Cluster, Graph, Plan
 @dataclass(frozen=True)
 class Task:
     stage: int          # stage id
-    kind: str           # "F" or "B"
+    kind: str           # "F", "B" or "W"
     micro_batch: int
     start: float
     end: float
@@ -98,9 +100,14 @@ def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int,
 def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
                     forward: Mapping[int, float], backward: Mapping[int, float],
                     allreduce: Mapping[int, float], edges: Sequence[tuple[int, int]],
-                    mini_batch_size: int, *, record: bool = True) -> tuple[float, list[Task]]:
+                    mini_batch_size: int, *, record: bool = True,
+                    weight: Mapping[int, float] | None = None) -> tuple[float, list[Task]]:
     """The makespan and the timed tasks of the given per-stage orders (pure, no cost model);
-    ``record=False``: the makespan alone (the task list comes back empty, the figures are the same)."""
+    ``record=False``: the makespan alone (the task list comes back empty, the figures are the same).
+
+    ``weight[S]``: the weight-gradient part of ``backward[S]``.  In a stage whose order holds ``W``
+    actions, ``B(S, j)`` lasts ``backward - weight`` and ``W(S, j)`` lasts ``weight``, waiting on
+    nothing but the stage's own order (``weight`` absent: 0)."""
     stages = list(orders)
     preds: dict[int, list[int]] = {s: [] for s in stages}
     succs: dict[int, list[int]] = {s: [] for s in stages}
@@ -110,16 +117,20 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
     # each stage's finish times by kind and micro-batch; per stage and kind, the neighbours it waits
     # on: (their finish times of that kind, same micro-batch size?, their size) — with the same size
     # micro-batch j waits on the neighbour's j alone, the common case
-    fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}} for s in stages}
+    fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}, "W": {}} for s in stages}
     deps_f = {s: [(fin[p]["F"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in preds[s]] for s in stages}
     deps_b = {s: [(fin[p]["B"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in succs[s]] for s in stages}
-    acts: dict[int, list[tuple[str, int, bool, dict[int, float]]]] = {}
+    acts: dict[int, list[tuple[str, int, list, dict[int, float], float]]] = {}
     for s in stages:
         acts[s] = []
+        split = any(kind == "W" for kind, _ in orders[s])
+        w = (weight or {}).get(s, 0.0) if split else 0.0
+        dur = {"F": forward[s], "B": backward[s] - w, "W": w}
+        deps = {"F": deps_f[s], "B": deps_b[s], "W": []}
         for kind, j in orders[s]:
-            if kind != "F" and kind != "B":
+            if kind not in dur:
                 return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record)
-            acts[s].append((kind, j, kind == "F", fin[s]["F" if kind == "F" else "B"]))
+            acts[s].append((kind, j, deps[kind], fin[s][kind], dur[kind]))
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
     tasks: list[Task] = []
@@ -131,13 +142,12 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
             i, n_todo = ptr[s], len(todo)
             if i >= n_todo:
                 continue
-            fs, bs, b_s, ready0 = forward[s], backward[s], micro_batch[s], free[s]
-            df, db = deps_f[s], deps_b[s]
+            b_s, ready0 = micro_batch[s], free[s]
             while i < n_todo:
-                kind, j, is_f, own = todo[i]
+                kind, j, deps, own, length = todo[i]
                 ready = ready0
                 ok = True
-                for dd, same, b_p in (df if is_f else db):
+                for dd, same, b_p in deps:
                     if same:
                         t = dd.get(j)
                         if t is None:
@@ -157,7 +167,7 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
                         break
                 if not ok:
                     break
-                end = ready + (fs if is_f else bs)
+                end = ready + length
                 own[j] = end
                 if record:
                     tasks.append(Task(s, kind, j, ready, end))
@@ -227,10 +237,11 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     makespan, tasks = simulate_orders(
         orders, {i: s.micro_batch_size for i, (s, _) in by_id.items()},
         {i: c.forward for i, (_, c) in by_id.items()}, {i: c.backward for i, (_, c) in by_id.items()},
-        {i: c.allreduce for i, (_, c) in by_id.items()}, plan.edges, plan.mini_batch_size)
+        {i: c.allreduce for i, (_, c) in by_id.items()}, plan.edges, plan.mini_batch_size,
+        weight={i: c.backward_weight for i, (_, c) in by_id.items()})
     stats = []
     for i, (s, c) in by_id.items():
-        n = len(s.schedule.order) // 2
+        n = sum(1 for a in s.schedule.order if a[0] == "F")
         busy = n * (c.forward + c.backward) + c.allreduce
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,

@@ -22,6 +22,10 @@ __all__ = ["to_chrome_trace", "write_trace", "order_grid", "gantt_text", "grid_t
 US = 1e6  # seconds -> microseconds
 
 
+#: trace-event category of each action kind
+CATEGORY = {"F": "forward", "B": "backward", "W": "weight-gradient"}
+
+
 def to_chrome_trace(sim: SimResult, plan: Plan) -> dict[str, Any]:
     """The simulation as a Chrome trace-event document (``{"traceEvents": [...]}``).
 
@@ -37,7 +41,7 @@ def to_chrome_trace(sim: SimResult, plan: Plan) -> dict[str, Any]:
         events.append({"name": "process_sort_index", "ph": "M", "pid": st.id, "tid": 0,
                        "args": {"sort_index": st.id}})
     for t in sorted(sim.tasks, key=lambda t: (t.stage, t.start)):
-        events.append({"name": f"{t.kind}{t.micro_batch}", "cat": "forward" if t.kind == "F" else "backward",
+        events.append({"name": f"{t.kind}{t.micro_batch}", "cat": CATEGORY.get(t.kind, "backward"),
                        "ph": "X", "pid": t.stage, "tid": 0, "ts": t.start * US, "dur": (t.end - t.start) * US,
                        "args": {"stage": t.stage, "kind": t.kind, "micro_batch": t.micro_batch}})
     for s in sim.stages:
@@ -57,9 +61,10 @@ def write_trace(sim: SimResult, plan: Plan, path: str | Path) -> Path:
     return path
 
 
-GRID_LEGEND = "legend: Fj / Bj = forward / backward pass of micro-batch j, in the order each stage runs them"
-GANTT_LEGEND = ("legend: F forward, B backward, A gradient all-reduce, . idle (each character: what fills most "
-                "of its time slice)")
+GRID_LEGEND = ("legend: Fj / Bj = forward / backward pass of micro-batch j, in the order each stage runs them; "
+               "Wj = its weight gradient (in an order with W, Bj is the input gradient alone)")
+GANTT_LEGEND = ("legend: F forward, B backward, W weight gradient, A gradient all-reduce, . idle (each character: "
+                "what fills most of its time slice)")
 
 
 def gantt_text(sim: SimResult, width: int = 80) -> str:
@@ -78,7 +83,7 @@ def gantt_text(sim: SimResult, width: int = 80) -> str:
         row = []
         for i in range(width):
             b0, b1 = i * dt, (i + 1) * dt
-            occ = {"F": 0.0, "B": 0.0, "A": 0.0}
+            occ = {"F": 0.0, "B": 0.0, "W": 0.0, "A": 0.0}
             for s0, s1, k in spans:
                 occ[k] += max(0.0, min(b1, s1) - max(b0, s0))
             k, v = max(occ.items(), key=lambda kv: kv[1])

@@ -30,9 +30,11 @@ def _marked(order: Sequence[tuple[str, int]], bad: int) -> str:
 
 
 def check_order(stage_id: int, order: Sequence[tuple[str, int]], n: int) -> None:
-    """C4 for one stage: every F j and B j once, F j < F j+1, B j < B j+1, F j < B j."""
-    seen_f = seen_b = 0
+    """C4 for one stage: every F j and B j once, F j < F j+1, B j < B j+1, F j < B j; in an order
+    with ``W`` actions also every W j once, W j < W j+1 and B j < W j."""
+    seen_f = seen_b = seen_w = 0
     fw_done: set[int] = set()
+    split = any(kind == "W" for kind, _ in order)
     for pos, (kind, j) in enumerate(order):
         where = f"stage {stage_id} schedule step {pos}"
         if j >= n:
@@ -43,6 +45,14 @@ def check_order(stage_id: int, order: Sequence[tuple[str, int]], n: int) -> None
                         f"{_marked(order, pos)}")
             seen_f += 1
             fw_done.add(j)
+        elif kind == "W":
+            if j != seen_w:
+                raise E(f"{where}: W{j} out of order, expected W{seen_w} (C4: W j before W j+1): "
+                        f"{_marked(order, pos)}")
+            if j >= seen_b:
+                raise E(f"{where}: W{j} before B{j} (C4: the weight gradient follows the input gradient, "
+                        f"B j before W j): {_marked(order, pos)}")
+            seen_w += 1
         else:
             if j != seen_b:
                 raise E(f"{where}: B{j} out of order, expected B{seen_b} (C4: B j before B j+1): "
@@ -53,6 +63,9 @@ def check_order(stage_id: int, order: Sequence[tuple[str, int]], n: int) -> None
     if seen_f != n or seen_b != n:
         raise E(f"stage {stage_id} schedule has {seen_f} forwards and {seen_b} backwards, "
                 f"expected {n} of each (mini_batch_size / micro_batch_size)")
+    if split and seen_w != n:
+        raise E(f"stage {stage_id} schedule has {seen_w} weight gradients W but {n} micro-batches: an order with "
+                f"W actions needs W j for every micro-batch j (after B j)")
 
 
 def _close(a: float, b: float) -> bool:

@@ -12,6 +12,10 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
 - ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
   ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
   leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
+- ``bw_weight_time[i]``: the weight-gradient part of ``bw_time`` (``docs/zero-bubble.md``), as a
+  split backward runs it: after the input gradients (untimed, graph kept), the median time of
+  ``torch.autograd.grad`` with respect to the parameters alone; 0 for a node without
+  parameters; at most ``bw_time[i]``;
 - ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes. A
   parameter shared by several graph nodes (tied weights, ``runtime.capture.fx_graph``) is counted once
   in each of them: every stage that holds a copy pays for its weights, gradients and optimizer
@@ -171,7 +175,7 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
             "statistics are computed per micro-batch, so training differs from one process on "
             "the whole mini-batch (freeze them, e.g. torchvision.ops.FrozenBatchNorm2d, for "
             "equal results)", len(bns), ", ".join(bns[:3]), ", ..." if len(bns) > 3 else "")
-    timing = {n: {"fw": [], "bw": []} for n in mg.nodes}
+    timing = {n: {"fw": [], "bw": [], "bw_weight": []} for n in mg.nodes}
     act_bytes: dict = {}
     out_bytes: dict = {}
     for micro_batch_size in micro_batch_sizes:
@@ -181,6 +185,7 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
         for node in mg.nodes:
             timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
             timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
+            timing[node]["bw_weight"].append(_time_backward_weight(mg, node, env, warmup, repeats, device))
         if micro_batch_size == micro_batch_sizes[-1]:
             kept = saved_bytes(mg, inputs)
             for gid, members in mg.groups:
@@ -195,6 +200,9 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
             nd[f"{kind}_time"] = [float(sum(t[0] for t in ts)) for ts in per_size]
             spread[kind] = [[float(sum(t[1] for t in ts)), float(sum(t[2] for t in ts))]
                             for ts in per_size]
+        # the weight-gradient part, at most the whole backward (separate runs: medians may cross)
+        w = [float(sum(t[0] for t in ts)) for ts in zip(*[timing[n]["bw_weight"] for n in members])]
+        nd["bw_weight_time"] = [min(a, b) for a, b in zip(w, nd["bw_time"])]
         nd.update({"weight_bytes": int(_weight_bytes(mg, members)),
                    "activation_bytes": float(act_bytes[gid]),
                    "output_bytes": float(out_bytes[gid]),
@@ -245,6 +253,27 @@ def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, de
     def setup():
         local, _ = _leaf_inputs(node, env, requires_grad=True)
         return lambda: run_node(mg.gm, node, local)
+    return _timings(setup, warmup, repeats, device)
+
+
+def _time_backward_weight(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
+    """The weight gradient alone, as a split backward runs it (``runtime.engine.split_backward``):
+    the input gradients first (untimed, graph kept), then ``torch.autograd.grad`` of the outputs
+    with respect to the parameters, timed.  A node without parameters takes no time."""
+    params = _params(mg, node, env)
+    if not params:
+        return 0.0, 0.0, 0.0
+
+    def setup():
+        local, leaves = _leaf_inputs(node, env, requires_grad=True)
+        outs = [t for t in _tensors(run_node(mg.gm, node, local))
+                if t.is_floating_point() and t.requires_grad]
+        if not outs:
+            return lambda: None
+        grads = [torch.ones_like(t) for t in outs]
+        if leaves:
+            torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
+        return lambda: torch.autograd.grad(outs, params, grads, allow_unused=True)
     return _timings(setup, warmup, repeats, device)
 
 

@@ -10,7 +10,9 @@ Either way the gradients summed over all chunks equal those of ``loss_fn`` on th
 mini-batch. Dropout nodes draw their masks from ``(seed, step, chunk's first sample, node)``.
 Backward ``B j`` assembles each output's gradient from the pieces received from every consumer
 stage (pieces of one stage tile the rows; different stages are summed), back-propagates, and
-sends each received piece's gradient back to its producer.
+sends each received piece's gradient back to its producer. In a plan whose order holds ``W``
+actions, ``B j`` computes the received pieces' gradients alone and ``W j`` the weight gradients
+(:mod:`runtime.engine.split_backward`); the data-parallel all-reduce follows the last ``W``.
 
 Operations are posted in ``posting.posting``'s order (``eager`` or ``batched``, see
 ``runtime.engine.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
@@ -33,6 +35,7 @@ from ..lowering.posting import Post, posting
 from ..lowering.fx_split import StageProgram
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
+from .split_backward import backward_input, backward_weight
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                   operator.ior, operator.ixor, operator.setitem}
@@ -91,7 +94,12 @@ class StageExecutor:
         self.rank = rank
         self.steps = group_actions(actions)
         self.items = posting(self.steps, comm.mode, lookahead)
-        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.kind == "B"), default=-1)
+        # the data-parallel all-reduce is armed for the last action that accumulates weight gradients
+        self.split = any(s.act.kind == "W" for s in self.steps)
+        last = "W" if self.split else "B"
+        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.kind == last), default=-1)
+        self.params = [p for p in program.module.parameters() if p.requires_grad]
+        self._pending_w: dict[int, tuple[list, list]] = {}  # micro-batch -> (roots, grads) kept for W
         self.meta = meta
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
@@ -152,7 +160,10 @@ class StageExecutor:
             else:
                 if index[id(st)] == self.last_backward and self.grad_sync is not None:
                     self.grad_sync.arm()
-                self._backward(st, c, bufs, state, out_tensors)
+                if st.act.kind == "W":
+                    self._weight(c)
+                else:
+                    self._backward(st, c, bufs, state, out_tensors)
             if cuda:
                 ev[1].record()
                 timings.append((str(st.act), ev[0], ev[1]))
@@ -291,9 +302,15 @@ class StageExecutor:
         if loss is not None:
             roots.append(loss)
             grads.append(torch.ones_like(loss))
-        if roots:
-            torch.autograd.backward(roots, grads)
-        self.saved_now -= self._saved.pop(c.mb, 0)
+        input_grad: dict[int, torch.Tensor | None] = {}
+        if self.split:      # the input gradients now, the weight gradients at W (split_backward)
+            wanted = [t for ts in leaves.values() for t in ts if t.requires_grad]
+            input_grad = {id(t): g for t, g in zip(wanted, backward_input(roots, grads, wanted))}
+            self._pending_w[c.mb] = (roots, grads)
+        else:
+            if roots:
+                torch.autograd.backward(roots, grads)
+            self.saved_now -= self._saved.pop(c.mb, 0)
         for m in st.sends:
             got = leaves.get((m.value, m.src, m.dst), [])
             metas = self.meta[m.value].tensors
@@ -301,10 +318,16 @@ class StageExecutor:
             for leaf, lm in zip(got, metas):
                 if not lm.grad:
                     continue
-                g = leaf.grad
+                g = input_grad.get(id(leaf)) if self.split else leaf.grad
                 out.append(g.contiguous() if g is not None else
                            torch.zeros((m.hi - m.lo, *lm.shape), dtype=lm.dtype, device=self.device))
             out_tensors[m] = out
+
+    def _weight(self, c: Chunk) -> None:
+        """``W j``: the weight gradients of micro-batch ``j``; its activations are freed after it."""
+        roots, grads = self._pending_w.pop(c.mb)
+        backward_weight(roots, grads, self.params)
+        self.saved_now -= self._saved.pop(c.mb, 0)
 
     def _make_pack(self, mb: int):
         def pack(t: torch.Tensor) -> torch.Tensor:

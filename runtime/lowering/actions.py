@@ -13,6 +13,7 @@ sends it posts after (:class:`MessageOp`):
 
     F j: recv act (per producer chunk overlapping, sample order) ; F j ; send act
     B j: recv grad (per consumer chunk overlapping)              ; B j ; send grad
+    W j: W j (the weight gradient of a split backward: no message)
 
 Sends are non-blocking; a receive waits for its matching send. Messages between two ranks are
 matched in posting order, so ``lower`` checks that sender and receiver list each pair's messages
@@ -129,6 +130,9 @@ def lower(plan: Plan, specs: list[TransferSpec]) -> dict[int, list[RankAction]]:
             for a in s.schedule.order:
                 kind, j = a
                 c = chunk(s, j, r)
+                if kind == "W":         # the weight gradient of a split backward: no message
+                    acts.append(a)
+                    continue
                 if kind == "F":
                     recv = [(pc.lo, t.index, _msg("act", t, pc, c)) for t in ins[s.id]
                             for pc in overlapping(plan.stage(t.src), c.lo, c.hi)]

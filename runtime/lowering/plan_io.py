@@ -52,7 +52,7 @@ def _with_in_flight(doc: Any) -> Any:
 
 
 def _is_action(a: Any) -> bool:
-    return (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B") and isinstance(a[1], int)
+    return (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B", "W") and isinstance(a[1], int)
             and not isinstance(a[1], bool) and a[1] >= 0)
 
 

@@ -20,9 +20,13 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
     assert ids == ["branch0.fc1", "branch0.act", "branch0.fc2", "branch1.fc1", "branch1.act",
                    "branch1.fc2", "cat", "head"]
     for n in g["nodes"]:
-        assert set(n) == {"id", "fw_time", "bw_time", "weight_bytes", "activation_bytes",
+        assert set(n) == {"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
                           "output_bytes", "extra"} and set(n["extra"]) == {"time_spread"}
-        assert len(n["fw_time"]) == len(n["bw_time"]) == 2
+        assert len(n["fw_time"]) == len(n["bw_time"]) == len(n["bw_weight_time"]) == 2
+        # the weight gradient is a part of the backward; a node without parameters has none
+        assert all(0 <= w <= b for w, b in zip(n["bw_weight_time"], n["bw_time"]))
+        if n["weight_bytes"] == 0:
+            assert n["bw_weight_time"] == [0.0, 0.0]
         for kind in ("fw", "bw"):  # the median lies within the spread of the timed runs
             for t, (lo, hi) in zip(n[f"{kind}_time"], n["extra"]["time_spread"][kind]):
                 assert 0 <= lo <= t <= hi
@@ -34,6 +38,7 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
     by = {n["id"]: n for n in g["nodes"]}
     assert by["branch0.fc1"]["weight_bytes"] == (8 * 8 + 8) * 4  # Linear(8, 8), float32
     assert by["cat"]["weight_bytes"] == 0
+    assert all(w > 0 for w in by["branch0.fc1"]["bw_weight_time"])     # Linear: dW = x^T dy, timed
     assert by["cat"]["output_bytes"] == 16 * 4  # two width-8 rows per sample
     assert by["head"]["output_bytes"] == 4 * 4
     dg = nx.DiGraph([(e["src"], e["dst"]) for e in g["edges"]])

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.plan.zero_bubble import check_schedule
 from gpp_solver.types import Plan
 
 # The default seeds: GraphPipe's DP and PipeDream-2BW's uniform chains.  PipeDream's and Alpa's DPs
@@ -63,8 +64,11 @@ class GppOptions:
     # exact iteration-time search (planners/exact): None = on small graphs (exact.planner.GPP_MAX_*),
     # True = up to the exact search's own limits, False = off; objective "iteration_time" only
     exact: bool | None = None
+    # micro-batch orders: "auto" (split backward with W actions where faster), "zb" (always), "1f1b" (kFkB)
+    schedule: str = "auto"
 
     def __post_init__(self) -> None:
+        check_schedule(self.schedule)
         if self.restarts is not None and (isinstance(self.restarts, bool) or not isinstance(self.restarts, int)
                                           or self.restarts < 1):
             raise InvalidInputError(f"restarts must be a positive integer or None, got {self.restarts!r}")

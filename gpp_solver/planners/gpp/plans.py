@@ -49,7 +49,7 @@ def _stage_specs(P: Problem, state: State, ev: Eval) -> list[StageSpec]:
                       micro_batch_size=P.b, k=1) for s in range(k)]
 
 
-def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
+def iteration_time_lower_bound(P: Problem, state: State, ev: Eval, split: bool = False) -> float:
     """A lower bound on the simulated iteration time of :func:`build_from_state`'s plan, under any
     orders (``docs/cost-model.md``, *Iteration time*; one micro-batch size, ``n = B / b``).
 
@@ -62,7 +62,8 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     the stage runs its all-reduce, and every predecessor ``p`` still runs its own last backward
     (it waits for ``s``'s) and then its all-reduce, and so on up: ``+ max(A_s, up(s))`` with
     ``up(s) = max_p B_p + max(A_p, up(p))``.  The durations are the simulator's
-    (``stage_costs``); the caller allows for float rounding."""
+    (``stage_costs``); the caller allows for float rounding.  ``split``: a bound for orders with
+    ``W`` actions too (:func:`_split_lower_bound`)."""
     k = len(state.devs)
     costs = stage_costs(P.graph, P.cluster, _stage_specs(P, state, ev), P.B)
     succ: list[set[int]] = [set() for _ in range(k)]
@@ -85,25 +86,64 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     for s in reversed(ev.order):
         down[s] = max((fw[t] + bw[t] + down[t] for t in succ[s]), default=0.0)
     n = P.n_micro
+    if split:
+        return _split_lower_bound(costs, succ, ev.order, n, head)
     return max(head[s] + max(n * (fw[s] + bw[s]), n * fw[s] + down[s] + bw[s]) + max(ar[s], up[s]) for s in range(k))
 
 
-def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo) -> Plan:
+def _split_lower_bound(costs: list, succ: list[set[int]], order: list[int], n: int, head: list[float]) -> float:
+    """The bound of :func:`iteration_time_lower_bound` for orders with ``W`` actions: a predecessor
+    waits only for the input gradient ``B_in`` of its successors, so the chains down and up use
+    ``B_in``; a stage's own last ``B`` is still followed by its ``W`` (``B_in + W = B``)."""
+    k = len(costs)
+    fw = [c.forward for c in costs]
+    bw = [c.backward for c in costs]
+    b_in = [c.backward_input for c in costs]
+    w = [c.backward_weight for c in costs]
+    ar = [c.allreduce for c in costs]
+    up = [0.0] * k          # after stage s's last B_in: the longest tail through its predecessors
+    for s in order:
+        for t in succ[s]:
+            up[t] = max(up[t], bw[s] + ar[s], b_in[s] + up[s])
+    down = [0.0] * k
+    for s in reversed(order):
+        down[s] = max((fw[t] + b_in[t] + down[t] for t in succ[s]), default=0.0)
+    return max(max(head[s] + n * (fw[s] + bw[s]) + ar[s],
+                   head[s] + n * fw[s] + down[s] + b_in[s] + max(w[s] + ar[s], up[s])) for s in range(k))
+
+
+def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo, schedule: str = "1f1b") -> Plan:
     """A full, priced plan of a state (stage devices as placed by the evaluator)."""
     specs = _stage_specs(P, state, ev)
-    plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info)
+    plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info, schedule=schedule)
     if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
         logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
                        plan.predicted.time_per_sample)
     return plan
 
 
-def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo) -> Plan:
+def reschedule(plan: Plan, graph: Graph, cluster: Cluster, schedule: str) -> Plan:
+    """A seed plan with its orders made again under ``schedule`` (same planner name, partition and
+    search record); the plan itself when that is slower or breaks the memory limit, or for ``1f1b``."""
+    if schedule == "1f1b":
+        return plan
+    specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
+                       tmpc=s.tmpc) for s in plan.stages]
+    out = build_plan(graph, cluster, specs, plan.mini_batch_size, planner=plan.planner, search=plan.search,
+                     schedule=schedule)
+    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
+            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
+        return plan
+    return out
+
+
+def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo, schedule: str = "1f1b") -> Plan:
     """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
     def specs(keep_orders: bool) -> list[StageSpec]:
         return [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
                           tmpc=s.tmpc, order=s.schedule.order if keep_orders else None) for s in plan.stages]
-    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info)
+    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info,
+                     schedule=schedule)
     if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
             st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
         out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)

@@ -23,8 +23,8 @@ class Pool:
     picked nor tie, so it is never built; every answer (best plan, best own plan, best score) is
     the one the eager pool gives, bit for bit."""
 
-    def __init__(self, score: Any, lazy: bool) -> None:
-        self.score, self.lazy = score, lazy
+    def __init__(self, score: Any, lazy: bool, schedule: str = "1f1b") -> None:
+        self.score, self.lazy, self.schedule = score, lazy, schedule
         self.items: list[list[Any]] = []    # [plan or None, meta, (P, state, ev) or None, bound]
         self.built = 0
 
@@ -39,13 +39,14 @@ class Pool:
             item = [None, meta, (P, state, ev), None]
             self._build(item)
         else:
-            item = [None, meta, (P, state, ev), iteration_time_lower_bound(P, state, ev) * (1 - LAZY_BOUND_SLACK)]
+            item = [None, meta, (P, state, ev), iteration_time_lower_bound(P, state, ev, split=self.schedule != "1f1b")
+                    * (1 - LAZY_BOUND_SLACK)]
         self.items.append(item)
 
     def _build(self, item: list[Any]) -> Plan:
         if item[0] is None:
             P, state, ev = item[2]
-            item[0] = build_from_state(P, state, ev, SearchInfo(0.0, Status.FEASIBLE))
+            item[0] = build_from_state(P, state, ev, SearchInfo(0.0, Status.FEASIBLE), self.schedule)
             self.built += 1
         return item[0]
 

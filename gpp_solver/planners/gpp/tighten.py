@@ -37,7 +37,7 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
         from gpp_solver.cp_orders import cp_schedule
     except Exception as exc:  # noqa: BLE001
         return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
-    actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
+    actions = sum(len(s.schedule.order) for s in plan.stages)
     limit_actions = min(TIGHTEN_MAX_ACTIONS, getattr(cp_schedule, "MAX_ACTIONS", TIGHTEN_MAX_ACTIONS))
     if tighten is None and (cut or actions > limit_actions):
         return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,

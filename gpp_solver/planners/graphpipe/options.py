@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.plan.zero_bubble import check_schedule
 
 #: how many stagings, best by iteration estimate, are built and simulated (``None``: all of them,
 #: each skipped when its lower bound ``B * TPS`` already exceeds the best simulated iteration)
@@ -37,8 +38,11 @@ class GraphPipeOptions:
     shared_sinks: bool = True
     # the depth sweep's largest bound below the least-TPS staging's depth
     max_depth_bound: int | None = MAX_DEPTH_BOUND
+    # micro-batch orders: "1f1b" (kFkB), "zb" (split backward, W actions), "auto" (the faster per plan)
+    schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
+        check_schedule(self.schedule)
         for name in ("simulate_top", "max_depth_bound"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):

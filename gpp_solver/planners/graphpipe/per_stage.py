@@ -46,7 +46,7 @@ def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: 
 
 
 def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[int], search_k: bool,
-                    degree_options: Sequence[int] | None, deadline: float | None) -> Plan:
+                    degree_options: Sequence[int] | None, deadline: float | None, schedule: str = "1f1b") -> Plan:
     """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, then the leftover-device
     pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
     and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
@@ -75,7 +75,7 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
     if deadline is None or deadline > time.perf_counter():
         try:        # the uniform sweep's plan lies in this search space too; keep it if it meets the target
             uni = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=False, search_k=search_k,
-                               degree_options=degree_options)
+                               degree_options=degree_options, schedule=schedule)
         except GppError:
             uni = None
         if uni is not None and uni.predicted.time_per_sample <= res.tps * (1 + 1e-9):
@@ -92,7 +92,8 @@ def plan_per_stage(graph: Graph, cluster: Cluster, B: int, dec, sizes: Sequence[
               [{"nodes": sorted(s.nodes, key=graph.index.__getitem__), "micro_batch_size": s.micro_batch_size,
                 "k": s.k, "degree": s.degree, "in_flight_bound": s.in_flight_bound} for s in stages]}
         trial = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                           search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra=ex))
+                           search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra=ex),
+                           schedule=schedule)
         if plan is None or trial.predicted.iteration_time < plan.predicted.iteration_time * (1 - 1e-12):
             plan = trial
     assert plan is not None

@@ -52,7 +52,11 @@ the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, whose state carries t
 configuration; its in-flight figures are Algorithm 2 on the SP stage order, an upper bound of
 ``plan_build``'s; status ``optimal-within-search-space`` only when the DP's bottleneck equals the
 plan's exact TPS, else ``feasible``), ``degree_options``
-(data-parallel degrees, default powers of two), ``time_limit`` (seconds), ``progress`` (``None``:
+(data-parallel degrees, default powers of two), ``schedule`` (``"1f1b"``, the default: GraphPipe's
+kFkB orders; ``"zb"``: every candidate's orders with the weight gradients split off as ``W`` actions,
+:mod:`gpp_solver.plan.zero_bubble`; ``"auto"``: per candidate the faster of the two; the pick among
+candidates is by that iteration time, so the staging and ``b`` may change with it),
+``time_limit`` (seconds), ``progress`` (``None``:
 a tqdm bar on stderr when it is a terminal and the search runs over a second; ``False``: never).
 
 ``search.status`` is ``optimal-within-search-space`` when every micro-batch size was searched to
@@ -107,12 +111,12 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
         logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
                     graph.name, len(dec.forced_cuts), dec.added_pairs)
     if o.per_stage_micro_batch:
-        plan = plan_per_stage(graph, cluster, B, dec, sizes, o.search_k, o.degree_options, deadline)
+        plan = plan_per_stage(graph, cluster, B, dec, sizes, o.search_k, o.degree_options, deadline, o.schedule)
     else:
         plan = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=progress, search_k=o.search_k,
                             degree_options=o.degree_options, depth_tradeoff=o.depth_tradeoff,
                             simulate_top=o.simulate_top, shared_sinks=o.shared_sinks,
-                            max_depth_bound=o.max_depth_bound)
+                            max_depth_bound=o.max_depth_bound, schedule=o.schedule)
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0))
     if o.validate_plan:
         validate(plan, graph, cluster)

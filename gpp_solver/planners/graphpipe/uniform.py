@@ -57,15 +57,16 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                  deadline: float | None, progress: bool | None = None, search_k: bool = False,
                  degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True,
                  simulate_top: int | None = SIMULATE_TOP, shared_sinks: bool = True,
-                 max_depth_bound: int | None = MAX_DEPTH_BOUND) -> Plan:
-    """The best plan with one micro-batch size from ``sizes`` (``search.seconds`` left at 0, not validated)."""
+                 max_depth_bound: int | None = MAX_DEPTH_BOUND, schedule: str = "1f1b") -> Plan:
+    """The best plan with one micro-batch size from ``sizes`` (``search.seconds`` left at 0, not validated);
+    every candidate is built with ``schedule`` (``build_plan``), so the pick is by its iteration time."""
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options, shared_sinks=shared_sinks)
     bar = _Progress(None, progress)
     searched, pruned, seeds, lbdp, quick = list(sizes), [], [], None, {}
     try:
         if PRUNE_SIZES and simulate_top is None and dp.large() and len(sizes) > 1:
             searched, pruned, seeds, lbdp, quick = _prune_sizes(graph, cluster, B, dec, dp, sizes, search_k, deadline,
-                                                               bar.step)
+                                                               bar.step, schedule)
         if depth_tradeoff:
             def deepen(first: dict[int, TpsSearch]) -> list[int]:
                 """The sizes where a shallower staging could beat the incumbent: the first phase's
@@ -75,7 +76,8 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
                     return []
                 r = min(first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1],
                                                        r.tps, -r.b))
-                inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
+                inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline,
+                             schedule=schedule).predicted.iteration_time
                 inc = min([inc] + [s[1] for s in seeds])        # the seed stays a candidate
                 sizes_left = [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
                 return _least_useful_depths(graph, cluster, B, dec, dp, sizes_left, inc, max_depth_bound, deadline,
@@ -145,7 +147,7 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
         if best is not None and bound > best[0].predicted.iteration_time * (1 + 1e-12):
             entry["not_simulated_lower_bound"] = bound      # cannot beat the best simulated plan
             continue
-        plan = _build(graph, cluster, st, r.b, B, dp, search_k, leftover=False)
+        plan = _build(graph, cluster, st, r.b, B, dp, search_k, leftover=False, schedule=schedule)
         entry.update(depth=plan.depth, stages=len(plan.stages), simulated_iteration_time=plan.predicted.iteration_time)
         if best is None or _better(plan, best[0]):
             best = (plan, origin, r)
@@ -194,7 +196,8 @@ def plan_uniform(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, s
 
 
 def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP, sizes: Sequence[int],
-                 search_k: bool, deadline: float | None, on_pass) -> tuple[list[int], list[int], list, StageDP | None]:
+                 search_k: bool, deadline: float | None, on_pass,
+                 schedule: str = "1f1b") -> tuple[list[int], list[int], list, StageDP | None]:
     """The sizes worth searching, on large trees: a quick search bounded to depth ``SEED_DEPTH``
     (small tables) gives stagings, best-first: the ``SEED_SIZES`` sizes with the least lower bound
     (:meth:`StageDP.lower_bound`, ties to the larger size) first, the next ones only when none of
@@ -216,7 +219,8 @@ def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, d
     if not quick:
         return list(sizes), [], [], None, {}
     r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
-    inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline).predicted.iteration_time
+    inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline,
+                 schedule=schedule).predicted.iteration_time
     lb = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
                  shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
     t = inc / B * (1 + 1e-9)
@@ -266,7 +270,7 @@ def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecompos
 
 
 def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, dp: StageDP, search_k: bool,
-           leftover: bool = True, deadline: float | None = None) -> Plan:
+           leftover: bool = True, deadline: float | None = None, schedule: str = "1f1b") -> Plan:
     """The priced plan of DP stages at ``b`` (devices by :func:`assign_devices`; with ``leftover``
     the unused devices first go through :func:`spend_leftover_devices`)."""
     if leftover and sum(s.degree for s in stages) < cluster.devices:
@@ -274,7 +278,7 @@ def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B:
     specs = stage_specs(stages, b, cluster.devices_per_node, None if search_k else 1)
     return build_plan(graph, cluster, specs, B, planner=PLANNER,
                       search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),
-                      k_options=K_OPTIONS if search_k else (1,))
+                      k_options=K_OPTIONS if search_k else (1,), schedule=schedule)
 
 
 def _better(plan: Plan, than: Plan) -> bool:

@@ -1,0 +1,283 @@
+"""Weight-gradient placement: stage orders with ``W`` actions (split backward, zero bubble).
+
+A stage's backward splits into ``B`` (the input gradient, which its predecessors wait for) and ``W``
+(the weight gradient, which nothing but the stage itself waits for), as Zero Bubble Pipeline
+Parallelism (Qi et al., ICLR 2024) does for chains; here for any stage DAG (``docs/zero-bubble.md``).
+
+Every order this module makes keeps each stage's in-flight micro-batches (forwards done minus
+weight gradients done, the memory rule of an order with ``W``) at most ``cap[S]``: the peak of the
+stage's 1F1B (kFkB) order, or (``Durations.memory_cap``, ZB-H1's rule) the most the stage may hold
+without its memory exceeding the largest stage memory of the kFkB orders — either way the plan's
+peak memory does not grow.  Candidates:
+
+* **eager** — the kFkB order with ``W j`` right after ``B j``: never slower than the kFkB order (the
+  simulated start of every action is a max-plus expression of the durations and a ``B`` only gets
+  shorter, so no start moves later), and it holds the same activations;
+* **deferred** — the kFkB order of ``F`` and ``B`` with each ``W`` put off until a forward needs its
+  memory, the rest in the cool-down;
+* **lagged** — the kFkB order with ``W j - L`` right after ``B j``, ``L`` the micro-batches ZB-H1's
+  rule adds to the stage's own peak (the paper's handcrafted ZB-H1 on a chain);
+* **greedy** — a list schedule in simulated time: whenever a stage is free it runs, by priority, a
+  ready ``B`` (the critical path), a ready ``F`` within ``cap``, else a pending ``W`` (filling the wait);
+  and the same with ``F`` before ``B``.
+
+:func:`zero_bubble_orders` simulates all of them and returns the fastest (the eager one on ties).
+Stages whose weight-gradient time is zero keep their order without ``W``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from gpp_solver.action import Action, Kind
+from gpp_solver.cost.model import StageLike, in_flight_from_order, stage_memory
+from gpp_solver.errors import DeadlockError, InvalidInputError, show
+from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.types import Cluster, Graph, Plan
+
+Orders = Mapping[int, Sequence[Action]]
+SCHEDULES = ("1f1b", "zb", "auto")
+ZB_KIND = "ZB-H1"       # schedule.kind of the orders with W actions this module makes
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Durations:
+    """Per stage: micro-batch size, forward, whole backward, its weight-gradient part, all-reduce."""
+
+    micro_batch: Mapping[int, int]
+    forward: Mapping[int, float]
+    backward: Mapping[int, float]
+    weight: Mapping[int, float]
+    allreduce: Mapping[int, float]
+    edges: tuple[tuple[int, int], ...]
+    #: per stage, the most micro-batches it may hold without its memory exceeding the largest stage
+    #: memory of the kFkB orders (ZB-H1's rule: the pipeline's peak memory does not grow); absent: its own peak
+    memory_cap: Mapping[int, int] | None = None
+
+    def makespan(self, orders: Orders) -> float:
+        return simulate_orders(orders, self.micro_batch, self.forward, self.backward, self.allreduce, self.edges,
+                               0, record=False, weight=self.weight)[0]
+
+
+def eager_w(order: Sequence[Action]) -> tuple[Action, ...]:
+    """``order`` with ``W j`` right after every ``B j``."""
+    out: list[Action] = []
+    for a in order:
+        out.append(a)
+        if a.kind == Kind.B:
+            out.append(Action(Kind.W, a.micro_batch))
+    return tuple(out)
+
+
+def deferred_w(order: Sequence[Action], cap: int) -> tuple[Action, ...]:
+    """``order``'s ``F``/``B`` sequence with each ``W`` as late as a forward's memory allows
+    (at most ``cap`` micro-batches between their ``F`` and ``W``), the rest at the end."""
+    out: list[Action] = []
+    f_done = w_done = b_done = 0
+    for a in order:
+        if a.kind == Kind.F:
+            while f_done - w_done >= cap and w_done < b_done:
+                out.append(Action(Kind.W, w_done))
+                w_done += 1
+            f_done += 1
+        elif a.kind == Kind.B:
+            b_done += 1
+        out.append(a)
+    out.extend(Action(Kind.W, j) for j in range(w_done, b_done))
+    return tuple(out)
+
+
+def lagged_w(order: Sequence[Action], lag: int) -> tuple[Action, ...]:
+    """``order`` with ``W j - lag`` right after every ``B j`` and the last ``lag`` ``W`` at the end
+    (the paper's handcrafted ZB-H1 for a chain: stage ``i`` of ``p`` lags by ``i``)."""
+    out: list[Action] = []
+    nw = nb = 0
+    for a in order:
+        out.append(a)
+        if a.kind == Kind.B:
+            nb += 1
+            if nb > lag:
+                out.append(Action(Kind.W, nw))
+                nw += 1
+    out.extend(Action(Kind.W, j) for j in range(nw, nb))
+    return tuple(out)
+
+
+def _covering(j: int, b_self: int, b_other: int) -> range:
+    return range((j * b_self) // b_other, ((j + 1) * b_self - 1) // b_other + 1)
+
+
+def greedy_w(d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: Mapping[int, bool],
+             b_first: bool = True) -> dict[int, tuple[Action, ...]]:
+    """The list schedule of the module docstring: the stage that can act earliest acts next (ties:
+    lower id); at that time it runs a ready ``B`` (``b_first``) or ``F`` within ``cap``, then the
+    other, else its oldest pending ``W``.  A stage without ``split`` runs each ``W`` with its ``B``."""
+    stages = sorted(n)
+    preds: dict[int, list[int]] = {s: [] for s in stages}
+    succs: dict[int, list[int]] = {s: [] for s in stages}
+    for a, b in d.edges:
+        succs[a].append(b)
+        preds[b].append(a)
+    fin: dict[tuple[int, str], dict[int, float]] = {(s, k): {} for s in stages for k in "FB"}
+    nf = {s: 0 for s in stages}
+    nb = {s: 0 for s in stages}
+    nw = {s: 0 for s in stages}
+    free = {s: 0.0 for s in stages}
+    out: dict[int, list[Action]] = {s: [] for s in stages}
+    w_len = {s: d.weight.get(s, 0.0) if split[s] else 0.0 for s in stages}
+    b_len = {s: d.backward[s] - w_len[s] for s in stages}
+
+    def ready(s: int, kind: str, j: int) -> float:
+        deps = preds[s] if kind == "F" else succs[s]
+        t = free[s] if kind == "F" else max(free[s], fin[(s, "F")][j])
+        for p in deps:
+            got = fin[(p, kind)]
+            for q in _covering(j, d.micro_batch[s], d.micro_batch[p]):
+                v = got.get(q)
+                if v is None:
+                    return INF
+                t = max(t, v)
+        return t
+
+    def options(s: int) -> tuple[float, float, float]:
+        """Earliest start of the next B, F, W of stage s (INF: not possible yet)."""
+        tb = ready(s, "B", nb[s]) if nb[s] < nf[s] else INF
+        tf = ready(s, "F", nf[s]) if nf[s] < n[s] and nf[s] - nw[s] < cap[s] else INF
+        tw = free[s] if nw[s] < nb[s] else INF
+        return tb, tf, tw
+
+    cache = {s: options(s) for s in stages}
+    total = sum(3 * n[s] if split[s] else 2 * n[s] for s in stages)
+    done = 0
+    while done < total:
+        s, now = -1, INF
+        for x in stages:
+            t = min(cache[x])
+            if t < now:
+                s, now = x, t
+        if s < 0:
+            raise DeadlockError("zero-bubble placement found no stage able to act")
+        tb, tf, _ = cache[s]
+        first, second = (("B", tb), ("F", tf)) if b_first else (("F", tf), ("B", tb))
+        kind = first[0] if first[1] <= now else second[0] if second[1] <= now else "W"
+        if kind == "F":
+            j = nf[s]
+            end = now + d.forward[s]
+            fin[(s, "F")][j] = end
+            nf[s] += 1
+            out[s].append(Action(Kind.F, j))
+            done += 1
+        elif kind == "B":
+            j = nb[s]
+            end = now + b_len[s]
+            fin[(s, "B")][j] = end
+            nb[s] += 1
+            out[s].append(Action(Kind.B, j))
+            done += 1
+            if not split[s]:        # the whole backward: its W is part of it
+                nw[s] += 1
+                end += w_len[s]
+        else:
+            j = nw[s]
+            end = now + w_len[s]
+            nw[s] += 1
+            out[s].append(Action(Kind.W, j))
+            done += 1
+        free[s] = end
+        for x in (s, *preds[s], *succs[s]):
+            cache[x] = options(x)
+    return {s: tuple(o) for s, o in out.items()}
+
+
+def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Action, ...]], float]:
+    """The fastest ``W`` placement for the kFkB ``orders`` (module docstring) and its makespan.
+
+    Stages with a weight-gradient time of zero keep their orders; the others' in-flight peak stays
+    that of their given order."""
+    n = {s: sum(1 for a in o if a[0] == "F") for s, o in orders.items()}
+    cap = {s: max(1, in_flight_from_order(o, 1)) for s, o in orders.items()}
+    split = {s: d.weight.get(s, 0.0) > 0 for s in orders}
+    eager = {s: eager_w(o) if split[s] else tuple(o) for s, o in orders.items()}
+    best, best_t = eager, d.makespan(eager)
+    cands = [{s: deferred_w(o, cap[s]) if split[s] else tuple(o) for s, o in orders.items()}]
+    caps = [cap]
+    if d.memory_cap is not None:
+        wide = {s: max(cap[s], min(n[s], d.memory_cap.get(s, cap[s]))) for s in orders}
+        if wide != cap:
+            caps.append(wide)
+    if len(caps) > 1:
+        cands.append({s: lagged_w(o, caps[1][s] - cap[s]) if split[s] else tuple(o) for s, o in orders.items()})
+    for c in caps:
+        for b_first in (True, False):
+            try:
+                cands.append(greedy_w(d, n, c, split, b_first))
+            except DeadlockError:       # pragma: no cover - the precedences are acyclic (docs/zero-bubble.md)
+                continue
+    for c in cands:
+        try:
+            t = d.makespan(c)
+        except DeadlockError:
+            continue
+        if t < best_t:
+            best, best_t = c, t
+    return dict(best), best_t
+
+
+def check_schedule(schedule: object) -> str:
+    """``schedule`` itself when it is one of :data:`SCHEDULES`, else :class:`InvalidInputError`."""
+    if schedule not in SCHEDULES:
+        raise InvalidInputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {show(schedule)}")
+    return schedule  # type: ignore[return-value]
+
+
+def schedule_record(requested: str, chosen: str, t_1f1b: float | None, t_zb: float | None) -> dict[str, object]:
+    """What a plan's ``search.extra["schedule"]`` says: the schedule asked for, the one its orders
+    use (``"zb"``: they hold ``W`` actions), and the simulated iteration time of the partition under
+    each (seconds)."""
+    return {"requested": requested, "chosen": chosen, "iteration_time_1f1b": t_1f1b, "iteration_time_zb": t_zb}
+
+
+def apply_schedule(schedule: str, orders: Orders, makespan: float, kind: str, d: Durations,
+                   ) -> tuple[dict[int, tuple[Action, ...]], float, str, dict[str, object]]:
+    """``(orders, makespan, schedule kind, record)`` for ``schedule`` ``"zb"`` or ``"auto"`` from the
+    kFkB ``orders`` of ``kind`` and their ``makespan``: ``zb`` takes the W placement whenever a stage
+    has a weight gradient to split off, ``auto`` only when it is strictly faster."""
+    zb, t_zb = zero_bubble_orders(orders, d)
+    has_w = any(a[0] == "W" for o in zb.values() for a in o)
+    take = has_w and (schedule == "zb" or t_zb < makespan * (1 - 1e-12))
+    record = schedule_record(schedule, "zb" if take else "1f1b", makespan, t_zb)
+    if not take:
+        return dict(orders), makespan, kind, record
+    return zb, t_zb, ZB_KIND, record
+
+
+def final_record(plan: Plan, requested: str) -> dict[str, object]:
+    """The ``search.extra["schedule"]`` of a finished plan: the record ``build_plan`` left on it
+    (the partition's iteration time under each schedule) with ``chosen`` and ``iteration_time``
+    read from the plan itself (a later step such as CP-SAT may have changed its orders)."""
+    old = plan.search.extra.get("schedule") or {}
+    chosen = "zb" if any(a[0] == "W" for s in plan.stages for a in s.schedule.order) else "1f1b"
+    return {**schedule_record(requested, chosen, old.get("iteration_time_1f1b"), old.get("iteration_time_zb")),
+            "iteration_time": plan.predicted.iteration_time}
+
+
+def memory_caps(graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders,
+                mini_batch_size: int) -> dict[int, int]:
+    """Per stage ``i`` (``specs[i]``, ``orders[i]``): the most micro-batches it may hold with its
+    memory at most the largest stage memory of ``orders`` and within the cluster's memory."""
+    mem = {i: stage_memory(graph, cluster, s, in_flight_from_order(orders[i], s.micro_batch_size))
+           for i, s in enumerate(specs)}
+    limit = min(max(mem.values()), cluster.memory_bytes) * (1 + 1e-12)
+    out = {}
+    for i, s in enumerate(specs):
+        n = mini_batch_size // s.micro_batch_size
+        base = stage_memory(graph, cluster, s, 0)
+        per = stage_memory(graph, cluster, s, s.micro_batch_size) - base
+        k = n if per <= 0 else int(min(n, max(0.0, (limit - base) / per)))
+        while k > 0 and stage_memory(graph, cluster, s, k * s.micro_batch_size) > limit:
+            k -= 1
+        out[i] = max(k, in_flight_from_order(orders[i], 1))
+    return out
