@@ -144,6 +144,9 @@ class Cluster:
     devices_per_node: int | None = None
     latency: float = 0.0
     optimizer_state_factor: float = DEFAULT_OPTIMIZER_STATE_FACTOR
+    #: price the runtime's memory beyond weights, state and saved activations (cost model:
+    #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
+    memory_overheads: bool = False
 
     def node_of(self, device: int) -> int:
         return 0 if self.devices_per_node is None else device // self.devices_per_node

@@ -257,7 +257,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
         busy = n * (c.forward + c.backward) + c.allreduce
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,
-                                stage_memory(graph, cluster, s, peak), idle=makespan - busy,
+                                stage_memory(graph, cluster, s, peak, plan.stages), idle=makespan - busy,
                                 allreduce=c.allreduce))
     return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
                      tuple(tasks), tuple(stats))
