@@ -117,6 +117,9 @@ def merge(docs: list[dict], used: list[int]) -> dict:
             nd[f"{kind}_time"] = [float(statistics.median(v)) for v in zip(*[p[f"{kind}_time"] for p in per])]
             spreads = list(zip(*[p["extra"]["time_spread"][kind] for p in per]))
             nd["extra"]["time_spread"][kind] = [[min(s[0] for s in sz), max(s[1] for s in sz)] for sz in spreads]
+        if "bw_weight_time" in nd:     # its median too, at most the merged backward (medians may cross)
+            w = [float(statistics.median(v)) for v in zip(*[p["bw_weight_time"] for p in per])]
+            nd["bw_weight_time"] = [min(a, b) for a, b in zip(w, nd["bw_time"])]
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",
         concurrent={"processes": len(docs), "cores": used, "pinned": True,

@@ -84,3 +84,16 @@ def test_filler_refuses_a_core_it_cannot_have(args, needle):
                          timeout=60)
     assert res.returncode == 2 and res.stderr.startswith("error: " + needle) and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_merge_keeps_the_weight_gradient_within_the_merged_backward():
+    """Each worker's bw_weight_time <= its bw_time, but medians taken apart may cross: the merged
+    weight-gradient time is the median, clamped to the merged backward."""
+    docs = [_doc([1.0, 1.0], [3.0, 4.0], [[0.9, 1.1], [0.9, 1.1]]),
+            _doc([1.0, 1.0], [2.0, 9.0], [[0.9, 1.1], [0.9, 1.1]]),
+            _doc([1.0, 1.0], [2.5, 5.0], [[0.9, 1.1], [0.9, 1.1]])]
+    for d, w in zip(docs, ([3.0, 1.0], [2.0, 2.0], [2.5, 3.0])):
+        d["nodes"][0]["bw_weight_time"] = w
+    node = merge(docs, [0, 1, 2])["nodes"][0]
+    assert node["bw_time"] == [2.5, 5.0]
+    assert node["bw_weight_time"] == [2.5, 2.0]
