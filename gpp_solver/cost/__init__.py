@@ -7,13 +7,13 @@ same pricing core (:func:`comm_time`, :func:`allreduce_time`, :func:`time_per_sa
 by ``tests/test_pricers.py``.
 """
 
-from gpp_solver.cost.model import (CostTables, NodeConfig, StageCost, StageLike, allreduce_time, comm_time,
+from gpp_solver.cost.model import (CostTables, NodeConfig, StageCost, StageLike, TimeTerms, allreduce_time, comm_time,
                                    data_parallel, in_flight_from_order, interp_time, interpolate,
                                    iteration_time_estimate, memory_per_device, node_compute, node_config,
                                    stage_activation_bytes, stage_compute, stage_compute_parts, stage_costs,
                                    stage_memory, stage_transfers, stage_weight_bytes, time_per_sample)
 
-__all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "allreduce_time", "comm_time", "data_parallel",
+__all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "TimeTerms", "allreduce_time", "comm_time", "data_parallel",
            "in_flight_from_order", "interp_time", "interpolate", "iteration_time_estimate", "memory_per_device",
            "node_compute", "node_config", "stage_activation_bytes", "stage_compute", "stage_compute_parts",
            "stage_costs", "stage_memory", "stage_transfers", "stage_weight_bytes", "time_per_sample"]

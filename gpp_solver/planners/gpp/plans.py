@@ -76,7 +76,7 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     for s in ev.order:
         for t in succ[s]:
             head[t] = max(head[t], head[s] + fw[s])
-    ar = [c.allreduce for c in costs]
+    ar = [c.tail for c in costs]
     up = [0.0] * k
     for s in ev.order:
         for t in succ[s]:

@@ -37,7 +37,7 @@ from typing import Any
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
 import pulp
 
-from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.model import TimeTerms, node_compute
 from gpp_solver.types import Cluster, Graph
 from gpp_solver.cost.network import constant_bandwidth
 from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, layouts
@@ -87,8 +87,10 @@ def build_model(graph: Graph, cluster: Cluster, B: int, b: int, slots: int, *, o
     A = [nd.activation_bytes for nd in nodes]
     gs = graph.micro_batch_sizes
 
+    overhead = TimeTerms.of(graph).node_overhead
+
     def c(i: int, x: float) -> float:
-        return node_compute(nodes[i].fw_time, nodes[i].bw_time, gs, x)
+        return node_compute(nodes[i].fw_time, nodes[i].bw_time, gs, x, overhead)
 
     prob = pulp.LpProblem(f"gpp_milp_b{b}", pulp.LpMinimize)
     x = {(i, s): prob.add_variable(f"x_{i}_{s}", cat=pulp.LpBinary) for i in V for s in range(K)}
@@ -199,8 +201,13 @@ def build_model(graph: Graph, cluster: Cluster, B: int, b: int, slots: int, *, o
             for u in out_edges:
                 terms += [2 * lat * r[u, lo, hi], 2 * x_ * byte_unit / bw * rb[u, lo, hi]]
         expr = pulp.lpSum(terms) / (b * tau0)
-        if d > 1:
-            expr += (2 * (d - 1) / d / bw_self / B / tau0) * pulp.lpSum(W[i] * x[i, s] for i in V)
+        if d > 1:   # A(S) (TimeTerms.allreduce): the cluster's all-reduce bandwidth and latency when given
+            expr += (2 * (d - 1) / d / cluster.collective_bandwidth(bw_self) / B / tau0) * pulp.lpSum(
+                W[i] * x[i, s] for i in V)
+            if cluster.allreduce_latency:
+                expr += 2 * (d - 1) * cluster.allreduce_latency / B / tau0
+        if graph.optimizer_time_per_byte:   # O(S)
+            expr += (graph.optimizer_time_per_byte / B / tau0) * pulp.lpSum(W[i] * x[i, s] for i in V)
         big = sum(coef * var.upBound for var, coef in expr.items())   # every coefficient is >= 0
         prob += tau >= expr - big * (1 - active), f"tps_{s}_{kidx}"
     prob += tau

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.model import TimeTerms, node_compute
 from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -76,8 +76,10 @@ def _options(graph: Graph, cluster: Cluster, v: int, b1: int, mode: str, native:
                                             float(x["memory_b"]), dict(x["sync_time_fw"]), dict(x["sync_time_bw"])))
         return out
 
+    overhead = TimeTerms.of(graph).node_overhead
+
     def derived(label, fw, bw, wb, ab):
-        p = node_compute(fw, bw, sizes, b1)
+        p = node_compute(fw, bw, sizes, b1, overhead)
         return (label, p, wb, ab * b1, osf * wb, {}, {})
 
     seen: dict[int, set] = {1: {(node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes)}}

@@ -36,7 +36,7 @@ import numpy as np
 
 from gpp_solver.planners.registry import parse_options
 from gpp_solver.planners.sequential.options import PipeDream2BWOptions
-from gpp_solver.cost.model import allreduce_time, node_compute
+from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -189,7 +189,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
             weights = weights_at.get(x)
             if weights is None:
                 weights = weights_at[x] = (
-                    [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x)
+                    [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x, pricer.terms.node_overhead)
                      for v in order] if balance == "compute" else [1.0] * len(order))
             cuts = cuts_at[x, w] = equal_partition(weights, w)
         return cuts
@@ -278,8 +278,8 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
             n = B // b
             per = n * (np.add.reduceat(fg, cuts[:-1]) + neg)
             if ar_filter and d > 1:
-                ar = allreduce_time(np.add.reduceat(core_weight, cuts[:-1]), np.full(w, float(d)),
-                                    pricer.stage_bandwidths(layout(w, d)))
+                ar = pricer.terms.tail(np.add.reduceat(core_weight, cuts[:-1]), np.full(w, float(d)),
+                                       pricer.stage_bandwidths(layout(w, d)))
                 l1 = float(np.max(per + ar)) - _CHEAP_SLACK * float(np.max(ar))
             else:
                 l1 = float(np.max(per))
