@@ -23,6 +23,12 @@ pass of ``sample(b, 0)`` (training mode, like the trainer), with ``--threads`` i
   its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus
   the output that stays alive until the consumer's backward. Measured at the largest batch size.
 
+The time-model terms (``runtime.profile_terms`` says how each is measured; ``--no-time-terms``
+leaves them out): the graph's ``op_overhead`` (what each node adds per forward and per backward
+when the trainer runs the whole stage), ``optimizer_time_per_byte`` (``--optimizer``, as
+``runtime.train``'s), and the workload's loss, forward and backward, added to the sink node's
+times (kept in its ``extra.loss_time``): the trainer runs the loss on the stage holding the sink.
+
 Optional fields (``spec/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
 of the timed runs per micro-batch size (summed over its fx nodes), and ``"fx_nodes"`` when it
@@ -57,6 +63,7 @@ import torch
 
 from gpp_solver.errors import InvalidInputError
 from . import cores
+from . import profile_terms
 from .capture.fx_graph import COMPUTE_OPS, ModelGraph, load_workload, run_node, trace_workload
 
 logger = logging.getLogger(__name__)
@@ -168,8 +175,9 @@ def device_info(device: torch.device) -> dict:
 
 
 def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
-            name: str = "model") -> dict:
-    """Profile ``workload`` at each batch size and return the gpp-graph/1 document (a dict).
+            name: str = "model", *, time_terms: bool = True, optimizer: str = "sgd") -> dict:
+    """Profile ``workload`` at each batch size and return the gpp-graph/1 document (a dict);
+    ``time_terms``: also the graph's op_overhead, optimizer step and the loss (module docstring).
 
     Runs with the current ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
     if not batch_sizes or any(b <= 0 for b in batch_sizes) or sorted(set(batch_sizes)) != batch_sizes:
@@ -189,13 +197,18 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
     timing = {n: {"fw": [], "bw": []} for n in mg.nodes}
     act_bytes: dict = {}
     out_bytes: dict = {}
+    terms: dict = {"whole": [], "loss": []}
     for b in batch_sizes:
-        inputs, _ = workload.sample(b, 0)
+        inputs, target = workload.sample(b, 0)
         inputs = tuple(x.to(device) for x in inputs)
         env = _forward_all(mg, inputs, b)
         for node in mg.nodes:
             timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
             timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
+        if time_terms:
+            terms["whole"].append(profile_terms.whole_model_times(mg.gm, inputs, warmup, repeats, device))
+            tgt = target.to(device) if isinstance(target, torch.Tensor) else target
+            terms["loss"].append(profile_terms.loss_times(workload.loss, env[mg.sink], tgt, warmup, repeats, device))
         if b == batch_sizes[-1]:
             for gid, members in mg.groups:
                 act_bytes[gid] = _activation_bytes(mg, members, env, b)
@@ -220,9 +233,36 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
         for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
     info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
-    return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(batch_sizes),
-            "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
-            "extra": {"profile": info}}
+    doc = {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(batch_sizes),
+           "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
+           "extra": {"profile": info}}
+    if time_terms:
+        _add_time_terms(doc, terms, mg, workload, optimizer, warmup, repeats, device)
+    return doc
+
+
+def _add_time_terms(doc: dict, terms: dict, mg: ModelGraph, workload, optimizer: str, warmup: int,
+                    repeats: int, device) -> None:
+    """The graph's op_overhead and optimizer_time_per_byte; the loss added to the sink node."""
+    nodes, info = doc["nodes"], doc["extra"]["profile"]
+    per = {}
+    for k, kind in enumerate(("fw", "bw")):
+        summed = [sum(nd[f"{kind}_time"][i] for nd in nodes) for i in range(len(terms["whole"]))]
+        per[kind] = profile_terms.overhead_per_node([w[k] for w in terms["whole"]], summed, len(nodes))
+        profile_terms.remove_call_cost(nodes, kind, per[kind])
+    doc["op_overhead"] = profile_terms.graph_overhead(per["fw"], per["bw"])
+    info["op_overhead_per_size"] = per
+    seconds = profile_terms.optimizer_seconds(mg.gm, optimizer, warmup, repeats, device)
+    weight = sum(nd["weight_bytes"] for nd in nodes)
+    doc["optimizer_time_per_byte"] = seconds / weight if weight else 0.0
+    info["optimizer"] = {"name": optimizer, "seconds": seconds}
+    sink = next(nd for nd in nodes if nd["id"] == mg.group[mg.sink])
+    loss = {"fw": [t[0] for t in terms["loss"]], "bw": [t[1] for t in terms["loss"]]}
+    for kind in ("fw", "bw"):
+        sink[f"{kind}_time"] = [t + x for t, x in zip(sink[f"{kind}_time"], loss[kind])]
+        sink["extra"]["time_spread"][kind] = [[lo + x, hi + x] for (lo, hi), x in
+                                              zip(sink["extra"]["time_spread"][kind], loss[kind])]
+    sink["extra"]["loss_time"] = loss
 
 
 def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:
@@ -290,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="N profilers at once, each pinned to its own core; the median is kept "
                          "(default 1: one unpinned process; see runtime/cores.py)")
     ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                    help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)")
+    ap.add_argument("--no-time-terms", action="store_true",
+                    help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -317,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torch.manual_seed(0)
         wl = load_workload(args.model)
-        doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model)
+        doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model,
+                      time_terms=not args.no_time_terms, optimizer=args.optimizer)
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
