@@ -272,7 +272,7 @@ def stage_diagnostics(plan, sim, ranks: dict[int, dict]) -> list[dict]:
     out = []
     for ps, st in zip(plan.stages, sim.stages):
         m = ranks.get(ps.devices[0], {})
-        out.append({"stage": st.stage, "rank": ps.devices[0], "sim_busy": st.busy - st.allreduce,
+        out.append({"stage": st.stage, "rank": ps.devices[0], "sim_busy": st.busy - st.allreduce - st.optimizer,
                     "measured_busy": m.get("compute"), "sim_allreduce": st.allreduce,
                     "measured_allreduce": m.get("allreduce"), "measured_wait": m.get("wait"),
                     "sim_idle": st.idle})
@@ -301,6 +301,9 @@ def run(args) -> tuple[list[dict], dict]:
                     "inter_node_bandwidth": measured_cluster.inter_node_bandwidth,
                     "latency": measured_cluster.latency,
                     "optimizer_state_factor": measured_cluster.optimizer_state_factor}
+            if measured_cluster.allreduce_bandwidth is not None:   # the probe's ring all-reduce fit
+                cdoc.update(allreduce_bandwidth=measured_cluster.allreduce_bandwidth,
+                            allreduce_latency=measured_cluster.allreduce_latency)
             if measured_cluster.devices_per_node:
                 cdoc["devices_per_node"] = measured_cluster.devices_per_node
             for planner in args.planners.split(","):

@@ -18,8 +18,8 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
 - **all-reduce**: median time of ``all_reduce`` (sum) over all ranks at each of ``--sizes``,
   fitted to the ring algorithm the cost model prices, ``2 (n-1) latency + 2 (n-1)/n * bytes /
-  bandwidth`` (:func:`ring_fit`: the slope between the smallest and the largest size gives the
-  bandwidth, the smallest size's time the latency). The cluster gets them as ``allreduce_bandwidth``
+  bandwidth`` (:func:`ring_fit`: least squares over the sizes; the slope gives the bandwidth,
+  the intercept the latency). The cluster gets them as ``allreduce_bandwidth``
   and ``allreduce_latency`` (with one rank there is nothing to measure: both are left out, and the
   cost model prices an all-reduce at the point-to-point bandwidth).
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
@@ -102,18 +102,19 @@ def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
 
 def ring_fit(sizes: list[int], seconds: list[float], n: int) -> tuple[float, float]:
     """``(latency per step, bandwidth)`` of the ring all-reduce among ``n`` ranks from its times at
-    ``sizes`` bytes: ``t = 2 (n-1) latency + 2 (n-1)/n * bytes / bandwidth``. The bandwidth is the
-    slope between the smallest and the largest size (when noise makes the largest no slower, the
-    largest size over its whole time: conservative, never unbounded); the latency what is left of
-    the smallest size's time, spread over the ``2 (n-1)`` steps (never negative)."""
+    ``sizes`` bytes: ``t = 2 (n-1) latency + 2 (n-1)/n * bytes / bandwidth``, fitted by least
+    squares over every size (one noisy size moves it less than a two-point slope). When noise
+    makes the fitted slope non-positive, the bandwidth is the largest size over its whole time
+    (conservative, never unbounded); the latency is never negative."""
     steps, share = 2 * (n - 1), 2 * (n - 1) / n
-    dt = seconds[-1] - seconds[0]
-    if dt > 0:
-        bw = share * (sizes[-1] - sizes[0]) / dt
-    else:
-        bw = share * sizes[-1] / seconds[-1] if seconds[-1] > 0 else float("inf")
-    lat = max(0.0, seconds[0] - share * sizes[0] / bw) / steps
-    return lat, bw
+    k = len(sizes)
+    mx, my = sum(sizes) / k, sum(seconds) / k
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx if sxx > 0 else 0.0
+    if slope > 0:
+        return max(0.0, my - slope * mx) / steps, share / slope
+    bw = share * sizes[-1] / seconds[-1] if seconds[-1] > 0 else float("inf")
+    return max(0.0, seconds[0] - share * sizes[0] / bw) / steps, bw
 
 
 def host_available_memory() -> float:
