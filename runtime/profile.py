@@ -247,7 +247,8 @@ def _add_time_terms(doc: dict, terms: dict, mg: ModelGraph, workload, optimizer:
     nodes, info = doc["nodes"], doc["extra"]["profile"]
     per = {}
     for k, kind in enumerate(("fw", "bw")):
-        summed = [sum(nd[f"{kind}_time"][i] for nd in nodes) for i in range(len(terms["whole"]))]
+        # fastest runs on both sides (profile_terms.whole_model_times)
+        summed = [sum(nd["extra"]["time_spread"][kind][i][0] for nd in nodes) for i in range(len(terms["whole"]))]
         per[kind] = profile_terms.overhead_per_node([w[k] for w in terms["whole"]], summed, len(nodes))
         profile_terms.remove_call_cost(nodes, kind, per[kind])
     doc["op_overhead"] = profile_terms.graph_overhead(per["fw"], per["bw"])

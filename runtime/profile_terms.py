@@ -1,9 +1,10 @@
 """What ``runtime.profile`` measures beside each node's own times: the time-model terms of a graph.
 
-- **Per-node overhead** (``op_overhead``, ``spec/formats.md``): the whole model's forward and
+- **Per-node overhead** (``op_overhead``, ``docs/time-terms.md``): the whole model's forward and
   backward as the trainer runs them (one fx ``GraphModule`` call under autograd with the trainer's
   saved-tensor hook, one ``torch.autograd.backward`` from every floating output), less the sum of
-  the nodes' profiled times, per node. Each node is profiled on its own (an fx interpreter call, a
+  the nodes' own times, per node; both the fastest of their timed runs (a run delayed by another
+  process is not overhead). Each node is profiled on its own (an fx interpreter call, a
   ``torch.autograd.grad`` call), so its times carry a per-call cost the trainer does not pay, and
   lack the dispatch the trainer's generated code, autograd graph and hooks do; the difference is
   what every node adds, on average, per forward and per backward, at each profiled size (signed,
@@ -37,8 +38,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median(fn, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median wall time of ``fn()()`` (``fn`` prepares untimed and returns the callable to time)."""
+def _median(fn, warmup: int, repeats: int, device: torch.device, stat=statistics.median) -> float:
+    """Median (or ``stat``) wall time of ``fn()()`` (``fn`` prepares untimed and returns the
+    callable to time)."""
     times = []
     for i in range(warmup + repeats):
         timed = fn()
@@ -48,7 +50,7 @@ def _median(fn, warmup: int, repeats: int, device: torch.device) -> float:
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return stat(times)
 
 
 def _floating(value) -> list[torch.Tensor]:
@@ -74,7 +76,9 @@ def _pack_hook(params: set[int]):
 
 def whole_model_times(gm: torch.nn.Module, inputs: tuple, warmup: int, repeats: int,
                       device: torch.device) -> tuple[float, float]:
-    """``(forward, backward)`` median seconds of the whole model as the trainer runs a stage."""
+    """``(forward, backward)`` seconds of the whole model as the trainer runs a stage: the fastest
+    of the timed runs, compared with the nodes' fastest runs (``time_spread``), so that a run
+    another process delayed does not count as overhead."""
     params = list(gm.parameters())
     ptrs = {p.untyped_storage().data_ptr() for p in params}
 
@@ -93,8 +97,8 @@ def whole_model_times(gm: torch.nn.Module, inputs: tuple, warmup: int, repeats: 
         grads = [torch.ones_like(t) for t in outs]
         return lambda: torch.autograd.backward(outs, grads)
 
-    fw = _median(setup_fw, warmup, repeats, device)
-    bw = _median(setup_bw, warmup, repeats, device)
+    fw = _median(setup_fw, warmup, repeats, device, min)
+    bw = _median(setup_bw, warmup, repeats, device, min)
     for p in params:
         p.grad = None
     return fw, bw
