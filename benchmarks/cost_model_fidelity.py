@@ -25,8 +25,9 @@ would take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms pe
 ``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated). Emulated:
 compute and the data-parallel all-reduce sleep the modelled time (``A(S)`` on the probed cluster, passed in
 ``$GPP_EMULATE_CLUSTER``); point-to-point transfers and the schedule are real. ``cpu``: real models
-(``benchmarks/fidelity_cpu.py``: torchvision resnet18 and googlenet at 32x32, HF BERT tiny, a two-tower
-model, and the two examples' ``bench`` MLPs), each at its own mini-batch, predicted from a few ms to a few
+(``benchmarks/fidelity_cpu.py``: torchvision resnet18, googlenet and mobilenet_v3_small at 32x32, HF BERT
+tiny and a tiny random CLIP, a two-tower model, and the two examples' ``bench`` MLPs), each at its own
+mini-batch, predicted from a few ms to a few
 hundred ms per iteration; profiled with ``runtime.profile --concurrent`` (one pinned profiler per core),
 trained with one thread per rank, each rank pinned to its own core and every other core kept busy
 (``--fill-cores``; the module says why: this machine's cores slow each other down).
