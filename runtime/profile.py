@@ -208,7 +208,13 @@ def profile(workload, batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
         if time_terms:
             terms["whole"].append(profile_terms.whole_model_times(mg.gm, inputs, warmup, repeats, device))
             tgt = target.to(device) if isinstance(target, torch.Tensor) else target
-            terms["loss"].append(profile_terms.loss_times(workload.loss, env[mg.sink], tgt, warmup, repeats, device))
+            try:
+                terms["loss"].append(profile_terms.loss_times(workload.loss, env[mg.sink], tgt, warmup, repeats,
+                                                              device))
+            except Exception as exc:  # noqa: BLE001 - the workload's own loss, reported as such
+                raise InvalidInputError(
+                    f"the workload's loss fails on the model's output at {b} samples ({type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''}); --no-time-terms profiles without it") from exc
         if b == batch_sizes[-1]:
             for gid, members in mg.groups:
                 act_bytes[gid] = _activation_bytes(mg, members, env, b)

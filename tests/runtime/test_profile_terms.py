@@ -61,3 +61,19 @@ def test_whole_model_times_and_overhead_rules():
     assert [nd["bw_time"] for nd in nodes] == [[0.0, 1e-4], [5e-5 - 4e-5, 2e-4]]
     assert nodes[1]["extra"]["time_spread"]["bw"] == [[0.0, 6e-5 - 4e-5], [1e-4, 3e-4]]
     assert graph_overhead([-1e-5, 2e-5, 4e-5], [1e-6, -3e-6]) == {"fw": 2e-5, "bw": 0.5e-6}
+
+
+def test_a_loss_that_fails_is_named():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from gpp_solver.errors import InvalidInputError
+
+    wl = load_workload("examples.sequential:workload")
+
+    def bad_loss(out, target):
+        raise ValueError("shapes differ")
+
+    with pytest.raises(InvalidInputError, match="loss fails on the model's output at 1 samples .*shapes differ"):
+        profile(SimpleNamespace(model=wl.model, sample=wl.sample, loss=bad_loss), [1], warmup=0, repeats=1)
