@@ -280,6 +280,21 @@ def stage_diagnostics(plan, sim, ranks: dict[int, dict]) -> list[dict]:
     return out
 
 
+def planning_cluster(measured, devices: int, mode: str) -> dict:
+    """The cluster the planners see for ``devices`` ranks: the probed one's figures (its ring
+    all-reduce fit included), memory unbounded in emulated mode (activations are not emulated)."""
+    cdoc = {"format": "gpp-cluster/1", "devices": devices,
+            "memory_bytes": 1e15 if mode == "emulated" else measured.memory_bytes,
+            "intra_node_bandwidth": measured.intra_node_bandwidth,
+            "inter_node_bandwidth": measured.inter_node_bandwidth,
+            "latency": measured.latency, "optimizer_state_factor": measured.optimizer_state_factor}
+    if measured.allreduce_bandwidth is not None:
+        cdoc.update(allreduce_bandwidth=measured.allreduce_bandwidth, allreduce_latency=measured.allreduce_latency)
+    if measured.devices_per_node:
+        cdoc["devices_per_node"] = measured.devices_per_node
+    return cdoc
+
+
 def signature(plan) -> str:
     return json.dumps([[list(s.nodes), list(s.devices), s.micro_batch_size, s.schedule.order] for s in plan.stages])
 
@@ -296,17 +311,7 @@ def run(args) -> tuple[list[dict], dict]:
     for label, g, model_spec, env, batch in models:
         graph = as_graph(g)
         for n in args.device_counts:
-            cdoc = {"format": "gpp-cluster/1", "devices": n,
-                    "memory_bytes": 1e15 if args.mode == "emulated" else measured_cluster.memory_bytes,
-                    "intra_node_bandwidth": measured_cluster.intra_node_bandwidth,
-                    "inter_node_bandwidth": measured_cluster.inter_node_bandwidth,
-                    "latency": measured_cluster.latency,
-                    "optimizer_state_factor": measured_cluster.optimizer_state_factor}
-            if measured_cluster.allreduce_bandwidth is not None:   # the probe's ring all-reduce fit
-                cdoc.update(allreduce_bandwidth=measured_cluster.allreduce_bandwidth,
-                            allreduce_latency=measured_cluster.allreduce_latency)
-            if measured_cluster.devices_per_node:
-                cdoc["devices_per_node"] = measured_cluster.devices_per_node
+            cdoc = planning_cluster(measured_cluster, n, args.mode)
             for planner in args.planners.split(","):
                 row = {"model": label, "devices": n, "planner": planner, "group": (label, batch)}
                 rows.append(row)
