@@ -1,4 +1,4 @@
-"""Benchmark: does a plan's predicted iteration time hold when it trains? (issue 13 item 5)
+"""Benchmark: does a plan's predicted iteration time hold when it trains?
 
     # emulated devices: operators sleep their profiled time (runtime.emulate), up to 8 ranks
     python benchmarks/cost_model_fidelity.py --mode emulated --devices 2,4,8

@@ -12,7 +12,7 @@ the profile described a faster device than each of two concurrent ranks gets. So
 - each rank is pinned to its own core (``runtime.train --pin-cores``), one thread;
 - every core the plan does not use runs a pinned filler (``python -m runtime.cores``: the
   model's forward and backward in a loop, one thread, at the plan's largest micro-batch).
-  ``none`` profiles one process alone and fills nothing (the old behaviour).
+  ``none`` profiles one process alone and fills nothing.
 
 What is left: while a rank waits (a pipeline bubble, a receive, the all-reduce) its core idles,
 so the other ranks briefly run on a faster device than the profile's. Filling the ranks' own
@@ -77,7 +77,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
         label = spec.removeprefix("examples.").replace(":", "-") + f"@{batch}"
         path = work / f"graph-{label}.json"
         sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
-        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--batch-sizes", sizes,
+        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--micro-batch-sizes", sizes,
                "-o", str(path), "--threads", "1", "--concurrent", str(concurrent)]
         res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
         if res.returncode != 0:

@@ -1,4 +1,4 @@
-"""A larger fuzz run of the input contract (issue 15): mutated graph / cluster / plan / importer
+"""A larger fuzz run of the input contract: mutated graph / cluster / plan / importer
 inputs through every ``gpp`` command and the library, with a table of outcomes.
 
     python benchmarks/fuzz_inputs.py [--examples 200] [--seed 0] [--commands plan,simulate,...]

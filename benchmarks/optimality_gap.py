@@ -22,7 +22,7 @@ its iteration-time ratio to the MILP plan's (mean and worst).  A last table coun
 where ``gpp`` is worse than ``graphpipe``: ``gpp[TPS]`` by TPS, ``gpp`` by simulated iteration time.  The second table checks the MILP against the brute-force
 oracle and times both.
 
-``--workloads`` goes on with the paper's workloads at 4-32 devices (issue 8's second part):
+``--workloads`` goes on with the paper's workloads at 4-32 devices:
 every planner's simulated throughput, search time and TPS gap to the perfect-balance bound and to
 the relaxed bound — ``benchmarks/gpp_quality.py --skip-gap --skip-all-b`` (run that script
 directly for its other options, e.g. the relaxed bound over every micro-batch size).

@@ -30,7 +30,7 @@ from tiny_graphs import chain_dict, diamond_dict  # noqa: E402
 
 HEURISTIC = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa")
 EVERY = HEURISTIC + ("milp", "exact")
-SHARED = ROOT.parent / "shared" if (ROOT.parent / "shared").exists() else Path("/work/shared")
+DATA = ROOT / "data"   # the published profiles (data/README.md)
 
 
 def _strip(v):
@@ -55,7 +55,7 @@ def instances():
         for d in (2, 4):
             yield f"{name}@{d}", g, f"v100:{d}", EVERY
     for name in ("alexnet", "gnmt"):
-        g = import_pipedream(SHARED / "data" / "pipedream" / f"{name}.graph.txt", batch_size=1)
+        g = import_pipedream(DATA / "pipedream" / f"{name}.graph.txt", batch_size=1)
         for d in (4, 8):
             yield f"pd-{name}@{d}", g, f"v100:{d}", HEURISTIC
 

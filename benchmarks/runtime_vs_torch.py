@@ -124,7 +124,7 @@ def best_chain(model_spec: str, mb: int, big_b: int, nstages: int) -> tuple[list
     import torch
 
     from runtime.capture.fx_graph import load_workload
-    from runtime.profile import profile
+    from runtime.capture.profiler import profile
     torch.set_num_threads(1)
     torch.manual_seed(0)
     g = profile(load_workload(model_spec), [mb], warmup=3, repeats=15)

@@ -6,12 +6,9 @@
 
 Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transformer", layers=L)``,
 12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
-published profiles under ``../shared/data/pipedream`` (beside the checkout) (``pd-NAME``, e.g. ``pd-inception_v3``;
-``pd-nasnetalarge`` when that file exists; ``pd-/path/to/x.graph.txt`` for a profile elsewhere, e.g.
-NASNet-A large (1,251 operators) from PipeDream's repository: ``git clone
-https://github.com/msr-fiddle/pipedream`` and take
-``profiler/image_classification/profiles/nasnetalarge/graph.txt`` (commit ``7db6a1c``), saved as
-``nasnetalarge.graph.txt``; batch size 128 as the profiles were taken).  Cluster:
+published profiles under the repository's ``data/pipedream`` (``pd-NAME``, e.g. ``pd-inception_v3``,
+``pd-nasnetalarge``: NASNet-A large, 1,251 operators; see ``data/README.md``) or
+``pd-/path/to/x.graph.txt`` for a profile elsewhere (batch size 128 as the profiles were taken).  Cluster:
 ``v100_cluster(D)`` (4 GPUs of 16 GiB per node).  Mini-batch ``B = 16 * D``, at least 64.
 
 Each cell (workload, devices, planner) runs in its own subprocess (a fresh interpreter, so one
@@ -34,7 +31,7 @@ import subprocess
 import sys
 import time
 
-DATA = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "pipedream"))
+DATA = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pipedream"))
 PLANNERS = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper", "milp", "exact")
 FULL_WORKLOADS = ("transformer-12", "transformer-24", "transformer-48", "transformer-96",
                   "mmt-4x4", "mmt-8x8", "mmt-16x16", "pd-inception_v3", "pd-nasnetalarge")

@@ -7,7 +7,7 @@ its text form round-trips (as torch.distributed.pipelining's ``_Action``)::
     >>> a, str(a), a == ("B", 3), Action.parse(str(a)) == a
     (Action(kind='B', micro_batch=3), 'B3', True, True)
 
-In plan JSON an action is the pair ``["F", j]`` (``formats.md``); :meth:`Action.to_json` writes that pair,
+In plan JSON an action is the pair ``["F", j]`` (``docs/formats.md``); :meth:`Action.to_json` writes that pair,
 ``formats/plan_json.py`` reads it.
 """
 

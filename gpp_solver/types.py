@@ -19,6 +19,9 @@ from gpp_solver.action import Action, as_order, order_text
 GRAPH_FORMAT = "gpp-graph/1"
 CLUSTER_FORMAT = "gpp-cluster/1"
 PLAN_FORMAT = "gpp-plan/1"
+#: bytes of weights + gradients + optimizer state per byte of weights when a cluster does not say
+#: (fp32 Adam: weights, gradients, m, v)
+DEFAULT_OPTIMIZER_STATE_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,7 @@ class Cluster:
     intra_node_bandwidth: float | None = None
     devices_per_node: int | None = None
     latency: float = 0.0
-    optimizer_state_factor: float = 4.0
+    optimizer_state_factor: float = DEFAULT_OPTIMIZER_STATE_FACTOR
     #: the ring all-reduce's measured bandwidth and per-step latency (``runtime.probe``); absent: the
     #: point-to-point bandwidth of the group (``bandwidth``) and no latency
     allreduce_bandwidth: float | None = None
@@ -229,18 +232,18 @@ class Status(StrEnum):
     """What a plan's search proved (``search.status``); each value is the plan JSON's string.
 
     An ``optimal-*`` status names the objective it was proven for: a plan optimal for the bottleneck
-    time-per-sample (TPS) may have a far longer iteration time than the best plan (README, "Plan
+    time-per-sample (TPS) may have a far longer iteration time than the best plan (docs/planners.md, "Plan
     statuses").
     """
 
     #: least bottleneck TPS of the cost model proven over ``milp``'s space (convex stages, any acyclic
     #: stage graph, one micro-batch size, 1F1B); says nothing about the iteration time
     OPTIMAL_TIME_PER_SAMPLE = "optimal-time-per-sample"
-    #: least simulated iteration time proven (reserved for an exact iteration-time method: no planner proves it yet)
+    #: least simulated iteration time proven over ``exact``'s space (convex stages, one micro-batch size, 1F1B)
     OPTIMAL_ITERATION_TIME = "optimal-iteration-time"
     #: the best plan of the planner's own restricted space for the objective named in ``search.objective``
     OPTIMAL_WITHIN_SEARCH_SPACE = "optimal-within-search-space"
-    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (formats.md's example; no
+    #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (read; no
     #: built-in planner reports it)
     OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
     FEASIBLE = "feasible"                    # a valid plan, nothing proven about its quality
@@ -300,6 +303,9 @@ class Plan:
     edges: tuple[tuple[int, int], ...]
     predicted: PlanPrediction
     search: SearchInfo
+    #: the cluster's ``optimizer_state_factor`` the plan's memory figures were computed with; None
+    #: when the document does not record it (the cluster the plan runs on then supplies it)
+    optimizer_state_factor: float | None = None
 
     def stage(self, stage_id: int) -> Stage:
         for s in self.stages:

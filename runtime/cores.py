@@ -36,7 +36,9 @@ from pathlib import Path
 
 from gpp_solver.errors import InvalidInputError
 
-ROOT = Path(__file__).resolve().parents[1]  # where ``runtime`` is importable from
+ROOT = Path(__file__).resolve().parents[1]  # where this package is importable from
+# ``runtime`` in a checkout, ``gpp_runtime`` when installed: the workers run this package's profiler
+PROFILER = f"{__package__ or 'runtime'}.profile"
 WORKER_ENV = "GPP_PROFILE_WORKER"  # "K/N": this profiler is worker K of N (set by profile_concurrent)
 
 
@@ -68,7 +70,7 @@ def busy_loop(workload, batch: int, stop=lambda: False, ready=lambda: None) -> i
 
 
 def profile_concurrent(argv: list[str], n: int, output: str) -> dict:
-    """Run ``python -m runtime.profile ARGV`` as ``n`` pinned concurrent workers; the merged graph."""
+    """Run this package's profiler (``python -m runtime.profile ARGV``) as ``n`` pinned concurrent workers; the merged graph."""
     cs = cores()
     if not 1 <= n <= len(cs):
         raise InvalidInputError(f"--concurrent must be between 1 and the {len(cs)} cores this process "
@@ -80,9 +82,11 @@ def profile_concurrent(argv: list[str], n: int, output: str) -> dict:
         for k in range(n):
             args = [a for a in argv]
             args[args.index(output)] = str(outs[k])
-            path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+            here = {str(Path(p or ".").resolve()) for p in sys.path}  # ROOT only where it is missing
+            path = os.pathsep.join(p for p in (str(ROOT) if str(ROOT) not in here else None,
+                                               os.environ.get("PYTHONPATH")) if p)
             env = {**os.environ, WORKER_ENV: f"{k}/{n}", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-            procs.append(subprocess.Popen([sys.executable, "-m", "runtime.profile", *args], env=env,
+            procs.append(subprocess.Popen([sys.executable, "-m", PROFILER, *args], env=env,
                                           stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True))
         while not all(o.exists() for o in outs):
             for k, p in enumerate(procs):

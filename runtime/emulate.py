@@ -72,7 +72,7 @@ from gpp_solver.cost.model import interp_time, stage_costs
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph, graph_to_dict
-from gpp_solver.types import Graph
+from gpp_solver.types import Graph, Plan, Stage
 
 ENV_GRAPH = "GPP_EMULATE_GRAPH"
 ENV_CLUSTER = "GPP_EMULATE_CLUSTER"
@@ -247,12 +247,8 @@ def allreduce_emulator(graph: Any, cluster: Any):
     :func:`gpp_solver.cost.stage_costs` gives it on ``cluster``) for ``graph`` as emulated."""
     g, c = as_graph(graph), as_cluster(cluster)
 
-    def seconds(plan, stage) -> float:
-        """``plan``: a gpp Plan or the runtime's plan (no tensor parallelism there)."""
-        like = [SimpleNamespace(nodes=s.nodes, devices=s.devices, micro_batch_size=s.micro_batch_size,
-                                tensor_parallel=getattr(s, "tensor_parallel", 1), tmpc=getattr(s, "tmpc", None))
-                for s in plan.stages]
-        costs = stage_costs(g, c, like, plan.mini_batch_size)
+    def seconds(plan: Plan, stage: Stage) -> float:
+        costs = stage_costs(g, c, plan.stages, plan.mini_batch_size)
         return costs[[s.id for s in plan.stages].index(stage.id)].allreduce
 
     return seconds

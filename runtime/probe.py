@@ -242,18 +242,20 @@ def cluster_doc(details: dict, world: int, osf: float) -> dict:
 
 
 def _summary(details: dict, doc: dict) -> str:
-    lines = [f"{doc['devices']} ranks on {len(set(details['hosts']))} host(s), backend "
+    ranks = f"{doc['devices']} rank{'' if doc['devices'] == 1 else 's'}"
+    hosts = len(set(details["hosts"]))
+    lines = [f"{ranks} on {hosts} host{'' if hosts == 1 else 's'}, backend "
              f"{details['backend']} ({details['device']})"]
     for kind, flag in (("intra-node", True), ("inter-node", False)):
         ps = [p for p in details["pairs"] if p["intra_node"] == flag]
         if ps:
             bws = [p["bandwidth"] for p in ps]
             lats = [p["latency"] for p in ps]
-            lines.append(f"{kind}: {len(ps)} pairs, bandwidth {min(bws) / 1e9:.3g}..{max(bws) / 1e9:.3g} GB/s, "
+            lines.append(f"{kind}: {len(ps)} pair{'' if len(ps) == 1 else 's'}, bandwidth {min(bws) / 1e9:.3g}..{max(bws) / 1e9:.3g} GB/s, "
                          f"latency {min(lats) * 1e6:.1f}..{max(lats) * 1e6:.1f} us")
     ar = details["allreduce"]
     if ar["seconds"]:
-        lines.append(f"all-reduce of {ar['bytes']} B over {doc['devices']} ranks: {ar['seconds'] * 1e3:.3f} ms "
+        lines.append(f"all-reduce of {ar['bytes']} B over {ranks}: {ar['seconds'] * 1e3:.3f} ms "
                      f"(ring bandwidth {ar['ring_bandwidth'] / 1e9:.3g} GB/s); ring fit: "
                      f"{ar['bandwidth'] / 1e9:.3g} GB/s, latency {ar['latency'] * 1e6:.1f} us per step")
     if "devices_per_node" not in doc:

@@ -1,5 +1,8 @@
 """What ``runtime.profile`` measures beside each node's own times: the time-model terms of a graph.
 
+:func:`profile_with_terms` is ``runtime.capture.profiler.profile`` plus these terms (the command
+line's default; ``--no-time-terms`` leaves them out).
+
 - **Per-node overhead** (``op_overhead``, ``docs/time-terms.md``): the whole model's forward and
   backward as the trainer runs them (one fx ``GraphModule`` call under autograd with the trainer's
   saved-tensor hook, one ``torch.autograd.backward`` from every floating output), less the sum of
@@ -30,6 +33,9 @@ import time
 
 import torch
 
+from gpp_solver.errors import InvalidInputError
+from .capture.fx_graph import propagate, trace_workload
+from .capture.profiler import profile
 from .engine.verify import make_optimizer
 
 
@@ -170,3 +176,53 @@ def graph_overhead(per_size_fw: list[float], per_size_bw: list[float]) -> dict[s
     """The graph's ``op_overhead``: per kind, the median over sizes of the positive parts."""
     return {"fw": float(statistics.median(max(0.0, v) for v in per_size_fw)),
             "bw": float(statistics.median(max(0.0, v) for v in per_size_bw))}
+
+
+def profile_with_terms(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
+                       name: str = "model", optimizer: str = "sgd") -> dict:
+    """The profiler's gpp-graph/1 document with the time-model terms (module docstring)."""
+    doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name)
+    add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats, optimizer)
+    return doc
+
+
+def add_time_terms(doc: dict, workload, micro_batch_sizes: list[int], warmup: int, repeats: int,
+                   optimizer: str = "sgd") -> None:
+    """Measure and write the graph's op_overhead and optimizer_time_per_byte, and add the loss to
+    the sink node of ``doc`` (the profile of ``workload`` at ``micro_batch_sizes``)."""
+    mg = trace_workload(workload)
+    device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
+    whole, losses = [], []
+    for b in micro_batch_sizes:
+        inputs, target = workload.sample(b, 0)
+        inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+        with torch.no_grad():
+            out = propagate(mg, inputs)[mg.sink]
+        whole.append(whole_model_times(mg.gm, inputs, warmup, repeats, device))
+        tgt = target.to(device) if isinstance(target, torch.Tensor) else target
+        try:
+            losses.append(loss_times(workload.loss, out, tgt, warmup, repeats, device))
+        except Exception as exc:  # noqa: BLE001 - the workload's own loss, reported as such
+            raise InvalidInputError(
+                f"the workload's loss fails on the model's output at {b} samples ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); --no-time-terms profiles without it") from exc
+    nodes, info = doc["nodes"], doc["extra"]["profile"]
+    per = {}
+    for k, kind in enumerate(("fw", "bw")):
+        # fastest runs on both sides (whole_model_times)
+        summed = [sum(nd["extra"]["time_spread"][kind][i][0] for nd in nodes) for i in range(len(whole))]
+        per[kind] = overhead_per_node([w[k] for w in whole], summed, len(nodes))
+        remove_call_cost(nodes, kind, per[kind])
+    doc["op_overhead"] = graph_overhead(per["fw"], per["bw"])
+    info["op_overhead_per_size"] = per
+    seconds = optimizer_seconds(mg.gm, optimizer, warmup, repeats, device)
+    weight = sum(nd["weight_bytes"] for nd in nodes)
+    doc["optimizer_time_per_byte"] = seconds / weight if weight else 0.0
+    info["optimizer"] = {"name": optimizer, "seconds": seconds}
+    sink = next(nd for nd in nodes if nd["id"] == mg.group[mg.sink])
+    loss = {"fw": [t[0] for t in losses], "bw": [t[1] for t in losses]}
+    for kind in ("fw", "bw"):
+        sink[f"{kind}_time"] = [t + x for t, x in zip(sink[f"{kind}_time"], loss[kind])]
+        sink["extra"]["time_spread"][kind] = [[lo + x, hi + x] for (lo, hi), x in
+                                              zip(sink["extra"]["time_spread"][kind], loss[kind])]
+    sink["extra"]["loss_time"] = loss

@@ -4,7 +4,7 @@ Commands (from the repository root; plans are JSON written by ``gpp plan`` or by
 ones in ``examples/plans/``):
 
     # profile the model into a graph the planner reads
-    python -m runtime.profile --model examples.two_branch:workload --batch-sizes 1,2,4,8 -o graph.json
+    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
     # two-branch graph pipeline on 3 CPU ranks (branch 0 | branch 1 -> cat+head), checked
     # against one-process training
     torchrun --standalone --nproc-per-node 3 -m runtime.train \\
@@ -33,8 +33,12 @@ Rank r runs the stage whose ``devices`` list r (replica = position in the list).
 with device cuda:LOCAL_RANK when CUDA is available (unless ``--cpu``), else gloo on CPU. Only
 rank 0 logs; every rank that fails writes its own error to stderr (flushed) before exiting.
 ``--json`` prints one last line ``{"gpp_runtime": {...}}`` on rank 0's stdout with the measured
-seconds per step (``step_seconds``: per step, the first start to the last end over all ranks),
-``seconds_per_step`` and ``samples_per_second`` after the warm-up steps. Exit codes: 0 ok; 2 bad input (plan
+seconds of each step (``step_seconds``: per step, the first rank's start to the last rank's end,
+warm-up included), and ``seconds_per_step`` and ``samples_per_second`` after the warm-up steps
+(the timed steps' wall time over all ranks divided by their count). The two differ: ranks are
+not synchronised between steps, so one step's span overlaps the next one's and the mean of
+``step_seconds`` exceeds ``seconds_per_step`` (by 12-22% on the examples' CPU plans); throughput
+is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``). Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
 
@@ -57,14 +61,14 @@ import torch.distributed as dist
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.formats.cluster import load_cluster
 from . import cores
 from .engine import checkpoint, metrics
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
-from .engine.stage_setup import build, prepare
+from .engine.stage_setup import build, prepare, seeded_workload
 from .capture.tracing import workload_hooks
-from .engine.verify import compare, make_optimizer, reference_params
+from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
+from .lowering.plan_io import predicted_time_per_sample
 
 logger = logging.getLogger("runtime.train")
 
@@ -84,16 +88,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     ap.add_argument("--optimizer-state-factor", type=float, default=None,
-                    help="the cluster's optimizer_state_factor the plan was made with (default: "
-                         "--cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about")
+                    help="the optimizer_state_factor the plan was made with (default: the plan's record, "
+                         "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about")
     ap.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
                     help="cast the model and floating inputs (default: as the workload makes them)")
     ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
     ap.add_argument("--p2p", choices=("auto", "eager", "batched"), default="auto",
                     help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)")
     ap.add_argument("--verify", action="store_true", help="compare with one-process training")
-    ap.add_argument("--rtol", type=float, default=1e-5, help="--verify relative tolerance (default 1e-5)")
-    ap.add_argument("--atol", type=float, default=1e-6, help="--verify absolute tolerance (default 1e-6)")
+    ap.add_argument("--rtol", type=float, default=None,
+                    help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)")
+    ap.add_argument("--atol", type=float, default=None,
+                    help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
+                         "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
     ap.add_argument("--checkpoint-every", type=int, default=1)
@@ -132,19 +139,19 @@ def _fatal(rank: int, msg: str) -> None:
 
 class _Workload:
     """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
-    summed loss divided by the mini-batch size ``B`` (so gradients are those of the mean)."""
+    summed loss divided by the mini-batch size (so gradients are those of the mean)."""
 
-    def __init__(self, wl, dtype, mini_batch: int) -> None:
+    def __init__(self, wl, dtype, mini_batch_size: int) -> None:
         self.model = wl.model.to(dtype) if dtype is not None else wl.model
-        self._wl, self._dtype, self._b = wl, dtype, mini_batch
+        self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
         self.raw = wl
         self.reduction = getattr(wl, "loss_reduction", "sum")
         self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
         if self.reduction not in ("sum", "mean"):
             raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
 
-    def sample(self, b: int, step: int):
-        inputs, target = self._wl.sample(b, step)
+    def sample(self, rows: int, step: int):
+        inputs, target = self._wl.sample(rows, step)
         if self._dtype is None:
             return tuple(inputs), target
         cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
@@ -152,7 +159,7 @@ class _Workload:
 
     def loss(self, output, target):
         loss = self._wl.loss(output, target)
-        return loss if self.reduction == "mean" else loss / self._b
+        return loss if self.reduction == "mean" else loss / self.mini_batch_size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     use_cuda = torch.cuda.is_available() and not args.cpu
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
-        plan, raw = prepare(args.plan, args.model, rank, world)
+        plan, raw = prepare(args.plan, args.model)
         wl = _Workload(raw, _DTYPES.get(args.dtype), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
         if bool(args.graph) != bool(args.cluster):
@@ -204,11 +211,8 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
-    factor = args.optimizer_state_factor
-    if factor is None:
-        factor = load_cluster(args.cluster).optimizer_state_factor if args.cluster else 4.0
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
-                         optimizer_state_factor=factor, seed=args.seed, p2p=p2p,
+                         optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce,
                          allreduce_overlap={"on": True, "off": False}.get(args.allreduce_overlap), _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
@@ -270,10 +274,9 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
                 tied_bad.append(k)
             all_params.setdefault(k, v)
     per_step = next((r["losses"] for r in records if r["losses"] is not None), [])
-    b = setup.plan.mini_batch_size
-    stages = [{"id": s.id, "predicted_time_per_sample": s.predicted_time_per_sample}
+    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)}
               for s in setup.plan.stages]
-    m = metrics.summarize(records, stages, b, args.warmup_steps) if records[0]["steps"] else {}
+    m = metrics.summarize(records, stages, setup.plan.mini_batch_size, args.warmup_steps) if records[0]["steps"] else {}
     if m:
         m["losses"] = per_step
         m["first_step"] = start
@@ -281,6 +284,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
         for r in records:
             for st, t0, t1, _busy in r["steps"]:
                 by_step.setdefault(st, []).append((t0, t1))
+        # each step's span over all ranks; spans of consecutive steps overlap (module docstring)
         m["step_seconds"] = [max(e for _s, e in v) - min(s for s, _e in v) for _k, v in sorted(by_step.items())]
         if not args.quiet:
             logger.info("%s", metrics.format_summary(m))
@@ -296,19 +300,21 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
               file=sys.stderr, flush=True)
         code = 1
     if args.verify:
-        torch.manual_seed(0)
-        ref = _Workload(prepare(args.plan, args.model, 0, setup.plan.world_size)[1], _DTYPES.get(args.dtype),
-                        setup.plan.mini_batch_size)
+        ref = _Workload(seeded_workload(args.model), _DTYPES.get(args.dtype), setup.plan.mini_batch_size)
         want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
                                 lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
                                 device, args.seed, tracing=workload_hooks(ref.raw))
-        bad = compare(all_params, want, args.rtol, args.atol)
+        dtype = next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), torch.float32)
+        rtol, atol = default_tolerance(dtype, args.optimizer, args.lr, args.steps)
+        rtol = rtol if args.rtol is None else args.rtol
+        atol = atol if args.atol is None else args.atol
+        bad = compare(all_params, want, rtol, atol)
         if bad:
             print(f"verify: FAILED, {len(bad)} parameters differ from one-process training "
-                  f"(rtol {args.rtol:g}, atol {args.atol:g}): " + "; ".join(bad[:5]), file=sys.stderr, flush=True)
+                  f"(rtol {rtol:g}, atol {atol:g}): " + "; ".join(bad[:5]), file=sys.stderr, flush=True)
             return 1
-        logger.info("verify: OK, %d parameters equal one-process training (rtol %g, atol %g)",
-                    len(want), args.rtol, args.atol)
+        logger.info("verify: OK, %d parameters equal one-process training (rtol %g, atol %g; largest "
+                    "difference %.3g)", len(want), rtol, atol, largest_difference(all_params, want))
     if args.json and m:
         print(json.dumps({"gpp_runtime": {k: m.get(k) for k in (
             "mini_batch_size", "warmup_steps", "timed_steps", "seconds_per_step", "samples_per_second",

@@ -9,7 +9,8 @@ import pytest
 
 from tiny_graphs import chain_dict, diamond_dict, node  # noqa: F401
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+#: the published profiles the tests read (PipeDream, Piper; see data/README.md)
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
@@ -33,7 +34,6 @@ def cluster_dict() -> dict:
 
 
 @pytest.fixture
-def shared_dir() -> Path:
-    if not SHARED.exists():
-        pytest.skip("../shared is not beside the checkout")
-    return SHARED
+def data_dir() -> Path:
+    """The repository's ``data/`` folder of published profiles."""
+    return DATA

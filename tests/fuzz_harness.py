@@ -3,7 +3,7 @@
 Shared by ``tests/test_fuzz_inputs.py`` (hypothesis draws the mutations, a few dozen per command)
 and ``benchmarks/fuzz_inputs.py`` (a seeded random run of any size, printed as a table).
 
-The contract (``spec/formats.md``, issue 15): every ``gpp`` command exits 0, 1 or 2, never prints a
+The contract (``docs/formats.md``): every ``gpp`` command exits 0, 1 or 2, never prints a
 traceback (nor the CLI's last-resort "internal error" line), ends a failure with one ``gpp:`` line,
 and exits 0 only with finite figures — a plan it writes validates against its graph and cluster.
 The library entry points raise only :class:`GppError` subclasses.

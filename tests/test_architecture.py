@@ -116,3 +116,60 @@ def test_solver_never_imports_torch(path):
         names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                  else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
         assert not any(n == "torch" or n.startswith("torch.") for n in names), path
+
+
+#: Package roots whose functions stay short: a longer function becomes a sequence of named phases
+#: or a small class. Add a root here once its long functions are split.
+SHORT_FUNCTION_ROOTS = ("runtime",)
+MAX_FUNCTION_LINES = 80
+
+
+def _function_lengths(root: Path) -> dict[str, int]:
+    """``path:line name`` -> lines (decorators excluded) of every function and method under ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+@pytest.mark.parametrize("root", SHORT_FUNCTION_ROOTS)
+def test_no_function_over_80_lines(root):
+    lengths = _function_lengths(ROOT / root)
+    assert lengths, f"no functions found under {root}/"
+    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+#: runtime/'s jobs, bottom first: a sub-package imports only the ones below it; the command-line
+#: entry points at the top level (train, profile, probe, cores, emulate) import any of them.
+RUNTIME_LAYERS = ("capture", "lowering", "engine")
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The runtime sub-packages (or ``"top"``) that ``path`` imports relatively, anywhere in the file."""
+    depth = len(path.relative_to(ROOT / "runtime").parts) - 1  # 0: runtime/x.py, 1: runtime/sub/x.py
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            parts = path.relative_to(ROOT / "runtime").parts[:depth][: depth - (node.level - 1)]
+            target = list(parts) + (node.module.split(".") if node.module else [a.name for a in node.names])
+            found.add(target[0] if target and target[0] in RUNTIME_LAYERS else "top")
+    return found
+
+
+def test_runtime_jobs_import_only_the_jobs_below_them():
+    bad = []
+    for i, layer in enumerate(RUNTIME_LAYERS):
+        allowed = set(RUNTIME_LAYERS[: i + 1])
+        for path in sorted((ROOT / "runtime" / layer).glob("*.py")):
+            if extra := _runtime_imports(path) - allowed:
+                bad.append(f"{path.relative_to(ROOT)} imports {sorted(extra)}")
+    assert not bad, bad
+
+
+def test_runtime_modules_stay_under_400_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "runtime").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"

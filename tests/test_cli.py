@@ -97,13 +97,13 @@ def test_bad_files_exit_2(files, capsys, tmp_path, cluster_dict):
     assert rc == 2 and "device 1 is in stage 0 and in stage 1" in err
 
 
-def test_model_and_import(capsys, tmp_path, shared_dir):
+def test_model_and_import(capsys, tmp_path, data_dir):
     out = tmp_path / "m.json"
     rc, o, _ = run(["model", "mmt", "--branches", "2", "--layers", "1", "-o", str(out)], capsys)
     assert rc == 0 and gs.load_graph(out).name
     rc, _, err = run(["model", "dlrm", "--layers", "2", "-o", str(out)], capsys)
     assert rc == 2 and "has no parameter --layers" in err
-    rc, o, _ = run(["import", "pipedream", str(shared_dir / "data/pipedream/alexnet.graph.txt"), "--batch-size", "256",
+    rc, o, _ = run(["import", "pipedream", str(data_dir / "pipedream/alexnet.graph.txt"), "--batch-size", "256",
                     "-o", str(out)], capsys)
     assert rc == 0 and len(gs.load_graph(out).nodes) > 5
 
@@ -124,7 +124,7 @@ def test_solve_options_value(diamond, cluster_dict):
         gs.solve(g, c, mini_batch_size=0)
 
 
-# --- the first hour of a new user (issue 17): defaults, time limit, progress, wording, formats ---
+# --- the first hour of a new user: defaults, time limit, progress, wording, formats ---
 
 def _subparsers(parser):
     import argparse

@@ -1,4 +1,4 @@
-"""The cost model against hand-computed numbers (spec/cost-model.md)."""
+"""The cost model against hand-computed numbers (docs/cost-model.md)."""
 
 from __future__ import annotations
 

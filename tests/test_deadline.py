@@ -1,11 +1,9 @@
-"""Every planner honours its time limit, inside its loops too (issue 15 item 2, issue 16 item 3).
+"""Every planner honours its time limit, inside its loops too.
 
-Each instance below takes clearly longer without a limit (measured on the 2-core dev machine under
-load, 2026-11-23: graphpipe 18 s (48-layer Transformer; since its DP got faster, MMT of 16 x 16 layers
-on 1,024 devices, 22 s on a quiet machine), pipedream-2bw over 5 s (96 layers: 18 s; since its pricing got lazier, 0.9 s on 48 layers, so MMT of
-16 x 16 layers on 1,024 devices: 4.4 s under load 2), alpa 29 s, piper 3.6 s CPU
-(192 layers; 96 layers finished in 2 s after its reconstruction got faster), exact 10 s, milp 17 s,
-gpp past its 10 s default).  With a small limit the planner must return within the limit plus a
+Each instance below takes clearly longer without a limit (measured on the 2-core dev machine:
+graphpipe on MMT of 16 x 16 layers on 1,024 devices 22 s on a quiet machine, pipedream-2bw on MMT
+of 16 x 16 layers on 1,024 devices 4.4 s under load 2, alpa 29 s, piper 3.6 s CPU (192 layers),
+exact 10 s, milp 17 s, gpp past its 10 s default).  With a small limit the planner must return within the limit plus a
 slack for the work it cannot interrupt (one table, one small pass, the final simulation) and for a
 loaded CI machine: ``SLACK + SHARE * limit``.  It then says ``time-limit`` (or raises
 ``TimeLimitError`` / a solver error naming the time limit when it has no plan) — never a status

@@ -255,7 +255,7 @@ def test_uniform_chain_seeds_cover_equal_degree_pipelines():
 
 def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_the_run(monkeypatch):
     """Seed planners get the time left until SEED_SAFETY_SHARE of the limit (not a fixed share each);
-    one that takes longer than the old 20 % share is used as is; a plan stopped by its own time
+    one that takes longer than a 20 % share is used as is; a plan stopped by its own time
     limit is kept as a candidate but makes the result's status ``time-limit``."""
     import sys
     import time as _time

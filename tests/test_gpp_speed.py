@@ -1,4 +1,4 @@
-"""Issue 16's speed work on ``gpp`` changes no figure: the plain-Python evaluator equals the
+"""The fast paths of ``gpp`` change no figure: the plain-Python evaluator equals the
 vectorised one bit for bit, ``simulate_orders(record=False)`` gives the same makespan, the lazy
 candidate pool's bound never exceeds a plan's simulated iteration time, and the lazy pool picks
 the plan the eager one picks."""
@@ -102,7 +102,7 @@ def test_simulate_orders_without_tasks_gives_the_same_makespan():
 
 
 def _reference_simulate(orders, micro_batch, forward, backward, allreduce, edges):
-    """The simulator's rules in their plainest form (the loop ``simulate_orders`` had before issue 16)."""
+    """The simulator's rules in their plainest form (a plain loop over the actions, which ``simulate_orders`` must equal)."""
     from gpp_solver.plan.simulate import _covering
     stages = list(orders)
     preds = {s: [] for s in stages}

@@ -1,4 +1,4 @@
-"""gpp-graph/1: round trips, networkx conversion, and one test per rejection of formats.md."""
+"""gpp-graph/1: round trips, networkx conversion, and one test per rejection of docs/formats.md."""
 
 from __future__ import annotations
 

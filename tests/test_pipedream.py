@@ -139,17 +139,17 @@ def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
 # ---------------------------------------------------------------- fidelity with the published optimizer
 
 @pytest.mark.parametrize("name, machines, expected", [("gnmt", 4, 0.025868), ("alexnet", 8, 0.011620)])
-def test_fidelity_with_the_published_optimizer(shared_dir, name, machines, expected):
+def test_fidelity_with_the_published_optimizer(data_dir, name, machines, expected):
     from gpp_solver.formats.importers import import_pipedream
-    g = import_pipedream(shared_dir / "data" / "pipedream" / f"{name}.graph.txt", batch_size=1)
+    g = import_pipedream(data_dir / "pipedream" / f"{name}.graph.txt", batch_size=1)
     sol = pipedream_optimizer(g, [machines], 1e9)
     assert sol.bottleneck == pytest.approx(expected, rel=1e-4)
     assert sol.linearization == "antichain"
 
 
-def test_pipedream_costs_mode_builds_a_valid_plan(shared_dir):
+def test_pipedream_costs_mode_builds_a_valid_plan(data_dir):
     from gpp_solver.formats.importers import import_pipedream
-    g = import_pipedream(shared_dir / "data" / "pipedream" / "gnmt.graph.txt", batch_size=1)
+    g = import_pipedream(data_dir / "pipedream" / "gnmt.graph.txt", batch_size=1)
     cl = cluster_from_dict(flat_cluster(4, memory=1e15))
     plan = plan_pipedream(g, cl, 4, mode="pipedream-costs")
     assert plan.search.extra["pipedream_bottleneck"] == pytest.approx(0.025868, rel=1e-4)
@@ -205,10 +205,10 @@ def test_agrees_with_graphpipe_on_a_chain():
 
 
 @pytest.mark.slow
-def test_inception_falls_back_to_a_topological_order(shared_dir, caplog):
+def test_inception_falls_back_to_a_topological_order(data_dir, caplog):
     from gpp_solver.formats.cluster import v100_cluster
     from gpp_solver.formats.importers import import_pipedream
-    g = import_pipedream(shared_dir / "data" / "pipedream" / "inception_v3.graph.txt", batch_size=128)
+    g = import_pipedream(data_dir / "pipedream" / "inception_v3.graph.txt", batch_size=128)
     cl = v100_cluster(8)
     with caplog.at_level(logging.INFO):
         plan = plan_pipedream(g, cl, 128)
@@ -286,7 +286,7 @@ def random_dag_dict(rng, n: int) -> dict:
 
 
 def test_shared_mode_linearises_every_source_and_beats_every_topological_chain():
-    """The old first-source start jumped over whole source branches; now every downset is a
+    """PipeDream's first-source start would jump over whole source branches; every downset is a
     state, so the DP (exact here: no producer fans out) is <= every chain of the topological order."""
     g = graph_from_dict(two_sources_dict())
     cl = cluster_from_dict(flat_cluster(4))

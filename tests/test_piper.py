@@ -27,9 +27,9 @@ def piper_cluster(k: int, mem_gb: float) -> Cluster:
     return Cluster(devices=k, memory_bytes=mem_gb * GiB, inter_node_bandwidth=25 * GiB)
 
 
-def piper_graph(shared_dir, name: str):
+def piper_graph(data_dir, name: str):
     from gpp_solver.formats.importers import import_piper
-    return import_piper(shared_dir / "data" / "piper" / f"{name}.json")
+    return import_piper(data_dir / "piper" / f"{name}.json")
 
 
 def piper_tps(graph, k: int, mem_gb: float, n: int) -> float:
@@ -39,25 +39,25 @@ def piper_tps(graph, k: int, mem_gb: float, n: int) -> float:
 
 # -- fidelity (figures measured with the original C++ implementation) ---------------------------
 
-def test_resnet_k16_2gb_matches_published_code(shared_dir):
-    assert piper_tps(piper_graph(shared_dir, "resnet"), 16, 2.0, 7680) == pytest.approx(76.5213, rel=1e-4)
+def test_resnet_k16_2gb_matches_published_code(data_dir):
+    assert piper_tps(piper_graph(data_dir, "resnet"), 16, 2.0, 7680) == pytest.approx(76.5213, rel=1e-4)
 
 
 @pytest.mark.slow
-def test_resnet_k64_4gb_matches_published_code(shared_dir):
-    assert piper_tps(piper_graph(shared_dir, "resnet"), 64, 4.0, 7680) == pytest.approx(8.66677, rel=1e-4)
+def test_resnet_k64_4gb_matches_published_code(data_dir):
+    assert piper_tps(piper_graph(data_dir, "resnet"), 64, 4.0, 7680) == pytest.approx(8.66677, rel=1e-4)
 
 
 @pytest.mark.slow
-def test_gnmt_k8_matches_published_code(shared_dir):
-    g = piper_graph(shared_dir, "gnmt")
+def test_gnmt_k8_matches_published_code(data_dir):
+    g = piper_graph(data_dir, "gnmt")
     assert len(count_downsets(g)) == 17914
     assert piper_tps(g, 8, 1.2, 256) == pytest.approx(68.5656, rel=1e-4)
 
 
 @pytest.mark.slow
-def test_resnet_plan_in_piper_mode_is_valid(shared_dir):
-    g = piper_graph(shared_dir, "resnet")
+def test_resnet_plan_in_piper_mode_is_valid(data_dir):
+    g = piper_graph(data_dir, "resnet")
     c = piper_cluster(16, 2.0)
     p = plan_piper(g, c, 7680, mode="piper")
     gs.validate(p, g, c)

@@ -169,9 +169,9 @@ def test_first_best_is_the_published_scan():
         assert piper_dp._first_best(t) == scan(t)
 
 
-def _previous_two_slot(tps, mem, in_s, f, limit):
-    """The two-slot heuristic as it was computed before the per-stage form (every quantity per
-    instance over every node), kept to check the new form bit for bit."""
+def _reference_two_slot(tps, mem, in_s, f, limit):
+    """The two-slot heuristic in its plain form (every quantity per instance over every node): the
+    reference the per-stage form must equal bit for bit."""
     H, n, L = tps.shape
     rows, cols = np.arange(H)[:, None], np.arange(n)[None, :]
     o = 1 - f if L == 2 else f
@@ -195,7 +195,7 @@ def _previous_two_slot(tps, mem, in_s, f, limit):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_two_slot_heuristic_per_stage_is_the_previous_one_bit_for_bit(seed):
+def test_two_slot_heuristic_per_stage_is_the_reference_bit_for_bit(seed):
     """``StageCostKernel.two_values`` (per-stage slots, only the batch's nodes) and ``fill_many``
     (all d of a degree in one call) against the per-instance form on random stages with sync costs."""
     from gpp_solver.planners.piper.cost import StageCostKernel, fill_many
@@ -220,7 +220,7 @@ def test_two_slot_heuristic_per_stage_is_the_previous_one_bit_for_bit(seed):
                 tps = c.tps_full[r]
                 with np.errstate(invalid="ignore"):
                     mem = np.where(opt.avail[None], opt.a[None] * yi[:, None, None] + opt.b[None], np.inf)
-                ref.append((r, yi, *_previous_two_slot(tps, mem, S[r], np.argmin(tps, axis=2), inst.memory)))
+                ref.append((r, yi, *_reference_two_slot(tps, mem, S[r], np.argmin(tps, axis=2), inst.memory)))
                 got, choice = ker.hard_values(opt, S, d, r, yi, c.tps_full, want_choice=True)
                 assert np.array_equal(got, ref[-1][2]) and np.array_equal(choice, ref[-1][3])
             fill_many(cs)

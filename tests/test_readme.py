@@ -55,37 +55,6 @@ def test_training_example(tmp_path):
         assert f"stage {st['id']} ranks {st['devices']}" in out
 
 
-def _check_readme():
-    sys.path.insert(0, str(README.parent / "benchmarks"))
-    try:
-        import check_readme
-    finally:
-        sys.path.pop(0)
-    return check_readme
-
-
-def test_readme_figures_hold_on_two_cells(capsys):
-    """The cheap, machine-independent README figures of two cells (benchmarks/check_readme.py)."""
-    assert _check_readme().main(["--only", "mmt:4", "candle-uno:4"]) == 0, capsys.readouterr().out
-
-
-def test_check_readme_finds_a_changed_figure(tmp_path, capsys):
-    text = README.read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| mmt | 4 | 64 |"))
-    cells = row.split(" | ")
-    cells[-2] = "0.004"                                   # the TPS column of the search-time table
-    bad = tmp_path / "README.md"
-    bad.write_text(text.replace(row, " | ".join(cells)))
-    assert _check_readme().main(["--only", "mmt:4", "--readme", str(bad)]) == 1
-    assert "DIFFERS: search_time mmt 4: TPS (s) README 0.004" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_readme_figures_hold():
-    """Every cheap cell (about 40 s on a loaded 2-core machine); `--full` is a benchmark."""
-    assert _check_readme().main([]) == 0
-
-
 def test_machine_table_is_the_code():
     from gpp_solver.formats.machines import MACHINES
 

@@ -133,7 +133,7 @@ def test_typed_search_keys_are_checked_when_read(plans, key, value):
 
 
 def test_statuses_name_their_objective(plans, tmp_path, capsys):
-    """milp's optimum is for the bottleneck TPS only: its status and the CLI say so (issue 15)."""
+    """milp's optimum is for the bottleneck TPS only: its status and the CLI say so."""
     if "milp" not in plans:
         pytest.skip("milp is not installed")
     p = plans["milp"]

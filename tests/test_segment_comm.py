@@ -15,7 +15,7 @@ from tiny_graphs import random_dag_edges
 
 
 def reference_segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> tuple[np.ndarray, np.ndarray]:
-    """The old loop: tree segments grown child by child, shared-sink stages from the leaf set."""
+    """The reference loop: tree segments grown child by child, shared-sink stages from the leaf set."""
     pos = {v: i for i, v in enumerate(idx.leaf_order)}
     n = len(pos)
     succ: list[list[tuple[int, float]]] = [[] for _ in range(n)]
@@ -91,8 +91,8 @@ def _graphs(seed: int, k: int):
 @pytest.mark.parametrize("seed", range(3))
 def test_equals_the_loop_bit_for_bit(seed: int) -> None:
     """Dyadic bytes (as every profiled graph has): all segments equal exactly.  Arbitrary floats:
-    tree segments still equal bit for bit (same running sums, same order); a shared-sink stage's
-    old sum ran in set (hash) order, so there the bytes agree to rounding."""
+    tree segments still equal bit for bit (same running sums, same order); the reference sums a
+    shared-sink stage in set (hash) order, so there the bytes agree to rounding."""
     for rng, g in _graphs(seed, 40):
         tree = decompose(g).tree
         for shared in (False, True):
@@ -111,8 +111,8 @@ def test_equals_the_loop_bit_for_bit(seed: int) -> None:
                     np.testing.assert_allclose(got.nbytes[T:], ref_bytes[T:], rtol=1e-12, atol=0)
 
 
-def test_cancelling_floats_keep_the_old_clamp() -> None:
-    """Values whose running sums cancel with rounding: the tree segments keep the old loop's
+def test_cancelling_floats_keep_the_reference_clamp() -> None:
+    """Values whose running sums cancel with rounding: the tree segments keep the reference loop's
     residues and its clamp at zero exactly."""
     rng = random.Random(11)
     for _ in range(25):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from gpp_solver.errors import InvalidGraphError
 from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, decompose, describe, leaves, order_pairs, reachability_pairs
 
-DATA = Path("/work/shared/data/pipedream")
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 
 
 def _check_shape(tree) -> None:
@@ -140,7 +140,6 @@ def test_project_graph_type_and_models() -> None:
     assert order_pairs(res.tree) == reachability_pairs(g.to_networkx())
 
 
-@pytest.mark.skipif(not (DATA / "inception_v3.graph.txt").exists(), reason="PipeDream profiles not present")
 def test_inception_decomposes_quickly() -> None:
     from gpp_solver.formats.pipedream import import_pipedream
     g = import_pipedream(DATA / "inception_v3.graph.txt", batch_size=128)

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Hashable
 
 import networkx as nx
-import pytest
 
 from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
 from tiny_graphs import random_dag_edges
 
-DATA = Path("/work/shared/data/pipedream")
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 
 
 def reference_decompose(graph) -> tuple[SPNode, tuple]:
@@ -130,7 +129,6 @@ def test_models_match_the_bitset_recursion() -> None:
         _same(build_model(name, **kw))
 
 
-@pytest.mark.skipif(not (DATA / "gnmt_large.graph.txt").exists(), reason="PipeDream profiles not present")
 def test_non_sp_profiles_match_the_bitset_recursion() -> None:
     from gpp_solver.formats.pipedream import import_pipedream
     for name in ("gnmt.graph.txt", "gnmt_large.graph.txt", "inception_v3.graph.txt"):

@@ -1,4 +1,4 @@
-"""The cost model of ``../shared/spec/cost-model.md``: stage costs, transfers, memory, micro-batch checks.
+"""The cost model of ``docs/cost-model.md``: stage costs, transfers, memory, micro-batch checks.
 
 ``gpp_solver.cost.stage_costs`` is the reference pricing; every fast pricer of a planner uses the
 same pricing core (:func:`comm_time`, :func:`allreduce_time`, :func:`time_per_sample`,

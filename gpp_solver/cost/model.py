@@ -1,4 +1,4 @@
-"""The cost model of ``spec/cost-model.md`` — and nothing else.
+"""The cost model of ``docs/cost-model.md`` — and nothing else.
 
 Every planner, the validator and the simulator take their figures from here, so that plans of
 different planners are compared on one footing.

@@ -2,7 +2,7 @@
 constraints, solve (the verify and tighten steps that use it are :mod:`gpp_solver.cp_orders.cp_schedule`).
 
 The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.  The
-model follows the simulator's rules (``spec/cost-model.md``, *Iteration time*) exactly, up to the
+model follows the simulator's rules (``docs/cost-model.md``, *Iteration time*) exactly, up to the
 rounding of durations to integer ticks:
 
 * data — per stage ``S``: ``n_S = B / b_S`` micro-batches, durations ``F(S)`` (forward compute +

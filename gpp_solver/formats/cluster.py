@@ -15,7 +15,7 @@ from gpp_solver.errors import InvalidClusterError
 from gpp_solver.formats.machines import machine_cluster
 from gpp_solver.limits import MAX_BANDWIDTH, MAX_BYTES, MAX_COUNT, MAX_FACTOR, MAX_SECONDS, MIN_BANDWIDTH
 from gpp_solver.formats.jsonio import document, extra, integer, number, read_json, require, write_json
-from gpp_solver.types import CLUSTER_FORMAT, Cluster
+from gpp_solver.types import CLUSTER_FORMAT, DEFAULT_OPTIMIZER_STATE_FACTOR, Cluster
 
 E = InvalidClusterError
 
@@ -44,7 +44,7 @@ def cluster_from_dict(d: Any) -> Cluster:
     dpn = None if dpn_raw is None else integer(dpn_raw, "cluster: devices_per_node", E, minimum=1,
                                                maximum=MAX_COUNT)
     latency = number(d.get("latency", 0.0), "cluster: latency", E, maximum=MAX_SECONDS)
-    osf = number(d.get("optimizer_state_factor", 4.0), "cluster: optimizer_state_factor", E, maximum=MAX_FACTOR)
+    osf = number(d.get("optimizer_state_factor", DEFAULT_OPTIMIZER_STATE_FACTOR), "cluster: optimizer_state_factor", E, maximum=MAX_FACTOR)
     ar_raw = d.get("allreduce_bandwidth")
     ar_bw = None if ar_raw is None else bandwidth("allreduce_bandwidth", ar_raw)
     ar_lat = number(d.get("allreduce_latency", 0.0), "cluster: allreduce_latency", E, maximum=MAX_SECONDS)

@@ -5,7 +5,7 @@
   a file of another kind (a PipeDream profile, a plan) is named with what to run instead.
 * :func:`cluster_from_figures` — ``gpp cluster``: a machine to start from and/or figures such as
   ``80GiB``, ``450GB/s``, ``200Gb/s``, ``10us`` (:mod:`gpp_solver.formats.units`), checked as a
-  ``gpp-cluster/1`` document (its fields and units: ``../shared/spec/formats.md``).
+  ``gpp-cluster/1`` document (its fields and units: ``docs/formats.md``).
 """
 
 from __future__ import annotations

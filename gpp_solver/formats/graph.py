@@ -1,6 +1,6 @@
 """Read, validate and write ``gpp-graph/1`` documents; convert from/to ``networkx.DiGraph``.
 
-Every rejection listed in ``spec/formats.md`` raises :class:`InvalidGraphError` with one message
+Every rejection listed in ``docs/formats.md`` raises :class:`InvalidGraphError` with one message
 naming the node or edge: duplicate ids, edges to unknown ids, self-loops, cycles (one cycle named),
 negative or non-finite numbers, time lists of the wrong length, an empty or disconnected graph.
 """

@@ -2,7 +2,7 @@
 
 ``NAME:N`` is N devices (filling nodes of the machine's devices per node, the last one possibly
 partial); ``NAME:NODESxPER_NODE`` is NODES nodes of PER_NODE devices each.  The figures are the
-vendors' and are what the cost model takes (``../shared/spec/cost-model.md``): memory per device,
+vendors' and are what the cost model takes (``docs/cost-model.md``): memory per device,
 and the **one-direction** bandwidth of a point-to-point transfer (a transfer costs ``latency +
 bytes / bandwidth``).  Vendors quote NVLink as the sum of both directions; it is halved here.
 

@@ -4,6 +4,10 @@ A field the format does not define (top level, stage, ``schedule``, ``predicted`
 naming it; extensions go under an ``extra`` object (accepted at the top level and in a stage, not
 interpreted).  ``search`` is the planner's record: ``seconds``, ``status``, ``epsilon`` and any
 planner-specific fields (kept in ``SearchInfo.extra``; nothing reads them to plan or check).
+
+``optimizer_state_factor`` (optional number >= 0): the cluster's ``optimizer_state_factor`` the
+plan's memory figures were computed with. Planners write it; when a document leaves it out the
+factor is the cluster's (the one given to ``validate``, or the runtime's ``--cluster``, else 4.0).
 """
 
 from __future__ import annotations
@@ -14,14 +18,14 @@ from typing import Any
 
 from gpp_solver.errors import InvalidPlanError
 from gpp_solver.action import Action
-from gpp_solver.limits import MAX_COUNT
+from gpp_solver.limits import MAX_COUNT, MAX_FACTOR
 from gpp_solver.formats.jsonio import (document, extra, integer, known_fields, number, obj, read_json, require, show, write_json)
 from gpp_solver.types import (PLAN_FORMAT, SEARCH_FIELDS, Plan, PlanPrediction, Schedule, SearchInfo, Stage,
                               StagePrediction, Status)
 
 E = InvalidPlanError
-_PLAN_FIELDS = frozenset({"format", "planner", "graph", "mini_batch_size", "stages", "edges", "predicted", "search",
-                          "extra"})
+_PLAN_FIELDS = frozenset({"format", "planner", "graph", "mini_batch_size", "optimizer_state_factor", "stages", "edges",
+                          "predicted", "search", "extra"})
 _STAGE_FIELDS = frozenset({"id", "nodes", "devices", "micro_batch_size", "schedule", "in_flight_samples", "predicted",
                            "tensor_parallel", "tmpc", "extra"})
 _SCHEDULE_FIELDS = frozenset({"kind", "k", "order"})
@@ -127,11 +131,14 @@ def plan_from_dict(d: Any) -> Plan:
         edges.append((integer(e[0], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT),
                       integer(e[1], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT)))
     srch = obj(d.get("search", {}), "plan: search", E)
+    osf = d.get("optimizer_state_factor")
     return Plan(
         planner=_string(d.get("planner", "unknown"), "plan: planner"), graph=_string(d.get("graph", ""), "plan: graph"),
         mini_batch_size=B, stages=tuple(stages), edges=tuple(edges),
         predicted=PlanPrediction(**_predicted(d, _PLAN_PRED_FIELDS, "plan")),
         search=_search(srch),
+        optimizer_state_factor=None if osf is None else number(
+            osf, "plan: optimizer_state_factor", E, maximum=MAX_FACTOR),
     )
 
 
@@ -169,9 +176,12 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     search.update(_json_safe(dict(p.search.extra)))
     if p.search.cp_tighten is not None:
         search["cp_tighten"] = _json_safe(p.search.cp_tighten)
+    head: dict[str, Any] = {"format": PLAN_FORMAT, "planner": p.planner, "graph": p.graph,
+                            "mini_batch_size": p.mini_batch_size}
+    if p.optimizer_state_factor is not None:
+        head["optimizer_state_factor"] = p.optimizer_state_factor
     return {
-        "format": PLAN_FORMAT, "planner": p.planner, "graph": p.graph, "mini_batch_size": p.mini_batch_size,
-        "stages": stages, "edges": [list(e) for e in p.edges],
+        **head, "stages": stages, "edges": [list(e) for e in p.edges],
         "predicted": {"time_per_sample": p.predicted.time_per_sample, "iteration_time": p.predicted.iteration_time,
                       "throughput": p.predicted.throughput, "peak_memory_bytes": p.predicted.peak_memory_bytes},
         "search": search,

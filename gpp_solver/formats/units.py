@@ -1,6 +1,6 @@
 """Quantities in human units: parse ``80GiB``, ``900GB/s``, ``200Gb/s``, ``10us``; format them back.
 
-The JSON contracts hold plain numbers in bytes, bytes/s and seconds (``formats.md``); these helpers
+The JSON contracts hold plain numbers in bytes, bytes/s and seconds (``docs/formats.md``); these helpers
 are for the command line only.  Decimal prefixes are powers of 1000 (``GB``, ``GB/s``), binary ones
 powers of 1024 (``GiB``); a lower-case ``b`` is a bit (``Gb/s`` = 1e9 / 8 bytes/s).  A number
 without a unit is taken in the base unit (bytes, bytes/s, seconds).  A bad or missing number, or an

@@ -1,6 +1,6 @@
 """A communication-aware lower bound on the bottleneck time-per-sample (TPS) of every plan.
 
-Scope: plans of ``spec/cost-model.md`` with one micro-batch size ``b`` for every stage, data
+Scope: plans of ``docs/cost-model.md`` with one micro-batch size ``b`` for every stage, data
 parallelism only (no TMPC, ``tensor_parallel = 1``), any partition of the nodes into stages (convex
 or not), ``d_s | b`` devices per stage, ``sum_s d_s <= D``, every stage holding at least one
 micro-batch (``b`` samples) in flight.  :func:`relaxed_tps_bound` returns a value ``T`` with

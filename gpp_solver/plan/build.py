@@ -122,4 +122,5 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
                           peak_memory_bytes=max(st.predicted.memory_bytes for st in stages))
     search = replace(search, iteration_time_estimate=estimate)
     return Plan(planner=planner, graph=graph.name, mini_batch_size=mini_batch_size, stages=tuple(stages),
-                edges=tuple(edges), predicted=pred, search=search)
+                edges=tuple(edges), predicted=pred, search=search,
+                optimizer_state_factor=cluster.optimizer_state_factor)

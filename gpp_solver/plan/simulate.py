@@ -1,4 +1,4 @@
-"""Event simulation of a plan under the cost model (``spec/cost-model.md``, *Iteration time*).
+"""Event simulation of a plan under the cost model (``docs/cost-model.md``, *Iteration time*).
 
 Every stage runs its ``schedule.order`` in sequence.  ``F(S, j)`` lasts the stage's forward compute
 plus the forward halves of its transfers and starts when the stage is free and every predecessor

@@ -59,6 +59,14 @@ def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
 
 
+def _check_optimizer_state_factor(plan: Plan, cluster: Cluster) -> None:
+    """A plan that records its optimizer state factor was priced for that factor only."""
+    f = plan.optimizer_state_factor
+    if f is not None and not _close(f, cluster.optimizer_state_factor):
+        raise E(f"the plan was made for optimizer_state_factor {f:g} but the cluster's is "
+                f"{cluster.optimizer_state_factor:g}")
+
+
 def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: bool = True) -> None:
     """Raise :class:`InvalidPlanError` at the first violation; return ``None`` for a valid plan."""
     check_types(plan=(plan, Plan), graph=(graph, Graph), cluster=(cluster, Cluster))
@@ -157,6 +165,7 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
         if s.in_flight_samples != peak:
             raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
     # memory (Eq. 2)
+    _check_optimizer_state_factor(plan, cluster)
     for s in plan.stages:
         m = stage_memory(graph, cluster, s, s.in_flight_samples)
         if m > cluster.memory_bytes * (1 + 1e-9):

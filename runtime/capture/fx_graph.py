@@ -31,8 +31,11 @@ Tracing (``runtime.capture.tracing``) uses ``torch.fx`` with the workload's opti
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import operator
+import os
+import sys
 from dataclasses import dataclass
 
 import networkx as nx
@@ -40,6 +43,7 @@ import torch
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
+from .third_party import prepare_third_party
 from .tracing import trace_module, workload_graph_module
 
 logger = logging.getLogger(__name__)
@@ -298,14 +302,23 @@ def trace_workload(workload) -> ModelGraph:
 
 
 def load_workload(spec: str):
-    """Import ``MODULE:FUNCTION`` and call it; InvalidInputError naming what is wrong."""
+    """Import ``MODULE:FUNCTION`` (or ``path/to/file.py:FUNCTION``, loaded from the file with its
+    directory first on ``sys.path``, as torchrun runs a script) and call it; InvalidInputError
+    naming what is wrong. torchvision, timm and transformers import next to a CPU-only torch
+    (``runtime.capture.third_party``) before the module is loaded."""
     if ":" not in spec:
-        raise InvalidInputError(f"--model must be MODULE:FUNCTION, but got {spec!r}")
-    mod_name, fn_name = spec.split(":", 1)
+        raise InvalidInputError(f"--model must be MODULE:FUNCTION (or path/to/file.py:FUNCTION), "
+                                f"but got {spec!r}")
+    mod_name, fn_name = spec.rsplit(":", 1)
+    prepare_third_party()
     try:
-        mod = importlib.import_module(mod_name)
+        mod = _import_file(mod_name) if mod_name.endswith(".py") else importlib.import_module(mod_name)
     except ImportError as exc:
-        raise InvalidInputError(f"cannot import module {mod_name!r}: {exc}") from exc
+        hint = ""
+        if ("/" in mod_name or os.sep in mod_name) and not mod_name.endswith(".py"):
+            hint = (f" (a module name is dotted, e.g. {mod_name.replace(os.sep, '.').replace('/', '.')!r}; "
+                    "a file is path/to/file.py:FUNCTION)")
+        raise InvalidInputError(f"cannot import module {mod_name!r}: {exc}{hint}") from exc
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
         raise InvalidInputError(f"module {mod_name!r} has no function {fn_name!r}")
@@ -316,6 +329,26 @@ def load_workload(spec: str):
     if not isinstance(wl.model, torch.nn.Module):
         raise InvalidInputError(f"workload {spec!r}: model is not a torch.nn.Module")
     return wl
+
+
+def _import_file(path: str):
+    """The module defined by the Python file ``path`` (ImportError when there is none)."""
+    file = os.path.abspath(path)
+    if not os.path.isfile(file):
+        raise ImportError(f"no such file {file}")
+    folder = os.path.dirname(file)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = os.path.splitext(os.path.basename(file))[0]
+    spec = importlib.util.spec_from_file_location(name, file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return mod
 
 
 def run_node(gm: fx.GraphModule, node: fx.Node, env: dict):

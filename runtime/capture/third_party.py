@@ -1,4 +1,4 @@
-"""Import torchvision (and packages that import it, such as transformers) next to a CPU-only torch.
+"""Import torchvision (and packages that import it: timm, transformers) next to a CPU-only torch.
 
 The registry's torchvision wheels are built against the CUDA torch: their C extension
 (``torchvision/_C.so``) links ``libtorch_cuda.so`` and does not load next to the pinned CPU
@@ -7,13 +7,15 @@ torch (``torch==2.13.0+cpu``). torchvision then skips its C++ operators, which t
 still registers fake kernels for ``torchvision::nms`` and ``torchvision::qnms`` without checking
 that the operators exist, so ``import torchvision`` fails with
 ``RuntimeError: operator torchvision::nms does not exist``. transformers imports torchvision
-when it is installed and fails the same way.
+when it is installed and fails the same way, and so does ``import timm``.
 
 :func:`import_torchvision` imports torchvision normally; only when that fails for this one reason
 does it declare the two operator *schemas* (no kernels: calling ``nms`` still raises) and import
 again. Nothing is copied from torchvision; where its extension loads (a matching CUDA torch), the
-normal import succeeds and nothing is declared. Call it before importing torchvision or
-transformers::
+normal import succeeds and nothing is declared. :func:`prepare_third_party` (what
+``runtime.profile``, ``runtime.train`` and ``runtime.cores`` call before loading a ``--model``
+module) does it whenever torchvision is installed. In your own scripts, call it before importing
+torchvision, timm or transformers::
 
     from .third_party import import_torchvision
     tv = import_torchvision()
@@ -70,3 +72,15 @@ def import_transformers() -> ModuleType:
     if importlib.util.find_spec("torchvision") is not None:
         import_torchvision()
     return importlib.import_module("transformers")
+
+
+def prepare_third_party() -> None:
+    """Make torchvision (and so timm and transformers) importable when it is installed: a workload
+    module may import any of them. Does nothing without torchvision; a torchvision that fails for
+    another reason is left for the workload's own import to report."""
+    if "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is None:
+        return
+    try:
+        import_torchvision()
+    except Exception as exc:  # noqa: BLE001 - the workload's import reports it
+        logger.debug("torchvision does not import: %s", exc)

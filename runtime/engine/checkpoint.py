@@ -21,7 +21,7 @@ import torch
 
 from gpp_solver.errors import InvalidInputError
 from ..capture.fx_graph import ModelGraph
-from ..lowering.plan_io import Plan
+from gpp_solver.types import Plan
 
 logger = logging.getLogger(__name__)
 

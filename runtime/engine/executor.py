@@ -4,7 +4,7 @@ Forward ``F j`` slices the model inputs it reads to its chunk, assembles each re
 the received pieces (per tensor leaf: a received piece is a leaf that requires grad, so each
 piece gets its own gradient; one piece is cloned when the stage holds an in-place operation, so
 ``ReLU(inplace=True)`` as the first op never modifies a leaf), runs the stage module and, if it
-holds the sink, the loss: ``loss_fn(output, target) * rows / B`` for a loss that is the mean over
+holds the sink, the loss: ``loss_fn(output, target) * rows / mini_batch_size`` for a loss that is the mean over
 the samples it is given (``loss_reduction="mean"``), ``loss_fn(output, target)`` for a sum.
 Either way the gradients summed over all chunks equal those of ``loss_fn`` on the whole
 mini-batch. Dropout nodes draw their masks from ``(seed, step, chunk's first sample, node)``.
@@ -26,13 +26,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.types import Stage
 from ..capture.dropout import Context, set_context
-from ..lowering.actions import Action, Chunk, Message, Step, chunk, group_actions
+from ..lowering.actions import Chunk, Message, RankAction, Step, chunk, group_actions
 from ..lowering.posting import Post, posting
 from ..lowering.fx_split import StageProgram
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
-from ..lowering.plan_io import StagePlan
 
 _INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
                   operator.ior, operator.ixor, operator.setitem}
@@ -56,11 +56,33 @@ def _rows(tree, lo: int, hi: int):
     return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
 
 
+BATCH_LEVEL = ("a pipeline computes the loss per micro-batch, so it must be a sum or mean of per-sample "
+               "terms; a loss over the whole batch (a contrastive loss such as CLIP's, where each sample's "
+               "term depends on every other sample) cannot be split: use a per-sample loss, or keep the "
+               "batch-level part (the all-pairs similarity and its loss) out of the pipelined model and "
+               "its loss_fn")
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-4 * max(abs(a), abs(b), 1e-12)
+
+
+def _combine(halves: tuple[float, float, int, int], reduction: str) -> float:
+    """The loss of a chunk from its halves' losses, for a sum or a mean over samples."""
+    a, b, na, nb = halves
+    return a + b if reduction == "sum" else (a * na + b * nb) / (na + nb)
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 class StageExecutor:
     """Executes the actions of one rank (one replica of one stage) for each training step."""
 
-    def __init__(self, program: StageProgram, stage: StagePlan, replica: int, rank: int,
-                 actions: list[Action], meta: dict[str, ValueMeta], loss_fn, mini_batch: int,
+    def __init__(self, program: StageProgram, stage: Stage, replica: int, rank: int,
+                 actions: list[RankAction], meta: dict[str, ValueMeta], loss_fn, mini_batch_size: int,
                  device: torch.device, comm: P2P, rec: Recorder, *, loss_reduction: str = "mean",
                  lookahead: int = 2, seed: int = 0, grad_sync=None) -> None:
         self.program = program
@@ -69,12 +91,12 @@ class StageExecutor:
         self.rank = rank
         self.steps = group_actions(actions)
         self.items = posting(self.steps, comm.mode, lookahead)
-        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.op == "B"), default=-1)
+        self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.kind == "B"), default=-1)
         self.meta = meta
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
         self.check_loss = True
-        self.mini_batch = mini_batch
+        self.mini_batch_size = mini_batch_size
         self.device = device
         self.comm = comm
         self.rec = rec
@@ -118,12 +140,12 @@ class StageExecutor:
             t1 = time.time()
             if t1 - t0 > 1e-5:
                 self.rec.event("wait", t0, t1, "wait")
-            c = chunk(self.stage, st.act.mb, self.replica)
+            c = chunk(self.stage, st.act.micro_batch, self.replica)
             ev = None
             if cuda:
                 ev = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                 ev[0].record()
-            if st.act.op == "F":
+            if st.act.kind == "F":
                 loss = self._forward(st, c, bufs, inputs, target, state, step, out_tensors)
                 if loss is not None:
                     loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
@@ -192,11 +214,15 @@ class StageExecutor:
             if self.program.holds_sink:
                 tgt = _rows(target, c.lo, c.hi)
                 tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
-                loss = self.loss_fn(outs[-1], tgt)
+                try:
+                    loss = self.loss_fn(outs[-1], tgt)
+                except (IndexError, RuntimeError) as exc:  # e.g. labels of the whole batch
+                    raise InvalidInputError(f"loss_fn failed on samples {c.lo}:{c.hi} of the mini-batch "
+                                            f"({_one_line(exc)}); {BATCH_LEVEL}") from exc
                 if self.check_loss:
                     self._check_reduction(outs[-1], tgt, loss)
                 if self.loss_reduction == "mean":
-                    loss = loss * ((c.hi - c.lo) / self.mini_batch)
+                    loss = loss * ((c.hi - c.lo) / self.mini_batch_size)
         for m in st.sends:
             value = outs[self.out_index[m.value]]
             out_tensors[m] = [t[m.lo - c.lo:m.hi - c.lo].detach().contiguous()
@@ -211,23 +237,39 @@ class StageExecutor:
             raise InvalidInputError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
                                     f"{tuple(getattr(loss, 'shape', ()))}")
         twice = lambda t: torch.cat([t, t]) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        with torch.no_grad():
-            l2 = self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt))
         l1 = float(loss.detach())
-        l2 = float(l2)
-        ratio = {"mean": 1.0, "sum": 2.0}[self.loss_reduction]
-        if abs(l2 - ratio * l1) <= 1e-4 * max(abs(l1), abs(l2), 1e-12):
+        try:
+            with torch.no_grad():
+                l2 = float(self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt)))
+                halves = self._halves(out, tgt)
+        except (IndexError, RuntimeError) as exc:
+            raise InvalidInputError(f"loss_fn failed on a micro-batch repeated twice or cut in two "
+                                    f"({_one_line(exc)}); {BATCH_LEVEL}") from exc
+        fits = {red: _close(l2, ratio * l1) and (halves is None or _close(_combine(halves, red), l1))
+                for red, ratio in (("mean", 1.0), ("sum", 2.0))}
+        if fits[self.loss_reduction]:
             return
         other = {"mean": "sum", "sum": "mean"}[self.loss_reduction]
-        if abs(l2 - {"mean": 1.0, "sum": 2.0}[other] * l1) <= 1e-4 * max(abs(l1), abs(l2), 1e-12):
+        if fits[other]:
             raise InvalidInputError(
                 f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
                 f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
                 f"GraphPipeline(loss_reduction={other!r}) (runtime.train: set the workload's "
                 f"loss_reduction = {other!r})")
+        got = "" if halves is None else f", {halves[0]:.6g} and {halves[1]:.6g} on its two halves"
         raise InvalidInputError(
-            f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk and "
-            f"{l2:.6g} on the chunk twice); the pipeline splits the mini-batch and needs one of them")
+            f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk, {l2:.6g} "
+            f"on the chunk twice{got}); {BATCH_LEVEL}")
+
+    def _halves(self, out, tgt) -> tuple[float, float, int, int] | None:
+        """The losses of the chunk's two halves and their rows (None below 2 rows)."""
+        rows = next((t.shape[0] for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
+        if rows < 2:
+            return None
+        h = rows // 2
+        a = float(self.loss_fn(_rows(out, 0, h), _rows(tgt, 0, h)))
+        b = float(self.loss_fn(_rows(out, h, rows), _rows(tgt, h, rows)))
+        return a, b, h, rows - h
 
     def _backward(self, st: Step, c: Chunk, bufs: dict, state: dict, out_tensors: dict) -> None:
         leaves, outs, loss = state.pop(c.mb)

@@ -4,13 +4,21 @@ Each rank records events (compute actions, waits, all-reduce, optimizer) with wa
 timestamps and, per step, the step's start/end and its busy (compute) time. Rank 0 gathers the
 records and derives:
 
-- samples/s after the warm-up steps: ``B * steps / (last step end - first timed step start)``,
-  ends and starts taken over all ranks;
+- samples/s after the warm-up steps: ``mini_batch_size * steps / (last step end - first timed
+  step start)``, ends and starts taken over all ranks; ``seconds_per_step`` is that wall time divided by the
+  timed steps: the throughput figure.
+- ``step_seconds`` (``runtime.train``, one per step, warm-up included): each step's own span,
+  from the first rank's start to the last rank's end. Ranks are not synchronised between steps:
+  a rank whose stage finishes early starts the next step while others still finish this one, so
+  consecutive spans overlap and their mean exceeds ``seconds_per_step`` by that overlap (12% and 22%
+  on the examples' 2- and 3-rank CPU plans over 20 steps). Use ``step_seconds`` for one step's latency and
+  its spread, ``seconds_per_step`` for throughput;
 - bubble fraction per stage: ``1 - compute time / step wall time`` per rank, averaged over the
   timed steps and the stage's replicas (waiting for messages counts as idle);
 - peak memory per rank: CUDA ``max_memory_allocated``; on CPU the runtime's count of bytes saved
   for backward (``saved_tensors_hooks``, parameters excluded) and the process's peak RSS;
-- measured vs predicted stage time per sample (compute per step / B vs ``stages[].predicted``);
+- measured vs predicted stage time per sample (compute per step / mini_batch_size vs
+  ``stages[].predicted``);
 - a Chrome trace of all ranks (``pid`` = rank, timestamps in microseconds).
 """
 
@@ -54,17 +62,19 @@ def peak_rss_bytes() -> int:
     return 0
 
 
-def summarize(records: list[dict], stages: list[dict], mini_batch: int, warmup: int) -> dict:
-    """Combine the gathered per-rank dicts into the run's metrics (see the module docstring)."""
+def summarize(records: list[dict], stages: list[dict], mini_batch_size: int, warmup: int) -> dict:
+    """Combine the gathered per-rank dicts into the run's metrics (see the module docstring:
+    ``seconds_per_step`` is the timed steps' wall time over all ranks divided by their count, not
+    the mean of the per-step spans, which overlap)."""
     timed = [[s for s in r["steps"] if s[0] >= min(x[0] for x in r["steps"]) + warmup] for r in records]
-    out: dict = {"mini_batch_size": mini_batch, "warmup_steps": warmup}
+    out: dict = {"mini_batch_size": mini_batch_size, "warmup_steps": warmup}
     if all(timed) and timed[0]:
         t_start = min(s[1] for t in timed for s in t)
         t_end = max(s[2] for t in timed for s in t)
         n = len(timed[0])
         out["timed_steps"] = n
         out["seconds_per_step"] = (t_end - t_start) / n
-        out["samples_per_second"] = mini_batch * n / (t_end - t_start) if t_end > t_start else None
+        out["samples_per_second"] = mini_batch_size * n / (t_end - t_start) if t_end > t_start else None
     per_stage = []
     for st in stages:
         recs = [(r, t) for r, t in zip(records, timed) if r["stage"] == st["id"]]
@@ -72,7 +82,7 @@ def summarize(records: list[dict], stages: list[dict], mini_batch: int, warmup: 
         busy = [s[3] for _r, t in recs for s in t]
         row = {"stage": st["id"], "ranks": [r["rank"] for r, _ in recs],
                "bubble_fraction": statistics.mean(bubbles) if bubbles else None,
-               "measured_time_per_sample": statistics.mean(busy) / mini_batch if busy else None,
+               "measured_time_per_sample": statistics.mean(busy) / mini_batch_size if busy else None,
                "predicted_time_per_sample": st.get("predicted_time_per_sample"),
                "peak_memory": {r["rank"]: r["memory"] for r, _ in recs}}
         per_stage.append(row)

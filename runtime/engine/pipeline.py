@@ -26,7 +26,9 @@ Conventions:
   over the samples it is given; with ``"sum"`` the sum. Either way the gradients after ``step``
   equal those of ``loss_fn(model(*inputs), target)`` on the whole mini-batch in one process. The
   first step checks the claim (the loss of a chunk repeated twice must be equal for a mean,
-  double for a sum) and raises ``InvalidInputError`` naming the mismatch.
+  double for a sum, and follow from the losses of the chunk's two halves) and raises
+  ``InvalidInputError`` naming the mismatch. A loss over the whole batch (CLIP's contrastive
+  loss) cannot be computed per micro-batch and is refused the same way.
 - Gradients accumulate into ``.grad`` like plain autograd: zero them before each step.
 - ``parameters()`` / ``named_parameters()`` / ``state_dict()`` are this rank's stage under the
   original model's qualified names (``text.0.weight``); a weight tied across stages keeps its
@@ -67,7 +69,7 @@ class GraphPipeline:
     """This rank's stage of a planned graph pipeline (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, plan, loss_fn, example_inputs, device=None, *,
-                 loss_reduction: str = "mean", optimizer_state_factor: float = 4.0,
+                 loss_reduction: str = "mean", optimizer_state_factor: float | None = None,
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
                  tracing: dict | None = None, emulate_allreduce=None, allreduce_overlap: bool | None = None,
@@ -94,7 +96,9 @@ class GraphPipeline:
         self.stage = setup.stage
         self.module = setup.program.module.to(self.device)
         self.module.train()
-        self.optimizer_state_factor = optimizer_state_factor
+        # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
+        self.optimizer_state_factor = (optimizer_state_factor if optimizer_state_factor is not None
+                                       else setup.optimizer_state_factor)
         self.strict_optimizer_state = strict_optimizer_state
         self.measured_state_factor: float | None = None
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
@@ -125,7 +129,7 @@ class GraphPipeline:
         """Process groups, created on every rank in the same order: data-parallel, then tied."""
         dp_group = None
         for s in self.plan.stages:
-            if s.dp > 1:
+            if len(s.devices) > 1:
                 g = dist.new_group(list(s.devices))
                 if s.id == self.stage.id:
                     dp_group = g

@@ -15,16 +15,19 @@ from dataclasses import dataclass
 
 import torch
 
-from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
+from gpp_solver.errors import DeadlockError, InvalidInputError
+from gpp_solver.formats.cluster import load_cluster
+from gpp_solver.formats.graph import load_graph
+from gpp_solver.types import Plan, Stage
 from ..capture.dropout import per_chunk
-from ..lowering.actions import Action, TransferSpec, dry_run, lower
+from ..lowering.actions import RankAction, TransferSpec, dry_run, lower
 from ..lowering.posting import check_rendezvous
 from .checkpoint import fingerprint
 from ..capture.fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
 from ..lowering.fx_split import StageProgram, assign_nodes, build_stage, transfers
 from .p2p import ValueMeta, describe
-from ..lowering.plan_check import check_plan
-from ..lowering.plan_io import Plan, StagePlan, load_plan, parse_plan
+from ..lowering.plan_check import check_plan, check_world
+from ..lowering.plan_io import optimizer_state_factor, read_plan, stage_of_rank
 
 
 @dataclass(frozen=True)
@@ -38,14 +41,16 @@ class RankSetup:
 
     plan: Plan
     graph: ModelGraph
-    stage: StagePlan
+    stage: Stage
     replica: int
     program: StageProgram
-    actions: dict[int, list[Action]]
+    actions: dict[int, list[RankAction]]
     meta: dict[str, ValueMeta]
     fingerprint: str
     names: dict[int, str]
     tied: tuple[tuple[str, tuple[int, ...]], ...]
+    #: the plan's recorded optimizer_state_factor, else ``--cluster``'s, else 4.0
+    optimizer_state_factor: float
 
 
 def value_meta(mg: ModelGraph, example_inputs: tuple, plan: Plan, values: set[str]) -> dict[str, ValueMeta]:
@@ -59,17 +64,6 @@ def value_meta(mg: ModelGraph, example_inputs: tuple, plan: Plan, values: set[st
     finally:
         restore_training(modes)
     return {mg.ids[n]: describe(env[n], rows, f"node {mg.ids[n]!r}") for n in mg.nodes if mg.ids[n] in values}
-
-
-def load_plan_any(plan) -> Plan:
-    """A Plan from a path, a parsed document or a Plan."""
-    if isinstance(plan, Plan):
-        return plan
-    if isinstance(plan, dict):
-        return parse_plan(plan)
-    if isinstance(plan, str) or hasattr(plan, "__fspath__"):
-        return load_plan(str(plan))
-    raise InvalidPlanError(f"plan must be a path, a gpp-plan/1 dict or a Plan, not {type(plan).__name__}")
 
 
 def _check_inputs(example_inputs, mg: ModelGraph) -> tuple:
@@ -90,27 +84,18 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
           tracing: dict | None = None) -> RankSetup:
     """Build this rank's setup from a model; InvalidInputError (exit 2) on any mismatch or deadlock.
 
-    The posting order is proved deadlock-free with rendezvous sends (``check_rendezvous``) in the
-    ``batched`` mode and whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
+    ``plan``: a path, a gpp-plan/1 document or a :class:`Plan`. The posting order is proved
+    deadlock-free with rendezvous sends (``check_rendezvous``) in the ``batched`` mode and
+    whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
     :func:`runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
-    plan = load_plan_any(plan)
-    if plan.world_size != world:
-        raise InvalidPlanError(
-            f"the plan uses {plan.world_size} devices but {world} ranks were started "
-            f"(torchrun --nproc-per-node {plan.world_size})")
-    if isinstance(example_inputs, torch.Tensor):
-        example_inputs = (example_inputs,)
-    mg = trace(model, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else None,
-               **(tracing or {}))
-    per_chunk(mg.gm, mg.ids)
-    example_inputs = _check_inputs(example_inputs, mg)
+    plan = read_plan(plan)
+    check_world(plan, world)
+    graph = load_graph(graph_path) if graph_path else None
+    cluster = load_cluster(cluster_path) if cluster_path else None
+    mg, example_inputs = _trace(model, example_inputs, tracing)
     assign = assign_nodes(mg, plan)
+    deadlock = _validate(plan, mg, graph, cluster)
     trs = transfers(mg, assign, plan)
-    try:  # structure first; a deadlock is shown below with the runtime's own grid
-        check_plan(plan, mg, graph_path, cluster_path)
-        deadlock = None
-    except DeadlockError as exc:
-        deadlock = exc
     meta = value_meta(mg, example_inputs, plan, {t.value for t in trs})
     specs = [TransferSpec(t.value, t.src, t.dst, t.index, grad=meta[t.value].has_grad) for t in trs]
     actions = lower(plan, specs)
@@ -119,28 +104,56 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
         raise deadlock
     if p2p_mode == "batched" or rendezvous:
         check_rendezvous(plan, actions, p2p_mode, lookahead)
-    stage = plan.stage_of_rank(rank)
+    stage = stage_of_rank(plan, rank)
     programs = {s.id: build_stage(mg, assign, s.id) for s in plan.stages}
+    names, tied = _parameter_names(model, programs)
+    return RankSetup(plan=plan, graph=mg, stage=stage, replica=stage.devices.index(rank),
+                     program=programs[stage.id], actions=actions, meta=meta,
+                     fingerprint=fingerprint(plan, mg), names=names, tied=tied,
+                     optimizer_state_factor=optimizer_state_factor(
+                         plan, cluster.optimizer_state_factor if cluster is not None else None))
+
+
+def _trace(model: torch.nn.Module, example_inputs, tracing: dict | None) -> tuple[ModelGraph, tuple]:
+    """The traced model with per-chunk dropout, and the example inputs checked against it."""
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    mg = trace(model, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else None,
+               **(tracing or {}))
+    per_chunk(mg.gm, mg.ids)
+    return mg, _check_inputs(example_inputs, mg)
+
+
+def _validate(plan: Plan, mg: ModelGraph, graph, cluster) -> DeadlockError | None:
+    """``gpp validate``'s checks; a deadlock is returned, to be shown with the runtime's own grid
+    once the runtime's dry run has had its say."""
+    try:
+        check_plan(plan, mg, graph, cluster)
+    except DeadlockError as exc:
+        return exc
+    return None
+
+
+def _parameter_names(model: torch.nn.Module, programs: dict[int, StageProgram]):
+    """Qualified name of every parameter and buffer by ``id``, and the parameters several stages use."""
     names = {id(t): n for n, t in model.named_parameters()}
     names.update({id(t): n for n, t in model.named_buffers() if id(t) not in names})
     users: dict[int, list[int]] = {}
     for sid, prog in programs.items():
         for p in prog.module.parameters():  # deduplicated within a stage
             users.setdefault(id(p), []).append(sid)
-    tied = tuple((names.get(pid, "?"), tuple(sids)) for pid, sids in users.items() if len(sids) > 1)
-    tied = tuple(sorted(tied))
-    return RankSetup(plan=plan, graph=mg, stage=stage, replica=stage.devices.index(rank),
-                     program=programs[stage.id], actions=actions, meta=meta,
-                     fingerprint=fingerprint(plan, mg), names=names, tied=tied)
+    tied = tuple(sorted((names.get(pid, "?"), tuple(sids)) for pid, sids in users.items() if len(sids) > 1))
+    return names, tied
 
 
-def prepare(plan_path: str, model_spec: str, rank: int, world: int):
-    """Load the plan and a workload module (after ``torch.manual_seed(0)``, so every rank starts
-    from the same weights); returns (plan, workload). InvalidInputError (exit 2) on bad input."""
-    plan = load_plan(plan_path)
-    if plan.world_size != world:
-        raise InvalidPlanError(
-            f"the plan uses {plan.world_size} devices but {world} ranks were started "
-            f"(torchrun --nproc-per-node {plan.world_size})")
+def prepare(plan_path: str, model_spec: str):
+    """Read the plan and load the workload (:func:`seeded_workload`); returns (plan, workload).
+    InvalidInputError (exit 2) on bad input; the world size is checked by :func:`build`."""
+    return read_plan(plan_path), seeded_workload(model_spec)
+
+
+def seeded_workload(model_spec: str):
+    """The workload ``MODULE:FUNCTION`` made after ``torch.manual_seed(0)``, so every rank (and the
+    one-process reference of ``--verify``) starts from the same weights."""
     torch.manual_seed(0)
-    return plan, load_workload(model_spec)
+    return load_workload(model_spec)

@@ -1,11 +1,11 @@
 """``--verify``: train the same workload on one process and compare every parameter.
 
 The reference starts from the same weights (``torch.manual_seed(0)`` then ``FUNCTION()``), sees
-the same data (``sample(B, step)``), runs the same traced graph with the same dropout masks (each
+the same data (``sample(mini_batch_size, step)``), runs the same traced graph with the same dropout masks (each
 dropout node's mini-batch is split into the chunks its stage computes, each drawn from
-``(seed, step, chunk's first sample, node)``, see ``runtime.capture.dropout``), uses the same loss and
-the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``); in
-float64 (``--dtype float64``) rounding no longer hides in it.
+``(seed, step, chunk's first sample, node)``, see ``runtime.capture.dropout``), uses the same loss
+and the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``) or
+:func:`default_tolerance`'s, chosen by dtype and optimizer.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import logging
 
 import torch
 
+from gpp_solver.types import Plan
 from ..capture.dropout import Context, per_chunk, set_context
 from ..capture.fx_graph import set_training, trace
-from ..lowering.plan_io import Plan
+from ..lowering.plan_io import replica_batch
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +32,31 @@ def make_optimizer(params, name: str, lr: float, momentum: float = 0.0):
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
+def default_tolerance(dtype: torch.dtype, optimizer: str, lr: float, steps: int) -> tuple[float, float]:
+    """``(rtol, atol)`` that a correct pipeline passes and a wrong gradient fails.
+
+    A pipeline sums each gradient per micro-batch and per replica, in another order than one
+    process does, so the two differ by rounding. SGD passes that difference on linearly: float32
+    ``rtol 1e-5, atol 1e-6``, float64 ``rtol 1e-9, atol 1e-12``. Adam divides each gradient by its
+    own running magnitude, so an element whose true gradient is zero (the key bias of an attention:
+    softmax ignores a shift of all logits) moves by rounding noise scaled up to a sizeable fraction
+    of ``lr`` per step. The absolute tolerance is therefore proportional to ``lr * steps``:
+    ``0.02 * lr * steps`` in float32 (``examples.real_models:two_tower`` on 3 ranks, 5 Adam steps,
+    lr 0.01: 7.6e-5 at most, the key bias; 5e-2 with a micro-batch dropped or the data-parallel
+    all-reduce left out), ``1e-8 * lr * steps`` in float64 (2.3e-13 at most there). A wrong
+    gradient moves Adam's parameters by about ``lr`` per step (its first step is ``lr * sign(g)``),
+    far above both. Dtypes below float32 need an explicit ``--rtol/--atol``; they get float32's.
+    """
+    wide = dtype == torch.float64
+    rtol, atol = (1e-9, 1e-12) if wide else (1e-5, 1e-6)
+    if optimizer == "adam":
+        atol = max(atol, (1e-8 if wide else 2e-2) * lr * max(steps, 1))
+    return rtol, atol
+
+
 def chunk_rows(plan: Plan) -> dict[str, int]:
     """Rows per chunk of every node: its stage's samples per replica and micro-batch."""
-    return {nid: s.replica_batch for s in plan.stages for nid in s.nodes}
+    return {nid: replica_batch(s) for s in plan.stages for nid in s.nodes}
 
 
 def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps: int,
@@ -41,7 +64,7 @@ def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps:
                      tracing: dict | None = None) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` steps of plain single-process training of ``model``.
 
-    ``sample(B, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
+    ``sample(mini_batch_size, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
     ``make_opt(params)`` the optimizer.
     """
     model = model.to(device)
@@ -63,6 +86,12 @@ def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps:
         if opt is not None:
             opt.step()
     return {k: v.detach().cpu() for k, v in model.named_parameters()}
+
+
+def largest_difference(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference over every parameter both hold with the same shape."""
+    return max((float((got[k].double() - w.double()).abs().max()) for k, w in want.items()
+                if k in got and got[k].shape == w.shape and w.numel()), default=0.0)
 
 
 def compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from gpp_solver.errors import InvalidPlanError
+from gpp_solver.types import Plan
 
 from ..capture.fx_graph import COMPUTE_OPS, ModelGraph, input_derived
-from .plan_io import Plan
 
 
 @dataclass(frozen=True)

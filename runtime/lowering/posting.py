@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from gpp_solver.errors import DeadlockError
-from .actions import Action, Message, Step, endpoint, group_actions
-from .plan_io import Plan
+from gpp_solver.types import Plan
+from .actions import Message, RankAction, Step, endpoint, group_actions
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def posting(steps: list[Step], mode: str, lookahead: int = 2) -> list[Post | Ste
     return items
 
 
-def check_rendezvous(plan: Plan, acts: dict[int, list[Action]], mode: str, lookahead: int = 2) -> None:
+def check_rendezvous(plan: Plan, acts: dict[int, list[RankAction]], mode: str, lookahead: int = 2) -> None:
     """Prove that the posting order completes when every operation is a rendezvous (NCCL).
 
     Model: a rank's groups run in posting order on one lane (``batched``: one lane for all peers,

@@ -16,29 +16,30 @@ TWO_BRANCH = {0: ["branch0.fc1", "branch0.act", "branch0.fc2"],
               "merge": ["cat", "head"]}
 
 
-def one_f_one_b(depth: int, n: int) -> list[list]:
-    """1F1B order for a stage ``depth`` stages above the sink (0 = sink), n micro-batches."""
-    warm = min(depth, n)
+def one_f_one_b(depth: int, num_micro_batches: int) -> list[list]:
+    """1F1B order for a stage ``depth`` stages above the sink (0 = sink)."""
+    warm = min(depth, num_micro_batches)
     order = [["F", j] for j in range(warm)]
     f, b = warm, 0
-    while f < n:
+    while f < num_micro_batches:
         order += [["F", f], ["B", b]]
         f += 1
         b += 1
-    order += [["B", j] for j in range(b, n)]
+    order += [["B", j] for j in range(b, num_micro_batches)]
     return order
 
 
-def stage(sid: int, nodes: list[str], devices: list[int], b: int, big_b: int, depth: int,
-          order: list | None = None) -> dict:
+def stage(sid: int, nodes: list[str], devices: list[int], micro_batch_size: int, mini_batch_size: int,
+          depth: int, order: list | None = None) -> dict:
     """One stage dict with a 1F1B order (or ``order``)."""
-    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": b,
-            "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, big_b // b)}}
+    num_micro_batches = mini_batch_size // micro_batch_size
+    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": micro_batch_size,
+            "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, num_micro_batches)}}
 
 
-def plan(big_b: int, stages: list[dict], edges: list[list[int]]) -> dict:
+def plan(mini_batch_size: int, stages: list[dict], edges: list[list[int]]) -> dict:
     return {"format": "gpp-plan/1", "planner": "hand", "graph": "test",
-            "mini_batch_size": big_b, "stages": stages, "edges": edges}
+            "mini_batch_size": mini_batch_size, "stages": stages, "edges": edges}
 
 
 def write(tmp_path: Path, doc: dict, name: str = "plan.json") -> str:
@@ -53,3 +54,20 @@ def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None
            f"--nproc-per-node={nproc}", "-m", "runtime.train", "--threads", "1", *args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_shape(doc: dict, *, stages: int | None = None, micro_batches: int | None = None,
+                 devices: list[int] | None = None, sizes: set[int] | None = None) -> None:
+    """Assert the plan document's shape before a test trains on it: the number of stages, the
+    micro-batches per stage (``B / b``, every stage), the devices of each stage in order, and that
+    every stage's micro-batch size is one of ``sizes``."""
+    got = [(len(s["devices"]), s["micro_batch_size"]) for s in doc["stages"]]
+    where = f"plan stages (devices, b): {got}, B = {doc['mini_batch_size']}"
+    if stages is not None:
+        assert len(got) == stages, where
+    if micro_batches is not None:
+        assert all(doc["mini_batch_size"] // b == micro_batches for _, b in got), where
+    if devices is not None:
+        assert [d for d, _ in got] == devices, where
+    if sizes is not None:
+        assert {b for _, b in got} <= sizes, where

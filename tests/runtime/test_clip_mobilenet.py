@@ -5,12 +5,23 @@ towers, traced with ``torch.export``)."""
 
 from __future__ import annotations
 
-from test_real_models import _profile, _train_verify
+import json
+
+from test_real_models import _train_verify
 
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.formats.plan_json import save_plan
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, SearchInfo
+from runtime.capture.fx_graph import load_workload
+from runtime.profile_terms import profile_with_terms
+
+
+def _profile(tmp_path, fn: str) -> dict:
+    """The profile with the time-model terms, as the command line writes it."""
+    doc = profile_with_terms(load_workload(f"examples.real_models:{fn}"), [2, 4], warmup=0, repeats=1, name=fn)
+    (tmp_path / "graph.json").write_text(json.dumps(doc))
+    return doc
 
 
 def _two_stages(tmp_path, doc: dict, batch: int) -> dict:

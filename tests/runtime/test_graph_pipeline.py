@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from runtime_plans import REPO, plan, stage, write
+from runtime_plans import REPO, assert_shape, plan, stage, write
 
 WORKER = REPO / "tests" / "runtime" / "pipe_worker.py"
 
@@ -35,7 +35,9 @@ def _tower_plan() -> dict:
 
 
 def test_two_tower_gradients_names_and_dp_sink(tmp_path):
-    info = run_worker(4, "two_tower", write(tmp_path, _tower_plan()))
+    doc = _tower_plan()
+    assert_shape(doc, stages=3, devices=[1, 1, 2])     # the sink on two data-parallel replicas
+    info = run_worker(4, "two_tower", write(tmp_path, doc))
     names = {int(k): v for k, v in info["names"].items()}
     assert names[0] == ["image.0.bias", "image.0.weight", "image.2.bias", "image.2.weight",
                         "text.0.bias", "text.0.weight"]
@@ -52,6 +54,7 @@ def test_two_tower_gradients_names_and_dp_sink(tmp_path):
 def test_tied_embedding_and_head_on_different_stages(tmp_path):
     doc = plan(8, [stage(0, ["wte", "block0", "act0"], [0], 4, 8, depth=1),
                    stage(1, ["block1", "add", "ln", "lm_head"], [1, 2], 4, 8, depth=0)], [[0, 1]])
+    assert_shape(doc, stages=2, micro_batches=2, devices=[1, 2])
     info = run_worker(3, "tied", write(tmp_path, doc))
     # the head's weight is the embedding's: one name, held (and kept equal) by both stages
     assert info["holders"]["wte.weight"] == [0, 1]

@@ -1,5 +1,5 @@
 """The runtime reads plan files through gpp_solver's own reader: the same refusals as `gpp validate`
-(issue 15: non-UTF-8, deep nesting, huge numbers, non-object `predicted`/`search`, unknown fields),
+(non-UTF-8, deep nesting, huge numbers, non-object `predicted`/`search`, unknown fields),
 each one InvalidPlanError naming the problem, never a traceback of another kind."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 from gpp_solver.errors import InvalidPlanError  # noqa: E402
-from runtime.lowering.plan_io import load_plan  # noqa: E402
+from runtime.lowering.plan_io import read_plan, world_size  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plans" / "two_tower_3ranks.json"
 
@@ -28,7 +28,7 @@ def _write(tmp_path, text: str | bytes) -> str:
 
 
 def test_a_valid_hand_written_plan_reads():
-    assert load_plan(str(EXAMPLE)).world_size == 3
+    assert world_size(read_plan(str(EXAMPLE))) == 3
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -42,7 +42,7 @@ def test_contract_violations_are_named(tmp_path, mutate, words):
     d = _doc()
     mutate(d)
     with pytest.raises(InvalidPlanError, match=words):
-        load_plan(_write(tmp_path, json.dumps(d)))
+        read_plan(_write(tmp_path, json.dumps(d)))
 
 
 @pytest.mark.parametrize("text, words", [
@@ -52,4 +52,4 @@ def test_contract_violations_are_named(tmp_path, mutate, words):
 ])
 def test_unreadable_files_are_named(tmp_path, text, words):
     with pytest.raises(InvalidPlanError, match=words):
-        load_plan(_write(tmp_path, text))
+        read_plan(_write(tmp_path, text))

@@ -49,7 +49,7 @@ def test_two_ranks_write_a_valid_cluster(tmp_path):
     assert 1e6 < c.allreduce_bandwidth < 1e12 and 0 <= c.allreduce_latency < 0.5
     # memory: the host's available RAM shared by its 2 ranks (the smallest over ranks)
     assert 0 < c.memory_bytes <= host_available_memory() / 2 * 1.5
-    assert "intra-node: 1 pairs" in res.stderr + res.stdout
+    assert "intra-node: 1 pair," in res.stderr + res.stdout and "2 ranks on 1 host," in res.stderr + res.stdout
 
 
 def test_memory_flag_and_bad_arguments(tmp_path):

@@ -9,14 +9,15 @@ from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.types import Cluster
 from runtime.capture.fx_graph import load_workload
-from runtime.profile import profile
-from runtime.profile_terms import graph_overhead, optimizer_seconds, remove_call_cost, whole_model_times
+from runtime.capture.profiler import profile
+from runtime.profile_terms import (graph_overhead, optimizer_seconds, profile_with_terms, remove_call_cost,
+                                   whole_model_times)
 
 
 def test_profile_records_overhead_optimizer_and_loss():
     torch.manual_seed(0)
     wl = load_workload("examples.sequential:workload")
-    doc = profile(wl, [1, 2], warmup=1, repeats=3, name="seq")
+    doc = profile_with_terms(wl, [1, 2], warmup=1, repeats=3, name="seq")
     g = graph_from_dict(doc)               # the fields are the format's
     assert min(g.op_overhead) >= 0.0 and g.optimizer_time_per_byte > 0
     info = doc["extra"]["profile"]
@@ -37,7 +38,7 @@ def test_profile_records_overhead_optimizer_and_loss():
     c = Cluster(devices=1, memory_bytes=1e12, inter_node_bandwidth=1e9)
     (cost,) = stage_costs(g, c, [StageSpec(g.ids, (0,), 2)], 2)
     assert cost.optimizer == TimeTerms.of(g, c).optimizer(weight) > 0
-    plain = profile(wl, [1, 2], warmup=1, repeats=3, name="seq", time_terms=False)
+    plain = profile(wl, [1, 2], warmup=1, repeats=3, name="seq")
     assert "op_overhead" not in plain and "optimizer_time_per_byte" not in plain
     assert not any("loss_time" in nd["extra"] for nd in plain["nodes"])
 
@@ -76,4 +77,5 @@ def test_a_loss_that_fails_is_named():
         raise ValueError("shapes differ")
 
     with pytest.raises(InvalidInputError, match="loss fails on the model's output at 1 samples .*shapes differ"):
-        profile(SimpleNamespace(model=wl.model, sample=wl.sample, loss=bad_loss), [1], warmup=0, repeats=1)
+        profile_with_terms(SimpleNamespace(model=wl.model, sample=wl.sample, loss=bad_loss), [1], warmup=0,
+                           repeats=1)

@@ -13,7 +13,7 @@ from torch import nn
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
 from runtime.capture.fx_graph import input_derived, load_workload, propagate, trace_workload
-from runtime.profile import profile
+from runtime.capture.profiler import profile
 
 
 class Quirky(nn.Module):
@@ -149,7 +149,7 @@ def test_batchnorm_size_refused_and_warned(caplog):
     wl = load_workload("examples.real_models:googlenet_bn")
     with caplog.at_level("WARNING"):
         with pytest.raises(InvalidInputError,
-                           match=r"micro-batch of 1 .* node '.*bn'.*--batch-sizes at 2"):
+                           match=r"micro-batch of 1 .* node '.*bn'.*--micro-batch-sizes at 2"):
             profile(wl, [1, 2], warmup=0, repeats=1)
     assert "statistics are computed per micro-batch" in caplog.text
 

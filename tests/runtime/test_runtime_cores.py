@@ -40,7 +40,7 @@ def test_merge_takes_the_median_per_node_and_size_and_the_widest_spread():
 @TWO_CORES
 def test_profile_concurrent_two_pinned_workers(tmp_path):
     out = tmp_path / "graph.json"
-    args = ["--model", "examples.two_branch:workload", "--batch-sizes", "1,2", "--repeats", "1",
+    args = ["--model", "examples.two_branch:workload", "--micro-batch-sizes", "1,2", "--repeats", "1",
             "--warmup", "0", "-o", str(out)]
     assert main(args + ["--concurrent", "2"]) == 0
     doc = json.loads(out.read_text())

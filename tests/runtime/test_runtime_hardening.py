@@ -42,7 +42,7 @@ def test_non_convex_stage_is_refused(tmp_path, monkeypatch, capsys):
 
 def test_graph_and_cluster_validate_memory_as_gpp_validate(tmp_path, monkeypatch, capsys):
     graph = tmp_path / "g.json"
-    assert profile_main(["--model", "examples.sequential:workload", "--batch-sizes", "2",
+    assert profile_main(["--model", "examples.sequential:workload", "--micro-batch-sizes", "2",
                          "--repeats", "1", "--warmup", "0", "-o", str(graph)]) == 0
     capsys.readouterr()
     cluster = tmp_path / "c.json"

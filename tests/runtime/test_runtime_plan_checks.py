@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,15 +10,24 @@ import sys
 import pytest
 
 from gpp_solver.errors import DeadlockError, InvalidPlanError
-from runtime.lowering.actions import TransferSpec, dry_run, lower
-from runtime.lowering.plan_io import parse_plan
+from gpp_solver.formats.cluster import load_cluster
+from gpp_solver.formats.graph import load_graph
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.types import SearchInfo, Status
+from runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
+from runtime.capture.fx_graph import trace
+from runtime.engine.stage_setup import build, seeded_workload
+from runtime.lowering.plan_check import check_plan, check_world
+from runtime.lowering.plan_io import read_plan
+from runtime.profile import main as profile_main
 from runtime.train import main as train_main
 from runtime_plans import REPO, SEQ, plan, stage, write
 
 
-def _two_stage(b0=2, b1=2, big_b=8, dev1=(1,)):
-    return plan(big_b, [stage(0, SEQ[:4], [0], b0, big_b, depth=1),
-                        stage(1, SEQ[4:], list(dev1), b1, big_b, depth=0)], [[0, 1]])
+def _two_stage(b0=2, b1=2, mini_batch_size=8, dev1=(1,)):
+    return plan(mini_batch_size, [stage(0, SEQ[:4], [0], b0, mini_batch_size, depth=1),
+                        stage(1, SEQ[4:], list(dev1), b1, mini_batch_size, depth=0)], [[0, 1]])
 
 
 def _deadlocking():
@@ -29,10 +39,15 @@ def _deadlocking():
 
 
 def test_lowering_pairs_every_send_with_a_receive():
-    p = parse_plan(_two_stage(b0=2, b1=4, dev1=(1, 2)))
+    p = read_plan(_two_stage(b0=2, b1=4, dev1=(1, 2)))
     acts = lower(p, [TransferSpec("layers.3", 0, 1, 3)])
-    sends = [a.msg for r in acts for a in acts[r] if a.op == "send"]
-    recvs = [a.msg for r in acts for a in acts[r] if a.op == "recv"]
+    ops = [a for r in acts for a in acts[r] if isinstance(a, MessageOp)]
+    sends = [a.msg for a in ops if a.op == "send"]
+    recvs = [a.msg for a in ops if a.op == "recv"]
+    # every compute action of every rank is its stage's own order entry, a gpp_solver Action
+    for s in p.stages:
+        for rank in s.devices:
+            assert tuple(a for a in acts[rank] if not isinstance(a, MessageOp)) == s.schedule.order
     assert sorted(map(str, sends)) == sorted(map(str, recvs))
     # 8 samples cross the edge in 4 producer chunks of 2: 4 activations and 4 gradients
     assert len(sends) == 8
@@ -40,12 +55,26 @@ def test_lowering_pairs_every_send_with_a_receive():
 
 
 def test_dry_run_refuses_a_deadlock_and_marks_the_stuck_steps():
-    p = parse_plan(_deadlocking())
+    p = read_plan(_deadlocking())
     with pytest.raises(DeadlockError) as info:
         dry_run(p, lower(p, [TransferSpec("layers.3", 0, 1, 3)]))
     text = str(info.value)
     assert "stage 0 (rank 0): F0 [B0]* F1" in text
     assert "stage 1 (rank 1): [F0]* B0 F1 B1" in text
+
+
+def _check(doc: dict, world: int | None = None) -> None:
+    """The runtime's plan checks without a process group: read, world size, gpp's validator on the
+    traced model's structure."""
+    plan = read_plan(doc)
+    check_world(plan, sum(len(s.devices) for s in plan.stages) if world is None else world)
+    wl = seeded_workload("examples.sequential:workload")
+    check_plan(plan, trace(wl.model, wl.sample(2, 0)[0]))
+
+
+def test_a_valid_plan_passes_the_checks():
+    _check(_two_stage())
+    _check(_two_stage(b0=2, b1=4, dev1=(1, 2)))
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -54,13 +83,32 @@ def test_dry_run_refuses_a_deadlock_and_marks_the_stuck_steps():
     (lambda d: d["stages"][1].update(devices=[1, 2], micro_batch_size=1), "b % d == 0"),
     (lambda d: d["stages"][0]["schedule"].update(order=[["B", 0], ["F", 0]]), "C4"),
     (lambda d: d["stages"][1].update(devices=[0]), "device 0"),
+    (lambda d: d["stages"][1].update(devices=[2]), "devices must be 0..1"),
     (lambda d: d.update(edges=[[0, 5]]), "edge"),
+    (lambda d: d["stages"][1]["nodes"].remove("head"), "'head' is in no stage"),
+    (lambda d: d["stages"][0].update(tensor_parallel=2), "tensor_parallel"),
 ])
-def test_plan_reader_names_the_problem(mutate, words):
+def test_plan_checks_name_the_problem(mutate, words):
     doc = _two_stage()
     mutate(doc)
     with pytest.raises(InvalidPlanError, match=words):
-        parse_plan(doc)
+        _check(doc)
+
+
+def test_the_world_size_is_the_number_of_ranks_started():
+    _check(_two_stage(), world=2)
+    with pytest.raises(InvalidPlanError, match="2 devices but 3 ranks"):
+        _check(_two_stage(), world=3)
+
+
+def test_a_missing_in_flight_count_is_taken_from_the_order():
+    doc = _two_stage()
+    assert all("in_flight_samples" not in s for s in doc["stages"])
+    plan = read_plan(doc)
+    assert [s.in_flight_samples for s in plan.stages] == [4, 2]  # 1F1B: 2 and 1 micro-batches of 2
+    doc["stages"][0]["in_flight_samples"] = 2
+    with pytest.raises(InvalidPlanError, match="in_flight_samples is 2 but its order holds up to 4"):
+        _check(doc)
 
 
 def _run_direct(tmp_path, monkeypatch, capsys, doc, model="examples.sequential:workload", world=2):
@@ -104,3 +152,33 @@ def test_cli_can_run_as_a_subprocess_and_exit_2(tmp_path):
                           "--model", "examples.sequential:workload"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "deadlock" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_without_a_cluster_the_factor_is_the_plans_record_else_the_default():
+    wl = seeded_workload("examples.sequential:workload")
+    doc = _two_stage()
+    assert build(doc, wl.model, wl.sample(8, 0)[0], rank=0, world=2).optimizer_state_factor == 4.0
+    doc["optimizer_state_factor"] = 2.0
+    assert build(doc, wl.model, wl.sample(8, 0)[0], rank=1, world=2).optimizer_state_factor == 2.0
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_with_a_cluster_the_factor_is_the_plans_record_else_the_clusters(tmp_path, recorded):
+    """A plan priced by gpp_solver on a cluster with factor 3 records it; one that does not record
+    it takes --cluster's. Either way the runtime checks the optimizer against 3, not 4."""
+    graph, cluster = tmp_path / "g.json", tmp_path / "c.json"
+    assert profile_main(["--model", "examples.sequential:workload", "--micro-batch-sizes", "2",
+                         "--repeats", "1", "--warmup", "0", "-o", str(graph)]) == 0
+    cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12,
+                                   "inter_node_bandwidth": 1e9, "optimizer_state_factor": 3.0}))
+    specs = [StageSpec(tuple(SEQ[:4]), (0,), 2), StageSpec(tuple(SEQ[4:]), (1,), 2)]
+    priced = build_plan(load_graph(graph), load_cluster(cluster), specs, 8, planner="hand",
+                        search=SearchInfo(0.0, Status.FEASIBLE))
+    doc = plan_to_dict(priced)
+    assert doc["optimizer_state_factor"] == 3.0
+    if not recorded:
+        del doc["optimizer_state_factor"]
+    wl = seeded_workload("examples.sequential:workload")
+    setup = build(doc, wl.model, wl.sample(8, 0)[0], rank=0, world=2, graph_path=str(graph),
+                  cluster_path=str(cluster))
+    assert setup.optimizer_state_factor == 3.0

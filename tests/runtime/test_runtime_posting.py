@@ -7,18 +7,18 @@ import pytest
 from gpp_solver.errors import DeadlockError
 from runtime.lowering.actions import Step, TransferSpec, group_actions, lower
 from runtime.lowering.posting import Post, check_rendezvous, posting
-from runtime.lowering.plan_io import parse_plan
+from runtime.lowering.plan_io import read_plan
 from runtime_plans import SEQ, plan, stage
 
 
 def _chain(b0=2, b1=2, dev1=(1,)):
-    p = parse_plan(plan(8, [stage(0, SEQ[:4], [0], b0, 8, depth=1),
+    p = read_plan(plan(8, [stage(0, SEQ[:4], [0], b0, 8, depth=1),
                             stage(1, SEQ[4:], list(dev1), b1, 8, depth=0)], [[0, 1]]))
     return p, lower(p, [TransferSpec("layers.3", 0, 1, 3)])
 
 
 def test_early_receive_before_a_send_deadlocks_under_rendezvous():
-    # the old posting (receives two compute actions ahead): stage 0 posts recv grad(mb0)
+    # an eager posting (receives two compute actions ahead): stage 0 posts recv grad(mb0)
     # before send act(mb0) on the one stream it shares with rank 1
     p, acts = _chain()
     items = posting(group_actions(acts[0]), "eager", lookahead=2)

@@ -12,7 +12,7 @@ from runtime.profile import main
 
 def test_profile_two_branch_at_two_batch_sizes(tmp_path):
     out = tmp_path / "graph.json"
-    assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "1,4",
+    assert main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "1,4",
                  "--repeats", "2", "--warmup", "1", "-o", str(out)]) == 0
     g = json.loads(out.read_text())
     assert g["format"] == "gpp-graph/1" and g["micro_batch_sizes"] == [1, 4]
@@ -46,13 +46,25 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
 
 def test_profile_threads_option(tmp_path):
     out = tmp_path / "graph.json"
-    assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "2", "--threads", "2",
+    assert main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "2", "--threads", "2",
                  "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
     assert json.loads(out.read_text())["extra"]["profile"]["threads"] == 2
     assert main(["--model", "examples.two_branch:workload", "--threads", "0", "-o", str(out)]) == 2
 
 
 def test_profile_rejects_bad_batch_sizes(tmp_path):
-    assert main(["--model", "examples.two_branch:workload", "--batch-sizes", "4,2",
+    assert main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "4,2",
                  "-o", str(tmp_path / "g.json")]) == 2
     assert main(["--model", "nope:workload", "-o", str(tmp_path / "g.json")]) == 2
+
+
+def test_the_old_batch_sizes_spelling_still_works_and_is_called_deprecated(tmp_path, caplog):
+    out, old = tmp_path / "new.json", tmp_path / "old.json"
+    common = ["--model", "examples.sequential:workload", "--repeats", "1", "--warmup", "0"]
+    assert main([*common, "--micro-batch-sizes", "2,4", "-o", str(out)]) == 0
+    assert "deprecated" not in caplog.text
+    assert main([*common, "--batch-sizes", "2,4", "-o", str(old)]) == 0
+    assert "--batch-sizes is deprecated" in caplog.text
+    new_doc, old_doc = json.loads(out.read_text()), json.loads(old.read_text())
+    assert new_doc["micro_batch_sizes"] == old_doc["micro_batch_sizes"] == [2, 4]
+    assert [n["id"] for n in new_doc["nodes"]] == [n["id"] for n in old_doc["nodes"]]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runtime.capture.dropout import Context, chunk_dropout, set_context
-from runtime_plans import REPO, plan, stage, torchrun, write
+from runtime_plans import REPO, assert_shape, plan, stage, torchrun, write
 
 TOWER = "examples.two_tower:workload"
 
@@ -23,6 +23,8 @@ def _dp_dropout_plan() -> dict:
     doc = plan(8, [stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2, order=gpipe),
                    stage(1, ["text.1", "text.2", "text.3", "text.4"], [1, 2], 4, 8, depth=1),
                    stage(2, ["cat", "head"], [3], 2, 8, depth=0)], [[0, 1], [0, 2], [1, 2]])
+    assert_shape(doc, stages=3, devices=[1, 2, 1])
+    assert [s["micro_batch_size"] for s in doc["stages"]] == [2, 4, 2]
     return doc
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from runtime_plans import SEQ, TWO_BRANCH, plan, stage, torchrun, write
+from runtime_plans import SEQ, TWO_BRANCH, assert_shape, plan, stage, torchrun, write
 
 SEQ_MODEL = "examples.sequential:workload"
 TWO_MODEL = "examples.two_branch:workload"
@@ -21,6 +21,7 @@ def _ok(res) -> None:
 def test_chain_1f1b_equals_one_process(tmp_path):
     doc = plan(8, [stage(0, SEQ[:4], [0], 2, 8, depth=1), stage(1, SEQ[4:], [1], 2, 8, depth=0)],
                [[0, 1]])
+    assert_shape(doc, stages=2, micro_batches=4, devices=[1, 1])
     res = torchrun(2, ["--plan", write(tmp_path, doc), "--model", SEQ_MODEL, "--steps", "3",
                        "--verify", "--momentum", "0.9"])
     _ok(res)
@@ -30,6 +31,7 @@ def test_two_branch_graph_pipeline_runs_branches_concurrently(tmp_path):
     doc = plan(8, [stage(0, TWO_BRANCH[0], [0], 2, 8, depth=1),
                    stage(1, TWO_BRANCH[1], [1], 2, 8, depth=1),
                    stage(2, TWO_BRANCH["merge"], [2], 2, 8, depth=0)], [[0, 2], [1, 2]])
+    assert_shape(doc, stages=3, micro_batches=4, devices=[1, 1, 1])
     for st in doc["stages"]:
         st["predicted"] = {"time_per_sample": 1e-4 * (st["id"] + 1)}
     trace, met = tmp_path / "trace.json", tmp_path / "metrics.json"
@@ -59,6 +61,7 @@ def test_two_branch_graph_pipeline_runs_branches_concurrently(tmp_path):
 def test_data_parallel_stage(tmp_path):
     doc = plan(8, [stage(0, SEQ[:4], [0], 4, 8, depth=1), stage(1, SEQ[4:], [1, 2], 4, 8, depth=0)],
                [[0, 1]])
+    assert_shape(doc, stages=2, micro_batches=2, devices=[1, 2])
     _ok(torchrun(3, ["--plan", write(tmp_path, doc), "--model", SEQ_MODEL, "--steps", "3", "--verify"]))
 
 
@@ -66,6 +69,8 @@ def test_data_parallel_stage(tmp_path):
 def test_unequal_micro_batches_across_an_edge(tmp_path, b0, b1):
     doc = plan(8, [stage(0, SEQ[:3], [0], b0, 8, depth=1), stage(1, SEQ[3:], [1], b1, 8, depth=0)],
                [[0, 1]])
+    assert_shape(doc, stages=2, devices=[1, 1])
+    assert [s["micro_batch_size"] for s in doc["stages"]] == [b0, b1] and b0 != b1
     _ok(torchrun(2, ["--plan", write(tmp_path, doc), "--model", SEQ_MODEL, "--steps", "2", "--verify"]))
 
 
@@ -74,6 +79,8 @@ def test_three_branch_merge_with_unequal_and_dp(tmp_path):
     doc = plan(8, [stage(0, branches[0], [0], 2, 8, depth=1),
                    stage(1, branches[1] + branches[2], [1], 4, 8, depth=1),
                    stage(2, ["cat", "head"], [2, 3], 4, 8, depth=0)], [[0, 2], [1, 2]])
+    assert_shape(doc, stages=3, devices=[1, 1, 2])
+    assert [s["micro_batch_size"] for s in doc["stages"]] == [2, 4, 4]
     _ok(torchrun(4, ["--plan", write(tmp_path, doc), "--model", "examples.two_branch:workload3",
                      "--steps", "2", "--verify"]))
 

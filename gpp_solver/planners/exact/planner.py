@@ -2,7 +2,7 @@
 
 The space is the MILP's (``planners/milp/space.py``: convex stages, acyclic stage graph, one
 micro-batch size, data-parallel degrees dividing it, contiguous device ranges, 1F1B orders); the
-objective is the simulated iteration time of ``spec/cost-model.md`` — what users care about,
+objective is the simulated iteration time of ``docs/cost-model.md`` — what users care about,
 where ``milp`` optimises the bottleneck time-per-sample.  The search is
 :func:`gpp_solver.planners.exact.search.search_exact` (enumeration with the ``B * TPS`` lower bound).
 

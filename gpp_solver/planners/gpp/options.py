@@ -9,7 +9,7 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Plan
 
 # The default seeds: GraphPipe's DP and PipeDream-2BW's uniform chains.  PipeDream's and Alpa's DPs
-# are left out by default (issue 16: they were 60-75% of the seed time at 32 devices): on the paper's
+# are left out by default (they would be 60-75% of the seed time at 32 devices): on the paper's
 # workloads at 4-32 devices gpp's result is the same without them (benchmarks/gpp_vs_spp.py), since
 # its own sequential starts (balanced chains, uniform chains of D / d stages) cover their spaces.
 SEED_PLANNERS = ("graphpipe", "pipedream-2bw")
@@ -40,7 +40,8 @@ class GppOptions:
     seed: int = 0
     # CP-SAT tightening of the orders: True always, False never, None when the model is small enough
     tighten: bool | None = None
-    # candidate micro-batch sizes (default: powers of two dividing B with B / b <= MAX_MICRO_BATCHES, plus the seeds')
+    # candidate micro-batch sizes (default: powers of two dividing B with B / b <= MAX_MICRO_BATCHES, plus the seeds');
+    # given, they hold for every plan considered: the seed planners get them, a seed plan outside them is dropped
     micro_batch_sizes: Sequence[int] | None = None
     # the registered planners whose plans seed the search, run in this order
     seed_planners: Sequence[str] = SEED_PLANNERS

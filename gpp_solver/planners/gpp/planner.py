@@ -1,7 +1,7 @@
 """``plan_gpp``: the project's own planner — the best seed plan, improved over ALL convex partitions.
 
 GraphPipe's DP only reaches partitions that follow the series-parallel tree, and the sequential
-planners only chains; both leave throughput on the table (issue 8).  ``plan_gpp``:
+planners only chains; both leave throughput on the table.  ``plan_gpp``:
 
 1. runs the seed planners that are installed (default ``graphpipe`` and ``pipedream-2bw``, and on
    small instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — also ``pipedream``
@@ -77,7 +77,7 @@ from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.planners.exact.planner import exact_for_gpp
 from gpp_solver.planners.gpp.pool import Pool as _Pool
 from gpp_solver.planners.gpp.plans import rebuild_as_gpp, states_from_plan, uniform_micro_batch
-from gpp_solver.planners.gpp.seeds import run_seed_planners
+from gpp_solver.planners.gpp.seeds import run_seed_planners, within_sizes
 from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.planners.gpp.chains import chain_states
 from gpp_solver.planners.gpp.local_search import SearchResult, search
@@ -129,8 +129,9 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     def lap(name: str) -> None:
         phases[name] = time.perf_counter() - t0 - sum(phases.values())
     given = dict(o.seed_plans or {})
+    allowed = None if micro_batch_sizes is None else check_micro_batch_sizes(B, micro_batch_sizes)
     seeds, seed_info, seeds_cut = run_seed_planners(graph, cluster, B, [n for n in seed_planners if n not in given],
-                                                    budget, progress=progress)
+                                                    budget, progress=progress, micro_batch_sizes=allowed)
     for name, p in given.items():
         try:
             validate(p, graph, cluster)
@@ -140,14 +141,17 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
         if p.mini_batch_size != B:
             seed_info[name] = {"status": "error: mini_batch_size differs", "given": True}
             continue
+        if not within_sizes(p, allowed):
+            seed_info[name] = {"status": "dropped: micro-batch size not allowed", "given": True}
+            continue
         seeds[name] = p
         seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
                            "time_per_sample": p.predicted.time_per_sample,
                            "iteration_time": p.predicted.iteration_time}
     lap("seeds")
     extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
-    if micro_batch_sizes is not None:
-        bs = list(check_micro_batch_sizes(B, micro_batch_sizes))
+    if allowed is not None:
+        bs = list(allowed)
     else:
         bs = candidate_micro_batch_sizes(B, extra_b)
     tables = CostTables(graph)
@@ -328,7 +332,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     worst_memory_found = min(worst_memory) if worst_memory else None
     proven = None
     if prove:
-        proven, prove_cut = _prove(graph, cluster, B, deadline, pool)
+        proven, prove_cut = _prove(graph, cluster, B, deadline, pool, allowed)
         timed_out |= prove_cut
     if not pool and timed_out:
         raise TimeLimitError(f"gpp: the time limit ({budget:g} s) was reached before any plan was found")
@@ -364,7 +368,7 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
 
 
 def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
-           pool: _Pool) -> tuple[float | None, bool]:
+           pool: _Pool, micro_batch_sizes: Sequence[int] | None = None) -> tuple[float | None, bool]:
     """Run the exact planner (``milp``) if installed in the time left: its optimal TPS (or
     ``None``) and whether the wall clock cut it (no time left, or its status ``time-limit``)."""
     try:
@@ -375,7 +379,8 @@ def _prove(graph: Graph, cluster: Cluster, B: int, deadline: float,
     if left <= 0:
         return None, True
     try:
-        p = fn(graph, cluster, B, time_limit=left)
+        p = fn(graph, cluster, B, time_limit=left,
+               **({} if micro_batch_sizes is None else {"micro_batch_sizes": tuple(micro_batch_sizes)}))
         validate(p, graph, cluster)
     except Exception as exc:  # noqa: BLE001
         logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)

@@ -51,7 +51,7 @@ def _stage_specs(P: Problem, state: State, ev: Eval) -> list[StageSpec]:
 
 def iteration_time_lower_bound(P: Problem, state: State, ev: Eval) -> float:
     """A lower bound on the simulated iteration time of :func:`build_from_state`'s plan, under any
-    orders (``spec/cost-model.md``, *Iteration time*; one micro-batch size, ``n = B / b``).
+    orders (``docs/cost-model.md``, *Iteration time*; one micro-batch size, ``n = B / b``).
 
     Stage ``s`` starts no forward before ``head(s)``, the longest chain of predecessors' forwards,
     and runs its ``n`` forwards and ``n`` backwards one after another, then its all-reduce:

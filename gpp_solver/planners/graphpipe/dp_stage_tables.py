@@ -29,11 +29,11 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     Each segment is read off a *run*: a scan of the leaves from its first leaf on (a shared-sink
     stage: its first range, then its second from its start) kept as running sums, so that all
     segments sharing a run's start are lookups at their ends.  A tree segment's sums are the
-    running sums of the old child-by-child loop, term for term and in its order (so equal to it
-    bit for bit): per leaf, its incoming edges (an outside producer's first edge adds its bytes,
+    running sums of a child-by-child loop (``reference_segment_comm`` in
+    ``tests/test_segment_comm.py``), term for term and in its order (so equal to it bit for bit): per leaf, its incoming edges (an outside producer's first edge adds its bytes,
     a later larger one the difference; an inside producer's edge cancels an outgoing one), then
-    its outgoing edges.  A shared-sink stage is summed the same way (its old form added the same
-    values over a set, in hash order).  Runs of similar lengths are scanned together, one row
+    its outgoing edges.  A shared-sink stage is summed the same way (a sum over its leaf set
+    adds the same values in hash order, so there the two agree to rounding).  Runs of similar lengths are scanned together, one row
     each of a padded table (row-wise cumulative sums add in scan order)."""
     n = len(idx.leaf_order)
     seq = _edge_sequence(idx, edges)
@@ -41,7 +41,7 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     S = len(idx.seg_lo)
     T = idx.n_tree_segments
     # runs: (a1, b1, a2, b2) leaf ranges scanned (a2 = b2 = n + 1: none) and the producers
-    # inside, [a1, c1) and from a2 on (a tree run: from a1 on, as the old loop had it); per
+    # inside, [a1, c1) and from a2 on (a tree run: from a1 on, as the reference loop has it); per
     # segment its run and its end's offset in the run's scan
     lo, hi = idx.seg_lo[:T], idx.seg_hi[:T]
     present = np.zeros(n + 1, dtype=bool)
@@ -102,7 +102,7 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
         n_in[segs] = c_in_n[rows, at]
         s_in[segs] = c_in[rows, at]
         s_out[segs] = c_out[rows, at]
-    # a tree segment's outgoing sum as the old loop clamped it; a shared-sink stage's (a plain
+    # a tree segment's outgoing sum clamped at zero, as the reference loop clamps it; a shared-sink stage's (a plain
     # sum there) is exactly 0 without outgoing edges, not a residue of cancelled terms
     s_out = np.r_[np.maximum(s_out[:T], 0.0), np.where(n_out[T:] > 0, s_out[T:], 0.0)]
     count = (n_in + n_out).astype(float)

@@ -92,6 +92,13 @@ def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     o = parse_options(PLANNER, GraphPipeOptions, options)
     B = mini_batch_size
     sizes = check_micro_batch_sizes(B, o.micro_batch_sizes)
+    if o.degree_options is not None:      # a stage at b takes a degree d with b % d == 0, d <= devices
+        sizes = tuple(b for b in sizes if any(isinstance(d, int) and d >= 1 and b % d == 0 and d <= cluster.devices
+                                              for d in o.degree_options))
+        if not sizes:
+            raise InvalidInputError(f"graphpipe: no micro-batch size of {list(check_micro_batch_sizes(B, o.micro_batch_sizes))} "
+                                    f"is divisible by a data-parallel degree of {list(o.degree_options)} that is at "
+                                    f"most the cluster's {cluster.devices} devices")
     if time_limit is not None and time_limit <= 0:
         raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
     deadline = None if time_limit is None else t0 + time_limit

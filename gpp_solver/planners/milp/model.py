@@ -11,7 +11,7 @@ Variables
 * ``r[u,s,t]``, ``rb[u,s,t]`` (``s < t``) in [0,1] / [0, max bytes]: the transfer of producer ``u``
   in slot ``s`` into slot ``t`` exists / its bytes per sample (the max over ``u``'s consumers in ``t``),
   in units of the largest edge's bytes so that no coefficient is tiny (HiGHS drops matrix entries
-  below 1e-9, which silently changed optima before this scaling).
+  below 1e-9, which would silently change optima).
 * ``e[s,t]`` in [0,1]: stage edge ``s -> t``; ``g[s,j]`` in [0,1] (``j = 1..J``): slot ``s`` holds at
   least ``j`` micro-batches in flight (1F1B: ``min(depth + 1, n)``).
 * ``tau``: the bottleneck time-per-sample (scaled), minimised.

@@ -5,11 +5,11 @@ The search space is ``milp_space.py``'s: convex stages with an acyclic stage gra
 series-parallel), one micro-batch size ``b`` (one MILP per candidate ``b``), ``d`` devices per
 stage with ``b % d == 0``, 1F1B in-flight from the stage depth, contiguous device ranges in the
 stage-slot order.  The objective is the cost model's bottleneck time-per-sample, so the answer is
-optimal under ``spec/cost-model.md`` for that space (model in ``milp_model.py``).
+optimal under ``docs/cost-model.md`` for that space (model in ``milp_model.py``).
 
 Statuses: ``optimal-time-per-sample`` only when every per-``b`` MILP was solved to proven
 optimality (or proven infeasible) — optimal for the bottleneck TPS, not the iteration time: a plan
-of least TPS may be deep and slow per iteration (issue 15 measured one 2.6x below ``gpp``'s
+of least TPS may be deep and slow per iteration (one measured 2.6x below ``gpp``'s
 throughput); ``feasible`` when the cost model disagrees with a proven MILP optimum (solver
 tolerance); ``time-limit`` when one stopped early (the best plan found is returned).  No plan in
 memory: :class:`InfeasibleError` with the smallest memory per device that admits a plan (a second
@@ -96,7 +96,15 @@ def _solve(model: MilpModel, time_limit: float | None, solver: str | None, progr
     chosen = _solver(solver, time_limit, False)
     try:
         if isinstance(chosen, dict):
-            solve_highs(prob, **chosen)
+            try:
+                solve_highs(prob, **chosen)
+            except SolverError as exc:
+                if solver not in (None, "auto"):
+                    raise
+                # HiGHS fails on some small models (its own exception); CBC solves the same model exactly
+                logger.info("milp b=%d: %s; solving with CBC", model.b, exc)
+                left = None if time_limit is None else max(1e-3, time_limit - (time.perf_counter() - t0))
+                prob.solve(_solver("cbc", left, False))
         else:
             prob.solve(chosen)
     except (pulp.PulpSolverError, SolverError) as exc:

@@ -16,7 +16,7 @@ A candidate plan is
   highest ones.  Where placement cannot change any bandwidth (flat network, all devices in one
   node, or equal intra/inter bandwidth) every order costs the same.
 
-The objective is the bottleneck time-per-sample of ``spec/cost-model.md`` (communication and the
+The objective is the bottleneck time-per-sample of ``docs/cost-model.md`` (communication and the
 all-reduce included).  Memory feasibility uses the validator's tolerance (``M(S) <= memory * (1 +
 1e-9)``).
 """

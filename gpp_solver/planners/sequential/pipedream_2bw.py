@@ -128,7 +128,7 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     core_idx = np.asarray([idx[v] for v in order], dtype=np.int64)
     det_idx = np.asarray([idx[v] for v in list(inputs) + list(sinks)], dtype=np.int64)
 
-    # ---- enumeration (the old loop's order) and the cheapest bound
+    # ---- enumeration (b, then w, then d ascending) and the cheapest bound
     configs: list[tuple[int, int, int]] = []
     for b in candidate_micro_batches(B, o.micro_batch_sizes):
         divisors = [d for d in range(1, b + 1) if b % d == 0]         # d | b: no loop over unusable devices

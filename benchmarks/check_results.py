@@ -1,13 +1,13 @@
-"""Re-run README's measured figures that do not depend on the machine, and check they still hold.
+"""Re-run the measured figures of docs/results.md that do not depend on the machine, and check they still hold.
 
-    python benchmarks/check_readme.py              # the cheap cells (seconds): fast planners, 4 and 8 devices
-    python benchmarks/check_readme.py --full       # every cell of both tables, gpp and piper too (minutes)
-    python benchmarks/check_readme.py --list       # what is checked, and what is not (timings, benchmarks)
+    python benchmarks/check_results.py              # the cheap cells (seconds): fast planners, 4 and 8 devices
+    python benchmarks/check_results.py --full       # every cell of both tables, gpp and piper too (minutes)
+    python benchmarks/check_results.py --list       # what is checked, and what is not (timings, benchmarks)
 
 What a plan looks like and what the simulator predicts for it (micro-batch size, stages, depth,
 devices used, TPS, simulated throughput) depend only on the code, not on the machine's speed, as
-long as the planner finished (status not ``time-limit``).  This script reads the two README tables
-made of such figures, re-plans their cells and compares:
+long as the planner finished (status not ``time-limit``).  This script reads the two tables of
+``docs/results.md`` made of such figures, re-plans their cells and compares:
 
 * **Search time of the GraphPipe planner** (``benchmarks/search_time.py``): the plan columns of the
   default ``graphpipe`` (``b``, stages, depth, devices used exactly; TPS and throughput within
@@ -20,7 +20,7 @@ made of such figures, re-plans their cells and compares:
   failed).  Search seconds and their ratios are not checked.
 
 The other measured figures (the optimality gap, CP-SAT tightening, the runtime) are benchmarks:
-README names the command and the commit that produced them; they are not re-run here.
+``docs/results.md`` names the command and the commit that produced them; they are not re-run here.
 
 Exit 0 when every checked figure holds, 1 otherwise (each difference printed).
 """
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CHEAP = ("graphpipe", "graphpipe Alg. 1", "pipedream", "pipedream-2bw", "alpa")
@@ -83,10 +83,10 @@ def check_search_time(text: str, rtol: float, full: bool, only: list[str] | None
                "devices used": str(plan.devices_used)}
         for k, v in got.items():
             if row[k] != v:
-                bad.append(f"search_time {model} {d}: {k} README {row[k]} now {v}")
+                bad.append(f"search_time {model} {d}: {k} results {row[k]} now {v}")
         for k, v in (("TPS (s)", plan.predicted.time_per_sample), ("throughput (samples/s)", plan.predicted.throughput)):
             if not close(float(row[k]), v, rtol):
-                bad.append(f"search_time {model} {d}: {k} README {row[k]} now {v:.6g}")
+                bad.append(f"search_time {model} {d}: {k} results {row[k]} now {v:.6g}")
         print(f"search_time {model:10s} {d:3d}: checked", file=sys.stderr)
     return bad
 
@@ -108,7 +108,7 @@ def check_gpp_vs_spp(text: str, rtol: float, full: bool, only: list[str] | None 
         rows = run(model, d, [p for p in wanted if p != "graphpipe Alg. 1"] or ["graphpipe"], 60.0, **params)
         for p in wanted:
             cell = row[f"{p} tput (s)"]
-            readme = cell.split(" (")[0]
+            listed = cell.split(" (")[0]
             r = rows.get(p)
             if r is None:
                 continue
@@ -116,10 +116,10 @@ def check_gpp_vs_spp(text: str, rtol: float, full: bool, only: list[str] | None 
                 print(f"gpp_vs_spp {row['workload']} {d} {p}: time-limit on this machine, not compared", file=sys.stderr)
                 continue
             if r.throughput is None:
-                if readme != r.status:
-                    bad.append(f"gpp_vs_spp {row['workload']} {d} {p}: README {readme} now {r.status}")
-            elif not re.fullmatch(r"[0-9.e+]+", readme) or not close(float(readme), r.throughput, rtol):
-                bad.append(f"gpp_vs_spp {row['workload']} {d} {p}: README {readme} now {r.throughput:.4g}")
+                if listed != r.status:
+                    bad.append(f"gpp_vs_spp {row['workload']} {d} {p}: results {listed} now {r.status}")
+            elif not re.fullmatch(r"[0-9.e+]+", listed) or not close(float(listed), r.throughput, rtol):
+                bad.append(f"gpp_vs_spp {row['workload']} {d} {p}: results {listed} now {r.throughput:.4g}")
         print(f"gpp_vs_spp {row['workload']:24s} {d:3d}: checked {', '.join(wanted)} in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return bad
@@ -129,21 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="every cell, gpp and piper included (minutes)")
     ap.add_argument("--rtol", type=float, default=2e-3,
-                    help="relative tolerance of TPS and throughput (default 2e-3: README prints 4 digits)")
+                    help="relative tolerance of TPS and throughput (default 2e-3: the tables print 4 digits)")
     ap.add_argument("--only", nargs="+", metavar="MODEL:DEVICES", default=None,
                     help="only these cells, e.g. mmt:4 'candle-uno(2branches):16' (default: all cheap ones)")
-    ap.add_argument("--readme", type=Path, default=README, help="the README to check (default: this checkout's)")
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="the results page to check (default: this checkout's docs/results.md)")
     ap.add_argument("--list", action="store_true", help="print what is checked and exit")
     args = ap.parse_args(argv)
     if args.list:
         print(__doc__)
         return 0
-    text = args.readme.read_text()
+    text = args.results.read_text()
     bad = (check_search_time(text, args.rtol, args.full, args.only)
            + check_gpp_vs_spp(text, args.rtol, args.full, args.only))
     for line in bad:
         print("DIFFERS:", line)
-    print(f"{'all checked README figures hold' if not bad else f'{len(bad)} README figures differ'}")
+    print(f"{'all checked figures hold' if not bad else f'{len(bad)} figures differ'}")
     return 1 if bad else 0
 
 

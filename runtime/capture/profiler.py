@@ -1,0 +1,272 @@
+"""The profiler: a PyTorch workload measured into a ``gpp-graph/1`` document, as the trainer runs it
+(``runtime.profile`` is its command line).
+
+The model is traced with torch.fx and its nodes grouped into graph nodes (see
+``runtime.capture.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
+graph nodes). Each fx node is then run on its own, with the inputs it sees in a full forward
+pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with ``--threads`` intra-op threads
+(default 1: what each torchrun rank of ``runtime.train`` uses):
+
+- ``fw_time[i]``: median over ``--repeats`` runs (after ``--warmup`` runs) of the forward at
+  micro-batch ``micro_batch_sizes[i]``, summed over the graph node's fx nodes;
+- ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
+  ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
+  leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
+- ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes. A
+  parameter shared by several graph nodes (tied weights, ``runtime.capture.fx_graph``) is counted once
+  in each of them: every stage that holds a copy pays for its weights, gradients and optimizer
+  state, which is what the runtime allocates; two users on one stage are counted twice (an
+  overestimate of one copy);
+- ``output_bytes``: bytes per sample of the tensors other graph nodes read (or the model output);
+- ``activation_bytes`` (the rule): bytes per sample of the node's floating-point tensor inputs plus
+  its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus
+  the output that stays alive until the consumer's backward. Measured at the largest batch size.
+
+Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
+``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
+of the timed runs per micro-batch size (summed over its fx nodes), and ``"fx_nodes"`` when it
+merges several fx nodes; the document has ``"profile"``: ``{"device", "device_name", "threads",
+"warmup", "repeats", "statistic": "median", "torch"}``, and ``"concurrent": {"processes",
+"cores", ...}`` with ``--concurrent N``: N profilers at once, each pinned to its own core, the
+median of their medians kept; on a CPU whose cores slow each other down this measures the device
+each of N training ranks gets (``runtime/cores.py`` says why, with figures; ``runtime.profile``
+runs them).
+
+A micro-batch size the model cannot run in training mode (BatchNorm at 1 sample per channel) is
+refused with a message naming the node. BatchNorm statistics are per micro-batch in a pipeline,
+so a plan's training differs from one process on the whole mini-batch: a warning says so.
+Every number is finite and non-negative; times are wall-clock seconds (CUDA is synchronised
+around each measurement when the model sits on a GPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import platform
+import statistics
+import time
+
+import torch
+
+from gpp_solver.errors import InvalidInputError
+from .fx_graph import COMPUTE_OPS, ModelGraph, run_node, trace_workload
+
+logger = logging.getLogger(__name__)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors inside a value (a tensor, or nested tuples/lists/dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _nbytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timings(fn, warmup: int, repeats: int, device: torch.device) -> tuple[float, float, float]:
+    """(median, min, max) wall time of ``fn()()`` over ``repeats`` runs after ``warmup`` runs
+    (``fn`` prepares, untimed, and returns the callable to time)."""
+    times = []
+    for i in range(warmup + repeats):
+        timed = fn()
+        _sync(device)
+        t0 = time.perf_counter()
+        timed()
+        _sync(device)
+        if i >= warmup:
+            times.append(max(0.0, time.perf_counter() - t0))
+    return statistics.median(times), min(times), max(times)
+
+
+def _weight_bytes(mg: ModelGraph, members) -> int:
+    tensors = []
+    for node in members:
+        if node.op == "call_module":
+            mod = mg.gm.get_submodule(node.target)
+            tensors += list(mod.parameters()) + list(mod.buffers())
+        attrs = [m for m in node.all_input_nodes if m.op == "get_attr"]
+        tensors += [t for a in attrs for t in _tensors(run_node(mg.gm, a, {}))]
+    return _nbytes(tensors)
+
+
+def _batchnorms(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+
+
+def _forward_all(mg: ModelGraph, inputs: tuple, micro_batch_size: int) -> dict:
+    """Every node's value in a training-mode forward (no grad); refuses a size the model cannot run."""
+    if len(inputs) != len(mg.placeholders):
+        raise InvalidInputError(
+            f"the model takes {len(mg.placeholders)} inputs but sample() returned {len(inputs)}")
+    env: dict = dict(zip(mg.placeholders, inputs))
+    with torch.no_grad():
+        for n in mg.gm.graph.nodes:
+            if n.op in COMPUTE_OPS or n.op == "get_attr":
+                try:
+                    env[n] = run_node(mg.gm, n, env)
+                except Exception as exc:  # noqa: BLE001 - the model's own error, reported by node
+                    where = mg.group.get(n, n.name)
+                    raise InvalidInputError(
+                        f"the model cannot run a micro-batch of {micro_batch_size} in training mode: node "
+                        f"{where!r} fails ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+                        "profile only sizes it can run (BatchNorm needs more than one value per "
+                        "channel: start --micro-batch-sizes at 2, here and in `gpp plan`)") from exc
+    return env
+
+
+def _activation_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
+    inside = set(members)
+    ins, outs = [], []
+    for n in members:
+        ins += [t for m in n.all_input_nodes if m.op != "get_attr" and m not in inside
+                for t in _tensors(env[m]) if t.is_floating_point()]
+        if not any(u in inside and u.target is operator.getitem for u in n.users):
+            outs += [t for t in _tensors(env[n]) if t.is_floating_point()]
+    return _nbytes(ins + outs) / micro_batch_size
+
+
+def _output_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
+    inside = set(members)
+    sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside
+                                                       for u in n.users)]
+    return _nbytes([t for n in sent for t in _tensors(env[n])]) / micro_batch_size
+
+
+def device_info(device: torch.device) -> dict:
+    """The ``profile`` object's device fields."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine() or "cpu"
+    return {"device": device.type, "device_name": name, "threads": torch.get_num_threads(),
+            "torch": torch.__version__}
+
+
+def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
+            name: str = "model") -> dict:
+    """Profile ``workload`` at each micro-batch size and return the gpp-graph/1 document (a dict).
+
+    Runs with the current ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
+    if (not micro_batch_sizes or any(b <= 0 for b in micro_batch_sizes)
+            or sorted(set(micro_batch_sizes)) != micro_batch_sizes):
+        raise InvalidInputError(
+            f"--micro-batch-sizes must be strictly increasing positive integers, but got {micro_batch_sizes}")
+    if warmup < 0 or repeats < 1:
+        raise InvalidInputError(f"--warmup must be >= 0 and --repeats >= 1, got {warmup}, {repeats}")
+    mg = trace_workload(workload)
+    device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
+    bns = _batchnorms(mg.gm)
+    if bns:
+        logger.warning(
+            "the model has %d BatchNorm layers in training mode (%s%s): in a pipeline their "
+            "statistics are computed per micro-batch, so training differs from one process on "
+            "the whole mini-batch (freeze them, e.g. torchvision.ops.FrozenBatchNorm2d, for "
+            "equal results)", len(bns), ", ".join(bns[:3]), ", ..." if len(bns) > 3 else "")
+    timing = {n: {"fw": [], "bw": []} for n in mg.nodes}
+    act_bytes: dict = {}
+    out_bytes: dict = {}
+    for micro_batch_size in micro_batch_sizes:
+        inputs, _ = workload.sample(micro_batch_size, 0)
+        inputs = tuple(x.to(device) for x in inputs)
+        env = _forward_all(mg, inputs, micro_batch_size)
+        for node in mg.nodes:
+            timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
+            timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
+        if micro_batch_size == micro_batch_sizes[-1]:
+            for gid, members in mg.groups:
+                act_bytes[gid] = _activation_bytes(mg, members, env, micro_batch_size)
+                out_bytes[gid] = _output_bytes(mg, members, env, micro_batch_size)
+    nodes = []
+    for gid, members in mg.groups:
+        nd = {"id": gid}
+        spread = {}
+        for kind in ("fw", "bw"):
+            per_size = list(zip(*[timing[n][kind] for n in members]))  # [(med,min,max) per member]
+            nd[f"{kind}_time"] = [float(sum(t[0] for t in ts)) for ts in per_size]
+            spread[kind] = [[float(sum(t[1] for t in ts)), float(sum(t[2] for t in ts))]
+                            for ts in per_size]
+        nd.update({"weight_bytes": int(_weight_bytes(mg, members)),
+                   "activation_bytes": float(act_bytes[gid]),
+                   "output_bytes": float(out_bytes[gid]),
+                   "extra": {"time_spread": spread}})  # gpp-graph/1 extensions go under "extra"
+        if len(members) > 1:
+            nd["extra"]["fx_nodes"] = [mg.ids[n] for n in members]
+        nodes.append(nd)
+    for nd in nodes:
+        for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
+            assert math.isfinite(v) and v >= 0, (nd["id"], v)
+    info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
+    return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(micro_batch_sizes),
+            "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
+            "extra": {"profile": info}}
+
+
+def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:
+    """A fresh environment for ``node``'s inputs: copies of its tensor inputs (floating ones
+    cloned from a leaf that needs grad, so an in-place operator may modify them) and the leaves."""
+    local: dict = {}
+    leaves: list[torch.Tensor] = []
+    for m in node.all_input_nodes:
+        v = env[m]
+        if m.op == "get_attr":
+            local[m] = v
+        elif isinstance(v, torch.Tensor):
+            t = v.detach().clone()
+            if requires_grad and t.is_floating_point():
+                t.requires_grad_(True)
+                leaves.append(t)
+                t = t.clone()  # not a leaf: in-place operators are allowed on it
+            local[m] = t
+        else:
+            local[m] = v
+    return local, leaves
+
+
+def _params(mg: ModelGraph, node, env: dict) -> list[torch.Tensor]:
+    params = []
+    if node.op == "call_module":
+        params = [p for p in mg.gm.get_submodule(node.target).parameters() if p.requires_grad]
+    return params + [t for m in node.all_input_nodes if m.op == "get_attr"
+                     for t in _tensors(env[m]) if t.requires_grad]
+
+
+def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
+    """The forward as the trainer runs it: autograd records it (inputs that need grad)."""
+    def setup():
+        local, _ = _leaf_inputs(node, env, requires_grad=True)
+        return lambda: run_node(mg.gm, node, local)
+    return _timings(setup, warmup, repeats, device)
+
+
+def _time_backward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
+    params = _params(mg, node, env)
+
+    def setup():
+        local, leaves = _leaf_inputs(node, env, requires_grad=True)
+        outs = [t for t in _tensors(run_node(mg.gm, node, local))
+                if t.is_floating_point() and t.requires_grad]
+        wrt = leaves + params
+        if not outs or not wrt:
+            return lambda: None
+        grads = [torch.ones_like(t) for t in outs]
+        return lambda: torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+    return _timings(setup, warmup, repeats, device)

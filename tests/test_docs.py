@@ -1,0 +1,89 @@
+"""The repository stands alone: its documents link only to files it holds, and nothing in it reads
+or cites a folder beside the checkout."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SOURCES = [p for pattern in ("*.py", "*.md", "*.ipynb", "*.toml")
+           for p in ROOT.rglob(pattern) if ".git" not in p.parts and ".venv" not in p.parts
+           and not any(part.endswith(".egg-info") for part in p.parts)]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_and_named_files_exist(doc):
+    """Markdown links, and backquoted repository paths (``docs/x.md``, ``data/...``), resolve."""
+    text = doc.read_text()
+    targets = [(doc.parent / t.split("#")[0]) for t in re.findall(r"\]\(([^)#][^)]*)\)", text)
+               if not t.startswith(("http://", "https://"))]
+    targets += [ROOT / t for t in re.findall(r"`((?:docs|data|benchmarks|examples|tests|runtime|gpp_solver)/[\w./-]+)`",
+                                               text) if "*" not in t]
+    missing = sorted({str(t) for t in targets if not t.resolve().exists()})
+    assert not missing, missing
+
+
+def test_documents_exist():
+    for name in ("formats.md", "cost-model.md", "planners.md", "runtime.md", "results.md", "fidelity.md"):
+        assert (ROOT / "docs" / name).is_file(), name
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_points_outside_the_repository(path):
+    text = path.read_text(errors="replace")
+    if path == Path(__file__):
+        return
+    assert "../shared" not in text and "/work/shared" not in text and '"shared" / "data"' not in text, path
+
+
+def test_published_profiles_carry_their_licences():
+    for folder in ("pipedream", "piper"):
+        licence = (ROOT / "data" / folder / "LICENSE.txt").read_text()
+        assert "MIT License" in licence and "Microsoft Corporation" in licence
+    readme = (ROOT / "data" / "README.md").read_text()
+    for f in sorted((ROOT / "data").glob("*/*")):
+        if f.name != "LICENSE.txt":
+            assert f"`{f.parent.name}/{f.name}`" in readme, f"data/README.md does not list {f.name}"
+
+
+HISTORY = re.compile(r"\b[Ii]ssue \d+|\bthis turn\b|\bsession \d+\b|\buntil this\b|\bbefore this (change|turn|work)\b")
+
+
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.suffix in (".py", ".ipynb")] + [ROOT / "README.md"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_history_in_code_or_readme(path):
+    """History lives in git: no issue numbers or 'until this turn' in the code, its comments or README."""
+    if path == Path(__file__):
+        return
+    found = [m.group(0) for m in HISTORY.finditer(path.read_text(errors="replace"))]
+    assert not found, f"{path.relative_to(ROOT)}: {found}"
+
+
+def _resolve(dotted: str) -> object:
+    """Import the longest module prefix of ``dotted`` and get the rest as attributes."""
+    import importlib
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+NAMES = sorted({n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_named_python_objects_exist(name):
+    """Every ``gpp_solver.x.y`` / ``runtime.x.y`` a document names can be imported."""
+    if name.startswith("runtime"):
+        pytest.importorskip("torch")
+    assert _resolve(name) is not None
