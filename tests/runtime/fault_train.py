@@ -65,7 +65,7 @@ def _drop_last_microbatch() -> None:
     class Dropping(base):
         def _forward(self, st, c, bufs, inputs, target, state, step, out_tensors):
             loss = super()._forward(st, c, bufs, inputs, target, state, step, out_tensors)
-            if loss is not None and c.hi == self.mini_batch:
+            if loss is not None and c.hi == self.mini_batch_size:
                 leaves, outs, _loss = state[c.mb]
                 state[c.mb] = (leaves, outs, loss * 0)
             return loss
