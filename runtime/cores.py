@@ -117,6 +117,11 @@ def merge(docs: list[dict], used: list[int]) -> dict:
             nd[f"{kind}_time"] = [float(statistics.median(v)) for v in zip(*[p[f"{kind}_time"] for p in per])]
             spreads = list(zip(*[p["extra"]["time_spread"][kind] for p in per]))
             nd["extra"]["time_spread"][kind] = [[min(s[0] for s in sz), max(s[1] for s in sz)] for sz in spreads]
+    for key in ("op_overhead", "optimizer_time_per_byte"):   # the graph's time-model terms: medians too
+        if all(key in d for d in docs):
+            vals = [d[key] for d in docs]
+            out[key] = ({k: float(statistics.median(v[k] for v in vals)) for k in vals[0]}
+                        if isinstance(vals[0], dict) else float(statistics.median(vals)))
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",
         concurrent={"processes": len(docs), "cores": used, "pinned": True,

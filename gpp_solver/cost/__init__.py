@@ -12,6 +12,7 @@ from gpp_solver.cost.model import (
                                    NodeConfig,
                                    StageCost,
                                    StageLike,
+                                   TimeTerms,
                                    allreduce_time,
                                    comm_time,
                                    data_parallel,
@@ -33,7 +34,7 @@ from gpp_solver.cost.model import (
                                    time_per_sample,
 )
 
-__all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "allreduce_time", "comm_time", "data_parallel",
+__all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "TimeTerms", "allreduce_time", "comm_time", "data_parallel",
            "in_flight_from_order", "interp_time", "interpolate", "iteration_time_estimate", "memory_per_device",
            "node_compute", "node_config", "stage_activation_bytes", "stage_compute", "stage_compute_parts",
            "stage_costs", "stage_memory", "stage_transfers", "stage_weight_bytes", "stage_weight_grad_time",

@@ -11,10 +11,14 @@ Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-paral
   ``max bytes(u, v)`` per sample; each stage taking part pays ``latency + bytes*(b/d)/bandwidth`` in
   the forward pass and again in the backward pass (``b``, ``d`` of the paying stage; the intra-node
   bandwidth when both stages' devices sit in one node, else the inter-node one);
-* ring all-reduce once per iteration: ``A(S) = 2 (d-1)/d * W_S / bandwidth``;
-* ``TPS(S) = (C(S) + comm(S)) / b + A(S) / B``; the plan's TPS is the max over stages;
+* ring all-reduce once per iteration: ``A(S) = 2 (d-1) allreduce_latency + 2 (d-1)/d * W_S / bandwidth``
+  (the cluster's ``allreduce_bandwidth`` when it has one, else the point-to-point bandwidth);
+* the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S`` (the graph's, 0 when absent);
+* a graph's ``op_overhead`` adds ``|V_S| * op_overhead.fw`` to ``C(S)``'s forward and
+  ``|V_S| * op_overhead.bw`` to its backward (:class:`TimeTerms` holds the three terms);
+* ``TPS(S) = (C(S) + comm(S)) / b + (A(S) + O(S)) / B``; the plan's TPS is the max over stages;
 * memory per device: ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``;
-* iteration-time estimate: ``L + max_S (n_S - 1)(C(S) + comm(S)) + max_S A(S)``, ``L`` the longest
+* iteration-time estimate: ``L + max_S (n_S - 1)(C(S) + comm(S)) + max_S (A(S) + O(S))``, ``L`` the longest
   path of per-micro-batch ``C + comm`` through the stage graph (with one micro-batch size this is
   the page's ``L + (n-1) max_S (C+comm) + max_S A``).
 
@@ -60,9 +64,53 @@ def interp_time(times: Sequence[float], sizes: Sequence[int], x: float) -> float
     return float(interpolate(lambda i: float(times[i]), sizes, x))
 
 
-def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float) -> float:
-    """``f_v(x) + g_v(x)``: one node's forward plus backward time at ``x`` samples."""
-    return interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
+def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float,
+                 overhead: float = 0.0) -> float:
+    """``f_v(x) + g_v(x)``: one node's forward plus backward time at ``x`` samples, plus ``overhead``
+    (:attr:`TimeTerms.node_overhead`: the graph's per-node dispatch of a forward and a backward)."""
+    t = interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
+    return t + overhead if overhead else t
+
+
+@dataclass(frozen=True)
+class TimeTerms:
+    """The calibrated terms of the time model beside the profiled node times: each node's
+    ``op_overhead`` per forward and per backward, the optimizer step per weight byte (graph), and
+    the all-reduce's own bandwidth and per-step latency (cluster). Every pricer takes them from
+    here; absent fields give zeros and the point-to-point bandwidth, i.e. the plain model."""
+
+    op_fw: float = 0.0
+    op_bw: float = 0.0
+    optimizer_per_byte: float = 0.0
+    allreduce_bandwidth: float | None = None
+    allreduce_latency: float = 0.0
+
+    @classmethod
+    def of(cls, graph: Graph | None = None, cluster: Cluster | None = None) -> TimeTerms:
+        fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
+        return cls(fw, bw, graph.optimizer_time_per_byte if graph is not None else 0.0,
+                   cluster.allreduce_bandwidth if cluster is not None else None,
+                   cluster.allreduce_latency if cluster is not None else 0.0)
+
+    @property
+    def node_overhead(self) -> float:
+        """What one node adds to a micro-batch's forward plus backward."""
+        return self.op_fw + self.op_bw
+
+    def allreduce(self, weight_bytes, d, bandwidth):
+        """``A(S)`` (:func:`allreduce_time`) at the all-reduce's bandwidth: the cluster's
+        ``allreduce_bandwidth`` when it has one, else ``bandwidth`` (the caller's point-to-point figure)."""
+        bw = bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+        return allreduce_time(weight_bytes, d, bw, self.allreduce_latency)
+
+    def optimizer(self, weight_bytes):
+        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``."""
+        return self.optimizer_per_byte * weight_bytes
+
+    def tail(self, weight_bytes, d, bandwidth):
+        """``A(S) + O(S)``: what a stage runs after its last backward (elementwise on arrays)."""
+        a = self.allreduce(weight_bytes, d, bandwidth)
+        return a + self.optimizer_per_byte * weight_bytes if self.optimizer_per_byte else a
 
 
 @dataclass(frozen=True)
@@ -121,13 +169,17 @@ def _configs(graph: Graph, stage: StageLike) -> list[NodeConfig | Node]:
 
 
 def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
-    """(forward, backward) compute time of one micro-batch on one replica."""
+    """(forward, backward) compute time of one micro-batch on one replica (with ``op_overhead``)."""
     x = stage.micro_batch_size / data_parallel(stage)
     sizes = graph.micro_batch_sizes
     fw = bw = 0.0
     for c in _configs(graph, stage):
         fw += interp_time(c.fw_time, sizes, x)
         bw += interp_time(c.bw_time, sizes, x)
+    ofw, obw = graph.op_overhead
+    if ofw or obw:
+        n = len(stage.nodes)
+        fw, bw = fw + n * ofw, bw + n * obw
     return fw, bw
 
 
@@ -141,7 +193,8 @@ def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
     """``C(S)`` for a stage of ``nodes`` with micro-batch ``b`` over ``d`` replicas (no TMPC)."""
     sizes = graph.micro_batch_sizes
     x = b / d
-    return sum(node_compute(n.fw_time, n.bw_time, sizes, x) for n in (graph.node(v) for v in nodes))
+    oh = TimeTerms.of(graph).node_overhead
+    return sum(node_compute(n.fw_time, n.bw_time, sizes, x, oh) for n in (graph.node(v) for v in nodes))
 
 
 def stage_weight_bytes(graph: Graph, stage: StageLike) -> float:
@@ -161,11 +214,19 @@ def comm_time(bytes_per_sample, samples, bandwidth, latency, messages=1):
     return messages * latency + bytes_per_sample * samples / bandwidth
 
 
-def allreduce_time(weight_bytes, d, bandwidth):
-    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array)."""
+def allreduce_time(weight_bytes, d, bandwidth, latency=0.0):
+    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array):
+    ``2 (d-1)`` steps (reduce-scatter, all-gather) of ``latency`` each, ``2 (d-1)/d * W`` bytes sent
+    by each replica at ``bandwidth``."""
     if np.ndim(d) == 0:
-        return 0.0 if d <= 1 else 2.0 * (d - 1) / d * weight_bytes / bandwidth
-    return np.where(d > 1, 2.0 * (d - 1) / d * weight_bytes / bandwidth, 0.0)
+        if d <= 1:
+            return 0.0
+        t = 2.0 * (d - 1) / d * weight_bytes / bandwidth
+        return t + 2.0 * (d - 1) * latency if latency else t
+    t = 2.0 * (d - 1) / d * weight_bytes / bandwidth
+    if np.any(latency):
+        t = t + 2.0 * (d - 1) * latency
+    return np.where(d > 1, t, 0.0)
 
 
 def time_per_sample(per_micro_batch, b, allreduce, mini_batch_size):
@@ -218,6 +279,12 @@ class StageCost:
     micro_batch_size: int
     data_parallel: int
     compute_bw_weight: float = 0.0   # W(S): the part of compute_bw spent on weight gradients
+    optimizer: float = 0.0  # O(S), after the all-reduce
+
+    @property
+    def tail(self) -> float:
+        """``A(S) + O(S)``: what the stage runs after its last backward."""
+        return self.allreduce + self.optimizer
 
     @property
     def compute(self) -> float:
@@ -258,6 +325,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
     """The cost of every stage of a partition (``stages[i]`` is stage ``i`` of the result)."""
     stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
     transfers = stage_transfers(graph, stage_of)
+    terms = TimeTerms.of(graph, cluster)
     out = []
     for i, s in enumerate(stages):
         b, d = s.micro_batch_size, data_parallel(s)
@@ -266,9 +334,12 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
         for peer, nbytes in transfers.get(i, []):
             bw = cluster.bandwidth(list(s.devices) + list(stages[peer].devices))
             comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
-        a = allreduce_time(stage_weight_bytes(graph, s), d, cluster.bandwidth(s.devices))
-        tps = time_per_sample(cf + cb + 2 * comm_half, b, a, mini_batch_size)
-        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d, min(cb, stage_weight_grad_time(graph, s))))
+        w = stage_weight_bytes(graph, s)
+        a = terms.allreduce(w, d, cluster.bandwidth(s.devices))
+        o = terms.optimizer(w)
+        tps = time_per_sample(cf + cb + 2 * comm_half, b, a + o if o else a, mini_batch_size)
+        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d,
+                              compute_bw_weight=min(cb, stage_weight_grad_time(graph, s)), optimizer=o))
     return out
 
 
@@ -290,7 +361,7 @@ def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
 
 def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[int, int]],
                             mini_batch_size: int) -> float:
-    """``L + max_S (n_S - 1)(C+comm) + max_S A`` (Alpa's ``sum + (B-1) max`` on a DAG)."""
+    """``L + max_S (n_S - 1)(C+comm) + max_S (A + O)`` (Alpa's ``sum + (B-1) max`` on a DAG)."""
     g = nx.DiGraph()
     g.add_nodes_from(range(len(costs)))
     g.add_edges_from(edges)
@@ -299,7 +370,7 @@ def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[in
         longest[s] = costs[s].per_micro_batch + max((longest[p] for p in g.predecessors(s)), default=0.0)
     L = max(longest.values())
     steady = max((mini_batch_size // c.micro_batch_size - 1) * c.per_micro_batch for c in costs)
-    return L + steady + max(c.allreduce for c in costs)
+    return L + steady + max(c.tail for c in costs)
 
 
 class CostTables:
@@ -311,6 +382,7 @@ class CostTables:
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
+        self.op_fw, self.op_bw = graph.op_overhead
         self.sizes = np.asarray(graph.micro_batch_sizes, dtype=float)
         self.fw = np.asarray([n.fw_time for n in graph.nodes], dtype=float)
         self.bw = np.asarray([n.bw_time for n in graph.nodes], dtype=float)
@@ -320,12 +392,16 @@ class CostTables:
         self._fg: dict[float, tuple[np.ndarray, np.ndarray]] = {}
 
     def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(f_v(x), g_v(x))`` for every node (graph order), by :func:`interpolate`."""
+        """``(f_v(x), g_v(x))`` for every node (graph order), by :func:`interpolate`, each with the
+        graph's ``op_overhead``."""
         r = self._fg.get(x)
         if r is None:
             sizes = self.graph.micro_batch_sizes
-            r = self._fg[x] = (interpolate(lambda i: self.fw[:, i], sizes, x),
-                               interpolate(lambda i: self.bw[:, i], sizes, x))
+            f = interpolate(lambda i: self.fw[:, i], sizes, x)
+            g = interpolate(lambda i: self.bw[:, i], sizes, x)
+            if self.op_fw or self.op_bw:   # the graph's per-node dispatch (TimeTerms)
+                f, g = f + self.op_fw, g + self.op_bw
+            r = self._fg[x] = (f, g)
         return r
 
     def compute_at(self, x: float) -> np.ndarray:
