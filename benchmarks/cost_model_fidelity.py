@@ -136,16 +136,20 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
     return out
 
 
-def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path) -> tuple[float, dict]:
-    """The measured iteration time (:func:`steady_period`) and per-rank timings (:func:`rank_times`)."""
+def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path,
+          priced: list[str] = ()) -> tuple[float, dict, list[dict]]:
+    """The measured iteration time (:func:`steady_period`), per-rank timings (:func:`rank_times`)
+    and per-rank peak memory beside the prediction (``runtime.train``'s ``ranks``; ``priced``:
+    ``--graph G --cluster C`` of the plan, so the prediction is the cost model's for the optimizer used)."""
     trace_path = metrics.with_suffix(".trace.json")
     torchrun(nproc, ["-m", "runtime.train", "--plan", str(plan_path), "--model", model,
                      "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--lr", "1e-4",
                      "--metrics", str(metrics), "--trace", str(trace_path), "--quiet", "--threads", "1",
-                     "--timeout", "300"] + (["--cpu"] if args.backend == "gloo" else [])
+                     "--timeout", "300", *priced] + (["--cpu"] if args.backend == "gloo" else [])
              + fidelity_cpu.train_flags(args), env=env)
     trace = json.loads(trace_path.read_text())
-    return steady_period(trace, args.warmup_steps), rank_times(trace, args.warmup_steps)
+    ranks = json.loads(metrics.read_text()).get("ranks", [])
+    return steady_period(trace, args.warmup_steps), rank_times(trace, args.warmup_steps), ranks
 
 
 def _step_ends(trace: dict) -> dict[int, list[float]]:
@@ -265,8 +269,9 @@ def summary(rows: list[dict]) -> dict:
 
 
 def summaries(rows: list[dict]) -> dict:
-    """All plans, and the plans without a data-parallel stage (no gradient all-reduce)."""
-    return {"all": summary(rows), "no_data_parallel": summary([r for r in rows if not r.get("data_parallel")])}
+    """All plans, and the plans without a data-parallel stage (no gradient all-reduce); memory."""
+    return {"all": summary(rows), "no_data_parallel": summary([r for r in rows if not r.get("data_parallel")]),
+            "memory": fidelity_cpu.memory_summary(rows)}
 
 
 # -- one plan -------------------------------------------------------------------------------
@@ -289,7 +294,8 @@ def planning_cluster(measured, devices: int, mode: str) -> dict:
             "memory_bytes": 1e15 if mode == "emulated" else measured.memory_bytes,
             "intra_node_bandwidth": measured.intra_node_bandwidth,
             "inter_node_bandwidth": measured.inter_node_bandwidth,
-            "latency": measured.latency, "optimizer_state_factor": measured.optimizer_state_factor}
+            "latency": measured.latency, "optimizer_state_factor": measured.optimizer_state_factor,
+            "memory_overheads": measured.memory_overheads}
     if measured.allreduce_bandwidth is not None:
         cdoc.update(allreduce_bandwidth=measured.allreduce_bandwidth, allreduce_latency=measured.allreduce_latency)
     if measured.devices_per_node:
@@ -330,20 +336,29 @@ def run(args) -> tuple[list[dict], dict]:
                            micro_batch=sorted({s.micro_batch_size for s in plan.stages}))
                 sig = signature(plan)
                 if sig in done:
-                    row.update({k: done[sig][k] for k in ("measured", "diagnostics", "data_parallel")},
-                               same_as=done[sig]["id"])
+                    row.update({k: done[sig][k] for k in ("measured", "diagnostics", "data_parallel", "memory")
+                                if k in done[sig]}, same_as=done[sig]["id"])
                     continue
                 row["id"] = f"{label}-{n}-{planner}"
                 ppath = work / f"plan-{row['id']}.json"
                 save_plan(plan, ppath)
+                priced = []
+                if args.mode == "cpu":  # emulated ranks do not allocate the activations they model
+                    gpath, cpath_n = work / f"graph-{label}.json", work / f"cluster-{n}.json"
+                    if not gpath.exists():
+                        gpath.write_text(json.dumps(graph_to_dict(graph)))
+                    cpath_n.write_text(json.dumps(cdoc))
+                    priced = ["--graph", str(gpath), "--cluster", str(cpath_n)]
                 try:
                     with fidelity_cpu.fillers(args, model_spec, row["used"], max(row["micro_batch"])):
-                        period, ranks = train(ppath, row["used"], model_spec, env, args,
-                                              work / f"metrics-{row['id']}.json")
+                        period, ranks, memory = train(ppath, row["used"], model_spec, env, args,
+                                                      work / f"metrics-{row['id']}.json", priced)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     row["error"] = f"training failed: {str(exc)[:200]}"
                     continue
                 row["measured"] = period
+                if priced:
+                    row["memory"] = memory
                 row["diagnostics"] = stage_diagnostics(plan, sim, ranks)
                 row["data_parallel"] = any(len(s.devices) > 1 for s in plan.stages)
                 done[sig] = row
@@ -378,20 +393,25 @@ def table(rows: list[dict], s: dict, info: dict) -> str:
              f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}"
              + (f", --fill-cores {info['fill_cores']}" if info.get("fill_cores") else ""), *NOTES.get(info["mode"], []),
              "", "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
-             "| stage busy error | all-reduce pred / meas ms |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| stage busy error | all-reduce pred / meas ms | peak memory meas / pred MB (ratio, worst rank) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r and not r.get("measured"):
-            lines.append(f"| {r['model']} | {r['devices']} | {r['planner']} | {r['error']} ||||||||")
+            lines.append(f"| {r['model']} | {r['devices']} | {r['planner']} | {r['error']} |||||||||")
             continue
         err = (r["measured"] - r["predicted"]) / r["predicted"]
         same = f" (= {r['same_as']})" if r.get("same_as") else ""
         busy, ar = _worst(r)
         lines.append(f"| {r['model']} | {r['devices']} | {r['planner']}{same} | {r['stages']} | {r['used']} | "
                      f"{','.join(map(str, r['micro_batch']))} | {r['predicted'] * 1e3:.1f} | "
-                     f"{r['measured'] * 1e3:.1f} | {err:+.1%} | {busy} | {ar} |")
+                     f"{r['measured'] * 1e3:.1f} | {err:+.1%} | {busy} | {ar} | {fidelity_cpu.memory_cell(r)} |")
     lines += [""] + _summary_lines("all plans", s["all"]) + _summary_lines("plans without data-parallel stages",
                                                                            s["no_data_parallel"])
+    mem = s.get("memory", {})
+    if mem.get("ranks"):
+        lines.append(f"memory: {mem['ranks']} ranks; measured / predicted peak {mem['min_ratio']:.3f} .. "
+                     f"{mem['max_ratio']:.3f}; measured > 1.05 x predicted: {mem['over_1_05']}; "
+                     f"predicted > 1.25 x measured: {mem['under_0_8']}")
     return "\n".join(lines)
 
 

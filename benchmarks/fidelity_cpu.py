@@ -1,5 +1,10 @@
 """``--mode cpu`` of ``benchmarks/cost_model_fidelity.py``: real models profiled and trained on CPU cores.
 
+Memory: each plan trains with ``--graph`` and ``--cluster``, so every rank reports its measured
+peak beside the cost model's prediction for the optimizer used (``runtime.train``'s ``ranks``);
+``memory_summary`` gives the range of measured / predicted over the ranks and the ranks outside
+the targets (measured <= 1.05 x predicted, predicted <= 1.25 x measured).
+
 Why every core is kept busy. This machine's cores are not independent devices: on the 2-vCPU VM
 this was written on, one single-threaded 256x256 float32 matmul loop took 344 us per matmul alone
 and 620 us in each of two loops run at once (``runtime/cores.py``). Profiled by one process alone,
@@ -113,3 +118,24 @@ def fillers(args, spec: str, used: int, micro_batch: int):
             p.terminate()
         for p in procs:
             p.wait()
+
+
+def memory_summary(rows: list[dict]) -> dict:
+    """Measured / predicted peak memory over every rank of the distinct measured plans: the range,
+    and the ranks outside the targets (measured > 1.05 x predicted: an out-of-memory surprise;
+    predicted > 1.25 x measured: devices wasted)."""
+    ratios = [m["peak_memory_bytes"] / m["predicted_peak_memory_bytes"] for r in rows if not r.get("same_as")
+              for m in r.get("memory", []) if m.get("peak_memory_bytes") and m.get("predicted_peak_memory_bytes")]
+    return {"ranks": len(ratios), "min_ratio": min(ratios, default=float("nan")),
+            "max_ratio": max(ratios, default=float("nan")),
+            "over_1_05": sum(x > 1.05 for x in ratios), "under_0_8": sum(x * 1.25 < 1 for x in ratios)}
+
+
+def memory_cell(r: dict) -> str:
+    """The rank whose measured / predicted peak memory is the largest: ``measured / predicted MB (ratio)``."""
+    ms = [m for m in r.get("memory", []) if m.get("peak_memory_bytes") and m.get("predicted_peak_memory_bytes")]
+    if not ms:
+        return "-"
+    m = max(ms, key=lambda m: m["peak_memory_bytes"] / m["predicted_peak_memory_bytes"])
+    meas, pred = m["peak_memory_bytes"], m["predicted_peak_memory_bytes"]
+    return f"{meas / 1e6:.2f} / {pred / 1e6:.2f} ({meas / pred:.3f})"

@@ -12,6 +12,7 @@ from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to
 from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
 from gpp_solver.limits import MAX_SECONDS
+from gpp_solver.plan.overheads import plan_within_overheads
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SolveOptions
@@ -99,7 +100,8 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
         planner_options["tighten"] = tighten
     fn = get_planner(name)
     # the planner checks its options itself (planners.registry.parse_options: unknown ones by name)
-    plan = fn(g, c, B, time_limit=time_limit, progress=progress, **planner_options)
+    plan = plan_within_overheads(
+        lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c)
     if tighten and name != "gpp":
         from gpp_solver.cp_orders.cp_schedule import tighten_plan_if_fits
 

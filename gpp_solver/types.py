@@ -153,6 +153,9 @@ class Cluster:
     #: point-to-point bandwidth of the group (``bandwidth``) and no latency
     allreduce_bandwidth: float | None = None
     allreduce_latency: float = 0.0
+    #: price the runtime's memory beyond weights, state and saved activations (cost model:
+    #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
+    memory_overheads: bool = False
 
     def node_of(self, device: int) -> int:
         return 0 if self.devices_per_node is None else device // self.devices_per_node

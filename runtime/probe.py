@@ -26,6 +26,8 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides. The cluster
   gets the minimum over ranks.
 - ``optimizer_state_factor`` is not measured: ``--optimizer-state-factor`` (default 4.0, fp32 Adam).
+- ``memory_overheads``: true, the cluster is this runtime's: the cost model prices its received
+  buffers, gradient buckets and temporaries (``docs/cost-model.md``).
 
 Backend: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available (unless ``--cpu``), else gloo. Exit
 codes: 0 ok, 2 bad arguments (one message from rank 0), 1 a communication failure.
@@ -234,7 +236,8 @@ def cluster_doc(details: dict, world: int, osf: float) -> dict:
     if len(set(counts.values())) == 1:
         doc["devices_per_node"] = next(iter(counts.values()))
     doc.update({"intra_node_bandwidth": intra_bw, "inter_node_bandwidth": inter_bw,
-                "latency": lat, "optimizer_state_factor": osf})
+                "latency": lat, "optimizer_state_factor": osf,
+                "memory_overheads": True})  # the runtime's buffers and temporaries are priced
     ar = details.get("allreduce", {})
     if ar.get("bandwidth") not in (None, float("inf")):
         doc.update({"allreduce_bandwidth": ar["bandwidth"], "allreduce_latency": ar["latency"]})

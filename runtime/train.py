@@ -38,7 +38,13 @@ warm-up included), and ``seconds_per_step`` and ``samples_per_second`` after the
 (the timed steps' wall time over all ranks divided by their count). The two differ: ranks are
 not synchronised between steps, so one step's span overlaps the next one's and the mean of
 ``step_seconds`` exceeds ``seconds_per_step`` (by 12-22% on the examples' CPU plans); throughput
-is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``). Exit codes: 0 ok; 2 bad input (plan
+is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``); the plan's
+``predicted_iteration_seconds``; and ``ranks``: per rank ``{"rank", "stage", "peak_memory_bytes",
+"predicted_peak_memory_bytes"}``, the peak measured over ``--memory-step`` (``runtime.engine.memory``:
+on CPU that step is profiled, slower, so by default it is the last warm-up step when there are two)
+and the cost model's memory of the rank's stage for the optimizer used (``GraphPipeline.memory_stats``;
+exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compared with the plan's
+before the first step. Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
 
@@ -110,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trace", default=None, help="write a Chrome trace of all ranks here")
     ap.add_argument("--json", action="store_true", help="print a last JSON line with the step times")
     ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
+    ap.add_argument("--memory-step", type=int, default=None,
+                    help="the step (0-based) whose peak memory is measured (default: the last warm-up "
+                         "step when it is not step 0, else step 1)")
     ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
     ap.add_argument("--pin-cores", action="store_true",
@@ -212,11 +221,16 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
+    mem_step = args.memory_step if args.memory_step is not None else max(1, args.warmup_steps - 1)
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
                          optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce,
-                         allreduce_overlap={"on": True, "off": False}.get(args.allreduce_overlap), _setup=setup)
+                         allreduce_overlap={"on": True, "off": False}.get(args.allreduce_overlap),
+                         memory_step=min(mem_step, max(0, args.steps - 1)), graph=args.graph,
+                         cluster=args.cluster, _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
+    if opt is not None:
+        pipe.use_optimizer(opt)  # states now, before the first step, an optimizer state the plan did not price
     rec = pipe.rec
     start = 0
     if args.resume:
@@ -255,9 +269,11 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
 def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, start) -> int:
     """Gather metrics/parameters on rank 0, print, write files, verify."""
     setup, rec = pipe.setup, pipe.rec
-    mem = ({"cuda_max_allocated": torch.cuda.max_memory_allocated(device)} if device.type == "cuda"
-           else {"saved_activations": pipe.executor.saved_peak, "rss": metrics.peak_rss_bytes()})
-    mine = {"rank": rank, "stage": setup.stage.id, "steps": rec.steps, "memory": mem,
+    stats = pipe.memory_stats()
+    mem = {"peak": stats["peak_memory_bytes"], "predicted": stats["predicted_peak_memory_bytes"]}
+    if device.type != "cuda":
+        mem.update(saved_activations=pipe.executor.saved_peak, rss=metrics.peak_rss_bytes())
+    mine = {"rank": rank, "stage": setup.stage.id, "steps": rec.steps, "memory": mem, "memory_stats": stats,
             "events": rec.events if args.trace else [],
             "losses": losses if setup.program.holds_sink else None}
     params = ({k: v.detach().cpu() for k, v in pipe.named_parameters()} if setup.replica == 0 else {})
@@ -281,6 +297,8 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
     if m:
         m["losses"] = per_step
         m["first_step"] = start
+        m["predicted_iteration_seconds"] = setup.plan.predicted.iteration_time
+        m["ranks"] = sorted((r["memory_stats"] for r in records), key=lambda x: x["rank"])
         by_step: dict[int, list] = {}
         for r in records:
             for st, t0, t1, _busy in r["steps"]:
@@ -319,7 +337,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
     if args.json and m:
         print(json.dumps({"gpp_runtime": {k: m.get(k) for k in (
             "mini_batch_size", "warmup_steps", "timed_steps", "seconds_per_step", "samples_per_second",
-            "step_seconds", "losses")}}), flush=True)
+            "step_seconds", "losses", "predicted_iteration_seconds", "ranks")}}), flush=True)
     return code
 
 

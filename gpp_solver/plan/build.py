@@ -129,7 +129,7 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
                               else kind, k=inflight[i][0], order=orders[i]),
             in_flight_samples=peak,
             predicted=StagePrediction(time_per_sample=c.time_per_sample,
-                                      memory_bytes=stage_memory(graph, cluster, s, peak)),
+                                      memory_bytes=stage_memory(graph, cluster, s, peak, specs)),
             tensor_parallel=s.tensor_parallel, tmpc=dict(s.tmpc) if s.tmpc else None))
     estimate = iteration_time_estimate(costs, edges, mini_batch_size)
     pred = PlanPrediction(time_per_sample=max(c.time_per_sample for c in costs), iteration_time=makespan,

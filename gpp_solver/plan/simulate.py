@@ -115,23 +115,10 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
     for a, b in edges:
         succs[a].append(b)
         preds[b].append(a)
-    # each stage's finish times by kind and micro-batch; per stage and kind, the neighbours it waits
-    # on: (their finish times of that kind, same micro-batch size?, their size) — with the same size
-    # micro-batch j waits on the neighbour's j alone, the common case
     fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}, "W": {}} for s in stages}
-    deps_f = {s: [(fin[p]["F"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in preds[s]] for s in stages}
-    deps_b = {s: [(fin[p]["B"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in succs[s]] for s in stages}
-    acts: dict[int, list[tuple[str, int, list, dict[int, float], float]]] = {}
-    for s in stages:
-        acts[s] = []
-        split = any(kind == "W" for kind, _ in orders[s])
-        w = (weight or {}).get(s, 0.0) if split else 0.0
-        dur = {"F": forward[s], "B": backward[s] - w, "W": w}
-        deps = {"F": deps_f[s], "B": deps_b[s], "W": []}
-        for kind, j in orders[s]:
-            if kind not in dur:
-                return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record)
-            acts[s].append((kind, j, deps[kind], fin[s][kind], dur[kind]))
+    acts = _timed_actions(orders, micro_batch, forward, backward, weight, preds, succs, fin)
+    if acts is None:        # an action kind this loop does not know
+        return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record)
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
     tasks: list[Task] = []
@@ -182,6 +169,31 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
             raise _deadlock(orders, ptr, preds, succs, micro_batch, done)
     makespan = max(free[s] + allreduce[s] for s in stages)
     return makespan, tasks
+
+
+def _timed_actions(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
+                   forward: Mapping[int, float], backward: Mapping[int, float],
+                   weight: Mapping[int, float] | None, preds: dict[int, list[int]], succs: dict[int, list[int]],
+                   fin: dict[int, dict[str, dict[int, float]]]) -> dict | None:
+    """Per stage its actions in order as ``(kind, j, what it waits on, its finish-time dict, duration)``;
+    ``None`` when an order holds a kind other than F, B and W.  Per stage and kind, the neighbours an
+    action waits on: (their finish times of that kind, same micro-batch size?, their size) — with the
+    same size micro-batch j waits on the neighbour's j alone, the common case."""
+    stages = list(orders)
+    deps_f = {s: [(fin[p]["F"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in preds[s]] for s in stages}
+    deps_b = {s: [(fin[p]["B"], micro_batch[p] == micro_batch[s], micro_batch[p]) for p in succs[s]] for s in stages}
+    acts: dict[int, list[tuple[str, int, list, dict[int, float], float]]] = {}
+    for s in stages:
+        acts[s] = []
+        split = any(kind == "W" for kind, _ in orders[s])
+        w = (weight or {}).get(s, 0.0) if split else 0.0
+        dur = {"F": forward[s], "B": backward[s] - w, "W": w}
+        deps = {"F": deps_f[s], "B": deps_b[s], "W": []}
+        for kind, j in orders[s]:
+            if kind not in dur:
+                return None
+            acts[s].append((kind, j, deps[kind], fin[s][kind], dur[kind]))
+    return acts
 
 
 def _simulate_any_kind(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
@@ -246,7 +258,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
         busy = n * (c.forward + c.backward) + c.tail
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,
-                                stage_memory(graph, cluster, s, peak), idle=makespan - busy,
+                                stage_memory(graph, cluster, s, peak, plan.stages), idle=makespan - busy,
                                 allreduce=c.allreduce, optimizer=c.optimizer))
     return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
                      tuple(tasks), tuple(stats))

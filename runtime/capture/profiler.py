@@ -22,9 +22,10 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   state, which is what the runtime allocates; two users on one stage are counted twice (an
   overestimate of one copy);
 - ``output_bytes``: bytes per sample of the tensors other graph nodes read (or the model output);
-- ``activation_bytes`` (the rule): bytes per sample of the node's floating-point tensor inputs plus
-  its floating-point tensor outputs, i.e. what a typical op saves for backward (its inputs) plus
-  the output that stays alive until the consumer's backward. Measured at the largest batch size.
+- ``activation_bytes``: bytes per sample that autograd keeps from the forward to the backward
+  pass, measured: the storages saved for backward (``saved_tensors_hooks``) in one training-mode
+  forward at the largest micro-batch size, each storage once, charged to the node that produced it
+  (``runtime.capture.saved`` says why; parameters and buffers excluded).
 
 Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import platform
 import statistics
 import time
@@ -57,6 +57,7 @@ import torch
 from gpp_solver.errors import InvalidInputError
 
 from .fx_graph import COMPUTE_OPS, ModelGraph, run_node, trace_workload
+from .saved import saved_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -138,17 +139,6 @@ def _forward_all(mg: ModelGraph, inputs: tuple, micro_batch_size: int) -> dict:
     return env
 
 
-def _activation_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
-    inside = set(members)
-    ins, outs = [], []
-    for n in members:
-        ins += [t for m in n.all_input_nodes if m.op != "get_attr" and m not in inside
-                for t in _tensors(env[m]) if t.is_floating_point()]
-        if not any(u in inside and u.target is operator.getitem for u in n.users):
-            outs += [t for t in _tensors(env[n]) if t.is_floating_point()]
-    return _nbytes(ins + outs) / micro_batch_size
-
-
 def _output_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
     inside = set(members)
     sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside
@@ -198,8 +188,9 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
             timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
             timing[node]["bw_weight"].append(_time_backward_weight(mg, node, env, warmup, repeats, device))
         if micro_batch_size == micro_batch_sizes[-1]:
+            kept = saved_bytes(mg, inputs)
             for gid, members in mg.groups:
-                act_bytes[gid] = _activation_bytes(mg, members, env, micro_batch_size)
+                act_bytes[gid] = kept[gid] / micro_batch_size
                 out_bytes[gid] = _output_bytes(mg, members, env, micro_batch_size)
     nodes = []
     for gid, members in mg.groups:

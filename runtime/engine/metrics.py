@@ -15,8 +15,10 @@ records and derives:
   its spread, ``seconds_per_step`` for throughput;
 - bubble fraction per stage: ``1 - compute time / step wall time`` per rank, averaged over the
   timed steps and the stage's replicas (waiting for messages counts as idle);
-- peak memory per rank: CUDA ``max_memory_allocated``; on CPU the runtime's count of bytes saved
-  for backward (``saved_tensors_hooks``, parameters excluded) and the process's peak RSS;
+- peak memory per rank: the measured peak (``runtime.engine.memory``: CUDA ``max_memory_allocated``,
+  CPU the peak of the stage's live tensor bytes) beside the plan's prediction; on CPU also the
+  runtime's count of bytes saved for backward (``saved_tensors_hooks``, parameters excluded) and
+  the process's peak RSS;
 - measured vs predicted stage time per sample (compute per step / mini_batch_size vs
   ``stages[].predicted``);
 - a Chrome trace of all ranks (``pid`` = rank, timestamps in microseconds).
@@ -114,7 +116,7 @@ def format_summary(m: dict) -> str:
     for s in m["stages"]:
         pred = s["predicted_time_per_sample"]
         meas = s["measured_time_per_sample"]
-        mem = ", ".join(f"rank {k}: " + ", ".join(f"{n}={_size(v)}" for n, v in d.items())
+        mem = ", ".join(f"rank {k}: " + ", ".join(f"{n}={_size(v)}" for n, v in d.items() if v is not None)
                         for k, d in s["peak_memory"].items())
         lines.append(
             f"stage {s['stage']} ranks {s['ranks']}: bubble "

@@ -34,27 +34,37 @@ Conventions:
   original model's qualified names (``text.0.weight``); a weight tied across stages keeps its
   first name in the model on every stage that holds a copy.
 - Memory: the planner's memory model charges ``optimizer_state_factor`` bytes per weight byte
-  (weights + gradients + optimizer state; the cluster default 4.0 is fp32 Adam: weights, grads,
-  m, v). After the first ``optimizer.step()`` on this rank's parameters the pipeline measures
-  what the optimizer holds and warns (``strict_optimizer_state=True``: raises) when it exceeds
-  the factor the plan was made with.
+  (weights + gradients + optimizer state: SGD 2, SGD with momentum 3, Adam 4; the cluster
+  default 4.0). ``use_optimizer(opt)`` before the first step states at once when the optimizer's
+  factor differs from the plan's (a larger one warns, ``strict_optimizer_state=True`` raises);
+  without it the same check runs before the optimizer's first step, and after it the pipeline
+  measures what the optimizer really holds.
+- ``memory_stats()``: this rank's measured peak memory over step ``memory_step`` (0-based, default
+  1; ``memory_steps`` steps from there; ``runtime.engine.memory`` says how CPU and CUDA measure)
+  beside the plan's prediction for its stage under the optimizer really used. Read it after the
+  measured step's ``optimizer.step()``.
 - Dropout draws one reproducible stream per (seed, step, chunk, node) (``runtime.capture.dropout``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import weakref
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from gpp_solver.cost.model import stage_memory, stage_weight_bytes
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.cluster import as_cluster
+from gpp_solver.formats.graph import as_graph
 
 from .executor import StageExecutor
 from .grad_sync import GradSync
+from .memory import MemoryMeter, state_factor_of, storage_bytes
 from .metrics import Recorder
 from .p2p import MODES, P2P
 from .stage_setup import build
@@ -74,6 +84,7 @@ class GraphPipeline:
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
                  tracing: dict | None = None, emulate_allreduce=None, allreduce_overlap: bool | None = None,
+                 memory_step: int | None = 1, memory_steps: int = 1, graph=None, cluster=None,
                  _setup=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise InvalidInputError("GraphPipeline needs an initialised process group "
@@ -102,6 +113,12 @@ class GraphPipeline:
                                        else setup.optimizer_state_factor)
         self.strict_optimizer_state = strict_optimizer_state
         self.measured_state_factor: float | None = None
+        self.used_state_factor: float | None = None  # of the optimizer in use, once known
+        self._optimizers: list = []  # weak references to the optimizers that step this stage
+        self._graph = as_graph(graph) if graph is not None else None
+        self._cluster = as_cluster(cluster) if cluster is not None else None
+        self._steps_run = 0
+        self.memory = MemoryMeter(self.device, memory_step, memory_steps)
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
         self._local_to_name = {}
         for n, t in list(self.module.named_parameters(remove_duplicate=False)) + list(
@@ -124,6 +141,7 @@ class GraphPipeline:
                                       grad_sync=self.grad_sync)
         self._hook = register_optimizer_step_post_hook(
             _make_state_check(weakref.ref(self)))
+        self._pre_hook = register_optimizer_step_pre_hook(_make_first_use(weakref.ref(self)))
         dist.barrier()  # the first collective of the world group: every rank joins before any p2p
 
     def _groups(self):
@@ -156,9 +174,11 @@ class GraphPipeline:
                                         f"mini-batch size is {self.plan.mini_batch_size}")
         if self.executor.program.holds_sink and target is None:
             raise InvalidInputError(f"rank {self.rank} holds the model's output: step() needs target=")
+        self.memory.step_starts(self._steps_run, self._resident)
         loss = self.executor.run_step(inputs, target, self.rng_step)
         self.grad_sync.finish(self.stage.id)
         self.rng_step += 1
+        self._steps_run += 1
         if loss is not None and self.sink_group is not None:
             dist.all_reduce(loss, group=self.sink_group)  # each replica holds its samples' part
         return loss
@@ -201,8 +221,78 @@ class GraphPipeline:
         return self.train(False)
 
     def close(self) -> None:
-        """Remove the optimizer hook (the pipeline stays usable)."""
+        """Remove the optimizer hooks (the pipeline stays usable)."""
         self._hook.remove()
+        self._pre_hook.remove()
+
+    # -- memory -------------------------------------------------------------------------------------
+    @property
+    def plan_state_factor(self) -> float:
+        """The optimizer_state_factor the plan was priced with (the constructor's, else the plan's record)."""
+        return float(self.optimizer_state_factor)
+
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
+        """Declare the optimizer that steps this stage; states at once (warns when larger, raises
+        with ``strict_optimizer_state``) when its state factor differs from the plan's."""
+        if any(r() is optimizer for r in self._optimizers):
+            return self.used_state_factor
+        self._optimizers.append(weakref.ref(optimizer))
+        factor = state_factor_of(optimizer)
+        if factor is None:
+            return None
+        self.used_state_factor = factor
+        planned = self.plan_state_factor
+        if factor > planned * 1.01:
+            msg = (f"{type(optimizer).__name__} holds {factor:g} bytes of weights, gradients and state per "
+                   f"weight byte but the plan was priced with optimizer_state_factor={planned:g}: the plan "
+                   f"may not fit device memory; plan again with optimizer_state_factor {factor:g}")
+            if self.strict_optimizer_state:
+                raise InvalidInputError(msg)
+            if self.rank == 0:
+                logger.warning("%s", msg)
+        elif factor < planned * 0.99 and self.rank == 0:
+            logger.info("%s holds %g bytes of weights, gradients and state per weight byte, the plan "
+                        "assumed optimizer_state_factor %g: its memory figures are conservative",
+                        type(optimizer).__name__, factor, planned)
+        return factor
+
+    def _resident(self):
+        """The tensors this stage keeps between steps: parameters, buffers, gradients, optimizer state."""
+        params = list(self.module.parameters())
+        yield from params
+        yield from self.module.buffers()
+        yield from (p.grad for p in params if p.grad is not None)
+        mine = {id(p) for p in params}
+        for ref in self._optimizers:
+            opt = ref()
+            if opt is None:
+                continue
+            for p, st in opt.state.items():
+                if id(p) in mine:
+                    yield from (v for v in st.values() if isinstance(v, torch.Tensor))
+
+    def predicted_peak_memory(self) -> float:
+        """The cost model's memory of this rank's stage for the optimizer in use: with the
+        constructor's ``graph`` and ``cluster``, ``stage_memory`` of the plan's stage on that cluster
+        with the optimizer's state factor; else the plan's ``memory_bytes + (used - planned factor) *
+        W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and buffers)."""
+        stage = self.plan.stage(self.stage.id)
+        used = self.used_state_factor or self.measured_state_factor or self.plan_state_factor
+        if self._graph is not None and self._cluster is not None:
+            cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
+            return stage_memory(self._graph, cluster, stage, stage.in_flight_samples, self.plan.stages)
+        if self._graph is not None:
+            weights = stage_weight_bytes(self._graph, stage)
+        else:
+            weights = storage_bytes(list(self.module.parameters()) + list(self.module.buffers()))
+        return stage.predicted.memory_bytes + (used - self.plan_state_factor) * weights
+
+    def memory_stats(self) -> dict:
+        """``{"rank", "stage", "peak_memory_bytes", "predicted_peak_memory_bytes"}`` of this rank; the
+        measured peak is None until the measured step has run (reading it ends the measurement)."""
+        self.memory.close()
+        return {"rank": self.rank, "stage": self.stage.id, "peak_memory_bytes": self.memory.peak,
+                "predicted_peak_memory_bytes": self.predicted_peak_memory()}
 
     # -- the optimizer-state check ------------------------------------------------------------------
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
@@ -221,20 +311,33 @@ class GraphPipeline:
         grads = sum(_tensor_bytes(p) for p in mine.values())
         factor = (weights + grads + state) / weights
         self.measured_state_factor = factor
-        if factor > self.optimizer_state_factor * 1.01:
+        if self.used_state_factor is not None and abs(factor - self.used_state_factor) <= 0.01 * factor:
+            return factor  # as stated before the first step (use_optimizer)
+        if factor > self.plan_state_factor * 1.01:
             msg = (f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
                    f"gradients and state per weight byte, but the plan's memory model assumed "
-                   f"optimizer_state_factor={self.optimizer_state_factor:g} (4.0 = fp32 Adam); the plan "
+                   f"optimizer_state_factor={self.plan_state_factor:g} (4.0 = fp32 Adam); the plan "
                    f"may not fit device memory: plan again with a cluster whose "
                    f"optimizer_state_factor is {factor:.2f}")
             if self.strict_optimizer_state:
                 raise InvalidInputError(msg)
             logger.warning("%s", msg)
-        elif factor < self.optimizer_state_factor * 0.99:
+        elif factor < self.plan_state_factor * 0.99:
             logger.info("%s holds %.2f bytes per weight byte, less than the plan's "
                         "optimizer_state_factor %.2f: the plan's memory figures are conservative",
-                        type(optimizer).__name__, factor, self.optimizer_state_factor)
+                        type(optimizer).__name__, factor, self.plan_state_factor)
         return factor
+
+
+def _make_first_use(ref):
+    def hook(optimizer, _args, _kwargs):
+        pipe = ref()
+        if pipe is None or any(r() is optimizer for r in pipe._optimizers):
+            return
+        mine = {id(p) for p in pipe.parameters()}
+        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+            pipe.use_optimizer(optimizer)
+    return hook
 
 
 def _make_state_check(ref):

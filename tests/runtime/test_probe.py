@@ -16,7 +16,7 @@ from runtime.probe import affine_fit, check_args, cluster_doc, host_available_me
 REPO = Path(__file__).resolve().parents[2]
 SPEC_FIELDS = {"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
                "inter_node_bandwidth", "latency", "optimizer_state_factor", "allreduce_bandwidth",
-               "allreduce_latency"}
+               "allreduce_latency", "memory_overheads"}
 
 
 def _probe(nproc: int, args: list[str]):
@@ -36,6 +36,7 @@ def test_two_ranks_write_a_valid_cluster(tmp_path):
     c = load_cluster(out)
     assert c.devices == 2 and c.devices_per_node == 2  # one host: both ranks in one node
     assert c.optimizer_state_factor == 2.0
+    assert c.memory_overheads  # the runtime's own buffers and temporaries are priced
     assert 0 < c.latency < 0.5
     assert 1e6 < c.intra_node_bandwidth < 1e12
     assert c.inter_node_bandwidth == c.intra_node_bandwidth  # no inter-node pair on one host

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,9 +33,9 @@ from gpp_solver.planners.gpp.options import (
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 from gpp_solver.planners.gpp.plans import rebuild_as_gpp, reschedule, states_from_plan, uniform_micro_batch
 from gpp_solver.planners.gpp.pool import Pool
+from gpp_solver.planners.gpp.prove import prove_by_milp as _prove
 from gpp_solver.planners.gpp.seeds import run_seed_planners, within_sizes
 from gpp_solver.planners.gpp.tighten import tighten_orders
-from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
@@ -382,26 +381,3 @@ def _consider(P: Problem, label: str, st: State, seen: set[State], evald: list[S
         if c not in seen:
             seen.add(c)
             evald.append((label, c, P.evaluate(c.assign, c.devs)))
-
-
-def _prove(graph: Graph, cluster: Cluster, mini_batch_size: int, deadline: float,
-           pool: Pool, micro_batch_sizes: Sequence[int] | None = None,
-           schedule: str = "1f1b") -> tuple[float | None, bool]:
-    """Run the exact planner (``milp``) if installed in the time left: its optimal TPS (or
-    ``None``) and whether the wall clock cut it (no time left, or its status ``time-limit``)."""
-    try:
-        fn = get_planner("milp")
-    except InvalidInputError:
-        return None, False
-    left = deadline - time.perf_counter()
-    if left <= 0:
-        return None, True
-    try:
-        p = fn(graph, cluster, mini_batch_size, time_limit=left,
-               **({} if micro_batch_sizes is None else {"micro_batch_sizes": tuple(micro_batch_sizes)}))
-        validate(p, graph, cluster)
-    except Exception as exc:  # noqa: BLE001
-        logger.info("exact planner failed: %s: %s", type(exc).__name__, exc)
-        return None, time.perf_counter() > deadline
-    pool.add(reschedule(p, graph, cluster, schedule), {"origin": "milp", "micro_batch_size": uniform_micro_batch(p)})
-    return (p.predicted.time_per_sample if p.search.status is Status.OPTIMAL_TIME_PER_SAMPLE else None), p.search.status is Status.TIME_LIMIT

@@ -1,0 +1,65 @@
+"""Planning under the runtime's memory overheads (a cluster with ``memory_overheads``).
+
+The planners search (and check their plans) with the model without overheads (``osf * W_S +
+in_flight / d * sum act_v``); the runtime's overheads (received buffers, messages posted ahead,
+gradient buckets, temporaries: ``cost.model.memory_with_overheads``) are then priced on the plan a
+planner returns, by the same cost core that ``validate`` and ``simulate`` use.
+Where a stage then exceeds the device memory, the planner runs again with the device memory it
+sees lowered to the real one less the plan's largest overhead, so the plan returned fits under the
+whole model; its status then claims no more than ``feasible`` (the optimum was proven for the
+lowered memory, not the real one). When ``ROUNDS`` more tries find no plan that fits, it raises
+``InfeasibleError``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from gpp_solver.cost.model import stage_memory
+from gpp_solver.errors import InfeasibleError
+from gpp_solver.types import Cluster, Graph, Plan, Status
+
+logger = logging.getLogger(__name__)
+
+ROUNDS = 4
+
+
+def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
+    """``plan`` with every stage's ``memory_bytes`` (and the plan's peak) under ``cluster``'s model."""
+    stages = tuple(replace(s, predicted=replace(s.predicted, memory_bytes=stage_memory(
+        graph, cluster, s, s.in_flight_samples, plan.stages))) for s in plan.stages)
+    peak = max(s.predicted.memory_bytes for s in stages)
+    return replace(plan, stages=stages, predicted=replace(plan.predicted, peak_memory_bytes=peak))
+
+
+def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster: Cluster) -> Plan:
+    """``run`` (a planner on a cluster) under the whole memory model of ``cluster`` (module docstring)."""
+    if not cluster.memory_overheads:
+        return run(cluster)
+    seen = replace(cluster, memory_overheads=False)
+    for round_ in range(ROUNDS + 1):
+        try:
+            found = run(seen)
+        except InfeasibleError as exc:
+            if round_ == 0:
+                raise
+            raise InfeasibleError(f"no plan fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
+                                  f"memory overheads: planning again with {seen.memory_bytes:.6g} bytes (less the "
+                                  f"largest overhead) found none: {exc}") from None
+        plan = priced(found, graph, cluster)
+        if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
+            if seen.memory_bytes < cluster.memory_bytes and plan.search.status != Status.FEASIBLE:
+                plan = replace(plan, search=replace(plan.search, status=Status.FEASIBLE))
+            return plan
+        overhead = max(a.predicted.memory_bytes - b.predicted.memory_bytes for a, b in zip(plan.stages, found.stages))
+        limit = min(seen.memory_bytes * (1 - 1e-6), cluster.memory_bytes - overhead)
+        if round_ == ROUNDS or limit <= 1.0:
+            break
+        logger.info("with the runtime's overheads the plan's largest stage needs %.6g bytes; planning again "
+                    "with %.6g bytes per device", plan.predicted.peak_memory_bytes, limit)
+        seen = replace(seen, memory_bytes=limit)
+    raise InfeasibleError(f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
+                          f"memory overheads (the last one needs {plan.predicted.peak_memory_bytes:.6g} bytes; "
+                          f"memory_overheads in docs/cost-model.md)")

@@ -1,0 +1,69 @@
+"""Bytes autograd keeps from the forward to the backward pass, per graph node (its ``activation_bytes``).
+
+One training-mode forward of the traced model runs node by node with autograd recording, under
+``torch.autograd.graph.saved_tensors_hooks``: every tensor an operator saves for its backward is
+seen, and its storage (each storage once, however many operators save it or views of it) is
+charged to the graph node that *produced* it, the node whose operator allocated it (an output, or
+an intermediate inside a node of several operators, e.g. attention's softmax or dropout's mask).
+A model input that an operator saves is charged to the first node that saves it. Parameters and
+buffers are not activations (the weights term of the cost model holds them).
+
+Charging the producer follows what a pipeline stage holds per in-flight sample: a value its own
+nodes saved, and a value it sends to another stage, which stays alive as the root of the stage's
+backward (so a stage's kept bytes do not depend on where its consumers are). What this figure
+does not hold is partition-dependent and priced by the cost model from the plan's transfers: the
+received copy of a value a stage reads from another stage (its received buffers).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .fx_graph import COMPUTE_OPS, ModelGraph, run_node
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def saved_bytes(mg: ModelGraph, inputs: tuple) -> dict[str, int]:
+    """Bytes of saved-for-backward storages charged to each graph node (see the module docstring)
+    in one forward of ``inputs``; every node of the graph has an entry."""
+    weights = {t.untyped_storage().data_ptr() for t in list(mg.gm.parameters()) + list(mg.gm.buffers())}
+    owner: dict[int, str] = {}   # storage -> graph node charged with it
+    size: dict[int, int] = {}
+    saved: set[int] = set()
+    current: list[str | None] = [None]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            s = t.untyped_storage()
+            ptr = s.data_ptr()
+            if ptr not in weights and s.nbytes():
+                saved.add(ptr)
+                size[ptr] = s.nbytes()
+                owner.setdefault(ptr, current[0])
+        return t
+
+    env: dict = dict(zip(mg.placeholders, inputs))
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for n in mg.gm.graph.nodes:
+            if n.op not in COMPUTE_OPS and n.op != "get_attr":
+                continue
+            current[0] = mg.group.get(n)
+            env[n] = run_node(mg.gm, n, env)
+            if current[0] is not None:
+                for t in _tensors(env[n]):
+                    owner.setdefault(t.untyped_storage().data_ptr(), current[0])
+    out = {gid: 0 for gid, _ in mg.groups}
+    for ptr in saved:
+        gid = owner.get(ptr)
+        if gid in out:
+            out[gid] += size[ptr]
+    return out

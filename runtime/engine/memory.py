@@ -1,0 +1,147 @@
+"""One rank's peak memory in measured steps, and the optimizer's state factor.
+
+What is measured (never re-computed from the cost model):
+
+- CUDA: ``torch.cuda.max_memory_allocated`` after ``torch.cuda.reset_peak_memory_stats`` at the
+  start of the measured steps: every live tensor byte of the device (the caching allocator's
+  allocated bytes; its reserve is not counted);
+- CPU: the peak of live tensor bytes of the stage. At the start of the window the bytes the stage
+  holds are counted from the real tensors (the stage's parameters, buffers, gradients and the
+  state of every optimizer that stepped them, each storage once); during the window every
+  allocation and free of the CPU allocator is recorded by ``torch.profiler`` (``profile_memory``)
+  and the running sum of their bytes is added. The other stages' weights that the process keeps
+  (each rank builds the whole model on CPU) are not the stage's and are not counted, as they would
+  not be on its device. Profiling slows the step, so the window is one step by default (``steps``).
+
+The window opens at the start of ``GraphPipeline.step`` number ``first`` (0-based; default 1: the
+optimizer's state exists from the first optimizer step on, so step 1 is the steady state) and
+closes at the start of the step after the last measured one or when the figures are read
+(``GraphPipeline.memory_stats``), so the optimizer step and ``zero_grad`` of the measured steps are
+inside it.
+
+Optimizer state factor (what the cost model's ``optimizer_state_factor`` counts): bytes of
+weights + gradients + optimizer state per weight byte: SGD 2 (weights, gradients), SGD with
+momentum 3 (+ momentum buffer), Adam / AdamW 4 (+ exp_avg, exp_avg_sq), 5 with ``amsgrad``
+(+ max_exp_avg_sq). ``state_factor_of`` reads it from the optimizer's class and settings before
+it has stepped (None for another optimizer: then only the measurement after its first step says).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable
+
+import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
+
+_FACTORS = {torch.optim.SGD: lambda g: 3.0 if g.get("momentum", 0.0) else 2.0,
+            torch.optim.Adam: lambda g: 5.0 if g.get("amsgrad") else 4.0,
+            torch.optim.AdamW: lambda g: 5.0 if g.get("amsgrad") else 4.0}
+
+
+def state_factor_of(optimizer: torch.optim.Optimizer) -> float | None:
+    """Weights + gradients + state per weight byte that ``optimizer`` will hold (the largest over
+    its parameter groups), from its class and settings; None for an optimizer not listed above."""
+    rule = _FACTORS.get(type(optimizer))
+    if rule is None or not optimizer.param_groups:
+        return None
+    return max(rule(g) for g in optimizer.param_groups)
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            s = t.untyped_storage()
+            seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence the profiler's own start/stop lines (written to fd 2 by its C++ side)."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _running_peak(prof) -> int:
+    """The largest running sum of the CPU allocator's allocation (+) and free (-) bytes, in time order."""
+    events = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == torch.device("cpu").type:
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))
+        stack.extend(e.children)
+    run = peak = 0
+    for _t, n in sorted(events):
+        run += n
+        peak = max(peak, run)
+    return peak
+
+
+class MemoryMeter:
+    """The peak of one rank over steps ``first .. first + steps - 1`` (see the module docstring)."""
+
+    def __init__(self, device: torch.device, first: int | None = 1, steps: int = 1) -> None:
+        self.device = device
+        self.first = first
+        self.steps = max(1, steps)
+        self.peak: int | None = None
+        self.measured_steps: list[int] = []
+        self._open = False
+        self._base = 0
+        self._prof = None
+
+    def step_starts(self, step: int, resident: Callable[[], Iterable[torch.Tensor]]) -> None:
+        """Called at the start of every step: opens the window at ``first``, closes it after."""
+        if self.first is None:
+            return
+        if self._open and step >= self.first + self.steps:
+            self.close()
+        if not self._open and self.peak is None and self.first <= step < self.first + self.steps:
+            self._start(resident)
+        if self._open:
+            self.measured_steps.append(step)
+
+    def _start(self, resident) -> None:
+        self._open = True
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return
+        self._base = storage_bytes(resident())
+        self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        older = torch.empty(1)
+        with _quiet_stderr():
+            self._prof.__enter__()
+            # freeing a block allocated before the window (not counted: its size is unknown to the
+            # profiler) prints the allocator's one-time notice about such blocks here, not mid-step
+            del older
+
+    def close(self) -> None:
+        """End the window (no-op when none is open) and keep its peak."""
+        if not self._open:
+            return
+        self._open = False
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = int(torch.cuda.max_memory_allocated(self.device))
+            return
+        with _quiet_stderr():
+            self._prof.__exit__(None, None, None)
+        self.peak = self._base + _running_peak(self._prof)
+        self._prof = None
