@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import networkx as nx
-import numpy as np
 
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.types import Cluster, Graph, Node
 
 T = TypeVar("T")
@@ -70,47 +70,6 @@ def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequ
     (:attr:`TimeTerms.node_overhead`: the graph's per-node dispatch of a forward and a backward)."""
     t = interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
     return t + overhead if overhead else t
-
-
-@dataclass(frozen=True)
-class TimeTerms:
-    """The calibrated terms of the time model beside the profiled node times: each node's
-    ``op_overhead`` per forward and per backward, the optimizer step per weight byte (graph), and
-    the all-reduce's own bandwidth and per-step latency (cluster). Every pricer takes them from
-    here; absent fields give zeros and the point-to-point bandwidth, i.e. the plain model."""
-
-    op_fw: float = 0.0
-    op_bw: float = 0.0
-    optimizer_per_byte: float = 0.0
-    allreduce_bandwidth: float | None = None
-    allreduce_latency: float = 0.0
-
-    @classmethod
-    def of(cls, graph: Graph | None = None, cluster: Cluster | None = None) -> TimeTerms:
-        fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
-        return cls(fw, bw, graph.optimizer_time_per_byte if graph is not None else 0.0,
-                   cluster.allreduce_bandwidth if cluster is not None else None,
-                   cluster.allreduce_latency if cluster is not None else 0.0)
-
-    @property
-    def node_overhead(self) -> float:
-        """What one node adds to a micro-batch's forward plus backward."""
-        return self.op_fw + self.op_bw
-
-    def allreduce(self, weight_bytes, d, bandwidth):
-        """``A(S)`` (:func:`allreduce_time`) at the all-reduce's bandwidth: the cluster's
-        ``allreduce_bandwidth`` when it has one, else ``bandwidth`` (the caller's point-to-point figure)."""
-        bw = bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
-        return allreduce_time(weight_bytes, d, bw, self.allreduce_latency)
-
-    def optimizer(self, weight_bytes):
-        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``."""
-        return self.optimizer_per_byte * weight_bytes
-
-    def tail(self, weight_bytes, d, bandwidth):
-        """``A(S) + O(S)``: what a stage runs after its last backward (elementwise on arrays)."""
-        a = self.allreduce(weight_bytes, d, bandwidth)
-        return a + self.optimizer_per_byte * weight_bytes if self.optimizer_per_byte else a
 
 
 @dataclass(frozen=True)
@@ -212,21 +171,6 @@ def comm_time(bytes_per_sample, samples, bandwidth, latency, messages=1):
     """``messages`` messages of the affine model carrying ``bytes_per_sample * samples`` bytes in all:
     ``messages * latency + bytes / bandwidth`` (one message: ``latency + bytes / bandwidth``)."""
     return messages * latency + bytes_per_sample * samples / bandwidth
-
-
-def allreduce_time(weight_bytes, d, bandwidth, latency=0.0):
-    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array):
-    ``2 (d-1)`` steps (reduce-scatter, all-gather) of ``latency`` each, ``2 (d-1)/d * W`` bytes sent
-    by each replica at ``bandwidth``."""
-    if np.ndim(d) == 0:
-        if d <= 1:
-            return 0.0
-        t = 2.0 * (d - 1) / d * weight_bytes / bandwidth
-        return t + 2.0 * (d - 1) * latency if latency else t
-    t = 2.0 * (d - 1) / d * weight_bytes / bandwidth
-    if np.any(latency):
-        t = t + 2.0 * (d - 1) * latency
-    return np.where(d > 1, t, 0.0)
 
 
 def time_per_sample(per_micro_batch, b, allreduce, mini_batch_size):
@@ -434,43 +378,3 @@ def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[in
     L = max(longest.values())
     steady = max((mini_batch_size // c.micro_batch_size - 1) * c.per_micro_batch for c in costs)
     return L + steady + max(c.tail for c in costs)
-
-
-class CostTables:
-    """Vectorised node times for planners that evaluate many candidate stages.
-
-    ``compute_prefix(x)`` gives prefix sums of ``f + g`` at ``x`` samples over ``order`` so a
-    contiguous range of nodes costs O(1).
-    """
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.op_fw, self.op_bw = graph.op_overhead
-        self.sizes = np.asarray(graph.micro_batch_sizes, dtype=float)
-        self.fw = np.asarray([n.fw_time for n in graph.nodes], dtype=float)
-        self.bw = np.asarray([n.bw_time for n in graph.nodes], dtype=float)
-        self.weight = np.asarray([n.weight_bytes for n in graph.nodes], dtype=float)
-        self.activation = np.asarray([n.activation_bytes for n in graph.nodes], dtype=float)
-        self._at: dict[float, np.ndarray] = {}
-        self._fg: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-
-    def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(f_v(x), g_v(x))`` for every node (graph order), by :func:`interpolate`, each with the
-        graph's ``op_overhead``."""
-        r = self._fg.get(x)
-        if r is None:
-            sizes = self.graph.micro_batch_sizes
-            f = interpolate(lambda i: self.fw[:, i], sizes, x)
-            g = interpolate(lambda i: self.bw[:, i], sizes, x)
-            if self.op_fw or self.op_bw:   # the graph's per-node dispatch (TimeTerms)
-                f, g = f + self.op_fw, g + self.op_bw
-            r = self._fg[x] = (f, g)
-        return r
-
-    def compute_at(self, x: float) -> np.ndarray:
-        """``f_v(x) + g_v(x)`` for every node (graph order)."""
-        r = self._at.get(x)
-        if r is None:
-            f, g = self.fw_bw_at(x)
-            r = self._at[x] = f + g
-        return r

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from itertools import accumulate, product
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import TimeTerms, comm_time, memory_per_device, node_compute, time_per_sample
+from gpp_solver.cost.model import comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec, build_plan

@@ -93,8 +93,9 @@ import pulp
 
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import CostTables, TimeTerms
 from gpp_solver.cost.network import best_bandwidth
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InvalidInputError, SolverError
 from gpp_solver.oracles.node_classes import node_classes, watched_nodes
 from gpp_solver.types import Cluster, Graph

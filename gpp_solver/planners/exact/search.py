@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import TimeTerms, interp_time, stage_costs, stage_transfers
+from gpp_solver.cost.model import interp_time, stage_costs, stage_transfers
 from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches

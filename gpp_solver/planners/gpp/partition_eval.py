@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, TimeTerms, comm_time, memory_per_device, time_per_sample
+from gpp_solver.cost.model import comm_time, memory_per_device, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth, node_bandwidth, slowest_bandwidth
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.planners.gpp.partition_eval_py import evaluate_py
 from gpp_solver.types import Cluster, Graph
 

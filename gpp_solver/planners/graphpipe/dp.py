@@ -24,8 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, TimeTerms
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
 from gpp_solver.planners.graphpipe.dp_stage import DPProbe, DPStage, SizeTables, decode, encode, power_of_two_degrees

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.cost.model import TimeTerms, comm_time, time_per_sample
+from gpp_solver.cost import TimeTerms, comm_time, time_per_sample
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, TreeIndex
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, TimeTerms, iteration_time_estimate, stage_costs, stage_transfers
+from gpp_solver.cost.model import iteration_time_estimate, stage_costs, stage_transfers
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.types import Cluster, Graph

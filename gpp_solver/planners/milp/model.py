@@ -39,8 +39,9 @@ from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Too
 # isort: split
 import pulp
 
-from gpp_solver.cost.model import TimeTerms, node_compute
+from gpp_solver.cost.model import node_compute
 from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, layouts
 from gpp_solver.types import Cluster, Graph
 

@@ -44,7 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import TimeTerms, node_compute
+from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.validate import validate

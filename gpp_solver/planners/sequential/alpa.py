@@ -38,7 +38,8 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from gpp_solver.cost.model import TimeTerms, comm_time, memory_per_device, node_compute
+from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate

@@ -65,8 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import TimeTerms, comm_time, memory_per_device, node_compute, time_per_sample
+from gpp_solver.cost.model import comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import node_bandwidth
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate

@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, TimeTerms, comm_time, memory_per_device
+from gpp_solver.cost.model import comm_time, memory_per_device
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
