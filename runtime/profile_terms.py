@@ -163,11 +163,16 @@ def overhead_per_node(whole: list[float], summed: list[float], n_nodes: int) -> 
 
 def remove_call_cost(nodes: list[dict], kind: str, per_size: list[float]) -> None:
     """Take a negative per-node overhead at a size off every node's ``{kind}_time`` there, and off
-    its ``time_spread`` (never below 0)."""
+    its ``time_spread`` (never below 0). For the backward, also off a measured ``bw_weight_time``
+    (timed by its own per-node ``torch.autograd.grad`` call, so it carries the same call cost),
+    which stays at most the node's ``bw_time``."""
     for i, v in enumerate(per_size):
         if v < 0:
             for nd in nodes:
                 nd[f"{kind}_time"][i] = max(0.0, nd[f"{kind}_time"][i] + v)
+                weight = nd.get("bw_weight_time") if kind == "bw" else None
+                if weight and weight[i] > 0:
+                    weight[i] = min(nd["bw_time"][i], max(0.0, weight[i] + v))
                 spread = nd.get("extra", {}).get("time_spread", {}).get(kind)
                 if spread:
                     spread[i] = [max(0.0, spread[i][0] + v), max(0.0, spread[i][1] + v)]

@@ -36,6 +36,8 @@ def test_profile_records_overhead_optimizer_and_loss():
     loss = sinks[0]["extra"]["loss_time"]
     assert all(t > 0 for t in loss["fw"] + loss["bw"])
     assert all(t >= x for t, x in zip(sinks[0]["fw_time"], loss["fw"]))
+    for nd in doc["nodes"]:   # the weight gradient stays a part of the (shifted) backward
+        assert all(0 <= w <= t for w, t in zip(nd["bw_weight_time"], nd["bw_time"]))
     for nd in doc["nodes"]:   # the recorded figure stays within its (shifted) spread
         for kind in ("fw", "bw"):
             assert all(lo <= t <= hi for t, (lo, hi) in zip(nd[f"{kind}_time"], nd["extra"]["time_spread"][kind]))
@@ -67,6 +69,17 @@ def test_whole_model_times_and_overhead_rules():
     assert [nd["bw_time"] for nd in nodes] == [[0.0, 1e-4], [5e-5 - 4e-5, 2e-4]]
     assert nodes[1]["extra"]["time_spread"]["bw"] == [[0.0, 6e-5 - 4e-5], [1e-4, 3e-4]]
     assert graph_overhead([-1e-5, 2e-5, 4e-5], [1e-6, -3e-6]) == {"fw": 2e-5, "bw": 0.5e-6}
+    # a measured weight-gradient time pays the same call cost and stays within the backward
+    split = [{"bw_time": [6e-5, 1e-4], "bw_weight_time": [5e-5, 3e-5]}, {"bw_time": [3e-5], "bw_weight_time": [0.0]}]
+    remove_call_cost(split, "bw", [-2e-5, 0.0])
+    assert split[0]["bw_time"] == [6e-5 - 2e-5, 1e-4] and split[0]["bw_weight_time"] == [5e-5 - 2e-5, 3e-5]
+    assert split[1]["bw_weight_time"] == [0.0]
+    tight = [{"bw_time": [1e-5], "bw_weight_time": [1e-5]}]    # never below 0
+    remove_call_cost(tight, "bw", [-2e-5])
+    assert tight[0]["bw_time"] == tight[0]["bw_weight_time"] == [0.0]
+    fw_only = [{"fw_time": [3e-5], "bw_time": [3e-5], "bw_weight_time": [3e-5]}]
+    remove_call_cost(fw_only, "fw", [-1e-5])
+    assert fw_only[0]["bw_weight_time"] == [3e-5]
 
 
 def test_a_loss_that_fails_is_named():
