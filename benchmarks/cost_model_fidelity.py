@@ -25,8 +25,9 @@ would take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms pe
 ``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated). Emulated:
 compute and the data-parallel all-reduce sleep the modelled time (``A(S)`` on the probed cluster, passed in
 ``$GPP_EMULATE_CLUSTER``); point-to-point transfers and the schedule are real. ``cpu``: real models
-(``benchmarks/fidelity_cpu.py``: torchvision resnet18 and googlenet at 32x32, HF BERT tiny, a two-tower
-model, and the two examples' ``bench`` MLPs), each at its own mini-batch, predicted from a few ms to a few
+(``benchmarks/fidelity_cpu.py``: torchvision resnet18, googlenet and mobilenet_v3_small at 32x32, HF BERT
+tiny and a tiny random CLIP, a two-tower model, and the two examples' ``bench`` MLPs), each at its own
+mini-batch, predicted from a few ms to a few
 hundred ms per iteration; profiled with ``runtime.profile --concurrent`` (one pinned profiler per core),
 trained with one thread per rank, each rank pinned to its own core and every other core kept busy
 (``--fill-cores``; the module says why: this machine's cores slow each other down).
@@ -279,11 +280,27 @@ def stage_diagnostics(plan, sim, ranks: dict[int, dict]) -> list[dict]:
     out = []
     for ps, st in zip(plan.stages, sim.stages):
         m = ranks.get(ps.devices[0], {})
-        out.append({"stage": st.stage, "rank": ps.devices[0], "sim_busy": st.busy - st.allreduce,
+        out.append({"stage": st.stage, "rank": ps.devices[0], "sim_busy": st.busy - st.allreduce - st.optimizer,
                     "measured_busy": m.get("compute"), "sim_allreduce": st.allreduce,
                     "measured_allreduce": m.get("allreduce"), "measured_wait": m.get("wait"),
                     "sim_idle": st.idle})
     return out
+
+
+def planning_cluster(measured, devices: int, mode: str) -> dict:
+    """The cluster the planners see for ``devices`` ranks: the probed one's figures (its ring
+    all-reduce fit included), memory unbounded in emulated mode (activations are not emulated)."""
+    cdoc = {"format": "gpp-cluster/1", "devices": devices,
+            "memory_bytes": 1e15 if mode == "emulated" else measured.memory_bytes,
+            "intra_node_bandwidth": measured.intra_node_bandwidth,
+            "inter_node_bandwidth": measured.inter_node_bandwidth,
+            "latency": measured.latency, "optimizer_state_factor": measured.optimizer_state_factor,
+            "memory_overheads": measured.memory_overheads}
+    if measured.allreduce_bandwidth is not None:
+        cdoc.update(allreduce_bandwidth=measured.allreduce_bandwidth, allreduce_latency=measured.allreduce_latency)
+    if measured.devices_per_node:
+        cdoc["devices_per_node"] = measured.devices_per_node
+    return cdoc
 
 
 def signature(plan) -> str:
@@ -302,15 +319,7 @@ def run(args) -> tuple[list[dict], dict]:
     for label, g, model_spec, env, batch in models:
         graph = as_graph(g)
         for n in args.device_counts:
-            cdoc = {"format": "gpp-cluster/1", "devices": n,
-                    "memory_bytes": 1e15 if args.mode == "emulated" else measured_cluster.memory_bytes,
-                    "intra_node_bandwidth": measured_cluster.intra_node_bandwidth,
-                    "inter_node_bandwidth": measured_cluster.inter_node_bandwidth,
-                    "latency": measured_cluster.latency,
-                    "optimizer_state_factor": measured_cluster.optimizer_state_factor,
-                    "memory_overheads": measured_cluster.memory_overheads}
-            if measured_cluster.devices_per_node:
-                cdoc["devices_per_node"] = measured_cluster.devices_per_node
+            cdoc = planning_cluster(measured_cluster, n, args.mode)
             for planner in args.planners.split(","):
                 row = {"model": label, "devices": n, "planner": planner, "group": (label, batch)}
                 rows.append(row)

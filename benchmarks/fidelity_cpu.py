@@ -44,7 +44,10 @@ REPO = Path(__file__).resolve().parents[1]
 # few hundred ms (resnet18, googlenet at 32x32 float64) on one EPYC core
 CPU_MODELS = [("examples.real_models:two_tower", 32), ("examples.real_models:bert_tiny", 32),
               ("examples.sequential:bench", 128), ("examples.two_branch:bench", 128),
-              ("examples.real_models:googlenet", 4), ("examples.real_models:resnet18", 8)]
+              ("examples.real_models:googlenet", 4), ("examples.real_models:resnet18", 8),
+              # models the project did not write and tests nowhere else: torchvision's
+              # mobilenet_v3_small and a HuggingFace CLIP (two towers, text and image)
+              ("examples.real_models:mobilenet_v3_small", 8), ("examples.real_models:clip_tiny", 32)]
 QUICK_CPU_MODELS = [("examples.sequential:workload", 8)]
 FILL = ("unused", "none")
 

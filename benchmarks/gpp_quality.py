@@ -35,7 +35,8 @@ import sys
 import time
 from typing import Any
 
-from gpp_solver.cost.model import CostTables, stage_costs
+from gpp_solver.cost.model import stage_costs
+from gpp_solver.cost.tables import CostTables
 from gpp_solver.errors import GppError, SolverError
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.oracles.tps_bound import TpsBound, perfect_balance_tps, relaxed_tps_bound

@@ -14,6 +14,10 @@
   traced with ``torch.export``; ``gpt2_tiny_tied`` ties the head to the embedding (as shipped).
 - ``two_tower``: a text tower (embedding, ``nn.TransformerEncoderLayer``) and an image tower
   (convolutions) fused by a raw ``nn.MultiheadAttention`` (its output is a tuple) and a head.
+- ``mobilenet_v3_small``: torchvision's definition as shipped, frozen BatchNorm, float64.
+- ``clip_tiny``: HuggingFace ``CLIPModel`` (text and vision towers, projections) from a tiny random
+  ``CLIPConfig``, traced with ``torch.export`` (plain fx fails on its position-length check); the
+  per-sample score of each image with its own text, binary cross-entropy against a random label.
 
 torchvision and transformers are imported through ``runtime.capture.third_party`` (see there why).
 Dropout is 0 everywhere: ``--verify`` needs the pipeline and one process to draw equal masks.
@@ -190,3 +194,56 @@ def two_tower_dropout():
     attention's dropout run inside modules traced whole, so ``--verify`` needs their draws per
     chunk of samples too (``runtime.capture.dropout.ChunkSeeded``)."""
     return two_tower(dropout=0.1, dtype=torch.float32)
+
+
+def mobilenet_v3_small(size: int = 32):
+    """torchvision's ``mobilenet_v3_small`` as shipped (squeeze-excitation, hardswish, in-place
+    activations), 10 classes, 32x32 images, float64, BatchNorm frozen (``FrozenBatchNorm2d``) and
+    the classifier's dropout 0, as for ``googlenet``."""
+    tv = import_torchvision()
+    frozen = tv.ops.misc.FrozenBatchNorm2d
+    net = tv.models.mobilenet_v3_small(weights=None, num_classes=CLASSES, dropout=0.0, norm_layer=frozen)
+    return _classification(net, (3, size, size), leaf_modules=(frozen,))
+
+
+class _ClipPairScore(nn.Module):
+    """A HuggingFace ``CLIPModel``'s two towers and projections; per sample, the scaled cosine
+    similarity of its own image and text embeddings (a per-sample logit: the pipeline splits the
+    mini-batch, so a loss over all pairs of the batch cannot be used)."""
+
+    def __init__(self, clip: nn.Module) -> None:
+        super().__init__()
+        self.clip = clip
+
+    def forward(self, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> torch.Tensor:
+        text = self.clip.get_text_features(input_ids=input_ids)
+        image = self.clip.get_image_features(pixel_values=pixel_values)
+        text = getattr(text, "pooler_output", text)      # newer transformers return an output object
+        image = getattr(image, "pooler_output", image)
+        text = text / text.norm(dim=-1, keepdim=True)
+        image = image / image.norm(dim=-1, keepdim=True)
+        return (text * image).sum(-1) * self.clip.logit_scale.exp()
+
+
+def clip_tiny(seq: int = 8, image: int = 16):
+    """HuggingFace ``CLIPModel`` (a text and a vision transformer, each with its projection) from a
+    tiny random ``CLIPConfig`` (no download); the loss is binary cross-entropy of each sample's
+    image-text score against a random match label, summed over samples."""
+    tr = import_transformers()
+    text = dict(vocab_size=64, bos_token_id=62, eos_token_id=63, pad_token_id=0, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=seq, attention_dropout=0.0)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                  image_size=image, patch_size=4, attention_dropout=0.0)
+    cfg = tr.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    model = _ClipPairScore(tr.CLIPModel(cfg)).to(torch.float64)
+
+    def sample(batch_size: int, step: int):
+        g = torch.Generator().manual_seed(7000 + step)
+        ids = torch.randint(0, 64, (batch_size, seq), generator=g)
+        pixels = torch.randn(batch_size, 3, image, image, generator=g, dtype=torch.float64)
+        return (ids, pixels), torch.randint(0, 2, (batch_size,), generator=g).to(torch.float64)
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.binary_cross_entropy_with_logits(output, target, reduction="sum")
+
+    return SimpleNamespace(model=model, sample=sample, loss=loss)

@@ -73,6 +73,11 @@ class Graph:
     nodes: tuple[Node, ...]
     edges: tuple[Edge, ...]
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: seconds every node adds to each forward and each backward of a micro-batch (dispatch on CPU,
+    #: kernel launch on GPU), on top of its interpolated times; ``(0, 0)`` when the graph has none
+    op_overhead: tuple[float, float] = (0.0, 0.0)
+    #: seconds of the optimizer step per weight byte (the optimizer profiled); 0 when absent
+    optimizer_time_per_byte: float = 0.0
 
     @cached_property
     def ids(self) -> tuple[str, ...]:
@@ -144,6 +149,10 @@ class Cluster:
     devices_per_node: int | None = None
     latency: float = 0.0
     optimizer_state_factor: float = DEFAULT_OPTIMIZER_STATE_FACTOR
+    #: the ring all-reduce's measured bandwidth and per-step latency (``runtime.probe``); absent: the
+    #: point-to-point bandwidth of the group (``bandwidth``) and no latency
+    allreduce_bandwidth: float | None = None
+    allreduce_latency: float = 0.0
     #: price the runtime's memory beyond weights, state and saved activations (cost model:
     #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
     memory_overheads: bool = False
@@ -169,6 +178,11 @@ class Cluster:
         if self.same_node(devices) and self.intra_node_bandwidth is not None:
             return self.intra_node_bandwidth
         return self.inter_node_bandwidth
+
+    def collective_bandwidth(self, bandwidth: float) -> float:
+        """The bandwidth an all-reduce is priced at: the measured ``allreduce_bandwidth`` when the
+        cluster has one, else ``bandwidth`` (the point-to-point figure the caller chose)."""
+        return bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
 
     def with_(self, **changes: Any) -> Cluster:
         from dataclasses import replace

@@ -186,7 +186,7 @@ def draw_gantt(plan: Plan, graph: Graph, cluster: Cluster, ax: Axes, *, sim: Sim
     from matplotlib.patches import Patch
 
     sim = sim if sim is not None else simulate(plan, graph, cluster)
-    allreduce = {s.id: c.allreduce for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages,
+    allreduce = {s.id: c.tail for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages,
                                                                           plan.mini_batch_size))}
     T = sim.iteration_time
     span = max(T, time_max or 0.0)

@@ -16,9 +16,12 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   intra-node when both ranks share a host. The cluster gets the median over the pairs of each kind
   (the log gives min/max); a single host has no inter-node pair, so ``inter_node_bandwidth`` is
   then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
-- **all-reduce**: median time of ``all_reduce`` (sum) of the largest size over all ranks; logged
-  and in ``--details`` with the ring model's effective bandwidth ``2 (n-1)/n * bytes / time``
-  (the cluster format has no all-reduce field: the cost model prices it with the bandwidths).
+- **all-reduce**: median time of ``all_reduce`` (sum) over all ranks at each of ``--sizes``,
+  fitted to the ring algorithm the cost model prices, ``2 (n-1) latency + 2 (n-1)/n * bytes /
+  bandwidth`` (:func:`ring_fit`: least squares over the sizes; the slope gives the bandwidth,
+  the intercept the latency). The cluster gets them as ``allreduce_bandwidth``
+  and ``allreduce_latency`` (with one rank there is nothing to measure: both are left out, and the
+  cost model prices an all-reduce at the point-to-point bandwidth).
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides. The cluster
   gets the minimum over ranks.
@@ -99,6 +102,23 @@ def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
     return lat, sizes[-1] / one_way[-1] if one_way[-1] > 0 else float("inf")
 
 
+def ring_fit(sizes: list[int], seconds: list[float], n: int) -> tuple[float, float]:
+    """``(latency per step, bandwidth)`` of the ring all-reduce among ``n`` ranks from its times at
+    ``sizes`` bytes: ``t = 2 (n-1) latency + 2 (n-1)/n * bytes / bandwidth``, fitted by least
+    squares over every size (one noisy size moves it less than a two-point slope). When noise
+    makes the fitted slope non-positive, the bandwidth is the largest size over its whole time
+    (conservative, never unbounded); the latency is never negative."""
+    steps, share = 2 * (n - 1), 2 * (n - 1) / n
+    k = len(sizes)
+    mx, my = sum(sizes) / k, sum(seconds) / k
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx if sxx > 0 else 0.0
+    if slope > 0:
+        return max(0.0, my - slope * mx) / steps, share / slope
+    bw = share * sizes[-1] / seconds[-1] if seconds[-1] > 0 else float("inf")
+    return max(0.0, seconds[0] - share * sizes[0] / bw) / steps, bw
+
+
 def host_available_memory() -> float:
     """``MemAvailable`` of /proc/meminfo in bytes (0 where unavailable)."""
     try:
@@ -164,7 +184,7 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int,
                     pairs.append({"ranks": [a, b], "intra_node": hosts[a] == hosts[b],
                                   "one_way_seconds": one_way, "latency": lat, "bandwidth": bw})
             dist.barrier()
-    ar = allreduce_time(sizes[-1], args.warmup, args.repeats, device) if world > 1 else 0.0
+    ar = [allreduce_time(s, args.warmup, args.repeats, device) for s in sizes] if world > 1 else []
     if args.memory is not None:
         mem = float(args.memory)
     elif device.type == "cuda":
@@ -178,9 +198,19 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int,
         return None
     return {"hosts": hosts, "ranks": gathered, "sizes": sizes,
             "pairs": [p for g in gathered for p in g["pairs"]],
-            "allreduce": {"bytes": sizes[-1], "seconds": ar,
-                          "ring_bandwidth": (2 * (world - 1) / world * sizes[-1] / ar) if ar > 0 else None},
+            "allreduce": _allreduce_details(sizes, ar, world),
             "backend": dist.get_backend(), "device": device.type}
+
+
+def _allreduce_details(sizes: list[int], seconds: list[float], world: int) -> dict:
+    """The all-reduce's figures: per size, the largest's effective ring bandwidth, and the ring fit."""
+    if not seconds:
+        return {"bytes": sizes[-1], "seconds": 0.0, "ring_bandwidth": None}
+    last = seconds[-1]
+    lat, bw = ring_fit(sizes, seconds, world)
+    return {"bytes": sizes[-1], "seconds": last, "sizes": sizes, "seconds_per_size": seconds,
+            "ring_bandwidth": (2 * (world - 1) / world * sizes[-1] / last) if last > 0 else None,
+            "latency": lat, "bandwidth": bw}
 
 
 def cluster_doc(details: dict, world: int, osf: float) -> dict:
@@ -208,6 +238,9 @@ def cluster_doc(details: dict, world: int, osf: float) -> dict:
     doc.update({"intra_node_bandwidth": intra_bw, "inter_node_bandwidth": inter_bw,
                 "latency": lat, "optimizer_state_factor": osf,
                 "memory_overheads": True})  # the runtime's buffers and temporaries are priced
+    ar = details.get("allreduce", {})
+    if ar.get("bandwidth") not in (None, float("inf")):
+        doc.update({"allreduce_bandwidth": ar["bandwidth"], "allreduce_latency": ar["latency"]})
     return doc
 
 
@@ -226,7 +259,8 @@ def _summary(details: dict, doc: dict) -> str:
     ar = details["allreduce"]
     if ar["seconds"]:
         lines.append(f"all-reduce of {ar['bytes']} B over {ranks}: {ar['seconds'] * 1e3:.3f} ms "
-                     f"(ring bandwidth {ar['ring_bandwidth'] / 1e9:.3g} GB/s)")
+                     f"(ring bandwidth {ar['ring_bandwidth'] / 1e9:.3g} GB/s); ring fit: "
+                     f"{ar['bandwidth'] / 1e9:.3g} GB/s, latency {ar['latency'] * 1e6:.1f} us per step")
     if "devices_per_node" not in doc:
         lines.append("hosts have different rank counts: devices_per_node left out (flat network)")
     lines.append(f"memory per device: {doc['memory_bytes'] / 2**30:.2f} GiB")

@@ -4,8 +4,10 @@
     # N profilers at once, each pinned to its own core (runtime/cores.py says why)
     python -m runtime.profile --model examples.sequential:bench --concurrent 2 -o graph.json
 
-What is measured, and how, is the profiler's (``runtime.capture.profiler``); this module is its
-command line. Exit codes: 0 ok, 2 bad input (one message, no traceback).
+What is measured, and how, is the profiler's (``runtime.capture.profiler``), and the time-model
+terms ``runtime.profile_terms`` adds (the graph's ``op_overhead`` and ``optimizer_time_per_byte``
+for ``--optimizer``, the loss in the sink node; ``--no-time-terms`` leaves them out); this module
+is their command line. Exit codes: 0 ok, 2 bad input (one message, no traceback).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gpp_solver.errors import InvalidInputError
 from . import cores
 from .capture.fx_graph import load_workload
 from .capture.profiler import profile
+from .profile_terms import profile_with_terms
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="N profilers at once, each pinned to its own core; the median is kept "
                          "(default 1: one unpinned process; see runtime/cores.py)")
     ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                    help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)")
+    ap.add_argument("--no-time-terms", action="store_true",
+                    help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)")
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -72,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torch.manual_seed(0)
         wl = load_workload(args.model)
-        doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model)
+        if args.no_time_terms:
+            doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model)
+        else:
+            doc = profile_with_terms(wl, sizes, args.warmup, args.repeats, name=args.name or args.model,
+                                     optimizer=args.optimizer)
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

@@ -124,6 +124,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pin-cores", action="store_true",
                     help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
+    ap.add_argument("--allreduce-overlap", choices=("auto", "on", "off"), default="auto",
+                    help="data-parallel all-reduce during the last backward (on) or after it (off, as the "
+                         "cost model prices it); default auto: on with NCCL, off with gloo")
     ap.add_argument("--quiet", action="store_true", help="no summary (benchmarks)")
     return ap.parse_args(argv)
 
@@ -222,6 +225,7 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
     pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
                          optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
                          timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce,
+                         allreduce_overlap={"on": True, "off": False}.get(args.allreduce_overlap),
                          memory_step=min(mem_step, max(0, args.steps - 1)), graph=args.graph,
                          cluster=args.cluster, _setup=setup)
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)

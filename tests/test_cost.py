@@ -6,7 +6,6 @@ import pytest
 
 import gpp_solver as gs
 from gpp_solver.cost.model import (
-    allreduce_time,
     in_flight_from_order,
     interp_time,
     iteration_time_estimate,
@@ -14,6 +13,7 @@ from gpp_solver.cost.model import (
     stage_memory,
     stage_transfers,
 )
+from gpp_solver.cost.time_terms import allreduce_time
 from gpp_solver.plan.build import StageSpec
 
 

@@ -90,3 +90,18 @@ def test_cpu_model_specs_and_bad_models_exit_2():
         with pytest.raises(SystemExit) as exc:
             b.parse_args(["--mode", "cpu", "--models", bad])
         assert exc.value.code == 2
+
+
+def test_planning_cluster_carries_the_probed_allreduce_fit():
+    from gpp_solver.formats.cluster import cluster_from_dict
+
+    b = _bench()
+    probed = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 8e9, "devices_per_node": 2,
+                                "inter_node_bandwidth": 1e9, "latency": 5e-5, "allreduce_bandwidth": 4e8,
+                                "allreduce_latency": 2e-4})
+    c = cluster_from_dict(b.planning_cluster(probed, 1, "cpu"))
+    assert (c.devices, c.memory_bytes, c.allreduce_bandwidth, c.allreduce_latency) == (1, 8e9, 4e8, 2e-4)
+    assert cluster_from_dict(b.planning_cluster(probed, 2, "emulated")).memory_bytes == 1e15
+    plain = cluster_from_dict(b.planning_cluster(probed.with_(allreduce_bandwidth=None, allreduce_latency=0.0), 2,
+                                                 "cpu"))
+    assert plain.allreduce_bandwidth is None and plain.allreduce_latency == 0.0

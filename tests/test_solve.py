@@ -312,7 +312,7 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
 
     from test_dp import random_instance
 
-    from gpp_solver.cost.model import CostTables
+    from gpp_solver.cost.tables import CostTables
     from gpp_solver.planners.graphpipe.binary_search import search_many
     from gpp_solver.planners.graphpipe.dp import StageDP
     from gpp_solver.planners.graphpipe.staging import estimate_iteration, price_staging, stage_specs

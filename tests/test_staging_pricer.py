@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from gpp_solver.cost.model import CostTables, allreduce_time, comm_time, stage_transfers, time_per_sample
+from gpp_solver.cost.model import comm_time, stage_transfers, time_per_sample
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import allreduce_time
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.build import stage_graph_edges
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices

@@ -11,10 +11,14 @@ Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-paral
   ``max bytes(u, v)`` per sample; each stage taking part pays ``latency + bytes*(b/d)/bandwidth`` in
   the forward pass and again in the backward pass (``b``, ``d`` of the paying stage; the intra-node
   bandwidth when both stages' devices sit in one node, else the inter-node one);
-* ring all-reduce once per iteration: ``A(S) = 2 (d-1)/d * W_S / bandwidth``;
-* ``TPS(S) = (C(S) + comm(S)) / b + A(S) / B``; the plan's TPS is the max over stages;
+* ring all-reduce once per iteration: ``A(S) = 2 (d-1) allreduce_latency + 2 (d-1)/d * W_S / bandwidth``
+  (the cluster's ``allreduce_bandwidth`` when it has one, else the point-to-point bandwidth);
+* the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S`` (the graph's, 0 when absent);
+* a graph's ``op_overhead`` adds ``|V_S| * op_overhead.fw`` to ``C(S)``'s forward and
+  ``|V_S| * op_overhead.bw`` to its backward (:class:`TimeTerms` holds the three terms);
+* ``TPS(S) = (C(S) + comm(S)) / b + (A(S) + O(S)) / B``; the plan's TPS is the max over stages;
 * memory per device: ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``;
-* iteration-time estimate: ``L + max_S (n_S - 1)(C(S) + comm(S)) + max_S A(S)``, ``L`` the longest
+* iteration-time estimate: ``L + max_S (n_S - 1)(C(S) + comm(S)) + max_S (A(S) + O(S))``, ``L`` the longest
   path of per-micro-batch ``C + comm`` through the stage graph (with one micro-batch size this is
   the page's ``L + (n-1) max_S (C+comm) + max_S A``).
 
@@ -30,8 +34,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import networkx as nx
-import numpy as np
 
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.types import Cluster, Graph, Node
 
 T = TypeVar("T")
@@ -60,9 +64,12 @@ def interp_time(times: Sequence[float], sizes: Sequence[int], x: float) -> float
     return float(interpolate(lambda i: float(times[i]), sizes, x))
 
 
-def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float) -> float:
-    """``f_v(x) + g_v(x)``: one node's forward plus backward time at ``x`` samples."""
-    return interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
+def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float,
+                 overhead: float = 0.0) -> float:
+    """``f_v(x) + g_v(x)``: one node's forward plus backward time at ``x`` samples, plus ``overhead``
+    (:attr:`TimeTerms.node_overhead`: the graph's per-node dispatch of a forward and a backward)."""
+    t = interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
+    return t + overhead if overhead else t
 
 
 @dataclass(frozen=True)
@@ -121,13 +128,17 @@ def _configs(graph: Graph, stage: StageLike) -> list[NodeConfig | Node]:
 
 
 def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
-    """(forward, backward) compute time of one micro-batch on one replica."""
+    """(forward, backward) compute time of one micro-batch on one replica (with ``op_overhead``)."""
     x = stage.micro_batch_size / data_parallel(stage)
     sizes = graph.micro_batch_sizes
     fw = bw = 0.0
     for c in _configs(graph, stage):
         fw += interp_time(c.fw_time, sizes, x)
         bw += interp_time(c.bw_time, sizes, x)
+    ofw, obw = graph.op_overhead
+    if ofw or obw:
+        n = len(stage.nodes)
+        fw, bw = fw + n * ofw, bw + n * obw
     return fw, bw
 
 
@@ -141,7 +152,8 @@ def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
     """``C(S)`` for a stage of ``nodes`` with micro-batch ``b`` over ``d`` replicas (no TMPC)."""
     sizes = graph.micro_batch_sizes
     x = b / d
-    return sum(node_compute(n.fw_time, n.bw_time, sizes, x) for n in (graph.node(v) for v in nodes))
+    oh = TimeTerms.of(graph).node_overhead
+    return sum(node_compute(n.fw_time, n.bw_time, sizes, x, oh) for n in (graph.node(v) for v in nodes))
 
 
 def stage_weight_bytes(graph: Graph, stage: StageLike) -> float:
@@ -159,13 +171,6 @@ def comm_time(bytes_per_sample, samples, bandwidth, latency, messages=1):
     """``messages`` messages of the affine model carrying ``bytes_per_sample * samples`` bytes in all:
     ``messages * latency + bytes / bandwidth`` (one message: ``latency + bytes / bandwidth``)."""
     return messages * latency + bytes_per_sample * samples / bandwidth
-
-
-def allreduce_time(weight_bytes, d, bandwidth):
-    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array)."""
-    if np.ndim(d) == 0:
-        return 0.0 if d <= 1 else 2.0 * (d - 1) / d * weight_bytes / bandwidth
-    return np.where(d > 1, 2.0 * (d - 1) / d * weight_bytes / bandwidth, 0.0)
 
 
 def time_per_sample(per_micro_batch, b, allreduce, mini_batch_size):
@@ -281,6 +286,12 @@ class StageCost:
     micro_batch_size: int
     data_parallel: int
     compute_bw_weight: float = 0.0   # W(S): the part of compute_bw spent on weight gradients
+    optimizer: float = 0.0  # O(S), after the all-reduce
+
+    @property
+    def tail(self) -> float:
+        """``A(S) + O(S)``: what the stage runs after its last backward."""
+        return self.allreduce + self.optimizer
 
     @property
     def compute(self) -> float:
@@ -321,6 +332,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
     """The cost of every stage of a partition (``stages[i]`` is stage ``i`` of the result)."""
     stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
     transfers = stage_transfers(graph, stage_of)
+    terms = TimeTerms.of(graph, cluster)
     out = []
     for i, s in enumerate(stages):
         b, d = s.micro_batch_size, data_parallel(s)
@@ -329,9 +341,12 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
         for peer, nbytes in transfers.get(i, []):
             bw = cluster.bandwidth(list(s.devices) + list(stages[peer].devices))
             comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
-        a = allreduce_time(stage_weight_bytes(graph, s), d, cluster.bandwidth(s.devices))
-        tps = time_per_sample(cf + cb + 2 * comm_half, b, a, mini_batch_size)
-        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d, min(cb, stage_weight_grad_time(graph, s))))
+        w = stage_weight_bytes(graph, s)
+        a = terms.allreduce(w, d, cluster.bandwidth(s.devices))
+        o = terms.optimizer(w)
+        tps = time_per_sample(cf + cb + 2 * comm_half, b, a + o if o else a, mini_batch_size)
+        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d,
+                              compute_bw_weight=min(cb, stage_weight_grad_time(graph, s)), optimizer=o))
     return out
 
 
@@ -353,7 +368,7 @@ def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
 
 def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[int, int]],
                             mini_batch_size: int) -> float:
-    """``L + max_S (n_S - 1)(C+comm) + max_S A`` (Alpa's ``sum + (B-1) max`` on a DAG)."""
+    """``L + max_S (n_S - 1)(C+comm) + max_S (A + O)`` (Alpa's ``sum + (B-1) max`` on a DAG)."""
     g = nx.DiGraph()
     g.add_nodes_from(range(len(costs)))
     g.add_edges_from(edges)
@@ -362,39 +377,4 @@ def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[in
         longest[s] = costs[s].per_micro_batch + max((longest[p] for p in g.predecessors(s)), default=0.0)
     L = max(longest.values())
     steady = max((mini_batch_size // c.micro_batch_size - 1) * c.per_micro_batch for c in costs)
-    return L + steady + max(c.allreduce for c in costs)
-
-
-class CostTables:
-    """Vectorised node times for planners that evaluate many candidate stages.
-
-    ``compute_prefix(x)`` gives prefix sums of ``f + g`` at ``x`` samples over ``order`` so a
-    contiguous range of nodes costs O(1).
-    """
-
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.sizes = np.asarray(graph.micro_batch_sizes, dtype=float)
-        self.fw = np.asarray([n.fw_time for n in graph.nodes], dtype=float)
-        self.bw = np.asarray([n.bw_time for n in graph.nodes], dtype=float)
-        self.weight = np.asarray([n.weight_bytes for n in graph.nodes], dtype=float)
-        self.activation = np.asarray([n.activation_bytes for n in graph.nodes], dtype=float)
-        self._at: dict[float, np.ndarray] = {}
-        self._fg: dict[float, tuple[np.ndarray, np.ndarray]] = {}
-
-    def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(f_v(x), g_v(x))`` for every node (graph order), by :func:`interpolate`."""
-        r = self._fg.get(x)
-        if r is None:
-            sizes = self.graph.micro_batch_sizes
-            r = self._fg[x] = (interpolate(lambda i: self.fw[:, i], sizes, x),
-                               interpolate(lambda i: self.bw[:, i], sizes, x))
-        return r
-
-    def compute_at(self, x: float) -> np.ndarray:
-        """``f_v(x) + g_v(x)`` for every node (graph order)."""
-        r = self._at.get(x)
-        if r is None:
-            f, g = self.fw_bw_at(x)
-            r = self._at[x] = f + g
-        return r
+    return L + steady + max(c.tail for c in costs)

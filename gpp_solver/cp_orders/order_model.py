@@ -115,7 +115,7 @@ def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: 
     ids = tuple(s.id for s in plan.stages)
     n = {s.id: plan.mini_batch_size // s.micro_batch_size for s in plan.stages}
     serial = sum(n[s.id] * (c.forward + c.backward) for s, c in zip(plan.stages, costs)) \
-        + max(c.allreduce for c in costs)
+        + max(c.tail for c in costs)
     if unit is None:
         unit = serial / resolution if serial > 0 else 1.0
     if not unit > 0:
@@ -124,7 +124,7 @@ def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: 
     fw = {s.id: _ticks(c.forward, unit) for s, c in zip(plan.stages, costs)}
     bw = {s.id: _ticks(c.backward_input if s.id in split else c.backward, unit) for s, c in zip(plan.stages, costs)}
     wt = {s.id: _ticks(c.backward_weight, unit) for s, c in zip(plan.stages, costs) if s.id in split}
-    ar = {s.id: int(round(c.allreduce / unit)) for s, c in zip(plan.stages, costs)}
+    ar = {s.id: int(round(c.tail / unit)) for s, c in zip(plan.stages, costs)}
     k = max_in_flight_micro_batches(plan, graph, cluster)
     for sid, samples in (max_in_flight or {}).items():
         k[sid] = samples // plan.stage(sid).micro_batch_size

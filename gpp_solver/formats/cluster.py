@@ -3,6 +3,7 @@
 Required: ``devices`` (>= 1), ``memory_bytes`` (> 0), ``inter_node_bandwidth`` (> 0).
 Defaults when absent: ``intra_node_bandwidth`` = the inter-node one, ``devices_per_node`` absent
 (flat network: the inter-node bandwidth everywhere), ``latency`` = 0, ``optimizer_state_factor`` = 4.0,
+``allreduce_bandwidth`` absent (the all-reduce priced at the point-to-point bandwidth), ``allreduce_latency`` = 0,
 ``memory_overheads`` = false (the cost model's runtime memory terms off).
 """
 
@@ -21,7 +22,8 @@ E = InvalidClusterError
 
 
 _FIELDS = frozenset({"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
-                     "inter_node_bandwidth", "latency", "optimizer_state_factor", "memory_overheads", "extra"})
+                     "inter_node_bandwidth", "latency", "optimizer_state_factor", "allreduce_bandwidth",
+                     "allreduce_latency", "memory_overheads", "extra"})
 
 
 def cluster_from_dict(d: Any) -> Cluster:
@@ -44,13 +46,16 @@ def cluster_from_dict(d: Any) -> Cluster:
                                                maximum=MAX_COUNT)
     latency = number(d.get("latency", 0.0), "cluster: latency", E, maximum=MAX_SECONDS)
     osf = number(d.get("optimizer_state_factor", DEFAULT_OPTIMIZER_STATE_FACTOR), "cluster: optimizer_state_factor", E, maximum=MAX_FACTOR)
+    ar_raw = d.get("allreduce_bandwidth")
+    ar_bw = None if ar_raw is None else bandwidth("allreduce_bandwidth", ar_raw)
+    ar_lat = number(d.get("allreduce_latency", 0.0), "cluster: allreduce_latency", E, maximum=MAX_SECONDS)
     overheads = d.get("memory_overheads", False)
     if not isinstance(overheads, bool):
         raise E(f"cluster: memory_overheads must be true or false, got {overheads!r}")
     return Cluster(devices=devices, memory_bytes=memory, inter_node_bandwidth=inter,
                    intra_node_bandwidth=intra if intra is not None else inter,
                    devices_per_node=dpn, latency=latency, optimizer_state_factor=osf,
-                   memory_overheads=overheads)
+                   allreduce_bandwidth=ar_bw, allreduce_latency=ar_lat, memory_overheads=overheads)
 
 
 def cluster_to_dict(c: Cluster) -> dict[str, Any]:
@@ -59,6 +64,10 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
         d["devices_per_node"] = c.devices_per_node
     d.update({"intra_node_bandwidth": c.intra_node_bandwidth, "inter_node_bandwidth": c.inter_node_bandwidth,
               "latency": c.latency, "optimizer_state_factor": c.optimizer_state_factor})
+    if c.allreduce_bandwidth is not None:
+        d["allreduce_bandwidth"] = c.allreduce_bandwidth
+    if c.allreduce_latency:
+        d["allreduce_latency"] = c.allreduce_latency
     if c.memory_overheads:
         d["memory_overheads"] = True
     return d

@@ -19,7 +19,8 @@ from gpp_solver.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS
 from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError
-_GRAPH_FIELDS = frozenset({"format", "name", "micro_batch_sizes", "nodes", "edges", "extra"})
+_GRAPH_FIELDS = frozenset({"format", "name", "micro_batch_sizes", "nodes", "edges", "extra", "op_overhead",
+                           "optimizer_time_per_byte"})
 _NODE_FIELDS = frozenset({"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
                           "output_bytes", "tmpc", "extra"})
 _TMPC_FIELDS = frozenset({"t", "recompute", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
@@ -137,9 +138,26 @@ def graph_from_dict(d: Any) -> Graph:
             raise E(f"{where} is a self-loop")
         b = ed.get("bytes")
         edges.append(Edge(src, dst, None if b is None else _bytes(b, f"{where}.bytes")))
-    g = Graph(name=name, micro_batch_sizes=sizes, nodes=tuple(nodes), edges=tuple(edges), extra=extra(d, "graph", E))
+    g = Graph(name=name, micro_batch_sizes=sizes, nodes=tuple(nodes), edges=tuple(edges), extra=extra(d, "graph", E),
+              **_calibration(d))
     _check_structure(g)
     return g
+
+
+def _calibration(d: dict) -> dict[str, Any]:
+    """The optional time-model terms of a graph (``op_overhead``, ``optimizer_time_per_byte``) as
+    :class:`Graph` keyword arguments; absent fields are left to the defaults (no term)."""
+    out: dict[str, Any] = {}
+    if "op_overhead" in d:
+        oh = d["op_overhead"]
+        if not isinstance(oh, dict) or set(oh) != {"fw", "bw"}:
+            raise E(f"graph: op_overhead must be an object {{\"fw\": seconds, \"bw\": seconds}}, got {oh!r}")
+        out["op_overhead"] = tuple(number(oh[k], f"graph: op_overhead.{k}", E, maximum=MAX_SECONDS)
+                                   for k in ("fw", "bw"))
+    if "optimizer_time_per_byte" in d:
+        out["optimizer_time_per_byte"] = number(d["optimizer_time_per_byte"], "graph: optimizer_time_per_byte", E,
+                                                maximum=MAX_SECONDS)
+    return out
 
 
 def _check_structure(g: Graph) -> None:
@@ -186,6 +204,10 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         edges.append(ed)
     out = {"format": GRAPH_FORMAT, "name": g.name, "micro_batch_sizes": list(g.micro_batch_sizes),
            "nodes": nodes, "edges": edges}
+    if g.op_overhead != (0.0, 0.0):
+        out["op_overhead"] = {"fw": g.op_overhead[0], "bw": g.op_overhead[1]}
+    if g.optimizer_time_per_byte:
+        out["optimizer_time_per_byte"] = g.optimizer_time_per_byte
     if g.extra:
         out["extra"] = dict(g.extra)
     return out

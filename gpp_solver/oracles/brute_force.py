@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from itertools import accumulate, product
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
+from gpp_solver.cost.model import comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import SearchSpaceTooLargeError
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -116,12 +117,13 @@ def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
     lat, osf = cluster.latency, cluster.optimizer_state_factor
     gs = graph.micro_batch_sizes
     comp: dict[tuple[str, float], float] = {}
+    terms = TimeTerms.of(graph, cluster)
 
     def c(v: str, x: float) -> float:
         r = comp.get((v, x))
         if r is None:
             nd = graph.node(v)
-            r = comp[(v, x)] = node_compute(nd.fw_time, nd.bw_time, gs, x)
+            r = comp[(v, x)] = node_compute(nd.fw_time, nd.bw_time, gs, x, terms.node_overhead)
         return r
 
     max_stages = min(N, len(graph.nodes))
@@ -158,7 +160,7 @@ def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                             comm += comm_time(nb, x, bw, lat)
                     bw_self = const_bw if const_bw is not None else cluster.bandwidth(ranges[s])
                     t = time_per_sample(sum(c(v, x) for v in parts[s]) + 2 * comm, b,
-                                        allreduce_time(weight[s], d, bw_self), B)
+                                        terms.tail(weight[s], d, bw_self), B)
                     m = memory_per_device(osf, weight[s], in_flight_samples(depth[s], b, B), d, act[s])
                     tps, mem = max(tps, t), max(mem, m)
                 yield Candidate(tps, mem, parts, b, tuple(counts))

@@ -82,7 +82,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -93,8 +93,9 @@ import pulp
 
 from gpp_solver._backend.highs_worker import highs_available, solve_highs
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import CostTables, allreduce_time
 from gpp_solver.cost.network import best_bandwidth
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InvalidInputError, SolverError
 from gpp_solver.oracles.node_classes import node_classes, watched_nodes
 from gpp_solver.types import Cluster, Graph
@@ -159,7 +160,8 @@ def single_stage_tps(graph: Graph, cluster: Cluster, b: int, mini_batch_size: in
     for d in degrees(b, cluster.devices):
         if cluster.optimizer_state_factor * W + b / d * A > limit:
             continue
-        tps = float(t.compute_at(b / d).sum()) / b + allreduce_time(W, d, allreduce_bandwidth_ub(cluster, d)) / B
+        tps = (float(t.compute_at(b / d).sum()) / b
+               + TimeTerms.of(graph, cluster).tail(W, d, allreduce_bandwidth_ub(cluster, d)) / B)
         best = min(best, tps)
     return best
 
@@ -226,8 +228,10 @@ class _ClassMilp:
         self.n_edges = max(1, len(graph.edge_bytes_map))
         osf, limit = cluster.optimizer_state_factor, cluster.memory_bytes * (1 + MEMORY_REL_TOL)
         comp = {d: tab.compute_at(b / d) for d in ds}
+        # per node: the all-reduce's per-stage latency is not a node's share (left out: still a lower bound)
+        per_node = replace(TimeTerms.of(graph, cluster), allreduce_latency=0.0)
         self.u = {(c, d): (float(comp[d][m[0]]) / b
-                           + allreduce_time(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
+                           + per_node.tail(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
                   for c, m in enumerate(classes) for d in ds}
         self.tau = {d: 2 * (cluster.latency / b + beta / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
         # step 6c: participations forced onto the inter-node bandwidth, and their extra cost over tau

@@ -104,7 +104,7 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
             n, warmup_micro_batches(inflight[i][1], s.micro_batch_size, n))
     costs = stage_costs(graph, cluster, specs, mini_batch_size)
     sim_args = (bsz, {i: c.forward for i, c in enumerate(costs)}, {i: c.backward for i, c in enumerate(costs)},
-                {i: c.allreduce for i, c in enumerate(costs)}, edges, mini_batch_size)
+                {i: c.tail for i, c in enumerate(costs)}, edges, mini_batch_size)
     kind = "kFkB"
     weight = {i: c.backward_weight for i, c in enumerate(costs)}
     try:

@@ -5,7 +5,7 @@ plus the forward halves of its transfers and starts when the stage is free and e
 stage has finished the forwards covering micro-batch ``j``'s samples ``[j*b, (j+1)*b)`` (with
 unequal micro-batch sizes that can be several micro-batches or part of one); ``B(S, j)`` likewise
 waits for the backwards of every successor covering those samples.  Each stage ends with its
-all-reduce ``A(S)`` after its last action.  In an order with ``W`` actions (split backward,
+all-reduce ``A(S)`` and its optimizer step ``O(S)`` after its last action.  In an order with ``W`` actions (split backward,
 ``docs/zero-bubble.md``) ``B(S, j)`` is the input gradient alone and ``W(S, j)``, the weight
 gradient, waits only on the stage itself.  The makespan is the iteration time.  Orders that
 wait on each other forever raise :class:`DeadlockError` naming the waiting stages.
@@ -41,6 +41,7 @@ class StageStats:
     memory_bytes: float
     idle: float = 0.0         # makespan - busy (the stage's bubbles, seconds)
     allreduce: float = 0.0    # A(S), run right after the stage's last backward
+    optimizer: float = 0.0    # O(S), the optimizer step right after the all-reduce
 
 
 @dataclass(frozen=True)
@@ -249,16 +250,16 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     makespan, tasks = simulate_orders(
         orders, {i: s.micro_batch_size for i, (s, _) in by_id.items()},
         {i: c.forward for i, (_, c) in by_id.items()}, {i: c.backward for i, (_, c) in by_id.items()},
-        {i: c.allreduce for i, (_, c) in by_id.items()}, plan.edges, plan.mini_batch_size,
+        {i: c.tail for i, (_, c) in by_id.items()}, plan.edges, plan.mini_batch_size,
         weight={i: c.backward_weight for i, (_, c) in by_id.items()})
     stats = []
     for i, (s, c) in by_id.items():
         n = sum(1 for a in s.schedule.order if a[0] == "F")
-        busy = n * (c.forward + c.backward) + c.allreduce
+        busy = n * (c.forward + c.backward) + c.tail
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,
                                 stage_memory(graph, cluster, s, peak, plan.stages), idle=makespan - busy,
-                                allreduce=c.allreduce))
+                                allreduce=c.allreduce, optimizer=c.optimizer))
     return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
                      tuple(tasks), tuple(stats))
 

@@ -51,7 +51,7 @@ class Durations:
     forward: Mapping[int, float]
     backward: Mapping[int, float]
     weight: Mapping[int, float]
-    allreduce: Mapping[int, float]
+    allreduce: Mapping[int, float]     # the tail after the last backward: A(S) + O(S)
     edges: tuple[tuple[int, int], ...]
     #: per stage, the most micro-batches it may hold without its memory exceeding the largest stage
     #: memory of the kFkB orders (ZB-H1's rule: the pipeline's peak memory does not grow); absent: its own peak

@@ -8,6 +8,11 @@ parameter ready, and every bucket whose parameters are all ready is all-reduced 
 the same order), overlapping the rest of the backward pass. ``finish`` launches what is left
 (parameters with no gradient in the last backward), waits, and copies the sums back.
 
+``overlap=False`` runs the all-reduce as the cost model prices it: every bucket is launched by
+``finish``, after the last backward, so the all-reduce neither overlaps nor slows that backward
+(``GraphPipeline`` does this on gloo: CPU ranks share their core with gloo's threads, and an
+overlapped all-reduce slowed the backward it overlapped by 21-90% and took 1.8-2.8x its own time).
+
 Tied weights: a parameter object used by several stages (a GPT-2 head tied to the embedding) has
 one copy per stage; its gradient is summed over every rank that holds a copy (all replicas of
 all those stages, one process group per distinct set of ranks) after the step, so the copies
@@ -34,13 +39,14 @@ class GradSync:
 
     def __init__(self, params: list[torch.nn.Parameter], dp_group, tied: list[tuple[object, list]],
                  comm: P2P, bucket_cap_bytes: int = 25 * 2**20, rec=None,
-                 emulate_seconds: float | None = None) -> None:
+                 emulate_seconds: float | None = None, overlap: bool = True) -> None:
         tied_ids = {id(p) for _g, ps in tied for p in ps}
         self.dp_group = dp_group
         self.tied = tied
         self.comm = comm
         self.rec = rec
         self.emulate_seconds = emulate_seconds
+        self.overlap = overlap
         self.buckets: list[list[torch.nn.Parameter]] = []
         if dp_group is not None:
             size = 0
@@ -71,7 +77,7 @@ class GradSync:
         self._armed = True
 
     def _ready(self, p: torch.Tensor) -> None:
-        if not self._armed or id(p) in self._seen or self.emulate_seconds is not None:
+        if not self._armed or not self.overlap or id(p) in self._seen or self.emulate_seconds is not None:
             return
         self._seen.add(id(p))
         i = self._bucket_of[id(p)]

@@ -18,8 +18,9 @@ Conventions:
 
 - ``step(*inputs, target=...)`` takes the whole mini-batch (``plan.mini_batch_size`` rows) on
   every rank; each rank slices the samples its stage's chunks need. It runs the plan's schedule
-  once, sums the gradients of data-parallel replicas (bucketed all-reduce overlapping the last
-  backward) and of tied weights, and returns the mini-batch loss on the ranks of the stage that
+  once, sums the gradients of data-parallel replicas (bucketed all-reduce; ``allreduce_overlap``:
+  overlapping the last backward, the default on NCCL, or after it, the default on gloo, as the
+  cost model prices it) and of tied weights, and returns the mini-batch loss on the ranks of the stage that
   holds the model's output (``None`` elsewhere), like ``torch.distributed.pipelining``.
 - Loss: with ``loss_reduction="mean"`` (default) ``loss_fn(output, target)`` must return the mean
   over the samples it is given; with ``"sum"`` the sum. Either way the gradients after ``step``
@@ -82,8 +83,9 @@ class GraphPipeline:
                  loss_reduction: str = "mean", optimizer_state_factor: float | None = None,
                  strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
                  lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
-                 tracing: dict | None = None, emulate_allreduce=None, memory_step: int | None = 1,
-                 memory_steps: int = 1, graph=None, cluster=None, _setup=None) -> None:
+                 tracing: dict | None = None, emulate_allreduce=None, allreduce_overlap: bool | None = None,
+                 memory_step: int | None = 1, memory_steps: int = 1, graph=None, cluster=None,
+                 _setup=None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise InvalidInputError("GraphPipeline needs an initialised process group "
                                     "(torch.distributed.init_process_group under torchrun)")
@@ -128,8 +130,9 @@ class GraphPipeline:
         params = [p for _n, p in self.named_parameters()]
         # emulated devices only (runtime.emulate): (plan, stage) -> seconds the all-reduce takes
         emulated = emulate_allreduce(self.plan, self.stage) if emulate_allreduce is not None else None
+        overlap = backend == "nccl" if allreduce_overlap is None else bool(allreduce_overlap)
         self.grad_sync = GradSync(params, dp_group, tied, self.comm, int(bucket_cap_mb * 2**20), self.rec,
-                                  emulate_seconds=emulated)
+                                  emulate_seconds=emulated, overlap=overlap)
         self.sink_group = dp_group if setup.program.holds_sink else None
         self.executor = StageExecutor(setup.program, self.stage, setup.replica, self.rank,
                                       setup.actions[self.rank], setup.meta, loss_fn,

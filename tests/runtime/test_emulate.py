@@ -101,6 +101,16 @@ def test_realised_graph_joins_several_sinks():
     assert mg.ids[mg.sink] == "emulated_sink"
 
 
+def test_realised_graph_is_the_plain_model_the_emulation_runs():
+    """An emulated operator sleeps its own times and nothing emulates the optimizer: the profile's
+    calibrated terms are left out of what is emulated (and so of what the planners are given)."""
+    g = diamond()
+    g["op_overhead"], g["optimizer_time_per_byte"] = {"fw": 1e-4, "bw": 2e-4}, 1e-9
+    r = realised_graph(g)
+    assert "op_overhead" not in r and "optimizer_time_per_byte" not in r
+    assert as_graph(r).op_overhead == (0.0, 0.0)
+
+
 def test_sleeper_absorbs_dispatch_between_operators_but_never_credits_idle_time():
     s = Sleeper(reset_gap=0.05)  # wider than the default 1 ms: the test checks the rule, not the load
     t0 = time.perf_counter()

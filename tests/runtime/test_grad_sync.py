@@ -50,6 +50,24 @@ def test_buckets_launch_in_order_during_the_armed_backward(group):
     assert sync.launched == 0
 
 
+def test_without_overlap_every_bucket_waits_for_finish(group):
+    """``overlap=False`` (the cost model's all-reduce, after the last backward): nothing is launched
+    during the armed backward; ``finish`` launches every bucket and the sums are written back."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    params = list(model.parameters())
+    sync = GradSync(params, group, [], P2P(torch.device("cpu"), 30), bucket_cap_bytes=40, overlap=False)
+    assert len(sync.buckets) >= 3
+    seen = []
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: seen.append(sync.launched))
+    sync.arm()
+    model(torch.randn(3, 4)).sum().backward()
+    assert seen == [0] and sync.launched == 0
+    grads = [p.grad.clone() for p in params]
+    sync.finish(0)
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, params)) and sync.launched == 0
+
+
 def test_emulated_all_reduce_sleeps_the_modelled_time_after_the_last_backward(group):
     from runtime.engine.metrics import Recorder
 

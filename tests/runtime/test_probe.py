@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from gpp_solver import load_cluster
-from runtime.probe import affine_fit, check_args, cluster_doc, host_available_memory, parse_args
+from runtime.probe import affine_fit, check_args, cluster_doc, host_available_memory, parse_args, ring_fit
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_FIELDS = {"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
-               "inter_node_bandwidth", "latency", "optimizer_state_factor", "memory_overheads"}
+               "inter_node_bandwidth", "latency", "optimizer_state_factor", "allreduce_bandwidth",
+               "allreduce_latency", "memory_overheads"}
 
 
 def _probe(nproc: int, args: list[str]):
@@ -42,6 +43,11 @@ def test_two_ranks_write_a_valid_cluster(tmp_path):
     d = json.loads(det.read_text())
     assert [p["ranks"] for p in d["pairs"]] == [[0, 1]] and d["pairs"][0]["intra_node"]
     assert d["allreduce"]["seconds"] > 0 and d["backend"] == "gloo"
+    # the all-reduce measured at every size and fitted to the ring model the cost model prices
+    ar = d["allreduce"]
+    assert ar["sizes"] == [4, 16384, 262144] and len(ar["seconds_per_size"]) == 3
+    assert (c.allreduce_latency, c.allreduce_bandwidth) == pytest.approx(ring_fit(ar["sizes"], ar["seconds_per_size"], 2))
+    assert 1e6 < c.allreduce_bandwidth < 1e12 and 0 <= c.allreduce_latency < 0.5
     # memory: the host's available RAM shared by its 2 ranks (the smallest over ranks)
     assert 0 < c.memory_bytes <= host_available_memory() / 2 * 1.5
     assert "intra-node: 1 pair," in res.stderr + res.stdout and "2 ranks on 1 host," in res.stderr + res.stdout
@@ -78,6 +84,25 @@ def test_affine_fit_and_cluster_doc_by_host():
     assert doc["intra_node_bandwidth"] == 15e9 and doc["inter_node_bandwidth"] == 2e9
     details["hosts"] = ["a", "a", "a", "b"]  # uneven hosts: flat network, no devices_per_node
     assert "devices_per_node" not in cluster_doc(details, 4, 4.0)
+
+
+def test_ring_fit_inverts_the_ring_model():
+    """Times made by the cost model's ring formula give back its latency and bandwidth."""
+    from gpp_solver.cost import allreduce_time as priced
+
+    for n in (2, 3, 8):
+        sizes = [4, 65536, 4194304]
+        secs = [priced(s, n, 2e9, 3e-5) for s in sizes]
+        lat, bw = ring_fit(sizes, secs, n)
+        assert lat == pytest.approx(3e-5) and bw == pytest.approx(2e9)
+    # noise: the largest no slower than the smallest -> a finite bandwidth, latency >= 0
+    lat, bw = ring_fit([4, 1024], [1e-3, 5e-4], 2)
+    assert bw == pytest.approx(1024 / 5e-4) and lat >= 0
+    details = {"hosts": ["a", "a"], "pairs": [{"ranks": [0, 1], "intra_node": True, "latency": 1e-5,
+                                                "bandwidth": 1e9}], "ranks": [{"memory_bytes": 1e9}] * 2,
+               "allreduce": {"bandwidth": 5e8, "latency": 2e-5}}
+    doc = cluster_doc(details, 2, 4.0)
+    assert (doc["allreduce_bandwidth"], doc["allreduce_latency"]) == (5e8, 2e-5)
 
 
 def test_cluster_doc_of_one_rank_is_valid():

@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import allreduce_time, interp_time, stage_costs, stage_transfers
+from gpp_solver.cost.model import interp_time, stage_costs, stage_transfers
 from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
@@ -155,6 +156,7 @@ class _ExactSearch:
         _check_size(graph, self.usable)
         self.const_bw = constant_bandwidth(cluster)
         self.fastest = self.const_bw if self.const_bw is not None else link_bandwidths(cluster)[1]
+        self.terms = TimeTerms.of(graph, cluster)
         self.limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
         self.slots = min(self.usable, n_nodes, max_stages or n_nodes)
         self.state = {"best": None, "time": upper_bound, "simulated": 0, "searched": 0}
@@ -197,6 +199,8 @@ class _ExactSearch:
                     nd = graph.node(v)
                     cf += interp_time(nd.fw_time, gs, b / d)
                     cb += interp_time(nd.bw_time, gs, b / d)
+                cf += len(nodes) * self.terms.op_fw
+                cb += len(nodes) * self.terms.op_bw
                 cs.append(cf + cb)
                 fs.append(cf)
             r = self.stage_tab[(nodes, b)] = (cs, fs, sum(graph.node(v).weight_bytes for v in nodes),
@@ -237,7 +241,7 @@ class _ExactSearch:
             held = in_flight_samples(depth[s], b, B)
             halves = [n_tr[s] * lat + bytes_tr[s] * (b / d) / fastest for d in opts]
             work.append([n * (cs[j] + 2 * halves[j]) for j in range(len(opts))])
-            ar.append([allreduce_time(weight, d, fastest) for d in opts])
+            ar.append([self.terms.tail(weight, d, fastest) for d in opts])
             fwd.append([fs[j] + halves[j] for j in range(len(opts))])
             bwd.append([cs[j] - fs[j] + halves[j] for j in range(len(opts))])
             mem.append([osf * weight + held / d * act for d in opts])
@@ -302,7 +306,7 @@ def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[t
         counts = tuple(q.opts[j] for j in pick)
         cand = Candidate(part, b, counts)
         costs = stage_costs(graph, cluster, cand.specs(), B)
-        if max(n * (c.forward + c.backward) + c.allreduce for c in costs) >= state["time"]:
+        if max(n * (c.forward + c.backward) + c.tail for c in costs) >= state["time"]:
             return
         state["simulated"] += 1
         if not orders:
@@ -311,7 +315,7 @@ def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[t
         try:
             makespan, _ = simulate_orders(orders, bsz, {s: c.forward for s, c in enumerate(costs)},
                                           {s: c.backward for s, c in enumerate(costs)},
-                                          {s: c.allreduce for s, c in enumerate(costs)}, edges, B)
+                                          {s: c.tail for s, c in enumerate(costs)}, edges, B)
         except DeadlockError:     # not expected for uniform b and k = 1; such a plan leaves the space
             logger.debug("exact: 1F1B orders deadlock for %s", cand)
             return

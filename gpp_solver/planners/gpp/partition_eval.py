@@ -17,7 +17,7 @@ a state exactly as ``plan_build.build_plan`` + ``cost.stage_costs`` would (teste
 It exists beside ``cost.stage_costs`` because the local search prices millions of neighbouring
 states from a node->stage array (no stage objects, quotient graph and transfers vectorised, two
 placements tried per state); its formulas are the cost model's pricing core (``comm_time``,
-``allreduce_time``, ``time_per_sample``).
+``TimeTerms.tail``, ``time_per_sample``).
 
 The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time estimate)``
 (``by_estimate=True``: the estimate before the TPS vector, for the final polish), quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, allreduce_time, comm_time, memory_per_device, time_per_sample
+from gpp_solver.cost.model import comm_time, memory_per_device, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth, node_bandwidth, slowest_bandwidth
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.planners.gpp.partition_eval_py import evaluate_py
 from gpp_solver.types import Cluster, Graph
 
@@ -77,6 +79,7 @@ class Problem:
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, b: int,
                  tables: CostTables | None = None, *, by_estimate: bool = False) -> None:
         self.graph, self.cluster, self.B, self.b = graph, cluster, mini_batch_size, b
+        self.terms = TimeTerms.of(graph, cluster)
         self.by_estimate = by_estimate     # key: iteration-time estimate before the TPS vector
         self.num_micro_batches = mini_batch_size // b
         self.N = len(graph.nodes)
@@ -241,7 +244,7 @@ class Problem:
         lat = self.lat
         comm = (np.bincount(t_prod, weights=comm_time(nb, b / dv[t_prod], bw_t, lat), minlength=k)
                 + np.bincount(t_cons, weights=comm_time(nb, b / dv[t_cons], bw_t, lat), minlength=k))
-        ar = allreduce_time(W, dv, bw_s)
+        ar = self.terms.tail(W, dv, bw_s)
         per = C + 2.0 * comm
         tps = time_per_sample(per, b, ar, B)
         perl = per.tolist()
@@ -306,7 +309,7 @@ class Problem:
             bw_ar = np.full(len(deg), self.const_bw)
         else:
             bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
-        ar = allreduce_time(W[None, :], degf, bw_ar[:, None])
+        ar = self.terms.tail(W[None, :], degf, bw_ar[:, None])
         T = time_per_sample(C + 2 * comm, self.b, ar, self.B).T     # k x |deg|
         in_flight = np.minimum(np.asarray(depth), self.num_micro_batches) * self.b
         mem = memory_per_device(self.osf, W[:, None], in_flight[:, None], degf.T, Act[:, None])

@@ -96,11 +96,11 @@ def _price_py(self: Any, devs, order, qs, assign, tlist, C, W, mem, excess, offs
         cp[sp] += lat + nbytes * (b / devs[sp]) / bw
         cc[sv] += lat + nbytes * (b / devs[sv]) / bw
     per, ar, tps = [0.0] * k, [0.0] * k, [0.0] * k
+    tail = self.terms.tail            # A(S) + O(S): cost.model.TimeTerms, the scalar form
     for s in range(k):
         d = devs[s]
-        if d > 1:
-            bw = const if const is not None else (intra if home[s] >= 0 else inter)
-            ar[s] = 2.0 * (d - 1) / d * W[s] / bw
+        bw = const if const is not None else (intra if home[s] >= 0 else inter)
+        ar[s] = tail(W[s], d, bw)
         per[s] = C[s] + 2.0 * (cp[s] + cc[s])
         tps[s] = per[s] / b + ar[s] / B
     longest = [0.0] * k

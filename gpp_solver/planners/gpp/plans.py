@@ -77,7 +77,7 @@ def iteration_time_lower_bound(P: Problem, state: State, ev: Eval, split: bool =
     for s in ev.order:
         for t in succ[s]:
             head[t] = max(head[t], head[s] + fw[s])
-    ar = [c.allreduce for c in costs]
+    ar = [c.tail for c in costs]
     up = [0.0] * k
     for s in ev.order:
         for t in succ[s]:
@@ -100,7 +100,7 @@ def _split_lower_bound(costs: list, succ: list[set[int]], order: list[int], n: i
     bw = [c.backward for c in costs]
     b_in = [c.backward_input for c in costs]
     w = [c.backward_weight for c in costs]
-    ar = [c.allreduce for c in costs]
+    ar = [c.tail for c in costs]
     up = [0.0] * k          # after stage s's last B_in: the longest tail through its predecessors
     for s in order:
         for t in succ[s]:

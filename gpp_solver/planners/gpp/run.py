@@ -12,7 +12,7 @@ from typing import Any
 
 from gpp_solver._backend.progress import ProgressBar, note
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes, check_mini_batch_size
-from gpp_solver.cost.model import CostTables
+from gpp_solver.cost.tables import CostTables
 from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.validate import validate
 from gpp_solver.plan.zero_bubble import final_record

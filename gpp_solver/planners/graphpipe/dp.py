@@ -24,8 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables
 from gpp_solver.cost.network import link_bandwidths, node_bandwidth, one_node, slowest_bandwidth
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
 from gpp_solver.planners.graphpipe.dp_stage import DPProbe, DPStage, SizeTables, decode, encode, power_of_two_degrees
@@ -146,7 +147,8 @@ class StageDP:
                 SegmentComm(np.zeros_like(self.comm.count), np.zeros_like(self.comm.nbytes))
             tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch_size=self.B,
                             latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
-                            allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs])
+                            allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs],
+                            terms=TimeTerms.of(self.graph, self.cluster))
             md = self._max_depths(b, degs, self.memory)
             tb = SizeTables(degs, tps, md, best_at_sink(tps, md))
             self._cache[b] = tb

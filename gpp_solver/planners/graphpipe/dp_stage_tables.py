@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.cost.model import allreduce_time, comm_time, time_per_sample
+from gpp_solver.cost import TimeTerms, comm_time, time_per_sample
 from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, TreeIndex
 
 
@@ -200,19 +200,21 @@ def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
 
 def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
               degrees: Sequence[int], *, mini_batch_size: int, latency: float, comm_bandwidth: float,
-              allreduce_bandwidth: Sequence[float]) -> np.ndarray:
+              allreduce_bandwidth: Sequence[float], terms: TimeTerms | None = None) -> np.ndarray:
     """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
     ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes.
 
     A pricer of its own (not :func:`gpp_solver.cost.model.stage_costs`) because it prices every SP-tree
     segment at every degree at once, before any stage or device exists, with the DP's *upper-bound*
     transfers (one per edge leaving the segment, at a bound of the bandwidth); its formulas are the
-    cost model's pricing core (``comm_time``, ``allreduce_time``, ``time_per_sample``)."""
+    cost model's pricing core (``comm_time``, ``TimeTerms.tail``: all-reduce and optimizer step,
+    ``time_per_sample``)."""
+    terms = terms or TimeTerms()
     tps = np.empty((len(idx.seg_lo), len(degrees)))
     for j, d in enumerate(degrees):
         C = segment_sums(idx, compute[j])
         comm_half = comm_time(comm.nbytes, b / d, comm_bandwidth, latency, comm.count)
-        ar = allreduce_time(W, d, allreduce_bandwidth[j])
+        ar = terms.tail(W, d, allreduce_bandwidth[j])
         tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch_size)
     return tps
 

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, iteration_time_estimate, stage_costs, stage_transfers
+from gpp_solver.cost.model import iteration_time_estimate, stage_costs, stage_transfers
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
 from gpp_solver.types import Cluster, Graph
@@ -87,6 +89,7 @@ class StagingPricer:
                     order.append(i)
         self.order = order
         self._comp: dict[int, np.ndarray] = {}
+        self.terms = TimeTerms.of(graph, cluster)
 
     def _compute(self, d: int) -> np.ndarray:
         """Every stage's compute per micro-batch at degree ``d`` (``compute_at(b / d)`` summed)."""
@@ -122,7 +125,7 @@ class StagingPricer:
             bw_st = np.full(S, inter)
         else:
             bw_st = np.where((deg <= 1) | (start // dpn == end // dpn), intra, inter)
-        allreduce = np.where(deg > 1, 2.0 * (deg - 1) / deg * self.weight / bw_st, 0.0)
+        allreduce = self.terms.tail(self.weight, deg, bw_st)     # A(S) + O(S)
         comp = np.empty(S)
         for d in np.unique(deg).tolist():
             m = deg == d

@@ -41,6 +41,7 @@ import pulp
 
 from gpp_solver.cost.model import node_compute
 from gpp_solver.cost.network import constant_bandwidth
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.planners.milp.space import MEMORY_REL_TOL, contiguous_ranges, device_options, layouts
 from gpp_solver.types import Cluster, Graph
 
@@ -113,6 +114,7 @@ class _Builder:
         self.W = [nd.weight_bytes for nd in self.nodes]
         self.A = [nd.activation_bytes for nd in self.nodes]
         self.const_bw = constant_bandwidth(cluster)
+        self.overhead = TimeTerms.of(graph).node_overhead
         self.problem = pulp.LpProblem(f"gpp_milp_b{b}", pulp.LpMinimize)
         self.x = {(i, s): self.problem.add_variable(f"x_{i}_{s}", cat=pulp.LpBinary) for i in self.V for s in range(slots)}
         self.model = MilpModel(self.problem, b, 1.0, ids, slots, self.x)
@@ -120,7 +122,7 @@ class _Builder:
 
     def c(self, i: int, x: float) -> float:
         nd = self.nodes[i]
-        return node_compute(nd.fw_time, nd.bw_time, self.graph.micro_batch_sizes, x)
+        return node_compute(nd.fw_time, nd.bw_time, self.graph.micro_batch_sizes, x, self.overhead)
 
     def assignment(self) -> None:
         """Each node in one slot; edges never go to an earlier slot (cumulative form, tighter LP)."""
@@ -244,8 +246,13 @@ class _Builder:
                 for u in self.out_edges:
                     terms += [2 * lat * r[u, lo, hi], 2 * x_ * byte_unit / bw * rb[u, lo, hi]]
             expr = pulp.lpSum(terms) / (b * tau0)
-            if d > 1:
-                expr += (2 * (d - 1) / d / bw_self / B / tau0) * pulp.lpSum(self.W[i] * x[i, s] for i in V)
-            big = sum(coef * var.upBound for var, coef in expr.items())   # every coefficient is >= 0
+            weight = pulp.lpSum(self.W[i] * x[i, s] for i in V)
+            if d > 1:   # A(S) (TimeTerms.allreduce): the cluster's all-reduce bandwidth and latency when given
+                expr += (2 * (d - 1) / d / self.cluster.collective_bandwidth(bw_self) / B / tau0) * weight
+                expr += 2 * (d - 1) * self.cluster.allreduce_latency / B / tau0
+            if self.graph.optimizer_time_per_byte:   # O(S)
+                expr += (self.graph.optimizer_time_per_byte / B / tau0) * weight
+            # every coefficient is >= 0; the constant (all-reduce latency) is relaxed with the rest
+            big = sum(coef * var.upBound for var, coef in expr.items()) + expr.constant
             prob += tau >= expr - big * (1 - active), f"tps_{s}_{kidx}"
         prob += tau

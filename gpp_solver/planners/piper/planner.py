@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from gpp_solver.cost.model import node_compute
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.validate import validate
@@ -76,9 +77,15 @@ def _options(graph: Graph, cluster: Cluster, v: int, b1: int, mode: str, native:
                                             float(x["memory_b"]), dict(x["sync_time_fw"]), dict(x["sync_time_bw"])))
         return out
 
+    overhead = TimeTerms.of(graph).node_overhead
+    # the resync term is priced at the instance's bandwidth: weights scaled so that it runs at the
+    # cluster's all-reduce bandwidth when it has one (a factor of exactly 1 otherwise)
+    p2p = cluster.inter_node_bandwidth
+    ar_scale = p2p / cluster.collective_bandwidth(p2p)
+
     def derived(label, fw, bw, wb, ab):
-        p = node_compute(fw, bw, sizes, b1)
-        return (label, p, wb, ab * b1, osf * wb, {}, {})
+        p = node_compute(fw, bw, sizes, b1, overhead)
+        return (label, p, wb * ar_scale if ar_scale != 1.0 else wb, ab * b1, osf * wb, {}, {})
 
     seen: dict[int, set] = {1: {(node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes)}}
     out[1] = [derived(-1, node.fw_time, node.bw_time, node.weight_bytes, node.activation_bytes)]

@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from gpp_solver.cost.model import comm_time, memory_per_device, node_compute
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, TimeLimitError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate
@@ -87,7 +88,8 @@ def _latency_tables(graph: Graph, cluster: Cluster, lin: Linearization, B: int, 
         if b % s:
             continue
         x = b / s
-        per = lin.state_sums([node_compute(n.fw_time, n.bw_time, graph.micro_batch_sizes, x) for n in nodes])
+        oh = TimeTerms.of(graph).node_overhead
+        per = lin.state_sums([node_compute(n.fw_time, n.bw_time, graph.micro_batch_sizes, x, oh) for n in nodes])
         half = comm_time(cut, x, bw, cluster.latency, cnt)
         h_in, h_out = half.copy(), half.copy()
         h_in[0] = 0.0

@@ -65,8 +65,9 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import allreduce_time, comm_time, memory_per_device, node_compute, time_per_sample
+from gpp_solver.cost.model import comm_time, memory_per_device, node_compute, time_per_sample
 from gpp_solver.cost.network import node_bandwidth
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate
@@ -175,12 +176,13 @@ class RangeCosts:
 
     A pricer of its own because PipeDream's DP needs the TPS of every state range ``[k, j)`` of the
     linearisation at once (a dense array per replica count), before stages or devices exist; its
-    formulas are the cost model's pricing core (``comm_time``, ``allreduce_time``, ``time_per_sample``,
+    formulas are the cost model's pricing core (``comm_time``, ``TimeTerms.tail``, ``time_per_sample``,
     ``memory_per_device``) and its compute the one interpolation (``node_compute``)."""
 
     def __init__(self, graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int) -> None:
         self.graph, self.cluster, self.lin, self.B, self.b = graph, cluster, lin, B, b
         self.num_micro_batches = B // b
+        self.terms = TimeTerms.of(graph, cluster)
         nodes = [graph.node(v) for v in lin.order]
         W = lin.state_sums([n.weight_bytes for n in nodes])
         act = lin.state_sums([n.activation_bytes for n in nodes])
@@ -194,7 +196,8 @@ class RangeCosts:
         c = self._comp.get(x)
         if c is None:
             sizes = self.graph.micro_batch_sizes
-            per = [node_compute(n.fw_time, n.bw_time, sizes, x) for n in self._nodes]
+            oh = self.terms.node_overhead
+            per = [node_compute(n.fw_time, n.bw_time, sizes, x, oh) for n in self._nodes]
             s = self.lin.state_sums(per)
             c = self._comp[x] = s[None, :] - s[:, None]
         return c
@@ -207,7 +210,7 @@ class RangeCosts:
             return np.full(self.W.shape, INF)
         x = b / d
         comm = 2.0 * comm_time(self.in_b + self.out_b, x, bw, self.cluster.latency, self.in_c + self.out_c)
-        tps = time_per_sample(self.compute(x) + comm, b, allreduce_time(self.W, d, bw), self.B)
+        tps = time_per_sample(self.compute(x) + comm, b, self.terms.tail(self.W, d, bw), self.B)
         f = min(self.num_micro_batches, max(1, in_flight_stages)) * b
         mem = memory_per_device(self.cluster.optimizer_state_factor, self.W, f, d, self.act)
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from gpp_solver.cost.model import allreduce_time, node_compute
+from gpp_solver.cost.model import node_compute
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate
@@ -245,7 +245,8 @@ class _LazySearch:
             if weights is None:
                 graph, sizes = self.graph, self.graph.micro_batch_sizes
                 weights = self.weights_at[x] = (
-                    [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x)
+                    [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x,
+                                  self.pricer.terms.node_overhead)
                      for v in self.order] if self.balance == "compute" else [1.0] * len(self.order))
             cuts = self.cuts_at[x, w] = equal_partition(weights, w)
         return cuts
@@ -345,8 +346,8 @@ class _LazySearch:
         n = self.B // b
         per = n * (np.add.reduceat(fg, cuts[:-1]) + neg)
         if self.ar_filter and d > 1:
-            ar = allreduce_time(np.add.reduceat(self.core_weight, cuts[:-1]), np.full(w, float(d)),
-                                self.pricer.stage_bandwidths(self.layout(w, d)))
+            ar = self.pricer.terms.tail(np.add.reduceat(self.core_weight, cuts[:-1]), np.full(w, float(d)),
+                                        self.pricer.stage_bandwidths(self.layout(w, d)))
             l1 = float(np.max(per + ar)) - _CHEAP_SLACK * float(np.max(ar))
         else:
             l1 = float(np.max(per))

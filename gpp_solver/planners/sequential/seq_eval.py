@@ -6,7 +6,7 @@ sizes, stage counts, replication degrees) by *simulated* iteration time, and a s
 
 - :class:`SequentialPricer` maps a candidate (the pipeline stage of every core node, each stage's
   devices, the micro-batch size) to its stages under the shared cost model (its pricing core:
-  ``comm_time``, ``allreduce_time``, ``memory_per_device``), vectorised with numpy — it exists beside
+  ``comm_time``, ``TimeTerms.tail``, ``memory_per_device``), vectorised with numpy — it exists beside
   ``stage_costs`` because it prices thousands of candidates from a node->stage array without building
   any stage, and adds what ``stage_costs`` does not give (1F1B in-flight counts, a simulation bound):
   compute, transfers, all-reduce, the stage graph, the exact 1F1B peak in-flight samples and memory
@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.cost.model import CostTables, allreduce_time, comm_time, memory_per_device
+from gpp_solver.cost.model import comm_time, memory_per_device
+from gpp_solver.cost.tables import CostTables
+from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,7 @@ class SequentialPricer:
     def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, core_order: Sequence[str],
                  inputs: Sequence[str], sinks: Sequence[str]) -> None:
         self.graph, self.cluster, self.B = graph, cluster, mini_batch_size
+        self.terms = TimeTerms.of(graph, cluster)
         idx = graph.index
         self.core_idx = np.asarray([idx[v] for v in core_order], dtype=np.int64)
         self.n_nodes = len(graph.nodes)
@@ -219,8 +222,8 @@ class SequentialPricer:
             comm += np.bincount(pu, weights=comm_time(nb, x[pu], bw, lat), minlength=S)
             comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
         memory, W = self._memory(st, S, d, b, edges_a, edges_c)
-        # the array form of allreduce_time: the scalar form's operations, element-wise
-        ar = allreduce_time(W, d, lay.stage_bw)
+        # A(S) + O(S) in the array form: the scalar form's operations, element-wise
+        ar = self.terms.tail(W, d, lay.stage_bw)
         fwd, bwd = cf + comm, cb + comm
         # the longest-path recurrences over the stage edges, on Python floats (the same IEEE
         # operations as on numpy scalars): edges in increasing source order finish every stage's

@@ -1,0 +1,67 @@
+"""The calibrated terms of the time model beside the profiled node times (``docs/time-terms.md``):
+each node's ``op_overhead``, the optimizer step per weight byte, and the ring all-reduce at its own
+bandwidth and per-step latency; :func:`allreduce_time` is the all-reduce's formula."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpp_solver.types import Cluster, Graph
+
+
+def allreduce_time(weight_bytes, d, bandwidth, latency=0.0):
+    """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array):
+    ``2 (d-1)`` steps (reduce-scatter, all-gather) of ``latency`` each, ``2 (d-1)/d * W`` bytes sent
+    by each replica at ``bandwidth``."""
+    if np.ndim(d) == 0:
+        if d <= 1:
+            return 0.0
+        t = 2.0 * (d - 1) / d * weight_bytes / bandwidth
+        return t + 2.0 * (d - 1) * latency if latency else t
+    t = 2.0 * (d - 1) / d * weight_bytes / bandwidth
+    if np.any(latency):
+        t = t + 2.0 * (d - 1) * latency
+    return np.where(d > 1, t, 0.0)
+
+
+@dataclass(frozen=True)
+class TimeTerms:
+    """The calibrated terms of the time model beside the profiled node times: each node's
+    ``op_overhead`` per forward and per backward, the optimizer step per weight byte (graph), and
+    the all-reduce's own bandwidth and per-step latency (cluster). Every pricer takes them from
+    here; absent fields give zeros and the point-to-point bandwidth, i.e. the plain model."""
+
+    op_fw: float = 0.0
+    op_bw: float = 0.0
+    optimizer_per_byte: float = 0.0
+    allreduce_bandwidth: float | None = None
+    allreduce_latency: float = 0.0
+
+    @classmethod
+    def of(cls, graph: Graph | None = None, cluster: Cluster | None = None) -> TimeTerms:
+        fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
+        return cls(fw, bw, graph.optimizer_time_per_byte if graph is not None else 0.0,
+                   cluster.allreduce_bandwidth if cluster is not None else None,
+                   cluster.allreduce_latency if cluster is not None else 0.0)
+
+    @property
+    def node_overhead(self) -> float:
+        """What one node adds to a micro-batch's forward plus backward."""
+        return self.op_fw + self.op_bw
+
+    def allreduce(self, weight_bytes, d, bandwidth):
+        """``A(S)`` (:func:`allreduce_time`) at the all-reduce's bandwidth: the cluster's
+        ``allreduce_bandwidth`` when it has one, else ``bandwidth`` (the caller's point-to-point figure)."""
+        bw = bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+        return allreduce_time(weight_bytes, d, bw, self.allreduce_latency)
+
+    def optimizer(self, weight_bytes):
+        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``."""
+        return self.optimizer_per_byte * weight_bytes
+
+    def tail(self, weight_bytes, d, bandwidth):
+        """``A(S) + O(S)``: what a stage runs after its last backward (elementwise on arrays)."""
+        a = self.allreduce(weight_bytes, d, bandwidth)
+        return a + self.optimizer_per_byte * weight_bytes if self.optimizer_per_byte else a
