@@ -46,7 +46,7 @@ def table_after(text: str, marker: str) -> list[dict[str, str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if marker in line)
     rows: list[list[str]] = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("|"):
             rows.append([c.strip() for c in line.strip().strip("|").split("|")])
         elif rows:
@@ -80,12 +80,19 @@ def check_search_time(text: str, rtol: float, full: bool, only: list[str] | None
         B = int(row["B"])
         assert B == PER_DEVICE[model] * d, (model, d, B)
         plan = plan_graphpipe(build_model(model), v100_cluster(d), B, progress=False)
-        got = {"b": str(plan.stages[0].micro_batch_size), "stages": str(len(plan.stages)), "depth": str(plan.depth),
-               "devices used": str(plan.devices_used)}
+        got = {
+            "b": str(plan.stages[0].micro_batch_size),
+            "stages": str(len(plan.stages)),
+            "depth": str(plan.depth),
+            "devices used": str(plan.devices_used),
+        }
         for k, v in got.items():
             if row[k] != v:
                 bad.append(f"search_time {model} {d}: {k} results {row[k]} now {v}")
-        for k, v in (("TPS (s)", plan.predicted.time_per_sample), ("throughput (samples/s)", plan.predicted.throughput)):
+        for k, v in (
+            ("TPS (s)", plan.predicted.time_per_sample),
+            ("throughput (samples/s)", plan.predicted.throughput),
+        ):
             if not close(float(row[k]), v, rtol):
                 bad.append(f"search_time {model} {d}: {k} results {row[k]} now {v:.6g}")
         print(f"search_time {model:10s} {d:3d}: checked", file=sys.stderr)
@@ -114,35 +121,53 @@ def check_gpp_vs_spp(text: str, rtol: float, full: bool, only: list[str] | None 
             if r is None:
                 continue
             if r.status == "time-limit":
-                print(f"gpp_vs_spp {row['workload']} {d} {p}: time-limit on this machine, not compared", file=sys.stderr)
+                print(
+                    f"gpp_vs_spp {row['workload']} {d} {p}: time-limit on this machine, not compared", file=sys.stderr
+                )
                 continue
             if r.throughput is None:
                 if listed != r.status:
                     bad.append(f"gpp_vs_spp {row['workload']} {d} {p}: results {listed} now {r.status}")
             elif not re.fullmatch(r"[0-9.e+]+", listed) or not close(float(listed), r.throughput, rtol):
                 bad.append(f"gpp_vs_spp {row['workload']} {d} {p}: results {listed} now {r.throughput:.4g}")
-        print(f"gpp_vs_spp {row['workload']:24s} {d:3d}: checked {', '.join(wanted)} in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        print(
+            f"gpp_vs_spp {row['workload']:24s} {d:3d}: checked {', '.join(wanted)} in {time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+        )
     return bad
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true", help="every cell, gpp and piper included (minutes)")
-    ap.add_argument("--rtol", type=float, default=2e-3,
-                    help="relative tolerance of TPS and throughput (default 2e-3: the tables print 4 digits)")
-    ap.add_argument("--only", nargs="+", metavar="MODEL:DEVICES", default=None,
-                    help="only these cells, e.g. mmt:4 'candle-uno(2branches):16' (default: all cheap ones)")
-    ap.add_argument("--results", type=Path, default=RESULTS,
-                    help="the results page to check (default: this checkout's docs/results.md)")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=2e-3,
+        help="relative tolerance of TPS and throughput (default 2e-3: the tables print 4 digits)",
+    )
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="MODEL:DEVICES",
+        default=None,
+        help="only these cells, e.g. mmt:4 'candle-uno(2branches):16' (default: all cheap ones)",
+    )
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=RESULTS,
+        help="the results page to check (default: this checkout's docs/results.md)",
+    )
     ap.add_argument("--list", action="store_true", help="print what is checked and exit")
     args = ap.parse_args(argv)
     if args.list:
         print(__doc__)
         return 0
     text = args.results.read_text()
-    bad = (check_search_time(text, args.rtol, args.full, args.only)
-           + check_gpp_vs_spp(text, args.rtol, args.full, args.only))
+    bad = check_search_time(text, args.rtol, args.full, args.only) + check_gpp_vs_spp(
+        text, args.rtol, args.full, args.only
+    )
     for line in bad:
         print("DIFFERS:", line)
     print(f"{'all checked figures hold' if not bad else f'{len(bad)} figures differ'}")

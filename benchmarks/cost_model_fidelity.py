@@ -62,41 +62,67 @@ from runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
 PLANNERS = "graphpipe,pipedream,gpp,piper"
 EMULATED_MODELS = {
     "mmt": dict(branches=2, layers=2, seq=128, hidden=512, heads=8, ffn=2048, vocab=8000, max_micro_batch=32),
-    "dlrm": dict(dense_branches=2, sparse_branches=2, dense_layers=2, hidden=1024, dense_features=1024,
-                 table_rows=10000, embed_dim=32, bag_size=10, top_layers=2, max_micro_batch=64),
+    "dlrm": dict(
+        dense_branches=2,
+        sparse_branches=2,
+        dense_layers=2,
+        hidden=1024,
+        dense_features=1024,
+        table_rows=10000,
+        embed_dim=32,
+        bag_size=10,
+        top_layers=2,
+        max_micro_batch=64,
+    ),
     "candle-uno": dict(branches=3, layers=2, hidden=1024, top_layers=2, input_features=1024, max_micro_batch=64),
     "transformer": dict(layers=6, seq=128, hidden=512, heads=8, ffn=2048, vocab=8000, max_micro_batch=32),
 }
-QUICK_MODELS = {"candle-uno": dict(branches=2, layers=1, hidden=256, top_layers=1, input_features=256,
-                                   max_micro_batch=16)}
-NOTES = {"emulated": ["emulated: compute and all-reduce sleep the modelled time; p2p and the schedule are real"],
-         "cpu": ["cpu: one thread per rank, each pinned to its own core; profile and training with every core busy "
-                 "(--fill-cores)"]}
+QUICK_MODELS = {
+    "candle-uno": dict(branches=2, layers=1, hidden=256, top_layers=1, input_features=256, max_micro_batch=16)
+}
+NOTES = {
+    "emulated": ["emulated: compute and all-reduce sleep the modelled time; p2p and the schedule are real"],
+    "cpu": [
+        "cpu: one thread per rank, each pinned to its own core; profile and training with every core busy "
+        "(--fill-cores)"
+    ],
+}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("emulated", "cpu"), default="emulated")
-    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
-                    help="gloo: CPU ranks; nccl: one GPU per rank")
+    ap.add_argument(
+        "--backend", choices=("gloo", "nccl"), default="gloo", help="gloo: CPU ranks; nccl: one GPU per rank"
+    )
     ap.add_argument("--devices", default=None, help="device counts (default emulated 2,4,8; cpu 1,2)")
     ap.add_argument("--planners", default=None, help=f"comma-separated (default {PLANNERS})")
-    ap.add_argument("--models", help="comma-separated (emulated: workload names, '' for none; "
-                    "cpu: MODULE:FN[@BATCH])")
+    ap.add_argument("--models", help="comma-separated (emulated: workload names, '' for none; cpu: MODULE:FN[@BATCH])")
     ap.add_argument("--graph", action="append", default=[], help="emulated: also this gpp-graph/1 file")
     ap.add_argument("--batch", type=int, default=None, help="mini-batch size (emulated 32; cpu: per model)")
-    ap.add_argument("--fill-cores", choices=fidelity_cpu.FILL, default="unused",
-                    help="cpu: keep every core busy in profile and training (benchmarks/fidelity_cpu.py)")
+    ap.add_argument(
+        "--fill-cores",
+        choices=fidelity_cpu.FILL,
+        default="unused",
+        help="cpu: keep every core busy in profile and training (benchmarks/fidelity_cpu.py)",
+    )
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup-steps", type=int, default=2)
-    ap.add_argument("--seq-seconds", type=float, default=0.6,
-                    help="emulated: one device's compute time for a mini-batch after scaling")
+    ap.add_argument(
+        "--seq-seconds",
+        type=float,
+        default=0.6,
+        help="emulated: one device's compute time for a mini-batch after scaling",
+    )
     ap.add_argument("--max-output-bytes", type=float, default=16 * 1024, help="emulated: per sample")
     ap.add_argument("--max-weight-bytes", type=float, default=1 * 2**20, help="emulated: per node")
     ap.add_argument("--time-limit", type=float, default=20.0, help="per planner call (seconds)")
-    ap.add_argument("--schedule", choices=("1f1b", "zb", "auto"), default=None,
-                    help="gpp's and graphpipe's micro-batch orders (default: each planner's own, gpp auto, "
-                         "graphpipe 1f1b)")
+    ap.add_argument(
+        "--schedule",
+        choices=("1f1b", "zb", "auto"),
+        default=None,
+        help="gpp's and graphpipe's micro-batch orders (default: each planner's own, gpp auto, graphpipe 1f1b)",
+    )
     ap.add_argument("--cluster", default=None, help="use this gpp-cluster/1 instead of probing")
     ap.add_argument("--json", default=None, help="write every row and the summary here")
     ap.add_argument("--workdir", default=None, help="keep graphs/plans/metrics here")
@@ -123,30 +149,71 @@ def torchrun(nproc: int, module_args: list[str], env: dict | None = None, timeou
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     res = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[3:])} failed (exit {res.returncode}): "
-                           + (res.stderr.strip().splitlines() or ["?"])[-1])
+        raise RuntimeError(
+            f"{' '.join(cmd[3:])} failed (exit {res.returncode}): " + (res.stderr.strip().splitlines() or ["?"])[-1]
+        )
     return res
 
 
 def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
     out = work / "cluster.json"
     sizes = "4,16384,262144" if quick else "4,65536,1048576,4194304"
-    torchrun(nproc, ["-m", "runtime.probe", "-o", str(out), "--sizes", sizes, "--repeats", "3" if quick else "7",
-                     "--details", str(work / "probe.json")] + (["--cpu"] if backend == "gloo" else []))
+    torchrun(
+        nproc,
+        [
+            "-m",
+            "runtime.probe",
+            "-o",
+            str(out),
+            "--sizes",
+            sizes,
+            "--repeats",
+            "3" if quick else "7",
+            "--details",
+            str(work / "probe.json"),
+        ]
+        + (["--cpu"] if backend == "gloo" else []),
+    )
     return out
 
 
-def train(plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path,
-          priced: list[str] = ()) -> tuple[float, dict, list[dict]]:
+def train(
+    plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path, priced: list[str] = ()
+) -> tuple[float, dict, list[dict]]:
     """The measured iteration time (:func:`steady_period`), per-rank timings (:func:`rank_times`)
     and per-rank peak memory beside the prediction (``runtime.train``'s ``ranks``; ``priced``:
     ``--graph G --cluster C`` of the plan, so the prediction is the cost model's for the optimizer used)."""
     trace_path = metrics.with_suffix(".trace.json")
-    torchrun(nproc, ["-m", "runtime.train", "--plan", str(plan_path), "--model", model,
-                     "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps), "--lr", "1e-4",
-                     "--metrics", str(metrics), "--trace", str(trace_path), "--quiet", "--threads", "1",
-                     "--timeout", "300", *priced] + (["--cpu"] if args.backend == "gloo" else [])
-             + fidelity_cpu.train_flags(args), env=env)
+    torchrun(
+        nproc,
+        [
+            "-m",
+            "runtime.train",
+            "--plan",
+            str(plan_path),
+            "--model",
+            model,
+            "--steps",
+            str(args.steps),
+            "--warmup-steps",
+            str(args.warmup_steps),
+            "--lr",
+            "1e-4",
+            "--metrics",
+            str(metrics),
+            "--trace",
+            str(trace_path),
+            "--quiet",
+            "--threads",
+            "1",
+            "--timeout",
+            "300",
+            *priced,
+        ]
+        + (["--cpu"] if args.backend == "gloo" else [])
+        + fidelity_cpu.train_flags(args),
+        env=env,
+    )
     trace = json.loads(trace_path.read_text())
     ranks = json.loads(metrics.read_text()).get("ranks", [])
     return steady_period(trace, args.warmup_steps), rank_times(trace, args.warmup_steps), ranks
@@ -200,8 +267,9 @@ def scaled(graph: dict, seq_seconds: float, batch: int) -> dict:
     from gpp_solver.cost.model import interp_time
 
     sizes = graph["micro_batch_sizes"]
-    total = sum(interp_time(n["fw_time"], sizes, batch) + interp_time(n["bw_time"], sizes, batch)
-                for n in graph["nodes"])
+    total = sum(
+        interp_time(n["fw_time"], sizes, batch) + interp_time(n["bw_time"], sizes, batch) for n in graph["nodes"]
+    )
     k = seq_seconds / total
     for n in graph["nodes"]:
         n["fw_time"] = [t * k for t in n["fw_time"]]
@@ -220,8 +288,9 @@ def emulated_models(args, work: Path, cluster: Path) -> list[tuple[str, dict, st
         g = realised_graph(scaled(g, args.seq_seconds, args.batch), args.max_output_bytes, args.max_weight_bytes)
         path = work / f"graph-{label}.json"
         path.write_text(json.dumps(g))
-        out.append((label, g, "runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)},
-                    args.batch))
+        out.append(
+            (label, g, "runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)}, args.batch)
+        )
     return out
 
 
@@ -241,7 +310,7 @@ def ranking(rows: list[dict], min_gap: float = 0.0) -> tuple[float, int, int]:
     """(Kendall tau-a, agreeing pairs, pairs) over pairs of one group whose predictions differ > min_gap."""
     agree = total = 0
     for i, a in enumerate(rows):
-        for b in rows[i + 1:]:
+        for b in rows[i + 1 :]:
             if a["group"] != b["group"]:
                 continue
             p, m = a["predicted"] - b["predicted"], a["measured"] - b["measured"]
@@ -261,17 +330,28 @@ def summary(rows: list[dict]) -> dict:
     rel = [abs(m - p) / p for p, m in zip(pred, meas)]
     tau, agree, pairs = ranking(ok)
     tau10, agree10, pairs10 = ranking(ok, 0.10)
-    return {"plans": len(ok), "pearson": pearson(pred, meas),
-            "mae_seconds": sum(errs) / len(errs) if errs else float("nan"),
-            "mape": sum(rel) / len(rel) if rel else float("nan"),
-            "within_10pct": sum(e <= 0.10 for e in rel), "kendall_tau": tau, "pairs_agree": agree,
-            "pairs": pairs, "kendall_tau_10pct": tau10, "pairs_agree_10pct": agree10, "pairs_10pct": pairs10}
+    return {
+        "plans": len(ok),
+        "pearson": pearson(pred, meas),
+        "mae_seconds": sum(errs) / len(errs) if errs else float("nan"),
+        "mape": sum(rel) / len(rel) if rel else float("nan"),
+        "within_10pct": sum(e <= 0.10 for e in rel),
+        "kendall_tau": tau,
+        "pairs_agree": agree,
+        "pairs": pairs,
+        "kendall_tau_10pct": tau10,
+        "pairs_agree_10pct": agree10,
+        "pairs_10pct": pairs10,
+    }
 
 
 def summaries(rows: list[dict]) -> dict:
     """All plans, and the plans without a data-parallel stage (no gradient all-reduce); memory."""
-    return {"all": summary(rows), "no_data_parallel": summary([r for r in rows if not r.get("data_parallel")]),
-            "memory": fidelity_cpu.memory_summary(rows)}
+    return {
+        "all": summary(rows),
+        "no_data_parallel": summary([r for r in rows if not r.get("data_parallel")]),
+        "memory": fidelity_cpu.memory_summary(rows),
+    }
 
 
 # -- one plan -------------------------------------------------------------------------------
@@ -280,22 +360,34 @@ def stage_diagnostics(plan, sim, ranks: dict[int, dict]) -> list[dict]:
     out = []
     for ps, st in zip(plan.stages, sim.stages):
         m = ranks.get(ps.devices[0], {})
-        out.append({"stage": st.stage, "rank": ps.devices[0], "sim_busy": st.busy - st.allreduce - st.optimizer,
-                    "measured_busy": m.get("compute"), "sim_allreduce": st.allreduce,
-                    "measured_allreduce": m.get("allreduce"), "measured_wait": m.get("wait"),
-                    "sim_idle": st.idle})
+        out.append(
+            {
+                "stage": st.stage,
+                "rank": ps.devices[0],
+                "sim_busy": st.busy - st.allreduce - st.optimizer,
+                "measured_busy": m.get("compute"),
+                "sim_allreduce": st.allreduce,
+                "measured_allreduce": m.get("allreduce"),
+                "measured_wait": m.get("wait"),
+                "sim_idle": st.idle,
+            }
+        )
     return out
 
 
 def planning_cluster(measured, devices: int, mode: str) -> dict:
     """The cluster the planners see for ``devices`` ranks: the probed one's figures (its ring
     all-reduce fit included), memory unbounded in emulated mode (activations are not emulated)."""
-    cdoc = {"format": "gpp-cluster/1", "devices": devices,
-            "memory_bytes": 1e15 if mode == "emulated" else measured.memory_bytes,
-            "intra_node_bandwidth": measured.intra_node_bandwidth,
-            "inter_node_bandwidth": measured.inter_node_bandwidth,
-            "latency": measured.latency, "optimizer_state_factor": measured.optimizer_state_factor,
-            "memory_overheads": measured.memory_overheads}
+    cdoc = {
+        "format": "gpp-cluster/1",
+        "devices": devices,
+        "memory_bytes": 1e15 if mode == "emulated" else measured.memory_bytes,
+        "intra_node_bandwidth": measured.intra_node_bandwidth,
+        "inter_node_bandwidth": measured.inter_node_bandwidth,
+        "latency": measured.latency,
+        "optimizer_state_factor": measured.optimizer_state_factor,
+        "memory_overheads": measured.memory_overheads,
+    }
     if measured.allreduce_bandwidth is not None:
         cdoc.update(allreduce_bandwidth=measured.allreduce_bandwidth, allreduce_latency=measured.allreduce_latency)
     if measured.devices_per_node:
@@ -324,20 +416,34 @@ def run(args) -> tuple[list[dict], dict]:
                 row = {"model": label, "devices": n, "planner": planner, "group": (label, batch)}
                 rows.append(row)
                 try:
-                    plan = solve(graph, cdoc, mini_batch_size=batch, planner=planner, time_limit=args.time_limit,
-                                 **({"schedule": args.schedule}
-                                    if args.schedule and planner in ("gpp", "graphpipe") else {}))
+                    plan = solve(
+                        graph,
+                        cdoc,
+                        mini_batch_size=batch,
+                        planner=planner,
+                        time_limit=args.time_limit,
+                        **({"schedule": args.schedule} if args.schedule and planner in ("gpp", "graphpipe") else {}),
+                    )
                 except GppError as exc:
                     row["error"] = f"no plan: {str(exc).splitlines()[0][:120]}"
                     continue
                 sim = simulate(plan, graph, cluster_from_dict(cdoc))
-                row.update(predicted=sim.iteration_time, stages=len(plan.stages),
-                           used=sum(len(s.devices) for s in plan.stages),
-                           micro_batch=sorted({s.micro_batch_size for s in plan.stages}))
+                row.update(
+                    predicted=sim.iteration_time,
+                    stages=len(plan.stages),
+                    used=sum(len(s.devices) for s in plan.stages),
+                    micro_batch=sorted({s.micro_batch_size for s in plan.stages}),
+                )
                 sig = signature(plan)
                 if sig in done:
-                    row.update({k: done[sig][k] for k in ("measured", "diagnostics", "data_parallel", "memory")
-                                if k in done[sig]}, same_as=done[sig]["id"])
+                    row.update(
+                        {
+                            k: done[sig][k]
+                            for k in ("measured", "diagnostics", "data_parallel", "memory")
+                            if k in done[sig]
+                        },
+                        same_as=done[sig]["id"],
+                    )
                     continue
                 row["id"] = f"{label}-{n}-{planner}"
                 ppath = work / f"plan-{row['id']}.json"
@@ -351,8 +457,9 @@ def run(args) -> tuple[list[dict], dict]:
                     priced = ["--graph", str(gpath), "--cluster", str(cpath_n)]
                 try:
                     with fidelity_cpu.fillers(args, model_spec, row["used"], max(row["micro_batch"])):
-                        period, ranks, memory = train(ppath, row["used"], model_spec, env, args,
-                                                      work / f"metrics-{row['id']}.json", priced)
+                        period, ranks, memory = train(
+                            ppath, row["used"], model_spec, env, args, work / f"metrics-{row['id']}.json", priced
+                        )
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     row["error"] = f"training failed: {str(exc)[:200]}"
                     continue
@@ -362,17 +469,28 @@ def run(args) -> tuple[list[dict], dict]:
                 row["diagnostics"] = stage_diagnostics(plan, sim, ranks)
                 row["data_parallel"] = any(len(s.devices) > 1 for s in plan.stages)
                 done[sig] = row
-    info = {"mode": args.mode, "backend": args.backend, "cluster": str(cpath), "batch": args.batch or "per model",
-            "fill_cores": args.fill_cores if args.mode == "cpu" else None,
-            "steps": args.steps, "warmup_steps": args.warmup_steps, "workdir": str(work),
-            "seconds": time.time() - t0, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    info = {
+        "mode": args.mode,
+        "backend": args.backend,
+        "cluster": str(cpath),
+        "batch": args.batch or "per model",
+        "fill_cores": args.fill_cores if args.mode == "cpu" else None,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "workdir": str(work),
+        "seconds": time.time() - t0,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     return rows, info
 
 
 def _worst(r: dict) -> tuple[str, str]:
     """Largest per-stage busy error and the all-reduce (predicted/measured ms) of the worst stage."""
-    busy = [d["measured_busy"] / d["sim_busy"] - 1 for d in r["diagnostics"]
-            if d.get("measured_busy") is not None and d["sim_busy"] > 0]
+    busy = [
+        d["measured_busy"] / d["sim_busy"] - 1
+        for d in r["diagnostics"]
+        if d.get("measured_busy") is not None and d["sim_busy"] > 0
+    ]
     ar = max(r["diagnostics"], key=lambda d: d.get("measured_allreduce") or 0.0)
     arx = f"{ar['sim_allreduce'] * 1e3:.1f} / {ar['measured_allreduce'] * 1e3:.1f}" if ar["measured_allreduce"] else "-"
     return (f"{max(busy, key=abs):+.1%}" if busy else "-"), arx
@@ -381,20 +499,26 @@ def _worst(r: dict) -> tuple[str, str]:
 def _summary_lines(name: str, s: dict) -> list[str]:
     if not s["plans"]:
         return [f"{name}: no plan measured"]
-    return [f"{name}: {s['plans']} plans; Pearson r = {s['pearson']:.3f}; mean absolute error "
-            f"{s['mae_seconds'] * 1e3:.1f} ms ({s['mape']:.1%} of predicted); within 10%: "
-            f"{s['within_10pct']}/{s['plans']}; ranking: Kendall tau {s['kendall_tau']:.3f} "
-            f"({s['pairs_agree']}/{s['pairs']} pairs in the predicted order), pairs predicted >10% apart: "
-            f"tau {s['kendall_tau_10pct']:.3f} ({s['pairs_agree_10pct']}/{s['pairs_10pct']})"]
+    return [
+        f"{name}: {s['plans']} plans; Pearson r = {s['pearson']:.3f}; mean absolute error "
+        f"{s['mae_seconds'] * 1e3:.1f} ms ({s['mape']:.1%} of predicted); within 10%: "
+        f"{s['within_10pct']}/{s['plans']}; ranking: Kendall tau {s['kendall_tau']:.3f} "
+        f"({s['pairs_agree']}/{s['pairs']} pairs in the predicted order), pairs predicted >10% apart: "
+        f"tau {s['kendall_tau_10pct']:.3f} ({s['pairs_agree_10pct']}/{s['pairs_10pct']})"
+    ]
 
 
 def table(rows: list[dict], s: dict, info: dict) -> str:
-    lines = [f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
-             f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}"
-             + (f", --fill-cores {info['fill_cores']}" if info.get("fill_cores") else ""), *NOTES.get(info["mode"], []),
-             "", "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
-             "| stage busy error | all-reduce pred / meas ms | peak memory meas / pred MB (ratio, worst rank) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
+        f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}"
+        + (f", --fill-cores {info['fill_cores']}" if info.get("fill_cores") else ""),
+        *NOTES.get(info["mode"], []),
+        "",
+        "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "
+        "| stage busy error | all-reduce pred / meas ms | peak memory meas / pred MB (ratio, worst rank) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         if "error" in r and not r.get("measured"):
             lines.append(f"| {r['model']} | {r['devices']} | {r['planner']} | {r['error']} |||||||||")
@@ -402,16 +526,23 @@ def table(rows: list[dict], s: dict, info: dict) -> str:
         err = (r["measured"] - r["predicted"]) / r["predicted"]
         same = f" (= {r['same_as']})" if r.get("same_as") else ""
         busy, ar = _worst(r)
-        lines.append(f"| {r['model']} | {r['devices']} | {r['planner']}{same} | {r['stages']} | {r['used']} | "
-                     f"{','.join(map(str, r['micro_batch']))} | {r['predicted'] * 1e3:.1f} | "
-                     f"{r['measured'] * 1e3:.1f} | {err:+.1%} | {busy} | {ar} | {fidelity_cpu.memory_cell(r)} |")
-    lines += [""] + _summary_lines("all plans", s["all"]) + _summary_lines("plans without data-parallel stages",
-                                                                           s["no_data_parallel"])
+        lines.append(
+            f"| {r['model']} | {r['devices']} | {r['planner']}{same} | {r['stages']} | {r['used']} | "
+            f"{','.join(map(str, r['micro_batch']))} | {r['predicted'] * 1e3:.1f} | "
+            f"{r['measured'] * 1e3:.1f} | {err:+.1%} | {busy} | {ar} | {fidelity_cpu.memory_cell(r)} |"
+        )
+    lines += (
+        [""]
+        + _summary_lines("all plans", s["all"])
+        + _summary_lines("plans without data-parallel stages", s["no_data_parallel"])
+    )
     mem = s.get("memory", {})
     if mem.get("ranks"):
-        lines.append(f"memory: {mem['ranks']} ranks; measured / predicted peak {mem['min_ratio']:.3f} .. "
-                     f"{mem['max_ratio']:.3f}; measured > 1.05 x predicted: {mem['over_1_05']}; "
-                     f"predicted > 1.25 x measured: {mem['under_0_8']}")
+        lines.append(
+            f"memory: {mem['ranks']} ranks; measured / predicted peak {mem['min_ratio']:.3f} .. "
+            f"{mem['max_ratio']:.3f}; measured > 1.05 x predicted: {mem['over_1_05']}; "
+            f"predicted > 1.25 x measured: {mem['under_0_8']}"
+        )
     return "\n".join(lines)
 
 
@@ -422,8 +553,11 @@ def main(argv=None) -> int:
     print(table(rows, s, info))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"}
-                                                            for r in rows]}, f, indent=1)
+            json.dump(
+                {"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows]},
+                f,
+                indent=1,
+            )
     return 0 if s["all"]["plans"] else 1
 
 

@@ -31,9 +31,11 @@ def planner():
     """The GraphPipe planner (registry name ``graphpipe``, or the module that implements it)."""
     try:
         from gpp_solver.planners.registry import get_planner
+
         return get_planner("graphpipe")
-    except Exception:   # noqa: BLE001 - registry entry not importable yet: use the module directly
+    except Exception:  # noqa: BLE001 - registry entry not importable yet: use the module directly
         from gpp_solver.planners.graphpipe.planner import plan_graphpipe
+
         return plan_graphpipe
 
 
@@ -49,23 +51,32 @@ def mixed_b(plan: Plan, graph, cluster) -> Plan | None:
         specs.append(StageSpec(s.nodes, s.devices, b, k=1, tensor_parallel=s.tensor_parallel, tmpc=s.tmpc))
     if not changed:
         return None
-    return build_plan(graph, cluster, specs, plan.mini_batch_size, planner=plan.planner + "+mixed-b",
-                      search=SearchInfo(0.0, "feasible"))
+    return build_plan(
+        graph,
+        cluster,
+        specs,
+        plan.mini_batch_size,
+        planner=plan.planner + "+mixed-b",
+        search=SearchInfo(0.0, "feasible"),
+    )
 
 
 def row(name: str, devices: int, label: str, plan: Plan, graph, cluster, args) -> str:
     validate(plan, graph, cluster)
-    r = tighten(plan, graph, cluster, time_limit=args.time_limit, seed=0, workers=args.workers,
-                max_actions=args.max_actions)
+    r = tighten(
+        plan, graph, cluster, time_limit=args.time_limit, seed=0, workers=args.workers, max_actions=args.max_actions
+    )
     validate(r.plan, graph, cluster)
     ns = sorted({plan.mini_batch_size // s.micro_batch_size for s in plan.stages})
     n_text = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
     gain = 100.0 * (r.makespan_before - r.makespan_after) / r.makespan_before
     bound = "" if r.lower_bound is None else f"{r.lower_bound * 1e3:.3f}"
-    return (f"| {name} | {devices} | {plan.mini_batch_size} | {label} | {len(plan.stages)} | {plan.depth} | "
-            f"{n_text} | {r.actions} | {r.status} | {r.memory_status} | {r.makespan_before * 1e3:.3f} | {r.makespan_after * 1e3:.3f} | "
-            f"{gain:.2f} | {bound} | {plan.predicted.peak_memory_bytes / GiB:.2f} | "
-            f"{r.plan.predicted.peak_memory_bytes / GiB:.2f} | {r.seconds:.1f} |")
+    return (
+        f"| {name} | {devices} | {plan.mini_batch_size} | {label} | {len(plan.stages)} | {plan.depth} | "
+        f"{n_text} | {r.actions} | {r.status} | {r.memory_status} | {r.makespan_before * 1e3:.3f} | {r.makespan_after * 1e3:.3f} | "
+        f"{gain:.2f} | {bound} | {plan.predicted.peak_memory_bytes / GiB:.2f} | "
+        f"{r.plan.predicted.peak_memory_bytes / GiB:.2f} | {r.seconds:.1f} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mmt,dlrm,candle-uno,transformer")
     args = ap.parse_args(argv)
     plan_fn = planner()
-    print(f"CP-SAT order tightening, time limit {args.time_limit:g} s, {args.workers} worker(s), "
-          f"V100 cluster (4 per node), B = {args.samples_per_device} x devices\n")
-    print("| workload | devices | B | plan | stages | depth | micro-batches | actions | CP-SAT | memory phase | "
-          "iter before (ms) | iter after (ms) | gain % | bound (ms) | peak mem before (GiB) | after (GiB) | CP s |")
+    print(
+        f"CP-SAT order tightening, time limit {args.time_limit:g} s, {args.workers} worker(s), "
+        f"V100 cluster (4 per node), B = {args.samples_per_device} x devices\n"
+    )
+    print(
+        "| workload | devices | B | plan | stages | depth | micro-batches | actions | CP-SAT | memory phase | "
+        "iter before (ms) | iter after (ms) | gain % | bound (ms) | peak mem before (GiB) | after (GiB) | CP s |"
+    )
     print("|" + "---|" * 17)
     t0 = time.perf_counter()
     for name in args.models.split(","):

@@ -42,12 +42,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 # (MODULE:FN, mini-batch): predicted iteration times from a few ms (bert_tiny, two_tower) to a
 # few hundred ms (resnet18, googlenet at 32x32 float64) on one EPYC core
-CPU_MODELS = [("examples.real_models:two_tower", 32), ("examples.real_models:bert_tiny", 32),
-              ("examples.sequential:bench", 128), ("examples.two_branch:bench", 128),
-              ("examples.real_models:googlenet", 4), ("examples.real_models:resnet18", 8),
-              # models the project did not write and tests nowhere else: torchvision's
-              # mobilenet_v3_small and a HuggingFace CLIP (two towers, text and image)
-              ("examples.real_models:mobilenet_v3_small", 8), ("examples.real_models:clip_tiny", 32)]
+CPU_MODELS = [
+    ("examples.real_models:two_tower", 32),
+    ("examples.real_models:bert_tiny", 32),
+    ("examples.sequential:bench", 128),
+    ("examples.two_branch:bench", 128),
+    ("examples.real_models:googlenet", 4),
+    ("examples.real_models:resnet18", 8),
+    # models the project did not write and tests nowhere else: torchvision's
+    # mobilenet_v3_small and a HuggingFace CLIP (two towers, text and image)
+    ("examples.real_models:mobilenet_v3_small", 8),
+    ("examples.real_models:clip_tiny", 32),
+]
 QUICK_CPU_MODELS = [("examples.sequential:workload", 8)]
 FILL = ("unused", "none")
 
@@ -82,8 +88,21 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
         label = spec.removeprefix("examples.").replace(":", "-") + f"@{batch}"
         path = work / f"graph-{label}.json"
         sizes = ",".join(str(b) for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= batch)
-        cmd = [sys.executable, "-m", "runtime.profile", "--model", spec, "--micro-batch-sizes", sizes,
-               "-o", str(path), "--threads", "1", "--concurrent", str(concurrent)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "runtime.profile",
+            "--model",
+            spec,
+            "--micro-batch-sizes",
+            sizes,
+            "-o",
+            str(path),
+            "--threads",
+            "1",
+            "--concurrent",
+            str(concurrent),
+        ]
         res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"profiling {spec} failed: {res.stderr.strip()[-300:]}")
@@ -105,10 +124,20 @@ def fillers(args, spec: str, used: int, micro_batch: int):
     procs = []
     try:
         for core in range(used, n_cores()):
-            cmd = [sys.executable, "-m", "runtime.cores", "--model", spec, "--core", str(core),
-                   "--batch", str(micro_batch)]
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+            cmd = [
+                sys.executable,
+                "-m",
+                "runtime.cores",
+                "--model",
+                spec,
+                "--core",
+                str(core),
+                "--batch",
+                str(micro_batch),
+            ]
+            procs.append(
+                subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            )
         for p in procs:  # each prints "ready" after its first forward and backward
             if p.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"filler failed: {(p.stderr.read().strip().splitlines() or ['?'])[-1]}")
@@ -124,11 +153,20 @@ def memory_summary(rows: list[dict]) -> dict:
     """Measured / predicted peak memory over every rank of the distinct measured plans: the range,
     and the ranks outside the targets (measured > 1.05 x predicted: an out-of-memory surprise;
     predicted > 1.25 x measured: devices wasted)."""
-    ratios = [m["peak_memory_bytes"] / m["predicted_peak_memory_bytes"] for r in rows if not r.get("same_as")
-              for m in r.get("memory", []) if m.get("peak_memory_bytes") and m.get("predicted_peak_memory_bytes")]
-    return {"ranks": len(ratios), "min_ratio": min(ratios, default=float("nan")),
-            "max_ratio": max(ratios, default=float("nan")),
-            "over_1_05": sum(x > 1.05 for x in ratios), "under_0_8": sum(x * 1.25 < 1 for x in ratios)}
+    ratios = [
+        m["peak_memory_bytes"] / m["predicted_peak_memory_bytes"]
+        for r in rows
+        if not r.get("same_as")
+        for m in r.get("memory", [])
+        if m.get("peak_memory_bytes") and m.get("predicted_peak_memory_bytes")
+    ]
+    return {
+        "ranks": len(ratios),
+        "min_ratio": min(ratios, default=float("nan")),
+        "max_ratio": max(ratios, default=float("nan")),
+        "over_1_05": sum(x > 1.05 for x in ratios),
+        "under_0_8": sum(x * 1.25 < 1 for x in ratios),
+    }
 
 
 def memory_cell(r: dict) -> str:

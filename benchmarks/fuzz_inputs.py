@@ -31,8 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=200, help="number of mutated inputs (default 200)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--commands", default=",".join(list(F.COMMANDS) + ["library"]),
-                    help="comma-separated subset of: " + ", ".join(list(F.COMMANDS) + ["library"]))
+    ap.add_argument(
+        "--commands",
+        default=",".join(list(F.COMMANDS) + ["library"]),
+        help="comma-separated subset of: " + ", ".join(list(F.COMMANDS) + ["library"]),
+    )
     args = ap.parse_args(argv)
     commands = [c.strip() for c in args.commands.split(",") if c.strip()]
     for c in commands:
@@ -47,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             command = commands[i % len(commands)]
             kinds = F.KINDS if command == "library" else F.COMMANDS[command][0]
             which = rng.choice(kinds)
-            ops = [(rng.randrange(10**4), rng.choice(F.OPS), rng.randrange(len(F.WEIRD)))
-                   for _ in range(rng.randint(1, 3))]
+            ops = [
+                (rng.randrange(10**4), rng.choice(F.OPS), rng.randrange(len(F.WEIRD))) for _ in range(rng.randint(1, 3))
+            ]
             raw = rng.choice(F.RAW)
             t0 = time.perf_counter()
             if command == "library":
@@ -62,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
                 problems.append(f"{command} {which} ops={ops} raw={raw}: {problem}")
     cols = ["exit 0", "exit 1", "exit 2", "exit -", "violations"]
     print(f"fuzz_inputs: {args.examples} examples, seed {args.seed}\n")
-    print("| command | examples | " + " | ".join(c.replace("exit -", "returned/raised GppError") for c in cols)
-          + " | seconds |")
+    print(
+        "| command | examples | "
+        + " | ".join(c.replace("exit -", "returned/raised GppError") for c in cols)
+        + " | seconds |"
+    )
     print("|" + " --- |" * (len(cols) + 3))
     for c in commands:
         n = sum(counts[c].values())

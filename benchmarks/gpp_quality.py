@@ -51,7 +51,7 @@ from gpp_solver.workloads import build_model
 
 SAMPLES_PER_DEVICE = {"mmt": 16, "dlrm": 64, "candle-uno": 1024, "transformer": 16}
 OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
-BOUND_TIME_LIMIT = [20.0]   # seconds per relaxed-bound MILP (--bound-time-limit)
+BOUND_TIME_LIMIT = [20.0]  # seconds per relaxed-bound MILP (--bound-time-limit)
 _RELAXED: dict[tuple[str, int, int, int], TpsBound | None] = {}
 
 
@@ -120,27 +120,44 @@ def node_bound_tps(graph: Graph, cluster: Cluster, b: int, B: int) -> float:
     return max(min(stage_lb(v, d) for d in ds) for v in range(len(graph.nodes)))
 
 
-def plan_row(name: str, plan: Plan | None, seconds: float, graph: Graph, cluster: Cluster,
-             note: str = "") -> dict[str, Any]:
+def plan_row(
+    name: str, plan: Plan | None, seconds: float, graph: Graph, cluster: Cluster, note: str = ""
+) -> dict[str, Any]:
     if plan is None:
         return {"planner": name, "status": note, "seconds": seconds}
     bs = sorted({s.micro_batch_size for s in plan.stages})
     bound = perfect_balance_tps(graph, bs[0], cluster.devices)
-    specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
-                       tmpc=s.tmpc) for s in plan.stages]
+    specs = [
+        StageSpec(
+            s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel, tmpc=s.tmpc
+        )
+        for s in plan.stages
+    ]
     worst = max(stage_costs(graph, cluster, specs, plan.mini_batch_size), key=lambda sc: sc.time_per_sample)
     comp_share = worst.compute / worst.micro_batch_size / worst.time_per_sample
     bound2 = max(bound, node_bound_tps(graph, cluster, bs[0], plan.mini_batch_size))
     relaxed = relaxed_bound(graph, cluster, bs[0], plan.mini_batch_size) if len(bs) == 1 else None
-    return {"relaxed": relaxed, "gap3": None if relaxed is None else plan.predicted.time_per_sample / relaxed.value - 1,
-            "gap2": plan.predicted.time_per_sample / bound2 - 1, "planner": name, "status": plan.search.status, "seconds": seconds,
-            "tps": plan.predicted.time_per_sample, "iter": plan.predicted.iteration_time,
-            "thr": plan.predicted.throughput, "stages": len(plan.stages), "devices": plan.devices_used,
-            "b": bs[0] if len(bs) == 1 else f"{bs}", "comp_share": comp_share, "gap": plan.predicted.time_per_sample / bound - 1}
+    return {
+        "relaxed": relaxed,
+        "gap3": None if relaxed is None else plan.predicted.time_per_sample / relaxed.value - 1,
+        "gap2": plan.predicted.time_per_sample / bound2 - 1,
+        "planner": name,
+        "status": plan.search.status,
+        "seconds": seconds,
+        "tps": plan.predicted.time_per_sample,
+        "iter": plan.predicted.iteration_time,
+        "thr": plan.predicted.throughput,
+        "stages": len(plan.stages),
+        "devices": plan.devices_used,
+        "b": bs[0] if len(bs) == 1 else f"{bs}",
+        "comp_share": comp_share,
+        "gap": plan.predicted.time_per_sample / bound - 1,
+    }
 
 
-def run_workload(model: str, devices: int, planners: list[str], time_limit: float,
-                 gpp_time_limit: float | None) -> list[dict[str, Any]]:
+def run_workload(
+    model: str, devices: int, planners: list[str], time_limit: float, gpp_time_limit: float | None
+) -> list[dict[str, Any]]:
     """Rows: ``gpp`` (default objective), ``gpp[TPS]`` (objective ``time_per_sample``), then the others.
     ``gpp`` runs stand-alone (its own seed planners inside its time limit)."""
     graph = build_model(model)
@@ -179,17 +196,23 @@ def fmt(v: Any, spec: str) -> str:
 def workload_table(model: str, devices: int, rows: list[dict[str, Any]]) -> str:
     others = [r for r in rows if not r["planner"].startswith("gpp") and "thr" in r]
     best_other = max((r["thr"] for r in others), default=None)
-    out = [f"### {model}, {devices} devices (B = {SAMPLES_PER_DEVICE[model] * devices})", "",
-           "| planner | status | search s | TPS s | sim. iteration s | throughput /s | vs best other | stages | devices "
-           "| b | TPS gap to plain bound | to node bound | relaxed bound s | to relaxed bound |", "|" + "---|" * 14]
+    out = [
+        f"### {model}, {devices} devices (B = {SAMPLES_PER_DEVICE[model] * devices})",
+        "",
+        "| planner | status | search s | TPS s | sim. iteration s | throughput /s | vs best other | stages | devices "
+        "| b | TPS gap to plain bound | to node bound | relaxed bound s | to relaxed bound |",
+        "|" + "---|" * 14,
+    ]
     for r in rows:
         rel = None if best_other is None or "thr" not in r else r["thr"] / best_other
-        out.append(f"| {r['planner']} | {r['status']} | {fmt(r['seconds'], '.2f')} | {fmt(r.get('tps'), '.4g')} | "
-                   f"{fmt(r.get('iter'), '.4g')} | {fmt(r.get('thr'), '.5g')} | {fmt(rel, '.3f')} | "
-                   f"{fmt(r.get('stages'), 'd')} | {fmt(r.get('devices'), 'd')} | {r.get('b', '—')} | "
-                   f"{fmt(None if 'gap' not in r else 100 * r['gap'], '.1f')}% | "
-                   f"{fmt(None if 'gap2' not in r else 100 * r['gap2'], '.1f')}% | {relaxed_cell(r.get('relaxed'))} | "
-                   f"{fmt(None if r.get('gap3') is None else 100 * r['gap3'], '.1f')}% |")
+        out.append(
+            f"| {r['planner']} | {r['status']} | {fmt(r['seconds'], '.2f')} | {fmt(r.get('tps'), '.4g')} | "
+            f"{fmt(r.get('iter'), '.4g')} | {fmt(r.get('thr'), '.5g')} | {fmt(rel, '.3f')} | "
+            f"{fmt(r.get('stages'), 'd')} | {fmt(r.get('devices'), 'd')} | {r.get('b', '—')} | "
+            f"{fmt(None if 'gap' not in r else 100 * r['gap'], '.1f')}% | "
+            f"{fmt(None if 'gap2' not in r else 100 * r['gap2'], '.1f')}% | {relaxed_cell(r.get('relaxed'))} | "
+            f"{fmt(None if r.get('gap3') is None else 100 * r['gap3'], '.1f')}% |"
+        )
     return "\n".join(out)
 
 
@@ -208,12 +231,17 @@ def unreachable_lines(model: str, devices: int, rows: list[dict[str, Any]], all_
     out = []
     if t is not None and t.get("relaxed") is not None:
         r = t["relaxed"]
-        verdict = "yes: the 10% target is provably unreachable" if 1.1 * r.perfect_balance < r.value else "no (not proven)"
-        out.append(f"- b = {r.micro_batch_size} (gpp[TPS]'s): perfect balance {r.perfect_balance:.4g}, relaxed bound "
-                   f"{relaxed_cell(r)} (+{100 * (r.value / r.perfect_balance - 1):.1f}%), gpp[TPS] TPS {t['tps']:.4g}; "
-                   f"1.1 x perfect balance < relaxed bound: {verdict}")
+        verdict = (
+            "yes: the 10% target is provably unreachable" if 1.1 * r.perfect_balance < r.value else "no (not proven)"
+        )
+        out.append(
+            f"- b = {r.micro_batch_size} (gpp[TPS]'s): perfect balance {r.perfect_balance:.4g}, relaxed bound "
+            f"{relaxed_cell(r)} (+{100 * (r.value / r.perfect_balance - 1):.1f}%), gpp[TPS] TPS {t['tps']:.4g}; "
+            f"1.1 x perfect balance < relaxed bound: {verdict}"
+        )
     if all_b:
         from gpp_solver.cost.micro_batch import powers_of_two_dividing
+
         bounds = [r for r in (relaxed_bound(graph, cluster, b, B) for b in powers_of_two_dividing(B)) if r is not None]
         if not bounds:
             return "\n".join(out)
@@ -221,36 +249,47 @@ def unreachable_lines(model: str, devices: int, rows: list[dict[str, Any]], all_
         out_of = [r.micro_batch_size for r in bounds if not 1.1 * r.perfect_balance < r.value]
         unproven = [r.micro_batch_size for r in bounds if r.status != "optimal"]
         gpp_tps = "" if t is None else f"; gpp[TPS] TPS / least relaxed bound = {t['tps'] / best.value:.3f}"
-        out.append(f"- every b (1..{bounds[-1].micro_batch_size}): least relaxed bound {best.value:.4g} at b = "
-                   f"{best.micro_batch_size}{gpp_tps}; 10% target provably unreachable at "
-                   f"{len(bounds) - len(out_of)}/{len(bounds)} sizes"
-                   + (f" (not at b = {out_of})" if out_of else "")
-                   + (f"; MILP stopped by the time limit (dual bound) at b = {unproven}" if unproven else ""))
+        out.append(
+            f"- every b (1..{bounds[-1].micro_batch_size}): least relaxed bound {best.value:.4g} at b = "
+            f"{best.micro_batch_size}{gpp_tps}; 10% target provably unreachable at "
+            f"{len(bounds) - len(out_of)}/{len(bounds)} sizes"
+            + (f" (not at b = {out_of})" if out_of else "")
+            + (f"; MILP stopped by the time limit (dual bound) at b = {unproven}" if unproven else "")
+        )
     return "\n".join(out)
 
 
 def summary_table(results: dict[tuple[str, int], list[dict[str, Any]]]) -> str:
-    out = ["| workload | devices | gpp sim. throughput / best other | gpp s | gpp TPS gap: plain / node bound "
-           "| gpp[TPS] TPS / best other TPS | gpp[TPS] s | gpp[TPS] gap: plain / node bound | gpp[TPS] bottleneck: "
-           "compute share | best other TPS gap: plain / node | gpp from |", "|" + "---|" * 11]
+    out = [
+        "| workload | devices | gpp sim. throughput / best other | gpp s | gpp TPS gap: plain / node bound "
+        "| gpp[TPS] TPS / best other TPS | gpp[TPS] s | gpp[TPS] gap: plain / node bound | gpp[TPS] bottleneck: "
+        "compute share | best other TPS gap: plain / node | gpp from |",
+        "|" + "---|" * 11,
+    ]
     for (model, devices), rows in results.items():
         g, t = rows[0], rows[1]
         others = [r for r in rows[2:] if "thr" in r]
         best_thr = max((r["thr"] for r in others), default=None)
         best_tps = min(others, key=lambda r: r["tps"], default=None)
         ex = g.get("extra", {})
-        out.append(f"| {model} | {devices} | {fmt(None if best_thr is None else g['thr'] / best_thr, '.3f')} | "
-                   f"{g['seconds']:.2f} | {100 * g['gap']:.1f}% / {100 * g['gap2']:.1f}% | "
-                   f"{fmt(None if best_tps is None else t['tps'] / best_tps['tps'], '.3f')} | {t['seconds']:.2f} | "
-                   f"{100 * t['gap']:.1f}% / {100 * t['gap2']:.1f}% | {100 * t['comp_share']:.0f}% | "
-                   + ("— |" if best_tps is None else
-                      f"{100 * best_tps['gap']:.1f}% / {100 * best_tps['gap2']:.1f}% ({best_tps['planner']}) |")
-                   + f" {ex.get('seed_planner')} b={ex.get('micro_batch_size')} |")
+        out.append(
+            f"| {model} | {devices} | {fmt(None if best_thr is None else g['thr'] / best_thr, '.3f')} | "
+            f"{g['seconds']:.2f} | {100 * g['gap']:.1f}% / {100 * g['gap2']:.1f}% | "
+            f"{fmt(None if best_tps is None else t['tps'] / best_tps['tps'], '.3f')} | {t['seconds']:.2f} | "
+            f"{100 * t['gap']:.1f}% / {100 * t['gap2']:.1f}% | {100 * t['comp_share']:.0f}% | "
+            + (
+                "— |"
+                if best_tps is None
+                else f"{100 * best_tps['gap']:.1f}% / {100 * best_tps['gap2']:.1f}% ({best_tps['planner']}) |"
+            )
+            + f" {ex.get('seed_planner')} b={ex.get('micro_batch_size')} |"
+        )
     return "\n".join(out)
 
 
 def optimality_gap(instances: int, seed: int) -> str:
     from gpp_solver.oracles.brute_force import best_plan_bruteforce, random_cluster, random_graph
+
     rng = random.Random(seed)
     gp = seed_fn("graphpipe")
     gaps, gp_gaps, sim_rel = [], [], []
@@ -269,18 +308,26 @@ def optimality_gap(instances: int, seed: int) -> str:
             gp_gaps.append(gp(g, c, B).predicted.time_per_sample / opt - 1)
         d = plan_gpp(g, c, B)
         sim_rel.append(d.predicted.iteration_time / oplan.predicted.iteration_time - 1)
+
     def stats(xs: list[float]) -> str:
         if not xs:
             return "— | — | —"
         hits = sum(x <= 1e-9 for x in xs)
         return f"{100 * statistics.mean(xs):.2f}% | {100 * max(xs):.2f}% | {hits}/{len(xs)}"
-    out = [f"Random tiny graphs: {len(gaps)} instances (chain/diamond/sp/dag, 6-8 nodes, 4 devices, B = 16), "
-           "gap to the brute-force optimum of the bottleneck TPS", "",
-           "| measure | mean | worst | at the optimum |", "|---|---|---|---|",
-           f"| gpp TPS (objective=time_per_sample) | {stats(gaps)} |",
-           f"| graphpipe TPS | {stats(gp_gaps)} |",
-           f"| gpp default plan: simulated iteration time vs the TPS-optimal plan's (negative = faster) | "
-           f"{100 * statistics.mean(sim_rel):+.2f}% | {100 * max(sim_rel):+.2f}% | — |" if sim_rel else ""]
+
+    out = [
+        f"Random tiny graphs: {len(gaps)} instances (chain/diamond/sp/dag, 6-8 nodes, 4 devices, B = 16), "
+        "gap to the brute-force optimum of the bottleneck TPS",
+        "",
+        "| measure | mean | worst | at the optimum |",
+        "|---|---|---|---|",
+        f"| gpp TPS (objective=time_per_sample) | {stats(gaps)} |",
+        f"| graphpipe TPS | {stats(gp_gaps)} |",
+        f"| gpp default plan: simulated iteration time vs the TPS-optimal plan's (negative = faster) | "
+        f"{100 * statistics.mean(sim_rel):+.2f}% | {100 * max(sim_rel):+.2f}% | — |"
+        if sim_rel
+        else "",
+    ]
     return "\n".join(out)
 
 

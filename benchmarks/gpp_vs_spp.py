@@ -40,7 +40,7 @@ def run(model: str, devices: int, planners: list[str], time_limit: float, **para
     B = PER_DEVICE[model] * devices
     rows, plans = compare(g, c, B, planners, time_limit=time_limit)
     out = {r.planner: r for r in rows}
-    if "graphpipe" in planners:     # the paper's objective alone: the least TPS per micro-batch size
+    if "graphpipe" in planners:  # the paper's objective alone: the least TPS per micro-batch size
         t0 = time.perf_counter()
         plan = get_planner("graphpipe")(g, c, B, time_limit=time_limit, depth_tradeoff=False)
         out[ALG1] = row_from_plan(plan, g, c, time.perf_counter() - t0, name=ALG1)
@@ -72,15 +72,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="+", default=["mmt", "dlrm", "candle-uno", "transformer"])
     ap.add_argument("--branches", action="store_true", help="also candle-uno with 2..16 branches at 16 devices")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per planner and cell (seconds)")
-    ap.add_argument("--planners", nargs="+", default=PLANNERS, choices=PLANNERS,
-                    help="a subset of the planners (the ratio columns need theirs)")
+    ap.add_argument(
+        "--planners",
+        nargs="+",
+        default=PLANNERS,
+        choices=PLANNERS,
+        help="a subset of the planners (the ratio columns need theirs)",
+    )
     args = ap.parse_args(argv)
     planners = [p for p in args.planners if p in available_planners()]
     print(f"planners: {', '.join(planners)}; date {time.strftime('%Y-%m-%d')}\n")
     columns = planners + ([ALG1] if "graphpipe" in planners else [])
-    head = ("| workload | devices | " + " | ".join(f"{p} tput (s)" for p in columns)
-            + " | graphpipe / 2bw | Alg. 1 / 2bw | graphpipe / pipedream | gpp / best other "
-            + "| search s: pipedream / graphpipe | piper / graphpipe |")
+    head = (
+        "| workload | devices | "
+        + " | ".join(f"{p} tput (s)" for p in columns)
+        + " | graphpipe / 2bw | Alg. 1 / 2bw | graphpipe / pipedream | gpp / best other "
+        + "| search s: pipedream / graphpipe | piper / graphpipe |"
+    )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     gp_2bw: dict[str, list[float]] = {}
@@ -106,14 +114,18 @@ def main(argv: list[str] | None = None) -> int:
             return "—" if x is None else f"{x:.2f}x"
 
         s1, s2 = time_ratio(rows, "pipedream", "graphpipe"), time_ratio(rows, "piper", "graphpipe")
-        print(f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r4)} | {f(r2)} | {f(r3)} "
-              f"| {f(s1)} | {f(s2)} |")
+        print(
+            f"| {label} | {devices} | " + " | ".join(cols) + f" | {f(r1)} | {f(r4)} | {f(r2)} | {f(r3)} "
+            f"| {f(s1)} | {f(s2)} |"
+        )
         sys.stdout.flush()
     print()
     for name, table in (("graphpipe", gp_2bw), (ALG1, alg1_2bw)):
         for kind, xs in table.items():
-            print(f"{name} / pipedream-2bw simulated throughput on {kind} workloads: mean {statistics.mean(xs):.3f}x, "
-                  f"min {min(xs):.2f}x, max {max(xs):.2f}x over {len(xs)} cells")
+            print(
+                f"{name} / pipedream-2bw simulated throughput on {kind} workloads: mean {statistics.mean(xs):.3f}x, "
+                f"min {min(xs):.2f}x, max {max(xs):.2f}x over {len(xs)} cells"
+            )
     return 0
 
 

@@ -104,17 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=8, help="mini-batch size B (default 8)")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per planner call (default 60 s)")
     ap.add_argument("--planners", help="comma-separated names (default: every available planner but milp)")
-    ap.add_argument("--workloads", action="store_true",
-                    help="then the paper's workloads: every planner's throughput, search time and TPS gap to the "
-                         "perfect-balance and relaxed bounds (benchmarks/gpp_quality.py --skip-gap --skip-all-b)")
+    ap.add_argument(
+        "--workloads",
+        action="store_true",
+        help="then the paper's workloads: every planner's throughput, search time and TPS gap to the "
+        "perfect-balance and relaxed bounds (benchmarks/gpp_quality.py --skip-gap --skip-all-b)",
+    )
     args = ap.parse_args(argv)
     B = args.batch
     logging.basicConfig(level=logging.ERROR)
     names = args.planners.split(",") if args.planners else [n for n in available_planners() if n != "milp"]
     best_b = "graphpipe" in names
-    if best_b:   # GraphPipe run once per micro-batch size, keeping the least TPS (its search space alone)
+    if best_b:  # GraphPipe run once per micro-batch size, keeping the least TPS (its search space alone)
         names.insert(names.index("graphpipe") + 1, "graphpipe@min-TPS-b")
-    if "gpp" in names:   # gpp with the MILP's objective
+    if "gpp" in names:  # gpp with the MILP's objective
         names.insert(names.index("gpp") + 1, "gpp[TPS]")
     vs_rows = []
 
@@ -159,28 +162,49 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             s = stats[n]
             gaps = s["gap"]
-            gap_rows.append((n, cls, len(insts), len(gaps),
-                             fmt(statistics.mean(gaps)) if gaps else "—", fmt(max(gaps)) if gaps else "—",
-                             sum(x < -1e-6 for x in gaps),
-                             fmt(statistics.mean(s["iter"]), pct=False) if gaps else "—",
-                             fmt(max(s["iter"]), pct=False) if gaps else "—",
-                             f"{statistics.mean(s['time']):.3f}" if s["time"] else "—"))
+            gap_rows.append(
+                (
+                    n,
+                    cls,
+                    len(insts),
+                    len(gaps),
+                    fmt(statistics.mean(gaps)) if gaps else "—",
+                    fmt(max(gaps)) if gaps else "—",
+                    sum(x < -1e-6 for x in gaps),
+                    fmt(statistics.mean(s["iter"]), pct=False) if gaps else "—",
+                    fmt(max(s["iter"]), pct=False) if gaps else "—",
+                    f"{statistics.mean(s['time']):.3f}" if s["time"] else "—",
+                )
+            )
         vs_rows.append((cls, compared, worse_tps, worse_iter))
-        check_rows.append((cls, len(insts), f"{proven}/{len(insts)}", f"{agree}/{len(insts)}",
-                           f"{statistics.mean(milp_t):.2f}", f"{max(milp_t):.2f}",
-                           f"{statistics.mean(oracle_t):.3f}", f"{max(oracle_t):.3f}"))
+        check_rows.append(
+            (
+                cls,
+                len(insts),
+                f"{proven}/{len(insts)}",
+                f"{agree}/{len(insts)}",
+                f"{statistics.mean(milp_t):.2f}",
+                f"{max(milp_t):.2f}",
+                f"{statistics.mean(oracle_t):.3f}",
+                f"{max(oracle_t):.3f}",
+            )
+        )
 
     net = "two devices per node" if args.placement else "flat network"
     mem = "tight memory (1.5x least)" if args.tight else "64 GB memory"
     print(f"Gap to the MILP optimum (TPS), 6-8 nodes, 4 devices, {net}, {mem}, B={B}\n")
-    print("| planner | class | graphs | planned | mean TPS gap | worst TPS gap | below MILP | "
-          "mean iter-time ratio | worst iter-time ratio | mean search s |")
+    print(
+        "| planner | class | graphs | planned | mean TPS gap | worst TPS gap | below MILP | "
+        "mean iter-time ratio | worst iter-time ratio | mean search s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in gap_rows:
         print("| " + " | ".join(map(str, r)) + " |")
     print("\nMILP vs brute-force oracle\n")
-    print("| class | graphs | MILP proven optimal | MILP = oracle | MILP mean s | MILP max s | oracle mean s | "
-          "oracle max s |")
+    print(
+        "| class | graphs | MILP proven optimal | MILP = oracle | MILP mean s | MILP max s | oracle mean s | "
+        "oracle max s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in check_rows:
         print("| " + " | ".join(map(str, r)) + " |")

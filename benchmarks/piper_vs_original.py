@@ -83,8 +83,9 @@ def _children_cpu() -> float:
 
 def run_original(binary: str, path: str, devices: int, memory: float, bandwidth: float, n: int) -> dict:
     cpu = _children_cpu()
-    out = subprocess.run([binary, path, str(devices), repr(memory), repr(bandwidth), str(n)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [binary, path, str(devices), repr(memory), repr(bandwidth), str(n)], capture_output=True, text=True, check=True
+    ).stdout
     res = json.loads(out.strip().splitlines()[-1])
     res["cpu"] = _children_cpu() - cpu
     return res
@@ -100,16 +101,26 @@ def run_ours(graph, devices: int, memory: float, bandwidth: float, n: int) -> di
     inst = build_instance(graph, cluster, n, mode="piper")
     res = run_dp(inst, count_downsets(graph))
     secs = time.perf_counter() - t0
-    return {"seconds": secs, "cpu": time.process_time() - cpu, "value": res.value if math.isfinite(res.value) else -1.0,
-            "devices": res.devices, "s": res.s}
+    return {
+        "seconds": secs,
+        "cpu": time.process_time() - cpu,
+        "value": res.value if math.isfinite(res.value) else -1.0,
+        "devices": res.devices,
+        "s": res.s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--original", help="the driver binary built from the published algo.cpp (see --write-driver)")
     ap.add_argument("--inputs", help="folder holding the published inputs (bert32a100.json, gnmt.json, resnet.json)")
-    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, metavar="FILE:DEVICES:GIB",
-                    help=f"input stem, devices, memory in GiB (default: {' '.join(DEFAULT_CASES)})")
+    ap.add_argument(
+        "--cases",
+        nargs="+",
+        default=DEFAULT_CASES,
+        metavar="FILE:DEVICES:GIB",
+        help=f"input stem, devices, memory in GiB (default: {' '.join(DEFAULT_CASES)})",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="runs of each side per case; best shown (default 3)")
     ap.add_argument("--bandwidth-gib", type=float, default=25.0, help="bandwidth in GiB/s (default 25)")
     ap.add_argument("--write-driver", metavar="PATH", help="write the C++ driver's source to PATH and exit")
@@ -125,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     from gpp_solver.formats.piper import import_piper
 
     bandwidth = args.bandwidth_gib * GiB
-    print(f"{'case':22} {'original s':>11} {'ours s':>9} {'orig/ours':>9} {'cpu orig/ours':>13}  "
-          "objective (original / ours)", flush=True)
+    print(
+        f"{'case':22} {'original s':>11} {'ours s':>9} {'orig/ours':>9} {'cpu orig/ours':>13}  "
+        "objective (original / ours)",
+        flush=True,
+    )
     status = 0
     for case in args.cases:
         stem, devices, gib = case.split(":")
@@ -136,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = import_piper(path)
         memory = float(gib) * GiB
         orig, ours = [], []
-        for _ in range(args.repeat):          # interleaved, so both see the same load
+        for _ in range(args.repeat):  # interleaved, so both see the same load
             orig.append(run_original(args.original, path, int(devices), memory, bandwidth, n))
             ours.append(run_ours(graph, int(devices), memory, bandwidth, n))
         to, tu = min(r["seconds"] for r in orig), min(r["seconds"] for r in ours)
@@ -144,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         vo, vu = orig[0]["value"], ours[0]["value"]
         same = math.isclose(vo, vu, rel_tol=1e-9, abs_tol=0.0)
         status |= not same
-        print(f"{case:22} {to:11.3f} {tu:9.3f} {to / tu:9.2f} {co / cu:13.2f}  {vo:.10g} / {vu:.10g}"
-              f"{'' if same else '  DIFFERENT'}", flush=True)
+        print(
+            f"{case:22} {to:11.3f} {tu:9.3f} {to / tu:9.2f} {co / cu:13.2f}  {vo:.10g} / {vu:.10g}"
+            f"{'' if same else '  DIFFERENT'}",
+            flush=True,
+        )
     return status
 
 

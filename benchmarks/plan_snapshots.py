@@ -34,15 +34,25 @@ HEURISTIC = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa")
 EVERY = HEURISTIC + ("milp", "exact")
 #: generous, so that no planner's result depends on the machine's load (gpp's default is a few seconds)
 TIME_LIMIT = 600.0
-DATA = ROOT / "data"   # the published profiles (data/README.md)
+DATA = ROOT / "data"  # the published profiles (data/README.md)
 
 
 def _strip(v):
     """The plan's record without what depends on the clock."""
     if isinstance(v, dict):
-        return {k: _strip(x) for k, x in v.items()
-                if not isinstance(k, str) or not (k == "seconds" or k.endswith("_seconds") or k.endswith("_s") or "elapsed" in k
-                        or k.startswith("time_") and k != "time_per_sample")}
+        return {
+            k: _strip(x)
+            for k, x in v.items()
+            if not isinstance(k, str)
+            or not (
+                k == "seconds"
+                or k.endswith("_seconds")
+                or k.endswith("_s")
+                or "elapsed" in k
+                or k.startswith("time_")
+                and k != "time_per_sample"
+            )
+        }
     if isinstance(v, list):
         return [_strip(x) for x in v]
     return v

@@ -41,11 +41,17 @@ def one_f_one_b(depth: int, n: int) -> list[list]:
 
 
 def plan_doc(big_b: int, mb: int, parts: list[list[str]], edges: list[list[int]], depths: list[int]) -> dict:
-    stages = [{"id": i, "nodes": nodes, "devices": [i], "micro_batch_size": mb,
-               "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depths[i], big_b // mb)}}
-              for i, nodes in enumerate(parts)]
-    return {"format": "gpp-plan/1", "planner": "bench", "mini_batch_size": big_b,
-            "stages": stages, "edges": edges}
+    stages = [
+        {
+            "id": i,
+            "nodes": nodes,
+            "devices": [i],
+            "micro_batch_size": mb,
+            "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depths[i], big_b // mb)},
+        }
+        for i, nodes in enumerate(parts)
+    ]
+    return {"format": "gpp-plan/1", "planner": "bench", "mini_batch_size": big_b, "stages": stages, "edges": edges}
 
 
 def launch(nproc: int, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -63,16 +69,48 @@ def ours(tmp: Path, name: str, doc: dict, model: str, steps: int, warmup: int) -
     plan = tmp / f"{name}.json"
     plan.write_text(json.dumps(doc))
     met = tmp / f"{name}-metrics.json"
-    launch(len(doc["stages"]), ["-m", "runtime.train", "--plan", str(plan), "--model", model,
-                                "--steps", str(steps + warmup), "--warmup-steps", str(warmup),
-                                "--threads", "1", "--quiet", "--metrics", str(met)])
+    launch(
+        len(doc["stages"]),
+        [
+            "-m",
+            "runtime.train",
+            "--plan",
+            str(plan),
+            "--model",
+            model,
+            "--steps",
+            str(steps + warmup),
+            "--warmup-steps",
+            str(warmup),
+            "--threads",
+            "1",
+            "--quiet",
+            "--metrics",
+            str(met),
+        ],
+    )
     return json.loads(met.read_text())["seconds_per_step"]
 
 
 def torch_pipelining(tmp: Path, nstages: int, big_b: int, mb: int, steps: int, warmup: int) -> float:
     out = tmp / f"torch-{nstages}.json"
-    launch(nstages, [str(Path(__file__).resolve()), "--worker", "--out", str(out), "--mb", str(mb),
-                     "--batch", str(big_b), "--steps", str(steps), "--warmup", str(warmup)])
+    launch(
+        nstages,
+        [
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--out",
+            str(out),
+            "--mb",
+            str(mb),
+            "--batch",
+            str(big_b),
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+        ],
+    )
     return json.loads(out.read_text())["seconds_per_step"]
 
 
@@ -84,6 +122,7 @@ def worker(args) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     from examples.sequential import bench
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -91,7 +130,7 @@ def worker(args) -> None:
     wl = bench()
     mods = list(wl.model.layers) + [wl.model.head]
     per = len(wl.model.layers) // world
-    part = mods[rank * per:(rank + 1) * per] + ([wl.model.head] if rank == world - 1 else [])
+    part = mods[rank * per : (rank + 1) * per] + ([wl.model.head] if rank == world - 1 else [])
     sub = nn.Sequential(*part)
     stage = PipelineStage(sub, rank, world, torch.device("cpu"))
     sched = Schedule1F1B(stage, args.batch // args.mb, loss_fn=lambda o, t: wl.loss(o, t) / args.batch)
@@ -125,6 +164,7 @@ def best_chain(model_spec: str, mb: int, big_b: int, nstages: int) -> tuple[list
 
     from runtime.capture.fx_graph import load_workload
     from runtime.capture.profiler import profile
+
     torch.set_num_threads(1)
     torch.manual_seed(0)
     g = profile(load_workload(model_spec), [mb], warmup=3, repeats=15)
@@ -163,27 +203,30 @@ def main() -> int:
         worker(args)
         return 0
     from examples.sequential import bench
+
     ids = [f"layers.{i}" for i in range(len(bench().model.layers))] + ["head"]
-    print(f"CPU ({os.cpu_count()} cores), gloo, 1 thread per rank; mini-batch {args.batch}, "
-          f"micro-batch {args.mb}, {args.steps} timed steps after {args.warmup} warm-up, "
-          f"best of {args.rounds} alternating rounds\n")
+    print(
+        f"CPU ({os.cpu_count()} cores), gloo, 1 thread per rank; mini-batch {args.batch}, "
+        f"micro-batch {args.mb}, {args.steps} timed steps after {args.warmup} warm-up, "
+        f"best of {args.rounds} alternating rounds\n"
+    )
     print("| model | stages | ours s/iter | torch Schedule1F1B s/iter | ratio |")
     print("| --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for k in [int(s) for s in args.stages.split(",") if s.strip()]:
             per = (len(ids) - 1) // k
-            parts = [ids[i * per:(i + 1) * per] for i in range(k)]
-            parts[-1] += ids[k * per:]
-            doc = plan_doc(args.batch, args.mb, parts, [[i, i + 1] for i in range(k - 1)],
-                           [k - 1 - i for i in range(k)])
+            parts = [ids[i * per : (i + 1) * per] for i in range(k)]
+            parts[-1] += ids[k * per :]
+            doc = plan_doc(
+                args.batch, args.mb, parts, [[i, i + 1] for i in range(k - 1)], [k - 1 - i for i in range(k)]
+            )
             t_o, t_t = [], []
             for _ in range(args.rounds):  # alternate, keep the best of each (shared machines are noisy)
                 t_o.append(ours(tmp, f"seq{k}", doc, "examples.sequential:bench", args.steps, args.warmup))
                 t_t.append(torch_pipelining(tmp, k, args.batch, args.mb, args.steps, args.warmup))
             t_ours, t_torch = min(t_o), min(t_t)
-            print(f"| sequential 8x512 | {k} | {t_ours:.4f} | {t_torch:.4f} | {t_ours / t_torch:.2f} |",
-                  flush=True)
+            print(f"| sequential 8x512 | {k} | {t_ours:.4f} | {t_torch:.4f} | {t_ours / t_torch:.2f} |", flush=True)
         if args.skip_branch:
             return 0
         spec = "examples.two_branch:bench"

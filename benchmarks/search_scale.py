@@ -33,8 +33,17 @@ import time
 
 DATA = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "pipedream"))
 PLANNERS = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper", "milp", "exact")
-FULL_WORKLOADS = ("transformer-12", "transformer-24", "transformer-48", "transformer-96",
-                  "mmt-4x4", "mmt-8x8", "mmt-16x16", "pd-inception_v3", "pd-nasnetalarge")
+FULL_WORKLOADS = (
+    "transformer-12",
+    "transformer-24",
+    "transformer-48",
+    "transformer-96",
+    "mmt-4x4",
+    "mmt-8x8",
+    "mmt-16x16",
+    "pd-inception_v3",
+    "pd-nasnetalarge",
+)
 FULL_DEVICES = (8, 32, 128, 512, 1024)
 QUICK_WORKLOADS = ("transformer-12", "transformer-24", "mmt-4x4")
 QUICK_DEVICES = (8, 32)
@@ -57,6 +66,7 @@ def label(name: str) -> str:
 def workload_error(name: str) -> str | None:
     """Why ``name`` is not a workload this script knows (``None`` when it is)."""
     import re
+
     if re.fullmatch(r"transformer-[1-9][0-9]*", name) or re.fullmatch(r"mmt-[1-9][0-9]*x[1-9][0-9]*", name):
         return None
     if name.startswith("pd-"):
@@ -66,6 +76,7 @@ def workload_error(name: str) -> str | None:
 
 def build_workload(name: str):
     from gpp_solver.workloads import build_model
+
     if name.startswith("transformer-"):
         return build_model("transformer", layers=int(name.split("-")[1]))
     if name.startswith("mmt-"):
@@ -73,6 +84,7 @@ def build_workload(name: str):
         return build_model("mmt", branches=int(branches), layers=int(layers))
     if name.startswith("pd-"):
         from gpp_solver.formats.pipedream import import_pipedream
+
         return import_pipedream(pd_path(name), batch_size=128)
     raise SystemExit(f"unknown workload {name!r}")
 
@@ -83,6 +95,7 @@ def run_cell(workload: str, devices: int, planner: str, time_limit: float) -> di
 
     from gpp_solver.formats.cluster import v100_cluster
     from gpp_solver.planners.registry import get_planner
+
     graph = build_workload(workload)
     B = max(64, 16 * devices)
     out = {"workload": workload, "devices": devices, "planner": planner, "operators": len(graph.nodes)}
@@ -102,15 +115,28 @@ def cell_subprocess(workload: str, devices: int, planner: str, time_limit: float
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"workload": workload, "devices": devices, "planner": planner, "status": "timeout",
-                "seconds": timeout, "peak_mb": math.nan, "operators": None}
+        return {
+            "workload": workload,
+            "devices": devices,
+            "planner": planner,
+            "status": "timeout",
+            "seconds": timeout,
+            "peak_mb": math.nan,
+            "operators": None,
+        }
     last = r.stdout.strip().splitlines()[-1:] or [""]
     try:
         return json.loads(last[0])
     except json.JSONDecodeError:
-        return {"workload": workload, "devices": devices, "planner": planner, "operators": None,
-                "status": f"crashed (exit {r.returncode}): {r.stderr.strip()[-120:]}", "seconds": math.nan,
-                "peak_mb": math.nan}
+        return {
+            "workload": workload,
+            "devices": devices,
+            "planner": planner,
+            "operators": None,
+            "status": f"crashed (exit {r.returncode}): {r.stderr.strip()[-120:]}",
+            "seconds": math.nan,
+            "peak_mb": math.nan,
+        }
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:
@@ -129,8 +155,11 @@ def finished(r: dict) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help=f"a small subset: {', '.join(QUICK_WORKLOADS)} on {QUICK_DEVICES} devices, "
-                                                             f"{', '.join(QUICK_PLANNERS)}")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a small subset: {', '.join(QUICK_WORKLOADS)} on {QUICK_DEVICES} devices, {', '.join(QUICK_PLANNERS)}",
+    )
     ap.add_argument("--workloads", help="comma-separated workload names")
     ap.add_argument("--devices", help="comma-separated device counts")
     ap.add_argument("--planners", help="comma-separated planner names")
@@ -155,15 +184,17 @@ def main() -> None:
             ap.error(f"--cell needs positive devices and time limit, got {d} and {tl}")
         print(json.dumps(run_cell(w, d, p, tl)))
         return
-    if a.workloads:             # given: every one must be known (exit 2 otherwise)
+    if a.workloads:  # given: every one must be known (exit 2 otherwise)
         workloads = a.workloads.split(",")
         bad = [e for e in map(workload_error, workloads) if e]
         if bad:
             ap.error(bad[0])
-    else:                       # the default grid: PipeDream profiles that are not here are left out
+    else:  # the default grid: PipeDream profiles that are not here are left out
         workloads = [w for w in (QUICK_WORKLOADS if a.quick else FULL_WORKLOADS) if workload_error(w) is None]
     try:
-        devices = [int(x) for x in a.devices.split(",")] if a.devices else list(QUICK_DEVICES if a.quick else FULL_DEVICES)
+        devices = (
+            [int(x) for x in a.devices.split(",")] if a.devices else list(QUICK_DEVICES if a.quick else FULL_DEVICES)
+        )
     except ValueError:
         ap.error(f"--devices must be comma-separated integers, got {a.devices!r}")
     if any(d < 1 for d in devices):
@@ -179,8 +210,11 @@ def main() -> None:
             for p in planners:
                 r = cell_subprocess(w, d, p, a.time_limit, a.timeout)
                 rows.append(r)
-                print(f"{label(w):18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
-                      f"{r['peak_mb']:8.0f}  {r['status']}", flush=True)
+                print(
+                    f"{label(w):18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
+                    f"{r['peak_mb']:8.0f}  {r['status']}",
+                    flush=True,
+                )
     print("\ngrowth exponents (seconds ~ x^k, least squares on log-log, finished cells only)")
     for p in planners:
         for d in devices:
@@ -198,15 +232,21 @@ def main() -> None:
             json.dump(rows, f, indent=1)
     if a.plot:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
         for p in planners:
-            c = sorted((r for r in rows if r["planner"] == p and r["devices"] == max(devices) and finished(r)),
-                       key=lambda r: r["operators"])
+            c = sorted(
+                (r for r in rows if r["planner"] == p and r["devices"] == max(devices) and finished(r)),
+                key=lambda r: r["operators"],
+            )
             ax1.plot([r["operators"] for r in c], [r["seconds"] for r in c], "o-", label=p)
-            c = sorted((r for r in rows if r["planner"] == p and r["workload"] == workloads[-1] and finished(r)),
-                       key=lambda r: r["devices"])
+            c = sorted(
+                (r for r in rows if r["planner"] == p and r["workload"] == workloads[-1] and finished(r)),
+                key=lambda r: r["devices"],
+            )
             ax2.plot([r["devices"] for r in c], [r["seconds"] for r in c], "o-", label=p)
         for ax, xl, t in ((ax1, "operators", f"D = {max(devices)}"), (ax2, "devices", label(workloads[-1]))):
             ax.set_xscale("log")

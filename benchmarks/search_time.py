@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.profile:
         model, dev = args.profile.split(":")
-        run_cell(model, int(dev))       # warm-up: imports and first-call costs are not search time
+        run_cell(model, int(dev))  # warm-up: imports and first-call costs are not search time
         prof = cProfile.Profile()
         prof.enable()
         run_cell(model, int(dev))
@@ -69,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(15)
         return 0
     grid = (args.devices or [4, 8, 16, 32]) + ([1024] if args.large else [])
-    print("| model | GPUs | B | Algorithm 1 s (ours) | paper GraphPipe s | ours / paper | default s (depth sweep) "
-          "| default / paper | b | stages | depth | devices used | TPS (s) | throughput (samples/s) |")
+    print(
+        "| model | GPUs | B | Algorithm 1 s (ours) | paper GraphPipe s | ours / paper | default s (depth sweep) "
+        "| default / paper | b | stages | depth | devices used | TPS (s) | throughput (samples/s) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in ("mmt", "dlrm", "candle-uno"):
         for d in grid:
@@ -79,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             paper = PAPER[model].get(d)
             ratio = f"{alg1 / paper:.3f}" if paper else "-"
             ratio2 = f"{secs / paper:.3f}" if paper else "-"
-            print(f"| {model} | {d} | {B} | {alg1:.3f} | {paper if paper else '-'} | {ratio} | {secs:.3f} | {ratio2} "
-                  f"| {plan.stages[0].micro_batch_size} | {len(plan.stages)} | {plan.depth} | {plan.devices_used} "
-                  f"| {plan.predicted.time_per_sample:.4g} | {plan.predicted.throughput:.1f} |", flush=True)
+            print(
+                f"| {model} | {d} | {B} | {alg1:.3f} | {paper if paper else '-'} | {ratio} | {secs:.3f} | {ratio2} "
+                f"| {plan.stages[0].micro_batch_size} | {len(plan.stages)} | {plan.depth} | {plan.devices_used} "
+                f"| {plan.predicted.time_per_sample:.4g} | {plan.predicted.throughput:.1f} |",
+                flush=True,
+            )
     return 0
 
 

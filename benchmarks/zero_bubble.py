@@ -63,14 +63,25 @@ def planner_rows(models, devices, planners, time_limit):
                     plans[sched] = fn(g, c, B, time_limit=time_limit, schedule=sched)
                     plans[sched + "_s"] = time.perf_counter() - t0
                 p1, pz = plans["1f1b"], plans["zb"]
-                rows.append({"model": m, "devices": D, "planner": name, "stages_1f1b": len(p1.stages),
-                             "stages_zb": len(pz.stages), "t_1f1b": p1.predicted.iteration_time,
-                             "t_zb": pz.predicted.iteration_time,
-                             "mem": pz.predicted.peak_memory_bytes / p1.predicted.peak_memory_bytes,
-                             "cap_ok": pz.predicted.peak_memory_bytes <= c.memory_bytes})
+                rows.append(
+                    {
+                        "model": m,
+                        "devices": D,
+                        "planner": name,
+                        "stages_1f1b": len(p1.stages),
+                        "stages_zb": len(pz.stages),
+                        "t_1f1b": p1.predicted.iteration_time,
+                        "t_zb": pz.predicted.iteration_time,
+                        "mem": pz.predicted.peak_memory_bytes / p1.predicted.peak_memory_bytes,
+                        "cap_ok": pz.predicted.peak_memory_bytes <= c.memory_bytes,
+                    }
+                )
                 r = rows[-1]
-                print(f"| {m} | {D} | {name} | {r['stages_1f1b']} / {r['stages_zb']} | {r['t_1f1b']:.5g} | "
-                      f"{r['t_zb']:.5g} | {r['t_zb'] / r['t_1f1b']:.3f} | {r['mem']:.3f} |", flush=True)
+                print(
+                    f"| {m} | {D} | {name} | {r['stages_1f1b']} / {r['stages_zb']} | {r['t_1f1b']:.5g} | "
+                    f"{r['t_zb']:.5g} | {r['t_zb'] / r['t_1f1b']:.3f} | {r['mem']:.3f} |",
+                    flush=True,
+                )
     return rows
 
 
@@ -88,12 +99,19 @@ def chain_rows(devices, time_limit):
         ids = [s.id for s in plan.stages]
         mb = {s.id: s.micro_batch_size for s in plan.stages}
         n = B // plan.stages[0].micro_batch_size
-        args = (mb, {i: x.forward for i, x in zip(ids, costs)}, {i: x.backward for i, x in zip(ids, costs)},
-                {i: x.allreduce for i, x in zip(ids, costs)}, plan.edges, B)
+        args = (
+            mb,
+            {i: x.forward for i, x in zip(ids, costs)},
+            {i: x.backward for i, x in zip(ids, costs)},
+            {i: x.allreduce for i, x in zip(ids, costs)},
+            plan.edges,
+            B,
+        )
         w = {i: x.backward_weight for i, x in zip(ids, costs)}
         specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k) for s in plan.stages]
-        ours = build_plan(g, c, specs, B, planner="graphpipe", search=plan.search,
-                          schedule="zb").predicted.iteration_time
+        ours = build_plan(
+            g, c, specs, B, planner="graphpipe", search=plan.search, schedule="zb"
+        ).predicted.iteration_time
         h1 = {s: zb_h1_chain_order(p, k, n) for k, s in enumerate(ids)}
         t_h1 = simulate_orders(h1, *args, record=False, weight=w)[0]
         t_1 = plan.predicted.iteration_time
@@ -108,17 +126,21 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--no-chain", action="store_true", help="skip table 2")
     a = ap.parse_args()
-    print("| workload | devices | planner | stages 1f1b / zb | 1F1B iteration (s) | zb iteration (s) | zb / 1F1B |"
-          " peak memory zb / 1F1B |")
+    print(
+        "| workload | devices | planner | stages 1f1b / zb | 1F1B iteration (s) | zb iteration (s) | zb / 1F1B |"
+        " peak memory zb / 1F1B |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = planner_rows(a.models, a.devices, a.planners, a.time_limit)
     for name in a.planners:
         mine = [r for r in rows if r["planner"] == name]
         multi = [r for r in mine if r["stages_1f1b"] > 1 and r["devices"] <= 16]
-        print(f"\n{name}: zb/1F1B mean {statistics.mean(r['t_zb'] / r['t_1f1b'] for r in mine):.3f} over "
-              f"{len(mine)} cells, worst {max(r['t_zb'] / r['t_1f1b'] for r in mine):.3f}; multi-stage at <= 16 "
-              f"devices: mean {statistics.mean(r['t_zb'] / r['t_1f1b'] for r in multi) if multi else float('nan'):.3f} "
-              f"({len(multi)} cells); every zb plan within the memory cap: {all(r['cap_ok'] for r in mine)}")
+        print(
+            f"\n{name}: zb/1F1B mean {statistics.mean(r['t_zb'] / r['t_1f1b'] for r in mine):.3f} over "
+            f"{len(mine)} cells, worst {max(r['t_zb'] / r['t_1f1b'] for r in mine):.3f}; multi-stage at <= 16 "
+            f"devices: mean {statistics.mean(r['t_zb'] / r['t_1f1b'] for r in multi) if multi else float('nan'):.3f} "
+            f"({len(multi)} cells); every zb plan within the memory cap: {all(r['cap_ok'] for r in mine)}"
+        )
     if not a.no_chain:
         print("\n| chain | devices | stages | micro-batches | 1F1B (s) | our zb (s) | paper's ZB-H1 order (s) |")
         print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -67,25 +67,25 @@ def _freeze_batchnorm(model: nn.Module) -> nn.Module:
 
 def googlenet(size: int = 32):
     tv = import_torchvision()
-    net = tv.models.googlenet(weights=None, aux_logits=False, init_weights=True, dropout=0.0,
-                              num_classes=CLASSES)
-    return _classification(_freeze_batchnorm(net), (3, size, size),
-                           leaf_modules=(tv.ops.misc.FrozenBatchNorm2d,))
+    net = tv.models.googlenet(weights=None, aux_logits=False, init_weights=True, dropout=0.0, num_classes=CLASSES)
+    return _classification(_freeze_batchnorm(net), (3, size, size), leaf_modules=(tv.ops.misc.FrozenBatchNorm2d,))
 
 
 def googlenet_bn(size: int = 32):
     """GoogLeNet with its trainable BatchNorm (statistics per micro-batch in a pipeline)."""
     tv = import_torchvision()
-    net = tv.models.googlenet(weights=None, aux_logits=False, init_weights=True, dropout=0.0,
-                              num_classes=CLASSES)
+    net = tv.models.googlenet(weights=None, aux_logits=False, init_weights=True, dropout=0.0, num_classes=CLASSES)
     return _classification(net, (3, size, size), dtype=torch.float32)
 
 
 def resnet18(size: int = 32):
     tv = import_torchvision()
     frozen = tv.ops.misc.FrozenBatchNorm2d
-    return _classification(tv.models.resnet18(weights=None, num_classes=CLASSES, norm_layer=frozen),
-                           (3, size, size), leaf_modules=(frozen,))
+    return _classification(
+        tv.models.resnet18(weights=None, num_classes=CLASSES, norm_layer=frozen),
+        (3, size, size),
+        leaf_modules=(frozen,),
+    )
 
 
 class _FirstTokenClassifier(nn.Module):
@@ -101,9 +101,17 @@ class _FirstTokenClassifier(nn.Module):
 def bert_tiny(seq: int = 8, layers: int = 2):
     tr = import_transformers()
     from transformers.models.bert import modeling_bert as mb
-    cfg = tr.BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=32, max_position_embeddings=16,
-                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+    cfg = tr.BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=16,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     model = _FirstTokenClassifier(tr.BertModel(cfg, add_pooling_layer=False), cfg.hidden_size)
 
     def sample(batch_size: int, step: int):
@@ -114,8 +122,7 @@ def bert_tiny(seq: int = 8, layers: int = 2):
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(output, target, reduction="sum")
 
-    return SimpleNamespace(model=model, sample=sample, loss=loss,
-                           leaf_modules=(mb.BertEmbeddings, mb.BertLayer))
+    return SimpleNamespace(model=model, sample=sample, loss=loss, leaf_modules=(mb.BertEmbeddings, mb.BertLayer))
 
 
 class _Logits(nn.Module):
@@ -133,8 +140,19 @@ def gpt2_tiny(seq: int = 8, layers: int = 2, tied: bool = False, vocab: int = 32
     head shares the embedding's weight (as shipped): in the exported graph one parameter read by
     the embedding lookup and by the head's matmul, which may land in different stages."""
     tr = import_transformers()
-    cfg = tr.GPT2Config(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, n_embd=16, n_layer=layers, n_head=2, n_positions=16,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=tied)
+    cfg = tr.GPT2Config(
+        vocab_size=vocab,
+        bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1,
+        n_embd=16,
+        n_layer=layers,
+        n_head=2,
+        n_positions=16,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=tied,
+    )
     model = _Logits(tr.GPT2LMHeadModel(cfg))
 
     def sample(batch_size: int, step: int):
@@ -162,8 +180,9 @@ class TwoTower(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.text = nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=dropout, batch_first=True)
-        self.image = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True),
-                                   nn.Conv2d(8, width, 3, stride=2, padding=1), nn.ReLU())
+        self.image = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(8, width, 3, stride=2, padding=1), nn.ReLU()
+        )
         self.fuse = nn.MultiheadAttention(width, 2, dropout=dropout, batch_first=True)
         self.head = nn.Linear(2 * width, CLASSES)
 
@@ -218,7 +237,7 @@ class _ClipPairScore(nn.Module):
     def forward(self, input_ids: torch.Tensor, pixel_values: torch.Tensor) -> torch.Tensor:
         text = self.clip.get_text_features(input_ids=input_ids)
         image = self.clip.get_image_features(pixel_values=pixel_values)
-        text = getattr(text, "pooler_output", text)      # newer transformers return an output object
+        text = getattr(text, "pooler_output", text)  # newer transformers return an output object
         image = getattr(image, "pooler_output", image)
         text = text / text.norm(dim=-1, keepdim=True)
         image = image / image.norm(dim=-1, keepdim=True)
@@ -230,10 +249,27 @@ def clip_tiny(seq: int = 8, image: int = 16):
     tiny random ``CLIPConfig`` (no download); the loss is binary cross-entropy of each sample's
     image-text score against a random match label, summed over samples."""
     tr = import_transformers()
-    text = dict(vocab_size=64, bos_token_id=62, eos_token_id=63, pad_token_id=0, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                max_position_embeddings=seq, attention_dropout=0.0)
-    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  image_size=image, patch_size=4, attention_dropout=0.0)
+    text = dict(
+        vocab_size=64,
+        bos_token_id=62,
+        eos_token_id=63,
+        pad_token_id=0,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=seq,
+        attention_dropout=0.0,
+    )
+    vision = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=image,
+        patch_size=4,
+        attention_dropout=0.0,
+    )
     cfg = tr.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
     model = _ClipPairScore(tr.CLIPModel(cfg)).to(torch.float64)
 

@@ -47,14 +47,18 @@ def main() -> None:
     torch.manual_seed(0)  # the same initial weights on every rank
     model = TwoTower()
     text, image, target = synthetic(args.samples)
-    loader = DataLoader(TensorDataset(text, image, target), batch_size=batch, shuffle=True,
-                        drop_last=True, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        TensorDataset(text, image, target),
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(0),
+    )
 
     pipe = runtime.GraphPipeline(model, args.plan, F.mse_loss, example_inputs=(text[:batch], image[:batch]))
     params = list(pipe.parameters())  # this rank's stage, named as in `model`
     opt = torch.optim.Adam(params, lr=args.lr) if params else None
-    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader))
-             if opt else None)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader)) if opt else None
 
     for epoch in range(args.epochs):
         total, n = 0.0, 0
@@ -68,8 +72,9 @@ def main() -> None:
             if loss is not None:
                 total, n = total + float(loss), n + 1
         if n and dist.get_rank() == min(pipe.stage.devices):
-            print(f"epoch {epoch}: mean loss {total / n:.4f} (stage {pipe.stage.id}, rank {dist.get_rank()})",
-                  flush=True)
+            print(
+                f"epoch {epoch}: mean loss {total / n:.4f} (stage {pipe.stage.id}, rank {dist.get_rank()})", flush=True
+            )
     if args.save:
         os.makedirs(args.save, exist_ok=True)
         if pipe.setup.replica == 0:

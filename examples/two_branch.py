@@ -20,8 +20,7 @@ class Branch(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(width, width)
         self.act = nn.ReLU()
-        self.more = nn.Sequential(*[m for _ in range(layers - 1)
-                                    for m in (nn.Linear(width, width), nn.ReLU())])
+        self.more = nn.Sequential(*[m for _ in range(layers - 1) for m in (nn.Linear(width, width), nn.ReLU())])
         self.fc2 = nn.Linear(width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -46,8 +45,7 @@ class MultiBranch(nn.Module):
         return self.head(torch.cat(outs, dim=1))
 
 
-def make(width: int = 8, branches: int = 2, out: int = 4, layers: int = 1,
-         dtype: torch.dtype = torch.float32):
+def make(width: int = 8, branches: int = 2, out: int = 4, layers: int = 1, dtype: torch.dtype = torch.float32):
     """A workload namespace: ``model``, ``sample(batch_size, step)``, ``loss(output, target)``."""
     model = MultiBranch(width, branches, out, layers).to(dtype)
 

@@ -20,11 +20,11 @@ from torch import nn
 class TwoTower(nn.Module):
     """Text (``text_dim``) and image (``image_dim``) towers of width ``width``, a Linear head."""
 
-    def __init__(self, text_dim: int = 12, image_dim: int = 10, width: int = 16, out: int = 3,
-                 p: float = 0.25) -> None:
+    def __init__(self, text_dim: int = 12, image_dim: int = 10, width: int = 16, out: int = 3, p: float = 0.25) -> None:
         super().__init__()
-        self.text = nn.Sequential(nn.Linear(text_dim, width), nn.ReLU(inplace=True), nn.Dropout(p),
-                                  nn.Linear(width, width), nn.ReLU())
+        self.text = nn.Sequential(
+            nn.Linear(text_dim, width), nn.ReLU(inplace=True), nn.Dropout(p), nn.Linear(width, width), nn.ReLU()
+        )
         self.image = nn.Sequential(nn.Linear(image_dim, width), nn.ReLU(), nn.Linear(width, width))
         self.head = nn.Linear(2 * width, out)
 

@@ -32,8 +32,9 @@ def default_planner() -> str:
         return "graphpipe"
 
 
-def _check_arguments(options: Any, planner: Any, time_limit: Any, tighten: Any, progress: Any,
-                     mini_batch_size: Any) -> None:
+def _check_arguments(
+    options: Any, planner: Any, time_limit: Any, tighten: Any, progress: Any, mini_batch_size: Any
+) -> None:
     """Each argument of :func:`solve` has the type it documents (one clear error, never a TypeError)."""
     if options is not None and not isinstance(options, SolveOptions):
         raise InvalidInputError(f"options must be a SolveOptions, got {show(options)} ({type(options).__name__})")
@@ -41,10 +42,12 @@ def _check_arguments(options: Any, planner: Any, time_limit: Any, tighten: Any, 
         raise InvalidInputError(f"options.planner_options must be a mapping, got {show(options.planner_options)}")
     if planner is not None and not isinstance(planner, str):
         raise InvalidInputError(f"planner must be a planner name (a string), got {show(planner)}")
-    if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, (int, float))
-                                   or not 0 < time_limit <= MAX_SECONDS):
-        raise InvalidInputError(f"time_limit must be a positive number of seconds (at most {MAX_SECONDS:g}), "
-                                f"got {show(time_limit)}")
+    if time_limit is not None and (
+        isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit <= MAX_SECONDS
+    ):
+        raise InvalidInputError(
+            f"time_limit must be a positive number of seconds (at most {MAX_SECONDS:g}), got {show(time_limit)}"
+        )
     if tighten is not None and not isinstance(tighten, bool):
         raise InvalidInputError(f"tighten must be True, False or None, got {show(tighten)}")
     if not isinstance(progress, bool):
@@ -65,9 +68,18 @@ def _checked_cluster(budget: Any) -> Cluster:
     return cluster_from_dict(cluster_to_dict(c)) if isinstance(budget, Cluster) else c
 
 
-def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planner: str | None = None,
-          time_limit: float | None = None, progress: bool = False, tighten: bool | None = None,
-          options: SolveOptions | None = None, **planner_options: Any) -> Plan:
+def solve(
+    graph: Any,
+    budget: Any,
+    *,
+    mini_batch_size: int | None = None,
+    planner: str | None = None,
+    time_limit: float | None = None,
+    progress: bool = False,
+    tighten: bool | None = None,
+    options: SolveOptions | None = None,
+    **planner_options: Any,
+) -> Plan:
     """Plan ``graph`` (Graph, gpp-graph/1 dict, path or DiGraph) on ``budget`` (Cluster, dict, path or
     machine shorthand such as ``"v100:8"``).
 
@@ -101,12 +113,17 @@ def solve(graph: Any, budget: Any, *, mini_batch_size: int | None = None, planne
     fn = get_planner(name)
     # the planner checks its options itself (planners.registry.parse_options: unknown ones by name)
     plan = plan_within_overheads(
-        lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c)
+        lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c
+    )
     if tighten and name != "gpp":
         from gpp_solver.cp_orders.cp_schedule import tighten_plan_if_fits
 
         plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit, progress=progress)
-        logger.info("CP-SAT tightening: %s, iteration %.6g -> %.6g s", info["status"], info["makespan_before"],
-                    info["makespan_after"])
+        logger.info(
+            "CP-SAT tightening: %s, iteration %.6g -> %.6g s",
+            info["status"],
+            info["makespan_before"],
+            info["makespan_after"],
+        )
     validate(plan, g, c)
     return plan

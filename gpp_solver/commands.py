@@ -27,6 +27,7 @@ def _graph(path: str) -> Graph:
 
 def _default_time_limit() -> float:
     from gpp_solver.planners.gpp.planner import DEFAULT_TIME_LIMIT
+
     return DEFAULT_TIME_LIMIT
 
 
@@ -42,13 +43,24 @@ def run_model(args: argparse.Namespace) -> int:
     """``gpp model``: one of the paper's workloads as a gpp-graph/1 file."""
     from gpp_solver.workloads import MODELS, build_model
 
-    params = {q: getattr(args, q) for q in MODELS[args.name].params if getattr(args, q, None) is not None} \
-        if args.name in MODELS else {}
-    extra = [q for q in vars(args) if q not in params and getattr(args, q) is not None and q not in
-             {"command", "name", "output", "verbose"} and args.name in MODELS]
+    params = (
+        {q: getattr(args, q) for q in MODELS[args.name].params if getattr(args, q, None) is not None}
+        if args.name in MODELS
+        else {}
+    )
+    extra = [
+        q
+        for q in vars(args)
+        if q not in params
+        and getattr(args, q) is not None
+        and q not in {"command", "name", "output", "verbose"}
+        and args.name in MODELS
+    ]
     if extra:
-        raise InvalidInputError(f"model {args.name!r} has no parameter --{extra[0].replace('_', '-')}; "
-                                f"valid: {', '.join('--' + q.replace('_', '-') for q in MODELS[args.name].params)}")
+        raise InvalidInputError(
+            f"model {args.name!r} has no parameter --{extra[0].replace('_', '-')}; "
+            f"valid: {', '.join('--' + q.replace('_', '-') for q in MODELS[args.name].params)}"
+        )
     g = build_model(args.name, **params)
     save_graph(g, args.output)
     print(f"wrote {args.output}: graph {g.name!r}, {_counts(g)}")
@@ -62,8 +74,11 @@ def run_import(args: argparse.Namespace) -> int:
 
     if args.kind == "piper" and args.batch_size is not None:
         raise InvalidInputError("--batch-size is for PipeDream profiles; a Piper input has no batch size")
-    g = import_pipedream(args.file, batch_size=args.batch_size, name=args.name) if args.kind == "pipedream" \
+    g = (
+        import_pipedream(args.file, batch_size=args.batch_size, name=args.name)
+        if args.kind == "pipedream"
         else import_piper(args.file, name=args.name)
+    )
     save_graph(g, args.output)
     assumed = "; " + assumed_batch_size(g) if args.kind == "pipedream" else ""
     print(f"wrote {args.output}: graph {g.name!r}, {_counts(g)}{assumed}")
@@ -84,8 +99,10 @@ def run_validate(args: argparse.Namespace) -> int:
         print(f"plan {args.plan} is valid for graph {g.name!r}: " + _summary(plan, c))
     else:
         c = cluster_from_spec(args.cluster) if args.cluster else None
-        print(f"graph {g.name!r} is valid: {_counts(g)}, micro-batch sizes "
-              f"{list(g.micro_batch_sizes)}" + (f"; cluster {args.cluster} is valid: {describe_cluster(c)}" if c else ""))
+        print(
+            f"graph {g.name!r} is valid: {_counts(g)}, micro-batch sizes "
+            f"{list(g.micro_batch_sizes)}" + (f"; cluster {args.cluster} is valid: {describe_cluster(c)}" if c else "")
+        )
     return 0
 
 
@@ -94,9 +111,16 @@ def run_cluster(args: argparse.Namespace) -> int:
     from gpp_solver.formats.cluster import cluster_to_dict, save_cluster
     from gpp_solver.formats.cluster_spec import cluster_from_figures
 
-    c = cluster_from_figures(args.machine, devices=args.devices, devices_per_node=args.per_node, memory=args.memory,
-                             intra=args.intra, inter=args.inter, latency=args.latency,
-                             optimizer_state_factor=args.optimizer_state_factor)
+    c = cluster_from_figures(
+        args.machine,
+        devices=args.devices,
+        devices_per_node=args.per_node,
+        memory=args.memory,
+        intra=args.intra,
+        inter=args.inter,
+        latency=args.latency,
+        optimizer_state_factor=args.optimizer_state_factor,
+    )
     if args.output:
         save_cluster(c, args.output)
         print(f"wrote {args.output}: {describe_cluster(c)}")
@@ -114,29 +138,34 @@ def planner_options(args: argparse.Namespace) -> dict[str, Any]:
         try:
             opts["micro_batch_sizes"] = [int(x) for x in args.micro_batch_sizes.split(",") if x.strip()]
         except ValueError:
-            raise InvalidInputError(f"--micro-batch-sizes must be comma-separated integers, got "
-                                    f"{args.micro_batch_sizes!r}") from None
+            raise InvalidInputError(
+                f"--micro-batch-sizes must be comma-separated integers, got {args.micro_batch_sizes!r}"
+            ) from None
     if args.per_stage_micro_batch:
         opts["per_stage_micro_batch"] = True
     if args.search_k:
         opts["search_k"] = True
     if args.depth_tradeoff is not None:
         opts["depth_tradeoff"] = args.depth_tradeoff
-    if args.schedule is not None:    # gpp and graphpipe take it; other planners refuse it by name
+    if args.schedule is not None:  # gpp and graphpipe take it; other planners refuse it by name
         opts["schedule"] = args.schedule
     if not args.shared_sinks:
         opts["shared_sinks"] = False
-    graphpipe_flags = {"per_stage_micro_batch": "--per-stage-micro-batch", "search_k": "--search-k",
-                       "depth_tradeoff": "--depth-tradeoff" if args.depth_tradeoff else "--no-depth-tradeoff",
-                       "shared_sinks": "--no-shared-sinks"}
+    graphpipe_flags = {
+        "per_stage_micro_batch": "--per-stage-micro-batch",
+        "search_k": "--search-k",
+        "depth_tradeoff": "--depth-tradeoff" if args.depth_tradeoff else "--no-depth-tradeoff",
+        "shared_sinks": "--no-shared-sinks",
+    }
     only_gp = [flag for key, flag in graphpipe_flags.items() if key in opts]
     if only_gp:
         from gpp_solver.api import default_planner
 
         chosen = args.planner or default_planner()
         if chosen != "graphpipe":
-            raise InvalidInputError(f"{', '.join(only_gp)}: only for --planner graphpipe, "
-                                    f"but the planner is {chosen!r}")
+            raise InvalidInputError(
+                f"{', '.join(only_gp)}: only for --planner graphpipe, but the planner is {chosen!r}"
+            )
     return opts
 
 
@@ -149,8 +178,15 @@ def run_plan(args: argparse.Namespace) -> int:
     c = cluster_from_spec(args.cluster)
     opts = planner_options(args)
     show_progress_on_stderr(args.quiet)
-    plan = solve(g, c, mini_batch_size=args.batch, planner=args.planner, time_limit=args.time_limit,
-                 progress=not args.quiet, **opts)
+    plan = solve(
+        g,
+        c,
+        mini_batch_size=args.batch,
+        planner=args.planner,
+        time_limit=args.time_limit,
+        progress=not args.quiet,
+        **opts,
+    )
     if args.output:
         save_plan(plan, args.output)
         print(f"wrote {args.output}: " + _summary(plan, c))
@@ -179,8 +215,10 @@ def run_compare(args: argparse.Namespace) -> int:
     if cut:
         print(time_limit_note(cut, args.time_limit, _default_time_limit()), file=sys.stderr)
     if not plans:  # exit 1 as `gpp plan` does when nothing fits
-        print("gpp: no planner found a plan (" + "; ".join(f"{r.planner}: {r.note or r.status}" for r in rows)
-              + ")", file=sys.stderr)
+        print(
+            "gpp: no planner found a plan (" + "; ".join(f"{r.planner}: {r.note or r.status}" for r in rows) + ")",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -196,11 +234,15 @@ def run_simulate(args: argparse.Namespace) -> int:
     validate(plan, g, c, check_predictions=False)
     sim = simulate(plan, g, c)
     require_finite(sim)
-    print(f"iteration {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s, "
-          f"peak memory {format_bytes(sim.peak_memory_bytes)} per device\n  cluster: {describe_cluster(c)}")
+    print(
+        f"iteration {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s, "
+        f"peak memory {format_bytes(sim.peak_memory_bytes)} per device\n  cluster: {describe_cluster(c)}"
+    )
     for st in sim.stages:
-        print(f"  stage {st.stage}: busy {st.busy:.6g} s, idle {st.idle_fraction:.1%}, "
-              f"peak in-flight {plural(st.peak_in_flight_samples, 'sample')}, memory {format_bytes(st.memory_bytes)}")
+        print(
+            f"  stage {st.stage}: busy {st.busy:.6g} s, idle {st.idle_fraction:.1%}, "
+            f"peak in-flight {plural(st.peak_in_flight_samples, 'sample')}, memory {format_bytes(st.memory_bytes)}"
+        )
     if args.grid or args.trace:
         _simulation_extras(args, plan, sim)
     return 0
@@ -228,8 +270,11 @@ def run_show(args: argparse.Namespace) -> int:
     # are unbounded but the node partition, convexity, edges and orders are checked all the same
     validate(plan, g, c if c is not None else unbounded_cluster(plan), check_predictions=False)
     if c is None:
-        print("gpp: no --cluster given: drawing the stage graph only (the Gantt chart of the schedule needs "
-              "the cluster, e.g. --cluster v100:8)", file=sys.stderr)
+        print(
+            "gpp: no --cluster given: drawing the stage graph only (the Gantt chart of the schedule needs "
+            "the cluster, e.g. --cluster v100:8)",
+            file=sys.stderr,
+        )
     path = draw_plan(plan, g, c, args.output)
     print(f"wrote {path}: the stage graph" + (" and the Gantt chart" if c is not None else ""))
     return 0
@@ -237,6 +282,12 @@ def run_show(args: argparse.Namespace) -> int:
 
 #: subcommand -> the function that runs it
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "model": run_model, "import": run_import, "validate": run_validate, "cluster": run_cluster, "plan": run_plan,
-    "compare": run_compare, "simulate": run_simulate, "show": run_show,
+    "model": run_model,
+    "import": run_import,
+    "validate": run_validate,
+    "cluster": run_cluster,
+    "plan": run_plan,
+    "compare": run_compare,
+    "simulate": run_simulate,
+    "show": run_show,
 }

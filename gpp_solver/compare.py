@@ -25,7 +25,7 @@ DEFAULT_PLANNERS = ("gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "
 @dataclass(frozen=True)
 class CompareRow:
     planner: str
-    status: str                     # the plan's Status, or the error that stopped the planner
+    status: str  # the plan's Status, or the error that stopped the planner
     search_seconds: float
     time_per_sample: float | None = None
     iteration_time: float | None = None
@@ -41,16 +41,32 @@ class CompareRow:
 def row_from_plan(plan: Plan, graph: Graph, cluster: Cluster, seconds: float, name: str | None = None) -> CompareRow:
     sim = simulate(plan, graph, cluster)
     mbs = sorted({s.micro_batch_size for s in plan.stages})
-    return CompareRow(planner=name or plan.planner, status=plan.search.status, search_seconds=seconds,
-                      time_per_sample=plan.predicted.time_per_sample, iteration_time=sim.iteration_time,
-                      throughput=sim.throughput, peak_memory_bytes=sim.peak_memory_bytes, stages=len(plan.stages),
-                      depth=plan.depth, devices_used=plan.devices_used, micro_batch_size=mbs[0] if len(mbs) == 1 else None,
-                      note="" if len(mbs) == 1 else f"micro-batch sizes {mbs}")
+    return CompareRow(
+        planner=name or plan.planner,
+        status=plan.search.status,
+        search_seconds=seconds,
+        time_per_sample=plan.predicted.time_per_sample,
+        iteration_time=sim.iteration_time,
+        throughput=sim.throughput,
+        peak_memory_bytes=sim.peak_memory_bytes,
+        stages=len(plan.stages),
+        depth=plan.depth,
+        devices_used=plan.devices_used,
+        micro_batch_size=mbs[0] if len(mbs) == 1 else None,
+        note="" if len(mbs) == 1 else f"micro-batch sizes {mbs}",
+    )
 
 
-def compare(graph: Graph, cluster: Cluster, mini_batch_size: int, planners: Sequence[str] | None = None, *,
-            time_limit: float | None = None, progress: bool = False,
-            **options: Any) -> tuple[list[CompareRow], dict[str, Plan]]:
+def compare(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    planners: Sequence[str] | None = None,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> tuple[list[CompareRow], dict[str, Plan]]:
     """One row per planner (search seconds, status, TPS, simulated iteration time, throughput, memory, shape).
 
     A planner that finds no plan or refuses the instance gives a row with that status and no figures;
@@ -93,15 +109,19 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def rows_to_markdown(rows: Sequence[CompareRow]) -> str:
-    head = ("| planner | status | search s | TPS s | sim. iteration s | throughput samples/s | peak memory GiB "
-            "| stages | depth | devices | micro-batch |")
+    head = (
+        "| planner | status | search s | TPS s | sim. iteration s | throughput samples/s | peak memory GiB "
+        "| stages | depth | devices | micro-batch |"
+    )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         mem = None if r.peak_memory_bytes is None else r.peak_memory_bytes / 2**30
-        lines.append(f"| {r.planner} | {r.status} | {r.search_seconds:.3f} | {_fmt(r.time_per_sample, '.4g')} | "
-                     f"{_fmt(r.iteration_time, '.4g')} | {_fmt(r.throughput, '.4g')} | {_fmt(mem, '.3f')} | "
-                     f"{_fmt(r.stages, 'd')} | {_fmt(r.depth, 'd')} | {_fmt(r.devices_used, 'd')} | "
-                     f"{_fmt(r.micro_batch_size, 'd')} |")
+        lines.append(
+            f"| {r.planner} | {r.status} | {r.search_seconds:.3f} | {_fmt(r.time_per_sample, '.4g')} | "
+            f"{_fmt(r.iteration_time, '.4g')} | {_fmt(r.throughput, '.4g')} | {_fmt(mem, '.3f')} | "
+            f"{_fmt(r.stages, 'd')} | {_fmt(r.depth, 'd')} | {_fmt(r.devices_used, 'd')} | "
+            f"{_fmt(r.micro_batch_size, 'd')} |"
+        )
     return "\n".join(lines)
 
 

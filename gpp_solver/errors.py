@@ -38,8 +38,9 @@ class SearchSpaceTooLargeError(InvalidInputError):
 class InfeasibleError(GppError):
     """No plan fits.  ``required_memory_bytes`` / ``required_devices`` say what would be needed."""
 
-    def __init__(self, message: str, *, required_memory_bytes: float | None = None,
-                 required_devices: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, required_memory_bytes: float | None = None, required_devices: int | None = None
+    ) -> None:
         super().__init__(message)
         self.required_memory_bytes = required_memory_bytes
         self.required_devices = required_devices
@@ -106,7 +107,17 @@ def show(value: Any) -> str:
 
 
 __all__ = [
-    "GppError", "InvalidInputError", "InvalidGraphError", "InvalidClusterError",
-    "InvalidPlanError", "SearchSpaceTooLargeError", "InfeasibleError", "SolverError", "TimeLimitError",
-    "DeadlockError", "check_types", "exit_status", "show",
+    "GppError",
+    "InvalidInputError",
+    "InvalidGraphError",
+    "InvalidClusterError",
+    "InvalidPlanError",
+    "SearchSpaceTooLargeError",
+    "InfeasibleError",
+    "SolverError",
+    "TimeLimitError",
+    "DeadlockError",
+    "check_types",
+    "exit_status",
+    "show",
 ]

@@ -128,8 +128,14 @@ class Graph:
     def to_networkx(self) -> nx.DiGraph:
         g = nx.DiGraph(name=self.name)
         for n in self.nodes:
-            g.add_node(n.id, fw_time=n.fw_time, bw_time=n.bw_time, weight_bytes=n.weight_bytes,
-                       activation_bytes=n.activation_bytes, output_bytes=n.output_bytes)
+            g.add_node(
+                n.id,
+                fw_time=n.fw_time,
+                bw_time=n.bw_time,
+                weight_bytes=n.weight_bytes,
+                activation_bytes=n.activation_bytes,
+                output_bytes=n.output_bytes,
+            )
         for e in self.edges:
             if e.bytes is None:
                 g.add_edge(e.src, e.dst)
@@ -169,7 +175,7 @@ class Cluster:
             devices = list(devices)
         if len(devices) <= 1:
             return True
-        if isinstance(devices, range):     # node_of is monotonic: the two ends decide, O(1)
+        if isinstance(devices, range):  # node_of is monotonic: the two ends decide, O(1)
             return devices[0] // dpn == devices[-1] // dpn
         return min(devices) // dpn == max(devices) // dpn
 
@@ -186,6 +192,7 @@ class Cluster:
 
     def with_(self, **changes: Any) -> Cluster:
         from dataclasses import replace
+
         return replace(self, **changes)
 
 
@@ -255,11 +262,11 @@ class Status(StrEnum):
     #: within ``search.epsilon`` (relative) of the optimum of ``search.objective`` (read; no
     #: built-in planner reports it)
     OPTIMAL_WITHIN_EPSILON = "optimal-within-epsilon"
-    FEASIBLE = "feasible"                    # a valid plan, nothing proven about its quality
-    TIME_LIMIT = "time-limit"                # the time limit stopped the search; the best plan found so far
-    INFEASIBLE = "infeasible"                # no plan fits (comparison rows; a planner raises InfeasibleError)
-    SEARCH_SPACE_TOO_LARGE = "search-space-too-large"   # comparison rows: the planner refused the instance
-    UNKNOWN = "unknown"                      # a plan file whose ``search`` has no status
+    FEASIBLE = "feasible"  # a valid plan, nothing proven about its quality
+    TIME_LIMIT = "time-limit"  # the time limit stopped the search; the best plan found so far
+    INFEASIBLE = "infeasible"  # no plan fits (comparison rows; a planner raises InfeasibleError)
+    SEARCH_SPACE_TOO_LARGE = "search-space-too-large"  # comparison rows: the planner refused the instance
+    UNKNOWN = "unknown"  # a plan file whose ``search`` has no status
     #: written before statuses named their objective (read only; it meant ``optimal-time-per-sample``)
     OPTIMAL = "optimal"
 

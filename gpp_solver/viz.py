@@ -36,10 +36,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-F_COLOR = "#4C72B0"   # forward passes
-B_COLOR = "#DD8452"   # backward passes (the input gradient alone in an order with W actions)
-W_COLOR = "#55A868"   # weight gradients (W actions, split backward)
-A_COLOR = "#8C8C8C"   # all-reduce tail (hatched)
+F_COLOR = "#4C72B0"  # forward passes
+B_COLOR = "#DD8452"  # backward passes (the input gradient alone in an order with W actions)
+W_COLOR = "#55A868"  # weight gradients (W actions, split backward)
+A_COLOR = "#8C8C8C"  # all-reduce tail (hatched)
 
 
 class VizUnavailableError(GppError):
@@ -51,8 +51,10 @@ def _matplotlib() -> Any:
         import matplotlib
         from matplotlib.figure import Figure  # noqa: F401  (checks the submodules load)
     except ImportError as exc:
-        raise VizUnavailableError(f"drawing needs matplotlib, which is not importable ({exc}); "
-                                  "install gpp_solver[viz]: pip install 'gpp_solver[viz]'") from None
+        raise VizUnavailableError(
+            f"drawing needs matplotlib, which is not importable ({exc}); "
+            "install gpp_solver[viz]: pip install 'gpp_solver[viz]'"
+        ) from None
     return matplotlib
 
 
@@ -125,8 +127,9 @@ def stage_layout(plan: Plan) -> dict[int, tuple[float, float]]:
     return pos
 
 
-def draw_stage_graph(plan: Plan, graph: Graph | None, ax: Axes, *, title: str | None = None,
-                     fontsize: float | None = None) -> dict[int, tuple[float, float]]:
+def draw_stage_graph(
+    plan: Plan, graph: Graph | None, ax: Axes, *, title: str | None = None, fontsize: float | None = None
+) -> dict[int, tuple[float, float]]:
     """Draw the stage DAG of ``plan`` on ``ax``; return the stage positions used.
 
     Each stage is a box in its own colour (the colour :func:`draw_gantt` uses for its row label)
@@ -144,22 +147,44 @@ def draw_stage_graph(plan: Plan, graph: Graph | None, ax: Axes, *, title: str | 
         x, y = pos[s.id]
         r, g, b, _ = color_of[s.id]
         light = (0.55 + 0.45 * r, 0.55 + 0.45 * g, 0.55 + 0.45 * b)
-        boxes[s.id] = ax.text(x, y, stage_label(plan, graph, s.id), ha="center", va="center", fontsize=fs,
-                              zorder=3, bbox=dict(boxstyle="round,pad=0.4", fc=light, ec=color_of[s.id], lw=1.5))
+        boxes[s.id] = ax.text(
+            x,
+            y,
+            stage_label(plan, graph, s.id),
+            ha="center",
+            va="center",
+            fontsize=fs,
+            zorder=3,
+            bbox=dict(boxstyle="round,pad=0.4", fc=light, ec=color_of[s.id], lw=1.5),
+        )
     for a, b in plan.edges:
         # an edge over a column bends outwards (away from the middle row) to miss the boxes between
         skip = pos[b][0] - pos[a][0] > 1
         rad = (0.25 if pos[a][1] + pos[b][1] < 0 else -0.25) if skip else 0.0
-        ax.annotate("", xy=pos[b], xytext=pos[a], zorder=2,
-                    arrowprops=dict(arrowstyle="-|>", color="0.3", lw=1.0, shrinkA=0, shrinkB=0,
-                                    patchA=boxes[a].get_bbox_patch(), patchB=boxes[b].get_bbox_patch(),
-                                    connectionstyle=f"arc3,rad={rad}"))
+        ax.annotate(
+            "",
+            xy=pos[b],
+            xytext=pos[a],
+            zorder=2,
+            arrowprops=dict(
+                arrowstyle="-|>",
+                color="0.3",
+                lw=1.0,
+                shrinkA=0,
+                shrinkB=0,
+                patchA=boxes[a].get_bbox_patch(),
+                patchB=boxes[b].get_bbox_patch(),
+                connectionstyle=f"arc3,rad={rad}",
+            ),
+        )
     ax.set_xlim(-0.6, ncols - 0.4)
     ax.set_ylim(-nrows / 2.0 - 0.1, nrows / 2.0 + 0.1)
     ax.set_axis_off()
     if title is None:
-        title = (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, "
-                 f"depth {plan.depth}, {plural(plan.devices_used, 'device')}, B={plan.mini_batch_size}")
+        title = (
+            f"{plan.planner}: {plural(len(plan.stages), 'stage')}, "
+            f"depth {plan.depth}, {plural(plan.devices_used, 'device')}, B={plan.mini_batch_size}"
+        )
     ax.set_title(title, fontsize=fs + 2)
     return pos
 
@@ -173,8 +198,17 @@ def time_unit(t: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
-def draw_gantt(plan: Plan, graph: Graph, cluster: Cluster, ax: Axes, *, sim: SimResult | None = None,
-               time_max: float | None = None, title: str | None = None, fontsize: float = 7.0) -> SimResult:
+def draw_gantt(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    ax: Axes,
+    *,
+    sim: SimResult | None = None,
+    time_max: float | None = None,
+    title: str | None = None,
+    fontsize: float = 7.0,
+) -> SimResult:
     """Draw the simulated schedule of ``plan`` on ``ax`` and return the simulation.
 
     One row per stage (stage 0 on top): forward bars in blue, backward in orange, the micro-batch
@@ -186,8 +220,9 @@ def draw_gantt(plan: Plan, graph: Graph, cluster: Cluster, ax: Axes, *, sim: Sim
     from matplotlib.patches import Patch
 
     sim = sim if sim is not None else simulate(plan, graph, cluster)
-    allreduce = {s.id: c.tail for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages,
-                                                                          plan.mini_batch_size))}
+    allreduce = {
+        s.id: c.tail for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages, plan.mini_batch_size))
+    }
     T = sim.iteration_time
     span = max(T, time_max or 0.0)
     scale, unit = time_unit(span)
@@ -207,8 +242,14 @@ def draw_gantt(plan: Plan, graph: Graph, cluster: Cluster, ax: Axes, *, sim: Sim
         a = allreduce.get(sid, 0.0)
         if a > 0:
             start = max((t.end for t in tasks), default=0.0)
-            ax.broken_barh([(start * scale, a * scale)], (y, h), facecolors="white", edgecolors=A_COLOR,
-                           hatch="////", linewidth=0.6)
+            ax.broken_barh(
+                [(start * scale, a * scale)],
+                (y, h),
+                facecolors="white",
+                edgecolors=A_COLOR,
+                hatch="////",
+                linewidth=0.6,
+            )
     ax.set_xlim(0, span * scale * 1.02 if span > 0 else 1)
     ax.set_ylim(len(ids) - 0.5, -0.5)
     ax.axvline(T * scale, color="0.2", ls="--", lw=0.8)
@@ -221,24 +262,42 @@ def draw_gantt(plan: Plan, graph: Graph, cluster: Cluster, ax: Axes, *, sim: Sim
         for t in by_stage[sid]:
             label = str(t.micro_batch)
             if (t.end - t.start) * scale * px_per_unit >= char_px * len(label) + 2:
-                ax.text((t.start + t.end) / 2 * scale, row[sid], label, ha="center", va="center",
-                        fontsize=fontsize, color="white", clip_on=True)
+                ax.text(
+                    (t.start + t.end) / 2 * scale,
+                    row[sid],
+                    label,
+                    ha="center",
+                    va="center",
+                    fontsize=fontsize,
+                    color="white",
+                    clip_on=True,
+                )
     st_colors = _stage_colors(len(ids))
     ax.set_yticks(range(len(ids)))
-    ax.set_yticklabels([f"S{s.id} ({len(s.devices)} dev, b={s.micro_batch_size})" for s in plan.stages],
-                       fontsize=fontsize + 1)
+    ax.set_yticklabels(
+        [f"S{s.id} ({len(s.devices)} dev, b={s.micro_batch_size})" for s in plan.stages], fontsize=fontsize + 1
+    )
     for lab, c in zip(ax.get_yticklabels(), st_colors):
         lab.set_color(mpl.colors.to_hex(tuple(0.8 * v for v in c[:3])))
     ax.set_xlabel(f"time ({unit})")
     has_w = any(t.kind == "W" for t in sim.tasks)
-    ax.legend(handles=[Patch(fc=F_COLOR, label="forward"),
-                       Patch(fc=B_COLOR, label="backward (input grad)" if has_w else "backward")]
-              + ([Patch(fc=W_COLOR, label="weight grad")] if has_w else []) + [
-                       Patch(fc="white", ec=A_COLOR, hatch="////", label="all-reduce")],
-              loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=fontsize + 1, frameon=False)
+    ax.legend(
+        handles=[
+            Patch(fc=F_COLOR, label="forward"),
+            Patch(fc=B_COLOR, label="backward (input grad)" if has_w else "backward"),
+        ]
+        + ([Patch(fc=W_COLOR, label="weight grad")] if has_w else [])
+        + [Patch(fc="white", ec=A_COLOR, hatch="////", label="all-reduce")],
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+        fontsize=fontsize + 1,
+        frameon=False,
+    )
     if title is None:
-        title = (f"{plan.planner}: iteration {T * scale:.4g} {unit}, throughput {sim.throughput:.4g} samples/s, "
-                 f"{plural(len(ids), 'stage')}, depth {plan.depth}")
+        title = (
+            f"{plan.planner}: iteration {T * scale:.4g} {unit}, throughput {sim.throughput:.4g} samples/s, "
+            f"{plural(len(ids), 'stage')}, depth {plan.depth}"
+        )
     ax.set_title(title, fontsize=fontsize + 2)
     return sim
 
@@ -273,17 +332,27 @@ def draw_plan(plan: Plan, graph: Graph, cluster: Cluster | None, path: str | Pat
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")
     if fmt not in PICTURE_FORMATS:
-        raise InvalidInputError(f"{path}: cannot tell the picture format from the extension {path.suffix or '(none)'!r}; "
-                                f"use one of: {', '.join('.' + f for f in PICTURE_FORMATS)}")
+        raise InvalidInputError(
+            f"{path}: cannot tell the picture format from the extension {path.suffix or '(none)'!r}; "
+            f"use one of: {', '.join('.' + f for f in PICTURE_FORMATS)}"
+        )
     fig = plan_figure(plan, graph, cluster, dpi=dpi)
     fig.savefig(path, format=fmt)
     logger.info("wrote %s (%d stages)", path, len(plan.stages))
     return path
 
 
-def draw_metric_vs_devices(results: Mapping[int, Sequence[CompareRow]], metric: str, ax: Axes, *,
-                           log: bool = False, bars: bool = True, ylabel: str | None = None,
-                           title: str | None = None, legend: bool = True) -> None:
+def draw_metric_vs_devices(
+    results: Mapping[int, Sequence[CompareRow]],
+    metric: str,
+    ax: Axes,
+    *,
+    log: bool = False,
+    bars: bool = True,
+    ylabel: str | None = None,
+    title: str | None = None,
+    legend: bool = True,
+) -> None:
     """Plot ``metric`` (a :class:`~gpp_solver.compare.CompareRow` field, e.g. ``throughput`` or
     ``search_seconds``) per planner against the device count.
 
@@ -315,8 +384,15 @@ def draw_metric_vs_devices(results: Mapping[int, Sequence[CompareRow]], metric: 
         else:
             ax.plot(x, [v for _, v, _ in pts], marker="o", label=name, color=f"C{k % 10}")
     if failed:
-        ax.scatter([x for x, _ in failed], [v for _, v in failed], marker="x", color="black", s=40, zorder=4,
-                   label="no plan (infeasible, time limit or error)")
+        ax.scatter(
+            [x for x, _ in failed],
+            [v for _, v in failed],
+            marker="x",
+            color="black",
+            s=40,
+            zorder=4,
+            label="no plan (infeasible, time limit or error)",
+        )
     ax.set_xticks(range(len(devices)))
     ax.set_xticklabels([str(d) for d in devices])
     ax.set_xlabel("devices")

@@ -73,8 +73,7 @@ def profile_concurrent(argv: list[str], n: int, output: str) -> dict:
     """Run this package's profiler (``python -m runtime.profile ARGV``) as ``n`` pinned concurrent workers; the merged graph."""
     cs = cores()
     if not 1 <= n <= len(cs):
-        raise InvalidInputError(f"--concurrent must be between 1 and the {len(cs)} cores this process "
-                                f"may use, got {n}")
+        raise InvalidInputError(f"--concurrent must be between 1 and the {len(cs)} cores this process may use, got {n}")
     tmp = Path(tempfile.mkdtemp(prefix="gpp-profile-"))
     outs = [tmp / f"worker{k}.json" for k in range(n)]
     procs = []
@@ -83,11 +82,19 @@ def profile_concurrent(argv: list[str], n: int, output: str) -> dict:
             args = [a for a in argv]
             args[args.index(output)] = str(outs[k])
             here = {str(Path(p or ".").resolve()) for p in sys.path}  # ROOT only where it is missing
-            path = os.pathsep.join(p for p in (str(ROOT) if str(ROOT) not in here else None,
-                                               os.environ.get("PYTHONPATH")) if p)
+            path = os.pathsep.join(
+                p for p in (str(ROOT) if str(ROOT) not in here else None, os.environ.get("PYTHONPATH")) if p
+            )
             env = {**os.environ, WORKER_ENV: f"{k}/{n}", "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-            procs.append(subprocess.Popen([sys.executable, "-m", PROFILER, *args], env=env,
-                                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", PROFILER, *args],
+                    env=env,
+                    stderr=subprocess.PIPE,
+                    stdout=subprocess.DEVNULL,
+                    text=True,
+                )
+            )
         while not all(o.exists() for o in outs):
             for k, p in enumerate(procs):
                 if p.poll() is not None and not outs[k].exists():
@@ -117,18 +124,26 @@ def merge(docs: list[dict], used: list[int]) -> dict:
             nd[f"{kind}_time"] = [float(statistics.median(v)) for v in zip(*[p[f"{kind}_time"] for p in per])]
             spreads = list(zip(*[p["extra"]["time_spread"][kind] for p in per]))
             nd["extra"]["time_spread"][kind] = [[min(s[0] for s in sz), max(s[1] for s in sz)] for sz in spreads]
-        if "bw_weight_time" in nd:     # its median too, at most the merged backward (medians may cross)
+        if "bw_weight_time" in nd:  # its median too, at most the merged backward (medians may cross)
             w = [float(statistics.median(v)) for v in zip(*[p["bw_weight_time"] for p in per])]
             nd["bw_weight_time"] = [min(a, b) for a, b in zip(w, nd["bw_time"])]
-    for key in ("op_overhead", "optimizer_time_per_byte"):   # the graph's time-model terms: medians too
+    for key in ("op_overhead", "optimizer_time_per_byte"):  # the graph's time-model terms: medians too
         if all(key in d for d in docs):
             vals = [d[key] for d in docs]
-            out[key] = ({k: float(statistics.median(v[k] for v in vals)) for k in vals[0]}
-                        if isinstance(vals[0], dict) else float(statistics.median(vals)))
+            out[key] = (
+                {k: float(statistics.median(v[k] for v in vals)) for k in vals[0]}
+                if isinstance(vals[0], dict)
+                else float(statistics.median(vals))
+            )
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",
-        concurrent={"processes": len(docs), "cores": used, "pinned": True,
-                    "why": "every core busy, as when ranks train on all of them (runtime/cores.py)"})
+        concurrent={
+            "processes": len(docs),
+            "cores": used,
+            "pinned": True,
+            "why": "every core busy, as when ranks train on all of them (runtime/cores.py)",
+        },
+    )
     return out
 
 
@@ -142,8 +157,9 @@ def worker_index() -> tuple[int, int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m runtime.cores",
-                                 description="Keep one core busy with a model's forward and backward.")
+    ap = argparse.ArgumentParser(
+        prog="python -m runtime.cores", description="Keep one core busy with a model's forward and backward."
+    )
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
     ap.add_argument("--core", type=int, required=True, help="index into this process's cores")
     ap.add_argument("--batch", type=int, default=8, help="samples per forward (default 8)")
@@ -152,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from .capture.fx_graph import load_workload
+
     if args.batch < 1:
         print(f"error: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
     if not 0 <= args.core < len(cores()):
-        print(f"error: --core must be between 0 and {len(cores()) - 1} (this process may use {len(cores())} "
-              f"cores), got {args.core}", file=sys.stderr)
+        print(
+            f"error: --core must be between 0 and {len(cores()) - 1} (this process may use {len(cores())} "
+            f"cores), got {args.core}",
+            file=sys.stderr,
+        )
         return 2
     if args.seconds is not None and not args.seconds > 0:
         print(f"error: --seconds must be > 0, got {args.seconds}", file=sys.stderr)

@@ -97,9 +97,9 @@ class Sleeper:
 
     def __init__(self, reset_gap: float = 1e-3) -> None:
         self.reset_gap = reset_gap
-        self.deadline = 0.0           # when the sequence's operators so far should have ended
-        self.last = -float("inf")     # when the previous operator returned
-        self.debt = 0.0               # oversleep of the previous sequence's last operator
+        self.deadline = 0.0  # when the sequence's operators so far should have ended
+        self.last = -float("inf")  # when the previous operator returned
+        self.debt = 0.0  # oversleep of the previous sequence's last operator
         self.requested = 0.0
 
     def sleep(self, seconds: float) -> None:
@@ -142,20 +142,23 @@ class _Sleep(torch.autograd.Function):
             SLEEPER.sleep(ctx.op.wgt(ctx.rows) if getattr(ctx, "input_done", False) else bw)
         else:
             SLEEPER.sleep(bw)
-        grads = [torch.zeros((), dtype=dtype, device=grad.device).expand(shape) if need else None
-                 for (shape, dtype), need in zip(ctx.in_meta, ctx.needs_input_grad[2:])]
+        grads = [
+            torch.zeros((), dtype=dtype, device=grad.device).expand(shape) if need else None
+            for (shape, dtype), need in zip(ctx.in_meta, ctx.needs_input_grad[2:])
+        ]
         return (None, None, *grads)
 
 
 class EmulatedOp(nn.Module):
     """One graph node: sleeps its profiled times, outputs ``width`` floats per sample."""
 
-    def __init__(self, node_id: str, fw_time, bw_time, sizes, width: int, weight_values: int,
-                 weight_grad: Node | None = None) -> None:
+    def __init__(
+        self, node_id: str, fw_time, bw_time, sizes, width: int, weight_values: int, weight_grad: Node | None = None
+    ) -> None:
         super().__init__()
         self.node_id = node_id
         self.fw_time, self.bw_time, self.sizes = tuple(fw_time), tuple(bw_time), tuple(sizes)
-        self.weight_grad = weight_grad      # the node whose weight-gradient time W sleeps
+        self.weight_grad = weight_grad  # the node whose weight-gradient time W sleeps
         self.width = width
         self.weight = nn.Parameter(torch.zeros(weight_values))
 
@@ -167,8 +170,11 @@ class EmulatedOp(nn.Module):
 
     def wgt(self, rows: int) -> float:
         """The weight-gradient part of :meth:`bw` (the cost model's ``w_v``)."""
-        return 0.0 if self.weight_grad is None else min(self.bw(rows), node_weight_grad_time(
-            self.weight_grad, self.sizes, rows))
+        return (
+            0.0
+            if self.weight_grad is None
+            else min(self.bw(rows), node_weight_grad_time(self.weight_grad, self.sizes, rows))
+        )
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         return _Sleep.apply(self, self.weight, *xs)
@@ -188,7 +194,8 @@ class EmulatedModel(nn.Module):
         if len(sinks) != 1:
             raise InvalidInputError(
                 f"graph {graph.name!r} has {len(sinks)} sinks ({', '.join(sinks[:4])}); the emulated "
-                "model returns one tensor and needs exactly one sink")
+                "model returns one tensor and needs exactly one sink"
+            )
         self.sink = sinks[0]
         self.order = list(graph.topo_order)
         self.preds = {v: list(graph.preds(v)) for v in self.order}
@@ -210,8 +217,8 @@ class EmulatedModel(nn.Module):
             child = parent._modules.get(p)
             if isinstance(parent, EmulatedOp) or (child is not None and (last or isinstance(child, EmulatedOp))):
                 raise InvalidInputError(
-                    f"node id {node_id!r} cannot name a module: another node's id is a prefix of it "
-                    "or equal to it")
+                    f"node id {node_id!r} cannot name a module: another node's id is a prefix of it or equal to it"
+                )
             if child is None:
                 child = op if last else nn.Module()
                 try:
@@ -228,8 +235,9 @@ class EmulatedModel(nn.Module):
         return env[self.sink]
 
 
-def realised_graph(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
-                   max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES) -> dict:
+def realised_graph(
+    graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES, max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES
+) -> dict:
     """The graph as the emulated model realises it (gpp-graph/1 dict): bytes as actually sent; no
     ``op_overhead`` or ``optimizer_time_per_byte`` (an emulated operator sleeps its own times, to a
     deadline that absorbs the runtime's dispatch, and nothing emulates an optimizer step)."""
@@ -238,7 +246,7 @@ def realised_graph(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTE
     g.pop("op_overhead", None)
     g.pop("optimizer_time_per_byte", None)
     for n in g["nodes"]:
-        if n["weight_bytes"] <= 0 and "bw_weight_time" not in n:      # keep: no weight gradient to split off
+        if n["weight_bytes"] <= 0 and "bw_weight_time" not in n:  # keep: no weight gradient to split off
             n["bw_weight_time"] = [0.0] * len(n["bw_time"])
         n["output_bytes"] = 4 * max(1, int(min(n["output_bytes"], max_output_bytes) // 4))
         n["weight_bytes"] = 4 * max(1, int(min(n["weight_bytes"], max_weight_bytes) // 4))
@@ -250,14 +258,23 @@ def realised_graph(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTE
         if any(n["id"] == SINK_ID for n in g["nodes"]):
             raise InvalidInputError(f"graph has several sinks and already a node named {SINK_ID!r}")
         k = len(g["micro_batch_sizes"])
-        g["nodes"].append({"id": SINK_ID, "fw_time": [0.0] * k, "bw_time": [0.0] * k, "weight_bytes": 4.0,
-                           "activation_bytes": 0.0, "output_bytes": 4.0})
+        g["nodes"].append(
+            {
+                "id": SINK_ID,
+                "fw_time": [0.0] * k,
+                "bw_time": [0.0] * k,
+                "weight_bytes": 4.0,
+                "activation_bytes": 0.0,
+                "output_bytes": 4.0,
+            }
+        )
         g["edges"] += [{"src": v, "dst": SINK_ID} for v in sinks]
     return g
 
 
-def build_model(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
-                max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES) -> EmulatedModel:
+def build_model(
+    graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES, max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES
+) -> EmulatedModel:
     """The emulated model of ``graph`` (a Graph, a gpp-graph/1 dict or a path)."""
     return EmulatedModel(as_graph(graph), max_output_bytes, max_weight_bytes)
 
@@ -274,8 +291,12 @@ def allreduce_emulator(graph: Any, cluster: Any):
     return seconds
 
 
-def make_workload(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
-                  max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES, cluster: Any = None) -> SimpleNamespace:
+def make_workload(
+    graph: Any,
+    max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES,
+    max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES,
+    cluster: Any = None,
+) -> SimpleNamespace:
     """A ``runtime.train`` workload: the emulated model, one-column zero inputs, loss = sum of the
     output; with ``cluster`` also ``emulate_allreduce`` (:func:`allreduce_emulator`), which makes
     the data-parallel gradient all-reduce take the modelled time."""
@@ -289,8 +310,7 @@ def make_workload(graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES
 
     wl = SimpleNamespace(model=model, sample=sample, loss=loss)
     if cluster is not None:
-        wl.emulate_allreduce = allreduce_emulator(realised_graph(graph, max_output_bytes, max_weight_bytes),
-                                                  cluster)
+        wl.emulate_allreduce = allreduce_emulator(realised_graph(graph, max_output_bytes, max_weight_bytes), cluster)
     return wl
 
 

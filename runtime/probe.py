@@ -56,16 +56,24 @@ DEFAULT_SIZES = "4,65536,1048576,8388608"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="torchrun ... -m runtime.probe",
-                                 description="Measure the ranks' network and memory; write gpp-cluster/1.")
+    ap = argparse.ArgumentParser(
+        prog="torchrun ... -m runtime.probe", description="Measure the ranks' network and memory; write gpp-cluster/1."
+    )
     ap.add_argument("-o", "--output", required=True, help="cluster JSON to write (gpp-cluster/1)")
-    ap.add_argument("--sizes", default=DEFAULT_SIZES,
-                    help="message sizes in bytes, comma-separated, at least two (default %(default)s)")
+    ap.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help="message sizes in bytes, comma-separated, at least two (default %(default)s)",
+    )
     ap.add_argument("--repeats", type=int, default=5, help="timed round trips per size and pair")
     ap.add_argument("--warmup", type=int, default=2, help="untimed round trips per size and pair")
     ap.add_argument("--memory", type=float, default=None, help="usable bytes per device (skip measuring)")
-    ap.add_argument("--optimizer-state-factor", type=float, default=4.0,
-                    help="bytes of weights+grads+optimizer state per weight byte (4.0: fp32 Adam)")
+    ap.add_argument(
+        "--optimizer-state-factor",
+        type=float,
+        default=4.0,
+        help="bytes of weights+grads+optimizer state per weight byte (4.0: fp32 Adam)",
+    )
     ap.add_argument("--details", default=None, help="also write every pair's figures here (JSON)")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a silent peer is fatal")
@@ -136,8 +144,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ping_pong(rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int,
-              device: torch.device) -> float:
+def ping_pong(rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int, device: torch.device) -> float:
     """Median one-way time (half a round trip) of ``nbytes`` between ranks ``a`` and ``b``."""
     buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
     times = []
@@ -169,8 +176,7 @@ def allreduce_time(nbytes: int, warmup: int, repeats: int, device: torch.device)
     return statistics.median(times)
 
 
-def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int,
-            device: torch.device) -> dict | None:
+def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, device: torch.device) -> dict | None:
     """Every rank runs this; rank 0 gets the details dict, the others None."""
     hosts: list = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
@@ -181,8 +187,15 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int,
                 one_way = [ping_pong(rank, a, b, s, args.warmup, args.repeats, device) for s in sizes]
                 if rank == a:
                     lat, bw = affine_fit(sizes, one_way)
-                    pairs.append({"ranks": [a, b], "intra_node": hosts[a] == hosts[b],
-                                  "one_way_seconds": one_way, "latency": lat, "bandwidth": bw})
+                    pairs.append(
+                        {
+                            "ranks": [a, b],
+                            "intra_node": hosts[a] == hosts[b],
+                            "one_way_seconds": one_way,
+                            "latency": lat,
+                            "bandwidth": bw,
+                        }
+                    )
             dist.barrier()
     ar = [allreduce_time(s, args.warmup, args.repeats, device) for s in sizes] if world > 1 else []
     if args.memory is not None:
@@ -196,10 +209,15 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int,
     dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
         return None
-    return {"hosts": hosts, "ranks": gathered, "sizes": sizes,
-            "pairs": [p for g in gathered for p in g["pairs"]],
-            "allreduce": _allreduce_details(sizes, ar, world),
-            "backend": dist.get_backend(), "device": device.type}
+    return {
+        "hosts": hosts,
+        "ranks": gathered,
+        "sizes": sizes,
+        "pairs": [p for g in gathered for p in g["pairs"]],
+        "allreduce": _allreduce_details(sizes, ar, world),
+        "backend": dist.get_backend(),
+        "device": device.type,
+    }
 
 
 def _allreduce_details(sizes: list[int], seconds: list[float], world: int) -> dict:
@@ -208,9 +226,15 @@ def _allreduce_details(sizes: list[int], seconds: list[float], world: int) -> di
         return {"bytes": sizes[-1], "seconds": 0.0, "ring_bandwidth": None}
     last = seconds[-1]
     lat, bw = ring_fit(sizes, seconds, world)
-    return {"bytes": sizes[-1], "seconds": last, "sizes": sizes, "seconds_per_size": seconds,
-            "ring_bandwidth": (2 * (world - 1) / world * sizes[-1] / last) if last > 0 else None,
-            "latency": lat, "bandwidth": bw}
+    return {
+        "bytes": sizes[-1],
+        "seconds": last,
+        "sizes": sizes,
+        "seconds_per_size": seconds,
+        "ring_bandwidth": (2 * (world - 1) / world * sizes[-1] / last) if last > 0 else None,
+        "latency": lat,
+        "bandwidth": bw,
+    }
 
 
 def cluster_doc(details: dict, world: int, osf: float) -> dict:
@@ -231,13 +255,22 @@ def cluster_doc(details: dict, world: int, osf: float) -> dict:
         intra_bw = inter_bw = 1e12
     intra_bw = intra_bw if intra_bw is not None else inter_bw
     inter_bw = inter_bw if inter_bw is not None else intra_bw
-    doc = {"format": "gpp-cluster/1", "devices": world,
-           "memory_bytes": min(r["memory_bytes"] for r in details["ranks"])}
+    doc = {
+        "format": "gpp-cluster/1",
+        "devices": world,
+        "memory_bytes": min(r["memory_bytes"] for r in details["ranks"]),
+    }
     if len(set(counts.values())) == 1:
         doc["devices_per_node"] = next(iter(counts.values()))
-    doc.update({"intra_node_bandwidth": intra_bw, "inter_node_bandwidth": inter_bw,
-                "latency": lat, "optimizer_state_factor": osf,
-                "memory_overheads": True})  # the runtime's buffers and temporaries are priced
+    doc.update(
+        {
+            "intra_node_bandwidth": intra_bw,
+            "inter_node_bandwidth": inter_bw,
+            "latency": lat,
+            "optimizer_state_factor": osf,
+            "memory_overheads": True,
+        }
+    )  # the runtime's buffers and temporaries are priced
     ar = details.get("allreduce", {})
     if ar.get("bandwidth") not in (None, float("inf")):
         doc.update({"allreduce_bandwidth": ar["bandwidth"], "allreduce_latency": ar["latency"]})
@@ -247,20 +280,23 @@ def cluster_doc(details: dict, world: int, osf: float) -> dict:
 def _summary(details: dict, doc: dict) -> str:
     ranks = f"{doc['devices']} rank{'' if doc['devices'] == 1 else 's'}"
     hosts = len(set(details["hosts"]))
-    lines = [f"{ranks} on {hosts} host{'' if hosts == 1 else 's'}, backend "
-             f"{details['backend']} ({details['device']})"]
+    lines = [f"{ranks} on {hosts} host{'' if hosts == 1 else 's'}, backend {details['backend']} ({details['device']})"]
     for kind, flag in (("intra-node", True), ("inter-node", False)):
         ps = [p for p in details["pairs"] if p["intra_node"] == flag]
         if ps:
             bws = [p["bandwidth"] for p in ps]
             lats = [p["latency"] for p in ps]
-            lines.append(f"{kind}: {len(ps)} pair{'' if len(ps) == 1 else 's'}, bandwidth {min(bws) / 1e9:.3g}..{max(bws) / 1e9:.3g} GB/s, "
-                         f"latency {min(lats) * 1e6:.1f}..{max(lats) * 1e6:.1f} us")
+            lines.append(
+                f"{kind}: {len(ps)} pair{'' if len(ps) == 1 else 's'}, bandwidth {min(bws) / 1e9:.3g}..{max(bws) / 1e9:.3g} GB/s, "
+                f"latency {min(lats) * 1e6:.1f}..{max(lats) * 1e6:.1f} us"
+            )
     ar = details["allreduce"]
     if ar["seconds"]:
-        lines.append(f"all-reduce of {ar['bytes']} B over {ranks}: {ar['seconds'] * 1e3:.3f} ms "
-                     f"(ring bandwidth {ar['ring_bandwidth'] / 1e9:.3g} GB/s); ring fit: "
-                     f"{ar['bandwidth'] / 1e9:.3g} GB/s, latency {ar['latency'] * 1e6:.1f} us per step")
+        lines.append(
+            f"all-reduce of {ar['bytes']} B over {ranks}: {ar['seconds'] * 1e3:.3f} ms "
+            f"(ring bandwidth {ar['ring_bandwidth'] / 1e9:.3g} GB/s); ring fit: "
+            f"{ar['bandwidth'] / 1e9:.3g} GB/s, latency {ar['latency'] * 1e6:.1f} us per step"
+        )
     if "devices_per_node" not in doc:
         lines.append("hosts have different rank counts: devices_per_node left out (flat network)")
     lines.append(f"memory per device: {doc['memory_bytes'] / 2**30:.2f} GiB")
@@ -283,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout)
+    )
     try:
         details = measure(args, sizes, rank, world, device)
         dist.barrier()

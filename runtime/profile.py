@@ -35,21 +35,37 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad input)."""
     ap = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
-    ap.add_argument("--micro-batch-sizes", "--batch-sizes", dest="micro_batch_sizes", default="1,2,4,8",
-                    help="comma-separated micro-batch sizes (default 1,2,4,8; --batch-sizes is the "
-                         "deprecated spelling)")
+    ap.add_argument(
+        "--micro-batch-sizes",
+        "--batch-sizes",
+        dest="micro_batch_sizes",
+        default="1,2,4,8",
+        help="comma-separated micro-batch sizes (default 1,2,4,8; --batch-sizes is the deprecated spelling)",
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs before timing (default 2)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="intra-op threads, as each trainer rank uses (default 1, like torchrun)")
-    ap.add_argument("--concurrent", type=int, default=1,
-                    help="N profilers at once, each pinned to its own core; the median is kept "
-                         "(default 1: one unpinned process; see runtime/cores.py)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads, as each trainer rank uses (default 1, like torchrun)"
+    )
+    ap.add_argument(
+        "--concurrent",
+        type=int,
+        default=1,
+        help="N profilers at once, each pinned to its own core; the median is kept "
+        "(default 1: one unpinned process; see runtime/cores.py)",
+    )
     ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
-    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
-                    help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)")
-    ap.add_argument("--no-time-terms", action="store_true",
-                    help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)")
+    ap.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam"),
+        default="sgd",
+        help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)",
+    )
+    ap.add_argument(
+        "--no-time-terms",
+        action="store_true",
+        help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)",
+    )
     ap.add_argument("-o", "--output", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -66,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = cores.worker_index()
     if args.concurrent != 1 and worker is None:
         try:
-            doc = cores.profile_concurrent(sys.argv[1:] if argv is None else list(argv), args.concurrent,
-                                           args.output)
+            doc = cores.profile_concurrent(sys.argv[1:] if argv is None else list(argv), args.concurrent, args.output)
         except InvalidInputError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -82,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_time_terms:
             doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model)
         else:
-            doc = profile_with_terms(wl, sizes, args.warmup, args.repeats, name=args.name or args.model,
-                                     optimizer=args.optimizer)
+            doc = profile_with_terms(
+                wl, sizes, args.warmup, args.repeats, name=args.name or args.model, optimizer=args.optimizer
+            )
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

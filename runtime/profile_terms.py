@@ -78,11 +78,13 @@ def _pack_hook(params: set[int]):
         if t.untyped_storage().data_ptr() not in params:
             held[0] += t.numel() * t.element_size()
         return t
+
     return pack
 
 
-def whole_model_times(gm: torch.nn.Module, inputs: tuple, warmup: int, repeats: int,
-                      device: torch.device) -> tuple[float, float]:
+def whole_model_times(
+    gm: torch.nn.Module, inputs: tuple, warmup: int, repeats: int, device: torch.device
+) -> tuple[float, float]:
     """``(forward, backward)`` seconds of the whole model as the trainer runs a stage: the fastest
     of the timed runs, compared with the nodes' fastest runs (``time_spread``), so that a run
     another process delayed does not count as overhead."""
@@ -119,6 +121,7 @@ def _run_hooked(fn, ptrs: set[int]):
 def loss_times(loss_fn, output, target, warmup: int, repeats: int, device: torch.device) -> tuple[float, float]:
     """``(forward, backward)`` median seconds of ``loss_fn(output, target)`` on a leaf copy of the
     output (its floating tensors require grad, as the stage's output does in the trainer)."""
+
     def leaf(v):
         if isinstance(v, torch.Tensor) and v.is_floating_point():
             return v.detach().clone().requires_grad_(True)
@@ -137,8 +140,15 @@ def loss_times(loss_fn, output, target, warmup: int, repeats: int, device: torch
     return _median(setup_fw, warmup, repeats, device), _median(setup_bw, warmup, repeats, device)
 
 
-def optimizer_seconds(model: torch.nn.Module, name: str, warmup: int, repeats: int, device: torch.device,
-                      lr: float = 1e-4, momentum: float = 0.0) -> float:
+def optimizer_seconds(
+    model: torch.nn.Module,
+    name: str,
+    warmup: int,
+    repeats: int,
+    device: torch.device,
+    lr: float = 1e-4,
+    momentum: float = 0.0,
+) -> float:
     """Median seconds of one ``optimizer.step()`` over the model's trainable parameters (0 without
     any); the parameters are restored afterwards."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -148,7 +158,7 @@ def optimizer_seconds(model: torch.nn.Module, name: str, warmup: int, repeats: i
     opt = make_optimizer(params, name, lr, momentum)
     for p in params:
         p.grad = torch.full_like(p, 1e-3)
-    t = _median(lambda: opt.step, max(1, warmup), repeats, device)   # Adam's state exists after one step
+    t = _median(lambda: opt.step, max(1, warmup), repeats, device)  # Adam's state exists after one step
     with torch.no_grad():
         for p, s in zip(params, saved):
             p.copy_(s)
@@ -180,20 +190,29 @@ def remove_call_cost(nodes: list[dict], kind: str, per_size: list[float]) -> Non
 
 def graph_overhead(per_size_fw: list[float], per_size_bw: list[float]) -> dict[str, float]:
     """The graph's ``op_overhead``: per kind, the median over sizes of the positive parts."""
-    return {"fw": float(statistics.median(max(0.0, v) for v in per_size_fw)),
-            "bw": float(statistics.median(max(0.0, v) for v in per_size_bw))}
+    return {
+        "fw": float(statistics.median(max(0.0, v) for v in per_size_fw)),
+        "bw": float(statistics.median(max(0.0, v) for v in per_size_bw)),
+    }
 
 
-def profile_with_terms(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
-                       name: str = "model", optimizer: str = "sgd") -> dict:
+def profile_with_terms(
+    workload,
+    micro_batch_sizes: list[int],
+    warmup: int = 2,
+    repeats: int = 5,
+    name: str = "model",
+    optimizer: str = "sgd",
+) -> dict:
     """The profiler's gpp-graph/1 document with the time-model terms (module docstring)."""
     doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name)
     add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats, optimizer)
     return doc
 
 
-def add_time_terms(doc: dict, workload, micro_batch_sizes: list[int], warmup: int, repeats: int,
-                   optimizer: str = "sgd") -> None:
+def add_time_terms(
+    doc: dict, workload, micro_batch_sizes: list[int], warmup: int, repeats: int, optimizer: str = "sgd"
+) -> None:
     """Measure and write the graph's op_overhead and optimizer_time_per_byte, and add the loss to
     the sink node of ``doc`` (the profile of ``workload`` at ``micro_batch_sizes``)."""
     mg = trace_workload(workload)
@@ -211,7 +230,8 @@ def add_time_terms(doc: dict, workload, micro_batch_sizes: list[int], warmup: in
         except Exception as exc:  # noqa: BLE001 - the workload's own loss, reported as such
             raise InvalidInputError(
                 f"the workload's loss fails on the model's output at {b} samples ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); --no-time-terms profiles without it") from exc
+                f"{str(exc).splitlines()[0] if str(exc) else ''}); --no-time-terms profiles without it"
+            ) from exc
     nodes, info = doc["nodes"], doc["extra"]["profile"]
     per = {}
     for k, kind in enumerate(("fw", "bw")):
@@ -229,6 +249,7 @@ def add_time_terms(doc: dict, workload, micro_batch_sizes: list[int], warmup: in
     loss = {"fw": [t[0] for t in losses], "bw": [t[1] for t in losses]}
     for kind in ("fw", "bw"):
         sink[f"{kind}_time"] = [t + x for t, x in zip(sink[f"{kind}_time"], loss[kind])]
-        sink["extra"]["time_spread"][kind] = [[lo + x, hi + x] for (lo, hi), x in
-                                              zip(sink["extra"]["time_spread"][kind], loss[kind])]
+        sink["extra"]["time_spread"][kind] = [
+            [lo + x, hi + x] for (lo, hi), x in zip(sink["extra"]["time_spread"][kind], loss[kind])
+        ]
     sink["extra"]["loss_time"] = loss

@@ -83,31 +83,56 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="torchrun ... -m runtime.train",
-                                 description="Train a workload with a gpp-plan/1.")
+    ap = argparse.ArgumentParser(
+        prog="torchrun ... -m runtime.train", description="Train a workload with a gpp-plan/1."
+    )
     ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
-    ap.add_argument("--graph", default=None, help="the profiled gpp-graph/1 the plan was made from "
-                    "(with --cluster: the plan is validated exactly as `gpp validate` does)")
+    ap.add_argument(
+        "--graph",
+        default=None,
+        help="the profiled gpp-graph/1 the plan was made from "
+        "(with --cluster: the plan is validated exactly as `gpp validate` does)",
+    )
     ap.add_argument("--cluster", default=None, help="the gpp-cluster/1 the plan was made for")
     ap.add_argument("--steps", type=int, default=10, help="mini-batches to train (default 10)")
     ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="default sgd")
     ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
     ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    ap.add_argument("--optimizer-state-factor", type=float, default=None,
-                    help="the optimizer_state_factor the plan was made with (default: the plan's record, "
-                         "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about")
-    ap.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
-                    help="cast the model and floating inputs (default: as the workload makes them)")
+    ap.add_argument(
+        "--optimizer-state-factor",
+        type=float,
+        default=None,
+        help="the optimizer_state_factor the plan was made with (default: the plan's record, "
+        "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=tuple(_DTYPES),
+        default=None,
+        help="cast the model and floating inputs (default: as the workload makes them)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
-    ap.add_argument("--p2p", choices=("auto", "eager", "batched"), default="auto",
-                    help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)")
+    ap.add_argument(
+        "--p2p",
+        choices=("auto", "eager", "batched"),
+        default="auto",
+        help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)",
+    )
     ap.add_argument("--verify", action="store_true", help="compare with one-process training")
-    ap.add_argument("--rtol", type=float, default=None,
-                    help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)")
-    ap.add_argument("--atol", type=float, default=None,
-                    help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
-                         "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)",
+    )
+    ap.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
+        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)",
+    )
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
     ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
     ap.add_argument("--checkpoint-every", type=int, default=1)
@@ -116,17 +141,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--trace", default=None, help="write a Chrome trace of all ranks here")
     ap.add_argument("--json", action="store_true", help="print a last JSON line with the step times")
     ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
-    ap.add_argument("--memory-step", type=int, default=None,
-                    help="the step (0-based) whose peak memory is measured (default: the last warm-up "
-                         "step when it is not step 0, else step 1)")
+    ap.add_argument(
+        "--memory-step",
+        type=int,
+        default=None,
+        help="the step (0-based) whose peak memory is measured (default: the last warm-up "
+        "step when it is not step 0, else step 1)",
+    )
     ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
-    ap.add_argument("--pin-cores", action="store_true",
-                    help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)")
+    ap.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)",
+    )
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
-    ap.add_argument("--allreduce-overlap", choices=("auto", "on", "off"), default="auto",
-                    help="data-parallel all-reduce during the last backward (on) or after it (off, as the "
-                         "cost model prices it); default auto: on with NCCL, off with gloo")
+    ap.add_argument(
+        "--allreduce-overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="data-parallel all-reduce during the last backward (on) or after it (off, as the "
+        "cost model prices it); default auto: on with NCCL, off with gloo",
+    )
     ap.add_argument("--quiet", action="store_true", help="no summary (benchmarks)")
     return ap.parse_args(argv)
 
@@ -177,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format="[runtime] %(message)s")
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[runtime] %(message)s")
     if args.pin_cores:  # before the process group: gloo's threads inherit the affinity
         cores.pin(local_rank)
     if args.threads:
@@ -194,16 +229,27 @@ def main(argv: list[str] | None = None) -> int:
         example, _ = wl.sample(plan.mini_batch_size, 0)
         if bool(args.graph) != bool(args.cluster):
             raise InvalidInputError("--graph and --cluster go together")
-        setup = build(plan, wl.model, example, rank, world, p2p_mode=p2p, rendezvous=use_cuda,
-                      graph_path=args.graph, cluster_path=args.cluster, tracing=workload_hooks(wl.raw))
+        setup = build(
+            plan,
+            wl.model,
+            example,
+            rank,
+            world,
+            p2p_mode=p2p,
+            rendezvous=use_cuda,
+            graph_path=args.graph,
+            cluster_path=args.cluster,
+            tracing=workload_hooks(wl.raw),
+        )
     except InvalidInputError as exc:
         _fatal(rank, str(exc))
         return 2
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout),
-                            rank=rank, world_size=world)
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=args.timeout), rank=rank, world_size=world
+    )
     try:
         code = _train(args, setup, wl, rank, device, p2p)
     except InvalidInputError as exc:
@@ -211,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(2)
     except (CommTimeout, RuntimeError) as exc:
-        print(f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-              file=sys.stderr, flush=True)
+        print(
+            f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(1)  # peers may be gone: do not wait in process-group teardown
     dist.destroy_process_group()
     return code
@@ -222,12 +271,24 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
     mem_step = args.memory_step if args.memory_step is not None else max(1, args.warmup_steps - 1)
-    pipe = GraphPipeline(wl.model, plan, wl.loss, example, device, loss_reduction=wl.reduction,
-                         optimizer_state_factor=args.optimizer_state_factor, seed=args.seed, p2p=p2p,
-                         timeout=args.timeout, emulate_allreduce=wl.emulate_allreduce,
-                         allreduce_overlap={"on": True, "off": False}.get(args.allreduce_overlap),
-                         memory_step=min(mem_step, max(0, args.steps - 1)), graph=args.graph,
-                         cluster=args.cluster, _setup=setup)
+    pipe = GraphPipeline(
+        wl.model,
+        plan,
+        wl.loss,
+        example,
+        device,
+        loss_reduction=wl.reduction,
+        optimizer_state_factor=args.optimizer_state_factor,
+        seed=args.seed,
+        p2p=p2p,
+        timeout=args.timeout,
+        emulate_allreduce=wl.emulate_allreduce,
+        allreduce_overlap={"on": True, "off": False}.get(args.allreduce_overlap),
+        memory_step=min(mem_step, max(0, args.steps - 1)),
+        graph=args.graph,
+        cluster=args.cluster,
+        _setup=setup,
+    )
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
     if opt is not None:
         pipe.use_optimizer(opt)  # states now, before the first step, an optimizer state the plan did not price
@@ -261,8 +322,14 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
         rec.event("optimizer", t1, time.time(), "compute")
         rec.step_done(step, t0, time.time())
         if args.checkpoint and (step + 1) % args.checkpoint_every == 0 and setup.replica == 0:
-            checkpoint.save(args.checkpoint, pipe.stage.id, step + 1, setup.fingerprint,
-                            pipe.state_dict(), opt.state_dict() if opt is not None else {})
+            checkpoint.save(
+                args.checkpoint,
+                pipe.stage.id,
+                step + 1,
+                setup.fingerprint,
+                pipe.state_dict(),
+                opt.state_dict() if opt is not None else {},
+            )
     return _finish(args, pipe, wl, rank, device, losses, start)
 
 
@@ -273,10 +340,16 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
     mem = {"peak": stats["peak_memory_bytes"], "predicted": stats["predicted_peak_memory_bytes"]}
     if device.type != "cuda":
         mem.update(saved_activations=pipe.executor.saved_peak, rss=metrics.peak_rss_bytes())
-    mine = {"rank": rank, "stage": setup.stage.id, "steps": rec.steps, "memory": mem, "memory_stats": stats,
-            "events": rec.events if args.trace else [],
-            "losses": losses if setup.program.holds_sink else None}
-    params = ({k: v.detach().cpu() for k, v in pipe.named_parameters()} if setup.replica == 0 else {})
+    mine = {
+        "rank": rank,
+        "stage": setup.stage.id,
+        "steps": rec.steps,
+        "memory": mem,
+        "memory_stats": stats,
+        "events": rec.events if args.trace else [],
+        "losses": losses if setup.program.holds_sink else None,
+    }
+    params = {k: v.detach().cpu() for k, v in pipe.named_parameters()} if setup.replica == 0 else {}
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object((mine, params), gathered, dst=0)
     dist.barrier()  # every transfer of the gather is done before any rank tears down its group
@@ -291,8 +364,7 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
                 tied_bad.append(k)
             all_params.setdefault(k, v)
     per_step = next((r["losses"] for r in records if r["losses"] is not None), [])
-    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)}
-              for s in setup.plan.stages]
+    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)} for s in setup.plan.stages]
     m = metrics.summarize(records, stages, setup.plan.mini_batch_size, args.warmup_steps) if records[0]["steps"] else {}
     if m:
         m["losses"] = per_step
@@ -315,29 +387,67 @@ def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, star
         torch.save(all_params, args.save_params)
     code = 0
     if tied_bad:
-        print(f"error: copies of tied weights differ across stages: {', '.join(tied_bad[:5])}",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: copies of tied weights differ across stages: {', '.join(tied_bad[:5])}",
+            file=sys.stderr,
+            flush=True,
+        )
         code = 1
     if args.verify:
         ref = _Workload(seeded_workload(args.model), _DTYPES.get(args.dtype), setup.plan.mini_batch_size)
-        want = reference_params(ref.model, ref.sample, ref.loss, setup.plan, args.steps,
-                                lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
-                                device, args.seed, tracing=workload_hooks(ref.raw))
+        want = reference_params(
+            ref.model,
+            ref.sample,
+            ref.loss,
+            setup.plan,
+            args.steps,
+            lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
+            device,
+            args.seed,
+            tracing=workload_hooks(ref.raw),
+        )
         dtype = next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), torch.float32)
         rtol, atol = default_tolerance(dtype, args.optimizer, args.lr, args.steps)
         rtol = rtol if args.rtol is None else args.rtol
         atol = atol if args.atol is None else args.atol
         bad = compare(all_params, want, rtol, atol)
         if bad:
-            print(f"verify: FAILED, {len(bad)} parameters differ from one-process training "
-                  f"(rtol {rtol:g}, atol {atol:g}): " + "; ".join(bad[:5]), file=sys.stderr, flush=True)
+            print(
+                f"verify: FAILED, {len(bad)} parameters differ from one-process training "
+                f"(rtol {rtol:g}, atol {atol:g}): " + "; ".join(bad[:5]),
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
-        logger.info("verify: OK, %d parameters equal one-process training (rtol %g, atol %g; largest "
-                    "difference %.3g)", len(want), rtol, atol, largest_difference(all_params, want))
+        logger.info(
+            "verify: OK, %d parameters equal one-process training (rtol %g, atol %g; largest difference %.3g)",
+            len(want),
+            rtol,
+            atol,
+            largest_difference(all_params, want),
+        )
     if args.json and m:
-        print(json.dumps({"gpp_runtime": {k: m.get(k) for k in (
-            "mini_batch_size", "warmup_steps", "timed_steps", "seconds_per_step", "samples_per_second",
-            "step_seconds", "losses", "predicted_iteration_seconds", "ranks")}}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "gpp_runtime": {
+                        k: m.get(k)
+                        for k in (
+                            "mini_batch_size",
+                            "warmup_steps",
+                            "timed_steps",
+                            "seconds_per_step",
+                            "samples_per_second",
+                            "step_seconds",
+                            "losses",
+                            "predicted_iteration_seconds",
+                            "ranks",
+                        )
+                    }
+                }
+            ),
+            flush=True,
+        )
     return code
 
 

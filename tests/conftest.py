@@ -12,9 +12,16 @@ from tiny_graphs import chain_dict, diamond_dict, node  # noqa: F401
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
-           "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0, "latency": 0.01,
-           "optimizer_state_factor": 4.0}
+CLUSTER = {
+    "format": "gpp-cluster/1",
+    "devices": 4,
+    "memory_bytes": 1e6,
+    "devices_per_node": 2,
+    "intra_node_bandwidth": 1000.0,
+    "inter_node_bandwidth": 100.0,
+    "latency": 0.01,
+    "optimizer_state_factor": 4.0,
+}
 
 
 @pytest.fixture

@@ -26,24 +26,68 @@ from typing import Any
 
 from tiny_graphs import diamond_dict
 
-CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
-           "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0, "latency": 0.01,
-           "optimizer_state_factor": 4.0}
+CLUSTER = {
+    "format": "gpp-cluster/1",
+    "devices": 4,
+    "memory_bytes": 1e6,
+    "devices_per_node": 2,
+    "intra_node_bandwidth": 1000.0,
+    "inter_node_bandwidth": 100.0,
+    "latency": 0.01,
+    "optimizer_state_factor": 4.0,
+}
 
-PIPER = {"maxDevices": 4, "maxMemoryPerDevice": 1e9, "bandwidth": 1e9, "mbsInBatch": 4,
-         "nodes": [{"id": 7, "name": "a", "TMPCs": {"1": [
-             {"id": "vanilla", "timePerSample": 3.0, "parameterSize": 10.0, "memoryUsageA": 4.0,
-              "memoryUsageB": 20.0, "syncTimeFw": {}, "syncTimeBw": {"9": 5.0}}]}},
-                   {"id": 9, "name": "b", "TMPCs": {"1": [
-             {"id": "vanilla", "timePerSample": 6.0, "parameterSize": 10.0, "memoryUsageA": 4.0,
-              "memoryUsageB": 20.0, "syncTimeFw": {"7": 2.0}, "syncTimeBw": {}}]}}],
-         "edges": [{"sourceId": 7, "destId": 9, "communicationCost": 8.0}]}
+PIPER = {
+    "maxDevices": 4,
+    "maxMemoryPerDevice": 1e9,
+    "bandwidth": 1e9,
+    "mbsInBatch": 4,
+    "nodes": [
+        {
+            "id": 7,
+            "name": "a",
+            "TMPCs": {
+                "1": [
+                    {
+                        "id": "vanilla",
+                        "timePerSample": 3.0,
+                        "parameterSize": 10.0,
+                        "memoryUsageA": 4.0,
+                        "memoryUsageB": 20.0,
+                        "syncTimeFw": {},
+                        "syncTimeBw": {"9": 5.0},
+                    }
+                ]
+            },
+        },
+        {
+            "id": 9,
+            "name": "b",
+            "TMPCs": {
+                "1": [
+                    {
+                        "id": "vanilla",
+                        "timePerSample": 6.0,
+                        "parameterSize": 10.0,
+                        "memoryUsageA": 4.0,
+                        "memoryUsageB": 20.0,
+                        "syncTimeFw": {"7": 2.0},
+                        "syncTimeBw": {},
+                    }
+                ]
+            },
+        },
+    ],
+    "edges": [{"sourceId": 7, "destId": 9, "communicationCost": 8.0}],
+}
 
-PIPEDREAM = ("node1 -- Input -- forward_compute_time=1.5, backward_compute_time=3.0, "
-             "activation_size=[8.0; 8.0], parameter_size=24.000\n"
-             "node2 -- ReLU -- forward_compute_time=0.5, backward_compute_time=0.5, "
-             "activation_size=16.0, parameter_size=0.0\n"
-             "\tnode1 -- node2\n")
+PIPEDREAM = (
+    "node1 -- Input -- forward_compute_time=1.5, backward_compute_time=3.0, "
+    "activation_size=[8.0; 8.0], parameter_size=24.000\n"
+    "node2 -- ReLU -- forward_compute_time=0.5, backward_compute_time=0.5, "
+    "activation_size=16.0, parameter_size=0.0\n"
+    "\tnode1 -- node2\n"
+)
 
 
 def _deep(n: int) -> Any:
@@ -57,9 +101,38 @@ def _deep(n: int) -> Any:
 #: unicode, nesting).  No large in-range count (say 10**6 devices): planning that is slow, not wrong
 #: (the planner-speed issue), and would only make the run long.
 WEIRD: tuple[Any, ...] = (
-    None, True, False, "x", "", "\u00e9\u2603\U0001f600", "\ud800", [], {}, -1, 0, 1, 2, 0.5, 3.7, -0.0,
-    1e308, -1e308, 1e18, 5e-324, 1e-300, float("nan"), float("inf"), -float("inf"), 10**400, 2**63, 64,
-    "1e3", [1, 2, 3], {"a": 1}, _deep(80), "a" * 2000,
+    None,
+    True,
+    False,
+    "x",
+    "",
+    "\u00e9\u2603\U0001f600",
+    "\ud800",
+    [],
+    {},
+    -1,
+    0,
+    1,
+    2,
+    0.5,
+    3.7,
+    -0.0,
+    1e308,
+    -1e308,
+    1e18,
+    5e-324,
+    1e-300,
+    float("nan"),
+    float("inf"),
+    -float("inf"),
+    10**400,
+    2**63,
+    64,
+    "1e3",
+    [1, 2, 3],
+    {"a": 1},
+    _deep(80),
+    "a" * 2000,
 )
 #: Factors of the "scale" mutation: a number stays a number but leaves the usual range (or the
 #: supported one).
@@ -73,8 +146,7 @@ KINDS = ("graph", "cluster", "plan")
 def _base_plan_json() -> str:
     from gpp_solver import cluster_from_dict, graph_from_dict, plan_to_dict, solve
 
-    plan = solve(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), mini_batch_size=8,
-                 planner="pipedream")
+    plan = solve(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), mini_batch_size=8, planner="pipedream")
     return json.dumps(plan_to_dict(plan))
 
 
@@ -224,7 +296,9 @@ def _all_finite(obj: Any) -> bool:
     return True
 
 
-def check(command: str, rc: Any, stdout: str, stderr: str, check_ok: Callable[[], str | None] | None = None) -> str | None:
+def check(
+    command: str, rc: Any, stdout: str, stderr: str, check_ok: Callable[[], str | None] | None = None
+) -> str | None:
     """The first way ``(rc, stdout, stderr)`` breaks the contract, or None."""
     if rc not in (0, 1, 2):
         return f"exit {rc!r}"
@@ -248,30 +322,86 @@ def _plan_ok(plan_path: Path, graph_path: Path, cluster_path: Path) -> Callable[
         except Exception as exc:  # noqa: BLE001
             return f"exit 0 but the plan written does not validate: {exc}"[:300]
         return None if _all_finite(plan_to_dict(plan)) else "exit 0 with a non-finite figure in the plan"
+
     return ok
 
 
 #: command -> (which documents it reads, argv builder)
 COMMANDS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Path], Path], list[str]]]] = {
-    "validate": (("graph", "cluster", "plan"),
-                 lambda f, d: ["validate", str(f["graph"]), "--cluster", str(f["cluster"]), "--plan", str(f["plan"])]),
-    "plan": (("graph", "cluster"),
-             lambda f, d: ["plan", str(f["graph"]), "--cluster", str(f["cluster"]), "--batch", "8", "--planner",
-                           "pipedream", "--quiet", "-o", str(d / "out.json")]),
-    "plan-gpp": (("graph", "cluster"),
-                 lambda f, d: ["plan", str(f["graph"]), "--cluster", str(f["cluster"]), "--batch", "8", "--time-limit",
-                               "5", "--no-tighten", "--quiet", "-o", str(d / "out.json")]),
-    "simulate": (("graph", "cluster", "plan"),
-                 lambda f, d: ["simulate", str(f["plan"]), "--graph", str(f["graph"]), "--cluster", str(f["cluster"])]),
-    "show": (("graph", "cluster", "plan"),
-             lambda f, d: ["show", str(f["plan"]), "--graph", str(f["graph"]), "--cluster", str(f["cluster"]),
-                           "-o", str(d / "out.png")]),
-    "compare": (("graph", "cluster"),
-                lambda f, d: ["compare", str(f["graph"]), "--cluster", str(f["cluster"]), "--batch", "8",
-                              "--planners", "pipedream,graphpipe", "--format", "json"]),
+    "validate": (
+        ("graph", "cluster", "plan"),
+        lambda f, d: ["validate", str(f["graph"]), "--cluster", str(f["cluster"]), "--plan", str(f["plan"])],
+    ),
+    "plan": (
+        ("graph", "cluster"),
+        lambda f, d: [
+            "plan",
+            str(f["graph"]),
+            "--cluster",
+            str(f["cluster"]),
+            "--batch",
+            "8",
+            "--planner",
+            "pipedream",
+            "--quiet",
+            "-o",
+            str(d / "out.json"),
+        ],
+    ),
+    "plan-gpp": (
+        ("graph", "cluster"),
+        lambda f, d: [
+            "plan",
+            str(f["graph"]),
+            "--cluster",
+            str(f["cluster"]),
+            "--batch",
+            "8",
+            "--time-limit",
+            "5",
+            "--no-tighten",
+            "--quiet",
+            "-o",
+            str(d / "out.json"),
+        ],
+    ),
+    "simulate": (
+        ("graph", "cluster", "plan"),
+        lambda f, d: ["simulate", str(f["plan"]), "--graph", str(f["graph"]), "--cluster", str(f["cluster"])],
+    ),
+    "show": (
+        ("graph", "cluster", "plan"),
+        lambda f, d: [
+            "show",
+            str(f["plan"]),
+            "--graph",
+            str(f["graph"]),
+            "--cluster",
+            str(f["cluster"]),
+            "-o",
+            str(d / "out.png"),
+        ],
+    ),
+    "compare": (
+        ("graph", "cluster"),
+        lambda f, d: [
+            "compare",
+            str(f["graph"]),
+            "--cluster",
+            str(f["cluster"]),
+            "--batch",
+            "8",
+            "--planners",
+            "pipedream,graphpipe",
+            "--format",
+            "json",
+        ],
+    ),
     "import-piper": (("piper",), lambda f, d: ["import", "piper", str(f["piper"]), "-o", str(d / "out.json")]),
-    "import-pipedream": (("pipedream",), lambda f, d: ["import", "pipedream", str(f["pipedream"]), "--batch-size",
-                                                       "2", "-o", str(d / "out.json")]),
+    "import-pipedream": (
+        ("pipedream",),
+        lambda f, d: ["import", "pipedream", str(f["pipedream"]), "--batch-size", "2", "-o", str(d / "out.json")],
+    ),
 }
 
 
@@ -291,6 +421,7 @@ def run_case(command: str, which: str, ops: Sequence[Op], raw: str, tmp: Path) -
     if command.startswith("plan"):
         ok = _plan_ok(tmp / "out.json", files["graph"], files["cluster"])
     elif command == "import-piper" or command == "import-pipedream":
+
         def ok() -> str | None:
             from gpp_solver import load_graph
 
@@ -300,12 +431,14 @@ def run_case(command: str, which: str, ops: Sequence[Op], raw: str, tmp: Path) -
                 return f"exit 0 but the graph written does not load: {exc}"[:300]
             return None
     elif command == "compare":
+
         def ok() -> str | None:
             try:
                 rows = json.loads(stdout)
             except ValueError:
                 return "exit 0 but compare's JSON does not parse"
             return None if _all_finite(rows) else "exit 0 with a non-finite figure in compare's rows"
+
     return Outcome(command, rc, stdout, stderr, check(command, rc, stdout, stderr, ok))
 
 
@@ -344,8 +477,15 @@ def run_arguments(values: Sequence[Any]) -> str | None:
 
     mini_batch_size, planner, time_limit, tighten, options = values
     try:
-        gs.solve(base("graph"), base("cluster"), mini_batch_size=mini_batch_size, planner=planner,
-                 time_limit=time_limit, tighten=tighten, options=options)
+        gs.solve(
+            base("graph"),
+            base("cluster"),
+            mini_batch_size=mini_batch_size,
+            planner=planner,
+            time_limit=time_limit,
+            tighten=tighten,
+            options=options,
+        )
     except gs.GppError:
         return None
     except Exception as exc:  # noqa: BLE001

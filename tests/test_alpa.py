@@ -33,7 +33,7 @@ def test_latency_objective_matches_brute_force_on_a_chain():
     ids = list(g.topo_order)
     best = math.inf
     for cuts in compositions(len(ids)):
-        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
+        parts = [ids[cuts[i] : cuts[i + 1]] for i in range(len(cuts) - 1)]
         for sizes in itertools.product([1, 2, 4], repeat=len(parts)):
             if sum(sizes) > cl.devices or any(b % s for s in sizes):
                 continue
@@ -65,7 +65,7 @@ def test_plans_are_valid_within_budget_and_deterministic(gd, cd):
 
 def test_groups_within_a_node_stay_inside_it():
     g = graph_from_dict(chain_dict(6, [1.0, 3.0, 0.5, 2.0, 1.5, 2.5]))
-    cl = cluster_from_dict(CLUSTER)     # 2 nodes of 2 devices
+    cl = cluster_from_dict(CLUSTER)  # 2 nodes of 2 devices
     plan = plan_alpa(g, cl, 8)
     for s in plan.stages:
         if len(s.devices) <= 2:
@@ -87,6 +87,7 @@ def test_memory_respected_and_infeasible_reported():
 
 def test_tables_too_large_for_the_device_count_are_refused():
     from gpp_solver.errors import SearchSpaceTooLargeError
+
     g = graph_from_dict(chain_dict(6))
     cl = cluster_from_dict(flat_cluster(4))
     with pytest.raises(SearchSpaceTooLargeError, match="max_table_bytes"):

@@ -20,9 +20,11 @@ FUNCTION_ROOTS = [PACKAGE, ROOT / "runtime"]
 #: The top-level modules every package may import: records, actions, supported ranges, errors.
 BOTTOM = {"gpp_solver.types", "gpp_solver.action", "gpp_solver.limits", "gpp_solver.errors"}
 #: The design card's top-level names and the package module each re-exports.
-DESIGN_CARD = {"gpp_solver.sp_tree": "gpp_solver.planners.graphpipe.sp_tree",
-               "gpp_solver.binary_search": "gpp_solver.planners.graphpipe.binary_search",
-               "gpp_solver.cp_schedule": "gpp_solver.cp_orders.cp_schedule"}
+DESIGN_CARD = {
+    "gpp_solver.sp_tree": "gpp_solver.planners.graphpipe.sp_tree",
+    "gpp_solver.binary_search": "gpp_solver.planners.graphpipe.binary_search",
+    "gpp_solver.cp_schedule": "gpp_solver.cp_orders.cp_schedule",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -60,8 +62,9 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def test_no_module_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
@@ -98,8 +101,15 @@ def test_at_most_16_modules_at_the_top_level():
 
 
 def test_design_card_names_are_kept():
-    for rel in ("gpp_solver/sp_tree.py", "gpp_solver/cp_schedule.py", "gpp_solver/binary_search.py",
-                "runtime/__init__.py", "tests", "pyproject.toml", "README.md"):
+    for rel in (
+        "gpp_solver/sp_tree.py",
+        "gpp_solver/cp_schedule.py",
+        "gpp_solver/binary_search.py",
+        "runtime/__init__.py",
+        "tests",
+        "pyproject.toml",
+        "README.md",
+    ):
         assert (ROOT / rel).exists(), rel
 
 
@@ -118,11 +128,18 @@ def test_packages_import_only_the_bottom_of_the_top_level():
     other than the bottom ones: an algorithm's code lives in its package, the top level only uses it."""
     mods = _modules()
     top = {name for name, path in mods.items() if name.count(".") == 1 and path.name != "__init__.py"}
-    wrong = {name: sorted(deps) for name, path in mods.items() if name.count(".") >= 2
-             if (deps := (_imports(name, path, set(mods)) & top) - BOTTOM)}
+    wrong = {
+        name: sorted(deps)
+        for name, path in mods.items()
+        if name.count(".") >= 2
+        if (deps := (_imports(name, path, set(mods)) & top) - BOTTOM)
+    }
     assert not wrong, f"package modules importing the top level: {wrong}"
-    bottom_up = {name: sorted(deps) for name in BOTTOM
-                 if (deps := {d for d in _imports(name, mods[name], set(mods)) if d != "gpp_solver"} - BOTTOM)}
+    bottom_up = {
+        name: sorted(deps)
+        for name in BOTTOM
+        if (deps := {d for d in _imports(name, mods[name], set(mods)) if d != "gpp_solver"} - BOTTOM)
+    }
     assert not bottom_up, f"bottom modules importing above the bottom: {bottom_up}"
 
 
@@ -143,8 +160,13 @@ def test_no_import_cycle():
 @pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
 def test_solver_never_imports_torch(path):
     for node in ast.walk(ast.parse(path.read_text())):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
         assert not any(n == "torch" or n.startswith("torch.") for n in names), path
 
 
@@ -176,6 +198,9 @@ def test_runtime_jobs_import_only_the_jobs_below_them():
 
 
 def test_runtime_modules_stay_under_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "runtime").rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in (ROOT / "runtime").rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"modules over {MAX_LINES} lines: {long}"

@@ -16,8 +16,14 @@ from gpp_solver.workloads import build_model
 @pytest.fixture(scope="module")
 def mmt_dp() -> StageDP:
     g = build_model("mmt", branches=2, layers=3)
-    c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
-                inter_node_bandwidth=12.5e9, latency=1e-5)
+    c = Cluster(
+        devices=8,
+        memory_bytes=16 * 2**30,
+        devices_per_node=4,
+        intra_node_bandwidth=50e9,
+        inter_node_bandwidth=12.5e9,
+        latency=1e-5,
+    )
     return StageDP(g, c, 64)
 
 
@@ -45,6 +51,7 @@ def test_expired_deadline_still_returns_a_feasible_answer(mmt_dp: StageDP) -> No
 
 def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:
     from gpp_solver.planners.graphpipe.binary_search import search_many
+
     sizes = [1, 2, 8, 32]
     together = search_many(mmt_dp, sizes)
     for b in sizes:
@@ -54,6 +61,7 @@ def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:
 
 def test_search_depths_gives_the_least_target_at_every_depth_bound(mmt_dp: StageDP) -> None:
     from gpp_solver.planners.graphpipe.binary_search import search_depths, search_many
+
     sizes = [2, 8, 32]
     pareto = search_depths(mmt_dp, sizes)
     plain = search_many(mmt_dp, sizes)
@@ -72,7 +80,7 @@ def test_search_depths_gives_the_least_target_at_every_depth_bound(mmt_dp: Stage
             assert sum(s.degree for s in p.stages) <= D
             assert max(s.tps_estimate for s in p.stages) <= p.tps
             below = [x for x in cands if x < p.tps]
-            if below:       # nothing smaller reaches depth <= e
+            if below:  # nothing smaller reaches depth <= e
                 assert mmt_dp.min_devices_by_depth([(b, below[-1])])[0, e] > D
         # a depth bound that is not a Pareto point gains nothing over the next shallower one
         for e in range(1, mmt_dp.E + 1):

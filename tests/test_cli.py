@@ -27,9 +27,14 @@ def files(tmp_path, diamond, cluster_dict):
     c.write_text(json.dumps(cluster_dict))
     graph = gs.graph_from_dict(diamond)
     cl = gs.cluster_from_dict(cluster_dict)
-    plan = gs.build_plan(graph, cl, [StageSpec(("a",), (0,), 2), StageSpec(("b", "c"), (1,), 2),
-                                     StageSpec(("d",), (2,), 2)], 8, planner="manual",
-                         search=gs.SearchInfo(0.0, "feasible"))
+    plan = gs.build_plan(
+        graph,
+        cl,
+        [StageSpec(("a",), (0,), 2), StageSpec(("b", "c"), (1,), 2), StageSpec(("d",), (2,), 2)],
+        8,
+        planner="manual",
+        search=gs.SearchInfo(0.0, "feasible"),
+    )
     p = tmp_path / "p.json"
     gs.save_plan(plan, p)
     return g, c, p
@@ -53,22 +58,51 @@ def test_simulate_grid_and_trace(files, capsys, tmp_path):
     assert json.loads(t.read_text())["traceEvents"]
 
 
-@pytest.mark.parametrize("make_argv, needle", [
-    (lambda g, c, p, t: ["validate", str(t / "missing.json")], "not found"),
-    (lambda g, c, p, t: ["validate", str(g), "--plan", str(p)], "--plan needs --cluster"),
-    (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "0"], "positive integer"),
-    (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "nope"],
-     "unknown planner 'nope'; valid planners:"),
-    (lambda g, c, p, t: ["plan", str(g), "--cluster", "v100:0", "--batch", "8"], "N >= 1"),
-    (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "alpa",
-                         "--no-shared-sinks"], "--no-shared-sinks: only for --planner graphpipe"),
-    (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "pipedream",
-                         "--no-depth-tradeoff"], "--no-depth-tradeoff: only for --planner graphpipe"),
-    (lambda g, c, p, t: ["model", "nope", "-o", str(t / "x.json")], "unknown model 'nope'"),
-    (lambda g, c, p, t: ["import", "pipedream", str(t / "nothere.txt"), "-o", str(t / "x.json")], "nothere"),
-    (lambda g, c, p, t: ["frobnicate"], "invalid choice"),
-    (lambda g, c, p, t: [], ""),
-])
+@pytest.mark.parametrize(
+    "make_argv, needle",
+    [
+        (lambda g, c, p, t: ["validate", str(t / "missing.json")], "not found"),
+        (lambda g, c, p, t: ["validate", str(g), "--plan", str(p)], "--plan needs --cluster"),
+        (lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "0"], "positive integer"),
+        (
+            lambda g, c, p, t: ["plan", str(g), "--cluster", str(c), "--batch", "8", "--planner", "nope"],
+            "unknown planner 'nope'; valid planners:",
+        ),
+        (lambda g, c, p, t: ["plan", str(g), "--cluster", "v100:0", "--batch", "8"], "N >= 1"),
+        (
+            lambda g, c, p, t: [
+                "plan",
+                str(g),
+                "--cluster",
+                str(c),
+                "--batch",
+                "8",
+                "--planner",
+                "alpa",
+                "--no-shared-sinks",
+            ],
+            "--no-shared-sinks: only for --planner graphpipe",
+        ),
+        (
+            lambda g, c, p, t: [
+                "plan",
+                str(g),
+                "--cluster",
+                str(c),
+                "--batch",
+                "8",
+                "--planner",
+                "pipedream",
+                "--no-depth-tradeoff",
+            ],
+            "--no-depth-tradeoff: only for --planner graphpipe",
+        ),
+        (lambda g, c, p, t: ["model", "nope", "-o", str(t / "x.json")], "unknown model 'nope'"),
+        (lambda g, c, p, t: ["import", "pipedream", str(t / "nothere.txt"), "-o", str(t / "x.json")], "nothere"),
+        (lambda g, c, p, t: ["frobnicate"], "invalid choice"),
+        (lambda g, c, p, t: [], ""),
+    ],
+)
 def test_bad_input_exit_2(files, capsys, tmp_path, make_argv, needle):
     g, c, p = files
     rc, out, err = run(make_argv(g, c, p, tmp_path), capsys)
@@ -103,8 +137,10 @@ def test_model_and_import(capsys, tmp_path, data_dir):
     assert rc == 0 and gs.load_graph(out).name
     rc, _, err = run(["model", "dlrm", "--layers", "2", "-o", str(out)], capsys)
     assert rc == 2 and "has no parameter --layers" in err
-    rc, o, _ = run(["import", "pipedream", str(data_dir / "pipedream/alexnet.graph.txt"), "--batch-size", "256",
-                    "-o", str(out)], capsys)
+    rc, o, _ = run(
+        ["import", "pipedream", str(data_dir / "pipedream/alexnet.graph.txt"), "--batch-size", "256", "-o", str(out)],
+        capsys,
+    )
     assert rc == 0 and len(gs.load_graph(out).nodes) > 5
 
 
@@ -125,6 +161,7 @@ def test_solve_options_value(diamond, cluster_dict):
 
 
 # --- the first hour of a new user: defaults, time limit, progress, wording, formats ---
+
 
 def _subparsers(parser):
     import argparse
@@ -150,6 +187,7 @@ def test_help_states_every_default_and_describes_every_argument():
     assert f"default: {DEFAULT_TIME_LIMIT:g} s for gpp" in " ".join(plan_help.split())
     compare_help = " ".join(_subparsers(parser)["compare"].format_help().split())
     from gpp_solver.planners.registry import REGISTRY
+
     assert all(n in compare_help for n in REGISTRY) and "milp is exact" in compare_help
 
 
@@ -164,8 +202,22 @@ def test_version(capsys):
 def test_time_limit_is_reported_with_the_hint(capsys, tmp_path):
     g = tmp_path / "m.json"
     assert run(["model", "mmt", "--branches", "2", "--layers", "1", "-o", str(g)], capsys)[0] == 0
-    rc, out, err = run(["plan", str(g), "--cluster", "v100:4", "--batch", "16", "--time-limit", "0.01",
-                        "--quiet", "-o", str(tmp_path / "p.json")], capsys)
+    rc, out, err = run(
+        [
+            "plan",
+            str(g),
+            "--cluster",
+            "v100:4",
+            "--batch",
+            "16",
+            "--time-limit",
+            "0.01",
+            "--quiet",
+            "-o",
+            str(tmp_path / "p.json"),
+        ],
+        capsys,
+    )
     assert rc == 0 and "status time-limit" in out
     assert "stopped at the time limit of 0.01 s" in err and "raise it with --time-limit" in err
     assert gs.load_plan(tmp_path / "p.json").search.status == "time-limit"
@@ -174,13 +226,19 @@ def test_time_limit_is_reported_with_the_hint(capsys, tmp_path):
 def test_plan_summary_shows_the_cluster_and_progress(capsys, tmp_path):
     g = tmp_path / "m.json"
     run(["model", "mmt", "--branches", "2", "--layers", "1", "-o", str(g)], capsys)
-    rc, out, err = run(["plan", str(g), "--cluster", "h100:2x8", "--batch", "16", "-o", str(tmp_path / "p.json")],
-                       capsys)
+    rc, out, err = run(
+        ["plan", str(g), "--cluster", "h100:2x8", "--batch", "16", "-o", str(tmp_path / "p.json")], capsys
+    )
     assert rc == 0
-    assert ("cluster: 16 devices in 2 nodes of 8, 80 GiB each, 450 GB/s inside a node, 50 GB/s between nodes, "
-            "latency 10 µs") in out
-    for line in ("gpp: seed planner graphpipe running", "gpp: seed planner pipedream-2bw:", "gpp: local search",
-                 "gpp: CP-SAT tightening"):
+    assert (
+        "cluster: 16 devices in 2 nodes of 8, 80 GiB each, 450 GB/s inside a node, 50 GB/s between nodes, latency 10 µs"
+    ) in out
+    for line in (
+        "gpp: seed planner graphpipe running",
+        "gpp: seed planner pipedream-2bw:",
+        "gpp: local search",
+        "gpp: CP-SAT tightening",
+    ):
         assert line in err, err
 
 
@@ -197,13 +255,28 @@ def test_compare_names_each_planner_unless_quiet(files, capsys):
 def test_one_stage_is_singular(capsys, tmp_path, diamond, cluster_dict):
     graph = gs.graph_from_dict(diamond)
     cl = gs.cluster_from_dict(cluster_dict)
-    plan = gs.build_plan(graph, cl, [StageSpec(("a", "b", "c", "d"), (0,), 2)], 8, planner="manual",
-                         search=gs.SearchInfo(0.0, "feasible"))
+    plan = gs.build_plan(
+        graph,
+        cl,
+        [StageSpec(("a", "b", "c", "d"), (0,), 2)],
+        8,
+        planner="manual",
+        search=gs.SearchInfo(0.0, "feasible"),
+    )
     (tmp_path / "g.json").write_text(json.dumps(diamond))
     (tmp_path / "c.json").write_text(json.dumps(cluster_dict))
     gs.save_plan(plan, tmp_path / "p.json")
-    rc, out, _ = run(["validate", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.json"), "--plan",
-                      str(tmp_path / "p.json")], capsys)
+    rc, out, _ = run(
+        [
+            "validate",
+            str(tmp_path / "g.json"),
+            "--cluster",
+            str(tmp_path / "c.json"),
+            "--plan",
+            str(tmp_path / "p.json"),
+        ],
+        capsys,
+    )
     assert rc == 0 and "manual: 1 stage, depth 1, 1 of 4 devices (the others idle)," in out and "1 stages" not in out
 
 
@@ -232,8 +305,10 @@ def test_show_format_from_extension(files, capsys, tmp_path):
 def test_plan_on_a_profile_names_the_import_command(files, capsys, tmp_path):
     _, c, p = files
     pd = tmp_path / "graph.txt"
-    pd.write_text("node1 -- Input0 -- forward_compute_time=0.000, backward_compute_time=0.000, "
-                  "activation_size=100.0, parameter_size=0.000\n")
+    pd.write_text(
+        "node1 -- Input0 -- forward_compute_time=0.000, backward_compute_time=0.000, "
+        "activation_size=100.0, parameter_size=0.000\n"
+    )
     rc, _, err = run(["plan", str(pd), "--cluster", str(c), "--batch", "8"], capsys)
     assert rc == 2 and f"gpp import pipedream {pd} --batch-size N" in err and len(err.strip().splitlines()) == 1
     piper = tmp_path / "piper.json"
@@ -246,32 +321,66 @@ def test_plan_on_a_profile_names_the_import_command(files, capsys, tmp_path):
     assert rc == 2 and "gpp import pipedream" in err
 
 
-@pytest.mark.parametrize("spec, devices, per_node, memory_gib, intra, inter", [
-    ("v100:8", 8, 4, 16, 50e9, 12.5e9),
-    ("a100-40g:8", 8, 8, 40, 300e9, 25e9),
-    ("a100-80g:4x8", 32, 8, 80, 300e9, 25e9),
-    ("h100:2x8", 16, 8, 80, 450e9, 50e9),
-    ("h100:12", 12, 8, 80, 450e9, 50e9),
-])
+@pytest.mark.parametrize(
+    "spec, devices, per_node, memory_gib, intra, inter",
+    [
+        ("v100:8", 8, 4, 16, 50e9, 12.5e9),
+        ("a100-40g:8", 8, 8, 40, 300e9, 25e9),
+        ("a100-80g:4x8", 32, 8, 80, 300e9, 25e9),
+        ("h100:2x8", 16, 8, 80, 450e9, 50e9),
+        ("h100:12", 12, 8, 80, 450e9, 50e9),
+    ],
+)
 def test_machine_shorthands(capsys, tmp_path, spec, devices, per_node, memory_gib, intra, inter):
     out_path = tmp_path / "c.json"
     rc, out, _ = run(["cluster", spec, "-o", str(out_path)], capsys)
     assert rc == 0 and out.startswith(f"wrote {out_path}: {devices} devices")
     c = gs.load_cluster(out_path)
-    assert (c.devices, c.devices_per_node, c.memory_bytes, c.intra_node_bandwidth, c.inter_node_bandwidth,
-            c.latency) == (devices, per_node, memory_gib * 2**30, intra, inter, 1e-5)
+    assert (
+        c.devices,
+        c.devices_per_node,
+        c.memory_bytes,
+        c.intra_node_bandwidth,
+        c.inter_node_bandwidth,
+        c.latency,
+    ) == (devices, per_node, memory_gib * 2**30, intra, inter, 1e-5)
     assert c == gs.v100_cluster(8) if spec == "v100:8" else True
 
 
 def test_cluster_from_human_units(capsys, tmp_path):
     out_path = tmp_path / "c.json"
-    rc, out, _ = run(["cluster", "--devices", "16", "--per-node", "8", "--memory", "80GiB", "--intra", "900GB/s",
-                      "--inter", "200Gb/s", "--latency", "5us", "-o", str(out_path)], capsys)
+    rc, out, _ = run(
+        [
+            "cluster",
+            "--devices",
+            "16",
+            "--per-node",
+            "8",
+            "--memory",
+            "80GiB",
+            "--intra",
+            "900GB/s",
+            "--inter",
+            "200Gb/s",
+            "--latency",
+            "5us",
+            "-o",
+            str(out_path),
+        ],
+        capsys,
+    )
     assert rc == 0
     d = json.loads(out_path.read_text())
-    assert d == {"format": "gpp-cluster/1", "devices": 16, "memory_bytes": 80 * 2**30, "devices_per_node": 8,
-                 "intra_node_bandwidth": 900e9, "inter_node_bandwidth": 25e9, "latency": 5e-6,
-                 "optimizer_state_factor": 4.0}
+    assert d == {
+        "format": "gpp-cluster/1",
+        "devices": 16,
+        "memory_bytes": 80 * 2**30,
+        "devices_per_node": 8,
+        "intra_node_bandwidth": 900e9,
+        "inter_node_bandwidth": 25e9,
+        "latency": 5e-6,
+        "optimizer_state_factor": 4.0,
+    }
     assert "16 devices in 2 nodes of 8, 80 GiB each, 900 GB/s inside a node, 25 GB/s between nodes" in out
     rc, out, _ = run(["cluster", "h100:1x8", "--memory", "70GiB", "--latency", "0.002"], capsys)
     d = json.loads(out)
@@ -280,16 +389,19 @@ def test_cluster_from_human_units(capsys, tmp_path):
     assert rc == 0 and "devices_per_node" not in json.loads(out)
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--devices", "8", "--memory", "80GiBs", "--inter", "1GB/s"], "--memory: unknown unit 'GiBs' in '80GiBs'"),
-    (["--devices", "8", "--memory", "80GiB", "--inter", "9 furlongs"], "--inter: unknown unit 'furlongs'"),
-    (["--devices", "8", "--memory", "80GiB", "--inter", "fast"], "--inter: expected a number with a unit"),
-    (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--latency", "3 days"], "--latency: unknown unit"),
-    (["--devices", "8", "--memory", "80GiB"], "give --inter"),
-    (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--intra", "9GB/s"], "--intra needs --per-node"),
-    (["tpu:8"], "unknown machine 'tpu'; known: v100, a100-40g, a100-80g, h100"),
-    (["h100:0x8"], "must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--devices", "8", "--memory", "80GiBs", "--inter", "1GB/s"], "--memory: unknown unit 'GiBs' in '80GiBs'"),
+        (["--devices", "8", "--memory", "80GiB", "--inter", "9 furlongs"], "--inter: unknown unit 'furlongs'"),
+        (["--devices", "8", "--memory", "80GiB", "--inter", "fast"], "--inter: expected a number with a unit"),
+        (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--latency", "3 days"], "--latency: unknown unit"),
+        (["--devices", "8", "--memory", "80GiB"], "give --inter"),
+        (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--intra", "9GB/s"], "--intra needs --per-node"),
+        (["tpu:8"], "unknown machine 'tpu'; known: v100, a100-40g, a100-80g, h100"),
+        (["h100:0x8"], "must be at least 1"),
+    ],
+)
 def test_cluster_bad_input_exit_2(capsys, argv, needle):
     rc, _, err = run(["cluster", *argv], capsys)
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
@@ -298,8 +410,14 @@ def test_cluster_bad_input_exit_2(capsys, argv, needle):
 def test_validate_describes_the_cluster(files, capsys):
     g, _, _ = files
     rc, out, _ = run(["validate", str(g), "--cluster", "a100-80g:4x8"], capsys)
-    assert rc == 0 and ("cluster a100-80g:4x8 is valid: 32 devices in 4 nodes of 8, 80 GiB each, 300 GB/s inside a "
-                        "node, 25 GB/s between nodes") in out
+    assert (
+        rc == 0
+        and (
+            "cluster a100-80g:4x8 is valid: 32 devices in 4 nodes of 8, 80 GiB each, 300 GB/s inside a "
+            "node, 25 GB/s between nodes"
+        )
+        in out
+    )
 
 
 def test_plan_with_unknown_machine_exit_2(files, capsys):
@@ -312,8 +430,10 @@ def test_compare_exits_1_when_no_planner_finds_a_plan(files, capsys, tmp_path, c
     g, _, _ = files
     tiny = tmp_path / "tiny.json"
     tiny.write_text(json.dumps({**cluster_dict, "memory_bytes": 1}))
-    rc, out, err = run(["compare", str(g), "--cluster", str(tiny), "--batch", "8", "--planners",
-                        "graphpipe,pipedream", "--quiet"], capsys)
+    rc, out, err = run(
+        ["compare", str(g), "--cluster", str(tiny), "--batch", "8", "--planners", "graphpipe,pipedream", "--quiet"],
+        capsys,
+    )
     assert rc == 1 and "| graphpipe | infeasible |" in out
     assert err.startswith("gpp: no planner found a plan (graphpipe: ") and "pipedream: " in err
 
@@ -322,5 +442,6 @@ def test_compare_exits_1_when_no_planner_finds_a_plan(files, capsys, tmp_path, c
 def test_malformed_machine_shorthand_is_named_as_such(files, capsys, spec):
     g, _, _ = files
     rc, _, err = run(["plan", str(g), "--cluster", spec, "--batch", "8"], capsys)
-    assert rc == 2 and err.strip() == (f"gpp: cluster {spec!r}: expected NAME:N or NAME:NODESxPER_NODE with NAME one "
-                                       "of v100, a100-40g, a100-80g, h100")
+    assert rc == 2 and err.strip() == (
+        f"gpp: cluster {spec!r}: expected NAME:N or NAME:NODESxPER_NODE with NAME one of v100, a100-40g, a100-80g, h100"
+    )

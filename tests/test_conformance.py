@@ -19,13 +19,25 @@ HONEST = {"optimal-time-per-sample", "optimal-iteration-time", "optimal-within-s
 def two_branch() -> dict:
     nodes = [node("in", 0.2), node("a1", 2.0), node("a2", 1.5), node("b1", 1.0), node("b2", 1.0), node("out", 0.5)]
     edges = [("in", "a1"), ("a1", "a2"), ("in", "b1"), ("b1", "b2"), ("a2", "out"), ("b2", "out")]
-    return {"format": "gpp-graph/1", "name": "two-branch", "micro_batch_sizes": [1, 2], "nodes": nodes,
-            "edges": [{"src": u, "dst": v} for u, v in edges]}
+    return {
+        "format": "gpp-graph/1",
+        "name": "two-branch",
+        "micro_batch_sizes": [1, 2],
+        "nodes": nodes,
+        "edges": [{"src": u, "dst": v} for u, v in edges],
+    }
 
 
 GRAPHS = {"chain": chain_dict(4, [1.0, 2.0, 1.0, 3.0]), "diamond": diamond_dict(), "two-branch": two_branch()}
-CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
-           "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0, "latency": 0.001}
+CLUSTER = {
+    "format": "gpp-cluster/1",
+    "devices": 4,
+    "memory_bytes": 1e6,
+    "devices_per_node": 2,
+    "intra_node_bandwidth": 1000.0,
+    "inter_node_bandwidth": 100.0,
+    "latency": 0.001,
+}
 
 
 def planner_or_skip(name: str):
@@ -49,12 +61,14 @@ def test_valid_deterministic_honest(name, gname):
     assert p1.devices_used <= c.devices
     assert all(s.predicted.memory_bytes <= c.memory_bytes for s in p1.stages)
     assert p1.search.status in HONEST
-    if p1.search.status == "optimal-within-search-space":       # says for what
+    if p1.search.status == "optimal-within-search-space":  # says for what
         assert p1.search.objective
     assert p1.planner == name
     p2 = fn(g, c, 8, time_limit=20)
+
     def strip(p):
         return {**gs.plan_to_dict(p), "search": None}
+
     assert strip(p1) == strip(p2)
 
 
@@ -79,7 +93,7 @@ def test_memory_respected_or_infeasible(name):
 def test_nothing_fits_is_infeasible(name):
     fn = planner_or_skip(name)
     g = gs.graph_from_dict(two_branch())
-    c = gs.cluster_from_dict({**CLUSTER, "memory_bytes": 10.0})   # less than one node's weights
+    c = gs.cluster_from_dict({**CLUSTER, "memory_bytes": 10.0})  # less than one node's weights
     with pytest.raises(InfeasibleError) as e:
         fn(g, c, 8, time_limit=20)
     if e.value.required_memory_bytes is not None:

@@ -19,11 +19,11 @@ from gpp_solver.plan.build import StageSpec
 
 def test_interpolation_rule():
     sizes, times = (2, 4, 8), (1.0, 1.5, 2.5)
-    assert interp_time(times, sizes, 1) == 1.0          # below the smallest: the smallest's time
+    assert interp_time(times, sizes, 1) == 1.0  # below the smallest: the smallest's time
     assert interp_time(times, sizes, 2) == 1.0
-    assert interp_time(times, sizes, 3) == 1.25         # linear between
+    assert interp_time(times, sizes, 3) == 1.25  # linear between
     assert interp_time(times, sizes, 6) == 2.0
-    assert interp_time(times, sizes, 16) == 5.0         # above: constant time per sample
+    assert interp_time(times, sizes, 16) == 5.0  # above: constant time per sample
     assert interp_time((3.0,), (1,), 4) == 12.0
 
 
@@ -36,7 +36,7 @@ def test_allreduce_and_inflight():
 
 def test_stage_costs_by_hand(diamond, cluster_dict):
     g = gs.graph_from_dict(diamond)
-    c = gs.cluster_from_dict(cluster_dict)   # 2 devices per node: intra 1000, inter 100, latency 0.01
+    c = gs.cluster_from_dict(cluster_dict)  # 2 devices per node: intra 1000, inter 100, latency 0.01
     specs = [StageSpec(("a",), (0, 1), 4), StageSpec(("b", "c"), (2,), 4), StageSpec(("d",), (3,), 4)]
     costs = stage_costs(g, c, specs, 8)
     # stage 0: b=4, d=2 -> 2 samples per replica: f=1.5, g=3.0
@@ -67,8 +67,9 @@ def test_memory_by_hand(diamond, cluster_dict):
 
 def test_iteration_estimate(chain, cluster_dict):
     g = gs.graph_from_dict(chain)
-    c = gs.cluster_from_dict({**cluster_dict, "latency": 0.0, "inter_node_bandwidth": 1e12,
-                              "intra_node_bandwidth": 1e12})
+    c = gs.cluster_from_dict(
+        {**cluster_dict, "latency": 0.0, "inter_node_bandwidth": 1e12, "intra_node_bandwidth": 1e12}
+    )
     specs = [StageSpec((f"n{i}",), (i,), 1) for i in range(4)]
     costs = stage_costs(g, c, specs, 8)
     est = iteration_time_estimate(costs, [(0, 1), (1, 2), (2, 3)], 8)
@@ -77,8 +78,16 @@ def test_iteration_estimate(chain, cluster_dict):
 
 
 def test_tmpc_replaces_node_figures(diamond, cluster_dict):
-    diamond["nodes"][1]["tmpc"] = [{"t": 2, "recompute": False, "fw_time": [0.5, 0.75], "bw_time": [1.0, 1.5],
-                                    "weight_bytes": 50, "activation_bytes": 5}]
+    diamond["nodes"][1]["tmpc"] = [
+        {
+            "t": 2,
+            "recompute": False,
+            "fw_time": [0.5, 0.75],
+            "bw_time": [1.0, 1.5],
+            "weight_bytes": 50,
+            "activation_bytes": 5,
+        }
+    ]
     g = gs.graph_from_dict(diamond)
     c = gs.cluster_from_dict(cluster_dict)
     spec = StageSpec(("b",), (0, 1), 2, tensor_parallel=2, tmpc={"b": 0})

@@ -30,15 +30,40 @@ def _bench():
 
 def test_quick_run_prints_the_table_with_finite_figures(tmp_path):
     cluster = tmp_path / "cluster.json"  # given, so the run skips the probe (tested on its own)
-    cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e10,
-                                   "devices_per_node": 2, "intra_node_bandwidth": 2e9,
-                                   "inter_node_bandwidth": 2e9, "latency": 1e-4,
-                                   "optimizer_state_factor": 4.0}))
+    cluster.write_text(
+        json.dumps(
+            {
+                "format": "gpp-cluster/1",
+                "devices": 2,
+                "memory_bytes": 1e10,
+                "devices_per_node": 2,
+                "intra_node_bandwidth": 2e9,
+                "inter_node_bandwidth": 2e9,
+                "latency": 1e-4,
+                "optimizer_state_factor": 4.0,
+            }
+        )
+    )
     out = tmp_path / "fidelity.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--cluster", str(cluster), "--json", str(out),
-                          "--workdir", str(tmp_path / "work")],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--cluster",
+            str(cluster),
+            "--json",
+            str(out),
+            "--workdir",
+            str(tmp_path / "work"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "| model | devices | planner |" in res.stdout and "Pearson r =" in res.stdout
     doc = json.loads(out.read_text())
@@ -56,8 +81,12 @@ def test_statistics():
     b = _bench()
     assert b.pearson([1, 2, 3], [2, 4, 6.5]) == pytest.approx(0.9986, abs=1e-3)
     assert math.isnan(b.pearson([1.0], [1.0]))
-    rows = [{"group": "g", "predicted": 1.0, "measured": 1.08}, {"group": "g", "predicted": 2.0, "measured": 1.9},
-            {"group": "g", "predicted": 1.05, "measured": 1.0}, {"group": "h", "predicted": 9.0, "measured": 0.1}]
+    rows = [
+        {"group": "g", "predicted": 1.0, "measured": 1.08},
+        {"group": "g", "predicted": 2.0, "measured": 1.9},
+        {"group": "g", "predicted": 1.05, "measured": 1.0},
+        {"group": "h", "predicted": 9.0, "measured": 0.1},
+    ]
     assert b.ranking(rows) == (pytest.approx(1 / 3), 2, 3)  # the 1.0/1.05 pair is swapped
     assert b.ranking(rows, 0.10) == (1.0, 2, 2)  # ... and predicted within 10%
     s = b.summary([dict(r, group="g") for r in rows[:3]])
@@ -69,9 +98,19 @@ def test_steady_period_uses_step_ends_of_the_last_rank():
 
     def opt(pid, end):
         return {"ph": "X", "name": "optimizer", "cat": "compute", "pid": pid, "ts": end - 10, "dur": 10}
-    trace = {"traceEvents": [opt(0, 100), opt(0, 300), opt(0, 500), opt(1, 150), opt(1, 330), opt(1, 560),
-                             {"ph": "X", "name": "all-reduce", "cat": "comm", "pid": 1, "ts": 400, "dur": 40},
-                             {"ph": "X", "name": "wait", "cat": "wait", "pid": 1, "ts": 50, "dur": 40}]}
+
+    trace = {
+        "traceEvents": [
+            opt(0, 100),
+            opt(0, 300),
+            opt(0, 500),
+            opt(1, 150),
+            opt(1, 330),
+            opt(1, 560),
+            {"ph": "X", "name": "all-reduce", "cat": "comm", "pid": 1, "ts": 400, "dur": 40},
+            {"ph": "X", "name": "wait", "cat": "wait", "pid": 1, "ts": 50, "dur": 40},
+        ]
+    }
     assert b.steady_period(trace, 1) == pytest.approx((560 - 150) / 2 / 1e6)
     t = b.rank_times(trace, 1)
     assert t[1]["allreduce"] == pytest.approx(20e-6) and t[1]["wait"] == 0.0  # the wait was in warm-up
@@ -96,12 +135,22 @@ def test_planning_cluster_carries_the_probed_allreduce_fit():
     from gpp_solver.formats.cluster import cluster_from_dict
 
     b = _bench()
-    probed = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 8e9, "devices_per_node": 2,
-                                "inter_node_bandwidth": 1e9, "latency": 5e-5, "allreduce_bandwidth": 4e8,
-                                "allreduce_latency": 2e-4})
+    probed = cluster_from_dict(
+        {
+            "format": "gpp-cluster/1",
+            "devices": 2,
+            "memory_bytes": 8e9,
+            "devices_per_node": 2,
+            "inter_node_bandwidth": 1e9,
+            "latency": 5e-5,
+            "allreduce_bandwidth": 4e8,
+            "allreduce_latency": 2e-4,
+        }
+    )
     c = cluster_from_dict(b.planning_cluster(probed, 1, "cpu"))
     assert (c.devices, c.memory_bytes, c.allreduce_bandwidth, c.allreduce_latency) == (1, 8e9, 4e8, 2e-4)
     assert cluster_from_dict(b.planning_cluster(probed, 2, "emulated")).memory_bytes == 1e15
-    plain = cluster_from_dict(b.planning_cluster(probed.with_(allreduce_bandwidth=None, allreduce_latency=0.0), 2,
-                                                 "cpu"))
+    plain = cluster_from_dict(
+        b.planning_cluster(probed.with_(allreduce_bandwidth=None, allreduce_latency=0.0), 2, "cpu")
+    )
     assert plain.allreduce_bandwidth is None and plain.allreduce_latency == 0.0

@@ -23,18 +23,50 @@ SEARCH = gs.SearchInfo(0.0, "feasible")
 def five_stage(seed: int, B: int = 8, memory: float = 1e6):
     """a -> (b, c -> d) -> e, one node per stage, random times and micro-batch sizes."""
     rng = random.Random(seed)
-    nodes = [{"id": x, "fw_time": [t, 1.5 * t], "bw_time": [2 * t, 3 * t], "weight_bytes": 100.0,
-              "activation_bytes": 10.0, "output_bytes": 5.0}
-             for x, t in zip("abcde", (rng.choice([0.5, 1.0, 2.0, 4.0]) for _ in range(5)))]
-    graph = gs.graph_from_dict({"name": f"five{seed}", "micro_batch_sizes": [1, 2], "nodes": nodes, "edges": [
-        {"src": "a", "dst": "b"}, {"src": "a", "dst": "c"}, {"src": "c", "dst": "d"},
-        {"src": "b", "dst": "e"}, {"src": "d", "dst": "e"}]})
-    cluster = gs.cluster_from_dict({"devices": 5, "memory_bytes": memory, "devices_per_node": 2,
-                                    "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0,
-                                    "latency": 0.01})
+    nodes = [
+        {
+            "id": x,
+            "fw_time": [t, 1.5 * t],
+            "bw_time": [2 * t, 3 * t],
+            "weight_bytes": 100.0,
+            "activation_bytes": 10.0,
+            "output_bytes": 5.0,
+        }
+        for x, t in zip("abcde", (rng.choice([0.5, 1.0, 2.0, 4.0]) for _ in range(5)))
+    ]
+    graph = gs.graph_from_dict(
+        {
+            "name": f"five{seed}",
+            "micro_batch_sizes": [1, 2],
+            "nodes": nodes,
+            "edges": [
+                {"src": "a", "dst": "b"},
+                {"src": "a", "dst": "c"},
+                {"src": "c", "dst": "d"},
+                {"src": "b", "dst": "e"},
+                {"src": "d", "dst": "e"},
+            ],
+        }
+    )
+    cluster = gs.cluster_from_dict(
+        {
+            "devices": 5,
+            "memory_bytes": memory,
+            "devices_per_node": 2,
+            "intra_node_bandwidth": 1000.0,
+            "inter_node_bandwidth": 100.0,
+            "latency": 0.01,
+        }
+    )
     bs = [rng.choice([1, 2]) for _ in range(5)]
-    plan = gs.build_plan(graph, cluster, [StageSpec((x,), (i,), bs[i]) for i, x in enumerate("abcde")], B,
-                         planner="manual", search=SEARCH)
+    plan = gs.build_plan(
+        graph,
+        cluster,
+        [StageSpec((x,), (i,), bs[i]) for i, x in enumerate("abcde")],
+        B,
+        planner="manual",
+        search=SEARCH,
+    )
     return plan, graph, cluster
 
 
@@ -42,8 +74,9 @@ def five_stage(seed: int, B: int = 8, memory: float = 1e6):
 def diamond_plan(diamond, cluster_dict):
     graph = gs.graph_from_dict(diamond)
     cluster = gs.cluster_from_dict(cluster_dict)
-    plan = gs.build_plan(graph, cluster, [StageSpec((v,), (i,), 2) for i, v in enumerate("abcd")], 8,
-                         planner="manual", search=SEARCH)
+    plan = gs.build_plan(
+        graph, cluster, [StageSpec((v,), (i,), 2) for i, v in enumerate("abcd")], 8, planner="manual", search=SEARCH
+    )
     return plan, graph, cluster
 
 
@@ -73,8 +106,8 @@ def test_model_shape_without_solving(diamond_plan):
 def test_memory_limit_is_the_validators(diamond_plan):
     plan, graph, cluster = diamond_plan
     # weights 4*100 = 400 B; activations 10 B per sample on one device: (1e6 - 400) / 10 samples fit
-    assert max_in_flight_micro_batches(plan, graph, cluster) == {s.id: 4 for s in plan.stages}   # capped at n
-    tight = cluster.with_(memory_bytes=400 + 10 * 4)   # 4 samples = 2 micro-batches of 2
+    assert max_in_flight_micro_batches(plan, graph, cluster) == {s.id: 4 for s in plan.stages}  # capped at n
+    tight = cluster.with_(memory_bytes=400 + 10 * 4)  # 4 samples = 2 micro-batches of 2
     assert max_in_flight_micro_batches(plan, graph, tight) == {s.id: 2 for s in plan.stages}
     assert max_in_flight_micro_batches(plan, graph, cluster.with_(memory_bytes=405)) == {s.id: 0 for s in plan.stages}
 
@@ -98,13 +131,22 @@ def test_verify_rejects_memory_and_deadlock(diamond_plan):
     gpipe = {s.id: tuple([("F", j) for j in range(4)] + [("B", j) for j in range(4)]) for s in plan.stages}
     ok = verify_orders(plan, graph, cluster, orders=gpipe)
     assert ok.feasible
-    tight = cluster.with_(memory_bytes=400 + 10 * 4)          # two micro-batches of 2 per stage
+    tight = cluster.with_(memory_bytes=400 + 10 * 4)  # two micro-batches of 2 per stage
     bad = verify_orders(plan, graph, tight, orders=gpipe)
     assert not bad.feasible and bad.status == "INFEASIBLE" and "stage 0 holds 4 micro-batches" in bad.reason
-    with pytest.raises(gs.InvalidPlanError):                    # the validator agrees
-        gs.validate(gs.build_plan(graph, tight, [StageSpec((v,), (i,), 2, order=gpipe[i])
-                                                 for i, v in enumerate("abcd")], 8, planner="m", search=SEARCH),
-                    graph, tight)
+    with pytest.raises(gs.InvalidPlanError):  # the validator agrees
+        gs.validate(
+            gs.build_plan(
+                graph,
+                tight,
+                [StageSpec((v,), (i,), 2, order=gpipe[i]) for i, v in enumerate("abcd")],
+                8,
+                planner="m",
+                search=SEARCH,
+            ),
+            graph,
+            tight,
+        )
     dead = dict(gpipe)
     dead[0] = (("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3))
     res = verify_orders(plan, graph, cluster, orders=dead)
@@ -121,7 +163,7 @@ def test_tighten_never_worse_and_valid(seed):
     gs.validate(r.plan, graph, cluster)
     assert r.plan.predicted.iteration_time == pytest.approx(r.makespan_after)
     assert r.improved == (r.plan is not plan)
-    if r.status == "OPTIMAL":   # proven for tick-rounded durations: the float optimum is within ticks
+    if r.status == "OPTIMAL":  # proven for tick-rounded durations: the float optimum is within ticks
         actions = 2 * sum(plan.mini_batch_size // s.micro_batch_size for s in plan.stages)
         assert r.makespan_after <= r.lower_bound + actions * r.unit
 
@@ -137,15 +179,17 @@ def test_tighten_improves_unequal_micro_batches():
 
 def test_tighten_respects_memory_and_fixes_an_overfull_plan(diamond_plan):
     plan, graph, cluster = diamond_plan
-    tight = cluster.with_(memory_bytes=400 + 10 * 2)   # one micro-batch of 2 per stage
-    gpipe = [StageSpec((v,), (i,), 2, order=tuple([("F", j) for j in range(4)] + [("B", j) for j in range(4)]))
-             for i, v in enumerate("abcd")]
+    tight = cluster.with_(memory_bytes=400 + 10 * 2)  # one micro-batch of 2 per stage
+    gpipe = [
+        StageSpec((v,), (i,), 2, order=tuple([("F", j) for j in range(4)] + [("B", j) for j in range(4)]))
+        for i, v in enumerate("abcd")
+    ]
     over = gs.build_plan(graph, tight, gpipe, 8, planner="m", search=SEARCH)
     r = tighten(over, graph, tight, time_limit=2.0)
     assert r.improved and r.status == "OPTIMAL"
     gs.validate(r.plan, graph, tight)
     assert all(s.in_flight_samples == 2 for s in r.plan.stages)
-    assert r.makespan_after >= r.makespan_before       # slower than the overfull orders, but it fits
+    assert r.makespan_after >= r.makespan_before  # slower than the overfull orders, but it fits
 
 
 @pytest.mark.parametrize("seed", [2, 7])
@@ -165,7 +209,7 @@ def test_memory_phase_keeps_makespan_and_lowers_memory(seed):
 @pytest.mark.parametrize("seed", [2, 4, 5])
 def test_memory_forms_agree(seed):
     """Precedences F(j + K) after B(j) and a cumulative over live ranges give the same optimum."""
-    plan, graph, cluster = five_stage(seed, B=4, memory=400 + 10 * 2)   # 2 samples in flight at most
+    plan, graph, cluster = five_stage(seed, B=4, memory=400 + 10 * 2)  # 2 samples in flight at most
     opt = {}
     for form in ("precedence", "cumulative"):
         model, v = build_schedule_model(plan, graph, cluster, memory_form=form, unit=1e-3)
@@ -173,7 +217,7 @@ def test_memory_forms_agree(seed):
         assert opt[form].status == "OPTIMAL"
         for s in plan.stages:
             assert gs.cost.in_flight_from_order(opt[form].orders[s.id], s.micro_batch_size) <= 2
-        assert min(v.data.max_in_flight.values()) < 4    # the limit binds somewhere
+        assert min(v.data.max_in_flight.values()) < 4  # the limit binds somewhere
     assert opt["precedence"].objective_ticks == opt["cumulative"].objective_ticks
 
 

@@ -36,15 +36,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cluster(devices: int, per_node: int | None = 8) -> Cluster:
-    return Cluster(devices=devices, memory_bytes=16 * 2**30, devices_per_node=per_node, intra_node_bandwidth=150e9,
-                   inter_node_bandwidth=12.5e9, latency=5e-6)
+    return Cluster(
+        devices=devices,
+        memory_bytes=16 * 2**30,
+        devices_per_node=per_node,
+        intra_node_bandwidth=150e9,
+        inter_node_bandwidth=12.5e9,
+        latency=5e-6,
+    )
 
 
 def _transformer(layers: int):
     return build_model("transformer", layers=layers)
 
 
-CASES = {   # planner -> (graph, cluster, B, limit, options)
+CASES = {  # planner -> (graph, cluster, B, limit, options)
     "graphpipe": (lambda: build_model("mmt", branches=16, layers=16), lambda: cluster(1024), 16384, 2.0, {}),
     "graphpipe-per-stage": (lambda: _transformer(24), lambda: cluster(64), 128, 1.0, {"per_stage_micro_batch": True}),
     "pipedream": (lambda: _transformer(96), lambda: cluster(1024), 128, 1.0, {}),
@@ -67,7 +73,7 @@ def test_planner_stops_at_its_time_limit(name):
         plan = fn(g, c, B, time_limit=limit, **options)
     except TimeLimitError:
         plan = None
-    except SolverError as exc:          # the MILP's solver stopped before any plan
+    except SolverError as exc:  # the MILP's solver stopped before any plan
         assert "time limit" in str(exc)
         plan = None
     wall = time.perf_counter() - t0
@@ -107,8 +113,14 @@ print(json.dumps(out))
 
 
 def _probe(devices: int) -> dict:
-    res = subprocess.run([sys.executable, "-c", _PROBE, str(devices)], capture_output=True, text=True, timeout=300,
-                         cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(devices)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": ""},
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -121,7 +133,7 @@ def test_a_million_devices_cost_what_a_thousand_do():
     for name in small:
         a, b = small[name], huge[name]
         assert b["status"] == a["status"] and b["status"] != "time-limit", (name, a, b)
-        assert b["used"] <= b["usable"], (name, b)         # at most a stage per node, b replicas each
+        assert b["used"] <= b["usable"], (name, b)  # at most a stage per node, b replicas each
         assert b["seconds"] <= 3 * a["seconds"] + 1.0, (name, a, b)
-    peak = lambda run: max(v["rss"] for v in run.values())      # noqa: E731 — the process's high-water mark
+    peak = lambda run: max(v["rss"] for v in run.values())  # noqa: E731 — the process's high-water mark
     assert peak(huge) <= peak(small) + 100e6, (small, huge)

@@ -12,8 +12,13 @@ from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.workloads import build_model
 
-CASES = [("mmt", 8, 128), ("transformer", 16, 256), ("dlrm", 8, 512), ("candle-uno", 4, 4096),
-         ("transformer", 64, 1024)]
+CASES = [
+    ("mmt", 8, 128),
+    ("transformer", 16, 256),
+    ("dlrm", 8, 512),
+    ("candle-uno", 4, 4096),
+    ("transformer", 64, 1024),
+]
 
 
 @pytest.mark.parametrize("name,devices,B", CASES)
@@ -26,6 +31,7 @@ def test_pruned_sweep_picks_the_same_plan(name: str, devices: int, B: int, monke
         out = real(*args, **kwargs)
         asked.append((list(args[5]), out))
         return out
+
     monkeypatch.setattr(uniform, "_least_useful_depths", spy)
     got = plan_graphpipe(graph, cluster, B)
     monkeypatch.setattr(uniform, "_least_useful_depths", lambda *a, **k: {b: 1 for b in a[5]})
@@ -57,6 +63,7 @@ def test_pruning_leaves_out_hopeless_pairs() -> None:
     dp = StageDP(graph, cluster, B)
     sizes = [1, 2, 4, 8, 16, 32, 64]
     plan = plan_graphpipe(graph, cluster, B)
-    out = uniform._least_useful_depths(graph, cluster, B, dp.decomposition, dp, sizes,
-                                       plan.predicted.iteration_time, 8, None)
+    out = uniform._least_useful_depths(
+        graph, cluster, B, dp.decomposition, dp, sizes, plan.predicted.iteration_time, 8, None
+    )
     assert sum(max(0, 9 - out.get(b, 9)) for b in sizes) < 8 * len(sizes)

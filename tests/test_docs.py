@@ -10,19 +10,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "data" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SOURCES = [p for pattern in ("*.py", "*.md", "*.ipynb", "*.toml")
-           for p in ROOT.rglob(pattern) if ".git" not in p.parts and ".venv" not in p.parts
-           and not any(part.endswith(".egg-info") for part in p.parts)]
+SOURCES = [
+    p
+    for pattern in ("*.py", "*.md", "*.ipynb", "*.toml")
+    for p in ROOT.rglob(pattern)
+    if ".git" not in p.parts and ".venv" not in p.parts and not any(part.endswith(".egg-info") for part in p.parts)
+]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_links_and_named_files_exist(doc):
     """Markdown links, and backquoted repository paths (``docs/x.md``, ``data/...``), resolve."""
     text = doc.read_text()
-    targets = [(doc.parent / t.split("#")[0]) for t in re.findall(r"\]\(([^)#][^)]*)\)", text)
-               if not t.startswith(("http://", "https://"))]
-    targets += [ROOT / t for t in re.findall(r"`((?:docs|data|benchmarks|examples|tests|runtime|gpp_solver)/[\w./-]+)`",
-                                               text) if "*" not in t]
+    targets = [
+        (doc.parent / t.split("#")[0])
+        for t in re.findall(r"\]\(([^)#][^)]*)\)", text)
+        if not t.startswith(("http://", "https://"))
+    ]
+    targets += [
+        ROOT / t
+        for t in re.findall(r"`((?:docs|data|benchmarks|examples|tests|runtime|gpp_solver)/[\w./-]+)`", text)
+        if "*" not in t
+    ]
     missing = sorted({str(t) for t in targets if not t.resolve().exists()})
     assert not missing, missing
 
@@ -53,8 +62,11 @@ def test_published_profiles_carry_their_licences():
 HISTORY = re.compile(r"\b[Ii]ssue \d+|\bthis turn\b|\bsession \d+\b|\buntil this\b|\bbefore this (change|turn|work)\b")
 
 
-@pytest.mark.parametrize("path", [p for p in SOURCES if p.suffix in (".py", ".ipynb")] + [ROOT / "README.md"],
-                         ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    [p for p in SOURCES if p.suffix in (".py", ".ipynb")] + [ROOT / "README.md"],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_no_history_in_code_or_readme(path):
     """History lives in git: no issue numbers or 'until this turn' in the code, its comments or README."""
     if path == Path(__file__):
@@ -66,6 +78,7 @@ def test_no_history_in_code_or_readme(path):
 def _resolve(dotted: str) -> object:
     """Import the longest module prefix of ``dotted`` and get the rest as attributes."""
     import importlib
+
     parts = dotted.split(".")
     for i in range(len(parts), 0, -1):
         try:
@@ -78,7 +91,9 @@ def _resolve(dotted: str) -> object:
     raise ModuleNotFoundError(dotted)
 
 
-NAMES = sorted({n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())})
+NAMES = sorted(
+    {n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())}
+)
 
 
 @pytest.mark.parametrize("name", NAMES)

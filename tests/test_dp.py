@@ -35,16 +35,35 @@ def random_instance(rng: random.Random):
         f1 = rng.uniform(0.5, 3.0)
         fw = [f1, f1 * rng.uniform(1.0, 2.0), 0.0]
         fw[2] = fw[1] * rng.uniform(1.0, 2.0)
-        nodes.append({"id": v, "fw_time": fw, "bw_time": [2 * x for x in fw],
-                      "weight_bytes": rng.choice([0.0, rng.uniform(10, 200)]),
-                      "activation_bytes": rng.uniform(0, 50), "output_bytes": rng.uniform(1, 30)})
-    graph = graph_from_dict({"name": "rand", "micro_batch_sizes": sizes, "nodes": nodes,
-                             "edges": [{"src": names[a], "dst": names[b]} for a, b in sorted(edges)]})
+        nodes.append(
+            {
+                "id": v,
+                "fw_time": fw,
+                "bw_time": [2 * x for x in fw],
+                "weight_bytes": rng.choice([0.0, rng.uniform(10, 200)]),
+                "activation_bytes": rng.uniform(0, 50),
+                "output_bytes": rng.uniform(1, 30),
+            }
+        )
+    graph = graph_from_dict(
+        {
+            "name": "rand",
+            "micro_batch_sizes": sizes,
+            "nodes": nodes,
+            "edges": [{"src": names[a], "dst": names[b]} for a, b in sorted(edges)],
+        }
+    )
     D = rng.randint(1, 4)
     dpn = rng.choice([None, 1, 2, 4])
-    cluster = Cluster(devices=D, memory_bytes=rng.uniform(300, 3000), devices_per_node=dpn,
-                      intra_node_bandwidth=rng.uniform(50, 200), inter_node_bandwidth=rng.uniform(5, 50),
-                      latency=rng.choice([0.0, 0.05]), optimizer_state_factor=rng.choice([1.0, 4.0]))
+    cluster = Cluster(
+        devices=D,
+        memory_bytes=rng.uniform(300, 3000),
+        devices_per_node=dpn,
+        intra_node_bandwidth=rng.uniform(50, 200),
+        inter_node_bandwidth=rng.uniform(5, 50),
+        latency=rng.choice([0.0, 0.05]),
+        optimizer_state_factor=rng.choice([1.0, 4.0]),
+    )
     B = rng.choice([4, 8])
     b = rng.choice([x for x in (1, 2, 4) if B % x == 0])
     return graph, cluster, B, b
@@ -79,7 +98,7 @@ def _chain_parts(kids, shared, is_series):
             def shared_stage(core, heads, a, c):
                 """``core`` (branches a..c's part) joins children p+1..q; the other branches before/after."""
                 before = _chain_parts(list(branches[:a]), shared, False) if a else [[]]
-                after = _chain_parts(list(branches[c + 1:]), shared, False) if c + 1 < len(branches) else [[]]
+                after = _chain_parts(list(branches[c + 1 :]), shared, False) if c + 1 < len(branches) else [[]]
                 for q in range(p + 1, len(kids)):
                     X = core | frozenset().union(*(_leaves_of(kids[x]) for x in range(p + 1, q + 1)))
                     for h in heads:
@@ -87,14 +106,14 @@ def _chain_parts(kids, shared, is_series):
                             for b2 in after:
                                 rec(q + 1, acc + [X] + h + b1 + b2)
 
-            for i, br in enumerate(branches):     # one branch's tail keeps the sink
+            for i, br in enumerate(branches):  # one branch's tail keeps the sink
                 parts = list(br.children) if isinstance(br, Series) else [br]
                 for u in range(len(parts)):
                     tail = frozenset().union(*(_leaves_of(x) for x in parts[u:]))
                     shared_stage(tail, _chain_parts(parts[:u], shared, True) if u else [[]], i, i)
-            for a in range(len(branches)):         # a group of whole branches keeps the sink
+            for a in range(len(branches)):  # a group of whole branches keeps the sink
                 for c in range(a + 1, len(branches)):
-                    shared_stage(frozenset().union(*(_leaves_of(x) for x in branches[a:c + 1])), [[]], a, c)
+                    shared_stage(frozenset().union(*(_leaves_of(x) for x in branches[a : c + 1])), [[]], a, c)
 
     rec(0, [])
     return out
@@ -114,8 +133,7 @@ def stage_estimate(graph, cluster, nodes, b, d, B):
     """The DP's documented upper-bound estimate, written out directly."""
     x = b / d
     sizes = graph.micro_batch_sizes
-    C = sum(interp_time(graph.node(v).fw_time, sizes, x) + interp_time(graph.node(v).bw_time, sizes, x)
-            for v in nodes)
+    C = sum(interp_time(graph.node(v).fw_time, sizes, x) + interp_time(graph.node(v).bw_time, sizes, x) for v in nodes)
     incoming: dict[str, float] = {}
     out_cnt, out_bytes = 0, 0.0
     for (u, v), nb in graph.edge_bytes_map.items():
@@ -144,8 +162,10 @@ def brute_force(graph, cluster, B, b, tree, shared_sinks=False):
     best = None
     for part in partitions(tree, shared_sinks):
         k = len(part)
-        after = {i: [j for j in range(k) if j != i and any((u, v) in pairs for u in part[i] for v in part[j])]
-                 for i in range(k)}
+        after = {
+            i: [j for j in range(k) if j != i and any((u, v) in pairs for u in part[i] for v in part[j])]
+            for i in range(k)
+        }
         depth: dict[int, int] = {}
 
         def dep(i, depth=depth, after=after):
@@ -166,8 +186,7 @@ def brute_force(graph, cluster, B, b, tree, shared_sinks=False):
         if any(not o for o in options):
             continue
         for t in sorted({tp for o in options for tp, _ in o}):
-            need = sum(min(d for tp, d in o if tp <= t) if any(tp <= t for tp, _ in o) else 10**9
-                       for o in options)
+            need = sum(min(d for tp, d in o if tp <= t) if any(tp <= t for tp, _ in o) else 10**9 for o in options)
             if need <= cluster.devices:
                 best = t if best is None else min(best, t)
                 break
@@ -208,8 +227,13 @@ def test_min_devices_is_monotone_in_target() -> None:
 
 def test_assign_devices_aligns_power_of_two_groups() -> None:
     from gpp_solver.planners.graphpipe.dp_stage import DPStage
-    stages = [DPStage(("a",), 1, 1, 0.0, 0), DPStage(("b",), 4, 1, 0.0, 1), DPStage(("c",), 2, 1, 0.0, 2),
-              DPStage(("d",), 1, 1, 0.0, 3)]
+
+    stages = [
+        DPStage(("a",), 1, 1, 0.0, 0),
+        DPStage(("b",), 4, 1, 0.0, 1),
+        DPStage(("c",), 2, 1, 0.0, 2),
+        DPStage(("d",), 1, 1, 0.0, 3),
+    ]
     devs = assign_devices(stages, 4)
     assert devs[1] == (0, 1, 2, 3) and devs[2] == (4, 5) and devs[0] == (6,) and devs[3] == (7,)
     for s, d in zip(stages, devs):
@@ -220,11 +244,30 @@ def test_assign_devices_aligns_power_of_two_groups() -> None:
 def test_parallel_branches_get_their_own_stages() -> None:
     """Two heavy independent branches joined by a free node; five devices: the branches run side by
     side in four stages of TPS 3, depth 3 (a sequential pipeline of the same cut would be 5 deep)."""
-    nodes = [{"id": v, "fw_time": [1.0 if v != "j" else 0.0], "bw_time": [2.0 if v != "j" else 0.0],
-              "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 0} for v in ("a1", "a2", "b1", "b2", "j")]
-    g = graph_from_dict({"name": "two", "micro_batch_sizes": [1], "nodes": nodes,
-                         "edges": [{"src": "a1", "dst": "a2"}, {"src": "b1", "dst": "b2"},
-                                   {"src": "a2", "dst": "j"}, {"src": "b2", "dst": "j"}]})
+    nodes = [
+        {
+            "id": v,
+            "fw_time": [1.0 if v != "j" else 0.0],
+            "bw_time": [2.0 if v != "j" else 0.0],
+            "weight_bytes": 0,
+            "activation_bytes": 0,
+            "output_bytes": 0,
+        }
+        for v in ("a1", "a2", "b1", "b2", "j")
+    ]
+    g = graph_from_dict(
+        {
+            "name": "two",
+            "micro_batch_sizes": [1],
+            "nodes": nodes,
+            "edges": [
+                {"src": "a1", "dst": "a2"},
+                {"src": "b1", "dst": "b2"},
+                {"src": "a2", "dst": "j"},
+                {"src": "b2", "dst": "j"},
+            ],
+        }
+    )
     c = Cluster(devices=5, memory_bytes=1e9, inter_node_bandwidth=1.0)
     res = search_tps(StageDP(g, c, 4, shared_sinks=False), 1)
     assert res is not None and math.isclose(res.tps, 3.0)
@@ -246,11 +289,14 @@ def test_a_group_of_whole_branches_keeps_the_shared_sink() -> None:
     the sink) and each heavy operator gets a device: TPS 3.  With one branch's tail at most, the
     best is 4.5 (the join rides with the heavy branch's last operator)."""
     times = {"a1": (1.0, 2.0), "a2": (1.0, 2.0), "b": (0.25, 0.5), "c": (0.25, 0.5), "j": (0.5, 1.0)}
-    nodes = [{"id": v, "fw_time": [f], "bw_time": [g], "weight_bytes": 0, "activation_bytes": 0,
-              "output_bytes": 0} for v, (f, g) in times.items()]
+    nodes = [
+        {"id": v, "fw_time": [f], "bw_time": [g], "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 0}
+        for v, (f, g) in times.items()
+    ]
     edges = [("a1", "a2"), ("a2", "j"), ("b", "j"), ("c", "j")]
-    g = graph_from_dict({"name": "group", "micro_batch_sizes": [1], "nodes": nodes,
-                         "edges": [{"src": u, "dst": v} for u, v in edges]})
+    g = graph_from_dict(
+        {"name": "group", "micro_batch_sizes": [1], "nodes": nodes, "edges": [{"src": u, "dst": v} for u, v in edges]}
+    )
     c3 = Cluster(devices=3, memory_bytes=1e9, inter_node_bandwidth=1.0)
     res = search_tps(StageDP(g, c3, 4), 1)
     assert res is not None and math.isclose(res.tps, 3.0)
@@ -270,6 +316,7 @@ def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
         devices_by_depth,
         devices_from_thresholds,
     )
+
     graph, cluster, B, b = random_instance(random.Random(500 + seed))
     dp = StageDP(graph, cluster, B)
     tb = dp.tables(b)
@@ -282,6 +329,7 @@ def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(30))
 def test_a_pass_bounded_in_depth_gives_the_same_answers_up_to_its_bound(seed: int) -> None:
     import numpy as np
+
     graph, cluster, B, b = random_instance(random.Random(700 + seed))
     dp = StageDP(graph, cluster, B)
     cands = dp.candidates(b)
@@ -292,7 +340,7 @@ def test_a_pass_bounded_in_depth_gives_the_same_answers_up_to_its_bound(seed: in
     for E in range(1, dp.E):
         small = dp.probe([(b, t) for t in targets], E=E)
         assert small.devices.shape[1] == E + 1
-        assert np.array_equal(np.minimum(small.devices, 10**9), np.minimum(full.devices[:, :E + 1], 10**9))
+        assert np.array_equal(np.minimum(small.devices, 10**9), np.minimum(full.devices[:, : E + 1], 10**9))
         for i in range(len(targets)):
             if small.devices[i, E] <= dp.D:
                 st = dp.traceback(small, i)

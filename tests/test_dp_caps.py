@@ -34,12 +34,12 @@ def deep_instance(rng: random.Random):
     """A chain (with a few skip edges, or parallel blocks joined by a shared sink and followed by a
     chain) of up to ~22 operators on up to 16 devices, memory tight enough that stages fit only
     down to various depths."""
-    if rng.random() < 0.5:          # a chain, maybe with skip edges
+    if rng.random() < 0.5:  # a chain, maybe with skip edges
         n = rng.randint(2, 14)
         edges = {(i, i + 1) for i in range(n - 1)}
         if rng.random() < 0.5:
             edges |= set(random_dag_edges(rng, n, 0.15, 0.2))
-    else:                           # blocks of parallel branches joined by a sink, then a chain tail
+    else:  # blocks of parallel branches joined by a sink, then a chain tail
         edges, n = set(), 1
         for _ in range(rng.randint(1, 2)):
             src, ends = n - 1, []
@@ -61,15 +61,34 @@ def deep_instance(rng: random.Random):
         fw = [f1, f1 * rng.uniform(1.0, 2.0), 0.0, 0.0]
         fw[2] = fw[1] * rng.uniform(1.0, 2.0)
         fw[3] = fw[2] * rng.uniform(1.0, 2.0)
-        nodes.append({"id": v, "fw_time": fw, "bw_time": [2 * x for x in fw],
-                      "weight_bytes": rng.choice([0.0, rng.uniform(10, 100)]),
-                      "activation_bytes": rng.uniform(1, 40), "output_bytes": rng.uniform(1, 30)})
-    graph = graph_from_dict({"name": "deep", "micro_batch_sizes": [1, 2, 4, 8], "nodes": nodes,
-                             "edges": [{"src": names[a], "dst": names[b]} for a, b in sorted(edges)]})
+        nodes.append(
+            {
+                "id": v,
+                "fw_time": fw,
+                "bw_time": [2 * x for x in fw],
+                "weight_bytes": rng.choice([0.0, rng.uniform(10, 100)]),
+                "activation_bytes": rng.uniform(1, 40),
+                "output_bytes": rng.uniform(1, 30),
+            }
+        )
+    graph = graph_from_dict(
+        {
+            "name": "deep",
+            "micro_batch_sizes": [1, 2, 4, 8],
+            "nodes": nodes,
+            "edges": [{"src": names[a], "dst": names[b]} for a, b in sorted(edges)],
+        }
+    )
     D = rng.choice([4, 8, 16])
-    cluster = Cluster(devices=D, memory_bytes=rng.uniform(200, 3000), devices_per_node=rng.choice([None, 2, 4]),
-                      intra_node_bandwidth=rng.uniform(50, 200), inter_node_bandwidth=rng.uniform(5, 50),
-                      latency=rng.choice([0.0, 0.05]), optimizer_state_factor=rng.choice([1.0, 4.0]))
+    cluster = Cluster(
+        devices=D,
+        memory_bytes=rng.uniform(200, 3000),
+        devices_per_node=rng.choice([None, 2, 4]),
+        intra_node_bandwidth=rng.uniform(50, 200),
+        inter_node_bandwidth=rng.uniform(5, 50),
+        latency=rng.choice([0.0, 0.05]),
+        optimizer_state_factor=rng.choice([1.0, 4.0]),
+    )
     B = rng.choice([8, 16, 32])
     return graph, cluster, B
 
@@ -101,7 +120,7 @@ def test_capped_dp_equals_the_uncapped_dp(seed: int) -> None:
             C = dp.depth_cap(b, floor)
             assert C == min(dp.E, max(M1, floor))
             capped = dp.probe(pairs, saturate=floor)
-            big = np.minimum(full.devices, dp.D + 1)   # above D: infeasible (a deeper staging than E needs more)
+            big = np.minimum(full.devices, dp.D + 1)  # above D: infeasible (a deeper staging than E needs more)
             got = np.minimum(capped.devices, dp.D + 1)
             assert np.array_equal(got[:, dp.E], big[:, dp.E]), (b, floor, C)
             for i, (_, t) in enumerate(pairs):
@@ -149,12 +168,12 @@ def test_search_with_depth_caps_equals_the_search_without(seed: int, monkeypatch
     graph, cluster, B = deep_instance(random.Random(9800 + seed))
     sizes = [b for b in (1, 2, 4, 8) if B % b == 0]
     for max_bound, pre in ((None, 16), (1, 1), (3, 2), (None, 3)):
-        with monkeypatch.context() as m:     # the large-tree path: galloping, capped first phase,
-            m.setattr(StageDP, "LARGE_TABLE", 0)    # a preliminary search bounded to depth `pre`
+        with monkeypatch.context() as m:  # the large-tree path: galloping, capped first phase,
+            m.setattr(StageDP, "LARGE_TABLE", 0)  # a preliminary search bounded to depth `pre`
             m.setattr(binary_search, "PRE_DEPTH", pre)
             got = search_depths(StageDP(graph, cluster, B), sizes, max_bound=max_bound)
             nocap = search_many(StageDP(graph, cluster, B), sizes)
-        with monkeypatch.context() as m:     # the small-tree path: k-ary over every candidate, no cap
+        with monkeypatch.context() as m:  # the small-tree path: k-ary over every candidate, no cap
             m.setattr(StageDP, "LARGE_TABLE", 1 << 62)
             want = search_depths(StageDP(graph, cluster, B), sizes, max_bound=max_bound)
             plain = search_many(StageDP(graph, cluster, B), sizes)
@@ -163,5 +182,6 @@ def test_search_with_depth_caps_equals_the_search_without(seed: int, monkeypatch
             if plain[b] is not None:
                 assert (nocap[b].tps, nocap[b].stages) == (plain[b].tps, plain[b].stages)
         for b in sizes:
-            assert [(r.tps, r.stages, r.depth_bound) for r in got[b]] == \
-                   [(r.tps, r.stages, r.depth_bound) for r in want[b]], (b, max_bound)
+            assert [(r.tps, r.stages, r.depth_bound) for r in got[b]] == [
+                (r.tps, r.stages, r.depth_bound) for r in want[b]
+            ], (b, max_bound)

@@ -23,16 +23,16 @@ def test_tree_segments_counts_index_tree(name: str, kw: dict) -> None:
 
 
 def test_blocks_are_runs_of_operators() -> None:
-    graph = build_model("transformer", layers=12)           # one series of 38 operators
+    graph = build_model("transformer", layers=12)  # one series of 38 operators
     tree = decompose(graph).tree
     full, coarse = index_tree(tree), index_tree(tree, max_series_children=10)
     assert not full.blocks and coarse.blocks
     kind, kids = coarse.nodes[coarse.root[1]]
     assert len(kids) <= 10
-    assert coarse.leaf_order == full.leaf_order              # the same operators, in the same order
+    assert coarse.leaf_order == full.leaf_order  # the same operators, in the same order
     ranges = coarse.child_range[coarse.root[1]]
     assert ranges[0][0] == 0 and ranges[-1][1] == len(full.leaf_order)
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))        # contiguous, no gap
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, no gap
     assert sum(hi - lo for lo, hi in ranges if hi - lo > 1) == sum(coarse.blocks)
 
 
@@ -64,7 +64,8 @@ def test_coarsened_depth_bound_follows_memory(monkeypatch) -> None:
     """A coarsened space holds stage graphs ``COARSE_DEPTH`` deep, or twice the fewest stages a
     chain needs to hold the weights when that is more; the bound is never above the tree's own."""
     from dataclasses import replace
-    graph = build_model("transformer", layers=48)            # one series of 146 operators
+
+    graph = build_model("transformer", layers=48)  # one series of 146 operators
     monkeypatch.setattr(StageDP, "MAX_SEGMENTS", 100)
     monkeypatch.setattr(StageDP, "COARSE_CHILDREN", 60)
     monkeypatch.setattr(StageDP, "COARSE_DEPTH", 8)
@@ -72,7 +73,7 @@ def test_coarsened_depth_bound_follows_memory(monkeypatch) -> None:
     dp = StageDP(graph, cluster, 1024)
     assert dp.coarsened and dp.depth_limited and dp.E == 8
     weights = sum(n.weight_bytes for n in graph.nodes)
-    tight = replace(cluster, memory_bytes=cluster.optimizer_state_factor * weights / 9.5)   # 10 stages at least
+    tight = replace(cluster, memory_bytes=cluster.optimizer_state_factor * weights / 9.5)  # 10 stages at least
     dp = StageDP(graph, tight, 1024)
     assert dp.depth_limited and dp.E == 20
     plan = plan_graphpipe(graph, tight, 1024)

@@ -44,16 +44,33 @@ def tiny_instance(rng: random.Random):
         f1 = rng.uniform(0.5, 3.0)
         fw = [f1, f1 * rng.uniform(1.0, 2.0)]
         fw.append(fw[1] * rng.uniform(1.0, 2.0))
-        nodes.append({"id": f"v{i}", "fw_time": fw, "bw_time": [2 * x for x in fw],
-                      "weight_bytes": rng.choice([0.0, rng.uniform(5, 50)]),
-                      "activation_bytes": rng.choice([rng.uniform(0, 10), rng.uniform(10, 80)]),
-                      "output_bytes": rng.uniform(1, 30)})
-    graph = graph_from_dict({"name": "tiny", "micro_batch_sizes": list(SIZES), "nodes": nodes,
-                             "edges": [{"src": f"v{a}", "dst": f"v{b}"} for a, b in sorted(edges)]})
-    cluster = Cluster(devices=rng.randint(1, 3), memory_bytes=rng.uniform(60, 500),
-                      devices_per_node=rng.choice([None, 1, 2]), intra_node_bandwidth=rng.uniform(50, 200),
-                      inter_node_bandwidth=rng.uniform(5, 50), latency=rng.choice([0.0, 0.05]),
-                      optimizer_state_factor=rng.choice([1.0, 4.0]))
+        nodes.append(
+            {
+                "id": f"v{i}",
+                "fw_time": fw,
+                "bw_time": [2 * x for x in fw],
+                "weight_bytes": rng.choice([0.0, rng.uniform(5, 50)]),
+                "activation_bytes": rng.choice([rng.uniform(0, 10), rng.uniform(10, 80)]),
+                "output_bytes": rng.uniform(1, 30),
+            }
+        )
+    graph = graph_from_dict(
+        {
+            "name": "tiny",
+            "micro_batch_sizes": list(SIZES),
+            "nodes": nodes,
+            "edges": [{"src": f"v{a}", "dst": f"v{b}"} for a, b in sorted(edges)],
+        }
+    )
+    cluster = Cluster(
+        devices=rng.randint(1, 3),
+        memory_bytes=rng.uniform(60, 500),
+        devices_per_node=rng.choice([None, 1, 2]),
+        intra_node_bandwidth=rng.uniform(50, 200),
+        inter_node_bandwidth=rng.uniform(5, 50),
+        latency=rng.choice([0.0, 0.05]),
+        optimizer_state_factor=rng.choice([1.0, 4.0]),
+    )
     return graph, cluster
 
 
@@ -63,8 +80,9 @@ def _assignments(graph, cluster, tree, k_options):
     configs = [(b, k) for b in SIZES for k in k_options]
     for part in partitions(tree):
         m = len(part)
-        after = [[j for j in range(m) if j != i and any((u, v) in pairs for u in part[i] for v in part[j])]
-                 for i in range(m)]
+        after = [
+            [j for j in range(m) if j != i and any((u, v) in pairs for u in part[i] for v in part[j])] for i in range(m)
+        ]
         sg = nx.DiGraph()
         sg.add_nodes_from(range(m))
         sg.add_edges_from((i, j) for i in range(m) for j in after[i])
@@ -75,8 +93,9 @@ def _assignments(graph, cluster, tree, k_options):
             inflight = [0] * m
             for i in reversed(order):
                 b, k = assign[i]
-                inflight[i] = max((compute_in_flight(k, b, assign[j][1], assign[j][0], inflight[j])
-                                   for j in after[i]), default=k * b)
+                inflight[i] = max(
+                    (compute_in_flight(k, b, assign[j][1], assign[j][0], inflight[j]) for j in after[i]), default=k * b
+                )
             yield part, assign, inflight, W, A
 
 
@@ -97,10 +116,13 @@ def _fewest(options, devices):
 def sp_order_in_flight(stages, tree) -> list[int]:
     """Algorithm 2 (``schedule_stage_graph``) on the SP stage order, every ordered pair an edge."""
     pairs = order_pairs(tree)
-    succs = {i: [j for j, y in enumerate(stages) if j != i and any((u, v) in pairs for u in x.nodes for v in y.nodes)]
-             for i, x in enumerate(stages)}
-    out = schedule_stage_graph(succs, {i: s.micro_batch_size for i, s in enumerate(stages)},
-                               {i: s.k for i, s in enumerate(stages)})
+    succs = {
+        i: [j for j, y in enumerate(stages) if j != i and any((u, v) in pairs for u in x.nodes for v in y.nodes)]
+        for i, x in enumerate(stages)
+    }
+    out = schedule_stage_graph(
+        succs, {i: s.micro_batch_size for i, s in enumerate(stages)}, {i: s.k for i, s in enumerate(stages)}
+    )
     return [out[i][1] for i in range(len(stages))]
 
 
@@ -111,9 +133,13 @@ def brute_force(graph, cluster, tree, k_options=(1,)):
         options = []
         for i, s in enumerate(part):
             b = assign[i][0]
-            options.append([(stage_estimate(graph, cluster, s, b, d, B), d)
-                            for d in power_of_two_degrees(cluster.devices) if b % d == 0
-                            and _memory(cluster, W[i], A[i], b, inflight[i], d) <= cluster.memory_bytes])
+            options.append(
+                [
+                    (stage_estimate(graph, cluster, s, b, d, B), d)
+                    for d in power_of_two_degrees(cluster.devices)
+                    if b % d == 0 and _memory(cluster, W[i], A[i], b, inflight[i], d) <= cluster.memory_bytes
+                ]
+            )
         t = _fewest(options, cluster.devices)
         if t is not None and (best is None or t < best):
             best = t
@@ -124,9 +150,14 @@ def brute_force_min_memory(graph, cluster, tree):
     """Smallest memory per device with which some plan of the search space fits (any TPS)."""
     best = None
     for part, assign, inflight, W, A in _assignments(graph, cluster, tree, (1,)):
-        options = [[(_memory(cluster, W[i], A[i], assign[i][0], inflight[i], d), d)
-                    for d in power_of_two_degrees(cluster.devices) if assign[i][0] % d == 0]
-                   for i in range(len(part))]
+        options = [
+            [
+                (_memory(cluster, W[i], A[i], assign[i][0], inflight[i], d), d)
+                for d in power_of_two_degrees(cluster.devices)
+                if assign[i][0] % d == 0
+            ]
+            for i in range(len(part))
+        ]
         m = _fewest(options, cluster.devices)
         if m is not None and (best is None or m < best):
             best = m
@@ -163,7 +194,11 @@ def test_dp_equals_brute_force(seed: int) -> None:
         assert s.micro_batch_size % s.degree == 0 and s.k in k_options
     assert [s.in_flight_bound for s in res.stages] == sp_order_in_flight(res.stages, dec.tree)
     # never worse than one micro-batch size for all stages (the uniform DP's space is inside this one)
-    uniform = [r.tps for r in (search_tps(StageDP(graph, cluster, B, decomposition=dec, shared_sinks=False), b) for b in SIZES) if r]
+    uniform = [
+        r.tps
+        for r in (search_tps(StageDP(graph, cluster, B, decomposition=dec, shared_sinks=False), b) for b in SIZES)
+        if r
+    ]
     if uniform:
         assert res.tps <= min(uniform) * (1 + 1e-12)
 
@@ -172,10 +207,12 @@ def test_dp_equals_brute_force(seed: int) -> None:
 def test_planner_plans_are_valid_bounded_and_deterministic(seed: int) -> None:
     graph, cluster = tiny_instance(random.Random(700 + seed))
     try:
-        plan = plan_graphpipe(graph, cluster, B, micro_batch_sizes=SIZES, per_stage_micro_batch=True,
-                              search_k=seed % 3 == 0)
-    except Exception as exc:            # infeasible instances: the brute force must agree
+        plan = plan_graphpipe(
+            graph, cluster, B, micro_batch_sizes=SIZES, per_stage_micro_batch=True, search_k=seed % 3 == 0
+        )
+    except Exception as exc:  # infeasible instances: the brute force must agree
         from gpp_solver.errors import InfeasibleError
+
         assert isinstance(exc, InfeasibleError)
         assert brute_force(graph, cluster, decompose(graph).tree) is None
         return
@@ -191,8 +228,9 @@ def test_planner_plans_are_valid_bounded_and_deterministic(seed: int) -> None:
         assert st.in_flight_samples <= max(1, min(B // b, math.ceil(r["in_flight_bound"] / b))) * b
     exact = math.isclose(plan.predicted.time_per_sample, extra["dp_time_per_sample"], rel_tol=1e-9)
     assert (plan.search.status == "optimal-within-search-space") == exact
-    again = plan_graphpipe(graph, cluster, B, micro_batch_sizes=SIZES, per_stage_micro_batch=True,
-                           search_k=seed % 3 == 0)
+    again = plan_graphpipe(
+        graph, cluster, B, micro_batch_sizes=SIZES, per_stage_micro_batch=True, search_k=seed % 3 == 0
+    )
     a, b = plan_to_dict(plan), plan_to_dict(again)
     a["search"].pop("seconds")
     b["search"].pop("seconds")
@@ -210,13 +248,26 @@ def test_min_memory_equals_brute_force(seed: int) -> None:
 
 def _branch_graph() -> tuple:
     """Figure 5's idea: a source feeding two sink branches; branch ``heavy`` keeps big activations."""
+
     def node(v, f, act):
-        return {"id": v, "fw_time": f, "bw_time": [2 * x for x in f], "weight_bytes": 0.0,
-                "activation_bytes": act, "output_bytes": 1.0}
-    eff = [1.0, 1.1, 1.2]               # almost free to batch: b = 4 is ~3.3x cheaper per sample than b = 1
-    g = graph_from_dict({"name": "fig5", "micro_batch_sizes": [1, 2, 4],
-                         "nodes": [node("src", eff, 1.0), node("light", eff, 1.0), node("heavy", [0.2, 0.22, 0.24], 100.0)],
-                         "edges": [{"src": "src", "dst": "light"}, {"src": "src", "dst": "heavy"}]})
+        return {
+            "id": v,
+            "fw_time": f,
+            "bw_time": [2 * x for x in f],
+            "weight_bytes": 0.0,
+            "activation_bytes": act,
+            "output_bytes": 1.0,
+        }
+
+    eff = [1.0, 1.1, 1.2]  # almost free to batch: b = 4 is ~3.3x cheaper per sample than b = 1
+    g = graph_from_dict(
+        {
+            "name": "fig5",
+            "micro_batch_sizes": [1, 2, 4],
+            "nodes": [node("src", eff, 1.0), node("light", eff, 1.0), node("heavy", [0.2, 0.22, 0.24], 100.0)],
+            "edges": [{"src": "src", "dst": "light"}, {"src": "src", "dst": "heavy"}],
+        }
+    )
     c = Cluster(devices=3, memory_bytes=150.0, inter_node_bandwidth=1e6)
     return g, c
 

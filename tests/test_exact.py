@@ -53,9 +53,12 @@ def brute_force_iteration_time(graph, cluster, mini_batch_size) -> float:
             for counts in itertools.product(device_options(b, N), repeat=len(part)):
                 if sum(counts) > N:
                     continue
-                specs = [StageSpec(nodes=p, devices=r, micro_batch_size=b)
-                         for p, r in zip(part, contiguous_ranges(counts))]
-                plan = build_plan(graph, cluster, specs, mini_batch_size, planner="bf", search=SearchInfo(0, "feasible"))
+                specs = [
+                    StageSpec(nodes=p, devices=r, micro_batch_size=b) for p, r in zip(part, contiguous_ranges(counts))
+                ]
+                plan = build_plan(
+                    graph, cluster, specs, mini_batch_size, planner="bf", search=SearchInfo(0, "feasible")
+                )
                 if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
                     best = min(best, plan.predicted.iteration_time)
     return best

@@ -14,11 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 N = int(os.environ.get("GPP_FUZZ_EXAMPLES", "12"))
-SETTINGS = settings(max_examples=N, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=N,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
-ops = st.lists(st.tuples(st.integers(0, 10**4), st.sampled_from(F.OPS), st.integers(0, len(F.WEIRD) - 1)),
-               min_size=1, max_size=3)
+ops = st.lists(
+    st.tuples(st.integers(0, 10**4), st.sampled_from(F.OPS), st.integers(0, len(F.WEIRD) - 1)), min_size=1, max_size=3
+)
 raw = st.sampled_from(F.RAW)
 
 
@@ -28,16 +34,24 @@ def _run(command: str, which: str, o, r) -> None:
     assert out.problem is None, (command, which, o, r, out.problem, out.stderr[-500:])
 
 
-@pytest.mark.parametrize("command,which", [(c, w) for c in ("validate", "plan", "simulate")
-                                           for w in F.COMMANDS[c][0]])
+@pytest.mark.parametrize("command,which", [(c, w) for c in ("validate", "plan", "simulate") for w in F.COMMANDS[c][0]])
 @SETTINGS
 @given(o=ops, r=raw)
 def test_commands_keep_the_contract(command, which, o, r):
     _run(command, which, o, r)
 
 
-@pytest.mark.parametrize("command,which", [("show", "plan"), ("show", "cluster"), ("compare", "graph"),
-                                           ("compare", "cluster"), ("plan-gpp", "cluster"), ("plan-gpp", "graph")])
+@pytest.mark.parametrize(
+    "command,which",
+    [
+        ("show", "plan"),
+        ("show", "cluster"),
+        ("compare", "graph"),
+        ("compare", "cluster"),
+        ("plan-gpp", "cluster"),
+        ("plan-gpp", "graph"),
+    ],
+)
 @settings(SETTINGS, max_examples=max(3, N // 3))
 @given(o=ops, r=raw)
 def test_slower_commands_keep_the_contract(command, which, o, r):
@@ -62,8 +76,15 @@ weird = st.sampled_from([v for v in F.WEIRD if not isinstance(v, (list, dict))] 
 
 
 @SETTINGS
-@given(values=st.tuples(st.one_of(st.none(), weird), st.one_of(st.just("pipedream"), weird),
-                        st.one_of(st.none(), weird), st.one_of(st.none(), weird), st.one_of(st.none(), weird)))
+@given(
+    values=st.tuples(
+        st.one_of(st.none(), weird),
+        st.one_of(st.just("pipedream"), weird),
+        st.one_of(st.none(), weird),
+        st.one_of(st.none(), weird),
+        st.one_of(st.none(), weird),
+    )
+)
 def test_solve_arguments_are_checked(values):
     mini_batch_size, planner = values[0], values[1]
     if isinstance(mini_batch_size, int) and not isinstance(mini_batch_size, bool) and mini_batch_size > 64:
@@ -71,8 +92,9 @@ def test_solve_arguments_are_checked(values):
     assert F.run_arguments((mini_batch_size, planner, *values[2:])) is None
 
 
-scaled = st.lists(st.tuples(st.integers(0, 10**4), st.just("scale"), st.integers(0, len(F.SCALES) - 1)),
-                  min_size=1, max_size=3)
+scaled = st.lists(
+    st.tuples(st.integers(0, 10**4), st.just("scale"), st.integers(0, len(F.SCALES) - 1)), min_size=1, max_size=3
+)
 
 
 @pytest.mark.parametrize("command", ["plan", "plan-gpp", "simulate", "compare"])

@@ -56,9 +56,14 @@ def test_evaluator_matches_cost_model_and_plan_build(g, c):
             ev = P.evaluate(cand.assign, cand.devs)
             if ev is None:
                 continue
-            specs = [StageSpec(tuple(g.ids[u] for u in range(P.N) if cand.assign[u] == s),
-                               tuple(range(ev.offsets[s], ev.offsets[s] + cand.devs[s])), b)
-                     for s in range(len(cand.devs))]
+            specs = [
+                StageSpec(
+                    tuple(g.ids[u] for u in range(P.N) if cand.assign[u] == s),
+                    tuple(range(ev.offsets[s], ev.offsets[s] + cand.devs[s])),
+                    b,
+                )
+                for s in range(len(cand.devs))
+            ]
             costs = stage_costs(g, c, specs, B)
             for s, cost in enumerate(costs):
                 assert math.isclose(cost.time_per_sample, ev.tps[s], rel_tol=1e-9)
@@ -70,12 +75,27 @@ def test_evaluator_matches_cost_model_and_plan_build(g, c):
 
 
 def test_cyclic_stage_graph_is_rejected_by_the_evaluator():
-    g = gs.graph_from_dict({"name": "c3", "micro_batch_sizes": [1], "nodes": [
-        {"id": x, "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
-         "output_bytes": 1.0} for x in "abc"], "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "c"}]})
+    g = gs.graph_from_dict(
+        {
+            "name": "c3",
+            "micro_batch_sizes": [1],
+            "nodes": [
+                {
+                    "id": x,
+                    "fw_time": [1.0],
+                    "bw_time": [2.0],
+                    "weight_bytes": 1.0,
+                    "activation_bytes": 1.0,
+                    "output_bytes": 1.0,
+                }
+                for x in "abc"
+            ],
+            "edges": [{"src": "a", "dst": "b"}, {"src": "b", "dst": "c"}],
+        }
+    )
     c = Cluster(devices=2, memory_bytes=1e9, inter_node_bandwidth=1e9)
     P = Problem(g, c, 4, 2)
-    assert P.evaluate((0, 1, 0), (1, 1)) is None          # {a, c} is not convex: a cycle 0 -> 1 -> 0
+    assert P.evaluate((0, 1, 0), (1, 1)) is None  # {a, c} is not convex: a cycle 0 -> 1 -> 0
     assert P.evaluate((0, 0, 1), (1, 1)) is not None
 
 
@@ -92,7 +112,7 @@ def test_every_accepted_state_is_a_valid_plan(g, c):
         gs.validate(plan, g, c)
         assert math.isclose(plan.predicted.time_per_sample, res.ev.max_tps, rel_tol=1e-9)
         if prev is not None:
-            assert res.ev.key <= prev            # never worse than after fewer iterations
+            assert res.ev.key <= prev  # never worse than after fewer iterations
         prev = res.ev.key
         if res.stopped == "converged":
             break
@@ -107,6 +127,7 @@ def test_repartition_covers_every_two_stage_split_of_a_pair():
     for u in order[3:]:
         a[u] = 1
     from gpp_solver.planners.gpp.partition_eval import State
+
     cands = list(repartitions(P, State(tuple(a), (2, 2)), 0))
     assert cands and all(lbl == "repartition" for lbl, _ in cands)
     assert all(P.evaluate(st.assign, st.devs) is not None for _, st in cands)
@@ -170,8 +191,10 @@ def test_deterministic_under_a_fixed_seed_and_time_limit():
     g, c = instances(1, 23, sizes=(7,))[0]
     a = plan_gpp(g, c, 16, time_limit=30, seed=3)
     b = plan_gpp(g, c, 16, time_limit=30, seed=3)
+
     def strip(p):
         return {**gs.plan_to_dict(p), "search": None}
+
     assert strip(a) == strip(b)
     for k in ("seed_planner", "moves", "tps_before", "tps_after"):
         assert a.search.extra[k] == b.search.extra[k]
@@ -180,14 +203,14 @@ def test_deterministic_under_a_fixed_seed_and_time_limit():
 
 def test_status_and_record():
     g, c = instances(1, 31, sizes=(6,))[0]
-    p = plan_gpp(g, c, 16, exact=False, **_no_seeds())   # the local search's record (exact: test_exact.py)
+    p = plan_gpp(g, c, 16, exact=False, **_no_seeds())  # the local search's record (exact: test_exact.py)
     assert p.planner == "gpp"
     assert p.search.status == "feasible"
     ex = p.search.extra
     assert ex["tps_after"] == p.predicted.time_per_sample
     assert ex["seed_planner"].startswith(("chain", "uniform"))
     assert ex["moves"] >= ex["polish_moves"] >= 0
-    if ex["polish_moves"] == 0:          # the TPS search never raises the bottleneck; the polish may
+    if ex["polish_moves"] == 0:  # the TPS search never raises the bottleneck; the polish may
         assert ex["tps_after"] <= ex["tps_before"] * (1 + 1e-9)
     assert p.search.micro_batch_size == p.stages[0].micro_batch_size
 
@@ -204,6 +227,7 @@ def test_optimal_only_when_proven_by_the_exact_planner():
 
 def test_failing_or_missing_seed_planner_is_skipped(monkeypatch):
     from gpp_solver import planners
+
     monkeypatch.setitem(planners.REGISTRY, "boom", "gpp_solver.no_such_module:plan")
     monkeypatch.setitem(planners.REGISTRY, "raises", "tests_fake:plan")
     import sys
@@ -226,8 +250,7 @@ def test_failing_or_missing_seed_planner_is_skipped(monkeypatch):
 def test_memory_bound_forces_a_split_and_infeasible_reports_need():
     g, c = instances(1, 8, sizes=(6,))[0]
     w = sum(n.weight_bytes for n in g.nodes)
-    tight = Cluster(devices=4, memory_bytes=c.optimizer_state_factor * w * 0.6, inter_node_bandwidth=1e10,
-                    latency=1e-5)
+    tight = Cluster(devices=4, memory_bytes=c.optimizer_state_factor * w * 0.6, inter_node_bandwidth=1e10, latency=1e-5)
     try:
         p = plan_gpp(g, tight, 16, **_no_seeds())
     except InfeasibleError as exc:
@@ -251,7 +274,7 @@ def test_uniform_chain_seeds_cover_equal_degree_pipelines():
     for st in uni:
         assert len(set(st.devs)) == 1 and sum(st.devs) <= P.D
         assert len(st.devs) == min(P.D // st.devs[0], P.N)
-        assert P.evaluate(st.assign, st.devs) is not None          # prefix cuts of a topological order
+        assert P.evaluate(st.assign, st.devs) is not None  # prefix cuts of a topological order
 
 
 def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_the_run(monkeypatch):
@@ -278,7 +301,7 @@ def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_th
 
     def ok(graph, cluster, B, *, time_limit=None, **kw):
         seen["ok"] = time_limit
-        clock["skew"] += 0.3 * 5.0          # "takes" 30 % of the limit, within its own time_limit
+        clock["skew"] += 0.3 * 5.0  # "takes" 30 % of the limit, within its own time_limit
         return gp(graph, cluster, B)
 
     def cut(graph, cluster, B, *, time_limit=None, **kw):
@@ -293,8 +316,8 @@ def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_th
     p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok",), tighten=False)
     gs.validate(p, g, c)
     assert gpp_seeds.SEED_SAFETY_SHARE * 5.0 * 0.9 < seen["ok"] <= gpp_seeds.SEED_SAFETY_SHARE * 5.0 + 1e-9
-    assert p.search.extra["seeds"]["ok"]["status"] == gp(g, c, 16).search.status     # the seed's own
-    assert p.search.status in ("feasible", "optimal-iteration-time")   # not time-limit
+    assert p.search.extra["seeds"]["ok"]["status"] == gp(g, c, 16).search.status  # the seed's own
+    assert p.search.status in ("feasible", "optimal-iteration-time")  # not time-limit
     clock["skew"] = 0.0
     p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok", "cut"), tighten=False, exact=False)  # a proof overrides
     gs.validate(p, g, c)
@@ -317,7 +340,7 @@ def test_same_plan_on_a_five_times_slower_machine(monkeypatch):
     import time as _time
 
     g, c = _multi_branch_instance()
-    assert max(len(g.succs(v)) for v in g.ids) >= 2          # a multi-branch graph
+    assert max(len(g.succs(v)) for v in g.ids) >= 2  # a multi-branch graph
     # exact=False: the exact search on this 10-node graph is wall-clock bound (cut: time-limit, by design)
     a = plan_gpp(g, c, 16, time_limit=20, exact=False)
     real_pc, real_mono = _time.perf_counter, _time.monotonic
@@ -327,8 +350,10 @@ def test_same_plan_on_a_five_times_slower_machine(monkeypatch):
     b = plan_gpp(g, c, 16, time_limit=20, exact=False)
     monkeypatch.undo()
     assert a.search.status == b.search.status == "feasible"
+
     def strip(p):
         return {k: v for k, v in gs.plan_to_dict(p).items() if k != "search"}
+
     assert strip(a) == strip(b)
     ea, eb = a.search.extra, b.search.extra
     assert a.search.cp_tighten["status"] == b.search.cp_tighten["status"] != "skipped"
@@ -346,8 +371,10 @@ def test_quickstart_plan_is_the_same_under_a_ten_times_larger_limit():
     a = plan_gpp(g, c, 128)
     b = plan_gpp(g, c, 128, time_limit=10 * DEFAULT_TIME_LIMIT)
     assert a.search.status == b.search.status == "feasible"
+
     def strip(p):
         return {k: v for k, v in gs.plan_to_dict(p).items() if k != "search"}
+
     assert strip(a) == strip(b)
     assert a.search.cp_tighten["status"] == b.search.cp_tighten["status"] != "skipped"
 
@@ -372,11 +399,22 @@ def test_nodes_move_between_parallel_branches_with_no_edge_between_them():
     """n1 fans out to n2, n3 and n4 -> n5: moving n2 into the stage of {n4, n5} (no edge joins them)
     is a candidate, and a valid one (the MILP's optimum on such a graph needs it)."""
     from gpp_solver.planners.gpp.partition_eval import State
-    nodes = [{"id": f"n{i}", "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
-              "output_bytes": 1.0} for i in range(6)]
+
+    nodes = [
+        {
+            "id": f"n{i}",
+            "fw_time": [1.0],
+            "bw_time": [2.0],
+            "weight_bytes": 1.0,
+            "activation_bytes": 1.0,
+            "output_bytes": 1.0,
+        }
+        for i in range(6)
+    ]
     edges = [("n0", "n1"), ("n1", "n2"), ("n1", "n3"), ("n1", "n4"), ("n4", "n5")]
-    g = gs.graph_from_dict({"name": "fan", "micro_batch_sizes": [1], "nodes": nodes,
-                            "edges": [{"src": a, "dst": b} for a, b in edges]})
+    g = gs.graph_from_dict(
+        {"name": "fan", "micro_batch_sizes": [1], "nodes": nodes, "edges": [{"src": a, "dst": b} for a, b in edges]}
+    )
     c = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1e9)
     P = Problem(g, c, 8, 2)
     idx = g.index
@@ -396,6 +434,7 @@ def test_nodes_move_between_parallel_branches_with_no_edge_between_them():
 def _bench(name: str):
     import importlib.util
     from pathlib import Path
+
     path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -423,16 +462,35 @@ def test_small_stage_is_split_at_every_down_set():
     """A stage of a fan (n0 -> n1, n2, n3) has down-sets that are no prefix of a topological
     order ({n0, n2}); the split move offers each of them."""
     from gpp_solver.planners.gpp.partition_eval import State
-    nodes = [{"id": f"n{i}", "fw_time": [1.0], "bw_time": [2.0], "weight_bytes": 1.0, "activation_bytes": 1.0,
-              "output_bytes": 1.0} for i in range(4)]
-    g = gs.graph_from_dict({"name": "fan3", "micro_batch_sizes": [1], "nodes": nodes,
-                            "edges": [{"src": "n0", "dst": f"n{i}"} for i in (1, 2, 3)]})
+
+    nodes = [
+        {
+            "id": f"n{i}",
+            "fw_time": [1.0],
+            "bw_time": [2.0],
+            "weight_bytes": 1.0,
+            "activation_bytes": 1.0,
+            "output_bytes": 1.0,
+        }
+        for i in range(4)
+    ]
+    g = gs.graph_from_dict(
+        {
+            "name": "fan3",
+            "micro_batch_sizes": [1],
+            "nodes": nodes,
+            "edges": [{"src": "n0", "dst": f"n{i}"} for i in (1, 2, 3)],
+        }
+    )
     c = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1e9)
     P = Problem(g, c, 8, 2)
-    splits = {tuple(sorted(g.ids[u] for u in range(4) if cand.assign[u] == 0))
-              for label, cand in neighbours(P, State((0, 0, 0, 0), (1,)), 0) if label == "split"}
+    splits = {
+        tuple(sorted(g.ids[u] for u in range(4) if cand.assign[u] == 0))
+        for label, cand in neighbours(P, State((0, 0, 0, 0), (1,)), 0)
+        if label == "split"
+    }
     assert ("n0", "n2") in splits and ("n0", "n1", "n3") in splits
-    assert len(splits) == 7                        # {n0} plus any non-empty proper subset of {n1, n2, n3}
+    assert len(splits) == 7  # {n0} plus any non-empty proper subset of {n1, n2, n3}
 
 
 def test_seed_planners_overrunning_the_whole_budget_still_leave_a_plan(monkeypatch):
@@ -482,7 +540,7 @@ def test_small_graphs_get_every_seed_and_more_restarts_by_default():
     assert len(big.nodes) > SMALL_GRAPH_NODES
     extra = gs.solve(big, cluster_from_spec("v100:4"), mini_batch_size=64, planner="gpp").search.extra
     assert set(extra["seeds"]) == {"graphpipe", "pipedream-2bw"}
-    extra = gs.solve(g, random_cluster(rng, 32), mini_batch_size=64, planner="gpp").search.extra   # many devices
+    extra = gs.solve(g, random_cluster(rng, 32), mini_batch_size=64, planner="gpp").search.extra  # many devices
     assert set(extra["seeds"]) == {"graphpipe", "pipedream-2bw"}
 
 

@@ -59,7 +59,7 @@ def test_python_evaluator_equals_vectorised_on_random_graphs(seed):
     rng = random.Random(seed)
     g = oracle.random_graph(rng, ("chain", "diamond", "sp", "dag")[seed % 4], rng.randint(6, 11), name=f"r{seed}")
     c = oracle.random_cluster(rng, rng.choice([4, 8]), placement=seed % 2 == 1)
-    if seed >= 4:        # tight memory: states over the limit (the excess sum) are priced too
+    if seed >= 4:  # tight memory: states over the limit (the excess sum) are priced too
         c = c.with_(memory_bytes=1e-3 * c.memory_bytes)
     for b in (2, 4):
         P = Problem(g, c, 16, b)
@@ -105,6 +105,7 @@ def test_simulate_orders_without_tasks_gives_the_same_makespan():
 def _reference_simulate(orders, micro_batch, forward, backward, allreduce, edges):
     """The simulator's rules in their plainest form (a plain loop over the actions, which ``simulate_orders`` must equal)."""
     from gpp_solver.plan.simulate import _covering
+
     stages = list(orders)
     preds = {s: [] for s in stages}
     succs = {s: [] for s in stages}
@@ -119,7 +120,7 @@ def _reference_simulate(orders, micro_batch, forward, backward, allreduce, edges
             while ptr[s] < len(orders[s]):
                 kind, j = orders[s][ptr[s]]
                 ready, ok = free[s], True
-                for p in (preds[s] if kind == "F" else succs[s]):
+                for p in preds[s] if kind == "F" else succs[s]:
                     for q in _covering(j, micro_batch[s], micro_batch[p]):
                         t = done.get((p, kind, q))
                         if t is None:

@@ -28,7 +28,7 @@ def test_search_stops_after_max_evaluations(mmt, cap):
     start = min((st for _, st in chain_states(P)), key=lambda st: P.evaluate(st.assign, st.devs).key)
     full = search(P, start, max_iterations=400)
     res = search(P, start, max_iterations=400, max_evaluations=cap)
-    assert res.evaluations <= cap + 3          # the start's pricing, one move's re-pricing
+    assert res.evaluations <= cap + 3  # the start's pricing, one move's re-pricing
     if full.evaluations > cap + 3:
         assert res.stopped == "evaluations"
     assert res.ev.key >= full.ev.key and res.ev.key <= P.evaluate(start.assign, start.devs).key
@@ -44,7 +44,7 @@ def test_capped_run_is_deterministic_feasible_and_keeps_to_the_cap(mmt):
     assert w["max_work"] == cap and w["used"] <= cap + WORK_SHARE * 3 * n
     assert p1.search.status == "feasible"
     stops = [v.get("stopped") for v in p1.search.extra["per_micro_batch"].values()]
-    assert w["skipped"] > 0 or "evaluations" in stops        # the cap did bind
+    assert w["skipped"] > 0 or "evaluations" in stops  # the cap did bind
     assert p1.predicted.iteration_time == p2.predicted.iteration_time
     assert [s.nodes for s in p1.stages] == [s.nodes for s in p2.stages]
     gs.validate(p1, mmt, c)

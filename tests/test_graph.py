@@ -21,8 +21,17 @@ def test_round_trip(diamond, tmp_path):
 
 def test_extras_survive_round_trip(diamond):
     diamond["nodes"][0]["extra"] = {"op": "conv"}
-    diamond["nodes"][0]["tmpc"] = [{"t": 2, "recompute": True, "fw_time": [1, 2], "bw_time": [3, 4],
-                                    "weight_bytes": 5, "activation_bytes": 1, "extra": {"memory_b": 7}}]
+    diamond["nodes"][0]["tmpc"] = [
+        {
+            "t": 2,
+            "recompute": True,
+            "fw_time": [1, 2],
+            "bw_time": [3, 4],
+            "weight_bytes": 5,
+            "activation_bytes": 1,
+            "extra": {"memory_b": 7},
+        }
+    ]
     diamond["extra"] = {"piper": {"maxDevices": 8}}
     diamond["edges"][0]["bytes"] = 123
     g = gs.graph_from_dict(diamond)
@@ -58,29 +67,44 @@ def test_from_networkx_custom_attribute_names():
     assert g.node("x").weight_bytes == 8 and g.node("y").fw_time == (1.0,)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d["nodes"].append(dict(d["nodes"][0])), "duplicate node id 'a'"),
-    (lambda d: d["edges"].append({"src": "a", "dst": "zz"}), "unknown node 'zz'"),
-    (lambda d: d["edges"].append({"src": "b", "dst": "b"}), "self-loop"),
-    (lambda d: d["edges"].append({"src": "d", "dst": "a"}), "cycle"),
-    (lambda d: d["nodes"][1].update(weight_bytes=-1), "node 'b'.weight_bytes must be non-negative"),
-    (lambda d: d["nodes"][1].update(fw_time=[1.0, float("inf")]), "must be finite"),
-    (lambda d: d["nodes"][2].update(bw_time=[1.0]), "node 'c'.bw_time has 1 entries"),
-    (lambda d: d.update(nodes=[], edges=[]), "empty"),
-    (lambda d: d["nodes"].append({"id": "lonely", "fw_time": [1, 1], "bw_time": [1, 1], "weight_bytes": 0,
-                                  "activation_bytes": 0, "output_bytes": 0}), "disconnected: node 'lonely'"),
-    (lambda d: d["nodes"][0].pop("output_bytes"), "node 'a': missing field 'output_bytes'"),
-    (lambda d: d.update(micro_batch_sizes=[2, 1]), "strictly increasing"),
-    (lambda d: d.update(micro_batch_sizes=[0, 1]), "at least 1"),
-    (lambda d: d["nodes"][0].update(id=""), "non-empty string"),
-    (lambda d: d.update(format="gpp-graph/9"), "format"),
-    (lambda d: d["nodes"][3].update(activation_bytes="10"), "must be a number"),
-    (lambda d: d["edges"][0].update(bytes=-3), "bytes must be non-negative"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["nodes"].append(dict(d["nodes"][0])), "duplicate node id 'a'"),
+        (lambda d: d["edges"].append({"src": "a", "dst": "zz"}), "unknown node 'zz'"),
+        (lambda d: d["edges"].append({"src": "b", "dst": "b"}), "self-loop"),
+        (lambda d: d["edges"].append({"src": "d", "dst": "a"}), "cycle"),
+        (lambda d: d["nodes"][1].update(weight_bytes=-1), "node 'b'.weight_bytes must be non-negative"),
+        (lambda d: d["nodes"][1].update(fw_time=[1.0, float("inf")]), "must be finite"),
+        (lambda d: d["nodes"][2].update(bw_time=[1.0]), "node 'c'.bw_time has 1 entries"),
+        (lambda d: d.update(nodes=[], edges=[]), "empty"),
+        (
+            lambda d: d["nodes"].append(
+                {
+                    "id": "lonely",
+                    "fw_time": [1, 1],
+                    "bw_time": [1, 1],
+                    "weight_bytes": 0,
+                    "activation_bytes": 0,
+                    "output_bytes": 0,
+                }
+            ),
+            "disconnected: node 'lonely'",
+        ),
+        (lambda d: d["nodes"][0].pop("output_bytes"), "node 'a': missing field 'output_bytes'"),
+        (lambda d: d.update(micro_batch_sizes=[2, 1]), "strictly increasing"),
+        (lambda d: d.update(micro_batch_sizes=[0, 1]), "at least 1"),
+        (lambda d: d["nodes"][0].update(id=""), "non-empty string"),
+        (lambda d: d.update(format="gpp-graph/9"), "format"),
+        (lambda d: d["nodes"][3].update(activation_bytes="10"), "must be a number"),
+        (lambda d: d["edges"][0].update(bytes=-3), "bytes must be non-negative"),
+    ],
+)
 def test_rejections(diamond, mutate, message):
     mutate(diamond)
-    with pytest.raises(InvalidGraphError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
-                       .replace("[", r"\[")):
+    with pytest.raises(
+        InvalidGraphError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.").replace("[", r"\[")
+    ):
         gs.graph_from_dict(diamond)
 
 

@@ -23,21 +23,26 @@ from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth, devi
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.workloads import build_model
 
-MODELS = [("mmt", 8, 128), ("transformer", 16, 256), ("dlrm", 8, 512), ("candle-uno", 4, 4096),
-          ("transformer", 64, 1024)]
+MODELS = [
+    ("mmt", 8, 128),
+    ("transformer", 16, 256),
+    ("dlrm", 8, 512),
+    ("candle-uno", 4, 4096),
+    ("transformer", 64, 1024),
+]
 
 
 def _same_or_better(got, want) -> None:
     a, b = got.predicted.iteration_time, want.predicted.iteration_time
     assert a <= b * (1 + 1e-12), (a, b)
-    if a >= b * (1 - 1e-12):        # the same pick: the same plan
+    if a >= b * (1 - 1e-12):  # the same pick: the same plan
         assert [s.nodes for s in got.stages] == [s.nodes for s in want.stages]
         assert [s.devices for s in got.stages] == [s.devices for s in want.stages]
 
 
 def _plans(graph, cluster, B, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(StageDP, "LARGE_TABLE", 0)        # the large-tree path on small instances
+        m.setattr(StageDP, "LARGE_TABLE", 0)  # the large-tree path on small instances
         pruned = []
         real = uniform._prune_sizes
 
@@ -45,6 +50,7 @@ def _plans(graph, cluster, B, monkeypatch):
             out = real(*a, **k)
             pruned.append(out[1])
             return out
+
         m.setattr(uniform, "_prune_sizes", spy)
         got = plan_graphpipe(graph, cluster, B)
         m.setattr(uniform, "PRUNE_SIZES", False)
@@ -58,7 +64,9 @@ def test_pruned_sizes_pick_the_same_plan(name: str, devices: int, B: int, monkey
     got, want, pruned = _plans(graph, cluster, B, monkeypatch)
     _same_or_better(got, want)
     assert got.search.extra.get("micro_batch_sizes_pruned", []) == (pruned[0] if pruned else [])
-    assert set(got.search.extra["micro_batch_sizes_infeasible"]) <= set(want.search.extra["micro_batch_sizes_infeasible"])
+    assert set(got.search.extra["micro_batch_sizes_infeasible"]) <= set(
+        want.search.extra["micro_batch_sizes_infeasible"]
+    )
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -67,7 +75,7 @@ def test_pruned_sizes_on_random_instances(seed: int, monkeypatch) -> None:
     try:
         want_plan = True
         got, want, _ = _plans(graph, cluster, B, monkeypatch)
-    except Exception as exc:        # noqa: BLE001 - infeasible instances: both paths must say so
+    except Exception as exc:  # noqa: BLE001 - infeasible instances: both paths must say so
         want_plan = False
         err = type(exc)
     if want_plan:
@@ -87,7 +95,7 @@ def test_run_dp_in_chunks_equals_one_batch(seed: int, monkeypatch) -> None:
     ts = [float(x) for x in np.quantile(c, [0.0, 0.3, 0.6, 1.0])] if len(c) else [float("inf")]
     dev = dp._dev([(b, t) for t in ts], dp.E)
     whole = run_dp(dp.idx, dev, dp.E, keep=True)
-    monkeypatch.setattr(dp_kernel, "CHUNK_BYTES", 1)        # one target per chunk
+    monkeypatch.setattr(dp_kernel, "CHUNK_BYTES", 1)  # one target per chunk
     parts = run_dp(dp.idx, dev, dp.E, keep=True)
     assert np.array_equal(whole[0], parts[0])
     for x, y in zip(whole[1] + whole[2], parts[1] + parts[2]):
@@ -102,27 +110,28 @@ def test_devices_for_segments_equals_devices_by_depth(seed: int) -> None:
     if seed % 3 == 0:
         tps[rng.uniform(size=(G, J)) < 0.2] = np.inf
     md = rng.choice([0, 1, 2, 3, 5, 8, 12, 1 << 30], size=(G, J)) if seed % 2 else rng.choice([0, 1 << 30], size=(G, J))
-    if seed % 4 < 2:        # maxdepth non-decreasing along the degrees: the lookup
+    if seed % 4 < 2:  # maxdepth non-decreasing along the degrees: the lookup
         md = np.sort(md, axis=1)
     degs = np.sort(rng.choice(np.arange(1, 40), size=J, replace=False))
     ts = rng.uniform(0, 1.2, T)
     used = np.sort(rng.choice(G, size=int(rng.integers(1, G + 1)), replace=False))
     want = devices_by_depth(tps, md, degs, ts, E)[:, used]
     assert np.array_equal(devices_for_segments(tps, md, degs, ts, used, E), want)
-    big = np.zeros((T + 1, len(used) + 1, E + 2), dtype=np.int64)       # into a slice, with the fits kept
+    big = np.zeros((T + 1, len(used) + 1, E + 2), dtype=np.int64)  # into a slice, with the fits kept
     devices_for_segments(tps, md, degs, ts, used, E, out=big[1:, :-1], fits=segment_fits(md, E))
     assert np.array_equal(big[1:, :-1], want)
 
 
-@pytest.mark.parametrize("name,kw,devices", [("mmt", {}, 32), ("transformer", {"layers": 24}, 64),
-                                             ("mmt", {"branches": 8, "layers": 8}, 64)])
+@pytest.mark.parametrize(
+    "name,kw,devices", [("mmt", {}, 32), ("transformer", {"layers": 24}, 64), ("mmt", {"branches": 8, "layers": 8}, 64)]
+)
 def test_large_path_on_mid_sized_trees(name: str, kw: dict, devices: int, monkeypatch) -> None:
     """``StageDP.large`` measures a pass by segments x depth^2: these trees (1,500-3,100 segments,
     depth bounds 27-64) take the large-tree path, which picks the plan the small-tree path picks."""
     graph, cluster, B = build_model(name, **kw), v100_cluster(devices), 16 * devices
     dp = StageDP(graph, cluster, B)
-    assert dp.large() and len(dp.idx.seg_lo) * (dp.E + 2) < 1 << 20     # large by the square only
+    assert dp.large() and len(dp.idx.seg_lo) * (dp.E + 2) < 1 << 20  # large by the square only
     got = plan_graphpipe(graph, cluster, B)
-    monkeypatch.setattr(StageDP, "LARGE_TABLE", 1 << 62)     # the small-tree path
+    monkeypatch.setattr(StageDP, "LARGE_TABLE", 1 << 62)  # the small-tree path
     want = plan_graphpipe(graph, cluster, B)
     _same_or_better(got, want)

@@ -45,6 +45,7 @@ def one_line_error(rc, out, err, code, *words):
 
 # --- silent wrong results ------------------------------------------------------------------------
 
+
 def test_pipedream_import_requires_the_batch_size_and_says_what_it_assumed(tmp_path):
     src = DATA / "pipedream" / "inception_v3.graph.txt"
     if not src.exists():
@@ -66,11 +67,19 @@ def test_pipedream_import_requires_the_batch_size_and_says_what_it_assumed(tmp_p
     one_line_error(*run_cli(["import", "pipedream", str(prof), "-o", out]), 2, "batch_size", "'big'")
 
 
-@pytest.mark.parametrize("kind,path", [
-    ("cluster", ("gpus_per_node",)), ("graph", ("nodes", 0, "fw_times")), ("graph", ("edges", 0, "byte")),
-    ("graph", ("top",)), ("plan", ("stages", 0, "device")), ("plan", ("predicted", "tps")),
-    ("plan", ("stages", 0, "schedule", "orders")), ("plan", ("stages", 0, "predicted", "memory")),
-])
+@pytest.mark.parametrize(
+    "kind,path",
+    [
+        ("cluster", ("gpus_per_node",)),
+        ("graph", ("nodes", 0, "fw_times")),
+        ("graph", ("edges", 0, "byte")),
+        ("graph", ("top",)),
+        ("plan", ("stages", 0, "device")),
+        ("plan", ("predicted", "tps")),
+        ("plan", ("stages", 0, "schedule", "orders")),
+        ("plan", ("stages", 0, "predicted", "memory")),
+    ],
+)
 def test_unknown_fields_are_an_error_naming_them(files, kind, path):
     tmp, g, c, p = files
     paths = {"graph": g, "cluster": c, "plan": p}
@@ -80,8 +89,12 @@ def test_unknown_fields_are_an_error_naming_them(files, kind, path):
         target = target[k]
     target[path[-1]] = 2
     paths[kind] = write(tmp, f"bad-{kind}.json", doc)
-    one_line_error(*run_cli(["validate", paths["graph"], "--cluster", paths["cluster"], "--plan", paths["plan"]]),
-                   2, repr(path[-1]), "extra")
+    one_line_error(
+        *run_cli(["validate", paths["graph"], "--cluster", paths["cluster"], "--plan", paths["plan"]]),
+        2,
+        repr(path[-1]),
+        "extra",
+    )
 
 
 def test_extensions_under_extra_are_accepted_everywhere_and_kept_for_graphs(files):
@@ -107,8 +120,9 @@ def test_show_refuses_a_plan_that_does_not_fit_and_a_wrong_graph(files):
     out = str(tmp / "x.png")
     pd = json.loads(Path(p).read_text())
     pd["stages"][0]["devices"] = [0, 1, 2, 99]
-    one_line_error(*run_cli(["show", write(tmp, "p2.json", pd), "--graph", g, "--cluster", c, "-o", out]), 2,
-                   "device 99")
+    one_line_error(
+        *run_cli(["show", write(tmp, "p2.json", pd), "--graph", g, "--cluster", c, "-o", out]), 2, "device 99"
+    )
     one_line_error(*run_cli(["show", write(tmp, "p2.json", pd), "--graph", g, "-o", out]), 2)  # no --cluster:
     # device 99 is fine there, but the memory / partition checks still run; a graph it does not cover:
     other = diamond_dict()
@@ -117,8 +131,9 @@ def test_show_refuses_a_plan_that_does_not_fit_and_a_wrong_graph(files):
     other["edges"] = [{"src": e["src"] + "x", "dst": e["dst"] + "x"} for e in other["edges"]]
     one_line_error(*run_cli(["show", p, "--graph", write(tmp, "g2.json", other), "-o", out]), 2, "not in graph")
     small = dict(CLUSTER, memory_bytes=10.0)
-    one_line_error(*run_cli(["show", p, "--graph", g, "--cluster", write(tmp, "c2.json", small), "-o", out]), 2,
-                   "memory")
+    one_line_error(
+        *run_cli(["show", p, "--graph", g, "--cluster", write(tmp, "c2.json", small), "-o", out]), 2, "memory"
+    )
     assert not Path(out).exists()
 
 
@@ -129,15 +144,54 @@ def test_infeasible_memory_is_rounded_up_and_a_rerun_with_it_succeeds(tmp_path, 
         n.update(weight_bytes=100.123456, activation_bytes=10.3333333)
     g = write(tmp_path, "g.json", doc)
     tight = dict(CLUSTER, memory_bytes=405.0)
-    rc, _, err = run_cli(["plan", g, "--cluster", write(tmp_path, "c.json", tight), "--batch", "8", "--planner",
-                          planner, "--quiet", "-o", str(tmp_path / "p.json")])
+    rc, _, err = run_cli(
+        [
+            "plan",
+            g,
+            "--cluster",
+            write(tmp_path, "c.json", tight),
+            "--batch",
+            "8",
+            "--planner",
+            planner,
+            "--quiet",
+            "-o",
+            str(tmp_path / "p.json"),
+        ]
+    )
     one_line_error(rc, "", err, 1, "memory_bytes >= ")
     need = int(re.search(r"memory_bytes >= (\d+)", err).group(1))
-    rc, _, err = run_cli(["plan", g, "--cluster", write(tmp_path, "c.json", dict(tight, memory_bytes=need)),
-                          "--batch", "8", "--planner", planner, "--quiet", "-o", str(tmp_path / "p.json")])
+    rc, _, err = run_cli(
+        [
+            "plan",
+            g,
+            "--cluster",
+            write(tmp_path, "c.json", dict(tight, memory_bytes=need)),
+            "--batch",
+            "8",
+            "--planner",
+            planner,
+            "--quiet",
+            "-o",
+            str(tmp_path / "p.json"),
+        ]
+    )
     assert rc == 0, f"{planner}: re-running with the printed {need} bytes fails: {err}"
-    rc, _, err = run_cli(["plan", g, "--cluster", write(tmp_path, "c.json", dict(tight, memory_bytes=need)),
-                          "--batch", "8", "--planner", planner, "--quiet", "-o", str(tmp_path / "p.json")])
+    rc, _, err = run_cli(
+        [
+            "plan",
+            g,
+            "--cluster",
+            write(tmp_path, "c.json", dict(tight, memory_bytes=need)),
+            "--batch",
+            "8",
+            "--planner",
+            planner,
+            "--quiet",
+            "-o",
+            str(tmp_path / "p.json"),
+        ]
+    )
     assert rc == 0, err
 
 
@@ -168,8 +222,7 @@ def _bad_variant(doc: dict, how: str, key_path: tuple) -> bytes | str:
     marker = "__MARK__"
     target[key_path[-1]] = marker
     text = json.dumps(doc)
-    value = {"int-1e400": "1" + "0" * 400, "int-5000-digits": "9" * 5000, "nan": "NaN",
-             "float-1e400": "1e400"}[how]
+    value = {"int-1e400": "1" + "0" * 400, "int-5000-digits": "9" * 5000, "nan": "NaN", "float-1e400": "1e400"}[how]
     return text.replace(f'"{marker}"', value)
 
 
@@ -177,20 +230,38 @@ def _bad_variant(doc: dict, how: str, key_path: tuple) -> bytes | str:
 @pytest.mark.parametrize("kind", ["graph", "cluster", "plan", "piper"])
 def test_unreadable_documents_are_one_line_exit_2(files, kind, how):
     tmp, g, c, p = files
-    key = {"graph": ("nodes", 0, "weight_bytes"), "cluster": ("devices",), "plan": ("mini_batch_size",),
-           "piper": ("maxDevices",)}[kind]
+    key = {
+        "graph": ("nodes", 0, "weight_bytes"),
+        "cluster": ("devices",),
+        "plan": ("mini_batch_size",),
+        "piper": ("maxDevices",),
+    }[kind]
     if BAD_TEXT[how] is None:
-        base = {"graph": diamond_dict(), "cluster": copy.deepcopy(CLUSTER), "plan": json.loads(Path(p).read_text()),
-                "piper": json.loads(json.dumps(__import__("fuzz_harness").PIPER))}[kind]
+        base = {
+            "graph": diamond_dict(),
+            "cluster": copy.deepcopy(CLUSTER),
+            "plan": json.loads(Path(p).read_text()),
+            "piper": json.loads(json.dumps(__import__("fuzz_harness").PIPER)),
+        }[kind]
         raw = _bad_variant(base, how, key)
     else:
         raw = BAD_TEXT[how]
     bad = write(tmp, f"bad-{kind}.json", raw=raw)
-    argv = {"graph": ["validate", bad], "cluster": ["validate", g, "--cluster", bad],
-            "plan": ["validate", g, "--cluster", c, "--plan", bad],
-            "piper": ["import", "piper", bad, "-o", str(tmp / "o.json")]}[kind]
-    words = {"int-1e400": [key[-1]], "int-5000-digits": [key[-1]], "nan": [key[-1], "NaN"],
-             "float-1e400": [key[-1], "1e400"], "non-utf8": ["UTF-8"], "deep": ["nested"], "deep-64": ["nested"]}[how]
+    argv = {
+        "graph": ["validate", bad],
+        "cluster": ["validate", g, "--cluster", bad],
+        "plan": ["validate", g, "--cluster", c, "--plan", bad],
+        "piper": ["import", "piper", bad, "-o", str(tmp / "o.json")],
+    }[kind]
+    words = {
+        "int-1e400": [key[-1]],
+        "int-5000-digits": [key[-1]],
+        "nan": [key[-1], "NaN"],
+        "float-1e400": [key[-1], "1e400"],
+        "non-utf8": ["UTF-8"],
+        "deep": ["nested"],
+        "deep-64": ["nested"],
+    }[how]
     one_line_error(*run_cli(argv), 2, *words)
 
 
@@ -205,13 +276,25 @@ def test_plan_predicted_or_search_not_an_object(files, field):
 
 # --- tracebacks: finite but huge or tiny values ----------------------------------------------------
 
-@pytest.mark.parametrize("kind,key,value", [
-    ("graph", "weight_bytes", 1e308), ("graph", "activation_bytes", 1e308), ("graph", "output_bytes", 1e308),
-    ("graph", "fw_time", [1e308, 1e308]), ("graph", "bw_time", [5e-324, 5e-324]),
-    ("cluster", "inter_node_bandwidth", 1e-300), ("cluster", "intra_node_bandwidth", 1e308),
-    ("cluster", "memory_bytes", 5e-324), ("cluster", "memory_bytes", 1e308), ("cluster", "latency", 1e308),
-    ("cluster", "optimizer_state_factor", 1e308), ("cluster", "devices", 2**63), ("cluster", "devices", 10**400),
-])
+
+@pytest.mark.parametrize(
+    "kind,key,value",
+    [
+        ("graph", "weight_bytes", 1e308),
+        ("graph", "activation_bytes", 1e308),
+        ("graph", "output_bytes", 1e308),
+        ("graph", "fw_time", [1e308, 1e308]),
+        ("graph", "bw_time", [5e-324, 5e-324]),
+        ("cluster", "inter_node_bandwidth", 1e-300),
+        ("cluster", "intra_node_bandwidth", 1e308),
+        ("cluster", "memory_bytes", 5e-324),
+        ("cluster", "memory_bytes", 1e308),
+        ("cluster", "latency", 1e308),
+        ("cluster", "optimizer_state_factor", 1e308),
+        ("cluster", "devices", 2**63),
+        ("cluster", "devices", 10**400),
+    ],
+)
 @pytest.mark.parametrize("command", ["plan", "simulate"])
 def test_values_outside_the_supported_range_are_named(files, kind, key, value, command):
     tmp, g, c, p = files
@@ -219,8 +302,11 @@ def test_values_outside_the_supported_range_are_named(files, kind, key, value, c
     (doc["nodes"][1] if kind == "graph" else doc)[key] = value
     bad = write(tmp, f"bad-{kind}.json", doc)
     gg, cc = (bad, c) if kind == "graph" else (g, bad)
-    argv = (["plan", gg, "--cluster", cc, "--batch", "8", "--quiet"] if command == "plan"
-            else ["simulate", p, "--graph", gg, "--cluster", cc])
+    argv = (
+        ["plan", gg, "--cluster", cc, "--batch", "8", "--quiet"]
+        if command == "plan"
+        else ["simulate", p, "--graph", gg, "--cluster", cc]
+    )
     one_line_error(*run_cli(argv), 2, key, "range" if not isinstance(value, int) or value < 10**300 else "")
 
 
@@ -229,15 +315,24 @@ def test_in_range_extremes_plan_and_simulate_to_finite_figures(files):
     tmp, g, c, p = files
     doc = diamond_dict()
     for n in doc["nodes"]:
-        n.update(fw_time=[1e9, 1e9], bw_time=[1e-15, 1e-15], weight_bytes=1e18, activation_bytes=1e18,
-                 output_bytes=1e18)
-    cl = dict(CLUSTER, memory_bytes=1e18, inter_node_bandwidth=1.0, intra_node_bandwidth=1e18, latency=1e9,
-              optimizer_state_factor=1e6)
+        n.update(
+            fw_time=[1e9, 1e9], bw_time=[1e-15, 1e-15], weight_bytes=1e18, activation_bytes=1e18, output_bytes=1e18
+        )
+    cl = dict(
+        CLUSTER,
+        memory_bytes=1e18,
+        inter_node_bandwidth=1.0,
+        intra_node_bandwidth=1e18,
+        latency=1e9,
+        optimizer_state_factor=1e6,
+    )
     gg, cc = write(tmp, "g2.json", doc), write(tmp, "c2.json", cl)
     rc, out, err = run_cli(["plan", gg, "--cluster", cc, "--batch", "8", "--planner", "pipedream", "--quiet"])
     assert rc in (0, 1) and "Traceback" not in err and "internal error" not in err, err
     assert not re.search(r"\b(inf|nan|Infinity|NaN)\b", out)
-    rc, out, err = run_cli(["simulate", p, "--graph", gg, "--cluster", write(tmp, "c3.json", dict(cl, memory_bytes=1e18))])
+    rc, out, err = run_cli(
+        ["simulate", p, "--graph", gg, "--cluster", write(tmp, "c3.json", dict(cl, memory_bytes=1e18))]
+    )
     assert rc in (0, 2) and "Traceback" not in err, err
     assert not re.search(r"\b(inf|nan)\b", out)
 
@@ -252,13 +347,22 @@ def test_cluster_of_many_devices_is_not_a_traceback_at_the_reader():
 
 # --- library arguments ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,words", [
-    ({"planner": ["gpp"]}, "planner"), ({"time_limit": "x"}, "time_limit"), ({"options": 5}, "options"),
-    ({"tighten": "yes"}, "tighten"), ({"mini_batch_size": 10**400}, "mini_batch_size"),
-    ({"mini_batch_size": 2.0}, "mini_batch_size"), ({"progress": "no"}, "progress"),
-    ({"time_limit": float("nan")}, "time_limit"), ({"time_limit": float("inf")}, "time_limit"),
-    ({"time_limit": 10**400}, "time_limit"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        ({"planner": ["gpp"]}, "planner"),
+        ({"time_limit": "x"}, "time_limit"),
+        ({"options": 5}, "options"),
+        ({"tighten": "yes"}, "tighten"),
+        ({"mini_batch_size": 10**400}, "mini_batch_size"),
+        ({"mini_batch_size": 2.0}, "mini_batch_size"),
+        ({"progress": "no"}, "progress"),
+        ({"time_limit": float("nan")}, "time_limit"),
+        ({"time_limit": float("inf")}, "time_limit"),
+        ({"time_limit": 10**400}, "time_limit"),
+    ],
+)
 def test_solve_checks_its_arguments(kwargs, words):
     with pytest.raises(gs.InvalidInputError, match=words):
         gs.solve(diamond_dict(), CLUSTER, **kwargs)
@@ -312,13 +416,38 @@ def test_a_search_record_with_inf_still_writes_valid_json(files, tmp_path):
 def test_piper_names_a_memory_that_fits_though_its_own_model_needs_less(tmp_path):
     """Piper's memory model says 1294 bytes; its plan at 1294 needs 1335 under the shared cost model:
     the figure reported is the re-planned one (1335), and a re-run with it succeeds."""
-    g = {"format": "gpp-graph/1", "name": "chain3", "micro_batch_sizes": [1, 2], "nodes": [
-        {"id": "n0", "fw_time": [1.0, 1.5], "bw_time": [2.0, 3.0], "weight_bytes": 303.0, "activation_bytes": 41.0,
-         "output_bytes": 30.0},
-        {"id": "n1", "fw_time": [1.0, 1.5], "bw_time": [2.0, 3.0], "weight_bytes": 283.0, "activation_bytes": 39.0,
-         "output_bytes": 22.0},
-        {"id": "n2", "fw_time": [1.0, 1.5], "bw_time": [2.0, 3.0], "weight_bytes": 47.0, "activation_bytes": 2.0,
-         "output_bytes": 4.0}], "edges": [{"src": "n0", "dst": "n1"}, {"src": "n1", "dst": "n2"}]}
+    g = {
+        "format": "gpp-graph/1",
+        "name": "chain3",
+        "micro_batch_sizes": [1, 2],
+        "nodes": [
+            {
+                "id": "n0",
+                "fw_time": [1.0, 1.5],
+                "bw_time": [2.0, 3.0],
+                "weight_bytes": 303.0,
+                "activation_bytes": 41.0,
+                "output_bytes": 30.0,
+            },
+            {
+                "id": "n1",
+                "fw_time": [1.0, 1.5],
+                "bw_time": [2.0, 3.0],
+                "weight_bytes": 283.0,
+                "activation_bytes": 39.0,
+                "output_bytes": 22.0,
+            },
+            {
+                "id": "n2",
+                "fw_time": [1.0, 1.5],
+                "bw_time": [2.0, 3.0],
+                "weight_bytes": 47.0,
+                "activation_bytes": 2.0,
+                "output_bytes": 4.0,
+            },
+        ],
+        "edges": [{"src": "n0", "dst": "n1"}, {"src": "n1", "dst": "n2"}],
+    }
     c = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 100.0, "inter_node_bandwidth": 100.0}
     with pytest.raises(gs.InfeasibleError) as exc:
         gs.solve(g, c, mini_batch_size=8, planner="piper")

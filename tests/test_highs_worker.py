@@ -27,7 +27,7 @@ def test_the_solution_comes_back_into_the_problem() -> None:
     assert out.model_status == "kOptimal" and out.dual_bound == pytest.approx(4.0)
     assert prob.status == pulp.LpStatusOptimal and prob.sol_status == pulp.LpSolutionOptimal
     assert (x.varValue, y.varValue) == (4.0, 0.0) and pulp.value(prob.objective) == pytest.approx(4.0)
-    prob += x + y <= 1.0                                                    # now infeasible
+    prob += x + y <= 1.0  # now infeasible
     assert solve_highs(prob, msg=False).model_status == "kInfeasible"
 
 

@@ -29,14 +29,24 @@ def _raw_pipedream(path: Path) -> tuple[dict, set]:
             kv = dict(re.findall(r"(\w+)=(\[[^\]]*\]|[^,]+)", metrics))
             act = kv["activation_size"]
             act = sum(float(x) for x in act[1:-1].split(";")) if act.startswith("[") else float(act)
-            nodes[nid] = (float(kv["forward_compute_time"]), float(kv["backward_compute_time"]), act,
-                          float(kv["parameter_size"]), desc)
+            nodes[nid] = (
+                float(kv["forward_compute_time"]),
+                float(kv["backward_compute_time"]),
+                act,
+                float(kv["parameter_size"]),
+                desc,
+            )
     return nodes, edges
 
 
 def test_published_files_are_present():
-    assert {p.name for p in PIPEDREAM} == {"alexnet.graph.txt", "gnmt.graph.txt", "gnmt_large.graph.txt",
-                                          "inception_v3.graph.txt", "nasnetalarge.graph.txt"}
+    assert {p.name for p in PIPEDREAM} == {
+        "alexnet.graph.txt",
+        "gnmt.graph.txt",
+        "gnmt_large.graph.txt",
+        "inception_v3.graph.txt",
+        "nasnetalarge.graph.txt",
+    }
     assert {p.name for p in PIPER} == {"gnmt.json", "resnet.json"}
 
 
@@ -67,32 +77,39 @@ def test_pipedream_list_activation_is_summed_and_input_node_kept():
     assert a.node("node1").output_bytes == 3 * 224 * 224 * 4  # 256 samples of 3x224x224 fp32
 
 
-GOOD_NODE = ("node1 -- Linear(2, 2) -- forward_compute_time=1.5, backward_compute_time=3.0, "
-             "activation_size=[8.0; 8.0], parameter_size=24.000")
-GOOD_NODE2 = ("node2 -- ReLU -- forward_compute_time=0.5, backward_compute_time=0.5, "
-              "activation_size=16.0, parameter_size=0.0")
+GOOD_NODE = (
+    "node1 -- Linear(2, 2) -- forward_compute_time=1.5, backward_compute_time=3.0, "
+    "activation_size=[8.0; 8.0], parameter_size=24.000"
+)
+GOOD_NODE2 = (
+    "node2 -- ReLU -- forward_compute_time=0.5, backward_compute_time=0.5, activation_size=16.0, parameter_size=0.0"
+)
 
 
 def test_pipedream_small_text_and_duplicate_edges_merged():
-    d = pipedream_dict("\n".join([GOOD_NODE, GOOD_NODE2, "\tnode1 -- node2", "\tnode1 -- node2", ""]),
-                       batch_size=2)
+    d = pipedream_dict("\n".join([GOOD_NODE, GOOD_NODE2, "\tnode1 -- node2", "\tnode1 -- node2", ""]), batch_size=2)
     assert len(d["edges"]) == 1
     g = graph_from_dict(d)
     assert g.node("node1").fw_time == (0.0015,) and g.node("node1").activation_bytes == 8.0
 
 
-@pytest.mark.parametrize("lines,words", [
-    ([GOOD_NODE.replace("parameter_size=24.000", "")[:-2], GOOD_NODE2, "\tnode1 -- node2"],
-     ["line 1", "parameter_size"]),
-    ([GOOD_NODE, GOOD_NODE2.replace("0.5,", "fast,", 1), "\tnode1 -- node2"], ["line 2", "fast"]),
-    ([GOOD_NODE, GOOD_NODE2, "\tnode1 -- node9"], ["line 3", "node9"]),
-    ([GOOD_NODE, GOOD_NODE2, "\tnode1 node2"], ["line 3", "edge line"]),
-    ([GOOD_NODE, GOOD_NODE, "\tnode1 -- node1"], ["line 2", "twice"]),
-    ([GOOD_NODE, "node2 -- ReLU", "\tnode1 -- node2"], ["line 2"]),
-    ([GOOD_NODE, GOOD_NODE2.replace("16.0", "-16.0"), "\tnode1 -- node2"], ["line 2", "non-negative"]),
-    ([GOOD_NODE, GOOD_NODE2.replace("16.0", "[1.0; x]"), "\tnode1 -- node2"], ["line 2", "'x'"]),
-    ([GOOD_NODE, GOOD_NODE2, "\tnode1 -- node1"], ["line 3", "self-loop"]),
-])
+@pytest.mark.parametrize(
+    "lines,words",
+    [
+        (
+            [GOOD_NODE.replace("parameter_size=24.000", "")[:-2], GOOD_NODE2, "\tnode1 -- node2"],
+            ["line 1", "parameter_size"],
+        ),
+        ([GOOD_NODE, GOOD_NODE2.replace("0.5,", "fast,", 1), "\tnode1 -- node2"], ["line 2", "fast"]),
+        ([GOOD_NODE, GOOD_NODE2, "\tnode1 -- node9"], ["line 3", "node9"]),
+        ([GOOD_NODE, GOOD_NODE2, "\tnode1 node2"], ["line 3", "edge line"]),
+        ([GOOD_NODE, GOOD_NODE, "\tnode1 -- node1"], ["line 2", "twice"]),
+        ([GOOD_NODE, "node2 -- ReLU", "\tnode1 -- node2"], ["line 2"]),
+        ([GOOD_NODE, GOOD_NODE2.replace("16.0", "-16.0"), "\tnode1 -- node2"], ["line 2", "non-negative"]),
+        ([GOOD_NODE, GOOD_NODE2.replace("16.0", "[1.0; x]"), "\tnode1 -- node2"], ["line 2", "'x'"]),
+        ([GOOD_NODE, GOOD_NODE2, "\tnode1 -- node1"], ["line 3", "self-loop"]),
+    ],
+)
 def test_pipedream_malformed_input_names_the_line(lines, words):
     with pytest.raises(InvalidGraphError) as exc:
         pipedream_dict("\n".join(lines), batch_size=1, source="g.txt")
@@ -119,8 +136,9 @@ def test_piper_file_imports_with_counts_totals_and_extras(path):
     assert graph_to_dict(g2) == graph_to_dict(g)  # tmpc / op / piper extras round-trip
     assert len(g.nodes) == len(doc["nodes"]) and len(g.edges) == len(doc["edges"])
     assert g.micro_batch_sizes == (1,)
-    assert g.extra["piper"] == {k: doc[k] for k in ("maxDevices", "maxMemoryPerDevice", "bandwidth",
-                                                     "mbsInBatch")} | {"time_unit": 1e-3}
+    assert g.extra["piper"] == {k: doc[k] for k in ("maxDevices", "maxMemoryPerDevice", "bandwidth", "mbsInBatch")} | {
+        "time_unit": 1e-3
+    }
     vanilla = [next(t for t in nd["TMPCs"]["1"] if t["id"] == "vanilla") for nd in doc["nodes"]]
     total = sum(n.fw_time[0] + n.bw_time[0] for n in g.nodes)
     assert total == pytest.approx(sum(v["timePerSample"] for v in vanilla) / 1000)
@@ -154,17 +172,35 @@ def test_piper_gnmt_is_pipedream_gnmt_large_with_the_same_forward_backward_split
 
 def _tiny_piper() -> dict:
     def tm(tps, a, rec_tps=None):
-        out = [{"id": "vanilla", "timePerSample": tps, "parameterSize": 8.0, "memoryUsageA": a,
-                "memoryUsageB": 16.0, "syncTimeFw": {}, "syncTimeBw": {}}]
+        out = [
+            {
+                "id": "vanilla",
+                "timePerSample": tps,
+                "parameterSize": 8.0,
+                "memoryUsageA": a,
+                "memoryUsageB": 16.0,
+                "syncTimeFw": {},
+                "syncTimeBw": {},
+            }
+        ]
         if rec_tps is not None:
             out.append({**out[0], "id": "activation recomp", "timePerSample": rec_tps, "memoryUsageA": a / 10})
         return out
-    nodes = [{"id": 7, "name": "a", "TMPCs": {"1": tm(3.0, 100.0, 4.0)}},
-             {"id": 9, "name": "b", "TMPCs": {"1": tm(6.0, 50.0), "2": tm(4.0, 25.0)}}]
+
+    nodes = [
+        {"id": 7, "name": "a", "TMPCs": {"1": tm(3.0, 100.0, 4.0)}},
+        {"id": 9, "name": "b", "TMPCs": {"1": tm(6.0, 50.0), "2": tm(4.0, 25.0)}},
+    ]
     nodes[0]["TMPCs"]["1"][0]["syncTimeBw"] = {"9": 5.0}
     nodes[1]["TMPCs"]["1"][0]["syncTimeFw"] = {"7": 2.0}
-    return {"maxDevices": 4, "maxMemoryPerDevice": 1e9, "bandwidth": 1e9, "mbsInBatch": 8,
-            "nodes": nodes, "edges": [{"sourceId": 7, "destId": 9, "communicationCost": 40.0}]}
+    return {
+        "maxDevices": 4,
+        "maxMemoryPerDevice": 1e9,
+        "bandwidth": 1e9,
+        "mbsInBatch": 8,
+        "nodes": nodes,
+        "edges": [{"sourceId": 7, "destId": 9, "communicationCost": 40.0}],
+    }
 
 
 def test_piper_forward_split_and_sync_keys_on_a_tiny_input():
@@ -196,17 +232,23 @@ def _break(fn):
     return doc
 
 
-@pytest.mark.parametrize("doc,words", [
-    (_break(lambda d: d["nodes"][0]["TMPCs"]["1"][0].pop("memoryUsageA")), ["'a'", "memoryUsageA"]),
-    (_break(lambda d: d["nodes"][1]["TMPCs"]["1"][0].update(timePerSample="slow")), ["'b'", "timePerSample"]),
-    (_break(lambda d: d["edges"][0].update(destId=3)), ["edge #0", "unknown node id 3"]),
-    (_break(lambda d: d["edges"].append(dict(d["edges"][0]))), ["edge #1", "duplicate"]),
-    (_break(lambda d: d["nodes"][0]["TMPCs"]["1"][0].update(syncTimeFw={"9": 1.0})), ["'a'", "syncTimeFw", "predecessor"]),
-    (_break(lambda d: d["nodes"][1]["TMPCs"].pop("1")), ["'b'", "t=1"]),
-    (_break(lambda d: d.pop("bandwidth")), ["bandwidth"]),
-    (_break(lambda d: d["nodes"][0]["TMPCs"]["1"][0].update(parameterSize=-1)), ["'a'", "parameterSize"]),
-    (_break(lambda d: d["nodes"][1].update(id=7)), ["duplicate id 7"]),
-])
+@pytest.mark.parametrize(
+    "doc,words",
+    [
+        (_break(lambda d: d["nodes"][0]["TMPCs"]["1"][0].pop("memoryUsageA")), ["'a'", "memoryUsageA"]),
+        (_break(lambda d: d["nodes"][1]["TMPCs"]["1"][0].update(timePerSample="slow")), ["'b'", "timePerSample"]),
+        (_break(lambda d: d["edges"][0].update(destId=3)), ["edge #0", "unknown node id 3"]),
+        (_break(lambda d: d["edges"].append(dict(d["edges"][0]))), ["edge #1", "duplicate"]),
+        (
+            _break(lambda d: d["nodes"][0]["TMPCs"]["1"][0].update(syncTimeFw={"9": 1.0})),
+            ["'a'", "syncTimeFw", "predecessor"],
+        ),
+        (_break(lambda d: d["nodes"][1]["TMPCs"].pop("1")), ["'b'", "t=1"]),
+        (_break(lambda d: d.pop("bandwidth")), ["bandwidth"]),
+        (_break(lambda d: d["nodes"][0]["TMPCs"]["1"][0].update(parameterSize=-1)), ["'a'", "parameterSize"]),
+        (_break(lambda d: d["nodes"][1].update(id=7)), ["duplicate id 7"]),
+    ],
+)
 def test_piper_malformed_input_names_the_node_or_edge(doc, words):
     with pytest.raises(InvalidGraphError) as exc:
         piper_dict(doc)

@@ -60,8 +60,10 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
     """A memory bound that the model without overheads meets with a plan the overheads break: the
     plan returned fits under the whole model (validate checks it), and a plan that was planned
     again under a lowered memory claims no more than feasible."""
-    chain = {**chain, "nodes": [dict(n, weight_bytes=1000.0, activation_bytes=400.0, output_bytes=300.0)
-                                for n in chain["nodes"]]}
+    chain = {
+        **chain,
+        "nodes": [dict(n, weight_bytes=1000.0, activation_bytes=400.0, output_bytes=300.0) for n in chain["nodes"]],
+    }
     g = gs.graph_from_dict(chain)
     base = {**cluster_dict, "devices": 4, "memory_bytes": 4 * 2000 + 2 * 800}
     c = gs.cluster_from_dict({**base, "memory_overheads": True})

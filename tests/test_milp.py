@@ -110,7 +110,7 @@ def test_infeasible_reports_least_memory(seed):
         plan_milp(graph, cluster.with_(memory_bytes=least * 0.99), B)
     assert err.value.required_memory_bytes == pytest.approx(least, rel=1e-6)
     assert "at least" in str(err.value)
-    plan = plan_milp(graph, cluster.with_(memory_bytes=least), B)   # exactly enough: a plan exists
+    plan = plan_milp(graph, cluster.with_(memory_bytes=least), B)  # exactly enough: a plan exists
     assert plan.predicted.peak_memory_bytes <= least * (1 + 1e-9)
 
 
@@ -129,8 +129,20 @@ def test_refusal_is_cli_exit_2(tmp_path, capsys):
     rng = random.Random(0)
     gs.save_graph(random_graph(rng, "chain", 40), tmp_path / "g.json")
     gs.save_cluster(random_cluster(rng, devices=8), tmp_path / "c.json")
-    code = cli.main(["plan", str(tmp_path / "g.json"), "--cluster", str(tmp_path / "c.json"), "--batch", "8",
-                     "--planner", "milp", "-o", str(tmp_path / "p.json")])
+    code = cli.main(
+        [
+            "plan",
+            str(tmp_path / "g.json"),
+            "--cluster",
+            str(tmp_path / "c.json"),
+            "--batch",
+            "8",
+            "--planner",
+            "milp",
+            "-o",
+            str(tmp_path / "p.json"),
+        ]
+    )
     assert code == 2
     assert str(MAX_NODE_SLOTS) in capsys.readouterr().err
 
@@ -140,7 +152,7 @@ def test_time_limit_is_reported_honestly():
     graph, cluster = random_graph(rng, "dag", 12), random_cluster(rng, devices=8)
     try:
         plan = plan_milp(graph, cluster, 16, time_limit=2.0)
-    except SolverError as exc:           # nothing found in time: said so, no plan
+    except SolverError as exc:  # nothing found in time: said so, no plan
         assert "time limit" in str(exc)
         return
     gs.validate(plan, graph, cluster)
@@ -150,7 +162,9 @@ def test_time_limit_is_reported_honestly():
 
 def test_options_and_inputs_are_checked():
     graph, cluster = instance(0)
-    with pytest.raises(InvalidInputError, match="no option 'epsilon'; its options: max_stages, micro_batch_sizes, solver"):
+    with pytest.raises(
+        InvalidInputError, match="no option 'epsilon'; its options: max_stages, micro_batch_sizes, solver"
+    ):
         plan_milp(graph, cluster, B, epsilon=0.1)
     with pytest.raises(InvalidInputError, match=r"B % b == 0"):
         plan_milp(graph, cluster, B, micro_batch_sizes=[3])

@@ -26,8 +26,18 @@ from gpp_solver.workloads import (
 
 TINY = {
     "mmt": dict(branches=2, layers=2, seq=8, hidden=16, heads=2, ffn=32, vocab=50, max_micro_batch=8),
-    "dlrm": dict(dense_branches=2, sparse_branches=3, dense_layers=2, hidden=16, dense_features=8,
-                 table_rows=100, embed_dim=4, bag_size=3, top_layers=2, max_micro_batch=16),
+    "dlrm": dict(
+        dense_branches=2,
+        sparse_branches=3,
+        dense_layers=2,
+        hidden=16,
+        dense_features=8,
+        table_rows=100,
+        embed_dim=4,
+        bag_size=3,
+        top_layers=2,
+        max_micro_batch=16,
+    ),
     "candle-uno": dict(branches=3, layers=2, hidden=16, top_layers=2, input_features=8, max_micro_batch=16),
     "transformer": dict(layers=3, seq=8, hidden=16, heads=2, ffn=32, vocab=50, max_micro_batch=4),
 }
@@ -66,7 +76,7 @@ def test_model_validates_and_counts_follow_parameters(name, size):
 def test_micro_batch_sizes_are_powers_of_two_up_to_the_maximum(name):
     g = build_model(name, **TINY[name])
     top = TINY[name]["max_micro_batch"]
-    assert list(g.micro_batch_sizes) == [2 ** i for i in range(int(math.log2(top)) + 1)]
+    assert list(g.micro_batch_sizes) == [2**i for i in range(int(math.log2(top)) + 1)]
     assert build_model(name).micro_batch_sizes[-1] == MODELS[name].params["max_micro_batch"].default
 
 
@@ -102,13 +112,21 @@ def test_mmt_branches_are_symmetric():
     def strip(node_id: str) -> str:
         return node_id.split(".", 1)[1]
 
-    branch = {i: {strip(k): {f: v for f, v in n.items() if f != "id"}
-                  for k, n in by_id.items() if k.startswith(f"b{i}.")} for i in range(4)}
+    branch = {
+        i: {strip(k): {f: v for f, v in n.items() if f != "id"} for k, n in by_id.items() if k.startswith(f"b{i}.")}
+        for i in range(4)
+    }
     assert len(branch[0]) == 1 + 3 * 3
     for i in range(1, 4):
         assert branch[i] == branch[0]
-    edges = {i: sorted((strip(e["src"]), strip(e["dst"]) if e["dst"].startswith("b") else e["dst"])
-                       for e in d["edges"] if e["src"].startswith(f"b{i}.")) for i in range(4)}
+    edges = {
+        i: sorted(
+            (strip(e["src"]), strip(e["dst"]) if e["dst"].startswith("b") else e["dst"])
+            for e in d["edges"]
+            if e["src"].startswith(f"b{i}.")
+        )
+        for i in range(4)
+    }
     for i in range(1, 4):
         assert edges[i] == edges[0]
     assert {"b0.embed", "b0.l0.attn", "b0.l0.fc1", "b0.l0.fc2", "b3.l2.fc2", "concat", "head"} <= set(by_id)
@@ -127,18 +145,30 @@ def test_mmt_with_one_branch_costs_like_the_sequential_transformer_layers():
 
 def test_transformer_layer_activation_matches_megatron_accounting():
     s, h, a = 256, 1024, 16
-    kept = sum(op(s, h, *rest, V100).activation_bytes for op, rest in
-               ((ops.attention, (a,)), (ops.ffn_in, (4 * h,)), (ops.ffn_out, (4 * h,))))
+    kept = sum(
+        op(s, h, *rest, V100).activation_bytes
+        for op, rest in ((ops.attention, (a,)), (ops.ffn_in, (4 * h,)), (ops.ffn_out, (4 * h,)))
+    )
     assert kept == 34 * s * h + 5 * a * s * s
 
 
 def test_dlrm_tables_and_widths():
-    d = dlrm_dict(dense_branches=1, sparse_branches=2, dense_layers=1, hidden=8, dense_features=8,
-                  table_rows=1000, embed_dim=4, bag_size=5, top_layers=1, max_micro_batch=2)
+    d = dlrm_dict(
+        dense_branches=1,
+        sparse_branches=2,
+        dense_layers=1,
+        hidden=8,
+        dense_features=8,
+        table_rows=1000,
+        embed_dim=4,
+        bag_size=5,
+        top_layers=1,
+        max_micro_batch=2,
+    )
     graph_from_dict(d)
     nodes = {n["id"]: n for n in d["nodes"]}
     assert nodes["sparse0.emb"]["weight_bytes"] == 1000 * 4 * 4  # fp32 table
-    assert nodes["sparse0.emb"]["output_bytes"] == 2 * 5 * 4      # bag concatenated, fp16
+    assert nodes["sparse0.emb"]["output_bytes"] == 2 * 5 * 4  # bag concatenated, fp16
     assert nodes["concat"]["output_bytes"] == 2 * (8 + 2 * 5 * 4)
     assert nodes["concat"]["activation_bytes"] == 0
     default = dlrm_dict()
@@ -165,17 +195,20 @@ def test_forward_time_formula_by_hand():
     assert forward_time(op, V100_FP32, b) > forward_time(op, V100, b)
 
 
-@pytest.mark.parametrize("name,params,word", [
-    ("mmt", {"layers": 0}, "layers"),
-    ("mmt", {"branches": -1}, "branches"),
-    ("mmt", {"heads": 3}, "heads"),
-    ("mmt", {"seq": 2.5}, "seq"),
-    ("dlrm", {"bag_size": 0}, "bag_size"),
-    ("dlrm", {"top_layers": True}, "top_layers"),
-    ("candle-uno", {"max_micro_batch": 0}, "max_micro_batch"),
-    ("transformer", {"hidden": "big"}, "hidden"),
-    ("transformer", {"branches": 2}, "branches"),
-])
+@pytest.mark.parametrize(
+    "name,params,word",
+    [
+        ("mmt", {"layers": 0}, "layers"),
+        ("mmt", {"branches": -1}, "branches"),
+        ("mmt", {"heads": 3}, "heads"),
+        ("mmt", {"seq": 2.5}, "seq"),
+        ("dlrm", {"bag_size": 0}, "bag_size"),
+        ("dlrm", {"top_layers": True}, "top_layers"),
+        ("candle-uno", {"max_micro_batch": 0}, "max_micro_batch"),
+        ("transformer", {"hidden": "big"}, "hidden"),
+        ("transformer", {"branches": 2}, "branches"),
+    ],
+)
 def test_bad_parameters_are_rejected_by_name(name, params, word):
     with pytest.raises(InvalidInputError, match=word):
         build_model(name, **params)

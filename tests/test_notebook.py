@@ -91,8 +91,9 @@ _planners.REGISTRY.update({"graphpipe": "gpp_notebook_stubs:stub_graph",
 
 
 def _execute(nb, cwd: Path) -> None:
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, allow_errors=False,
-                                     resources={"metadata": {"path": str(cwd)}})
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=300, allow_errors=False, resources={"metadata": {"path": str(cwd)}}
+    )
     client.execute()
 
 
@@ -128,8 +129,9 @@ def _check_text_against_figures(text: str) -> None:
     for planner, stages, depth in shapes:
         assert (rows[planner]["stages"], rows[planner]["depth"]) == (stages, depth), planner
         line = next(line for line in text.splitlines() if line.startswith(f"- `{planner}`: {stages} stages"))
-        assert ("a chain" in line) == (stages == depth) and (f"{int(stages) - int(depth)} of its stages" in line
-                                                             or stages == depth)
+        assert ("a chain" in line) == (stages == depth) and (
+            f"{int(stages) - int(depth)} of its stages" in line or stages == depth
+        )
     # Piper runs exactly where the workload list says
     for w in workloads:
         note = re.search(rf"- \*\*{re.escape(w)}\*\*: .*; (.*)", text).group(1)
@@ -163,7 +165,7 @@ def test_notebook_with_stub_planners():
     assert "Missing planners (not run):** `alpa`" in text
     assert "| graphpipe |" in text and "| pipedream |" in text
     assert images >= 3, f"expected the sweep, stage-graph and Gantt figures, got {images} images"
-    assert "| MMT (2 branches x 1 layer) | 2 | graphpipe (feasible) |" in text   # the gap table
+    assert "| MMT (2 branches x 1 layer) | 2 | graphpipe (feasible) |" in text  # the gap table
     assert "Notebook executed in" in text
     _check_text_against_figures(text)
     # the stub chain planner cuts one topological order, and two of its 8 stages carry no data to the next
@@ -181,7 +183,7 @@ def test_notebook_as_is(monkeypatch):
     text, _ = _outputs(nb)
     assert "Installed planners:" in text and "Notebook executed in" in text
     _check_text_against_figures(text)
-    assert "more than 2,000 downsets: Piper skipped" in text     # MMT and GNMT
+    assert "more than 2,000 downsets: Piper skipped" in text  # MMT and GNMT
     print(f"notebook executed in {time.perf_counter() - t0:.1f} s")
 
 

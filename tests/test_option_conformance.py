@@ -41,13 +41,25 @@ TIME_LIMIT = 20
 def two_branch() -> dict:
     nodes = [node("in", 0.2), node("a1", 2.0), node("a2", 1.5), node("b1", 1.0), node("b2", 1.0), node("out", 0.5)]
     edges = [("in", "a1"), ("a1", "a2"), ("in", "b1"), ("b1", "b2"), ("a2", "out"), ("b2", "out")]
-    return {"format": "gpp-graph/1", "name": "two-branch", "micro_batch_sizes": [1, 2], "nodes": nodes,
-            "edges": [{"src": u, "dst": v} for u, v in edges]}
+    return {
+        "format": "gpp-graph/1",
+        "name": "two-branch",
+        "micro_batch_sizes": [1, 2],
+        "nodes": nodes,
+        "edges": [{"src": u, "dst": v} for u, v in edges],
+    }
 
 
 GRAPHS = {"chain": chain_dict(4, [1.0, 2.0, 1.0, 3.0]), "diamond": diamond_dict(), "two-branch": two_branch()}
-CLUSTER = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e6, "devices_per_node": 2,
-           "intra_node_bandwidth": 1000.0, "inter_node_bandwidth": 100.0, "latency": 0.001}
+CLUSTER = {
+    "format": "gpp-cluster/1",
+    "devices": 4,
+    "memory_bytes": 1e6,
+    "devices_per_node": 2,
+    "intra_node_bandwidth": 1000.0,
+    "inter_node_bandwidth": 100.0,
+    "latency": 0.001,
+}
 
 
 def graph(gname: str) -> Graph:
@@ -122,8 +134,13 @@ def test_devices_and_memory_hold(name, gname):
     assert p0 is not None
     peak = max(s.predicted.memory_bytes for s in p0.stages)
     planned = 0
-    for c in (cluster(devices=1), cluster(devices=max(1, p0.devices_used - 1)), cluster(devices=3),
-              cluster(memory_bytes=0.8 * peak), cluster(devices=2, memory_bytes=0.6 * peak)):
+    for c in (
+        cluster(devices=1),
+        cluster(devices=max(1, p0.devices_used - 1)),
+        cluster(devices=3),
+        cluster(memory_bytes=0.8 * peak),
+        cluster(devices=2, memory_bytes=0.6 * peak),
+    ):
         p = run(name, g, c)
         if p is not None:
             planned += 1
@@ -141,8 +158,15 @@ def join_graph() -> Graph:
     rides with one branch's tail (GraphPipe's shared sink) for TPS 3."""
     nodes = [{**node(v, 0.0 if v == "j" else 1.0), "weight_bytes": 0} for v in ("a1", "a2", "b1", "b2", "j")]
     edges = [("a1", "a2"), ("b1", "b2"), ("a2", "j"), ("b2", "j")]
-    return gs.graph_from_dict({"format": "gpp-graph/1", "name": "join", "micro_batch_sizes": [1, 2], "nodes": nodes,
-                               "edges": [{"src": u, "dst": v} for u, v in edges]})
+    return gs.graph_from_dict(
+        {
+            "format": "gpp-graph/1",
+            "name": "join",
+            "micro_batch_sizes": [1, 2],
+            "nodes": nodes,
+            "edges": [{"src": u, "dst": v} for u, v in edges],
+        }
+    )
 
 
 def no_shared_sink(p: Plan) -> bool:
@@ -162,27 +186,49 @@ ALL_SEEDS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper", "milp",
 #: the option binds there; None: not asserted)
 SPECIFIC = [
     ("graphpipe", {"per_stage_micro_batch": True}, {"micro_batch_sizes": (2,)}, "two-branch", one_b(2), True),
-    ("graphpipe", {"per_stage_micro_batch": True, "search_k": True}, {"micro_batch_sizes": (1, 4)}, "diamond",
-     lambda p: sizes_of(p) <= {1, 4} and all(s.schedule.k in K_OPTIONS for s in p.stages), True),
+    (
+        "graphpipe",
+        {"per_stage_micro_batch": True, "search_k": True},
+        {"micro_batch_sizes": (1, 4)},
+        "diamond",
+        lambda p: sizes_of(p) <= {1, 4} and all(s.schedule.k in K_OPTIONS for s in p.stages),
+        True,
+    ),
     ("graphpipe", {}, {"per_stage_micro_batch": False}, "two-branch", uniform, False),
     ("graphpipe", {}, {"search_k": False}, "diamond", lambda p: all(s.schedule.k == 1 for s in p.stages), False),
-    ("graphpipe", {}, {"degree_options": (1,)}, "chain", lambda p: all(s.data_parallel == 1 for s in p.stages),
-     True),
-    ("graphpipe", {}, {"degree_options": (2,)}, "diamond",
-     lambda p: all(s.data_parallel == 2 for s in p.stages), True),
+    ("graphpipe", {}, {"degree_options": (1,)}, "chain", lambda p: all(s.data_parallel == 1 for s in p.stages), True),
+    ("graphpipe", {}, {"degree_options": (2,)}, "diamond", lambda p: all(s.data_parallel == 2 for s in p.stages), True),
     ("graphpipe", {"micro_batch_sizes": (1,)}, {"shared_sinks": False}, "join", no_shared_sink, True),
     ("milp", {}, {"max_stages": 1}, "two-branch", lambda p: len(p.stages) == 1, True),
     ("milp", {}, {"max_stages": 2}, "diamond", lambda p: len(p.stages) <= 2, True),
     ("exact", {}, {"max_stages": 1}, "two-branch", lambda p: len(p.stages) == 1, True),
     ("exact", {}, {"max_stages": 2}, "diamond", lambda p: len(p.stages) <= 2, None),
-    ("piper", {}, {"micro_batch_size": 1}, "diamond",
-     lambda p: all(s.micro_batch_size == s.data_parallel for s in p.stages), True),
-    ("piper", {}, {"micro_batch_size": 4}, "chain",
-     lambda p: all(s.micro_batch_size == 4 * s.data_parallel for s in p.stages), True),
+    (
+        "piper",
+        {},
+        {"micro_batch_size": 1},
+        "diamond",
+        lambda p: all(s.micro_batch_size == s.data_parallel for s in p.stages),
+        True,
+    ),
+    (
+        "piper",
+        {},
+        {"micro_batch_size": 4},
+        "chain",
+        lambda p: all(s.micro_batch_size == 4 * s.data_parallel for s in p.stages),
+        True,
+    ),
     ("pipedream", {"linearization": "topological"}, {"micro_batch_sizes": (2,)}, "two-branch", one_b(2), True),
     ("pipedream", {"mode": "pipedream-costs"}, {"micro_batch_sizes": (1,)}, "diamond", one_b(1), True),
-    ("pipedream-2bw", {"balance": "layers"}, {"micro_batch_sizes": (4,)}, "two-branch",
-     lambda p: sizes_of(p) == {4} and len({len(s.devices) for s in p.stages}) == 1, True),
+    (
+        "pipedream-2bw",
+        {"balance": "layers"},
+        {"micro_batch_sizes": (4,)},
+        "two-branch",
+        lambda p: sizes_of(p) == {4} and len({len(s.devices) for s in p.stages}) == 1,
+        True,
+    ),
     ("alpa", {}, {"micro_batch_sizes": (1, 2)}, "two-branch", lambda p: sizes_of(p) <= {1, 2}, True),
     ("gpp", {"objective": "time_per_sample"}, {"micro_batch_sizes": (1,)}, "two-branch", one_b(1), True),
     ("gpp", {"prove": True}, {"micro_batch_sizes": (1,)}, "diamond", one_b(1), True),
@@ -193,8 +239,11 @@ SPECIFIC = [
 TIGHT = {"chain": 1430.0, "diamond": 1430.0, "two-branch": 2150.0, "join": 1e6}
 
 
-@pytest.mark.parametrize("name,base,option,gname,holds,binds", SPECIFIC,
-                         ids=[f"{n}-{'-'.join([*b, *o])}-{gn}" for n, b, o, gn, _, _ in SPECIFIC])
+@pytest.mark.parametrize(
+    "name,base,option,gname,holds,binds",
+    SPECIFIC,
+    ids=[f"{n}-{'-'.join([*b, *o])}-{gn}" for n, b, o, gn, _, _ in SPECIFIC],
+)
 def test_planner_options_hold(name, base, option, gname, holds, binds):
     g = join_graph() if gname == "join" else graph(gname)
     violated, planned = False, 0
@@ -226,16 +275,40 @@ def test_cli_micro_batch_sizes_hold(tmp_path):
     option exits 2 naming it."""
     (tmp_path / "g.json").write_text(json.dumps(GRAPHS["two-branch"]))
     (tmp_path / "c.json").write_text(json.dumps(CLUSTER))
-    base = [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster",
-            str(tmp_path / "c.json"), "--batch", str(B), "--quiet", "--time-limit", "20"]
+    base = [
+        sys.executable,
+        "-m",
+        "gpp_solver",
+        "plan",
+        str(tmp_path / "g.json"),
+        "--cluster",
+        str(tmp_path / "c.json"),
+        "--batch",
+        str(B),
+        "--quiet",
+        "--time-limit",
+        "20",
+    ]
     for planner in ("gpp", "graphpipe"):
         out = tmp_path / f"{planner}.json"
-        res = subprocess.run(base + ["--planner", planner, "--micro-batch-sizes", "2", "-o", str(out)],
-                             capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+        res = subprocess.run(
+            base + ["--planner", planner, "--micro-batch-sizes", "2", "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=REPO,
+        )
         assert res.returncode == 0, res.stderr
         assert {s["micro_batch_size"] for s in json.loads(out.read_text())["stages"]} == {2}
-    res = subprocess.run(base + ["--planner", "piper", "--micro-batch-sizes", "2"], capture_output=True, text=True,
-                         timeout=120, check=False, cwd=REPO)
+    res = subprocess.run(
+        base + ["--planner", "piper", "--micro-batch-sizes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=REPO,
+    )
     assert res.returncode == 2 and "micro_batch_sizes" in res.stderr and "Traceback" not in res.stderr
 
 

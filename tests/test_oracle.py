@@ -35,7 +35,7 @@ def _set_partitions(items):
     first, rest = items[0], items[1:]
     for p in _set_partitions(rest):
         for i in range(len(p)):
-            yield p[:i] + [[first] + p[i]] + p[i + 1:]
+            yield p[:i] + [[first] + p[i]] + p[i + 1 :]
         yield [[first]] + p
 
 
@@ -48,7 +48,7 @@ def _valid_by_networkx(graph, parts) -> bool:
     sg.add_edges_from((stage_of[u], stage_of[v]) for u, v in g.edges if stage_of[u] != stage_of[v])
     if not nx.is_directed_acyclic_graph(sg):
         return False
-    for p in parts:   # convex: no path leaves p and comes back
+    for p in parts:  # convex: no path leaves p and comes back
         inside = set(p)
         out = {w for v in p for w in nx.descendants(g, v)} - inside
         if any(nx.descendants(g, w) & inside for w in out):
@@ -73,8 +73,11 @@ def test_the_milp_space_enumerates_what_the_oracle_does(seed):
 def test_enumeration_is_exactly_convex_acyclic_partitions(seed):
     rng = random.Random(seed)
     graph = random_graph(rng, GRAPH_KINDS[seed % len(GRAPH_KINDS)], 6)
-    want = {frozenset(map(frozenset, p)) for p in _set_partitions(list(graph.ids))
-            if len(p) <= 4 and _valid_by_networkx(graph, p)}
+    want = {
+        frozenset(map(frozenset, p))
+        for p in _set_partitions(list(graph.ids))
+        if len(p) <= 4 and _valid_by_networkx(graph, p)
+    }
     got = [frozenset(map(frozenset, p)) for p in ordered_partitions(graph, 4, every_order=False)]
     assert len(got) == len(set(got))
     assert set(got) == want
@@ -171,10 +174,9 @@ def test_search_space_helpers():
 
 def test_random_instances_cover_the_kinds():
     rng = random.Random(3)
-    sp = {kind: [decompose(random_graph(rng, kind, 7)).is_series_parallel for _ in range(12)]
-          for kind in GRAPH_KINDS}
+    sp = {kind: [decompose(random_graph(rng, kind, 7)).is_series_parallel for _ in range(12)] for kind in GRAPH_KINDS}
     assert all(sp["chain"]) and all(sp["diamond"]) and all(sp["sp"])
-    assert not all(sp["dag"])   # some general DAGs are not series-parallel
+    assert not all(sp["dag"])  # some general DAGs are not series-parallel
     multi = [random_graph(rng, "dag", 8) for _ in range(12)]
-    assert any(sum(1 for v in g.ids if not g.preds(v)) > 1 for g in multi)   # several sources
-    assert any(sum(1 for v in g.ids if not g.succs(v)) > 1 for g in multi)   # several sinks
+    assert any(sum(1 for v in g.ids if not g.preds(v)) > 1 for g in multi)  # several sources
+    assert any(sum(1 for v in g.ids if not g.succs(v)) > 1 for g in multi)  # several sinks

@@ -23,26 +23,39 @@ def test_every_package_directory_is_listed():
     assert "runtime" not in listed and "gpp_runtime" in listed
     assert _config()["package-dir"] == {"gpp_runtime": "runtime"}
     # runtime/ sub-packages install under gpp_runtime (the package-dir above maps the whole tree)
-    runtime = {".".join(("gpp_runtime",) + p.parent.relative_to(ROOT / "runtime").parts)
-               for p in (ROOT / "runtime").rglob("__init__.py")}
+    runtime = {
+        ".".join(("gpp_runtime",) + p.parent.relative_to(ROOT / "runtime").parts)
+        for p in (ROOT / "runtime").rglob("__init__.py")
+    }
     assert runtime - listed == set(), f"not installed: {sorted(runtime - listed)}"
     assert not any(n.startswith("runtime") for n in listed)
 
 
 def test_runtime_modules_import_each_other_relatively():
     """Absolute ``runtime.x`` imports would load a second copy (or fail) under ``gpp_runtime``."""
-    bad = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "runtime").rglob("*.py")
-           for i, line in enumerate(p.read_text().splitlines(), 1)
-           if line.lstrip().startswith(("from runtime", "import runtime"))]
+    bad = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in (ROOT / "runtime").rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if line.lstrip().startswith(("from runtime", "import runtime"))
+    ]
     assert not bad, bad
 
 
 def test_installed_name_is_gpp_runtime(tmp_path):
     """Outside the checkout only ``gpp_runtime`` exists (the editable install maps it to runtime/)."""
-    code = ("import importlib.util as u, pathlib; s = u.find_spec('gpp_runtime');"
-            "print(s is not None and pathlib.Path(s.origin).parent.name == 'runtime');"
-            "print(u.find_spec('runtime') is None)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                       env={"PATH": "/usr/bin:/bin"})
+    code = (
+        "import importlib.util as u, pathlib; s = u.find_spec('gpp_runtime');"
+        "print(s is not None and pathlib.Path(s.origin).parent.name == 'runtime');"
+        "print(u.find_spec('runtime') is None)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"], r.stdout

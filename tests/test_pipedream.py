@@ -27,17 +27,45 @@ from gpp_solver.types import Cluster
 
 def branchy_dict() -> dict:
     """src -> three branches of lengths 1, 2, 3 -> join."""
-    nodes = [node("src"), node("a1", 2.0), node("b1"), node("b2", 0.5), node("c1"), node("c2"), node("c3", 3.0),
-             node("join")]
-    edges = [("src", "a1"), ("src", "b1"), ("b1", "b2"), ("src", "c1"), ("c1", "c2"), ("c2", "c3"),
-             ("a1", "join"), ("b2", "join"), ("c3", "join")]
-    return {"format": "gpp-graph/1", "name": "branchy", "micro_batch_sizes": [1, 2], "nodes": nodes,
-            "edges": [{"src": s, "dst": d} for s, d in edges]}
+    nodes = [
+        node("src"),
+        node("a1", 2.0),
+        node("b1"),
+        node("b2", 0.5),
+        node("c1"),
+        node("c2"),
+        node("c3", 3.0),
+        node("join"),
+    ]
+    edges = [
+        ("src", "a1"),
+        ("src", "b1"),
+        ("b1", "b2"),
+        ("src", "c1"),
+        ("c1", "c2"),
+        ("c2", "c3"),
+        ("a1", "join"),
+        ("b2", "join"),
+        ("c3", "join"),
+    ]
+    return {
+        "format": "gpp-graph/1",
+        "name": "branchy",
+        "micro_batch_sizes": [1, 2],
+        "nodes": nodes,
+        "edges": [{"src": s, "dst": d} for s, d in edges],
+    }
 
 
 def flat_cluster(devices: int, memory: float = 1e12) -> dict:
-    return {"format": "gpp-cluster/1", "devices": devices, "memory_bytes": memory,
-            "inter_node_bandwidth": 100.0, "latency": 0.01, "optimizer_state_factor": 4.0}
+    return {
+        "format": "gpp-cluster/1",
+        "devices": devices,
+        "memory_bytes": memory,
+        "inter_node_bandwidth": 100.0,
+        "latency": 0.01,
+        "optimizer_state_factor": 4.0,
+    }
 
 
 def is_downset(graph, members: set[str]) -> bool:
@@ -46,24 +74,26 @@ def is_downset(graph, members: set[str]) -> bool:
 
 # ---------------------------------------------------------------- linearisation
 
+
 @pytest.mark.parametrize("gd", [diamond_dict(), branchy_dict(), chain_dict(5)])
 def test_antichain_states_are_exactly_the_downsets(gd):
     g = graph_from_dict(gd)
     lin = antichain_states(g, max_states=None)
     got = {frozenset(lin.members(s)) for s in lin.states}
-    every = {frozenset(c) for r in range(len(g.ids) + 1) for c in itertools.combinations(g.ids, r)
-             if is_downset(g, set(c))}
+    every = {
+        frozenset(c) for r in range(len(g.ids) + 1) for c in itertools.combinations(g.ids, r) if is_downset(g, set(c))
+    }
     assert got == every
     assert lin.states[0] == 0 and len(lin.members(lin.states[-1])) == len(g.ids)
     sizes = [len(lin.members(s)) for s in lin.states]
-    assert sizes == sorted(sizes)          # every state after its subsets
+    assert sizes == sorted(sizes)  # every state after its subsets
 
 
 def test_first_source_start_needs_the_first_source():
     g = graph_from_dict(diamond_dict())
     lin = antichain_states(g, first_source=True)
     assert all("a" in lin.members(s) for s in lin.states[1:])
-    assert len(lin.states) == 6   # {}, {a}, {a,b}, {a,c}, {a,b,c}, all
+    assert len(lin.states) == 6  # {}, {a}, {a,b}, {a,c}, {a,b,c}, all
 
 
 def test_fallback_to_topological_order_is_logged(caplog):
@@ -77,17 +107,19 @@ def test_fallback_to_topological_order_is_logged(caplog):
 
 # ---------------------------------------------------------------- DP against brute force
 
+
 def compositions(n: int):
     """Every way to cut n items into contiguous non-empty parts (as cut lists)."""
     for r in range(n):
         for cuts in itertools.combinations(range(1, n), r):
             yield [0, *cuts, n]
 
+
 def best_chain_tps(g, cl, B, b, ids, replicas):
     """Brute force: the least bottleneck TPS over contiguous splits of ``ids`` and replica counts."""
     best = math.inf
     for cuts in compositions(len(ids)):
-        parts = [ids[cuts[i]:cuts[i + 1]] for i in range(len(cuts) - 1)]
+        parts = [ids[cuts[i] : cuts[i + 1]] for i in range(len(cuts) - 1)]
         for reps in itertools.product(replicas, repeat=len(parts)):
             if sum(reps) > cl.devices:
                 continue
@@ -97,7 +129,6 @@ def best_chain_tps(g, cl, B, b, ids, replicas):
                 dev += r
             best = min(best, max(c.time_per_sample for c in stage_costs(g, cl, specs, B)))
     return best
-
 
 
 def test_shared_dp_matches_brute_force_on_a_chain():
@@ -111,7 +142,7 @@ def test_shared_dp_matches_brute_force_on_a_chain():
     best = best_chain_tps(g, cl, B, b, ids, (1, 2, 4))
     plan = plan_pipedream(g, cl, B, micro_batch_sizes=[b])
     assert plan.search.extra["dp_bottleneck_tps"] == pytest.approx(best, rel=1e-9)
-    assert plan.predicted.time_per_sample == pytest.approx(best, rel=1e-9)   # chain: transfers exact
+    assert plan.predicted.time_per_sample == pytest.approx(best, rel=1e-9)  # chain: transfers exact
 
 
 def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
@@ -126,7 +157,7 @@ def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
     for cuts in compositions(len(C)):
         spans = list(zip(cuts, cuts[1:]))
         for reps in itertools.product(range(1, K + 1), repeat=len(spans)):
-            if sum(reps) != K:            # the original uses every machine
+            if sum(reps) != K:  # the original uses every machine
                 continue
             t = max((sum(C[a:z]) + 4 * (r - 1) * sum(W[a:z]) / (bw * r)) / r for (a, z), r in zip(spans, reps))
             best = min(best, t)
@@ -138,9 +169,11 @@ def test_pipedream_costs_dp_matches_brute_force_on_a_chain():
 
 # ---------------------------------------------------------------- fidelity with the published optimizer
 
+
 @pytest.mark.parametrize("name, machines, expected", [("gnmt", 4, 0.025868), ("alexnet", 8, 0.011620)])
 def test_fidelity_with_the_published_optimizer(data_dir, name, machines, expected):
     from gpp_solver.formats.importers import import_pipedream
+
     g = import_pipedream(data_dir / "pipedream" / f"{name}.graph.txt", batch_size=1)
     sol = pipedream_optimizer(g, [machines], 1e9)
     assert sol.bottleneck == pytest.approx(expected, rel=1e-4)
@@ -149,6 +182,7 @@ def test_fidelity_with_the_published_optimizer(data_dir, name, machines, expecte
 
 def test_pipedream_costs_mode_builds_a_valid_plan(data_dir):
     from gpp_solver.formats.importers import import_pipedream
+
     g = import_pipedream(data_dir / "pipedream" / "gnmt.graph.txt", batch_size=1)
     cl = cluster_from_dict(flat_cluster(4, memory=1e15))
     plan = plan_pipedream(g, cl, 4, mode="pipedream-costs")
@@ -160,6 +194,7 @@ def test_pipedream_costs_mode_builds_a_valid_plan(data_dir):
 
 # ---------------------------------------------------------------- plans under the shared model
 
+
 @pytest.mark.parametrize("gd", [chain_dict(6), diamond_dict(), branchy_dict()])
 @pytest.mark.parametrize("cd", [CLUSTER, flat_cluster(3)])
 def test_plans_are_valid_within_budget_and_deterministic(gd, cd):
@@ -170,7 +205,7 @@ def test_plans_are_valid_within_budget_and_deterministic(gd, cd):
     assert plan.predicted.peak_memory_bytes <= cl.memory_bytes
     assert plan.search.status == "feasible"
     if gd["name"].startswith("chain"):
-        assert plan.depth == len(plan.stages)           # a sequential pipeline
+        assert plan.depth == len(plan.stages)  # a sequential pipeline
     again = plan_pipedream(g, cl, 8)
     strip = lambda p: {k: v for k, v in plan_to_dict(p).items() if k != "search"}  # noqa: E731
     assert strip(again) == strip(plan)
@@ -181,7 +216,7 @@ def test_memory_limit_forces_a_split_and_infeasible_reports_the_need():
     for n in gd["nodes"]:
         n["weight_bytes"] = 1000.0
     g = graph_from_dict(gd)
-    tight = cluster_from_dict(flat_cluster(4, memory=9000.0))   # 4000 bytes of weight state per node
+    tight = cluster_from_dict(flat_cluster(4, memory=9000.0))  # 4000 bytes of weight state per node
     plan = plan_pipedream(g, tight, 4)
     assert len(plan.stages) >= 2
     assert all(st.predicted.memory_bytes <= 9000.0 for st in plan.stages)
@@ -193,6 +228,7 @@ def test_memory_limit_forces_a_split_and_infeasible_reports_the_need():
 def test_agrees_with_graphpipe_on_a_chain():
     from gpp_solver.errors import InvalidInputError
     from gpp_solver.planners.registry import get_planner
+
     try:
         graphpipe = get_planner("graphpipe")
     except InvalidInputError:
@@ -200,7 +236,7 @@ def test_agrees_with_graphpipe_on_a_chain():
     g = graph_from_dict(chain_dict(5, [1.0, 3.0, 0.5, 2.0, 1.5]))
     cl = cluster_from_dict(flat_cluster(4))
     ours = plan_pipedream(g, cl, 8, micro_batch_sizes=[4])
-    theirs = graphpipe(g, cl, 8, micro_batch_sizes=[4], depth_tradeoff=False)     # both: the least TPS
+    theirs = graphpipe(g, cl, 8, micro_batch_sizes=[4], depth_tradeoff=False)  # both: the least TPS
     assert ours.predicted.time_per_sample == pytest.approx(theirs.predicted.time_per_sample, rel=1e-6)
 
 
@@ -208,6 +244,7 @@ def test_agrees_with_graphpipe_on_a_chain():
 def test_inception_falls_back_to_a_topological_order(data_dir, caplog):
     from gpp_solver.formats.cluster import v100_cluster
     from gpp_solver.formats.importers import import_pipedream
+
     g = import_pipedream(data_dir / "pipedream" / "inception_v3.graph.txt", batch_size=128)
     cl = v100_cluster(8)
     with caplog.at_level(logging.INFO):
@@ -231,7 +268,7 @@ def test_time_limit_is_reported_honestly():
         plan = plan_pipedream(big, huge, 64, time_limit=0.3)
     except TimeLimitError:
         plan = None
-    assert time.perf_counter() - t0 < 0.3 + 1.0             # clock checked inside the DP (slack: load)
+    assert time.perf_counter() - t0 < 0.3 + 1.0  # clock checked inside the DP (slack: load)
     if plan is not None:
         assert plan.search.status == "time-limit"
         validate(plan, big, huge)
@@ -242,11 +279,18 @@ def test_devices_the_graph_cannot_use_cost_nothing(per_node):
     """16,384 and 10^6 devices: the DP considers only the devices a chain can use (nodes x max b),
     says so, and gives the same plan for both in time and memory independent of the device count."""
     import tracemalloc
+
     g = random_graph(random.Random(2), "chain", 6)
     plans, peaks = [], []
     for D in (16384, 10**6):
-        cl = Cluster(devices=D, memory_bytes=16e9, inter_node_bandwidth=1e10, intra_node_bandwidth=1e11,
-                     devices_per_node=per_node, latency=1e-5)
+        cl = Cluster(
+            devices=D,
+            memory_bytes=16e9,
+            inter_node_bandwidth=1e10,
+            intra_node_bandwidth=1e11,
+            devices_per_node=per_node,
+            latency=1e-5,
+        )
         tracemalloc.start()
         plan = plan_pipedream(g, cl, 8, time_limit=60)
         peaks.append(tracemalloc.get_traced_memory()[1])
@@ -262,13 +306,19 @@ def test_devices_the_graph_cannot_use_cost_nothing(per_node):
 
 # ---------------------------------------------------------------- shared-mode DP pricing vs exact
 
+
 def two_sources_dict() -> dict:
     """Two source branches s1->a1->a2 and s2->b1->b2 joined by j -> t (no producer fans out)."""
     ts = {"s1": 1.0, "a1": 2.0, "a2": 0.5, "s2": 1.5, "b1": 0.7, "b2": 2.5, "j": 1.0, "t": 0.8}
     nodes = [node(v, f, w=100.0 * (i + 1)) for i, (v, f) in enumerate(ts.items())]
     edges = [("s1", "a1"), ("a1", "a2"), ("a2", "j"), ("s2", "b1"), ("b1", "b2"), ("b2", "j"), ("j", "t")]
-    return {"format": "gpp-graph/1", "name": "two_sources", "micro_batch_sizes": [1, 2], "nodes": nodes,
-            "edges": [{"src": s, "dst": d} for s, d in edges]}
+    return {
+        "format": "gpp-graph/1",
+        "name": "two_sources",
+        "micro_batch_sizes": [1, 2],
+        "nodes": nodes,
+        "edges": [{"src": s, "dst": d} for s, d in edges],
+    }
 
 
 def random_dag_dict(rng, n: int) -> dict:
@@ -279,10 +329,12 @@ def random_dag_dict(rng, n: int) -> dict:
         for i in rng.sample(range(j), min(j, rng.choice([0, 1, 1, 2]))):
             edges.append({"src": f"v{i}", "dst": f"v{j}", "bytes": rng.uniform(1, 20)})
     has_succ = {e["src"] for e in edges}
-    edges += [{"src": f"v{i}", "dst": f"v{n - 1}", "bytes": rng.uniform(1, 20)}
-              for i in range(n - 1) if f"v{i}" not in has_succ]          # connected: sinks join the last
-    return {"format": "gpp-graph/1", "name": f"rand{n}", "micro_batch_sizes": [1, 2], "nodes": nodes,
-            "edges": edges}
+    edges += [
+        {"src": f"v{i}", "dst": f"v{n - 1}", "bytes": rng.uniform(1, 20)}
+        for i in range(n - 1)
+        if f"v{i}" not in has_succ
+    ]  # connected: sinks join the last
+    return {"format": "gpp-graph/1", "name": f"rand{n}", "micro_batch_sizes": [1, 2], "nodes": nodes, "edges": edges}
 
 
 def test_shared_mode_linearises_every_source_and_beats_every_topological_chain():
@@ -305,6 +357,7 @@ def test_range_transfers_price_random_chains_like_the_shared_model(seed):
     """In-transfers exact; out-transfers exact unless a producer feeds two later stages (then a
     lower bound); so on a flat network the DP value is the exact TPS of its plan or below it."""
     import random
+
     rng = random.Random(seed)
     g = graph_from_dict(random_dag_dict(rng, rng.randint(5, 9)))
     cl = cluster_from_dict(flat_cluster(4))
@@ -312,7 +365,7 @@ def test_range_transfers_price_random_chains_like_the_shared_model(seed):
     in_b, in_c, out_b, out_c = lin.range_transfers(g)
     for _ in range(20):
         chain = [0]
-        while chain[-1] != lin.n_states - 1:       # a random chain of nested states to the full set
+        while chain[-1] != lin.n_states - 1:  # a random chain of nested states to the full set
             nxt = [j for j in range(lin.n_states) if lin.subset[chain[-1], j]]
             chain.append(rng.choice(nxt))
         b = 2
@@ -322,7 +375,9 @@ def test_range_transfers_price_random_chains_like_the_shared_model(seed):
         stage = {v: s for s, sp in enumerate(specs) for v in sp.nodes}
         fans = any(len({stage[w] for w in g.succs(v) if stage[w] != stage[v]}) > 1 for v in g.ids)
         for _s, (sc, (k, j)) in enumerate(zip(stage_costs(g, cl, specs, 8), zip(chain, chain[1:]))):
-            dp = 2.0 * ((in_c[k, j] + out_c[k, j]) * cl.latency + (in_b[k, j] + out_b[k, j]) * b / cl.inter_node_bandwidth)
+            dp = 2.0 * (
+                (in_c[k, j] + out_c[k, j]) * cl.latency + (in_b[k, j] + out_b[k, j]) * b / cl.inter_node_bandwidth
+            )
             if fans:
                 assert dp <= sc.comm * (1 + 1e-9) + 1e-12
             else:

@@ -52,10 +52,22 @@ def test_best_configuration_is_the_fastest_of_the_space():
             if w * d > 4:
                 continue
             x = 2 / d
-            cuts = equal_partition([sum(t) for t in ((g.node(v).fw_time[0] if x <= 1 else g.node(v).fw_time[1],
-                                                       g.node(v).bw_time[0] if x <= 1 else g.node(v).bw_time[1])
-                                                      for v in order)], w)
-            specs = [StageSpec(tuple(order[cuts[i]:cuts[i + 1]]), tuple(range(i * d, (i + 1) * d)), 2) for i in range(w)]
+            cuts = equal_partition(
+                [
+                    sum(t)
+                    for t in (
+                        (
+                            g.node(v).fw_time[0] if x <= 1 else g.node(v).fw_time[1],
+                            g.node(v).bw_time[0] if x <= 1 else g.node(v).bw_time[1],
+                        )
+                        for v in order
+                    )
+                ],
+                w,
+            )
+            specs = [
+                StageSpec(tuple(order[cuts[i] : cuts[i + 1]]), tuple(range(i * d, (i + 1) * d)), 2) for i in range(w)
+            ]
             other = build_plan(g, cl, specs, 8, planner="x", search=SearchInfo(0.0, "feasible"))
             assert plan.predicted.iteration_time <= other.predicted.iteration_time + 1e-12
 
@@ -72,7 +84,7 @@ def test_two_weight_versions_are_charged():
     assert err.value.required_memory_bytes >= 5000.0
     ok = cluster_from_dict(flat_cluster(2, memory=5200.0))
     plan = plan_pipedream_2bw(g, ok, 2)
-    assert plan.search.extra["w"] == 2                  # one node per stage: 5000 + activations
+    assert plan.search.extra["w"] == 2  # one node per stage: 5000 + activations
     assert plan.predicted.peak_memory_bytes + 1000.0 <= 5200.0
 
 
@@ -84,6 +96,7 @@ def _exhaustive_2bw(g, cl, B, micro_batch_sizes=None):
     from gpp_solver.cost.model import node_compute
     from gpp_solver.planners.sequential.common import attach_detached, candidate_micro_batches, pipedream_core
     from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer, select_by_simulation
+
     core, inputs, sinks = pipedream_core(g)
     order = [v for v in g.topo_order if v in set(core)]
     pricer = SequentialPricer(g, cl, B, order, inputs, sinks)
@@ -93,10 +106,12 @@ def _exhaustive_2bw(g, cl, B, micro_batch_sizes=None):
             for d in range(1, min(b, cl.devices // w) + 1):
                 if b % d:
                     continue
-                cuts = equal_partition([node_compute(g.node(v).fw_time, g.node(v).bw_time, g.micro_batch_sizes, b / d)
-                                        for v in order], w)
-                pr = pricer.price(np.repeat(np.arange(w), np.diff(cuts)),
-                                  [tuple(range(i * d, (i + 1) * d)) for i in range(w)], b)
+                cuts = equal_partition(
+                    [node_compute(g.node(v).fw_time, g.node(v).bw_time, g.micro_batch_sizes, b / d) for v in order], w
+                )
+                pr = pricer.price(
+                    np.repeat(np.arange(w), np.diff(cuts)), [tuple(range(i * d, (i + 1) * d)) for i in range(w)], b
+                )
                 need = float(np.max(pr.memory + pr.weights))
                 least = min(least, need)
                 if need <= cl.memory_bytes * (1 + MARGIN):
@@ -105,15 +120,23 @@ def _exhaustive_2bw(g, cl, B, micro_batch_sizes=None):
 
     def build(i):
         b, w, d, cuts = configs[i]
-        rows = [(order[cuts[s]:cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
-        plan = build_plan(g, cl, attach_detached(g, rows, inputs, sinks), B, planner="pipedream-2bw",
-                          search=SearchInfo(0.0, "feasible"))
+        rows = [(order[cuts[s] : cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
+        plan = build_plan(
+            g,
+            cl,
+            attach_detached(g, rows, inputs, sinks),
+            B,
+            planner="pipedream-2bw",
+            search=SearchInfo(0.0, "feasible"),
+        )
         need = max(st.predicted.memory_bytes + sum(g.node(v).weight_bytes for v in st.nodes) for st in plan.stages)
         return plan if need <= cl.memory_bytes else None
 
     built, _ = select_by_simulation(lower, build)
-    keyed = [((p.predicted.iteration_time, configs[i][1] * configs[i][2], configs[i][1], configs[i][0]), i)
-             for i, p in built.items()]
+    keyed = [
+        ((p.predicted.iteration_time, configs[i][1] * configs[i][2], configs[i][1], configs[i][0]), i)
+        for i, p in built.items()
+    ]
     return (built[min(keyed)[1]] if keyed else None), len(built), least
 
 
@@ -125,11 +148,19 @@ def _deep_chain(n: int) -> dict:
     return gd
 
 
-@pytest.mark.parametrize("gd", [chain_dict(6, [1.0, 3.0, 0.5, 2.0, 1.5, 2.5]), diamond_dict(), branchy_dict(),
-                                _deep_chain(12)])
-@pytest.mark.parametrize("cd", [CLUSTER, flat_cluster(4, memory=3000.0), flat_cluster(4, memory=800.0),
-                                flat_cluster(16, memory=1300.0),
-                                flat_cluster(16)])
+@pytest.mark.parametrize(
+    "gd", [chain_dict(6, [1.0, 3.0, 0.5, 2.0, 1.5, 2.5]), diamond_dict(), branchy_dict(), _deep_chain(12)]
+)
+@pytest.mark.parametrize(
+    "cd",
+    [
+        CLUSTER,
+        flat_cluster(4, memory=3000.0),
+        flat_cluster(4, memory=800.0),
+        flat_cluster(16, memory=1300.0),
+        flat_cluster(16),
+    ],
+)
 @pytest.mark.parametrize("B", [8, 32])
 def test_lazy_pricing_picks_and_builds_what_pricing_everything_does(gd, cd, B):
     g, cl = graph_from_dict(gd), cluster_from_dict(cd)
@@ -143,8 +174,14 @@ def test_lazy_pricing_picks_and_builds_what_pricing_everything_does(gd, cd, B):
     assert ours.stages == ref.stages
     assert ours.predicted.iteration_time == ref.predicted.iteration_time
     extra = ours.search.extra
-    assert extra["simulated"] == n_built                      # the same plans were built
-    assert extra["simulated"] <= extra["within_memory"] <= extra["priced"] <= extra["memory_checked"] <= extra["configurations"]
+    assert extra["simulated"] == n_built  # the same plans were built
+    assert (
+        extra["simulated"]
+        <= extra["within_memory"]
+        <= extra["priced"]
+        <= extra["memory_checked"]
+        <= extra["configurations"]
+    )
 
 
 def test_equal_partition_matches_the_direct_scan():
@@ -153,6 +190,7 @@ def test_equal_partition_matches_the_direct_scan():
     import numpy as np
 
     from gpp_solver.planners.sequential.equal_partition import _equal_partition_loop
+
     rng = random.Random(7)
     for _ in range(3000):
         n = rng.randint(1, 25)
@@ -178,6 +216,7 @@ def test_equal_partition_fast_path_matches_the_direct_scan_on_long_inputs():
     import numpy as np
 
     from gpp_solver.planners.sequential.equal_partition import _equal_partition_loop
+
     rng = random.Random(11)
     for _ in range(150):
         n = rng.randint(20, 300)

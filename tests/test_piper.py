@@ -29,6 +29,7 @@ def piper_cluster(k: int, mem_gb: float) -> Cluster:
 
 def piper_graph(data_dir, name: str):
     from gpp_solver.formats.importers import import_piper
+
     return import_piper(data_dir / "piper" / f"{name}.json")
 
 
@@ -38,6 +39,7 @@ def piper_tps(graph, k: int, mem_gb: float, n: int) -> float:
 
 
 # -- fidelity (figures measured with the original C++ implementation) ---------------------------
+
 
 def test_resnet_k16_2gb_matches_published_code(data_dir):
     assert piper_tps(piper_graph(data_dir, "resnet"), 16, 2.0, 7680) == pytest.approx(76.5213, rel=1e-4)
@@ -67,19 +69,48 @@ def test_resnet_plan_in_piper_mode_is_valid(data_dir):
 
 # -- small graphs -------------------------------------------------------------------------------
 
+
 def tmpc_chain(n: int = 4) -> dict:
     """A chain whose nodes offer t=1 plain, t=1 with recomputation (less memory, slower) and t=2."""
     nodes = []
     for i in range(n):
         f = 1.0 + 0.25 * i
-        nodes.append({"id": f"n{i}", "fw_time": [f], "bw_time": [2 * f], "weight_bytes": 50.0,
-                      "activation_bytes": 40.0, "output_bytes": 4.0,
-                      "tmpc": [{"t": 1, "recompute": False, "fw_time": [f], "bw_time": [2 * f],
-                                "weight_bytes": 50.0, "activation_bytes": 40.0},
-                               {"t": 1, "recompute": True, "fw_time": [f], "bw_time": [3 * f],
-                                "weight_bytes": 50.0, "activation_bytes": 4.0},
-                               {"t": 2, "recompute": False, "fw_time": [0.6 * f], "bw_time": [1.2 * f],
-                                "weight_bytes": 25.0, "activation_bytes": 20.0}]})
+        nodes.append(
+            {
+                "id": f"n{i}",
+                "fw_time": [f],
+                "bw_time": [2 * f],
+                "weight_bytes": 50.0,
+                "activation_bytes": 40.0,
+                "output_bytes": 4.0,
+                "tmpc": [
+                    {
+                        "t": 1,
+                        "recompute": False,
+                        "fw_time": [f],
+                        "bw_time": [2 * f],
+                        "weight_bytes": 50.0,
+                        "activation_bytes": 40.0,
+                    },
+                    {
+                        "t": 1,
+                        "recompute": True,
+                        "fw_time": [f],
+                        "bw_time": [3 * f],
+                        "weight_bytes": 50.0,
+                        "activation_bytes": 4.0,
+                    },
+                    {
+                        "t": 2,
+                        "recompute": False,
+                        "fw_time": [0.6 * f],
+                        "bw_time": [1.2 * f],
+                        "weight_bytes": 25.0,
+                        "activation_bytes": 20.0,
+                    },
+                ],
+            }
+        )
     edges = [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(n - 1)]
     return {"format": "gpp-graph/1", "name": f"tmpc{n}", "micro_batch_sizes": [1], "nodes": nodes, "edges": edges}
 
@@ -96,6 +127,7 @@ def test_graph_without_tmpcs_gives_a_valid_plan(diamond, cluster_dict):
 
 def test_registry_finds_piper():
     from gpp_solver.planners.registry import get_planner
+
     assert get_planner("piper") is plan_piper
 
 
@@ -121,7 +153,7 @@ def test_memory_limit_respected_and_recomputation_chosen_when_tight():
     res = run_dp(inst, count_downsets(g))
     assert np.isfinite(res.value) and res.value > free.value
     labels = [lab for st in res.stages for lab in st.slots]
-    assert labels.count(1) >= 1                              # some node recomputes
+    assert labels.count(1) >= 1  # some node recomputes
     assert all(lab == -1 for st in free.stages for lab in st.slots)  # -1: the node's own figures
     # Piper's memory model holds for every stage of the answer
     s_left = res.s
@@ -149,17 +181,29 @@ def test_required_memory_is_exact_under_piper_model():
 
 
 def test_too_many_downsets_refused_fast():
-    k = 40                                            # 40 parallel 2-node branches: 3^40 downsets
-    nodes = [{"id": "src", "fw_time": [1.0], "bw_time": [1.0], "weight_bytes": 0, "activation_bytes": 0,
-              "output_bytes": 1}, {"id": "dst", "fw_time": [1.0], "bw_time": [1.0], "weight_bytes": 0,
-                                   "activation_bytes": 0, "output_bytes": 1}]
+    k = 40  # 40 parallel 2-node branches: 3^40 downsets
+    nodes = [
+        {"id": "src", "fw_time": [1.0], "bw_time": [1.0], "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 1},
+        {"id": "dst", "fw_time": [1.0], "bw_time": [1.0], "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 1},
+    ]
     edges = []
     for b in range(k):
         for j in range(2):
-            nodes.append({"id": f"b{b}.{j}", "fw_time": [1.0], "bw_time": [1.0], "weight_bytes": 0,
-                          "activation_bytes": 0, "output_bytes": 1})
-        edges += [{"src": "src", "dst": f"b{b}.0"}, {"src": f"b{b}.0", "dst": f"b{b}.1"},
-                  {"src": f"b{b}.1", "dst": "dst"}]
+            nodes.append(
+                {
+                    "id": f"b{b}.{j}",
+                    "fw_time": [1.0],
+                    "bw_time": [1.0],
+                    "weight_bytes": 0,
+                    "activation_bytes": 0,
+                    "output_bytes": 1,
+                }
+            )
+        edges += [
+            {"src": "src", "dst": f"b{b}.0"},
+            {"src": f"b{b}.0", "dst": f"b{b}.1"},
+            {"src": f"b{b}.1", "dst": "dst"},
+        ]
     g = gs.graph_from_dict({"micro_batch_sizes": [1], "nodes": nodes, "edges": edges})
     c = Cluster(devices=4, memory_bytes=1e9, inter_node_bandwidth=1e9)
     start = time.monotonic()
@@ -185,6 +229,7 @@ def test_deterministic(diamond, cluster_dict):
 
 # -- oracles --------------------------------------------------------------------------------------
 
+
 def brute_force(inst, downsets) -> float:
     """Every chain of downsets, every (t, d) per stage, every TMPC choice; Piper's formulas."""
     n, K, N, S1 = inst.n, inst.devices, inst.micro_batches, inst.bound_s
@@ -202,16 +247,22 @@ def brute_force(inst, downsets) -> float:
                 continue
             tot = 0.0
             for v, l in zip(S, slots):
-                e = sum(2 * (inst.c[j] + o.sfw[j, l]) for j in range(len(inst.c))
-                        if inst.dst[j] == v and inst.src[j] not in S)
-                e += sum(2 * (inst.c[j] + o.sbw[j, l]) for j in range(len(inst.c))
-                         if inst.src[j] == v and inst.dst[j] not in S)
+                e = sum(
+                    2 * (inst.c[j] + o.sfw[j, l])
+                    for j in range(len(inst.c))
+                    if inst.dst[j] == v and inst.src[j] not in S
+                )
+                e += sum(
+                    2 * (inst.c[j] + o.sbw[j, l])
+                    for j in range(len(inst.c))
+                    if inst.src[j] == v and inst.dst[j] not in S
+                )
                 tot += (e / d + inst.resync_factor * (d - 1) * o.w[v, l] / d / N) / inst.bandwidth + o.p[v, l] / d
             best = min(best, tot)
         return best
 
     @functools.cache
-    def rec(D, k, s):                      # partition downset D on <= k devices, sum of d <= s
+    def rec(D, k, s):  # partition downset D on <= k devices, sum of d <= s
         if D == 0:
             return 0.0
         best = math.inf
@@ -233,11 +284,24 @@ def test_dp_equals_brute_force_on_single_choice_tmpcs(diamond, k, n_mb, mem):
     # one TMPC per (node, t) makes the knapsack exact, so the DP must equal exhaustive search
     d = dict(diamond)
     for i, nd in enumerate(d["nodes"]):
-        nd["tmpc"] = [{"t": 1, "recompute": False, "fw_time": nd["fw_time"], "bw_time": nd["bw_time"],
-                       "weight_bytes": nd["weight_bytes"], "activation_bytes": nd["activation_bytes"]},
-                      {"t": 2, "recompute": False, "fw_time": [x * (0.5 + 0.1 * i) for x in nd["fw_time"]],
-                       "bw_time": [x * 0.7 for x in nd["bw_time"]], "weight_bytes": 50.0,
-                       "activation_bytes": 6.0}]
+        nd["tmpc"] = [
+            {
+                "t": 1,
+                "recompute": False,
+                "fw_time": nd["fw_time"],
+                "bw_time": nd["bw_time"],
+                "weight_bytes": nd["weight_bytes"],
+                "activation_bytes": nd["activation_bytes"],
+            },
+            {
+                "t": 2,
+                "recompute": False,
+                "fw_time": [x * (0.5 + 0.1 * i) for x in nd["fw_time"]],
+                "bw_time": [x * 0.7 for x in nd["bw_time"]],
+                "weight_bytes": 50.0,
+                "activation_bytes": 6.0,
+            },
+        ]
     g = gs.graph_from_dict(d)
     inst = build_instance(g, Cluster(devices=k, memory_bytes=mem, inter_node_bandwidth=50.0), n_mb, mode="piper")
     ds = count_downsets(g)
@@ -269,8 +333,12 @@ def reference_fast_heuristic(tps, mem, limit):
         return sum(tps[i][f[i]] for i in range(n))
     if sum(min(mem[i]) for i in range(n)) > limit:
         return math.inf
-    swaps = sorted(((tps[i][l] - tps[i][f[i]]) / (mem[i][f[i]] - mem[i][l]), i, l)
-                   for i in range(n) for l in range(len(tps[i])) if mem[i][f[i]] - mem[i][l] > 1e-9)
+    swaps = sorted(
+        ((tps[i][l] - tps[i][f[i]]) / (mem[i][f[i]] - mem[i][l]), i, l)
+        for i in range(n)
+        for l in range(len(tps[i]))
+        if mem[i][f[i]] - mem[i][l] > 1e-9
+    )
     h = list(f)
     for _, i, l in swaps:
         need -= mem[i][h[i]] - mem[i][l]
@@ -286,17 +354,21 @@ def test_knapsack_matches_reference_and_never_beats_optimum():
         n = int(rng.integers(1, 7))
         tps = rng.uniform(1, 10, (n, 2))
         mem = rng.uniform(1, 10, (n, 2))
-        mem[np.arange(n), np.argmin(tps, axis=1)] += rng.uniform(0, 5, n)   # faster tends to cost memory
+        mem[np.arange(n), np.argmin(tps, axis=1)] += rng.uniform(0, 5, n)  # faster tends to cost memory
         limit = float(rng.uniform(mem.min(axis=1).sum(), mem.max(axis=1).sum()))
         f = np.argmin(tps, axis=1)
         if mem[np.arange(n), f].sum() <= limit:
             continue
-        got, choice = solve_hard(HardInstances(tps[None], mem[None], np.ones((1, n), bool), f[None], limit),
-                                 want_choice=True)
+        got, choice = solve_hard(
+            HardInstances(tps[None], mem[None], np.ones((1, n), bool), f[None], limit), want_choice=True
+        )
         assert got[0] == pytest.approx(reference_fast_heuristic(tps, mem, limit))
         assert mem[np.arange(n), choice[0]].sum() <= limit + 1e-9
-        opt = min(sum(tps[i, l] for i, l in enumerate(c)) for c in itertools.product(range(2), repeat=n)
-                  if sum(mem[i, l] for i, l in enumerate(c)) <= limit)
+        opt = min(
+            sum(tps[i, l] for i, l in enumerate(c))
+            for c in itertools.product(range(2), repeat=n)
+            if sum(mem[i, l] for i, l in enumerate(c)) <= limit
+        )
         assert got[0] >= opt - 1e-12
 
 
@@ -328,13 +400,14 @@ def test_knapsack_with_three_tmpcs_follows_the_slow_heuristic():
     for _ in range(100):
         n = int(rng.integers(1, 5))
         tps = rng.uniform(1, 10, (n, 3))
-        mem = 12 - tps + rng.uniform(0, 2, (n, 3))            # faster options use more memory
+        mem = 12 - tps + rng.uniform(0, 2, (n, 3))  # faster options use more memory
         limit = float(rng.uniform(mem.min(axis=1).sum(), mem.max(axis=1).sum()))
         f = np.argmin(tps, axis=1)
         if mem[np.arange(n), f].sum() <= limit:
             continue
-        got, choice = solve_hard(HardInstances(tps[None], mem[None], np.ones((1, n), bool), f[None], limit),
-                                 want_choice=True)
+        got, choice = solve_hard(
+            HardInstances(tps[None], mem[None], np.ones((1, n), bool), f[None], limit), want_choice=True
+        )
         assert got[0] == pytest.approx(reference_slow_heuristic(tps, mem, limit))
         if np.isfinite(got[0]):
             assert mem[np.arange(n), choice[0]].sum() <= limit + 1e-9
@@ -348,19 +421,36 @@ def test_sync_bytes_keyed_like_the_published_code():
     from gpp_solver.formats.importers import piper_dict
 
     def tm(fw, bw):
-        return {"id": "vanilla", "timePerSample": 1.0, "parameterSize": 0.0, "memoryUsageA": 0.0,
-                "memoryUsageB": 0.0, "syncTimeFw": fw, "syncTimeBw": bw}
-    doc = {"maxDevices": 2, "maxMemoryPerDevice": 1e9, "bandwidth": 1.0, "mbsInBatch": 1,
-           "nodes": [{"id": 10, "name": "u", "TMPCs": {"1": [tm({}, {"11": 0.0})], "2": [tm({}, {"11": 7.0})]}},
-                     {"id": 11, "name": "v", "TMPCs": {"1": [tm({"10": 0.0}, {})], "2": [tm({"10": 5.0}, {})]}}],
-           "edges": [{"sourceId": 10, "destId": 11, "communicationCost": 3.0}]}
+        return {
+            "id": "vanilla",
+            "timePerSample": 1.0,
+            "parameterSize": 0.0,
+            "memoryUsageA": 0.0,
+            "memoryUsageB": 0.0,
+            "syncTimeFw": fw,
+            "syncTimeBw": bw,
+        }
+
+    doc = {
+        "maxDevices": 2,
+        "maxMemoryPerDevice": 1e9,
+        "bandwidth": 1.0,
+        "mbsInBatch": 1,
+        "nodes": [
+            {"id": 10, "name": "u", "TMPCs": {"1": [tm({}, {"11": 0.0})], "2": [tm({}, {"11": 7.0})]}},
+            {"id": 11, "name": "v", "TMPCs": {"1": [tm({"10": 0.0}, {})], "2": [tm({"10": 5.0}, {})]}},
+        ],
+        "edges": [{"sourceId": 10, "destId": 11, "communicationCost": 3.0}],
+    }
     g = gs.graph_from_dict(piper_dict(doc))
     inst = build_instance(g, Cluster(devices=2, memory_bytes=1e9, inter_node_bandwidth=1.0), 1, mode="piper")
     opt = next(o for o in inst.degrees if o.t == 2)
     ker = StageCostKernel(inst)
+
     def cost(rows):
         return ker.costs(opt, np.array(rows, dtype=bool), 1).out[:, 1]
+
     only_u, only_v, both = cost([[1, 0], [0, 1], [1, 1]])
-    assert only_u == pytest.approx(1.0 + 2 * (3.0 + 7.0))     # out-edge to v: c + sbw keyed by v
-    assert only_v == pytest.approx(1.0 + 2 * (3.0 + 5.0))     # in-edge from u: c + sfw keyed by u
-    assert both == pytest.approx(2.0)                           # internal edge: nothing to send
+    assert only_u == pytest.approx(1.0 + 2 * (3.0 + 7.0))  # out-edge to v: c + sbw keyed by v
+    assert only_v == pytest.approx(1.0 + 2 * (3.0 + 5.0))  # in-edge from u: c + sfw keyed by u
+    assert both == pytest.approx(2.0)  # internal edge: nothing to send

@@ -18,15 +18,42 @@ def random_graph(rng: np.random.Generator, n: int) -> dict:
     for i in range(n):
         f = float(rng.uniform(0.5, 3.0))
         w, act = float(rng.uniform(10, 100)), float(rng.uniform(5, 60))
-        nodes.append({"id": f"n{i}", "fw_time": [f], "bw_time": [2 * f], "weight_bytes": w,
-                      "activation_bytes": act, "output_bytes": float(rng.uniform(1, 8)),
-                      "tmpc": [{"t": 1, "recompute": False, "fw_time": [f], "bw_time": [2 * f],
-                                "weight_bytes": w, "activation_bytes": act},
-                               {"t": 1, "recompute": True, "fw_time": [f], "bw_time": [float(rng.uniform(2.2, 3.5)) * f],
-                                "weight_bytes": w, "activation_bytes": act * float(rng.uniform(0.05, 0.4))},
-                               {"t": 2, "recompute": False, "fw_time": [float(rng.uniform(0.5, 0.8)) * f],
-                                "bw_time": [float(rng.uniform(1.0, 1.6)) * f],
-                                "weight_bytes": w / 2, "activation_bytes": act / 2}]})
+        nodes.append(
+            {
+                "id": f"n{i}",
+                "fw_time": [f],
+                "bw_time": [2 * f],
+                "weight_bytes": w,
+                "activation_bytes": act,
+                "output_bytes": float(rng.uniform(1, 8)),
+                "tmpc": [
+                    {
+                        "t": 1,
+                        "recompute": False,
+                        "fw_time": [f],
+                        "bw_time": [2 * f],
+                        "weight_bytes": w,
+                        "activation_bytes": act,
+                    },
+                    {
+                        "t": 1,
+                        "recompute": True,
+                        "fw_time": [f],
+                        "bw_time": [float(rng.uniform(2.2, 3.5)) * f],
+                        "weight_bytes": w,
+                        "activation_bytes": act * float(rng.uniform(0.05, 0.4)),
+                    },
+                    {
+                        "t": 2,
+                        "recompute": False,
+                        "fw_time": [float(rng.uniform(0.5, 0.8)) * f],
+                        "bw_time": [float(rng.uniform(1.0, 1.6)) * f],
+                        "weight_bytes": w / 2,
+                        "activation_bytes": act / 2,
+                    },
+                ],
+            }
+        )
     edges = [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(n - 1)]
     edges += [{"src": f"n{i}", "dst": f"n{i + 2}"} for i in range(n - 2) if rng.random() < 0.3]
     return {"format": "gpp-graph/1", "name": "rand", "micro_batch_sizes": [1], "nodes": nodes, "edges": edges}
@@ -54,7 +81,7 @@ def test_breakpoint_update_gives_the_dense_tables(seed, monkeypatch):
     n_mb = int(rng.choice([4, 12, 24, 60]))
     mem = float(rng.uniform(150, 900))
     inst = build_instance(g, Cluster(devices=k, memory_bytes=mem, inter_node_bandwidth=20.0), n_mb, mode="piper")
-    if seed % 2:    # sync costs: the general knapsack path
+    if seed % 2:  # sync costs: the general knapsack path
         degs = tuple(type(o)(**{**o.__dict__, "sfw": o.sfw + rng.uniform(0, 3, o.sfw.shape)}) for o in inst.degrees)
         inst = type(inst)(**{**inst.__dict__, "degrees": degs})
     ds = count_downsets(g)
@@ -80,7 +107,7 @@ def test_dominators_are_the_immediate_ones():
 
 
 def random_table(rng: np.random.Generator, K1: int, F: int) -> np.ndarray:
-    t = np.round(rng.uniform(0, 20, (K1, F)))                    # ties and plateaus
+    t = np.round(rng.uniform(0, 20, (K1, F)))  # ties and plateaus
     t[: rng.integers(0, K1 // 2 + 1)] = np.inf
     t[:, : rng.integers(0, 2)] = np.inf
     np.minimum.accumulate(t, axis=0, out=t)
@@ -92,6 +119,7 @@ def random_table(rng: np.random.Generator, K1: int, F: int) -> np.ndarray:
 def test_update_equals_dense_on_random_tables_and_costs(seed):
     # stage costs need not rise with s here (drops, inf gaps): the k-drop path and every pruning rule
     from gpp_solver.planners.piper.sparse import update
+
     rng = np.random.default_rng(100 + seed)
     K, S1 = int(rng.integers(3, 14)), int(rng.integers(2, 12))
     K1, F = K + 1, S1 + 1
@@ -106,12 +134,12 @@ def test_update_equals_dense_on_random_tables_and_costs(seed):
     staged, dense = {}, np.full((K1, F), np.inf)
     for c, (dt, d) in enumerate(offsets):
         if rng.random() < 0.15:
-            continue                                              # a (t, d) with no stage at all
+            continue  # a (t, d) with no stage at all
         pos = np.flatnonzero(rng.random(len(subs)) < 0.8)
         cost = np.round(rng.uniform(0, 20, (len(pos), F - d)))
         cost[rng.random(cost.shape) < 0.2] = np.inf
         if rng.random() < 0.5:
-            cost = np.sort(cost, axis=1)                          # the usual case: rising with s
+            cost = np.sort(cost, axis=1)  # the usual case: rising with s
         staged[c] = (pos, cost)
         for p, row in zip(pos, cost):
             cand = np.maximum(subs_tables[p][: K1 - dt, : F - d], row[None, :])
@@ -141,6 +169,7 @@ def test_transformer_96_at_64_devices_sparse_equals_dense(monkeypatch):
     from gpp_solver.formats.cluster import v100_cluster
     from gpp_solver.planners.piper.planner import plan_piper
     from gpp_solver.workloads import build_model
+
     graph = build_model("transformer", layers=96)
     sparse = plan_piper(graph, v100_cluster(64), 1024)
     monkeypatch.setattr(piper_dp, "SPARSE_SHARE", 0.0)
@@ -151,6 +180,7 @@ def test_transformer_96_at_64_devices_sparse_equals_dense(monkeypatch):
 
 def test_first_best_is_the_published_scan():
     """``_first_best`` (binary search per row) against the published double loop, near-ties included."""
+
     def scan(t):
         best, bk, bs = np.inf, 0, 0
         for k in range(t.shape[0]):

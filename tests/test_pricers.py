@@ -47,7 +47,7 @@ def instance(seed: int) -> tuple[Graph, Cluster, int, int, list[list[str]], list
     cuts = sorted(rng.sample(range(1, len(order)), k - 1))
     parts = [order[i:j] for i, j in zip([0] + cuts, cuts + [len(order)])]
     degs = [1] * k
-    for _ in range(c.devices - k):          # double random stages' degrees while b % d == 0 and devices last
+    for _ in range(c.devices - k):  # double random stages' degrees while b % d == 0 and devices last
         i = rng.randrange(k)
         if b % (2 * degs[i]) == 0 and sum(degs) + degs[i] <= c.devices:
             degs[i] *= 2
@@ -82,13 +82,12 @@ def test_gpp_evaluator(seed: int) -> None:
             assign[g.index[v]] = i
     ev = P.evaluate(assign, degs)
     assert ev is not None
-    specs = [StageSpec(tuple(p), tuple(range(ev.offsets[i], ev.offsets[i] + degs[i])), b)
-             for i, p in enumerate(parts)]
+    specs = [StageSpec(tuple(p), tuple(range(ev.offsets[i], ev.offsets[i] + degs[i])), b) for i, p in enumerate(parts)]
     costs, est = reference(g, c, B, specs)
     for i, cost in enumerate(costs):
         assert close(ev.tps[i], cost.time_per_sample)
     assert close(ev.estimate, est)
-    depth = {i: 1 for i in range(len(parts))}         # 1F1B in-flight: (longest path to a sink) * b
+    depth = {i: 1 for i in range(len(parts))}  # 1F1B in-flight: (longest path to a sink) * b
     stage_of = {v: i for i, p in enumerate(parts) for v in p}
     for u, v in sorted(stage_graph_edges(g, stage_of), reverse=True):
         depth[u] = max(depth[u], depth[v] + 1)

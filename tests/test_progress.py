@@ -15,8 +15,9 @@ class FakeTTY(io.StringIO):
         return True
 
 
-@pytest.mark.parametrize("tty, enabled, shown", [(True, True, True), (True, None, True), (True, False, False),
-                                                  (False, True, False)])
+@pytest.mark.parametrize(
+    "tty, enabled, shown", [(True, True, True), (True, None, True), (True, False, False), (False, True, False)]
+)
 def test_bar_only_on_a_terminal(monkeypatch, tty, enabled, shown):
     pytest.importorskip("tqdm")
     err = FakeTTY() if tty else io.StringIO()
@@ -35,8 +36,20 @@ def test_cli_quiet_when_piped(tmp_path):
     from gpp_solver.workloads import build_model
 
     save_graph(build_model("mmt", branches=2, layers=1), tmp_path / "g.json")
-    argv = [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster", "v100:4",
-            "--batch", "32", "--planner", "graphpipe", "--tighten"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpp_solver",
+        "plan",
+        str(tmp_path / "g.json"),
+        "--cluster",
+        "v100:4",
+        "--batch",
+        "32",
+        "--planner",
+        "graphpipe",
+        "--tighten",
+    ]
     r = subprocess.run(argv + ["--quiet"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == ""
     assert json.loads(r.stdout)["search"]["cp_tighten"]["status"]

@@ -26,7 +26,7 @@ def test_python_examples(i, tmp_path, monkeypatch):
 def test_quickstart_main_job(tmp_path):
     cmd = blocks("bash")[0].strip()
     assert cmd.startswith("pip install -e . && ")
-    job = cmd[len("pip install -e . && "):].replace("gpp ", f"{sys.executable} -m gpp_solver ")
+    job = cmd[len("pip install -e . && ") :].replace("gpp ", f"{sys.executable} -m gpp_solver ")
     r = subprocess.run(job, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     # everything goes into out/, nothing into the working directory itself
@@ -70,4 +70,5 @@ def test_machine_table_is_the_code():
         _, _, per, mem, intra, inter = table[name]
         assert int(per) == m.devices_per_node and mem == f"{m.memory_bytes / 2**30:g} GiB"
         assert intra.startswith(f"{m.intra_node_bandwidth / 1e9:g} GB/s") and inter.startswith(
-            f"{m.inter_node_bandwidth / 1e9:g} GB/s")
+            f"{m.inter_node_bandwidth / 1e9:g} GB/s"
+        )

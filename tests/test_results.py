@@ -32,7 +32,7 @@ def test_check_results_finds_a_changed_figure(tmp_path, capsys):
     text = RESULTS.read_text()
     row = next(line for line in text.splitlines() if line.startswith("| mmt | 4 | 64 |"))
     cells = row.split(" | ")
-    cells[-2] = "0.004"                                   # the TPS column of the search-time table
+    cells[-2] = "0.004"  # the TPS column of the search-time table
     bad = tmp_path / "results.md"
     bad.write_text(text.replace(row, " | ".join(cells)))
     assert _check_results().main(["--only", "mmt:4", "--results", str(bad)]) == 1

@@ -12,40 +12,36 @@ from gpp_solver.plan.schedule import compute_in_flight, kfkb_order, schedule_sta
 
 # Table 2 of the paper, transcribed row by row: (condition, result) on (kx, bx, ky, by, iy).
 TABLE2 = {
-    1: (lambda kx, bx, ky, by: max(bx, by) < kx * bx < ky * by,
-        lambda kx, bx, ky, by, iy: iy + 2 * max(bx, by)),
-    2: (lambda kx, bx, ky, by: max(bx, by) == kx * bx < ky * by,
-        lambda kx, bx, ky, by, iy: iy + max(bx, by)),
-    3: (lambda kx, bx, ky, by: bx <= by < ky * by < kx * bx,
-        lambda kx, bx, ky, by, iy: iy + kx * bx - ky * by + 2 * by),
-    4: (lambda kx, bx, ky, by: bx <= by == ky * by < kx * bx,
-        lambda kx, bx, ky, by, iy: iy + kx * bx),
-    5: (lambda kx, bx, ky, by: by <= bx < ky * by < kx * bx,
-        lambda kx, bx, ky, by, iy: iy + kx * bx - ky * by + 2 * bx),
-    6: (lambda kx, bx, ky, by: by <= bx == ky * by < kx * bx,
-        lambda kx, bx, ky, by, iy: iy + kx * bx),
-    7: (lambda kx, bx, ky, by: max(bx, by) == ky * by == kx * bx,
-        lambda kx, bx, ky, by, iy: iy + ky * by),
-    8: (lambda kx, bx, ky, by: max(bx, by) < ky * by == kx * bx,
-        lambda kx, bx, ky, by, iy: iy + 2 * max(bx, by)),
-    9: (lambda kx, bx, ky, by: bx <= kx * bx < by <= ky * by,
-        lambda kx, bx, ky, by, iy: iy + by),
-    10: (lambda kx, bx, ky, by: by <= ky * by < bx <= kx * bx,
-         lambda kx, bx, ky, by, iy: iy + kx * bx - ky * by + bx),
+    1: (lambda kx, bx, ky, by: max(bx, by) < kx * bx < ky * by, lambda kx, bx, ky, by, iy: iy + 2 * max(bx, by)),
+    2: (lambda kx, bx, ky, by: max(bx, by) == kx * bx < ky * by, lambda kx, bx, ky, by, iy: iy + max(bx, by)),
+    3: (
+        lambda kx, bx, ky, by: bx <= by < ky * by < kx * bx,
+        lambda kx, bx, ky, by, iy: iy + kx * bx - ky * by + 2 * by,
+    ),
+    4: (lambda kx, bx, ky, by: bx <= by == ky * by < kx * bx, lambda kx, bx, ky, by, iy: iy + kx * bx),
+    5: (
+        lambda kx, bx, ky, by: by <= bx < ky * by < kx * bx,
+        lambda kx, bx, ky, by, iy: iy + kx * bx - ky * by + 2 * bx,
+    ),
+    6: (lambda kx, bx, ky, by: by <= bx == ky * by < kx * bx, lambda kx, bx, ky, by, iy: iy + kx * bx),
+    7: (lambda kx, bx, ky, by: max(bx, by) == ky * by == kx * bx, lambda kx, bx, ky, by, iy: iy + ky * by),
+    8: (lambda kx, bx, ky, by: max(bx, by) < ky * by == kx * bx, lambda kx, bx, ky, by, iy: iy + 2 * max(bx, by)),
+    9: (lambda kx, bx, ky, by: bx <= kx * bx < by <= ky * by, lambda kx, bx, ky, by, iy: iy + by),
+    10: (lambda kx, bx, ky, by: by <= ky * by < bx <= kx * bx, lambda kx, bx, ky, by, iy: iy + kx * bx - ky * by + bx),
 }
 
 # One instance (kx, bx, ky, by, iy) per row, chosen so the row's condition holds.
 EXAMPLES = {
-    1: (2, 2, 4, 2, 6),    # max=2 < 4 < 8
-    2: (1, 4, 4, 2, 8),    # max=4 == 4 < 8
-    3: (8, 1, 3, 2, 5),    # 1 <= 2 < 6 < 8
-    4: (4, 1, 1, 2, 3),    # 1 <= 2 == 2 < 4
-    5: (4, 2, 3, 1, 7),    # 1 <= 2 < 3 < 8
-    6: (3, 2, 2, 1, 1),    # 1 <= 2 == 2 < 6
-    7: (1, 4, 2, 2, 9),    # max=4 == 4 == 4
-    8: (3, 2, 2, 3, 4),    # max=3 < 6 == 6
-    9: (2, 1, 1, 4, 4),    # 1 <= 2 < 4 <= 4
-    10: (1, 8, 3, 1, 2),   # 1 <= 3 < 8 <= 8
+    1: (2, 2, 4, 2, 6),  # max=2 < 4 < 8
+    2: (1, 4, 4, 2, 8),  # max=4 == 4 < 8
+    3: (8, 1, 3, 2, 5),  # 1 <= 2 < 6 < 8
+    4: (4, 1, 1, 2, 3),  # 1 <= 2 == 2 < 4
+    5: (4, 2, 3, 1, 7),  # 1 <= 2 < 3 < 8
+    6: (3, 2, 2, 1, 1),  # 1 <= 2 == 2 < 6
+    7: (1, 4, 2, 2, 9),  # max=4 == 4 == 4
+    8: (3, 2, 2, 3, 4),  # max=3 < 6 == 6
+    9: (2, 1, 1, 4, 4),  # 1 <= 2 < 4 <= 4
+    10: (1, 8, 3, 1, 2),  # 1 <= 3 < 8 <= 8
 }
 
 
@@ -110,8 +106,8 @@ def test_algorithm2_diamond_takes_the_larger_branch() -> None:
 def test_algorithm2_mixed_micro_batch_sizes() -> None:
     succs = {0: [1], 1: []}
     res = schedule_stage_graph(succs, {0: 1, 1: 2})
-    assert res[1] == (1, 2)                                    # sink: k*b
-    assert res[0] == (1, compute_in_flight(1, 1, 1, 2, 2))     # row 9: 2 + 2
+    assert res[1] == (1, 2)  # sink: k*b
+    assert res[0] == (1, compute_in_flight(1, 1, 1, 2, 2))  # row 9: 2 + 2
     assert res[0][1] == 4
 
 

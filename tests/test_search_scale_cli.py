@@ -16,16 +16,19 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--workloads", "nosuch"], "unknown workload 'nosuch'"),
-    (["--workloads", "pd-/nonexistent/x.graph.txt"], "no profile file"),
-    (["--planners", "nosuch"], "unknown planner 'nosuch'"),
-    (["--devices", "8,x"], "--devices must be comma-separated integers"),
-    (["--cell", "pd-/nonexistent/x.graph.txt", "8", "graphpipe", "10"], "no profile file"),
-    (["--cell", "transformer-12", "8", "nosuch", "10"], "unknown planner 'nosuch'"),
-    (["--cell", "transformer-12", "eight", "graphpipe", "10"], "--cell takes WORKLOAD DEVICES PLANNER"),
-    (["--cell", "transformer-12", "0", "graphpipe", "10"], "positive devices"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--workloads", "nosuch"], "unknown workload 'nosuch'"),
+        (["--workloads", "pd-/nonexistent/x.graph.txt"], "no profile file"),
+        (["--planners", "nosuch"], "unknown planner 'nosuch'"),
+        (["--devices", "8,x"], "--devices must be comma-separated integers"),
+        (["--cell", "pd-/nonexistent/x.graph.txt", "8", "graphpipe", "10"], "no profile file"),
+        (["--cell", "transformer-12", "8", "nosuch", "10"], "unknown planner 'nosuch'"),
+        (["--cell", "transformer-12", "eight", "graphpipe", "10"], "--cell takes WORKLOAD DEVICES PLANNER"),
+        (["--cell", "transformer-12", "0", "graphpipe", "10"], "positive devices"),
+    ],
+)
 def test_bad_input_exits_2(args, words):
     r = _run(*args)
     assert r.returncode == 2, r.stderr

@@ -84,7 +84,7 @@ def _graphs(seed: int, k: int):
         g.add_edges_from(edges)
         yield rng, g
     g = nx.DiGraph()
-    g.add_nodes_from(range(4))                      # no edges at all
+    g.add_nodes_from(range(4))  # no edges at all
     yield rng, g
 
 

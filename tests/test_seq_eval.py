@@ -25,14 +25,24 @@ def _with_inputs(gd: dict) -> dict:
     """Add a zero-cost input feeding the first and the last node (a transfer that skips stages)."""
     gd = {**gd, "nodes": list(gd["nodes"]), "edges": list(gd["edges"])}
     first, last = gd["nodes"][0]["id"], gd["nodes"][-1]["id"]
-    gd["nodes"].insert(0, {"id": "in", "fw_time": [0.0, 0.0], "bw_time": [0.0, 0.0], "weight_bytes": 0.0,
-                           "activation_bytes": 5.0, "output_bytes": 7.0})
+    gd["nodes"].insert(
+        0,
+        {
+            "id": "in",
+            "fw_time": [0.0, 0.0],
+            "bw_time": [0.0, 0.0],
+            "weight_bytes": 0.0,
+            "activation_bytes": 5.0,
+            "output_bytes": 7.0,
+        },
+    )
     gd["edges"] += [{"src": "in", "dst": first}, {"src": "in", "dst": last}]
     return gd
 
 
-@pytest.mark.parametrize("gd", [chain_dict(6), diamond_dict(), branchy_dict(), _with_inputs(chain_dict(5)),
-                                _with_inputs(branchy_dict())])
+@pytest.mark.parametrize(
+    "gd", [chain_dict(6), diamond_dict(), branchy_dict(), _with_inputs(chain_dict(5)), _with_inputs(branchy_dict())]
+)
 @pytest.mark.parametrize("cd", [CLUSTER, flat_cluster(4)])
 def test_pricing_matches_the_built_plan_and_bounds_its_simulation(gd, cd):
     g, cl = graph_from_dict(gd), cluster_from_dict(cd)
@@ -53,9 +63,10 @@ def test_pricing_matches_the_built_plan_and_bounds_its_simulation(gd, cd):
         for s in sizes:
             devs.append(tuple(range(dev, dev + s)))
             dev += s
-        rows = [(order[cuts[i]:cuts[i + 1]], devs[i], b) for i in range(w)]
-        plan = build_plan(g, cl, attach_detached(g, rows, inputs, sinks), B, planner="t",
-                          search=SearchInfo(0.0, "feasible"))
+        rows = [(order[cuts[i] : cuts[i + 1]], devs[i], b) for i in range(w)]
+        plan = build_plan(
+            g, cl, attach_detached(g, rows, inputs, sinks), B, planner="t", search=SearchInfo(0.0, "feasible")
+        )
         pr = pricer.price(np.repeat(np.arange(w), np.diff(cuts)), devs, b)
         assert pr.lower_bound <= plan.predicted.iteration_time * (1 + 1e-12)
         by_devices = {st.devices: st for st in plan.stages}
@@ -68,7 +79,7 @@ def test_pricing_matches_the_built_plan_and_bounds_its_simulation(gd, cd):
 
 
 def test_select_by_simulation_stops_at_the_bound_and_reports_the_deadline():
-    class P:   # the least a plan needs here
+    class P:  # the least a plan needs here
         def __init__(self, t):
             self.predicted = type("X", (), {"iteration_time": t})()
 
@@ -78,13 +89,14 @@ def test_select_by_simulation_stops_at_the_bound_and_reports_the_deadline():
     built, complete = select_by_simulation(lower, lambda i: calls.append(i) or P(times[i]))
     assert complete and calls == [1, 2] and set(built) == {1, 2}
     built, complete = select_by_simulation(lower, lambda i: None if i == 1 else P(times[i]))
-    assert complete and set(built) == {2, 0}     # a rejected candidate does not tighten the bound
+    assert complete and set(built) == {2, 0}  # a rejected candidate does not tighten the bound
     built, complete = select_by_simulation(lower, lambda i: P(times[i]), deadline=0.0)
     assert not complete and set(built) == {1}
 
 
-@pytest.mark.parametrize("gd", [chain_dict(6, [1.0, 3.0, 0.5, 2.0, 1.5, 2.5]), branchy_dict(),
-                                _with_inputs(branchy_dict())])
+@pytest.mark.parametrize(
+    "gd", [chain_dict(6, [1.0, 3.0, 0.5, 2.0, 1.5, 2.5]), branchy_dict(), _with_inputs(branchy_dict())]
+)
 @pytest.mark.parametrize("cd", [CLUSTER, flat_cluster(4, memory=3000.0)])
 def test_2bw_equals_the_exhaustive_search(gd, cd):
     g, cl = graph_from_dict(gd), cluster_from_dict(cd)
@@ -99,14 +111,25 @@ def test_2bw_equals_the_exhaustive_search(gd, cd):
                     continue
                 x = b / d
                 from gpp_solver.cost.model import interp_time
-                wts = [interp_time(g.node(v).fw_time, g.micro_batch_sizes, x)
-                       + interp_time(g.node(v).bw_time, g.micro_batch_sizes, x) for v in order]
+
+                wts = [
+                    interp_time(g.node(v).fw_time, g.micro_batch_sizes, x)
+                    + interp_time(g.node(v).bw_time, g.micro_batch_sizes, x)
+                    for v in order
+                ]
                 cuts = equal_partition(wts, w)
-                rows = [(order[cuts[i]:cuts[i + 1]], tuple(range(i * d, (i + 1) * d)), b) for i in range(w)]
-                plan = build_plan(g, cl, attach_detached(g, rows, inputs, sinks), B, planner="pipedream-2bw",
-                                  search=SearchInfo(0.0, "feasible"))
-                need = max(st.predicted.memory_bytes + sum(g.node(v).weight_bytes for v in st.nodes)
-                           for st in plan.stages)
+                rows = [(order[cuts[i] : cuts[i + 1]], tuple(range(i * d, (i + 1) * d)), b) for i in range(w)]
+                plan = build_plan(
+                    g,
+                    cl,
+                    attach_detached(g, rows, inputs, sinks),
+                    B,
+                    planner="pipedream-2bw",
+                    search=SearchInfo(0.0, "feasible"),
+                )
+                need = max(
+                    st.predicted.memory_bytes + sum(g.node(v).weight_bytes for v in st.nodes) for st in plan.stages
+                )
                 key = (plan.predicted.iteration_time, w * d, w, b)
                 if need <= cl.memory_bytes and (best_key is None or key < best_key):
                     best, best_key = plan, key

@@ -19,22 +19,43 @@ SEARCH = gs.SearchInfo(0.0, "feasible")
 
 
 def flat_cluster(devices: int, latency: float = 0.0) -> gs.Cluster:
-    return gs.cluster_from_dict({"devices": devices, "memory_bytes": 1e12, "inter_node_bandwidth": 1e3,
-                                 "latency": latency})
+    return gs.cluster_from_dict(
+        {"devices": devices, "memory_bytes": 1e12, "inter_node_bandwidth": 1e3, "latency": latency}
+    )
 
 
 def uniform_chain(p: int, f: float, g: float, w: float = 0.0) -> gs.Graph:
     """``p`` nodes, each ``f`` forward and ``g`` backward per sample, no communication."""
-    return gs.graph_from_dict({"name": f"u{p}", "micro_batch_sizes": [1], "nodes": [
-        {"id": f"n{i}", "fw_time": [f], "bw_time": [g], "weight_bytes": w, "activation_bytes": 1.0,
-         "output_bytes": 0.0} for i in range(p)],
-        "edges": [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(p - 1)]})
+    return gs.graph_from_dict(
+        {
+            "name": f"u{p}",
+            "micro_batch_sizes": [1],
+            "nodes": [
+                {
+                    "id": f"n{i}",
+                    "fw_time": [f],
+                    "bw_time": [g],
+                    "weight_bytes": w,
+                    "activation_bytes": 1.0,
+                    "output_bytes": 0.0,
+                }
+                for i in range(p)
+            ],
+            "edges": [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(p - 1)],
+        }
+    )
 
 
 def one_node_per_stage(graph: gs.Graph, cluster: gs.Cluster, b: int, B: int, devices=None) -> gs.Plan:
     devices = devices or [(i,) for i in range(len(graph.ids))]
-    return gs.build_plan(graph, cluster, [StageSpec((v,), devices[i], b) for i, v in enumerate(graph.ids)], B,
-                         planner="manual", search=SEARCH)
+    return gs.build_plan(
+        graph,
+        cluster,
+        [StageSpec((v,), devices[i], b) for i, v in enumerate(graph.ids)],
+        B,
+        planner="manual",
+        search=SEARCH,
+    )
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 5])
@@ -58,15 +79,22 @@ def test_1f1b_chain_closed_form(p, n, f, g):
         assert stats.idle == pytest.approx(sim.iteration_time - n * (f + g))
         assert stats.idle_fraction == pytest.approx(1 - n * (f + g) / sim.iteration_time)
         depth_from_sink = p - 1 - st.id
-        assert stats.peak_in_flight_samples == min(n, depth_from_sink + 1)   # GraphPipe: (j + 1) * b
+        assert stats.peak_in_flight_samples == min(n, depth_from_sink + 1)  # GraphPipe: (j + 1) * b
 
 
 def test_gpipe_order_closed_form():
     """All forwards then all backwards on p stages: (n + p - 1)(f + g) as well (f, g equal)."""
     p, n, f, g = 3, 5, 1.0, 2.0
     orders = {i: tuple([("F", j) for j in range(n)] + [("B", j) for j in range(n)]) for i in range(p)}
-    mk, _ = simulate_orders(orders, {i: 1 for i in range(p)}, {i: f for i in range(p)}, {i: g for i in range(p)},
-                            {i: 0.0 for i in range(p)}, [(i, i + 1) for i in range(p - 1)], n)
+    mk, _ = simulate_orders(
+        orders,
+        {i: 1 for i in range(p)},
+        {i: f for i in range(p)},
+        {i: g for i in range(p)},
+        {i: 0.0 for i in range(p)},
+        [(i, i + 1) for i in range(p - 1)],
+        n,
+    )
     assert mk == pytest.approx((n + p - 1) * (f + g))
 
 
@@ -100,28 +128,26 @@ def test_allreduce_tail_of_source_and_sink():
 def test_unequal_micro_batches_producer_2_consumer_4():
     """Hand timeline: producer b=2 (F=1, B=2), consumer b=4 (F=3, B=5), B=8."""
     orders = {0: kfkb_order(4, 4), 1: kfkb_order(2, 1)}
-    mk, tasks = simulate_orders(orders, {0: 2, 1: 4}, {0: 1.0, 1: 3.0}, {0: 2.0, 1: 5.0}, {0: 0.0, 1: 0.0},
-                                [(0, 1)], 8)
+    mk, tasks = simulate_orders(orders, {0: 2, 1: 4}, {0: 1.0, 1: 3.0}, {0: 2.0, 1: 5.0}, {0: 0.0, 1: 0.0}, [(0, 1)], 8)
     at = {(t.stage, t.kind, t.micro_batch): (t.start, t.end) for t in tasks}
-    assert at[(1, "F", 0)] == (2.0, 5.0)      # waits for producer F0 and F1 (samples 0..3)
+    assert at[(1, "F", 0)] == (2.0, 5.0)  # waits for producer F0 and F1 (samples 0..3)
     assert at[(1, "B", 0)] == (5.0, 10.0)
     assert at[(1, "F", 1)] == (10.0, 13.0)
-    assert at[(0, "B", 0)] == (10.0, 12.0)    # both producer B0, B1 wait for consumer B0
+    assert at[(0, "B", 0)] == (10.0, 12.0)  # both producer B0, B1 wait for consumer B0
     assert at[(0, "B", 1)] == (12.0, 14.0)
-    assert at[(0, "B", 2)] == (18.0, 20.0)    # B2 waits for consumer B1 (ends 18)
+    assert at[(0, "B", 2)] == (18.0, 20.0)  # B2 waits for consumer B1 (ends 18)
     assert mk == pytest.approx(22.0)
 
 
 def test_unequal_micro_batches_producer_4_consumer_2():
     """Consumer b=2 needs only the producer micro-batch holding its samples (part of one)."""
     orders = {0: kfkb_order(2, 2), 1: kfkb_order(4, 4)}
-    mk, tasks = simulate_orders(orders, {0: 4, 1: 2}, {0: 2.0, 1: 1.0}, {0: 4.0, 1: 1.0}, {0: 0.0, 1: 0.0},
-                                [(0, 1)], 8)
+    mk, tasks = simulate_orders(orders, {0: 4, 1: 2}, {0: 2.0, 1: 1.0}, {0: 4.0, 1: 1.0}, {0: 0.0, 1: 0.0}, [(0, 1)], 8)
     at = {(t.stage, t.kind, t.micro_batch): (t.start, t.end) for t in tasks}
-    assert at[(1, "F", 0)][0] == 2.0 and at[(1, "F", 1)][0] == 3.0   # both after producer F0 only
-    assert at[(1, "F", 2)][0] == 4.0                                   # samples 4..5: producer F1
+    assert at[(1, "F", 0)][0] == 2.0 and at[(1, "F", 1)][0] == 3.0  # both after producer F0 only
+    assert at[(1, "F", 2)][0] == 4.0  # samples 4..5: producer F1
     assert at[(1, "F", 3)][0] == 5.0
-    assert at[(0, "B", 0)] == (8.0, 12.0)                              # after consumer B0 and B1 (ends 8)
+    assert at[(0, "B", 0)] == (8.0, 12.0)  # after consumer B0 and B1 (ends 8)
     assert mk == max(t.end for t in tasks)
 
 
@@ -151,8 +177,9 @@ def test_diamond_hand_value_and_oracle(diamond, cluster_dict):
     graph = gs.graph_from_dict(diamond)
     cluster = gs.cluster_from_dict(cluster_dict)
     # n = 1: the critical path is a, max(b, c), d forward and back
-    plan = gs.build_plan(graph, cluster, [StageSpec((v,), (i,), 2) for i, v in enumerate("abcd")], 2,
-                         planner="manual", search=SEARCH)
+    plan = gs.build_plan(
+        graph, cluster, [StageSpec((v,), (i,), 2) for i, v in enumerate("abcd")], 2, planner="manual", search=SEARCH
+    )
     costs = gs.cost.stage_costs(graph, cluster, plan.stages, 2)
     F = {s.nodes[0]: c.forward for s, c in zip(plan.stages, costs)}
     Bk = {s.nodes[0]: c.backward for s, c in zip(plan.stages, costs)}
@@ -173,7 +200,7 @@ def test_random_dags_agree_with_longest_path_oracle(seed):
     orders = {s: tuple([("F", j) for j in range(B // b[s])] + [("B", j) for j in range(B // b[s])]) for s in range(S)}
     mk, tasks = simulate_orders(orders, b, fw, bw, ar, edges, B)
     assert mk == pytest.approx(oracle_makespan(orders, b, fw, bw, ar, edges))
-    for s in range(S):   # a stage never runs two actions at once
+    for s in range(S):  # a stage never runs two actions at once
         spans = sorted((t.start, t.end) for t in tasks if t.stage == s)
         assert all(e0 <= s1 + 1e-12 for (_, e0), (s1, _) in zip(spans, spans[1:]))
 
@@ -184,17 +211,18 @@ def test_deadlock_names_waiting_stages():
         simulate_orders(orders, {0: 1, 1: 1}, {0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0}, {0: 0.0, 1: 0.0}, [(0, 1)], 2)
     assert "stage 1 at F1 (step 1) waits for F1 of stage 0" in str(info.value)
     assert info.value.waiting == ((0, "B", 0, 1), (1, "F", 1, 1))
-    assert "B0<" in str(info.value) and "F1<" in str(info.value)   # the grid marks the stuck steps
+    assert "B0<" in str(info.value) and "F1<" in str(info.value)  # the grid marks the stuck steps
 
 
 def test_deadlock_through_simulate_and_validate(diamond, cluster_dict):
     graph = gs.graph_from_dict(diamond)
     cluster = gs.cluster_from_dict(cluster_dict)
-    plan = gs.build_plan(graph, cluster, [StageSpec((v,), (i,), 2) for i, v in enumerate("abcd")], 4,
-                         planner="manual", search=SEARCH)
+    plan = gs.build_plan(
+        graph, cluster, [StageSpec((v,), (i,), 2) for i, v in enumerate("abcd")], 4, planner="manual", search=SEARCH
+    )
     d = gs.plan_to_dict(plan)
-    d["stages"][0]["schedule"]["order"] = [["F", 0], ["B", 0], ["F", 1], ["B", 1]]   # source waits for B0
-    d["stages"][3]["schedule"]["order"] = [["F", 0], ["F", 1], ["B", 0], ["B", 1]]   # sink wants F1 first
+    d["stages"][0]["schedule"]["order"] = [["F", 0], ["B", 0], ["F", 1], ["B", 1]]  # source waits for B0
+    d["stages"][3]["schedule"]["order"] = [["F", 0], ["F", 1], ["B", 0], ["B", 1]]  # sink wants F1 first
     bad = gs.plan_from_dict(d)
     with pytest.raises(DeadlockError, match="stage 0 at B0"):
         gs.simulate(bad, graph, cluster)
@@ -203,8 +231,14 @@ def test_deadlock_through_simulate_and_validate(diamond, cluster_dict):
 def test_chrome_trace_and_grid(tmp_path, diamond, cluster_dict):
     graph = gs.graph_from_dict(diamond)
     cluster = gs.cluster_from_dict(cluster_dict)
-    plan = gs.build_plan(graph, cluster, [StageSpec(("a",), (0, 1), 2), StageSpec(("b",), (2,), 2),
-                                          StageSpec(("c", "d"), (3,), 2)], 8, planner="manual", search=SEARCH)
+    plan = gs.build_plan(
+        graph,
+        cluster,
+        [StageSpec(("a",), (0, 1), 2), StageSpec(("b",), (2,), 2), StageSpec(("c", "d"), (3,), 2)],
+        8,
+        planner="manual",
+        search=SEARCH,
+    )
     sim = gs.simulate(plan, graph, cluster)
     trace = to_chrome_trace(sim, plan)
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]

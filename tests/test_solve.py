@@ -35,15 +35,19 @@ def test_diamond_plan_is_valid() -> None:
     plan = solve(diamond_dict(), CLUSTER, mini_batch_size=4)
     g = graph_from_dict(diamond_dict())
     from gpp_solver.formats.cluster import cluster_from_dict
+
     validate(plan, g, cluster_from_dict(CLUSTER))
     assert plan.planner == "graphpipe"
     extra = plan.search.extra
     # optimal only when the plan is its micro-batch size's least-TPS staging (the depth sweep may pick a shallower one)
     assert (plan.search.status == "optimal-within-search-space") == (
-        extra["dp_time_per_sample"] == extra["dp_min_time_per_sample"])
+        extra["dp_time_per_sample"] == extra["dp_min_time_per_sample"]
+    )
     assert plan.search.status in {"optimal-within-search-space", "feasible"}
-    assert solve(diamond_dict(), CLUSTER, mini_batch_size=4, depth_tradeoff=False).search.status \
+    assert (
+        solve(diamond_dict(), CLUSTER, mini_batch_size=4, depth_tradeoff=False).search.status
         == "optimal-within-search-space"
+    )
     assert plan.search.seconds > 0
     assert plan.predicted.time_per_sample <= extra["dp_time_per_sample"] * (1 + 1e-9)
 
@@ -55,14 +59,20 @@ def test_default_mini_batch_is_16_per_device() -> None:
 
 def test_mmt_runs_branches_in_parallel_and_is_deterministic() -> None:
     g = build_model("mmt", branches=2, layers=2)
-    c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
-                inter_node_bandwidth=12.5e9, latency=1e-5)
+    c = Cluster(
+        devices=8,
+        memory_bytes=16 * 2**30,
+        devices_per_node=4,
+        intra_node_bandwidth=50e9,
+        inter_node_bandwidth=12.5e9,
+        latency=1e-5,
+    )
     p1 = plan_graphpipe(g, c, 128)
     p2 = plan_graphpipe(g, c, 128)
     assert _strip(p1) == _strip(p2)
     assert p1.predicted.time_per_sample <= p1.search.extra["dp_time_per_sample"] * (1 + 1e-9)
     strict = plan_graphpipe(g, c, 128, shared_sinks=False, depth_tradeoff=False)
-    assert len(strict.stages) > 1 and strict.depth < len(strict.stages)   # a graph, not a chain
+    assert len(strict.stages) > 1 and strict.depth < len(strict.stages)  # a graph, not a chain
     # shared sinks only add stagings: never a worse bottleneck than the strict vertex-SP space
     least = plan_graphpipe(g, c, 128, depth_tradeoff=False)
     assert least.search.extra["dp_time_per_sample"] <= strict.search.extra["dp_time_per_sample"] * (1 + 1e-12)
@@ -102,6 +112,7 @@ def _chain_brute_force(graph, cluster, B, b):
 @pytest.mark.parametrize("seed", range(12))
 def test_chain_equals_best_chain_partition(seed: int) -> None:
     import random
+
     rng = random.Random(seed)
     n = rng.randint(1, 6)
     d = chain_dict(n, [rng.uniform(0.5, 3.0) for _ in range(n)])
@@ -111,8 +122,13 @@ def test_chain_equals_best_chain_partition(seed: int) -> None:
         node["output_bytes"] = rng.uniform(1, 20)
     g = graph_from_dict(d)
     # flat network: placement does not change any figure, so the DP's estimate is exact
-    c = Cluster(devices=rng.randint(1, 4), memory_bytes=rng.uniform(400, 2000), inter_node_bandwidth=50.0,
-                latency=rng.choice([0.0, 0.02]), optimizer_state_factor=2.0)
+    c = Cluster(
+        devices=rng.randint(1, 4),
+        memory_bytes=rng.uniform(400, 2000),
+        inter_node_bandwidth=50.0,
+        latency=rng.choice([0.0, 0.02]),
+        optimizer_state_factor=2.0,
+    )
     B, b = 8, rng.choice([1, 2, 4])
     want = _chain_brute_force(g, c, B, b)
     if want is None:
@@ -146,11 +162,21 @@ def test_infeasible_reports_the_memory_that_would_do() -> None:
 
 def test_non_series_parallel_graph_gives_a_valid_plan() -> None:
     # the "N": a->c, b->c, b->d (plus a source and a sink)
-    nodes = [{"id": v, "fw_time": [1.0, 1.6], "bw_time": [2.0, 3.2], "weight_bytes": 10.0,
-              "activation_bytes": 1.0, "output_bytes": 2.0} for v in "sabcdt"]
+    nodes = [
+        {
+            "id": v,
+            "fw_time": [1.0, 1.6],
+            "bw_time": [2.0, 3.2],
+            "weight_bytes": 10.0,
+            "activation_bytes": 1.0,
+            "output_bytes": 2.0,
+        }
+        for v in "sabcdt"
+    ]
     edges = [("s", "a"), ("s", "b"), ("a", "c"), ("b", "c"), ("b", "d"), ("c", "t"), ("d", "t")]
-    g = graph_from_dict({"name": "n", "micro_batch_sizes": [1, 2], "nodes": nodes,
-                         "edges": [{"src": u, "dst": v} for u, v in edges]})
+    g = graph_from_dict(
+        {"name": "n", "micro_batch_sizes": [1, 2], "nodes": nodes, "edges": [{"src": u, "dst": v} for u, v in edges]}
+    )
     c = Cluster(devices=4, memory_bytes=1e6, inter_node_bandwidth=100.0, latency=0.001)
     plan = plan_graphpipe(g, c, 8)
     assert plan.search.extra["sp_added_dependencies"] == 1
@@ -200,6 +226,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
     compute), and no degree raise lowers the iteration estimate (what the leftover pass checks)."""
     from gpp_solver.formats.cluster import v100_cluster
     from gpp_solver.planners.graphpipe.staging import estimate_iteration
+
     g, c = build_model("dlrm"), v100_cluster(8)
     plan = plan_graphpipe(g, c, 512, shared_sinks=False)
     validate(plan, g, c)
@@ -214,7 +241,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
     assert plan.devices_used < c.devices
     base_tps = plan.predicted.time_per_sample
     base_est = estimate_iteration(g, c, specs, 512)
-    for i, s in enumerate(specs):           # every raise to degree 2 (devices from the free ones, same node)
+    for i, s in enumerate(specs):  # every raise to degree 2 (devices from the free ones, same node)
         if len(s.devices) != 1:
             continue
         same = [d for d in free if c.node_of(d) == c.node_of(s.devices[0])] or free
@@ -234,9 +261,11 @@ def test_repricing_keeps_the_bound_on_multi_node_clusters(seed: int) -> None:
     import random
 
     from test_dp import random_instance
+
     graph, cluster, B, _ = random_instance(random.Random(1000 + seed))
-    cluster = cluster.with_(devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4,
-                            memory_bytes=1e9)
+    cluster = cluster.with_(
+        devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4, memory_bytes=1e9
+    )
     plan = plan_graphpipe(graph, cluster, B)
     validate(plan, graph, cluster)
     extra = plan.search.extra
@@ -253,9 +282,16 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
     sweep "to maximize training throughput"), and each b's staging is still the DP's optimum."""
     from gpp_solver.planners.graphpipe.binary_search import search_many
     from gpp_solver.planners.graphpipe.dp import StageDP
+
     g = build_model("mmt", branches=2, layers=2)
-    c = Cluster(devices=8, memory_bytes=16 * 2**30, devices_per_node=4, intra_node_bandwidth=50e9,
-                inter_node_bandwidth=12.5e9, latency=1e-5)
+    c = Cluster(
+        devices=8,
+        memory_bytes=16 * 2**30,
+        devices_per_node=4,
+        intra_node_bandwidth=50e9,
+        inter_node_bandwidth=12.5e9,
+        latency=1e-5,
+    )
     B = 128
     plan = plan_graphpipe(g, c, B, depth_tradeoff=False)
     extra = plan.search.extra
@@ -272,9 +308,16 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
     from gpp_solver.plan.build import build_plan
     from gpp_solver.planners.graphpipe.staging import stage_specs
     from gpp_solver.types import SearchInfo
+
     for b, r in search_many(StageDP(g, c, B), extra["micro_batch_sizes_searched"]).items():
-        p = build_plan(g, c, stage_specs(r.stages, b, c.devices_per_node), B, planner="x",
-                       search=SearchInfo(0.0, "feasible", None, {}))
+        p = build_plan(
+            g,
+            c,
+            stage_specs(r.stages, b, c.devices_per_node),
+            B,
+            planner="x",
+            search=SearchInfo(0.0, "feasible", None, {}),
+        )
         assert p.predicted.iteration_time >= B * p.predicted.time_per_sample * (1 - 1e-12)
     assert plan.search.status == "optimal-within-search-space"
     b = plan.stages[0].micro_batch_size
@@ -291,6 +334,7 @@ def test_depth_tradeoff_finds_the_shallow_plan_the_min_tps_search_misses() -> No
     """A 4-device chain whose all-reduce is cheap enough that one data-parallel stage beats the
     4-stage pipeline in simulation although its bottleneck TPS is larger (transformer, 4 V100s)."""
     from gpp_solver.formats.cluster import v100_cluster
+
     g, c = build_model("transformer"), v100_cluster(4)
     base = plan_graphpipe(g, c, 64, depth_tradeoff=False)
     ext = plan_graphpipe(g, c, 64)
@@ -316,9 +360,11 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
     from gpp_solver.planners.graphpipe.binary_search import search_many
     from gpp_solver.planners.graphpipe.dp import StageDP
     from gpp_solver.planners.graphpipe.staging import estimate_iteration, price_staging, stage_specs
+
     graph, cluster, B, _ = random_instance(random.Random(500 + seed))
-    cluster = cluster.with_(devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4,
-                            memory_bytes=1e9)
+    cluster = cluster.with_(
+        devices=4, devices_per_node=2, intra_node_bandwidth=cluster.inter_node_bandwidth * 4, memory_bytes=1e9
+    )
     dp = StageDP(graph, cluster, B)
     for b, r in search_many(dp, [x for x in (1, 2, 4, 8) if B % x == 0]).items():
         if r is None:
@@ -333,6 +379,7 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
 def test_bad_sweep_options_name_themselves(option, value) -> None:
     from gpp_solver.errors import InvalidInputError
     from gpp_solver.formats.cluster import cluster_from_dict
+
     with pytest.raises(InvalidInputError, match=option):
         plan_graphpipe(graph_from_dict(diamond_dict()), cluster_from_dict(CLUSTER), 4, **{option: value})
 
@@ -348,7 +395,7 @@ def test_solve_takes_a_machine_shorthand_as_the_cli_does(tmp_path):
     g = build_model("candle-uno")
     plan = _gs.solve(g, "v100:4", mini_batch_size=64, planner="pipedream-2bw")
     same = _gs.solve(g, cluster_from_spec("v100:4"), mini_batch_size=64, planner="pipedream-2bw")
-    assert plan.stages == same.stages and plan.predicted == same.predicted   # (search seconds differ)
+    assert plan.stages == same.stages and plan.predicted == same.predicted  # (search seconds differ)
     with _pytest.raises(InvalidInputError, match="expected NAME:N or NAME:NODESxPER_NODE"):
         _gs.solve(g, "h100:3x8x2", mini_batch_size=64, planner="pipedream-2bw")
     with _pytest.raises(InvalidInputError, match="not found"):

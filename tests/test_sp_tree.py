@@ -50,7 +50,7 @@ def _sp_graph(rng: random.Random, n_leaves: int) -> nx.DiGraph:
         g1, s1, t1 = build(split)
         g2, s2, t2 = build(k - split)
         g = nx.union(g1, g2)
-        if rng.random() < 0.5:      # series: every sink of the first to every source of the second
+        if rng.random() < 0.5:  # series: every sink of the first to every source of the second
             g.add_edges_from((u, v) for u in t1 for v in s2)
             if rng.random() < 0.3:  # a redundant shortcut keeps the reachability
                 g.add_edge(rng.choice(list(g1)), rng.choice(list(g2)))
@@ -81,8 +81,11 @@ def test_sp_graphs_round_trip(n: int, seed: int) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(min_value=1, max_value=12), st.floats(min_value=0.05, max_value=0.6),
-       st.integers(min_value=0, max_value=10**6))
+@given(
+    st.integers(min_value=1, max_value=12),
+    st.floats(min_value=0.05, max_value=0.6),
+    st.integers(min_value=0, max_value=10**6),
+)
 def test_random_dags_only_gain_dependencies(n: int, p: float, seed: int) -> None:
     rng = random.Random(seed)
     g = nx.DiGraph()
@@ -141,6 +144,7 @@ def test_cycle_and_empty_are_rejected() -> None:
 
 def test_project_graph_type_and_models() -> None:
     from gpp_solver.workloads import build_model
+
     g = build_model("candle-uno")
     res = decompose(g)
     assert res.is_series_parallel
@@ -151,6 +155,7 @@ def test_project_graph_type_and_models() -> None:
 
 def test_inception_decomposes_quickly() -> None:
     from gpp_solver.formats.pipedream import import_pipedream
+
     g = import_pipedream(DATA / "inception_v3.graph.txt", batch_size=128)
     assert len(g.nodes) == 326
     t0 = time.perf_counter()

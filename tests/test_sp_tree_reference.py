@@ -117,19 +117,21 @@ def test_random_dags_match_the_bitset_recursion() -> None:
         rng.shuffle(nodes)
         g.add_nodes_from(nodes)
         g.add_edges_from(edges)
-        if rng.random() < 0.2:                       # a few isolated operators besides
+        if rng.random() < 0.2:  # a few isolated operators besides
             g.add_nodes_from(range(n, n + rng.randint(1, 3)))
         n_forced += len(_same(g).forced_cuts)
-    assert n_forced > 80                           # the SP-ization path is exercised
+    assert n_forced > 80  # the SP-ization path is exercised
 
 
 def test_models_match_the_bitset_recursion() -> None:
     from gpp_solver.workloads import build_model
+
     for name, kw in (("mmt", {}), ("dlrm", {}), ("candle-uno", {}), ("transformer", {"layers": 8})):
         _same(build_model(name, **kw))
 
 
 def test_non_sp_profiles_match_the_bitset_recursion() -> None:
     from gpp_solver.formats.pipedream import import_pipedream
+
     for name in ("gnmt.graph.txt", "gnmt_large.graph.txt", "inception_v3.graph.txt"):
         _same(import_pipedream(DATA / name, batch_size=128))

@@ -26,8 +26,10 @@ def reference_price(graph, cluster, stages, b, B, tables):
     for i, (st, dv) in enumerate(zip(stages, devs)):
         d = len(dv)
         ix = [graph.index[v] for v in st.nodes]
-        comm_half = sum(comm_time(nb, b / d, cluster.bandwidth(dv + devs[peer]), cluster.latency)
-                        for peer, nb in transfers.get(i, []))
+        comm_half = sum(
+            comm_time(nb, b / d, cluster.bandwidth(dv + devs[peer]), cluster.latency)
+            for peer, nb in transfers.get(i, [])
+        )
         a = allreduce_time(float(tables.weight[ix].sum()), d, cluster.bandwidth(dv))
         m = float(tables.compute_at(b / d)[ix].sum()) + 2 * comm_half
         per_mb.append(m)
@@ -42,14 +44,23 @@ def reference_price(graph, cluster, stages, b, B, tables):
         if i not in longest:
             longest[i] = per_mb[i] + max((path(u) for u in preds[i]), default=0.0)
         return longest[i]
+
     L = max(path(i) for i in range(len(stages)))
     return tps, L + (B // b - 1) * max(per_mb) + max(allreduce)
 
 
-CLUSTERS = [v100_cluster(64),
-            Cluster(devices=64, memory_bytes=16e9, inter_node_bandwidth=1e10),          # flat network
-            Cluster(devices=64, memory_bytes=16e9, inter_node_bandwidth=1e10, intra_node_bandwidth=5e10,
-                    devices_per_node=8, latency=3e-5)]
+CLUSTERS = [
+    v100_cluster(64),
+    Cluster(devices=64, memory_bytes=16e9, inter_node_bandwidth=1e10),  # flat network
+    Cluster(
+        devices=64,
+        memory_bytes=16e9,
+        inter_node_bandwidth=1e10,
+        intra_node_bandwidth=5e10,
+        devices_per_node=8,
+        latency=3e-5,
+    ),
+]
 
 
 @pytest.mark.parametrize("name", ["transformer", "mmt", "dlrm", "candle-uno"])
@@ -66,7 +77,7 @@ def test_pricer_equals_the_per_stage_loop(name: str, ci: int) -> None:
         stages = tuple(DPStage(tuple(p), rng.choice([1, 2, 4]), 1, 0.0, graph.index[p[0]]) for p in parts)
         pricer = StagingPricer(graph, cluster, stages, b, 256, tables)
         assert pricer.price(stages) == reference_price(graph, cluster, stages, b, 256, tables)
-        for _ in range(3):      # other degrees, the same partition
+        for _ in range(3):  # other degrees, the same partition
             other = tuple(DPStage(s.nodes, rng.choice([1, 2, 4, 8]), 1, 0.0, s.first) for s in stages)
             assert pricer.price(other) == reference_price(graph, cluster, other, b, 256, tables)
         spent = spend_leftover_devices(graph, cluster, stages, b, 256, (1, 2, 4, 8, 16), tables)

@@ -22,19 +22,40 @@ from gpp_solver.types import Cluster, Graph, SearchInfo
 
 
 def calibrated(g: Graph, c: Cluster, rng: random.Random) -> tuple[Graph, Cluster]:
-    g = replace(g, op_overhead=(rng.uniform(1e-5, 1e-4), rng.uniform(1e-5, 2e-4)),
-                optimizer_time_per_byte=rng.uniform(1e-11, 1e-9))
+    g = replace(
+        g,
+        op_overhead=(rng.uniform(1e-5, 1e-4), rng.uniform(1e-5, 2e-4)),
+        optimizer_time_per_byte=rng.uniform(1e-11, 1e-9),
+    )
     c = c.with_(allreduce_bandwidth=rng.uniform(1e8, 1e10), allreduce_latency=rng.uniform(1e-6, 1e-4))
     return g, c
 
 
 def _doc(**extra) -> dict:
-    return {"format": "gpp-graph/1", "micro_batch_sizes": [1, 4],
-            "nodes": [{"id": "a", "fw_time": [1e-3, 3e-3], "bw_time": [2e-3, 6e-3], "weight_bytes": 4e6,
-                       "activation_bytes": 10, "output_bytes": 10},
-                      {"id": "b", "fw_time": [1e-3, 2e-3], "bw_time": [2e-3, 4e-3], "weight_bytes": 8e6,
-                       "activation_bytes": 10, "output_bytes": 10}],
-            "edges": [{"src": "a", "dst": "b"}], **extra}
+    return {
+        "format": "gpp-graph/1",
+        "micro_batch_sizes": [1, 4],
+        "nodes": [
+            {
+                "id": "a",
+                "fw_time": [1e-3, 3e-3],
+                "bw_time": [2e-3, 6e-3],
+                "weight_bytes": 4e6,
+                "activation_bytes": 10,
+                "output_bytes": 10,
+            },
+            {
+                "id": "b",
+                "fw_time": [1e-3, 2e-3],
+                "bw_time": [2e-3, 4e-3],
+                "weight_bytes": 8e6,
+                "activation_bytes": 10,
+                "output_bytes": 10,
+            },
+        ],
+        "edges": [{"src": "a", "dst": "b"}],
+        **extra,
+    }
 
 
 def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
@@ -53,20 +74,35 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
     assert "allreduce_bandwidth" not in d and "allreduce_latency" not in d
 
 
-@pytest.mark.parametrize("bad", [{"op_overhead": 1e-5}, {"op_overhead": {"fw": 1e-5}},
-                                 {"op_overhead": {"fw": -1e-5, "bw": 0}}, {"optimizer_time_per_byte": -1},
-                                 {"optimizer_time_per_byte": "x"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"op_overhead": 1e-5},
+        {"op_overhead": {"fw": 1e-5}},
+        {"op_overhead": {"fw": -1e-5, "bw": 0}},
+        {"optimizer_time_per_byte": -1},
+        {"optimizer_time_per_byte": "x"},
+    ],
+)
 def test_bad_graph_fields_are_named(bad: dict) -> None:
     with pytest.raises(InvalidGraphError, match=next(iter(bad))):
         graph_from_dict(_doc(**bad))
 
 
-@pytest.mark.parametrize("bad", [{"allreduce_bandwidth": 0}, {"allreduce_bandwidth": -5},
-                                 {"allreduce_latency": -1e-3}, {"allreduce_latency": True}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"allreduce_bandwidth": 0},
+        {"allreduce_bandwidth": -5},
+        {"allreduce_latency": -1e-3},
+        {"allreduce_latency": True},
+    ],
+)
 def test_bad_cluster_fields_are_named(bad: dict) -> None:
     with pytest.raises(InvalidClusterError, match=next(iter(bad))):
-        cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e9,
-                           "inter_node_bandwidth": 1e9, **bad})
+        cluster_from_dict(
+            {"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e9, "inter_node_bandwidth": 1e9, **bad}
+        )
 
 
 def test_ring_allreduce_formula() -> None:
@@ -74,7 +110,7 @@ def test_ring_allreduce_formula() -> None:
     for d in (2, 3, 4, 8):
         assert math.isclose(allreduce_time(W, d, bw, lat), 2 * (d - 1) * lat + 2 * (d - 1) / d * W / bw)
     assert allreduce_time(W, 1, bw, lat) == 0.0
-    assert allreduce_time(W, 4, bw) == 2 * 3 / 4 * W / bw     # no latency: the formula without it
+    assert allreduce_time(W, 4, bw) == 2 * 3 / 4 * W / bw  # no latency: the formula without it
 
 
 def test_stage_costs_and_simulator_price_every_term() -> None:
@@ -82,10 +118,17 @@ def test_stage_costs_and_simulator_price_every_term() -> None:
     all-reduce at the cluster's all-reduce bandwidth plus the optimizer step, and the simulated
     iteration is n (F + B) + A + O."""
     g = graph_from_dict(_doc(op_overhead={"fw": 2e-5, "bw": 3e-5}, optimizer_time_per_byte=1e-10))
-    c = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12,
-                           "inter_node_bandwidth": 1e9, "allreduce_bandwidth": 4e8, "allreduce_latency": 1e-4})
-    plan = build_plan(g, c, [StageSpec(("a", "b"), (0, 1), 8)], 8, planner="manual",
-                      search=SearchInfo(0.0, "feasible"))
+    c = cluster_from_dict(
+        {
+            "format": "gpp-cluster/1",
+            "devices": 2,
+            "memory_bytes": 1e12,
+            "inter_node_bandwidth": 1e9,
+            "allreduce_bandwidth": 4e8,
+            "allreduce_latency": 1e-4,
+        }
+    )
+    plan = build_plan(g, c, [StageSpec(("a", "b"), (0, 1), 8)], 8, planner="manual", search=SearchInfo(0.0, "feasible"))
     assert [len(s.devices) for s in plan.stages] == [2], "expected one stage on two replicas"
     (cost,) = stage_costs(g, c, plan.stages, 8)
     # b/d = 4 samples per replica: the profiled times at 4, plus 2 nodes' overhead
@@ -98,8 +141,9 @@ def test_stage_costs_and_simulator_price_every_term() -> None:
     assert math.isclose(sim.iteration_time, cost.forward + cost.backward + cost.allreduce + cost.optimizer)
     assert math.isclose(cost.time_per_sample, (cost.per_micro_batch) / 8 + (cost.allreduce + cost.optimizer) / 8)
     # the same plan without the terms is cheaper by exactly them
-    plain = stage_costs(graph_from_dict(_doc()), c.with_(allreduce_bandwidth=None, allreduce_latency=0.0),
-                        plan.stages, 8)[0]
+    plain = stage_costs(
+        graph_from_dict(_doc()), c.with_(allreduce_bandwidth=None, allreduce_latency=0.0), plan.stages, 8
+    )[0]
     assert math.isclose(plain.allreduce, W / 1e9) and plain.optimizer == 0.0
 
 
@@ -143,15 +187,20 @@ def with_terms(monkeypatch):
     monkeypatch.setattr(tp, "random_cluster", cluster)
 
 
-PRICER_TESTS = ["test_graphpipe_staging_pricer", "test_gpp_evaluator", "test_sequential_pricer",
-                "test_pipedream_range_costs", "test_graphpipe_dp_segment_table"]
+PRICER_TESTS = [
+    "test_graphpipe_staging_pricer",
+    "test_gpp_evaluator",
+    "test_sequential_pricer",
+    "test_pipedream_range_costs",
+    "test_graphpipe_dp_segment_table",
+]
 
 
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("name", PRICER_TESTS)
 def test_fast_pricers_price_the_terms(with_terms, name: str, seed: int) -> None:
     g, c, *_ = tp.instance(seed)
-    assert g.op_overhead[0] > 0 and c.allreduce_bandwidth is not None   # the fixture is active
+    assert g.op_overhead[0] > 0 and c.allreduce_bandwidth is not None  # the fixture is active
     getattr(tp, name)(seed)
 
 
@@ -159,8 +208,7 @@ def test_fast_pricers_price_the_terms(with_terms, name: str, seed: int) -> None:
 def test_planners_predict_what_the_simulator_prices(planner: str) -> None:
     """Each planner's plan on a calibrated graph: its stated per-stage TPS is the reference pricing's."""
     rng = random.Random(7)
-    g, c = calibrated(random_graph(rng, "diamond", 6), random_cluster(rng, devices=4).with_(memory_bytes=1e15),
-                      rng)
+    g, c = calibrated(random_graph(rng, "diamond", 6), random_cluster(rng, devices=4).with_(memory_bytes=1e15), rng)
     plan = solve(g, c, mini_batch_size=8, planner=planner, time_limit=20)
     costs = stage_costs(g, c, plan.stages, 8)
     for s, cost in zip(plan.stages, costs):

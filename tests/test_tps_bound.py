@@ -43,7 +43,7 @@ def _instances(count: int, seed: int):
             g = _with_twins(g, rng)
         c = oracle.random_cluster(rng, 4, placement=i % 2 == 1)
         b = rng.choice((2, 4, 8))
-        if i % 3 == 2:   # memory tight enough that some plans do not fit
+        if i % 3 == 2:  # memory tight enough that some plans do not fit
             need = oracle.min_peak_memory_bruteforce(g, c, 16, micro_batch_sizes=[b])
             c = c.with_(memory_bytes=need * rng.uniform(1.0, 1.5))
         yield i, g, c, b
@@ -60,20 +60,37 @@ def test_never_above_the_exact_optimum_never_below_perfect_balance():
         assert r.perfect_balance == pytest.approx(pb)
         assert pb * (1 - 1e-12) <= r.value <= opt * (1 + 1e-9), (i, r.value, opt, r.detail)
         # the single-stage figure is exact: the oracle's best one-stage plan has it
-        one = min((cd.tps for cd in oracle.candidates(g, c, 16, micro_batch_sizes=[b])
-                   if len(cd.stages) == 1 and cd.peak_memory <= c.memory_bytes * (1 + 1e-9)), default=math.inf)
+        one = min(
+            (
+                cd.tps
+                for cd in oracle.candidates(g, c, 16, micro_batch_sizes=[b])
+                if len(cd.stages) == 1 and cd.peak_memory <= c.memory_bytes * (1 + 1e-9)
+            ),
+            default=math.inf,
+        )
         assert r.single_stage == pytest.approx(one, rel=1e-9), i
         above += r.value > pb * (1 + 1e-6)
-    assert above >= 10   # the bound charges communication on many instances
+    assert above >= 10  # the bound charges communication on many instances
 
 
 def _two_node_chain(edge_bytes: float, weight: float) -> tuple:
-    alpha = 1e-3   # forward = backward = alpha per sample, exactly linear
+    alpha = 1e-3  # forward = backward = alpha per sample, exactly linear
     sizes = [1, 2, 4, 8]
-    node = {"fw_time": [alpha * x for x in sizes], "bw_time": [alpha * x for x in sizes],
-            "weight_bytes": weight, "activation_bytes": 1e3, "output_bytes": edge_bytes}
-    g = graph_from_dict({"name": "two", "micro_batch_sizes": sizes, "nodes": [{"id": "a", **node}, {"id": "b", **node}],
-                         "edges": [{"src": "a", "dst": "b"}]})
+    node = {
+        "fw_time": [alpha * x for x in sizes],
+        "bw_time": [alpha * x for x in sizes],
+        "weight_bytes": weight,
+        "activation_bytes": 1e3,
+        "output_bytes": edge_bytes,
+    }
+    g = graph_from_dict(
+        {
+            "name": "two",
+            "micro_batch_sizes": sizes,
+            "nodes": [{"id": "a", **node}, {"id": "b", **node}],
+            "edges": [{"src": "a", "dst": "b"}],
+        }
+    )
     c = Cluster(devices=2, memory_bytes=64e9, inter_node_bandwidth=1e9, latency=0.0)
     return g, c, alpha
 
@@ -89,8 +106,8 @@ def test_hand_made_chain_bound_above_perfect_balance(edge_bytes, weight):
     hand = min(4 * alpha, 2 * alpha + 2 * weight / bw / B, 2 * alpha + 2 * edge_bytes / bw)
     r = relaxed_tps_bound(g, c, b, B)
     assert r.perfect_balance == pytest.approx(2 * alpha)
-    assert hand * (1 - 1e-3) <= r.value <= hand * (1 + 1e-9)   # the dual bound, within MIP_REL_GAP
-    assert r.value > 1.1 * r.perfect_balance   # a 10% target is provably out of reach here
+    assert hand * (1 - 1e-3) <= r.value <= hand * (1 + 1e-9)  # the dual bound, within MIP_REL_GAP
+    assert r.value > 1.1 * r.perfect_balance  # a 10% target is provably out of reach here
     opt, _ = oracle.best_plan_bruteforce(g, c, B, micro_batch_sizes=[b])
     assert r.value <= opt * (1 + 1e-9) and opt == pytest.approx(hand)
 
@@ -101,12 +118,25 @@ def test_a_producer_feeding_one_stage_twice_is_one_transfer():
     (a, stage 2) of E bytes, so TPS = 2*alpha + 2*E/bw = 2.5*alpha — counting it once per consumer
     edge would give 3*alpha, above the optimum."""
     alpha, sizes, E, bw = 1e-3, [1, 2, 4, 8], 2.5e5, 1e9
+
     def node(i, share, w):
-        return {"id": i, "fw_time": [share * alpha * x for x in sizes], "bw_time": [share * alpha * x for x in sizes],
-                "weight_bytes": w, "activation_bytes": 1e3, "output_bytes": E}
-    g = graph_from_dict({"name": "fan", "micro_batch_sizes": sizes,
-                         "nodes": [node("a", 1.0, 1e10), node("v1", 0.5, 1e10), node("v2", 0.5, 1.1e10)],
-                         "edges": [{"src": "a", "dst": "v1"}, {"src": "a", "dst": "v2"}]})
+        return {
+            "id": i,
+            "fw_time": [share * alpha * x for x in sizes],
+            "bw_time": [share * alpha * x for x in sizes],
+            "weight_bytes": w,
+            "activation_bytes": 1e3,
+            "output_bytes": E,
+        }
+
+    g = graph_from_dict(
+        {
+            "name": "fan",
+            "micro_batch_sizes": sizes,
+            "nodes": [node("a", 1.0, 1e10), node("v1", 0.5, 1e10), node("v2", 0.5, 1.1e10)],
+            "edges": [{"src": "a", "dst": "v1"}, {"src": "a", "dst": "v2"}],
+        }
+    )
     c = Cluster(devices=2, memory_bytes=1e12, inter_node_bandwidth=bw, latency=0.0)
     hand = 2 * alpha + 2 * E / bw
     opt, _ = oracle.best_plan_bruteforce(g, c, 8, micro_batch_sizes=[4])
@@ -121,13 +151,33 @@ def test_stages_filling_one_node_each_pay_an_inter_node_transfer():
     stage of 2 devices per node: alpha + all-reduce w/(intra B) + one transfer E/inter (the two
     stages sit in different nodes).  The inter-node counting (step 6c) must allow it."""
     alpha, sizes, E, w = 1e-3, [1, 2, 4, 8], 1e5, 1e6
+
     def node(i, wb):
-        return {"id": i, "fw_time": [alpha * x for x in sizes], "bw_time": [alpha * x for x in sizes],
-                "weight_bytes": wb, "activation_bytes": 1e3, "output_bytes": E}
-    g = graph_from_dict({"name": "pair", "micro_batch_sizes": sizes, "nodes": [node("a", w), node("b", w * 1.0001)],
-                         "edges": [{"src": "a", "dst": "b"}]})
-    c = Cluster(devices=4, memory_bytes=1e12, devices_per_node=2, intra_node_bandwidth=1e10,
-                inter_node_bandwidth=1e9, latency=0.0)
+        return {
+            "id": i,
+            "fw_time": [alpha * x for x in sizes],
+            "bw_time": [alpha * x for x in sizes],
+            "weight_bytes": wb,
+            "activation_bytes": 1e3,
+            "output_bytes": E,
+        }
+
+    g = graph_from_dict(
+        {
+            "name": "pair",
+            "micro_batch_sizes": sizes,
+            "nodes": [node("a", w), node("b", w * 1.0001)],
+            "edges": [{"src": "a", "dst": "b"}],
+        }
+    )
+    c = Cluster(
+        devices=4,
+        memory_bytes=1e12,
+        devices_per_node=2,
+        intra_node_bandwidth=1e10,
+        inter_node_bandwidth=1e9,
+        latency=0.0,
+    )
     hand = alpha + w * 1.0001 / 1e10 / 8 + E / 1e9
     opt, _ = oracle.best_plan_bruteforce(g, c, 8, micro_batch_sizes=[4])
     assert opt == pytest.approx(hand)
@@ -163,7 +213,7 @@ def test_time_limit_keeps_a_valid_bound():
 
 def test_no_plan_fits_gives_infinity():
     g, c, _ = _two_node_chain(1e5, 1e9)
-    r = relaxed_tps_bound(g, c.with_(memory_bytes=1e9), 4, 8)   # 4 * 1e9 optimizer state > 1e9
+    r = relaxed_tps_bound(g, c.with_(memory_bytes=1e9), 4, 8)  # 4 * 1e9 optimizer state > 1e9
     assert math.isinf(r.value) and r.status == "infeasible" and r.proven
 
 

@@ -26,9 +26,19 @@ def setup(diamond, cluster_dict):
     """The diamond a -> {b, c} -> d with b and c as parallel stages; stage d data-parallel on 2 devices."""
     graph = gs.graph_from_dict(diamond)
     cluster = gs.cluster_from_dict({**cluster_dict, "devices": 6})
-    plan = gs.build_plan(graph, cluster, [StageSpec(("a",), (0,), 2), StageSpec(("b",), (1,), 2),
-                                          StageSpec(("c",), (2,), 2), StageSpec(("d",), (4, 5), 2)],
-                         8, planner="manual", search=gs.SearchInfo(0.0, "feasible"))
+    plan = gs.build_plan(
+        graph,
+        cluster,
+        [
+            StageSpec(("a",), (0,), 2),
+            StageSpec(("b",), (1,), 2),
+            StageSpec(("c",), (2,), 2),
+            StageSpec(("d",), (4, 5), 2),
+        ],
+        8,
+        planner="manual",
+        search=gs.SearchInfo(0.0, "feasible"),
+    )
     gs.validate(plan, graph, cluster)
     return graph, cluster, plan
 
@@ -46,8 +56,14 @@ def test_layout_is_by_depth_with_parallel_stages_apart(setup):
 
 def test_stage_label_names_nodes_devices_and_micro_batch(setup, cluster_dict):
     graph, cluster, _ = setup
-    plan = gs.build_plan(graph, cluster, [StageSpec(("a", "b", "c"), (0, 1), 2), StageSpec(("d",), (2,), 4)],
-                         8, planner="manual", search=gs.SearchInfo(0.0, "feasible"))
+    plan = gs.build_plan(
+        graph,
+        cluster,
+        [StageSpec(("a", "b", "c"), (0, 1), 2), StageSpec(("d",), (2,), 4)],
+        8,
+        planner="manual",
+        search=gs.SearchInfo(0.0, "feasible"),
+    )
     label = viz.stage_label(plan, graph, 0)
     assert label.startswith("S0 · 3 nodes") and "a …" in label and "\nc" in label
     assert "dev 0–1" in label and "b=2" in label
@@ -106,9 +122,11 @@ def test_gpp_show_writes_png_with_and_without_cluster(setup, tmp_path, diamond, 
     _check_png(both)
     _check_png(graph_only)
     assert "wrote" in capsys.readouterr().out
+
     # the picture with the Gantt chart is taller than the stage graph alone
     def h(path):
         return int.from_bytes(path.read_bytes()[20:24], "big")
+
     assert h(both) > h(graph_only)
 
 
@@ -123,16 +141,26 @@ def test_missing_matplotlib_gives_a_clear_error(setup, tmp_path, monkeypatch):
 
 
 def test_metric_vs_devices_skips_missing_figures():
-    rows = {4: [CompareRow("a", "optimal-time-per-sample", 0.1, throughput=10.0), CompareRow("b", "infeasible", 0.2)],
-            8: [CompareRow("a", "optimal-time-per-sample", 0.3, throughput=20.0), CompareRow("b", "feasible", 0.4, throughput=15.0)]}
+    rows = {
+        4: [CompareRow("a", "optimal-time-per-sample", 0.1, throughput=10.0), CompareRow("b", "infeasible", 0.2)],
+        8: [
+            CompareRow("a", "optimal-time-per-sample", 0.3, throughput=20.0),
+            CompareRow("b", "feasible", 0.4, throughput=15.0),
+        ],
+    }
     ax = Figure().add_subplot()
     viz.draw_metric_vs_devices(rows, "throughput", ax)
     heights = sorted(p.get_height() for p in ax.patches)
     assert heights == [10.0, 15.0, 20.0]
     ax3 = Figure().add_subplot()  # a planner with no figure at all is absent from the legend too
-    viz.draw_metric_vs_devices({4: [CompareRow("p", "error", 20.0)],
-                                8: [CompareRow("p", "error", 20.0), CompareRow("q", "optimal-time-per-sample", 1.0, throughput=5.0)]},
-                               "throughput", ax3)
+    viz.draw_metric_vs_devices(
+        {
+            4: [CompareRow("p", "error", 20.0)],
+            8: [CompareRow("p", "error", 20.0), CompareRow("q", "optimal-time-per-sample", 1.0, throughput=5.0)],
+        },
+        "throughput",
+        ax3,
+    )
     assert [t.get_text() for t in ax3.get_legend().get_texts()] == ["q"]
     ax2 = Figure().add_subplot()
     viz.draw_metric_vs_devices(rows, "search_seconds", ax2, log=True, bars=False)

@@ -52,7 +52,7 @@ def test_bw_weight_time_read_written_and_checked(chain):
     assert g.node("n0").bw_weight_time == (0.5, 1.0) and g.node("n1").bw_weight_time is None
     assert gs.graph_from_dict(gs.graph_to_dict(g)) == g
     bad = copy.deepcopy(d)
-    bad["nodes"][0]["bw_weight_time"] = [0.5, 3.5]        # bw_time is [2, 3]
+    bad["nodes"][0]["bw_weight_time"] = [0.5, 3.5]  # bw_time is [2, 3]
     with pytest.raises(InvalidGraphError, match=r"bw_weight_time\[1\] = 3.5 exceeds bw_time\[1\]"):
         gs.graph_from_dict(bad)
     bad["nodes"][0]["bw_weight_time"] = [0.5]
@@ -62,15 +62,15 @@ def test_bw_weight_time_read_written_and_checked(chain):
 
 def test_weight_gradient_time_given_or_estimated(chain, cluster_dict):
     d = copy.deepcopy(chain)
-    d["nodes"][0]["bw_weight_time"] = [0.5, 1.0]      # measured at b = 1, 2: 0.75 at b = 1.5 (linear)
-    d["nodes"][1]["weight_bytes"] = 0                   # no weights: nothing to split off
+    d["nodes"][0]["bw_weight_time"] = [0.5, 1.0]  # measured at b = 1, 2: 0.75 at b = 1.5 (linear)
+    d["nodes"][1]["weight_bytes"] = 0  # no weights: nothing to split off
     g = gs.graph_from_dict(d)
     c = gs.cluster_from_dict(cluster_dict)
     specs = [StageSpec((f"n{i}",), (i,), 2) for i in range(4)]
     costs = stage_costs(g, c, specs, 8)
-    assert costs[0].backward_weight == pytest.approx(1.0)          # measured, at b = 2
-    assert costs[1].backward_weight == 0.0                         # no weights
-    assert costs[2].backward_weight == pytest.approx(0.5 * 3.0)     # estimate: half of bw_time (3 at b = 2)
+    assert costs[0].backward_weight == pytest.approx(1.0)  # measured, at b = 2
+    assert costs[1].backward_weight == 0.0  # no weights
+    assert costs[2].backward_weight == pytest.approx(0.5 * 3.0)  # estimate: half of bw_time (3 at b = 2)
     for cst in costs:
         assert cst.backward_input + cst.backward_weight == pytest.approx(cst.backward)
 
@@ -103,8 +103,11 @@ ALL_F = " ".join(f"F{j}" for j in range(8))
 
 
 def test_validator_refuses_w_before_its_b(zb_setup):
-    _refused(zb_setup, ALL_F + " W0 " + " ".join(f"B{j}" for j in range(8)) + " " + " ".join(f"W{j}" for j in range(1, 8)),
-             r"W0 before B0 \(C4")
+    _refused(
+        zb_setup,
+        ALL_F + " W0 " + " ".join(f"B{j}" for j in range(8)) + " " + " ".join(f"W{j}" for j in range(1, 8)),
+        r"W0 before B0 \(C4",
+    )
 
 
 def test_validator_refuses_missing_w(zb_setup):
@@ -113,8 +116,11 @@ def test_validator_refuses_missing_w(zb_setup):
 
 
 def test_validator_refuses_w_out_of_order(zb_setup):
-    _refused(zb_setup, ALL_F + " " + " ".join(f"B{j}" for j in range(8)) + " W1 W0 " +
-             " ".join(f"W{j}" for j in range(2, 8)), r"W1 out of order, expected W0")
+    _refused(
+        zb_setup,
+        ALL_F + " " + " ".join(f"B{j}" for j in range(8)) + " W1 W0 " + " ".join(f"W{j}" for j in range(2, 8)),
+        r"W1 out of order, expected W0",
+    )
 
 
 def test_validator_memory_counts_activations_until_w(chain, cluster_dict):
@@ -126,7 +132,7 @@ def test_validator_memory_counts_activations_until_w(chain, cluster_dict):
     eager = parse_order(" ".join(f"F{j} B{j} W{j}" for j in range(8)))
     late = parse_order(" ".join(f"F{j} B{j}" for j in range(8)) + " " + " ".join(f"W{j}" for j in range(8)))
     m1 = stage_memory(g, c0, s, 1)
-    c = c0.with_(memory_bytes=m1 * 1.01)          # room for one micro-batch in flight
+    c = c0.with_(memory_bytes=m1 * 1.01)  # room for one micro-batch in flight
     gs.validate(build_plan(g, c, [StageSpec(s.nodes, s.devices, 1, order=eager)], 8, planner="m", search=INFO), g, c)
     with pytest.raises(InvalidPlanError, match="memory limit"):
         gs.validate(build_plan(g, c, [StageSpec(s.nodes, s.devices, 1, order=late)], 8, planner="m", search=INFO), g, c)
@@ -172,7 +178,7 @@ def test_zb_same_memory_never_slower_and_faster_on_a_chain(chain, cluster_dict):
     assert pz.predicted.iteration_time < p1.predicted.iteration_time * 0.95
     rec = pz.search.extra["schedule"]
     assert rec["chosen"] == "zb" and rec["iteration_time_1f1b"] == pytest.approx(p1.predicted.iteration_time)
-    assert "schedule" not in p1.search.extra         # 1f1b plans are those of the code without the option
+    assert "schedule" not in p1.search.extra  # 1f1b plans are those of the code without the option
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -182,11 +188,26 @@ def test_zb_on_random_dags_valid_same_memory_not_slower(seed, cluster_dict):
     rng = random.Random(seed)
     n = rng.randint(4, 9)
     edges = random_dag_edges(rng, n, 0.5, 0.35)
-    nodes = [{"id": f"v{i}", "fw_time": [rng.uniform(0.5, 2), rng.uniform(1, 4)],
-              "bw_time": [rng.uniform(1, 4), rng.uniform(2, 8)], "weight_bytes": rng.choice([0, 100]),
-              "activation_bytes": 10, "output_bytes": 5} for i in range(n)]
-    g = gs.graph_from_dict({"format": "gpp-graph/1", "name": "r", "micro_batch_sizes": [1, 2], "nodes": nodes,
-                            "edges": [{"src": f"v{a}", "dst": f"v{b}"} for a, b in sorted(edges)]})
+    nodes = [
+        {
+            "id": f"v{i}",
+            "fw_time": [rng.uniform(0.5, 2), rng.uniform(1, 4)],
+            "bw_time": [rng.uniform(1, 4), rng.uniform(2, 8)],
+            "weight_bytes": rng.choice([0, 100]),
+            "activation_bytes": 10,
+            "output_bytes": 5,
+        }
+        for i in range(n)
+    ]
+    g = gs.graph_from_dict(
+        {
+            "format": "gpp-graph/1",
+            "name": "r",
+            "micro_batch_sizes": [1, 2],
+            "nodes": nodes,
+            "edges": [{"src": f"v{a}", "dst": f"v{b}"} for a, b in sorted(edges)],
+        }
+    )
     c = gs.cluster_from_dict({**cluster_dict, "devices": n, "memory_bytes": 1e12})
     topo = list(g.topo_order)
     cuts = sorted(rng.sample(range(1, n), rng.randint(1, min(4, n - 1))))
@@ -200,7 +221,7 @@ def test_zb_on_random_dags_valid_same_memory_not_slower(seed, cluster_dict):
         assert pz.predicted.iteration_time <= p1.predicted.iteration_time * (1 + 1e-12)
         assert pz.predicted.peak_memory_bytes <= p1.predicted.peak_memory_bytes * (1 + 1e-12)
         if schedule == "auto" and pz.predicted.iteration_time >= p1.predicted.iteration_time:
-            assert pz.stages == p1.stages           # auto keeps the kFkB orders unless W is faster
+            assert pz.stages == p1.stages  # auto keeps the kFkB orders unless W is faster
 
 
 def test_zero_bubble_orders_greedy_beats_eager_somewhere():
@@ -211,9 +232,15 @@ def test_zero_bubble_orders_greedy_beats_eager_somewhere():
     from gpp_solver.plan.zero_bubble import eager_w
 
     S, n = 4, 8
-    d = Durations({s: 1 for s in range(S)}, {s: 1.0 for s in range(S)}, {s: 2.0 for s in range(S)},
-                  {s: 1.0 for s in range(S)}, {s: 0.0 for s in range(S)}, tuple((s, s + 1) for s in range(S - 1)),
-                  {s: S for s in range(S)})
+    d = Durations(
+        {s: 1 for s in range(S)},
+        {s: 1.0 for s in range(S)},
+        {s: 2.0 for s in range(S)},
+        {s: 1.0 for s in range(S)},
+        {s: 0.0 for s in range(S)},
+        tuple((s, s + 1) for s in range(S - 1)),
+        {s: S for s in range(S)},
+    )
     orders = {s: kfkb_order(n, S - s) for s in range(S)}
     best, t = zero_bubble_orders(orders, d)
     eager = d.makespan({s: eager_w(o) for s, o in orders.items()})
@@ -256,9 +283,27 @@ def test_cli_schedule(tmp_path, chain, cluster_dict):
     (tmp_path / "c.json").write_text(json.dumps(cluster_dict))
 
     def run(*extra):
-        return subprocess.run([sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "g.json"), "--cluster",
-                               str(tmp_path / "c.json"), "--batch", "8", "--quiet", *extra],
-                              check=False, cwd=REPO, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gpp_solver",
+                "plan",
+                str(tmp_path / "g.json"),
+                "--cluster",
+                str(tmp_path / "c.json"),
+                "--batch",
+                "8",
+                "--quiet",
+                *extra,
+            ],
+            check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     r = run("--planner", "graphpipe", "--schedule", "zb", "-o", str(tmp_path / "p.json"))
     assert r.returncode == 0, r.stderr
     assert "schedule zb (asked zb" in r.stdout

@@ -4,22 +4,40 @@ from __future__ import annotations
 
 
 def node(i: str, f: float = 1.0, w: float = 100.0, a: float = 10.0, o: float = 5.0) -> dict:
-    return {"id": i, "fw_time": [f, 1.5 * f], "bw_time": [2 * f, 3 * f], "weight_bytes": w,
-            "activation_bytes": a, "output_bytes": o}
+    return {
+        "id": i,
+        "fw_time": [f, 1.5 * f],
+        "bw_time": [2 * f, 3 * f],
+        "weight_bytes": w,
+        "activation_bytes": a,
+        "output_bytes": o,
+    }
 
 
 def diamond_dict() -> dict:
-    return {"format": "gpp-graph/1", "name": "diamond", "micro_batch_sizes": [1, 2],
-            "nodes": [node("a"), node("b"), node("c"), node("d")],
-            "edges": [{"src": "a", "dst": "b"}, {"src": "a", "dst": "c"},
-                      {"src": "b", "dst": "d"}, {"src": "c", "dst": "d"}]}
+    return {
+        "format": "gpp-graph/1",
+        "name": "diamond",
+        "micro_batch_sizes": [1, 2],
+        "nodes": [node("a"), node("b"), node("c"), node("d")],
+        "edges": [
+            {"src": "a", "dst": "b"},
+            {"src": "a", "dst": "c"},
+            {"src": "b", "dst": "d"},
+            {"src": "c", "dst": "d"},
+        ],
+    }
 
 
 def chain_dict(n: int = 4, times: list[float] | None = None) -> dict:
     times = times or [1.0] * n
-    return {"format": "gpp-graph/1", "name": f"chain{n}", "micro_batch_sizes": [1, 2],
-            "nodes": [node(f"n{i}", times[i]) for i in range(n)],
-            "edges": [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(n - 1)]}
+    return {
+        "format": "gpp-graph/1",
+        "name": f"chain{n}",
+        "micro_batch_sizes": [1, 2],
+        "nodes": [node(f"n{i}", times[i]) for i in range(n)],
+        "edges": [{"src": f"n{i}", "dst": f"n{i + 1}"} for i in range(n - 1)],
+    }
 
 
 def random_dag_edges(rng, n: int, p_sp: float, p_edge: float) -> set[tuple[int, int]]:
@@ -29,6 +47,7 @@ def random_dag_edges(rng, n: int, p_sp: float, p_edge: float) -> set[tuple[int, 
 
     edges: set[tuple[int, int]] = set()
     if rng.random() < p_sp:
+
         def build(lo: int, hi: int) -> tuple[list[int], list[int]]:
             if hi - lo == 1:
                 return [lo], [lo]
@@ -39,6 +58,7 @@ def random_dag_edges(rng, n: int, p_sp: float, p_edge: float) -> set[tuple[int, 
                 edges.update((u, v) for u in t1 for v in s2)
                 return s1, t2
             return s1 + s2, t1 + t2
+
         build(0, n)
     else:
         edges.update((i, j) for i in range(n) for j in range(i + 1, n) if rng.random() < p_edge)

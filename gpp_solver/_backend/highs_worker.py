@@ -14,7 +14,7 @@ variable values, objective and HiGHS's dual bound come back into the caller's pr
 
 from __future__ import annotations
 
-if __name__ != "__main__":      # in the planner's process: OR-Tools before PuLP
+if __name__ != "__main__":  # in the planner's process: OR-Tools before PuLP
     from gpp_solver._backend import load_order as _load_order  # noqa: F401
 
 import importlib.util
@@ -44,10 +44,10 @@ class HighsOutcome:
     are of the model as HiGHS saw it: PuLP hands it a maximisation negated, and ``dual_bound`` is a
     MIP's (for a pure LP HiGHS leaves it 0: use ``objective``)."""
 
-    model_status: str          # HiGHS's model status name, e.g. "kOptimal", "kInfeasible", "kTimeLimit"
-    model_status_text: str     # its readable form ("Optimal", "Time limit reached", ...)
-    dual_bound: float          # HiGHS's mip_dual_bound
-    objective: float           # objective_function_value of the best solution
+    model_status: str  # HiGHS's model status name, e.g. "kOptimal", "kInfeasible", "kTimeLimit"
+    model_status_text: str  # its readable form ("Optimal", "Time limit reached", ...)
+    dual_bound: float  # HiGHS's mip_dual_bound
+    objective: float  # objective_function_value of the best solution
 
 
 def highs_available() -> bool:
@@ -65,11 +65,16 @@ def solve_highs(prob: pulp.LpProblem, **options: Any) -> HighsOutcome:
         raise SolverError("HiGHS is not installed (the highspy package)")
     global _WORKER
     with _LOCK:
-        for attempt in (1, 2):           # a worker that died (killed, crashed) is restarted once
+        for attempt in (1, 2):  # a worker that died (killed, crashed) is restarted once
             if _WORKER is None or _WORKER.poll() is not None:
-                env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))   # this package too
-                _WORKER = subprocess.Popen([sys.executable, "-m", "gpp_solver._backend.highs_worker"], stdin=subprocess.PIPE,
-                                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # this package too
+                _WORKER = subprocess.Popen(
+                    [sys.executable, "-m", "gpp_solver._backend.highs_worker"],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=env,
+                )
             try:
                 pickle.dump((prob.toDict(), options), _WORKER.stdin)
                 _WORKER.stdin.flush()
@@ -102,8 +107,12 @@ def _serve(inp: BinaryIO, out: BinaryIO) -> None:
             h = prob.solverModel
             st = h.getModelStatus()
             info = h.getInfo()
-            outcome = (str(st).rsplit(".", 1)[-1], h.modelStatusToString(st), float(info.mip_dual_bound),
-                       float(info.objective_function_value))
+            outcome = (
+                str(st).rsplit(".", 1)[-1],
+                h.modelStatusToString(st),
+                float(info.mip_dual_bound),
+                float(info.objective_function_value),
+            )
             reply = ("ok", prob.status, prob.sol_status, {v.name: v.varValue for v in prob.variables()}, outcome)
         except Exception as exc:  # noqa: BLE001 - reported to the caller, which raises SolverError
             reply = ("error", f"{type(exc).__name__}: {exc}")

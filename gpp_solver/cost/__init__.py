@@ -33,8 +33,29 @@ from gpp_solver.cost.model import (
 from gpp_solver.cost.tables import CostTables
 from gpp_solver.cost.time_terms import TimeTerms, allreduce_time
 
-__all__ = ["CostTables", "NodeConfig", "StageCost", "StageLike", "TimeTerms", "allreduce_time", "comm_time", "data_parallel",
-           "in_flight_from_order", "interp_time", "interpolate", "iteration_time_estimate", "memory_per_device",
-           "node_compute", "node_config", "stage_activation_bytes", "stage_compute", "stage_compute_parts",
-           "stage_costs", "stage_memory", "stage_transfers", "stage_weight_bytes", "stage_weight_grad_time",
-           "time_per_sample"]
+__all__ = [
+    "CostTables",
+    "NodeConfig",
+    "StageCost",
+    "StageLike",
+    "TimeTerms",
+    "allreduce_time",
+    "comm_time",
+    "data_parallel",
+    "in_flight_from_order",
+    "interp_time",
+    "interpolate",
+    "iteration_time_estimate",
+    "memory_per_device",
+    "node_compute",
+    "node_config",
+    "stage_activation_bytes",
+    "stage_compute",
+    "stage_compute_parts",
+    "stage_costs",
+    "stage_memory",
+    "stage_transfers",
+    "stage_weight_bytes",
+    "stage_weight_grad_time",
+    "time_per_sample",
+]

@@ -25,9 +25,14 @@ def powers_of_two_dividing(mini_batch_size: int) -> tuple[int, ...]:
 def check_mini_batch_size(mini_batch_size: object) -> int:
     """``B`` itself, or :class:`InvalidInputError` when it is not a positive integer (at most
     :data:`~gpp_solver.formats.jsonio.MAX_COUNT`, the supported range)."""
-    if not isinstance(mini_batch_size, int) or isinstance(mini_batch_size, bool) or not 1 <= mini_batch_size <= MAX_COUNT:
-        raise InvalidInputError(f"mini_batch_size must be a positive integer (at most {MAX_COUNT}), "
-                                f"got {show(mini_batch_size)}")
+    if (
+        not isinstance(mini_batch_size, int)
+        or isinstance(mini_batch_size, bool)
+        or not 1 <= mini_batch_size <= MAX_COUNT
+    ):
+        raise InvalidInputError(
+            f"mini_batch_size must be a positive integer (at most {MAX_COUNT}), got {show(mini_batch_size)}"
+        )
     return mini_batch_size
 
 

@@ -64,8 +64,9 @@ def interp_time(times: Sequence[float], sizes: Sequence[int], x: float) -> float
     return float(interpolate(lambda i: float(times[i]), sizes, x))
 
 
-def node_compute(fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float,
-                 overhead: float = 0.0) -> float:
+def node_compute(
+    fw_time: Sequence[float], bw_time: Sequence[float], sizes: Sequence[int], x: float, overhead: float = 0.0
+) -> float:
     """``f_v(x) + g_v(x)``: one node's forward plus backward time at ``x`` samples, plus ``overhead``
     (:attr:`TimeTerms.node_overhead`: the graph's per-node dispatch of a forward and a backward)."""
     t = interp_time(fw_time, sizes, x) + interp_time(bw_time, sizes, x)
@@ -167,6 +168,7 @@ def stage_activation_bytes(graph: Graph, stage: StageLike) -> float:
 # The pricing core: every pricer (this module's stage_costs and the planners' vectorised fast
 # pricers) computes its figures with these formulas; each takes floats or numpy arrays.
 
+
 def comm_time(bytes_per_sample, samples, bandwidth, latency, messages=1):
     """``messages`` messages of the affine model carrying ``bytes_per_sample * samples`` bytes in all:
     ``messages * latency + bytes / bandwidth`` (one message: ``latency + bytes / bandwidth``)."""
@@ -204,16 +206,26 @@ def stage_transfers(graph: Graph, stage_of: Mapping[str, int]) -> dict[int, list
     return out
 
 
-def stage_memory(graph: Graph, cluster: Cluster, stage: StageLike, in_flight_samples: float,
-                 stages: Sequence[StageLike] | None = None) -> float:
+def stage_memory(
+    graph: Graph,
+    cluster: Cluster,
+    stage: StageLike,
+    in_flight_samples: float,
+    stages: Sequence[StageLike] | None = None,
+) -> float:
     """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``;
     with ``cluster.memory_overheads``, :func:`memory_with_overheads` (the received buffers need the
     plan's ``stages``)."""
     if cluster.memory_overheads:
         boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
         return memory_with_overheads(graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary)
-    return memory_per_device(cluster.optimizer_state_factor, stage_weight_bytes(graph, stage), in_flight_samples,
-                             data_parallel(stage), stage_activation_bytes(graph, stage))
+    return memory_per_device(
+        cluster.optimizer_state_factor,
+        stage_weight_bytes(graph, stage),
+        in_flight_samples,
+        data_parallel(stage),
+        stage_activation_bytes(graph, stage),
+    )
 
 
 #: tensors of one micro-batch's rows, each the size of the stage's largest node output, that a
@@ -241,8 +253,14 @@ def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) 
     return received, sum(pairs.values()) - received
 
 
-def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_samples: float,
-                          received_per_sample: float, sent_per_sample: float = 0.0) -> float:
+def memory_with_overheads(
+    graph: Graph,
+    osf: float,
+    stage: StageLike,
+    in_flight_samples: float,
+    received_per_sample: float,
+    sent_per_sample: float = 0.0,
+) -> float:
     """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
 
     ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets, step)`` where
@@ -266,8 +284,11 @@ def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
     largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
     rows = stage.micro_batch_size / d
-    temporaries = (largest_weight + TEMPORARY_OUTPUTS * rows * largest_output
-                   + POSTED_AHEAD * rows * (received_per_sample + sent_per_sample))
+    temporaries = (
+        largest_weight
+        + TEMPORARY_OUTPUTS * rows * largest_output
+        + POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
+    )
     activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
     return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
@@ -277,15 +298,15 @@ def memory_with_overheads(graph: Graph, osf: float, stage: StageLike, in_flight_
 class StageCost:
     """Every cost-model figure of one stage."""
 
-    compute_fw: float       # sum f_v(b/d)
-    compute_bw: float       # sum g_v(b/d)
-    comm_fw: float          # forward halves of the stage's transfers
-    comm_bw: float          # backward halves
-    allreduce: float        # A(S)
+    compute_fw: float  # sum f_v(b/d)
+    compute_bw: float  # sum g_v(b/d)
+    comm_fw: float  # forward halves of the stage's transfers
+    comm_bw: float  # backward halves
+    allreduce: float  # A(S)
     time_per_sample: float  # TPS(S)
     micro_batch_size: int
     data_parallel: int
-    compute_bw_weight: float = 0.0   # W(S): the part of compute_bw spent on weight gradients
+    compute_bw_weight: float = 0.0  # W(S): the part of compute_bw spent on weight gradients
     optimizer: float = 0.0  # O(S), after the all-reduce
 
     @property
@@ -327,8 +348,7 @@ class StageCost:
         return self.compute + self.comm
 
 
-def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
-                mini_batch_size: int) -> list[StageCost]:
+def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], mini_batch_size: int) -> list[StageCost]:
     """The cost of every stage of a partition (``stages[i]`` is stage ``i`` of the result)."""
     stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
     transfers = stage_transfers(graph, stage_of)
@@ -345,8 +365,20 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike],
         a = terms.allreduce(w, d, cluster.bandwidth(s.devices))
         o = terms.optimizer(w)
         tps = time_per_sample(cf + cb + 2 * comm_half, b, a + o if o else a, mini_batch_size)
-        out.append(StageCost(cf, cb, comm_half, comm_half, a, tps, b, d,
-                              compute_bw_weight=min(cb, stage_weight_grad_time(graph, s)), optimizer=o))
+        out.append(
+            StageCost(
+                cf,
+                cb,
+                comm_half,
+                comm_half,
+                a,
+                tps,
+                b,
+                d,
+                compute_bw_weight=min(cb, stage_weight_grad_time(graph, s)),
+                optimizer=o,
+            )
+        )
     return out
 
 
@@ -366,8 +398,9 @@ def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
     return peak * b
 
 
-def iteration_time_estimate(costs: Sequence[StageCost], edges: Iterable[tuple[int, int]],
-                            mini_batch_size: int) -> float:
+def iteration_time_estimate(
+    costs: Sequence[StageCost], edges: Iterable[tuple[int, int]], mini_batch_size: int
+) -> float:
     """``L + max_S (n_S - 1)(C+comm) + max_S (A + O)`` (Alpa's ``sum + (B-1) max`` on a DAG)."""
     g = nx.DiGraph()
     g.add_nodes_from(range(len(costs)))

@@ -34,7 +34,7 @@ class CostTables:
             sizes = self.graph.micro_batch_sizes
             f = interpolate(lambda i: self.fw[:, i], sizes, x)
             g = interpolate(lambda i: self.bw[:, i], sizes, x)
-            if self.op_fw or self.op_bw:   # the graph's per-node dispatch (TimeTerms)
+            if self.op_fw or self.op_bw:  # the graph's per-node dispatch (TimeTerms)
                 f, g = f + self.op_fw, g + self.op_bw
             r = self._fg[x] = (f, g)
         return r

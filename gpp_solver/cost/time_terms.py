@@ -42,9 +42,13 @@ class TimeTerms:
     @classmethod
     def of(cls, graph: Graph | None = None, cluster: Cluster | None = None) -> TimeTerms:
         fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
-        return cls(fw, bw, graph.optimizer_time_per_byte if graph is not None else 0.0,
-                   cluster.allreduce_bandwidth if cluster is not None else None,
-                   cluster.allreduce_latency if cluster is not None else 0.0)
+        return cls(
+            fw,
+            bw,
+            graph.optimizer_time_per_byte if graph is not None else 0.0,
+            cluster.allreduce_bandwidth if cluster is not None else None,
+            cluster.allreduce_latency if cluster is not None else 0.0,
+        )
 
     @property
     def node_overhead(self) -> float:

@@ -48,9 +48,9 @@ from gpp_solver.plan.validate import check_order
 from gpp_solver.types import Cluster, Graph, Plan
 
 Order = tuple[Action, ...]
-Key = tuple[int, str, int]          # (stage, "F"/"B", micro-batch)
+Key = tuple[int, str, int]  # (stage, "F"/"B", micro-batch)
 
-DEFAULT_RESOLUTION = 1_000_000      # ticks in the serial horizon
+DEFAULT_RESOLUTION = 1_000_000  # ticks in the serial horizon
 
 
 # ----------------------------------------------------------------------------------------- data
@@ -59,16 +59,16 @@ class ScheduleData:
     """Everything the model needs, already in ticks (``unit`` seconds each)."""
 
     stages: tuple[int, ...]
-    n: Mapping[int, int]                    # micro-batches per stage
-    micro_batch: Mapping[int, int]          # b per stage
-    forward: Mapping[int, int]              # ticks
+    n: Mapping[int, int]  # micro-batches per stage
+    micro_batch: Mapping[int, int]  # b per stage
+    forward: Mapping[int, int]  # ticks
     backward: Mapping[int, int]
     allreduce: Mapping[int, int]
     edges: tuple[tuple[int, int], ...]
-    max_in_flight: Mapping[int, int]        # K_S, micro-batches (n_S when memory does not bind)
-    unit: float                             # seconds per tick
-    horizon: int                            # ticks; no schedule without deadlock is longer
-    memory_base: Mapping[int, float] = field(default_factory=dict)       # bytes: optimizer_state_factor * W
+    max_in_flight: Mapping[int, int]  # K_S, micro-batches (n_S when memory does not bind)
+    unit: float  # seconds per tick
+    horizon: int  # ticks; no schedule without deadlock is longer
+    memory_base: Mapping[int, float] = field(default_factory=dict)  # bytes: optimizer_state_factor * W
     memory_per_micro_batch: Mapping[int, float] = field(default_factory=dict)  # bytes per device per micro-batch
     # stages with a split backward: their W duration in ticks (``backward`` is then the input gradient's)
     weight: Mapping[int, int] = field(default_factory=dict)
@@ -100,22 +100,30 @@ def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> d
     for s in plan.stages:
         n = plan.mini_batch_size // s.micro_batch_size
         k = 0
-        while k < n and stage_memory(graph, cluster, s, (k + 1) * s.micro_batch_size) <= cluster.memory_bytes * (1 + 1e-9):
+        while k < n and stage_memory(graph, cluster, s, (k + 1) * s.micro_batch_size) <= cluster.memory_bytes * (
+            1 + 1e-9
+        ):
             k += 1
         out[s.id] = k
     return out
 
 
-def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: Mapping[int, int] | None = None,
-                  unit: float | None = None, resolution: int = DEFAULT_RESOLUTION) -> ScheduleData:
+def schedule_data(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    *,
+    max_in_flight: Mapping[int, int] | None = None,
+    unit: float | None = None,
+    resolution: int = DEFAULT_RESOLUTION,
+) -> ScheduleData:
     """Cost-model figures of the plan's partition in ticks.  ``max_in_flight``: samples per stage
     id (overrides the memory limit for the stages it names).  A stage whose order holds ``W``
     actions gets a split backward: ``B`` the input gradient, ``W`` the weight gradient."""
     costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     ids = tuple(s.id for s in plan.stages)
     n = {s.id: plan.mini_batch_size // s.micro_batch_size for s in plan.stages}
-    serial = sum(n[s.id] * (c.forward + c.backward) for s, c in zip(plan.stages, costs)) \
-        + max(c.tail for c in costs)
+    serial = sum(n[s.id] * (c.forward + c.backward) for s, c in zip(plan.stages, costs)) + max(c.tail for c in costs)
     if unit is None:
         unit = serial / resolution if serial > 0 else 1.0
     if not unit > 0:
@@ -131,8 +139,21 @@ def schedule_data(plan: Plan, graph: Graph, cluster: Cluster, *, max_in_flight: 
     horizon = sum(n[i] * (fw[i] + bw[i] + wt.get(i, 0)) for i in ids) + max(ar.values())
     base = {s.id: stage_memory(graph, cluster, s, 0) for s in plan.stages}
     per_mb = {s.id: stage_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
-    return ScheduleData(ids, n, {s.id: s.micro_batch_size for s in plan.stages}, fw, bw, ar,
-                        tuple(plan.edges), {i: min(k[i], n[i]) for i in ids}, unit, horizon, base, per_mb, wt)
+    return ScheduleData(
+        ids,
+        n,
+        {s.id: s.micro_batch_size for s in plan.stages},
+        fw,
+        bw,
+        ar,
+        tuple(plan.edges),
+        {i: min(k[i], n[i]) for i in ids},
+        unit,
+        horizon,
+        base,
+        per_mb,
+        wt,
+    )
 
 
 def _last_covering(j: int, b_self: int, b_other: int) -> int:
@@ -157,8 +178,12 @@ class ScheduleVars:
         return self.start[key] + (d.forward[s] if kind == "F" else d.backward[s] if kind == "B" else d.weight[s])
 
 
-def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
-                    memory_form: str = "precedence") -> tuple[cp_model.CpModel, ScheduleVars]:
+def model_from_data(
+    data: ScheduleData,
+    *,
+    orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
+    memory_form: str = "precedence",
+) -> tuple[cp_model.CpModel, ScheduleVars]:
     """The CP-SAT model of :class:`ScheduleData` (pure).  With ``orders`` each stage's order is fixed."""
     if memory_form not in ("precedence", "cumulative"):
         raise InvalidInputError(f"memory_form must be 'precedence' or 'cumulative', got {memory_form!r}")
@@ -208,7 +233,7 @@ def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[s
         if K >= n:
             continue
         if memory_form == "precedence":
-            for j in range(n - K):   # with K = 0 this contradicts C4: nothing fits, infeasible
+            for j in range(n - K):  # with K = 0 this contradicts C4: nothing fits, infeasible
                 model.add(start[(s, "F", j + K)] >= v.end((s, data.release(s), j)))
         else:
             live = []
@@ -234,11 +259,17 @@ def model_from_data(data: ScheduleData, *, orders: Mapping[int, Sequence[tuple[s
     return model, v
 
 
-def build_schedule_model(plan: Plan, graph: Graph, cluster: Cluster, *,
-                         orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
-                         max_in_flight: Mapping[int, int] | None = None, memory_form: str = "precedence",
-                         unit: float | None = None, resolution: int = DEFAULT_RESOLUTION,
-                         ) -> tuple[cp_model.CpModel, ScheduleVars]:
+def build_schedule_model(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    *,
+    orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,
+    max_in_flight: Mapping[int, int] | None = None,
+    memory_form: str = "precedence",
+    unit: float | None = None,
+    resolution: int = DEFAULT_RESOLUTION,
+) -> tuple[cp_model.CpModel, ScheduleVars]:
     """The model of the plan's partition (pure: nothing is solved).  ``orders`` fixes the orders;
     ``max_in_flight`` (samples per stage id) overrides the memory limit."""
     data = schedule_data(plan, graph, cluster, max_in_flight=max_in_flight, unit=unit, resolution=resolution)
@@ -249,10 +280,16 @@ def add_order_hint(model: cp_model.CpModel, v: ScheduleVars, orders: Mapping[int
     """Hint every start with the ASAP schedule of ``orders`` in ticks; False when they deadlock."""
     d = v.data
     try:
-        ticks, tasks = simulate_orders(orders, d.micro_batch, {s: float(d.forward[s]) for s in d.stages},
-                                       {s: float(d.backward[s] + d.weight.get(s, 0)) for s in d.stages},
-                                       {s: float(d.allreduce[s]) for s in d.stages}, d.edges, 0,
-                                       weight={s: float(w) for s, w in d.weight.items()})
+        ticks, tasks = simulate_orders(
+            orders,
+            d.micro_batch,
+            {s: float(d.forward[s]) for s in d.stages},
+            {s: float(d.backward[s] + d.weight.get(s, 0)) for s in d.stages},
+            {s: float(d.allreduce[s]) for s in d.stages},
+            d.edges,
+            0,
+            weight={s: float(w) for s, w in d.weight.items()},
+        )
     except DeadlockError:
         return False
     for t in tasks:
@@ -261,11 +298,12 @@ def add_order_hint(model: cp_model.CpModel, v: ScheduleVars, orders: Mapping[int
     return True
 
 
-MEMORY_RESOLUTION = 100_000   # memory units in the largest stage memory of the second phase
+MEMORY_RESOLUTION = 100_000  # memory units in the largest stage memory of the second phase
 
 
-def add_memory_objective(model: cp_model.CpModel, v: ScheduleVars, *, makespan_cap: int,
-                         peak_cap: Mapping[int, int]) -> dict[int, dict[int, cp_model.IntVar]]:
+def add_memory_objective(
+    model: cp_model.CpModel, v: ScheduleVars, *, makespan_cap: int, peak_cap: Mapping[int, int]
+) -> dict[int, dict[int, cp_model.IntVar]]:
     """Second phase: keep ``makespan <= makespan_cap`` and minimise memory instead.
 
     Each stage picks its in-flight bound ``k`` in ``1..peak_cap[S]`` (``x_s{S}_k{k}``, exactly one);
@@ -288,8 +326,9 @@ def add_memory_objective(model: cp_model.CpModel, v: ScheduleVars, *, makespan_c
         for k, x in choice[s].items():
             for j in range(n - k):
                 model.add(v.start[(s, "F", j + k)] >= v.end((s, d.release(s), j))).only_enforce_if(x)
-        units = {k: int(math.ceil((d.memory_base[s] + k * d.memory_per_micro_batch[s]) / mem_unit - 1e-9))
-                 for k in choice[s]}
+        units = {
+            k: int(math.ceil((d.memory_base[s] + k * d.memory_per_micro_batch[s]) / mem_unit - 1e-9)) for k in choice[s]
+        }
         mem_terms.append(sum(units[k] * x for k, x in choice[s].items()))
     peak = model.new_int_var(0, MEMORY_RESOLUTION, "peak_memory")
     for t in mem_terms:
@@ -301,7 +340,7 @@ def add_memory_objective(model: cp_model.CpModel, v: ScheduleVars, *, makespan_c
 # ---------------------------------------------------------------------------------------- solve
 @dataclass(frozen=True)
 class Solved:
-    status: str                              # CP-SAT status name
+    status: str  # CP-SAT status name
     orders: dict[int, Order] | None
     objective_ticks: int | None
     bound_ticks: int | None
@@ -323,8 +362,16 @@ class _SolutionBar(cp_model.CpSolverSolutionCallback):
         self.bar.update(1)
 
 
-def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, seed: int = 0, workers: int = 1,
-                deterministic: bool = False, progress: bool = False) -> Solved:
+def solve_model(
+    model: cp_model.CpModel,
+    v: ScheduleVars,
+    *,
+    time_limit: float,
+    seed: int = 0,
+    workers: int = 1,
+    deterministic: bool = False,
+    progress: bool = False,
+) -> Solved:
     """Solve with an explicit time limit and read the orders back (each stage's actions by start)."""
     solver = cp_model.CpSolver()
     solver.parameters.random_seed = seed
@@ -346,8 +393,11 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
     status = solver.status_name(code)
     # without a proof, only a search that used up its deterministic time ended deterministically;
     # anything else (the wall-clock guard, whatever CP-SAT's own wall clock said) may depend on load
-    guard = (deterministic and status not in ("OPTIMAL", "INFEASIBLE")
-             and solver.response_proto.deterministic_time < 0.99 * time_limit)
+    guard = (
+        deterministic
+        and status not in ("OPTIMAL", "INFEASIBLE")
+        and solver.response_proto.deterministic_time < 0.99 * time_limit
+    )
     if status == "MODEL_INVALID":
         raise SolverError(f"CP-SAT says the schedule model is invalid: {model.validate()}")
     if status not in ("OPTIMAL", "FEASIBLE"):
@@ -358,5 +408,6 @@ def solve_model(model: cp_model.CpModel, v: ScheduleVars, *, time_limit: float, 
         keys = [(s, k, j) for j in range(d.n[s]) for k in d.kinds(s)]
         keys.sort(key=lambda key: solver.value(v.start[key]))
         orders[s] = tuple(Action.of(k, j) for _, k, j in keys)
-    return Solved(status, orders, int(solver.objective_value), int(math.ceil(solver.best_objective_bound - 1e-9)),
-                  seconds, guard)
+    return Solved(
+        status, orders, int(solver.objective_value), int(math.ceil(solver.best_objective_bound - 1e-9)), seconds, guard
+    )

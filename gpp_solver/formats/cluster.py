@@ -21,9 +21,22 @@ from gpp_solver.types import CLUSTER_FORMAT, DEFAULT_OPTIMIZER_STATE_FACTOR, Clu
 E = InvalidClusterError
 
 
-_FIELDS = frozenset({"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
-                     "inter_node_bandwidth", "latency", "optimizer_state_factor", "allreduce_bandwidth",
-                     "allreduce_latency", "memory_overheads", "extra"})
+_FIELDS = frozenset(
+    {
+        "format",
+        "devices",
+        "memory_bytes",
+        "devices_per_node",
+        "intra_node_bandwidth",
+        "inter_node_bandwidth",
+        "latency",
+        "optimizer_state_factor",
+        "allreduce_bandwidth",
+        "allreduce_latency",
+        "memory_overheads",
+        "extra",
+    }
+)
 
 
 def cluster_from_dict(d: Any) -> Cluster:
@@ -32,8 +45,14 @@ def cluster_from_dict(d: Any) -> Cluster:
     document(d, "cluster", _FIELDS, CLUSTER_FORMAT, E)
     extra(d, "cluster", E)
     devices = integer(require(d, "devices", "cluster", E), "cluster: devices", E, minimum=1, maximum=MAX_COUNT)
-    memory = number(require(d, "memory_bytes", "cluster", E), "cluster: memory_bytes", E, positive=True,
-                    minimum=1.0, maximum=MAX_BYTES)
+    memory = number(
+        require(d, "memory_bytes", "cluster", E),
+        "cluster: memory_bytes",
+        E,
+        positive=True,
+        minimum=1.0,
+        maximum=MAX_BYTES,
+    )
 
     def bandwidth(key: str, value: Any) -> float:
         return number(value, f"cluster: {key}", E, positive=True, minimum=MIN_BANDWIDTH, maximum=MAX_BANDWIDTH)
@@ -42,28 +61,46 @@ def cluster_from_dict(d: Any) -> Cluster:
     intra_raw = d.get("intra_node_bandwidth")
     intra = None if intra_raw is None else bandwidth("intra_node_bandwidth", intra_raw)
     dpn_raw = d.get("devices_per_node")
-    dpn = None if dpn_raw is None else integer(dpn_raw, "cluster: devices_per_node", E, minimum=1,
-                                               maximum=MAX_COUNT)
+    dpn = None if dpn_raw is None else integer(dpn_raw, "cluster: devices_per_node", E, minimum=1, maximum=MAX_COUNT)
     latency = number(d.get("latency", 0.0), "cluster: latency", E, maximum=MAX_SECONDS)
-    osf = number(d.get("optimizer_state_factor", DEFAULT_OPTIMIZER_STATE_FACTOR), "cluster: optimizer_state_factor", E, maximum=MAX_FACTOR)
+    osf = number(
+        d.get("optimizer_state_factor", DEFAULT_OPTIMIZER_STATE_FACTOR),
+        "cluster: optimizer_state_factor",
+        E,
+        maximum=MAX_FACTOR,
+    )
     ar_raw = d.get("allreduce_bandwidth")
     ar_bw = None if ar_raw is None else bandwidth("allreduce_bandwidth", ar_raw)
     ar_lat = number(d.get("allreduce_latency", 0.0), "cluster: allreduce_latency", E, maximum=MAX_SECONDS)
     overheads = d.get("memory_overheads", False)
     if not isinstance(overheads, bool):
         raise E(f"cluster: memory_overheads must be true or false, got {overheads!r}")
-    return Cluster(devices=devices, memory_bytes=memory, inter_node_bandwidth=inter,
-                   intra_node_bandwidth=intra if intra is not None else inter,
-                   devices_per_node=dpn, latency=latency, optimizer_state_factor=osf,
-                   allreduce_bandwidth=ar_bw, allreduce_latency=ar_lat, memory_overheads=overheads)
+    return Cluster(
+        devices=devices,
+        memory_bytes=memory,
+        inter_node_bandwidth=inter,
+        intra_node_bandwidth=intra if intra is not None else inter,
+        devices_per_node=dpn,
+        latency=latency,
+        optimizer_state_factor=osf,
+        allreduce_bandwidth=ar_bw,
+        allreduce_latency=ar_lat,
+        memory_overheads=overheads,
+    )
 
 
 def cluster_to_dict(c: Cluster) -> dict[str, Any]:
     d: dict[str, Any] = {"format": CLUSTER_FORMAT, "devices": c.devices, "memory_bytes": c.memory_bytes}
     if c.devices_per_node is not None:
         d["devices_per_node"] = c.devices_per_node
-    d.update({"intra_node_bandwidth": c.intra_node_bandwidth, "inter_node_bandwidth": c.inter_node_bandwidth,
-              "latency": c.latency, "optimizer_state_factor": c.optimizer_state_factor})
+    d.update(
+        {
+            "intra_node_bandwidth": c.intra_node_bandwidth,
+            "inter_node_bandwidth": c.inter_node_bandwidth,
+            "latency": c.latency,
+            "optimizer_state_factor": c.optimizer_state_factor,
+        }
+    )
     if c.allreduce_bandwidth is not None:
         d["allreduce_bandwidth"] = c.allreduce_bandwidth
     if c.allreduce_latency:

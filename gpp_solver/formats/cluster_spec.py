@@ -23,7 +23,7 @@ from gpp_solver.types import Cluster
 def cluster_from_spec(spec: str) -> Cluster:
     """A cluster file, or a machine shorthand (a file of that name wins)."""
     if not Path(spec).exists() and (is_machine_spec(spec) or _looks_like_shorthand(spec)):
-        return parse_machine_spec(spec)   # a malformed shorthand gets the shorthand's message
+        return parse_machine_spec(spec)  # a malformed shorthand gets the shorthand's message
     return load_expecting(spec, "gpp-cluster/1", load_cluster)
 
 
@@ -33,10 +33,17 @@ def _looks_like_shorthand(spec: str) -> bool:
     return bool(colon) and bool(name) and "/" not in spec and "\\" not in spec and not spec.endswith(".json")
 
 
-def cluster_from_figures(machine: str | None = None, *, devices: int | None = None,
-                         devices_per_node: int | None = None, memory: str | None = None, intra: str | None = None,
-                         inter: str | None = None, latency: str | None = None,
-                         optimizer_state_factor: float | None = None) -> Cluster:
+def cluster_from_figures(
+    machine: str | None = None,
+    *,
+    devices: int | None = None,
+    devices_per_node: int | None = None,
+    memory: str | None = None,
+    intra: str | None = None,
+    inter: str | None = None,
+    latency: str | None = None,
+    optimizer_state_factor: float | None = None,
+) -> Cluster:
     """``machine`` (a shorthand, optional) with the given figures replacing its own.
 
     Without a machine ``devices``, ``memory`` and ``inter`` are required, and ``intra`` needs
@@ -47,14 +54,23 @@ def cluster_from_figures(machine: str | None = None, *, devices: int | None = No
         if missing:
             raise InvalidInputError(f"gpp cluster: without a machine (e.g. h100:2x8) give {', '.join(missing)}")
         if intra is not None and devices_per_node is None:
-            raise InvalidInputError("gpp cluster: --intra needs --per-node (without it the network is flat and "
-                                    "--inter is used everywhere)")
+            raise InvalidInputError(
+                "gpp cluster: --intra needs --per-node (without it the network is flat and --inter is used everywhere)"
+            )
     d = {} if machine is None else cluster_to_dict(parse_machine_spec(machine))
-    d.update({k: v for k, v in {
-        "devices": devices, "devices_per_node": devices_per_node,
-        "memory_bytes": None if memory is None else parse_bytes(memory, "--memory"),
-        "intra_node_bandwidth": None if intra is None else parse_bandwidth(intra, "--intra"),
-        "inter_node_bandwidth": None if inter is None else parse_bandwidth(inter, "--inter"),
-        "latency": None if latency is None else parse_seconds(latency, "--latency"),
-        "optimizer_state_factor": optimizer_state_factor}.items() if v is not None})
+    d.update(
+        {
+            k: v
+            for k, v in {
+                "devices": devices,
+                "devices_per_node": devices_per_node,
+                "memory_bytes": None if memory is None else parse_bytes(memory, "--memory"),
+                "intra_node_bandwidth": None if intra is None else parse_bandwidth(intra, "--intra"),
+                "inter_node_bandwidth": None if inter is None else parse_bandwidth(inter, "--inter"),
+                "latency": None if latency is None else parse_seconds(latency, "--latency"),
+                "optimizer_state_factor": optimizer_state_factor,
+            }.items()
+            if v is not None
+        }
+    )
     return cluster_from_dict(d)

@@ -19,12 +19,15 @@ from gpp_solver.limits import MAX_BYTES, MAX_COUNT, MAX_SECONDS, MIN_SECONDS
 from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError
-_GRAPH_FIELDS = frozenset({"format", "name", "micro_batch_sizes", "nodes", "edges", "extra", "op_overhead",
-                           "optimizer_time_per_byte"})
-_NODE_FIELDS = frozenset({"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
-                          "output_bytes", "tmpc", "extra"})
-_TMPC_FIELDS = frozenset({"t", "recompute", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
-                          "extra"})
+_GRAPH_FIELDS = frozenset(
+    {"format", "name", "micro_batch_sizes", "nodes", "edges", "extra", "op_overhead", "optimizer_time_per_byte"}
+)
+_NODE_FIELDS = frozenset(
+    {"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes", "output_bytes", "tmpc", "extra"}
+)
+_TMPC_FIELDS = frozenset(
+    {"t", "recompute", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes", "extra"}
+)
 _EDGE_FIELDS = frozenset({"src", "dst", "bytes", "extra"})
 
 
@@ -37,8 +40,9 @@ def _times(value: Any, where: str, n: int) -> tuple[float, ...]:
         raise E(f"{where} must be a list of {n} numbers, got {value!r}")
     if len(value) != n:
         raise E(f"{where} has {len(value)} entries but micro_batch_sizes has {n}")
-    return tuple(number(v, f"{where}[{i}]", E, maximum=MAX_SECONDS, minimum_nonzero=MIN_SECONDS)
-                 for i, v in enumerate(value))
+    return tuple(
+        number(v, f"{where}[{i}]", E, maximum=MAX_SECONDS, minimum_nonzero=MIN_SECONDS) for i, v in enumerate(value)
+    )
 
 
 def _weight_times(d: Mapping[str, Any], bw: tuple[float, ...], where: str, n: int) -> tuple[float, ...] | None:
@@ -48,8 +52,10 @@ def _weight_times(d: Mapping[str, Any], bw: tuple[float, ...], where: str, n: in
     w = _times(d["bw_weight_time"], f"{where}.bw_weight_time", n)
     for i, (wi, bi) in enumerate(zip(w, bw)):
         if wi > bi:
-            raise E(f"{where}.bw_weight_time[{i}] = {wi:.6g} exceeds bw_time[{i}] = {bi:.6g} (the weight "
-                    "gradient is a part of the backward pass)")
+            raise E(
+                f"{where}.bw_weight_time[{i}] = {wi:.6g} exceeds bw_time[{i}] = {bi:.6g} (the weight "
+                "gradient is a part of the backward pass)"
+            )
     return w
 
 
@@ -62,12 +68,16 @@ def _tmpc(d: Any, where: str, n: int) -> Tmpc:
     if not isinstance(rec, bool):
         raise E(f"{where}.recompute must be true or false, got {rec!r}")
     bw = _times(require(d, "bw_time", where, E), f"{where}.bw_time", n)
-    return Tmpc(t=t, recompute=rec,
-                fw_time=_times(require(d, "fw_time", where, E), f"{where}.fw_time", n),
-                bw_time=bw, bw_weight_time=_weight_times(d, bw, where, n),
-                weight_bytes=_bytes(require(d, "weight_bytes", where, E), f"{where}.weight_bytes"),
-                activation_bytes=_bytes(require(d, "activation_bytes", where, E), f"{where}.activation_bytes"),
-                extra=extra(d, where, E))
+    return Tmpc(
+        t=t,
+        recompute=rec,
+        fw_time=_times(require(d, "fw_time", where, E), f"{where}.fw_time", n),
+        bw_time=bw,
+        bw_weight_time=_weight_times(d, bw, where, n),
+        weight_bytes=_bytes(require(d, "weight_bytes", where, E), f"{where}.weight_bytes"),
+        activation_bytes=_bytes(require(d, "activation_bytes", where, E), f"{where}.activation_bytes"),
+        extra=extra(d, where, E),
+    )
 
 
 def graph_from_dict(d: Any) -> Graph:
@@ -82,8 +92,9 @@ def graph_from_dict(d: Any) -> Graph:
     sizes_raw = require(d, "micro_batch_sizes", "graph", E)
     if not isinstance(sizes_raw, list) or not sizes_raw:
         raise E("graph: micro_batch_sizes must be a non-empty list of positive integers")
-    sizes = tuple(integer(s, f"graph: micro_batch_sizes[{i}]", E, minimum=1, maximum=MAX_COUNT)
-                  for i, s in enumerate(sizes_raw))
+    sizes = tuple(
+        integer(s, f"graph: micro_batch_sizes[{i}]", E, minimum=1, maximum=MAX_COUNT) for i, s in enumerate(sizes_raw)
+    )
     for i in range(1, len(sizes)):
         if sizes[i] <= sizes[i - 1]:
             raise E(f"graph: micro_batch_sizes must be strictly increasing, got {list(sizes)}")
@@ -109,16 +120,19 @@ def graph_from_dict(d: Any) -> Graph:
         if not isinstance(tm, list):
             raise E(f"{where}.tmpc must be a list")
         bw = _times(require(nd, "bw_time", where, E), f"{where}.bw_time", n)
-        nodes.append(Node(
-            id=nid,
-            fw_time=_times(require(nd, "fw_time", where, E), f"{where}.fw_time", n),
-            bw_time=bw, bw_weight_time=_weight_times(nd, bw, where, n),
-            weight_bytes=_bytes(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes"),
-            activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
-            output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
-            tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
-            extra=extra(nd, where, E),
-        ))
+        nodes.append(
+            Node(
+                id=nid,
+                fw_time=_times(require(nd, "fw_time", where, E), f"{where}.fw_time", n),
+                bw_time=bw,
+                bw_weight_time=_weight_times(nd, bw, where, n),
+                weight_bytes=_bytes(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes"),
+                activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
+                output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
+                tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
+                extra=extra(nd, where, E),
+            )
+        )
     edges_raw = d.get("edges", [])
     if not isinstance(edges_raw, list):
         raise E("graph: edges must be a list")
@@ -138,8 +152,14 @@ def graph_from_dict(d: Any) -> Graph:
             raise E(f"{where} is a self-loop")
         b = ed.get("bytes")
         edges.append(Edge(src, dst, None if b is None else _bytes(b, f"{where}.bytes")))
-    g = Graph(name=name, micro_batch_sizes=sizes, nodes=tuple(nodes), edges=tuple(edges), extra=extra(d, "graph", E),
-              **_calibration(d))
+    g = Graph(
+        name=name,
+        micro_batch_sizes=sizes,
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        extra=extra(d, "graph", E),
+        **_calibration(d),
+    )
     _check_structure(g)
     return g
 
@@ -152,11 +172,13 @@ def _calibration(d: dict) -> dict[str, Any]:
         oh = d["op_overhead"]
         if not isinstance(oh, dict) or set(oh) != {"fw", "bw"}:
             raise E(f"graph: op_overhead must be an object {{\"fw\": seconds, \"bw\": seconds}}, got {oh!r}")
-        out["op_overhead"] = tuple(number(oh[k], f"graph: op_overhead.{k}", E, maximum=MAX_SECONDS)
-                                   for k in ("fw", "bw"))
+        out["op_overhead"] = tuple(
+            number(oh[k], f"graph: op_overhead.{k}", E, maximum=MAX_SECONDS) for k in ("fw", "bw")
+        )
     if "optimizer_time_per_byte" in d:
-        out["optimizer_time_per_byte"] = number(d["optimizer_time_per_byte"], "graph: optimizer_time_per_byte", E,
-                                                maximum=MAX_SECONDS)
+        out["optimizer_time_per_byte"] = number(
+            d["optimizer_time_per_byte"], "graph: optimizer_time_per_byte", E, maximum=MAX_SECONDS
+        )
     return out
 
 
@@ -174,25 +196,40 @@ def _check_structure(g: Graph) -> None:
     if len(g.ids) > 1 and not nx.is_weakly_connected(nxg):
         comps = sorted(nx.weakly_connected_components(nxg), key=lambda c: min(g.index[x] for x in c))
         other = min(comps[1], key=lambda x: g.index[x])
-        raise E(f"graph is disconnected: node '{other}' is not connected to node '{g.ids[0]}' "
-                f"({len(comps)} weakly connected components)")
+        raise E(
+            f"graph is disconnected: node '{other}' is not connected to node '{g.ids[0]}' "
+            f"({len(comps)} weakly connected components)"
+        )
 
 
 def graph_to_dict(g: Graph) -> dict[str, Any]:
     """The ``gpp-graph/1`` document of ``g`` (round-trips with :func:`graph_from_dict`)."""
     nodes = []
     for n in g.nodes:
-        nd: dict[str, Any] = {"id": n.id, "fw_time": list(n.fw_time), "bw_time": list(n.bw_time),
-                              "weight_bytes": n.weight_bytes, "activation_bytes": n.activation_bytes,
-                              "output_bytes": n.output_bytes}
+        nd: dict[str, Any] = {
+            "id": n.id,
+            "fw_time": list(n.fw_time),
+            "bw_time": list(n.bw_time),
+            "weight_bytes": n.weight_bytes,
+            "activation_bytes": n.activation_bytes,
+            "output_bytes": n.output_bytes,
+        }
         if n.bw_weight_time is not None:
             nd["bw_weight_time"] = list(n.bw_weight_time)
         if n.tmpc:
-            nd["tmpc"] = [{"t": t.t, "recompute": t.recompute, "fw_time": list(t.fw_time),
-                           "bw_time": list(t.bw_time), "weight_bytes": t.weight_bytes,
-                           "activation_bytes": t.activation_bytes,
-                           **({"bw_weight_time": list(t.bw_weight_time)} if t.bw_weight_time is not None else {}),
-                           **({"extra": dict(t.extra)} if t.extra else {})} for t in n.tmpc]
+            nd["tmpc"] = [
+                {
+                    "t": t.t,
+                    "recompute": t.recompute,
+                    "fw_time": list(t.fw_time),
+                    "bw_time": list(t.bw_time),
+                    "weight_bytes": t.weight_bytes,
+                    "activation_bytes": t.activation_bytes,
+                    **({"bw_weight_time": list(t.bw_weight_time)} if t.bw_weight_time is not None else {}),
+                    **({"extra": dict(t.extra)} if t.extra else {}),
+                }
+                for t in n.tmpc
+            ]
         if n.extra:
             nd["extra"] = dict(n.extra)
         nodes.append(nd)
@@ -202,8 +239,13 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         if e.bytes is not None:
             ed["bytes"] = e.bytes
         edges.append(ed)
-    out = {"format": GRAPH_FORMAT, "name": g.name, "micro_batch_sizes": list(g.micro_batch_sizes),
-           "nodes": nodes, "edges": edges}
+    out = {
+        "format": GRAPH_FORMAT,
+        "name": g.name,
+        "micro_batch_sizes": list(g.micro_batch_sizes),
+        "nodes": nodes,
+        "edges": edges,
+    }
     if g.op_overhead != (0.0, 0.0):
         out["op_overhead"] = {"fw": g.op_overhead[0], "bw": g.op_overhead[1]}
     if g.optimizer_time_per_byte:
@@ -234,11 +276,18 @@ def as_graph(obj: Any) -> Graph:
     raise E(f"cannot read a graph from {type(obj).__name__}")
 
 
-def graph_from_networkx(G: nx.DiGraph, *, name: str | None = None,
-                        micro_batch_sizes: tuple[int, ...] | list[int] = (1,),
-                        fw_time: str = "fw_time", bw_time: str = "bw_time",
-                        weight_bytes: str = "weight_bytes", activation_bytes: str = "activation_bytes",
-                        output_bytes: str = "output_bytes", edge_bytes: str = "bytes") -> Graph:
+def graph_from_networkx(
+    G: nx.DiGraph,
+    *,
+    name: str | None = None,
+    micro_batch_sizes: tuple[int, ...] | list[int] = (1,),
+    fw_time: str = "fw_time",
+    bw_time: str = "bw_time",
+    weight_bytes: str = "weight_bytes",
+    activation_bytes: str = "activation_bytes",
+    output_bytes: str = "output_bytes",
+    edge_bytes: str = "bytes",
+) -> Graph:
     """Build a graph from a DiGraph whose node attributes carry the costs.
 
     A scalar time attribute is accepted when there is one micro-batch size.  Node ids are
@@ -255,17 +304,31 @@ def graph_from_networkx(G: nx.DiGraph, *, name: str | None = None,
     for n, a in G.nodes(data=True):
         if fw_time not in a or bw_time not in a:
             raise E(f"node '{n}': networkx attributes '{fw_time}' and '{bw_time}' are required")
-        nodes.append({"id": str(n), "fw_time": times(a[fw_time]), "bw_time": times(a[bw_time]),
-                      "weight_bytes": a.get(weight_bytes, 0), "activation_bytes": a.get(activation_bytes, 0),
-                      "output_bytes": a.get(output_bytes, 0)})
+        nodes.append(
+            {
+                "id": str(n),
+                "fw_time": times(a[fw_time]),
+                "bw_time": times(a[bw_time]),
+                "weight_bytes": a.get(weight_bytes, 0),
+                "activation_bytes": a.get(activation_bytes, 0),
+                "output_bytes": a.get(output_bytes, 0),
+            }
+        )
     edges = []
     for u, v, a in G.edges(data=True):
         ed = {"src": str(u), "dst": str(v)}
         if a.get(edge_bytes) is not None:
             ed["bytes"] = a[edge_bytes]
         edges.append(ed)
-    return graph_from_dict({"format": GRAPH_FORMAT, "name": name or G.graph.get("name", "graph"),
-                            "micro_batch_sizes": sizes, "nodes": nodes, "edges": edges})
+    return graph_from_dict(
+        {
+            "format": GRAPH_FORMAT,
+            "name": name or G.graph.get("name", "graph"),
+            "micro_batch_sizes": sizes,
+            "nodes": nodes,
+            "edges": edges,
+        }
+    )
 
 
 def graph_to_networkx(g: Graph) -> nx.DiGraph:

@@ -22,7 +22,6 @@ from gpp_solver.errors import InvalidInputError, show
 MAX_DEPTH = 64
 
 
-
 class _Unrepresentable:
     """A JSON number no float holds (kept as text so the error can name the field)."""
 
@@ -55,8 +54,10 @@ def _check_tree(doc: Any, what: str, p: Path | str, error: type[InvalidInputErro
     while stack:
         v, path, depth = stack.pop()
         if isinstance(v, _Unrepresentable):
-            raise error(f"{what} file {p}: {path.lstrip('.') or 'the document'} = {v!r} is not a finite "
-                        f"number a float can hold (at most about 1.8e308 in magnitude)")
+            raise error(
+                f"{what} file {p}: {path.lstrip('.') or 'the document'} = {v!r} is not a finite "
+                f"number a float can hold (at most about 1.8e308 in magnitude)"
+            )
         if isinstance(v, (dict, list)):
             if depth >= MAX_DEPTH:
                 raise error(f"{what} file {p}: nested deeper than {MAX_DEPTH} levels at {path.lstrip('.') or '/'}")
@@ -124,12 +125,12 @@ def known_fields(d: dict, allowed: set[str] | frozenset[str], where: str, error:
     """Reject a field outside ``allowed`` (extensions go under an ``extra`` object), naming it."""
     for k in d:
         if k not in allowed:
-            raise error(f"{where}: unknown field {k!r} (valid: {', '.join(sorted(allowed))}; "
-                        f"put extensions under \"extra\")")
+            raise error(
+                f"{where}: unknown field {k!r} (valid: {', '.join(sorted(allowed))}; put extensions under \"extra\")"
+            )
 
 
-def document(d: Any, what: str, fields: set[str] | frozenset[str], fmt: str,
-             error: type[InvalidInputError]) -> dict:
+def document(d: Any, what: str, fields: set[str] | frozenset[str], fmt: str, error: type[InvalidInputError]) -> dict:
     """The checks every document reader starts with: ``d`` is an object, has no unknown field and
     is of format ``fmt`` (an absent ``format`` is taken as ``fmt``)."""
     if not isinstance(d, dict):
@@ -149,9 +150,17 @@ def extra(d: dict, where: str, error: type[InvalidInputError]) -> dict:
     return dict(x)
 
 
-def number(value: Any, where: str, error: type[InvalidInputError], *, positive: bool = False,
-           allow_zero: bool = True, maximum: float | None = None, minimum_nonzero: float | None = None,
-           minimum: float | None = None) -> float:
+def number(
+    value: Any,
+    where: str,
+    error: type[InvalidInputError],
+    *,
+    positive: bool = False,
+    allow_zero: bool = True,
+    maximum: float | None = None,
+    minimum_nonzero: float | None = None,
+    minimum: float | None = None,
+) -> float:
     """A finite, non-negative JSON number (bools and strings rejected), within the given range."""
     if isinstance(value, _Unrepresentable):
         raise error(f"{where} must be a finite number, got {value!r}")
@@ -176,12 +185,16 @@ def number(value: Any, where: str, error: type[InvalidInputError], *, positive: 
     return v
 
 
-def integer(value: Any, where: str, error: type[InvalidInputError], *, minimum: int | None = None,
-            maximum: int | None = None) -> int:
+def integer(
+    value: Any, where: str, error: type[InvalidInputError], *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     if isinstance(value, _Unrepresentable):
         raise error(f"{where} must be an integer, got {value!r}")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
         raise error(f"{where} must be an integer, got {show(value)}")
     v = int(value)
     if minimum is not None and v < minimum:

@@ -38,22 +38,23 @@ class Machine:
     """One kind of node: its devices and links (units: bytes, bytes/s, seconds)."""
 
     description: str
-    memory_bytes: float            # per device
+    memory_bytes: float  # per device
     devices_per_node: int
-    intra_node_bandwidth: float    # one direction, between two devices of a node
-    inter_node_bandwidth: float    # one direction, per device, between nodes
+    intra_node_bandwidth: float  # one direction, between two devices of a node
+    inter_node_bandwidth: float  # one direction, per device, between nodes
     latency: float = 1e-5
 
 
 #: name -> machine (sources in the module docstring)
 MACHINES: dict[str, Machine] = {
     "v100": Machine("V100 SXM2 16 GB, 4 per node (the GraphPipe paper's cluster)", 16 * GiB, 4, 50e9, 12.5e9),
-    "a100-40g": Machine("DGX A100: A100 SXM4 40 GB, 8 per node, NVLink 3, InfiniBand HDR", 40 * GiB, 8,
-                        300e9, 200e9 / 8),
-    "a100-80g": Machine("DGX A100: A100 SXM4 80 GB, 8 per node, NVLink 3, InfiniBand HDR", 80 * GiB, 8,
-                        300e9, 200e9 / 8),
-    "h100": Machine("DGX H100: H100 SXM5 80 GB, 8 per node, NVLink 4, InfiniBand NDR", 80 * GiB, 8,
-                    450e9, 400e9 / 8),
+    "a100-40g": Machine(
+        "DGX A100: A100 SXM4 40 GB, 8 per node, NVLink 3, InfiniBand HDR", 40 * GiB, 8, 300e9, 200e9 / 8
+    ),
+    "a100-80g": Machine(
+        "DGX A100: A100 SXM4 80 GB, 8 per node, NVLink 3, InfiniBand HDR", 80 * GiB, 8, 300e9, 200e9 / 8
+    ),
+    "h100": Machine("DGX H100: H100 SXM5 80 GB, 8 per node, NVLink 4, InfiniBand NDR", 80 * GiB, 8, 450e9, 400e9 / 8),
 }
 
 _SPEC = re.compile(r"([a-z0-9-]+):(\d+)(?:x(\d+))?")
@@ -66,10 +67,15 @@ def machine_cluster(name: str, devices: int, *, devices_per_node: int | None = N
         raise InvalidClusterError(f"unknown machine {name!r}; known: {', '.join(MACHINES)}")
     if devices < 1:
         raise InvalidClusterError(f"--cluster {name}:N needs N >= 1, got {devices}")
-    return Cluster(devices=devices, memory_bytes=m.memory_bytes,
-                   devices_per_node=devices_per_node or m.devices_per_node,
-                   intra_node_bandwidth=m.intra_node_bandwidth, inter_node_bandwidth=m.inter_node_bandwidth,
-                   latency=m.latency, optimizer_state_factor=4.0)
+    return Cluster(
+        devices=devices,
+        memory_bytes=m.memory_bytes,
+        devices_per_node=devices_per_node or m.devices_per_node,
+        intra_node_bandwidth=m.intra_node_bandwidth,
+        inter_node_bandwidth=m.inter_node_bandwidth,
+        latency=m.latency,
+        optimizer_state_factor=4.0,
+    )
 
 
 def is_machine_spec(spec: str) -> bool:
@@ -81,8 +87,9 @@ def parse_machine_spec(spec: str) -> Cluster:
     """``h100:2x8`` -> 16 H100 in 2 nodes of 8; ``a100-40g:8`` -> 8 A100 40 GB in one node."""
     m = _SPEC.fullmatch(spec)
     if m is None:
-        raise InvalidClusterError(f"cluster {spec!r}: expected NAME:N or NAME:NODESxPER_NODE with NAME one of "
-                                  f"{', '.join(MACHINES)}")
+        raise InvalidClusterError(
+            f"cluster {spec!r}: expected NAME:N or NAME:NODESxPER_NODE with NAME one of {', '.join(MACHINES)}"
+        )
     name, a, b = m.group(1), int(m.group(2)), m.group(3)
     if b is None:
         return machine_cluster(name, a)

@@ -79,8 +79,9 @@ def _metrics(text: str, where: str) -> dict[str, float]:
     return values
 
 
-def pipedream_dict(text: str, *, batch_size: int, name: str = "pipedream",
-                   source: str = "<text>", batch_size_from: str = "batch_size") -> dict:
+def pipedream_dict(
+    text: str, *, batch_size: int, name: str = "pipedream", source: str = "<text>", batch_size_from: str = "batch_size"
+) -> dict:
     """The gpp-graph/1 dict of the PipeDream profile ``text`` (see the module docstring)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_COUNT:
         raise InvalidGraphError(f"batch_size must be a positive integer (at most {MAX_COUNT}), got {batch_size!r}")
@@ -98,20 +99,26 @@ def pipedream_dict(text: str, *, batch_size: int, name: str = "pipedream",
             continue
         parts = line.split(" -- ")
         if len(parts) < 3:
-            raise InvalidGraphError(f"{where}: node line must be 'nodeN -- description -- metrics', "
-                                    f"got {line.strip()[:80]!r}")
+            raise InvalidGraphError(
+                f"{where}: node line must be 'nodeN -- description -- metrics', got {line.strip()[:80]!r}"
+            )
         nid, desc, metrics = parts[0].strip(), " -- ".join(parts[1:-1]).strip(), parts[-1]
         if not nid or any(c.isspace() for c in nid):
             raise InvalidGraphError(f"{where}: bad node id {nid!r}")
         if nid in nodes:
-            raise InvalidGraphError(f"{where}: node '{nid}' is defined twice "
-                                    f"(first at line {nodes[nid]['line']})")
+            raise InvalidGraphError(f"{where}: node '{nid}' is defined twice (first at line {nodes[nid]['line']})")
         m = _metrics(metrics, f"{where} (node '{nid}')")
         per_sample = m["activation_size"] / batch_size
-        nodes[nid] = {"id": nid, "fw_time": [m["forward_compute_time"] / 1000.0],
-                      "bw_time": [m["backward_compute_time"] / 1000.0],
-                      "weight_bytes": m["parameter_size"], "activation_bytes": per_sample,
-                      "output_bytes": per_sample, "extra": {"op": desc}, "line": lineno}
+        nodes[nid] = {
+            "id": nid,
+            "fw_time": [m["forward_compute_time"] / 1000.0],
+            "bw_time": [m["backward_compute_time"] / 1000.0],
+            "weight_bytes": m["parameter_size"],
+            "activation_bytes": per_sample,
+            "output_bytes": per_sample,
+            "extra": {"op": desc},
+            "line": lineno,
+        }
     edges: list[dict] = []
     seen: set[tuple[str, str]] = set()
     for lineno, src, dst in edge_lines:
@@ -129,10 +136,21 @@ def pipedream_dict(text: str, *, batch_size: int, name: str = "pipedream",
         raise InvalidGraphError(f"{source}: no node lines found")
     for nd in nodes.values():
         del nd["line"]
-    return {"format": GRAPH_FORMAT, "name": name, "micro_batch_sizes": [batch_size],
-            "nodes": list(nodes.values()), "edges": edges,
-            "extra": {"source": {"format": "pipedream-graph.txt", "file": source, "batch_size": batch_size,
-                                 "batch_size_from": batch_size_from}}}
+    return {
+        "format": GRAPH_FORMAT,
+        "name": name,
+        "micro_batch_sizes": [batch_size],
+        "nodes": list(nodes.values()),
+        "edges": edges,
+        "extra": {
+            "source": {
+                "format": "pipedream-graph.txt",
+                "file": source,
+                "batch_size": batch_size,
+                "batch_size_from": batch_size_from,
+            }
+        },
+    }
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -147,8 +165,11 @@ def _suggest(text: str) -> str:
     if not m:
         return ""
     size = float(m.group(1))
-    fits = [f"{int(size / (12 * s * s))} samples of 3x{s}x{s}" for s in (224, 299, 32)
-            if size / (12 * s * s) >= 1 and (size / (12 * s * s)).is_integer()]
+    fits = [
+        f"{int(size / (12 * s * s))} samples of 3x{s}x{s}"
+        for s in (224, 299, 32)
+        if size / (12 * s * s) >= 1 and (size / (12 * s * s)).is_integer()
+    ]
     return f"; its input node's activation_size fits {' or '.join(fits)} fp32" if fits else ""
 
 
@@ -167,20 +188,28 @@ def import_pipedream(path: str | Path, *, batch_size: int | None = None, name: s
             raise InvalidGraphError(
                 f"PipeDream profile {p}: the batch size it was profiled with is required (its times and "
                 f"activation sizes are of one whole mini-batch, which graph.txt does not record): pass "
-                f"--batch-size N, or write {{\"batch_size\": N}} to {side}{_suggest(text)}")
+                f"--batch-size N, or write {{\"batch_size\": N}} to {side}{_suggest(text)}"
+            )
         doc = read_json(side, "PipeDream sidecar", InvalidGraphError)
-        batch_size = integer(require(doc, "batch_size", f"PipeDream sidecar {side}", InvalidGraphError),
-                             f"PipeDream sidecar {side}: batch_size", InvalidGraphError, minimum=1,
-                             maximum=MAX_COUNT)
+        batch_size = integer(
+            require(doc, "batch_size", f"PipeDream sidecar {side}", InvalidGraphError),
+            f"PipeDream sidecar {side}: batch_size",
+            InvalidGraphError,
+            minimum=1,
+            maximum=MAX_COUNT,
+        )
         origin = str(side)
     default = p.name.removesuffix(".txt").removesuffix(".graph")
-    return graph_from_dict(pipedream_dict(text, batch_size=batch_size, name=name or default, source=p.name,
-                                          batch_size_from=origin))
+    return graph_from_dict(
+        pipedream_dict(text, batch_size=batch_size, name=name or default, source=p.name, batch_size_from=origin)
+    )
 
 
 def assumed_batch_size(g: Graph) -> str:
     """What an import from a PipeDream profile assumed (``g.extra["source"]``), as one sentence."""
     src = g.extra["source"]
     origin = "--batch-size" if src["batch_size_from"] == "batch_size" else src["batch_size_from"]
-    return (f"assumed the profile is of one mini-batch of {src['batch_size']} samples (from {origin}): times are "
-            f"per micro-batch of {src['batch_size']}, bytes per sample")
+    return (
+        f"assumed the profile is of one mini-batch of {src['batch_size']} samples (from {origin}): times are "
+        f"per micro-batch of {src['batch_size']}, bytes per sample"
+    )

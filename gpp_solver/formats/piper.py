@@ -87,12 +87,15 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
     """The gpp-graph/1 dict of the Piper input ``doc`` (see the module docstring)."""
     if not isinstance(doc, dict):
         raise E(f"Piper input must be a JSON object, got {type(doc).__name__}")
-    top = {"maxDevices": integer(require(doc, "maxDevices", "Piper input", E), "maxDevices", E, minimum=1),
-           "maxMemoryPerDevice": number(require(doc, "maxMemoryPerDevice", "Piper input", E),
-                                        "maxMemoryPerDevice", E, positive=True),
-           "bandwidth": number(require(doc, "bandwidth", "Piper input", E), "bandwidth", E, positive=True),
-           "mbsInBatch": integer(require(doc, "mbsInBatch", "Piper input", E), "mbsInBatch", E, minimum=1),
-           "time_unit": time_unit}
+    top = {
+        "maxDevices": integer(require(doc, "maxDevices", "Piper input", E), "maxDevices", E, minimum=1),
+        "maxMemoryPerDevice": number(
+            require(doc, "maxMemoryPerDevice", "Piper input", E), "maxMemoryPerDevice", E, positive=True
+        ),
+        "bandwidth": number(require(doc, "bandwidth", "Piper input", E), "bandwidth", E, positive=True),
+        "mbsInBatch": integer(require(doc, "mbsInBatch", "Piper input", E), "mbsInBatch", E, minimum=1),
+        "time_unit": time_unit,
+    }
     raw_nodes, raw_edges = require(doc, "nodes", "Piper input", E), require(doc, "edges", "Piper input", E)
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise E("Piper input: nodes must be a non-empty list")
@@ -101,8 +104,14 @@ def piper_dict(doc: Any, *, name: str = "piper", time_unit: float = 1e-3) -> dic
     pids, our = _node_ids(raw_nodes)
     links = _Links(pids, our, raw_edges)
     nodes = [_node(nd, pids[i], our, links, time_unit) for i, nd in enumerate(raw_nodes)]
-    return {"format": GRAPH_FORMAT, "name": name, "micro_batch_sizes": [1], "nodes": nodes,
-            "edges": links.edges, "extra": {"piper": top}}
+    return {
+        "format": GRAPH_FORMAT,
+        "name": name,
+        "micro_batch_sizes": [1],
+        "nodes": nodes,
+        "edges": links.edges,
+        "extra": {"piper": top},
+    }
 
 
 def _node_ids(raw_nodes: list) -> tuple[list[int], dict[int, str]]:
@@ -131,8 +140,7 @@ class _Links:
             where = f"Piper edge #{i}"
             s = integer(require(ed, "sourceId", where, E), f"{where}.sourceId", E)
             t = integer(require(ed, "destId", where, E), f"{where}.destId", E)
-            c = number(require(ed, "communicationCost", where, E), f"{where}.communicationCost", E,
-                       maximum=MAX_BYTES)
+            c = number(require(ed, "communicationCost", where, E), f"{where}.communicationCost", E, maximum=MAX_BYTES)
             for end in (s, t):
                 if end not in self.preds:
                     raise E(f"{where} ({s} -> {t}) refers to unknown node id {end}")
@@ -184,20 +192,34 @@ def _node(nd: dict, pid: int, our: dict[int, str], links: _Links, time_unit: flo
                     if not k.lstrip("-").isdigit() or int(k) not in allowed:
                         raise E(f"{where}.TMPCs['{t}'][{j}].{key} has key {k!r}, not a {kind} of this node")
             f = min(fw_ms, x["timePerSample"])
-            tmpcs.append({
-                "t": t, "recompute": _is_recompute(x["id"]),
-                "fw_time": [f * time_unit], "bw_time": [(x["timePerSample"] - f) * time_unit],
-                "weight_bytes": x["parameterSize"], "activation_bytes": x["memoryUsageA"],
-                "extra": {
-                    "name": x["id"], "memory_b": x["memoryUsageB"], "time_per_sample": x["timePerSample"],
-                    "sync_time_fw": {our[p]: x["syncTimeFw"].get(str(p), 0.0) for p in sorted(preds)},
-                    "sync_time_bw": {our[s]: x["syncTimeBw"].get(str(s), 0.0) for s in sorted(succs)}},
-            })
+            tmpcs.append(
+                {
+                    "t": t,
+                    "recompute": _is_recompute(x["id"]),
+                    "fw_time": [f * time_unit],
+                    "bw_time": [(x["timePerSample"] - f) * time_unit],
+                    "weight_bytes": x["parameterSize"],
+                    "activation_bytes": x["memoryUsageA"],
+                    "extra": {
+                        "name": x["id"],
+                        "memory_b": x["memoryUsageB"],
+                        "time_per_sample": x["timePerSample"],
+                        "sync_time_fw": {our[p]: x["syncTimeFw"].get(str(p), 0.0) for p in sorted(preds)},
+                        "sync_time_bw": {our[s]: x["syncTimeBw"].get(str(s), 0.0) for s in sorted(succs)},
+                    },
+                }
+            )
     b = next(x for x in tmpcs if x["t"] == 1 and x["extra"]["name"] == base["id"])
-    return {"id": our[pid], "fw_time": list(b["fw_time"]), "bw_time": list(b["bw_time"]),
-            "weight_bytes": b["weight_bytes"], "activation_bytes": b["activation_bytes"],
-            "output_bytes": links.out_bytes[pid], "tmpc": tmpcs,
-            "extra": {"op": nd.get("name", ""), "piper_id": pid}}
+    return {
+        "id": our[pid],
+        "fw_time": list(b["fw_time"]),
+        "bw_time": list(b["bw_time"]),
+        "weight_bytes": b["weight_bytes"],
+        "activation_bytes": b["activation_bytes"],
+        "output_bytes": links.out_bytes[pid],
+        "tmpc": tmpcs,
+        "extra": {"op": nd.get("name", ""), "piper_id": pid},
+    }
 
 
 def import_piper(path: str | Path, *, name: str | None = None, time_unit: float = 1e-3) -> Graph:

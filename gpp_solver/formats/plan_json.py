@@ -44,10 +44,34 @@ from gpp_solver.types import (
 )
 
 E = InvalidPlanError
-_PLAN_FIELDS = frozenset({"format", "planner", "graph", "mini_batch_size", "optimizer_state_factor", "stages", "edges",
-                          "predicted", "search", "extra"})
-_STAGE_FIELDS = frozenset({"id", "nodes", "devices", "micro_batch_size", "schedule", "in_flight_samples", "predicted",
-                           "tensor_parallel", "tmpc", "extra"})
+_PLAN_FIELDS = frozenset(
+    {
+        "format",
+        "planner",
+        "graph",
+        "mini_batch_size",
+        "optimizer_state_factor",
+        "stages",
+        "edges",
+        "predicted",
+        "search",
+        "extra",
+    }
+)
+_STAGE_FIELDS = frozenset(
+    {
+        "id",
+        "nodes",
+        "devices",
+        "micro_batch_size",
+        "schedule",
+        "in_flight_samples",
+        "predicted",
+        "tensor_parallel",
+        "tmpc",
+        "extra",
+    }
+)
 _SCHEDULE_FIELDS = frozenset({"kind", "k", "order"})
 _STAGE_PRED_FIELDS = frozenset({"time_per_sample", "memory_bytes"})
 _PLAN_PRED_FIELDS = frozenset({"time_per_sample", "iteration_time", "throughput", "peak_memory_bytes"})
@@ -94,9 +118,11 @@ def _search(srch: dict[str, Any]) -> SearchInfo:
         status=_status(srch.get("status", Status.UNKNOWN)),
         epsilon=None if srch.get("epsilon") is None else number(srch["epsilon"], "plan: search.epsilon", E),
         extra={k: v for k, v in srch.items() if k not in {"seconds", "status", "epsilon", *SEARCH_FIELDS}},
-        objective=objective, iteration_time_estimate=None if ite is None else number(ite, "plan: search.iteration_time_estimate", E),
+        objective=objective,
+        iteration_time_estimate=None if ite is None else number(ite, "plan: search.iteration_time_estimate", E),
         micro_batch_size=None if mbs is None else integer(mbs, "plan: search.micro_batch_size", E, minimum=1),
-        cp_tighten=tight)
+        cp_tighten=tight,
+    )
 
 
 def plan_from_dict(d: Any) -> Plan:
@@ -108,8 +134,7 @@ def plan_from_dict(d: Any) -> Plan:
         raise E("plan: stages must be a non-empty list")
     stages = []
     for i, s in enumerate(stages_raw):
-        sid = integer(require(s, "id", f"plan: stage #{i}", E), f"plan: stage #{i}.id", E, minimum=0,
-                      maximum=MAX_COUNT)
+        sid = integer(require(s, "id", f"plan: stage #{i}", E), f"plan: stage #{i}.id", E, minimum=0, maximum=MAX_COUNT)
         where = f"stage {sid}"
         known_fields(s, _STAGE_FIELDS, where, E)
         extra(s, where, E)
@@ -124,23 +149,41 @@ def plan_from_dict(d: Any) -> Plan:
         pred = _predicted(s, _STAGE_PRED_FIELDS, where)
         tmpc = s.get("tmpc")
         if tmpc is not None:
-            tmpc = {_string(k, f"{where}.tmpc key"): integer(v, f"{where}.tmpc[{k!r}]", E, minimum=0)
-                    for k, v in obj(tmpc, f"{where}.tmpc", E).items()}
-        stages.append(Stage(
-            id=sid, nodes=tuple(nodes),
-            devices=tuple(integer(x, f"{where}.devices", E, minimum=0, maximum=MAX_COUNT) for x in devices),
-            micro_batch_size=integer(require(s, "micro_batch_size", where, E), f"{where}.micro_batch_size", E,
-                                     minimum=1, maximum=MAX_COUNT),
-            schedule=Schedule(kind=_string(sched.get("kind", "custom"), f"{where}.schedule.kind"),
-                              k=integer(sched.get("k", 1), f"{where}.schedule.k", E, minimum=1, maximum=MAX_COUNT),
-                              order=_order(require(sched, "order", f"{where}.schedule", E), f"{where}.schedule")),
-            in_flight_samples=integer(require(s, "in_flight_samples", where, E), f"{where}.in_flight_samples", E,
-                                      minimum=0, maximum=MAX_COUNT),
-            predicted=StagePrediction(**pred),
-            tensor_parallel=integer(s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1,
-                                    maximum=MAX_COUNT),
-            tmpc=tmpc,
-        ))
+            tmpc = {
+                _string(k, f"{where}.tmpc key"): integer(v, f"{where}.tmpc[{k!r}]", E, minimum=0)
+                for k, v in obj(tmpc, f"{where}.tmpc", E).items()
+            }
+        stages.append(
+            Stage(
+                id=sid,
+                nodes=tuple(nodes),
+                devices=tuple(integer(x, f"{where}.devices", E, minimum=0, maximum=MAX_COUNT) for x in devices),
+                micro_batch_size=integer(
+                    require(s, "micro_batch_size", where, E),
+                    f"{where}.micro_batch_size",
+                    E,
+                    minimum=1,
+                    maximum=MAX_COUNT,
+                ),
+                schedule=Schedule(
+                    kind=_string(sched.get("kind", "custom"), f"{where}.schedule.kind"),
+                    k=integer(sched.get("k", 1), f"{where}.schedule.k", E, minimum=1, maximum=MAX_COUNT),
+                    order=_order(require(sched, "order", f"{where}.schedule", E), f"{where}.schedule"),
+                ),
+                in_flight_samples=integer(
+                    require(s, "in_flight_samples", where, E),
+                    f"{where}.in_flight_samples",
+                    E,
+                    minimum=0,
+                    maximum=MAX_COUNT,
+                ),
+                predicted=StagePrediction(**pred),
+                tensor_parallel=integer(
+                    s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1, maximum=MAX_COUNT
+                ),
+                tmpc=tmpc,
+            )
+        )
     edges_raw = d.get("edges", [])
     if not isinstance(edges_raw, list):
         raise E("plan: edges must be a list of [from, to] stage pairs")
@@ -148,17 +191,25 @@ def plan_from_dict(d: Any) -> Plan:
     for i, e in enumerate(edges_raw):
         if not (isinstance(e, list) and len(e) == 2):
             raise E(f"plan: edges[{i}] must be a [from, to] pair, got {e!r}")
-        edges.append((integer(e[0], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT),
-                      integer(e[1], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT)))
+        edges.append(
+            (
+                integer(e[0], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT),
+                integer(e[1], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT),
+            )
+        )
     srch = obj(d.get("search", {}), "plan: search", E)
     osf = d.get("optimizer_state_factor")
     return Plan(
-        planner=_string(d.get("planner", "unknown"), "plan: planner"), graph=_string(d.get("graph", ""), "plan: graph"),
-        mini_batch_size=B, stages=tuple(stages), edges=tuple(edges),
+        planner=_string(d.get("planner", "unknown"), "plan: planner"),
+        graph=_string(d.get("graph", ""), "plan: graph"),
+        mini_batch_size=B,
+        stages=tuple(stages),
+        edges=tuple(edges),
         predicted=PlanPrediction(**_predicted(d, _PLAN_PRED_FIELDS, "plan")),
         search=_search(srch),
-        optimizer_state_factor=None if osf is None else number(
-            osf, "plan: optimizer_state_factor", E, maximum=MAX_FACTOR),
+        optimizer_state_factor=None
+        if osf is None
+        else number(osf, "plan: optimizer_state_factor", E, maximum=MAX_FACTOR),
     )
 
 
@@ -177,7 +228,10 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     stages = []
     for s in p.stages:
         sd: dict[str, Any] = {
-            "id": s.id, "nodes": list(s.nodes), "devices": list(s.devices), "micro_batch_size": s.micro_batch_size,
+            "id": s.id,
+            "nodes": list(s.nodes),
+            "devices": list(s.devices),
+            "micro_batch_size": s.micro_batch_size,
             "schedule": {"kind": s.schedule.kind, "k": s.schedule.k, "order": [a.to_json() for a in s.schedule.order]},
             "in_flight_samples": s.in_flight_samples,
             "predicted": {"time_per_sample": s.predicted.time_per_sample, "memory_bytes": s.predicted.memory_bytes},
@@ -196,14 +250,24 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
     search.update(_json_safe(dict(p.search.extra)))
     if p.search.cp_tighten is not None:
         search["cp_tighten"] = _json_safe(p.search.cp_tighten)
-    head: dict[str, Any] = {"format": PLAN_FORMAT, "planner": p.planner, "graph": p.graph,
-                            "mini_batch_size": p.mini_batch_size}
+    head: dict[str, Any] = {
+        "format": PLAN_FORMAT,
+        "planner": p.planner,
+        "graph": p.graph,
+        "mini_batch_size": p.mini_batch_size,
+    }
     if p.optimizer_state_factor is not None:
         head["optimizer_state_factor"] = p.optimizer_state_factor
     return {
-        **head, "stages": stages, "edges": [list(e) for e in p.edges],
-        "predicted": {"time_per_sample": p.predicted.time_per_sample, "iteration_time": p.predicted.iteration_time,
-                      "throughput": p.predicted.throughput, "peak_memory_bytes": p.predicted.peak_memory_bytes},
+        **head,
+        "stages": stages,
+        "edges": [list(e) for e in p.edges],
+        "predicted": {
+            "time_per_sample": p.predicted.time_per_sample,
+            "iteration_time": p.predicted.iteration_time,
+            "throughput": p.predicted.throughput,
+            "peak_memory_bytes": p.predicted.peak_memory_bytes,
+        },
         "search": search,
     }
 

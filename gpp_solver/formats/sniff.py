@@ -21,8 +21,8 @@ T = TypeVar("T")
 _PIPEDREAM_LINE = re.compile(rb"\s*node\d+ -- .* -- forward_compute_time=")
 _HINT = {
     "pipedream": "this looks like a PipeDream profile (graph.txt): convert it first with "
-                 "`gpp import pipedream {path} --batch-size N -o graph.json` (N: the samples in the profiled "
-                 "mini-batch)",
+    "`gpp import pipedream {path} --batch-size N -o graph.json` (N: the samples in the profiled "
+    "mini-batch)",
     "piper": "this looks like a Piper input JSON: convert it first with `gpp import piper {path} -o graph.json`",
 }
 
@@ -48,8 +48,11 @@ def sniff(path: str | Path) -> str | None:
     if isinstance(fmt, str) and fmt.startswith("gpp-"):
         return fmt
     nodes = d.get("nodes")
-    if ("maxDevices" in d or "mbsInBatch" in d
-            or (isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) and "TMPCs" in nodes[0])):
+    if (
+        "maxDevices" in d
+        or "mbsInBatch" in d
+        or (isinstance(nodes, list) and nodes and isinstance(nodes[0], dict) and "TMPCs" in nodes[0])
+    ):
         return "piper"
     return None
 

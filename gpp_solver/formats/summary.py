@@ -18,12 +18,16 @@ def describe_cluster(c: Cluster) -> str:
     else:
         nodes = -(-c.devices // per)
         full = c.devices % per == 0
-        head += f" in {plural(nodes, 'node')} of {per}" if full else f" in {plural(nodes, 'node')} (up to {per} per node)"
+        head += (
+            f" in {plural(nodes, 'node')} of {per}" if full else f" in {plural(nodes, 'node')} (up to {per} per node)"
+        )
         net = f"{format_bandwidth(c.intra_node_bandwidth)} inside a node"
         if nodes > 1:
             net += f", {format_bandwidth(c.inter_node_bandwidth)} between nodes"
-    return (f"{head}, {format_bytes(c.memory_bytes)} each, {net}, latency {format_seconds(c.latency)}, "
-            f"optimizer state factor {c.optimizer_state_factor:g}")
+    return (
+        f"{head}, {format_bytes(c.memory_bytes)} each, {net}, latency {format_seconds(c.latency)}, "
+        f"optimizer state factor {c.optimizer_state_factor:g}"
+    )
 
 
 def status_text(plan: Plan) -> str:
@@ -41,11 +45,13 @@ def describe_plan(plan: Plan, cluster_devices: int | None = None) -> str:
     used = plural(plan.devices_used, "device")
     if cluster_devices is not None and plan.devices_used < cluster_devices:
         used = f"{plan.devices_used} of {plural(cluster_devices, 'device')} (the others idle)"
-    return (f"{plan.planner}: {plural(len(plan.stages), 'stage')}, depth {plan.depth}, "
-            f"{used}, TPS {p.time_per_sample:.6g} s, iteration "
-            f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
-            f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s"
-            + schedule_text(plan))
+    return (
+        f"{plan.planner}: {plural(len(plan.stages), 'stage')}, depth {plan.depth}, "
+        f"{used}, TPS {p.time_per_sample:.6g} s, iteration "
+        f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
+        f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s"
+        + schedule_text(plan)
+    )
 
 
 def schedule_text(plan: Plan) -> str:
@@ -55,10 +61,16 @@ def schedule_text(plan: Plan) -> str:
     has_w = any(a[0] == "W" for s in plan.stages for a in s.schedule.order)
     if not isinstance(rec, dict):
         return ", schedule zb" if has_w else ""
-    times = [f"{name} {rec[key]:.6g} s" for name, key in (("1F1B", "iteration_time_1f1b"), ("zb", "iteration_time_zb"))
-             if isinstance(rec.get(key), (int, float))]
-    return (f", schedule {'zb' if has_w else '1f1b'} (asked {rec.get('requested')}"
-            + (f"; this partition: {', '.join(times)}" if times else "") + ")")
+    times = [
+        f"{name} {rec[key]:.6g} s"
+        for name, key in (("1F1B", "iteration_time_1f1b"), ("zb", "iteration_time_zb"))
+        if isinstance(rec.get(key), (int, float))
+    ]
+    return (
+        f", schedule {'zb' if has_w else '1f1b'} (asked {rec.get('requested')}"
+        + (f"; this partition: {', '.join(times)}" if times else "")
+        + ")"
+    )
 
 
 def time_limit_note(planners: Sequence[str], time_limit: float | None, default: float) -> str:
@@ -66,6 +78,8 @@ def time_limit_note(planners: Sequence[str], time_limit: float | None, default: 
     ``default`` one): that it happened, what it means, and how to raise it."""
     limit = time_limit if time_limit is not None else default
     said = f"{limit:g} s" + (" (the default)" if time_limit is None else "")
-    return (f"gpp: note: {', '.join(planners)} stopped at the time limit of {said} before the search finished "
-            f"(status time-limit): the plan is valid, but a longer search may find a better one and the result "
-            f"may change with the machine's load; raise it with --time-limit, e.g. --time-limit {4 * limit:g}")
+    return (
+        f"gpp: note: {', '.join(planners)} stopped at the time limit of {said} before the search finished "
+        f"(status time-limit): the plan is valid, but a longer search may find a better one and the result "
+        f"may change with the machine's load; raise it with --time-limit, e.g. --time-limit {4 * limit:g}"
+    )

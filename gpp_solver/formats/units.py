@@ -17,8 +17,9 @@ from gpp_solver.errors import InvalidInputError
 _DECIMAL = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 #: unit -> (multiplier, divisor): exact factors, so that ``10us`` is exactly ``1e-05``
-BYTE_UNITS = ({f"{p}B": (f, 1) for p, f in (_DECIMAL | _BINARY).items()}
-              | {f"{p}b": (f, 8) for p, f in _DECIMAL.items() if p})
+BYTE_UNITS = {f"{p}B": (f, 1) for p, f in (_DECIMAL | _BINARY).items()} | {
+    f"{p}b": (f, 8) for p, f in _DECIMAL.items() if p
+}
 RATE_UNITS = {f"{u}/s": f for u, f in BYTE_UNITS.items()}
 TIME_UNITS = {"s": (1, 1), "ms": (1, 10**3), "us": (1, 10**6), "µs": (1, 10**6), "ns": (1, 10**9)}
 
@@ -32,8 +33,9 @@ def _parse(text: str, what: str, units: dict[str, tuple[int, int]], base: str, e
     value, unit = float(m.group(1)), m.group(2)
     if unit != "" and unit not in units:
         order = sorted(units, key=lambda u: (units[u][0] / units[u][1], u))
-        raise InvalidInputError(f"{what}: unknown unit {unit!r} in {text!r}; valid units: "
-                                f"{', '.join(order)} (none = {base})")
+        raise InvalidInputError(
+            f"{what}: unknown unit {unit!r} in {text!r}; valid units: {', '.join(order)} (none = {base})"
+        )
     mul, div = units.get(unit, (1, 1))
     v = value * mul / div
     if not math.isfinite(v) or v <= 0:

@@ -39,8 +39,9 @@ MAX_DEVICES = 4
 MEMORY_REL_TOL = 1e-9
 
 
-def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = True
-                       ) -> Iterator[tuple[tuple[str, ...], ...]]:
+def ordered_partitions(
+    graph: Graph, max_stages: int, *, every_order: bool = True
+) -> Iterator[tuple[tuple[str, ...], ...]]:
     """Every partition of the nodes into at most ``max_stages`` convex stages with an acyclic stage
     graph, the stages listed in a topological order of the stage graph.
 
@@ -104,13 +105,15 @@ class Candidate:
     devices: tuple[int, ...]
 
 
-def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
-               micro_batch_sizes: Sequence[int] | None = None) -> Iterator[Candidate]:
+def candidates(
+    graph: Graph, cluster: Cluster, mini_batch_size: int, *, micro_batch_sizes: Sequence[int] | None = None
+) -> Iterator[Candidate]:
     """Every plan of the search space (memory not checked), priced by the cost model."""
     if len(graph.nodes) > MAX_NODES or cluster.devices > MAX_DEVICES:
         raise SearchSpaceTooLargeError(
             f"brute-force oracle handles at most {MAX_NODES} nodes and {MAX_DEVICES} devices, "
-            f"got {len(graph.nodes)} nodes and {cluster.devices} devices")
+            f"got {len(graph.nodes)} nodes and {cluster.devices} devices"
+        )
     B, N = mini_batch_size, cluster.devices
     sizes = check_micro_batch_sizes(B, micro_batch_sizes)
     const_bw = constant_bandwidth(cluster)
@@ -139,7 +142,7 @@ def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
         for ps, cs, _ in transfers:
             succ[ps].add(cs)
         depth = [0] * k
-        for s in reversed(range(k)):   # parts are in topological order
+        for s in reversed(range(k)):  # parts are in topological order
             depth[s] = max((depth[t] + 1 for t in succ[s]), default=0)
         weight = [sum(graph.node(v).weight_bytes for v in p) for p in parts]
         act = [sum(graph.node(v).activation_bytes for v in p) for p in parts]
@@ -159,22 +162,32 @@ def candidates(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
                             bw = const_bw if const_bw is not None else cluster.bandwidth(ranges[ps] + ranges[cs])
                             comm += comm_time(nb, x, bw, lat)
                     bw_self = const_bw if const_bw is not None else cluster.bandwidth(ranges[s])
-                    t = time_per_sample(sum(c(v, x) for v in parts[s]) + 2 * comm, b,
-                                        terms.tail(weight[s], d, bw_self), B)
+                    t = time_per_sample(
+                        sum(c(v, x) for v in parts[s]) + 2 * comm, b, terms.tail(weight[s], d, bw_self), B
+                    )
                     m = memory_per_device(osf, weight[s], in_flight_samples(depth[s], b, B), d, act[s])
                     tps, mem = max(tps, t), max(mem, m)
                 yield Candidate(tps, mem, parts, b, tuple(counts))
 
 
 def _plan(graph: Graph, cluster: Cluster, B: int, cand: Candidate, seconds: float) -> Plan:
-    specs = [StageSpec(nodes=p, devices=r, micro_batch_size=cand.micro_batch_size)
-             for p, r in zip(cand.stages, contiguous_ranges(cand.devices))]
-    return build_plan(graph, cluster, specs, B, planner="oracle",
-                      search=SearchInfo(seconds=seconds, status=Status.OPTIMAL_TIME_PER_SAMPLE))
+    specs = [
+        StageSpec(nodes=p, devices=r, micro_batch_size=cand.micro_batch_size)
+        for p, r in zip(cand.stages, contiguous_ranges(cand.devices))
+    ]
+    return build_plan(
+        graph,
+        cluster,
+        specs,
+        B,
+        planner="oracle",
+        search=SearchInfo(seconds=seconds, status=Status.OPTIMAL_TIME_PER_SAMPLE),
+    )
 
 
-def best_plan_bruteforce(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
-                         micro_batch_sizes: Sequence[int] | None = None) -> tuple[float, Plan | None]:
+def best_plan_bruteforce(
+    graph: Graph, cluster: Cluster, mini_batch_size: int, *, micro_batch_sizes: Sequence[int] | None = None
+) -> tuple[float, Plan | None]:
     """``(bottleneck TPS, plan)`` of the best plan that fits in memory; ``(inf, None)`` if none fits.
 
     Raises :class:`SearchSpaceTooLargeError` above :data:`MAX_NODES` nodes or :data:`MAX_DEVICES` devices.
@@ -190,11 +203,11 @@ def best_plan_bruteforce(graph: Graph, cluster: Cluster, mini_batch_size: int, *
     return best.tps, _plan(graph, cluster, mini_batch_size, best, time.perf_counter() - t0)
 
 
-def min_peak_memory_bruteforce(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
-                               micro_batch_sizes: Sequence[int] | None = None) -> float:
+def min_peak_memory_bruteforce(
+    graph: Graph, cluster: Cluster, mini_batch_size: int, *, micro_batch_sizes: Sequence[int] | None = None
+) -> float:
     """The smallest per-device memory with which some plan of the search space fits."""
-    return min(c.peak_memory for c in candidates(graph, cluster, mini_batch_size,
-                                                 micro_batch_sizes=micro_batch_sizes))
+    return min(c.peak_memory for c in candidates(graph, cluster, mini_batch_size, micro_batch_sizes=micro_batch_sizes))
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +219,7 @@ GRAPH_KINDS = ("chain", "diamond", "sp", "dag")
 def _edges(rng: random.Random, kind: str, n: int) -> list[tuple[int, int]]:
     if kind == "chain":
         return [(i, i + 1) for i in range(n - 1)]
-    if kind == "diamond":   # a fan-out, parallel branches (some of length 2), a fan-in
+    if kind == "diamond":  # a fan-out, parallel branches (some of length 2), a fan-in
         k = n - 2
         branches: list[list[int]] = [[] for _ in range(rng.randint(2, max(2, k // 2 + 1)))]
         for i in range(1, n - 1):
@@ -215,22 +228,24 @@ def _edges(rng: random.Random, kind: str, n: int) -> list[tuple[int, int]]:
         for br in (b for b in branches if b):
             out += [(0, br[0])] + list(zip(br, br[1:])) + [(br[-1], n - 1)]
         return out
-    if kind == "sp":        # recursive series / parallel composition over nodes 0..n-1, series at the top
+    if kind == "sp":  # recursive series / parallel composition over nodes 0..n-1, series at the top
+
         def build(lo: int, hi: int, top: bool) -> tuple[list[tuple[int, int]], list[int], list[int]]:
             if hi - lo == 1:
                 return [], [lo], [lo]
             mid = rng.randint(lo + 1, hi - 1)
             e1, s1, t1 = build(lo, mid, False)
             e2, s2, t2 = build(mid, hi, False)
-            if top or rng.random() < 0.5:   # series
+            if top or rng.random() < 0.5:  # series
                 return e1 + e2 + [(a, b) for a in t1 for b in s2], s1, t2
             return e1 + e2, s1 + s2, t1 + t2
+
         return build(0, n, True)[0]
     # general DAG: each node takes 1-2 predecessors among earlier nodes, some nodes start fresh
     out = []
     for i in range(1, n):
         if i >= 2 and rng.random() < 0.2:
-            continue   # a new source (connected later through its successors)
+            continue  # a new source (connected later through its successors)
         out += [(p, i) for p in rng.sample(range(i), min(i, rng.choice((1, 1, 2))))]
     return out
 
@@ -238,32 +253,53 @@ def _edges(rng: random.Random, kind: str, n: int) -> list[tuple[int, int]]:
 def random_graph(rng: random.Random, kind: str, n: int, *, name: str | None = None) -> Graph:
     """A random weakly connected DAG of ``n`` nodes of the given ``kind`` with random costs."""
     import networkx as nx
+
     for _ in range(100):
         edges = sorted(set(_edges(rng, kind, n)))
         g = nx.DiGraph(edges)
         g.add_nodes_from(range(n))
         if nx.is_weakly_connected(g):
             break
-    else:   # pragma: no cover - the generators above almost always connect
+    else:  # pragma: no cover - the generators above almost always connect
         edges = [(i, i + 1) for i in range(n - 1)]
     sizes = [1, 2, 4, 8]
     nodes = []
     for i in range(n):
         base, per = rng.uniform(1e-4, 1e-3), rng.uniform(1e-4, 2e-3)
         fw = [base + per * x for x in sizes]
-        nodes.append({"id": f"n{i}", "fw_time": fw, "bw_time": [t * rng.uniform(1.5, 2.5) for t in fw],
-                      "weight_bytes": rng.uniform(1e6, 6e7), "activation_bytes": rng.uniform(1e5, 8e6),
-                      "output_bytes": rng.uniform(1e5, 8e6)})
-    return graph_from_dict({"name": name or f"{kind}-{n}", "micro_batch_sizes": sizes, "nodes": nodes,
-                            "edges": [{"src": f"n{a}", "dst": f"n{b}"} for a, b in edges]})
+        nodes.append(
+            {
+                "id": f"n{i}",
+                "fw_time": fw,
+                "bw_time": [t * rng.uniform(1.5, 2.5) for t in fw],
+                "weight_bytes": rng.uniform(1e6, 6e7),
+                "activation_bytes": rng.uniform(1e5, 8e6),
+                "output_bytes": rng.uniform(1e5, 8e6),
+            }
+        )
+    return graph_from_dict(
+        {
+            "name": name or f"{kind}-{n}",
+            "micro_batch_sizes": sizes,
+            "nodes": nodes,
+            "edges": [{"src": f"n{a}", "dst": f"n{b}"} for a, b in edges],
+        }
+    )
 
 
-def random_cluster(rng: random.Random, devices: int = 4, *, placement: bool = False,
-                   memory_bytes: float = 64e9) -> Cluster:
+def random_cluster(
+    rng: random.Random, devices: int = 4, *, placement: bool = False, memory_bytes: float = 64e9
+) -> Cluster:
     """A small cluster: flat network, or two devices per node with a faster intra-node link."""
     if placement:
-        return Cluster(devices=devices, memory_bytes=memory_bytes, devices_per_node=2,
-                       intra_node_bandwidth=rng.uniform(2e10, 6e10), inter_node_bandwidth=rng.uniform(2e9, 8e9),
-                       latency=1e-5)
-    return Cluster(devices=devices, memory_bytes=memory_bytes, inter_node_bandwidth=rng.uniform(3e9, 2e10),
-                   latency=1e-5)
+        return Cluster(
+            devices=devices,
+            memory_bytes=memory_bytes,
+            devices_per_node=2,
+            intra_node_bandwidth=rng.uniform(2e10, 6e10),
+            inter_node_bandwidth=rng.uniform(2e9, 8e9),
+            latency=1e-5,
+        )
+    return Cluster(
+        devices=devices, memory_bytes=memory_bytes, inter_node_bandwidth=rng.uniform(3e9, 2e10), latency=1e-5
+    )

@@ -20,10 +20,10 @@ def node_classes(graph: Graph) -> list[list[int]]:
 class Watched:
     """A node alone in its class (step 6b): its in-neighbours per class and its out-edges."""
 
-    cls: int                                    # its own class
-    ins: tuple[tuple[int, int, float], ...]     # (class c, m = |U_{v,c}|, least bytes of those edges)
-    outs: tuple[tuple[int, int], ...]           # (class c, out-neighbours of v in c)
-    out_bytes: float                            # least bytes of v's out-edges
+    cls: int  # its own class
+    ins: tuple[tuple[int, int, float], ...]  # (class c, m = |U_{v,c}|, least bytes of those edges)
+    outs: tuple[tuple[int, int], ...]  # (class c, out-neighbours of v in c)
+    out_bytes: float  # least bytes of v's out-edges
 
 
 def watched_nodes(graph: Graph, classes: list[list[int]]) -> list[Watched]:
@@ -46,6 +46,7 @@ def watched_nodes(graph: Graph, classes: list[list[int]]) -> list[Watched]:
         for wid in graph.succs(ids[v]):
             outs[cls_of[idx[wid]]] = outs.get(cls_of[idx[wid]], 0) + 1
         ob = min((eb[(ids[v], w)] for w in graph.succs(ids[v])), default=0.0)
-        out.append(Watched(c, tuple((cc, len(bs), min(bs)) for cc, bs in sorted(ins.items())),
-                           tuple(sorted(outs.items())), ob))
+        out.append(
+            Watched(c, tuple((cc, len(bs), min(bs)) for cc, bs in sorted(ins.items())), tuple(sorted(outs.items())), ob)
+        )
     return out

@@ -115,13 +115,13 @@ always the dual bound, so this trades only tightness (at most 1e-3 relative) for
 class TpsBound:
     """A lower bound on the bottleneck TPS of every plan with micro-batch size ``micro_batch_size``."""
 
-    value: float            # the bound (inf: no plan with this b fits in memory)
-    proven: bool            # the relaxation was solved to optimality (value is its optimum)
+    value: float  # the bound (inf: no plan with this b fits in memory)
+    proven: bool  # the relaxation was solved to optimality (value is its optimum)
     perfect_balance: float
-    single_stage: float     # exact best one-stage TPS (inf when none fits)
-    multi_stage: float      # lower bound for plans of >= 2 stages (inf: none exists)
-    status: str             # optimal | dual-bound | perfect-balance | infeasible
-    relaxation_gap: float   # (best relaxed solution - dual bound) / best, of the >= 2-stage MILP (nan: none)
+    single_stage: float  # exact best one-stage TPS (inf when none fits)
+    multi_stage: float  # lower bound for plans of >= 2 stages (inf: none exists)
+    status: str  # optimal | dual-bound | perfect-balance | infeasible
+    relaxation_gap: float  # (best relaxed solution - dual bound) / best, of the >= 2-stage MILP (nan: none)
     micro_batch_size: int
     seconds: float
     detail: str
@@ -152,7 +152,7 @@ def transfer_bandwidth_ub(cluster: Cluster, d: int) -> float:
 
 def single_stage_tps(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int) -> float:
     """Exact least TPS of a one-stage plan with micro-batch ``b`` that fits in memory (inf if none)."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     t = CostTables(graph)
     W, A = float(t.weight.sum()), float(t.activation.sum())
     limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
@@ -160,31 +160,35 @@ def single_stage_tps(graph: Graph, cluster: Cluster, b: int, mini_batch_size: in
     for d in degrees(b, cluster.devices):
         if cluster.optimizer_state_factor * W + b / d * A > limit:
             continue
-        tps = (float(t.compute_at(b / d).sum()) / b
-               + TimeTerms.of(graph, cluster).tail(W, d, allreduce_bandwidth_ub(cluster, d)) / B)
+        tps = (
+            float(t.compute_at(b / d).sum()) / b
+            + TimeTerms.of(graph, cluster).tail(W, d, allreduce_bandwidth_ub(cluster, d)) / B
+        )
         best = min(best, tps)
     return best
 
 
 @dataclass(frozen=True)
 class _MultiResult:
-    value: float        # lower bound for >= 2 stages (inf: infeasible), or nan: nothing proven
-    status: str         # optimal | dual-bound | none | infeasible
+    value: float  # lower bound for >= 2 stages (inf: infeasible), or nan: nothing proven
+    status: str  # optimal | dual-bound | none | infeasible
     detail: str
-    gap: float = math.nan   # (primal - dual) / primal
+    gap: float = math.nan  # (primal - dual) / primal
 
 
 def _solver_options(time_limit: float | None) -> dict:
-    if not highs_available():   # pragma: no cover - highspy is a dependency of the environment
+    if not highs_available():  # pragma: no cover - highspy is a dependency of the environment
         raise SolverError("tps_bound needs HiGHS (the highspy package)")
-    return dict(msg=False, timeLimit=time_limit, gapRel=MIP_REL_GAP, gapAbs=1e-12, threads=1,
-                mip_feasibility_tolerance=1e-9)
+    return dict(
+        msg=False, timeLimit=time_limit, gapRel=MIP_REL_GAP, gapAbs=1e-12, threads=1, mip_feasibility_tolerance=1e-9
+    )
 
 
-def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, scale: float, *,
-                      time_limit: float | None = None) -> _MultiResult:
+def multi_stage_bound(
+    graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, scale: float, *, time_limit: float | None = None
+) -> _MultiResult:
     """Step 6 of the proof: the class MILP for plans of at least two stages."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     if min(cluster.devices, len(graph.nodes)) < 2:
         return _MultiResult(math.inf, "infeasible", "fewer than 2 nodes or devices: no 2-stage plan")
     m = _ClassMilp(graph, cluster, b, B, scale)
@@ -206,11 +210,13 @@ def multi_stage_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: i
     if out.model_status == "kOptimal" and math.isfinite(dual):
         return _MultiResult(dual * scale * (1 - SAFETY), "optimal", f"S>=2 MILP ({size}) optimal", gap)
     if math.isfinite(dual) and dual > 0:
-        return _MultiResult(dual * scale * (1 - SAFETY), "dual-bound",
-                            f"S>=2 MILP ({size}) stopped ({out.model_status_text}): dual bound, "
-                            f"gap {gap:.2e} to its best solution", gap)
-    return _MultiResult(math.nan, "none", f"S>=2 MILP ({size}) stopped ({out.model_status_text}) "
-                        "without a dual bound")
+        return _MultiResult(
+            dual * scale * (1 - SAFETY),
+            "dual-bound",
+            f"S>=2 MILP ({size}) stopped ({out.model_status_text}): dual bound, gap {gap:.2e} to its best solution",
+            gap,
+        )
+    return _MultiResult(math.nan, "none", f"S>=2 MILP ({size}) stopped ({out.model_status_text}) without a dual bound")
 
 
 class _ClassMilp:
@@ -230,27 +236,46 @@ class _ClassMilp:
         comp = {d: tab.compute_at(b / d) for d in ds}
         # per node: the all-reduce's per-stage latency is not a node's share (left out: still a lower bound)
         per_node = replace(TimeTerms.of(graph, cluster), allreduce_latency=0.0)
-        self.u = {(c, d): (float(comp[d][m[0]]) / b
-                           + per_node.tail(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B) / scale
-                  for c, m in enumerate(classes) for d in ds}
+        self.u = {
+            (c, d): (
+                float(comp[d][m[0]]) / b
+                + per_node.tail(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B
+            )
+            / scale
+            for c, m in enumerate(classes)
+            for d in ds
+        }
         self.tau = {d: 2 * (cluster.latency / b + beta / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds}
         # step 6c: participations forced onto the inter-node bandwidth, and their extra cost over tau
         self.dpn, inter = cluster.devices_per_node, cluster.inter_node_bandwidth
         islands = self.dpn is not None and transfer_bandwidth_ub(cluster, 1) > inter and D > self.dpn
-        self.tau_up = {d: 2 * beta * (1 / (d * inter) - 1 / (d * transfer_bandwidth_ub(cluster, d))) / scale
-                       for d in ds}
-        self.mem = {(c, d): (osf * float(tab.weight[m[0]]) + b / d * float(tab.activation[m[0]])) / limit
-                    for c, m in enumerate(classes) for d in ds}
+        self.tau_up = {
+            d: 2 * beta * (1 / (d * inter) - 1 / (d * transfer_bandwidth_ub(cluster, d))) / scale for d in ds
+        }
+        self.mem = {
+            (c, d): (osf * float(tab.weight[m[0]]) + b / d * float(tab.activation[m[0]])) / limit
+            for c, m in enumerate(classes)
+            for d in ds
+        }
         K, n_edges = self.K, self.n_edges
         self.prob = prob = pulp.LpProblem("tps_bound", pulp.LpMinimize)
         self.t = prob.add_variable("t", 0)
         self.y = {(k, d): prob.add_variable(f"y_{k}_{d}", cat=pulp.LpBinary) for k in range(K) for d in ds}
-        self.x = {(k, c, d): prob.add_variable(f"x_{k}_{c}_{d}", 0, len(m), cat=pulp.LpInteger)
-                  for k in range(K) for c, m in enumerate(classes) for d in ds}
-        self.r = {(k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
-                  for k in range(K) for d in ds}
-        self.up = {(k, d): prob.add_variable(f"inter_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
-                   for k in range(K) for d in ds if islands}   # all degrees count towards the sum
+        self.x = {
+            (k, c, d): prob.add_variable(f"x_{k}_{c}_{d}", 0, len(m), cat=pulp.LpInteger)
+            for k in range(K)
+            for c, m in enumerate(classes)
+            for d in ds
+        }
+        self.r = {
+            (k, d): prob.add_variable(f"r_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger) for k in range(K) for d in ds
+        }
+        self.up = {
+            (k, d): prob.add_variable(f"inter_{k}_{d}", 0, 2 * n_edges, cat=pulp.LpInteger)
+            for k in range(K)
+            for d in ds
+            if islands
+        }  # all degrees count towards the sum
         self.watched = watched_nodes(graph, classes)
         self.extra: dict[tuple[int, int], pulp.LpAffineExpression] = {}
 
@@ -260,8 +285,10 @@ class _ClassMilp:
         for (k, d), v in self.up.items():
             prob += v <= self.r[k, d]
         if self.up:
-            prob += pulp.lpSum(self.up.values()) >= 2 * pulp.lpSum(min(d, dpn) / dpn * y[k, d] for k in range(K)
-                                                                   for d in ds) - 2 * self.kappa
+            prob += (
+                pulp.lpSum(self.up.values())
+                >= 2 * pulp.lpSum(min(d, dpn) / dpn * y[k, d] for k in range(K) for d in ds) - 2 * self.kappa
+            )
 
     def count_constraints(self) -> None:
         """At least two stages, the devices, the participations of a connected stage graph, every class placed."""
@@ -287,9 +314,11 @@ class _ClassMilp:
                 prob += r[k, d] >= y[k, d]
             prob += pulp.lpSum(self.mem[c, d] * x[k, c, d] for c in range(len(classes))) <= y[k, d]
             self.extra[k, d] = self._watched_cost(k, d)
-        prob += self.t >= (pulp.lpSum(self.u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
-                           + pulp.lpSum(self.tau[d] * r[k, d] for d in ds)
-                           + pulp.lpSum(self.extra[k, d] for d in ds))
+        prob += self.t >= (
+            pulp.lpSum(self.u[c, d] * x[k, c, d] for c in range(len(classes)) for d in ds)
+            + pulp.lpSum(self.tau[d] * r[k, d] for d in ds)
+            + pulp.lpSum(self.extra[k, d] for d in ds)
+        )
 
     def _watched_cost(self, k: int, d: int) -> pulp.LpAffineExpression:
         """Step 6b: transfers a watched node's stage must take part in, at their edges' bytes."""
@@ -320,20 +349,22 @@ class _ClassMilp:
         for k in range(K - 1):
             prob += pulp.lpSum(y[k, d] for d in ds) >= pulp.lpSum(y[k + 1, d] for d in ds)
             prob += pulp.lpSum(d * y[k, d] for d in ds) >= pulp.lpSum(d * y[k + 1, d] for d in ds)
-        prob += D * self.t >= (pulp.lpSum(d * self.u[c, d] * x[k, c, d] for k in range(K)
-                                          for c in range(len(self.classes)) for d in ds)
-                               + pulp.lpSum(d * self.tau[d] * r[k, d] for k in range(K) for d in ds)
-                               + pulp.lpSum(d * e for (k, d), e in self.extra.items()))
+        prob += D * self.t >= (
+            pulp.lpSum(d * self.u[c, d] * x[k, c, d] for k in range(K) for c in range(len(self.classes)) for d in ds)
+            + pulp.lpSum(d * self.tau[d] * r[k, d] for k in range(K) for d in ds)
+            + pulp.lpSum(d * e for (k, d), e in self.extra.items())
+        )
 
 
-def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, *,
-                      time_limit: float | None = None) -> TpsBound:
+def relaxed_tps_bound(
+    graph: Graph, cluster: Cluster, b: int, mini_batch_size: int, *, time_limit: float | None = None
+) -> TpsBound:
     """A lower bound on the bottleneck TPS of every plan with micro-batch size ``b`` (module docstring).
 
     ``time_limit`` (seconds) caps the MILP; when it stops the solver the value is HiGHS's proven
     dual bound (``status="dual-bound"``, ``proven=False``), or the perfect-balance bound when none.
     """
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     t0 = time.perf_counter()
     check_micro_batch_sizes(B, [b])
     if time_limit is not None and not time_limit > 0:
@@ -343,7 +374,8 @@ def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: i
     scale = pb if pb > 0 else 1e-6
     multi = multi_stage_bound(graph, cluster, b, B, scale, time_limit=time_limit)
     scope = "uniform b, data parallelism only" + (
-        " (graph has TMPCs: plans using them are NOT covered)" if any(nd.tmpc for nd in graph.nodes) else "")
+        " (graph has TMPCs: plans using them are NOT covered)" if any(nd.tmpc for nd in graph.nodes) else ""
+    )
     if multi.status == "none":
         value, status, proven = pb, "perfect-balance", False
     else:
@@ -355,17 +387,37 @@ def relaxed_tps_bound(graph: Graph, cluster: Cluster, b: int, mini_batch_size: i
             # a dual bound above the exact single-stage value cannot change min(single, relaxation)
             proven = multi.status in ("optimal", "infeasible") or one <= multi.value
             status = "optimal" if proven else "dual-bound"
-    detail = (f"b={b}: perfect balance {pb:.6g}, single stage {one:.6g}, >=2 stages {multi.value:.6g} "
-              f"[{multi.detail}]; {scope}")
+    detail = (
+        f"b={b}: perfect balance {pb:.6g}, single stage {one:.6g}, >=2 stages {multi.value:.6g} "
+        f"[{multi.detail}]; {scope}"
+    )
     logger.debug("tps_bound %s", detail)
-    return TpsBound(value=value, proven=proven, perfect_balance=pb, single_stage=one, multi_stage=multi.value,
-                    status=status, relaxation_gap=multi.gap, micro_batch_size=b, seconds=time.perf_counter() - t0, detail=detail)
+    return TpsBound(
+        value=value,
+        proven=proven,
+        perfect_balance=pb,
+        single_stage=one,
+        multi_stage=multi.value,
+        status=status,
+        relaxation_gap=multi.gap,
+        micro_batch_size=b,
+        seconds=time.perf_counter() - t0,
+        detail=detail,
+    )
 
 
-def relaxed_tps_bounds(graph: Graph, cluster: Cluster, mini_batch_size: int, *,
-                       micro_batch_sizes: Sequence[int] | None = None, time_limit: float | None = None) -> dict[int, TpsBound]:
+def relaxed_tps_bounds(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    micro_batch_sizes: Sequence[int] | None = None,
+    time_limit: float | None = None,
+) -> dict[int, TpsBound]:
     """:func:`relaxed_tps_bound` for every candidate ``b`` (default: powers of two dividing ``B``);
     ``min(v.value for v in result.values())`` bounds every uniform-``b`` plan among them."""
-    B = mini_batch_size          # the paper's B
-    return {b: relaxed_tps_bound(graph, cluster, b, B, time_limit=time_limit)
-            for b in check_micro_batch_sizes(B, micro_batch_sizes)}
+    B = mini_batch_size  # the paper's B
+    return {
+        b: relaxed_tps_bound(graph, cluster, b, B, time_limit=time_limit)
+        for b in check_micro_batch_sizes(B, micro_batch_sizes)
+    }

@@ -38,7 +38,7 @@ class StageSpec:
     k: int | None = 1
     tensor_parallel: int = 1
     tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
-    order: tuple[Action, ...] | None = None   # an explicit order overrides kFkB (("F", j) pairs are converted)
+    order: tuple[Action, ...] | None = None  # an explicit order overrides kFkB (("F", j) pairs are converted)
 
 
 def stage_graph_edges(graph: Graph, stage_of: Mapping[str, int]) -> list[tuple[int, int]]:
@@ -53,14 +53,26 @@ def _topological_renumbering(graph: Graph, specs: Sequence[StageSpec]) -> list[i
     g.add_edges_from(stage_graph_edges(graph, stage_of))
     if not nx.is_directed_acyclic_graph(g):
         cyc = nx.find_cycle(g)
-        raise InvalidPlanError("stage graph has a cycle: " + " -> ".join(str(a) for a, _ in cyc)
-                               + " (a stage is not convex or stages depend on each other both ways)")
+        raise InvalidPlanError(
+            "stage graph has a cycle: "
+            + " -> ".join(str(a) for a, _ in cyc)
+            + " (a stage is not convex or stages depend on each other both ways)"
+        )
     first = [min(graph.index[v] for v in s.nodes) for s in specs]
     return list(nx.lexicographical_topological_sort(g, key=lambda i: first[i]))
 
 
-def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_batch_size: int, *,
-               planner: str, search: SearchInfo, k_options: Sequence[int] = (1,), schedule: str = "1f1b") -> Plan:
+def build_plan(
+    graph: Graph,
+    cluster: Cluster,
+    specs: Sequence[StageSpec],
+    mini_batch_size: int,
+    *,
+    planner: str,
+    search: SearchInfo,
+    k_options: Sequence[int] = (1,),
+    schedule: str = "1f1b",
+) -> Plan:
     """Assemble and price a plan.  Stages are numbered in topological order of the stage graph.
 
     ``schedule``: ``"1f1b"`` the kFkB orders; ``"zb"`` those orders with the weight gradients split
@@ -100,42 +112,86 @@ def build_plan(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_
     orders: dict[int, tuple[Action, ...]] = {}
     for i, s in enumerate(specs):
         n = mini_batch_size // s.micro_batch_size
-        orders[i] = as_order(s.order) if s.order is not None else kfkb_order(
-            n, warmup_micro_batches(inflight[i][1], s.micro_batch_size, n))
+        orders[i] = (
+            as_order(s.order)
+            if s.order is not None
+            else kfkb_order(n, warmup_micro_batches(inflight[i][1], s.micro_batch_size, n))
+        )
     costs = stage_costs(graph, cluster, specs, mini_batch_size)
-    sim_args = (bsz, {i: c.forward for i, c in enumerate(costs)}, {i: c.backward for i, c in enumerate(costs)},
-                {i: c.tail for i, c in enumerate(costs)}, edges, mini_batch_size)
+    sim_args = (
+        bsz,
+        {i: c.forward for i, c in enumerate(costs)},
+        {i: c.backward for i, c in enumerate(costs)},
+        {i: c.tail for i, c in enumerate(costs)},
+        edges,
+        mini_batch_size,
+    )
     kind = "kFkB"
     weight = {i: c.backward_weight for i, c in enumerate(costs)}
     try:
         makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
     except DeadlockError as exc:
         logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
-        orders = {i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)]
-                           + [Action(Kind.B, j) for j in range(len(o) // 2)]) for i, o in orders.items()}
+        orders = {
+            i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)] + [Action(Kind.B, j) for j in range(len(o) // 2)])
+            for i, o in orders.items()
+        }
         makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
         kind = "GPipe"
     if schedule != "1f1b" and all(s.order is None for s in specs):
-        orders, makespan, _, record = apply_schedule(schedule, orders, makespan, kind, Durations(
-            bsz, sim_args[1], sim_args[2], weight, sim_args[3], tuple(edges),
-            memory_caps(graph, cluster, specs, orders, mini_batch_size)))
+        orders, makespan, _, record = apply_schedule(
+            schedule,
+            orders,
+            makespan,
+            kind,
+            Durations(
+                bsz,
+                sim_args[1],
+                sim_args[2],
+                weight,
+                sim_args[3],
+                tuple(edges),
+                memory_caps(graph, cluster, specs, orders, mini_batch_size),
+            ),
+        )
         search = replace(search, extra={**dict(search.extra), "schedule": record})
     stages = []
     for i, (s, c) in enumerate(zip(specs, costs)):
         peak = in_flight_from_order(orders[i], s.micro_batch_size)
-        stages.append(Stage(
-            id=i, nodes=s.nodes, devices=tuple(s.devices), micro_batch_size=s.micro_batch_size,
-            schedule=Schedule(kind="custom" if s.order is not None else ZB_KIND if has_weight_actions(orders[i])
-                              else kind, k=inflight[i][0], order=orders[i]),
-            in_flight_samples=peak,
-            predicted=StagePrediction(time_per_sample=c.time_per_sample,
-                                      memory_bytes=stage_memory(graph, cluster, s, peak, specs)),
-            tensor_parallel=s.tensor_parallel, tmpc=dict(s.tmpc) if s.tmpc else None))
+        stages.append(
+            Stage(
+                id=i,
+                nodes=s.nodes,
+                devices=tuple(s.devices),
+                micro_batch_size=s.micro_batch_size,
+                schedule=Schedule(
+                    kind="custom" if s.order is not None else ZB_KIND if has_weight_actions(orders[i]) else kind,
+                    k=inflight[i][0],
+                    order=orders[i],
+                ),
+                in_flight_samples=peak,
+                predicted=StagePrediction(
+                    time_per_sample=c.time_per_sample, memory_bytes=stage_memory(graph, cluster, s, peak, specs)
+                ),
+                tensor_parallel=s.tensor_parallel,
+                tmpc=dict(s.tmpc) if s.tmpc else None,
+            )
+        )
     estimate = iteration_time_estimate(costs, edges, mini_batch_size)
-    pred = PlanPrediction(time_per_sample=max(c.time_per_sample for c in costs), iteration_time=makespan,
-                          throughput=mini_batch_size / makespan if makespan > 0 else float("inf"),
-                          peak_memory_bytes=max(st.predicted.memory_bytes for st in stages))
+    pred = PlanPrediction(
+        time_per_sample=max(c.time_per_sample for c in costs),
+        iteration_time=makespan,
+        throughput=mini_batch_size / makespan if makespan > 0 else float("inf"),
+        peak_memory_bytes=max(st.predicted.memory_bytes for st in stages),
+    )
     search = replace(search, iteration_time_estimate=estimate)
-    return Plan(planner=planner, graph=graph.name, mini_batch_size=mini_batch_size, stages=tuple(stages),
-                edges=tuple(edges), predicted=pred, search=search,
-                optimizer_state_factor=cluster.optimizer_state_factor)
+    return Plan(
+        planner=planner,
+        graph=graph.name,
+        mini_batch_size=mini_batch_size,
+        stages=tuple(stages),
+        edges=tuple(edges),
+        predicted=pred,
+        search=search,
+        optimizer_state_factor=cluster.optimizer_state_factor,
+    )

@@ -28,8 +28,15 @@ ROUNDS = 4
 
 def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
     """``plan`` with every stage's ``memory_bytes`` (and the plan's peak) under ``cluster``'s model."""
-    stages = tuple(replace(s, predicted=replace(s.predicted, memory_bytes=stage_memory(
-        graph, cluster, s, s.in_flight_samples, plan.stages))) for s in plan.stages)
+    stages = tuple(
+        replace(
+            s,
+            predicted=replace(
+                s.predicted, memory_bytes=stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages)
+            ),
+        )
+        for s in plan.stages
+    )
     peak = max(s.predicted.memory_bytes for s in stages)
     return replace(plan, stages=stages, predicted=replace(plan.predicted, peak_memory_bytes=peak))
 
@@ -45,9 +52,11 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
         except InfeasibleError as exc:
             if round_ == 0:
                 raise
-            raise InfeasibleError(f"no plan fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
-                                  f"memory overheads: planning again with {seen.memory_bytes:.6g} bytes (less the "
-                                  f"largest overhead) found none: {exc}") from None
+            raise InfeasibleError(
+                f"no plan fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
+                f"memory overheads: planning again with {seen.memory_bytes:.6g} bytes (less the "
+                f"largest overhead) found none: {exc}"
+            ) from None
         plan = priced(found, graph, cluster)
         if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
             if seen.memory_bytes < cluster.memory_bytes and plan.search.status != Status.FEASIBLE:
@@ -57,9 +66,15 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
         limit = min(seen.memory_bytes * (1 - 1e-6), cluster.memory_bytes - overhead)
         if round_ == ROUNDS or limit <= 1.0:
             break
-        logger.info("with the runtime's overheads the plan's largest stage needs %.6g bytes; planning again "
-                    "with %.6g bytes per device", plan.predicted.peak_memory_bytes, limit)
+        logger.info(
+            "with the runtime's overheads the plan's largest stage needs %.6g bytes; planning again "
+            "with %.6g bytes per device",
+            plan.predicted.peak_memory_bytes,
+            limit,
+        )
         seen = replace(seen, memory_bytes=limit)
-    raise InfeasibleError(f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
-                          f"memory overheads (the last one needs {plan.predicted.peak_memory_bytes:.6g} bytes; "
-                          f"memory_overheads in docs/cost-model.md)")
+    raise InfeasibleError(
+        f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
+        f"memory overheads (the last one needs {plan.predicted.peak_memory_bytes:.6g} bytes; "
+        f"memory_overheads in docs/cost-model.md)"
+    )

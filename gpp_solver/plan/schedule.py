@@ -30,29 +30,33 @@ def compute_in_flight(kx: int, bx: int, ky: int, by: int, iy: int) -> int:
         raise InvalidInputError(f"compute_in_flight needs positive k and b, got (kx={kx}, bx={bx}, ky={ky}, by={by})")
     ax, ay, m = kx * bx, ky * by, max(bx, by)
     if ax < ay:
-        if ax < by:                       # row 9: bx <= kx bx < by <= ky by
+        if ax < by:  # row 9: bx <= kx bx < by <= ky by
             return iy + by
-        if ax == m:                       # row 2: max{bx,by} = kx bx < ky by
+        if ax == m:  # row 2: max{bx,by} = kx bx < ky by
             return iy + m
-        return iy + 2 * m                 # row 1: max{bx,by} < kx bx < ky by
+        return iy + 2 * m  # row 1: max{bx,by} < kx bx < ky by
     if ax > ay:
-        if ay < bx:                       # row 10: by <= ky by < bx <= kx bx
+        if ay < bx:  # row 10: by <= ky by < bx <= kx bx
             return iy + ax - ay + bx
         if bx <= by:
-            if ay == by:                  # row 4: bx <= by = ky by < kx bx
+            if ay == by:  # row 4: bx <= by = ky by < kx bx
                 return iy + ax
             return iy + ax - ay + 2 * by  # row 3: bx <= by < ky by < kx bx
-        if ay == bx:                      # row 6: by <= bx = ky by < kx bx
+        if ay == bx:  # row 6: by <= bx = ky by < kx bx
             return iy + ax
-        return iy + ax - ay + 2 * bx      # row 5: by <= bx < ky by < kx bx
-    if ax == m:                           # row 7: max{bx,by} = ky by = kx bx
+        return iy + ax - ay + 2 * bx  # row 5: by <= bx < ky by < kx bx
+    if ax == m:  # row 7: max{bx,by} = ky by = kx bx
         return iy + ay
-    return iy + 2 * m                     # row 8: max{bx,by} < ky by = kx bx
+    return iy + 2 * m  # row 8: max{bx,by} < ky by = kx bx
 
 
-def schedule_stage_graph(succs: Mapping[int, Sequence[int]], micro_batch: Mapping[int, int],
-                         k: Mapping[int, int] | None = None, *,
-                         k_options: Iterable[int] = (1,)) -> dict[int, tuple[int, int]]:
+def schedule_stage_graph(
+    succs: Mapping[int, Sequence[int]],
+    micro_batch: Mapping[int, int],
+    k: Mapping[int, int] | None = None,
+    *,
+    k_options: Iterable[int] = (1,),
+) -> dict[int, tuple[int, int]]:
     """Algorithm 2 on a stage DAG: ``{stage: (k, in_flight_samples)}``.
 
     ``succs`` maps every stage to its successor stages.  With ``k`` given it is used as is;
@@ -71,8 +75,7 @@ def schedule_stage_graph(succs: Mapping[int, Sequence[int]], micro_batch: Mappin
         best: tuple[int, int] | None = None
         for kx in cands:
             ys = list(g.successors(s))
-            i = kx * b if not ys else max(compute_in_flight(kx, b, out[y][0], micro_batch[y], out[y][1])
-                                          for y in ys)
+            i = kx * b if not ys else max(compute_in_flight(kx, b, out[y][0], micro_batch[y], out[y][1]) for y in ys)
             if best is None or i < best[1]:
                 best = (kx, i)
         assert best is not None
@@ -85,7 +88,7 @@ def warmup_micro_batches(in_flight_samples: int, b: int, num_micro_batches: int)
     return max(1, min(num_micro_batches, math.ceil(in_flight_samples / b)))
 
 
-@functools.lru_cache(maxsize=4096)     # immutable result; planners build the same orders many times
+@functools.lru_cache(maxsize=4096)  # immutable result; planners build the same orders many times
 def kfkb_order(num_micro_batches: int, warmup: int) -> tuple[Action, ...]:
     """``warmup`` forwards, then B/F alternating (backward as early as possible), then the rest."""
     if num_micro_batches < 1:

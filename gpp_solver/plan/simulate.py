@@ -25,8 +25,8 @@ from gpp_solver.types import Cluster, Graph, Plan
 
 @dataclass(frozen=True)
 class Task:
-    stage: int          # stage id
-    kind: str           # "F", "B" or "W"
+    stage: int  # stage id
+    kind: str  # "F", "B" or "W"
     micro_batch: int
     start: float
     end: float
@@ -35,13 +35,13 @@ class Task:
 @dataclass(frozen=True)
 class StageStats:
     stage: int
-    busy: float               # compute + communication + all-reduce
-    idle_fraction: float      # 1 - busy / makespan
+    busy: float  # compute + communication + all-reduce
+    idle_fraction: float  # 1 - busy / makespan
     peak_in_flight_samples: int
     memory_bytes: float
-    idle: float = 0.0         # makespan - busy (the stage's bubbles, seconds)
-    allreduce: float = 0.0    # A(S), run right after the stage's last backward
-    optimizer: float = 0.0    # O(S), the optimizer step right after the all-reduce
+    idle: float = 0.0  # makespan - busy (the stage's bubbles, seconds)
+    allreduce: float = 0.0  # A(S), run right after the stage's last backward
+    optimizer: float = 0.0  # O(S), the optimizer step right after the all-reduce
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,14 @@ def _covering(j: int, b_self: int, b_other: int) -> range:
     return range(lo, hi + 1)
 
 
-def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int, int],
-              preds: Mapping[int, list[int]], succs: Mapping[int, list[int]],
-              micro_batch: Mapping[int, int], done: Mapping[tuple[int, str, int], float]) -> DeadlockError:
+def _deadlock(
+    orders: Mapping[int, Sequence[tuple[str, int]]],
+    ptr: Mapping[int, int],
+    preds: Mapping[int, list[int]],
+    succs: Mapping[int, list[int]],
+    micro_batch: Mapping[int, int],
+    done: Mapping[tuple[int, str, int], float],
+) -> DeadlockError:
     """A :class:`DeadlockError` naming every waiting stage, what it waits for, and the grid.
 
     The error carries ``waiting``: ``((stage, kind, micro_batch, step), ...)`` of the stuck stages.
@@ -87,22 +92,36 @@ def _deadlock(orders: Mapping[int, Sequence[tuple[str, int]]], ptr: Mapping[int,
             continue
         kind, j = order[ptr[s]]
         deps = preds[s] if kind == "F" else succs[s]
-        missing = [f"{kind}{q} of stage {p}" for p in deps
-                   for q in _covering(j, micro_batch[s], micro_batch[p]) if (p, kind, q) not in done]
+        missing = [
+            f"{kind}{q} of stage {p}"
+            for p in deps
+            for q in _covering(j, micro_batch[s], micro_batch[p])
+            if (p, kind, q) not in done
+        ]
         waiting.append((s, kind, j, ptr[s]))
-        parts.append(f"stage {s} at {kind}{j} (step {ptr[s]}) waits for " + ", ".join(missing[:3])
-                     + (" ..." if len(missing) > 3 else ""))
+        parts.append(
+            f"stage {s} at {kind}{j} (step {ptr[s]}) waits for "
+            + ", ".join(missing[:3])
+            + (" ..." if len(missing) > 3 else "")
+        )
     grid = order_grid(orders, marks={(s, step) for s, _, _, step in waiting})
     exc = DeadlockError("schedule deadlocks: " + "; ".join(parts) + " — they wait on each other forever\n" + grid)
     exc.waiting = tuple(waiting)  # type: ignore[attr-defined]
     return exc
 
 
-def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
-                    forward: Mapping[int, float], backward: Mapping[int, float],
-                    allreduce: Mapping[int, float], edges: Sequence[tuple[int, int]],
-                    mini_batch_size: int, *, record: bool = True,
-                    weight: Mapping[int, float] | None = None) -> tuple[float, list[Task]]:
+def simulate_orders(
+    orders: Mapping[int, Sequence[tuple[str, int]]],
+    micro_batch: Mapping[int, int],
+    forward: Mapping[int, float],
+    backward: Mapping[int, float],
+    allreduce: Mapping[int, float],
+    edges: Sequence[tuple[int, int]],
+    mini_batch_size: int,
+    *,
+    record: bool = True,
+    weight: Mapping[int, float] | None = None,
+) -> tuple[float, list[Task]]:
     """The makespan and the timed tasks of the given per-stage orders (pure, no cost model);
     ``record=False``: the makespan alone (the task list comes back empty, the figures are the same).
 
@@ -117,7 +136,7 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
         preds[b].append(a)
     fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}, "W": {}} for s in stages}
     acts = _timed_actions(orders, micro_batch, forward, backward, weight, preds, succs, fin)
-    if acts is None:        # an action kind this loop does not know
+    if acts is None:  # an action kind this loop does not know
         return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record)
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
@@ -141,7 +160,7 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
                         if t is None:
                             ok = False
                             break
-                        if t > ready:       # max(ready, t)
+                        if t > ready:  # max(ready, t)
                             ready = t
                         continue
                     for q in _covering(j, b_s, b_p):
@@ -171,10 +190,16 @@ def simulate_orders(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch
     return makespan, tasks
 
 
-def _timed_actions(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
-                   forward: Mapping[int, float], backward: Mapping[int, float],
-                   weight: Mapping[int, float] | None, preds: dict[int, list[int]], succs: dict[int, list[int]],
-                   fin: dict[int, dict[str, dict[int, float]]]) -> dict | None:
+def _timed_actions(
+    orders: Mapping[int, Sequence[tuple[str, int]]],
+    micro_batch: Mapping[int, int],
+    forward: Mapping[int, float],
+    backward: Mapping[int, float],
+    weight: Mapping[int, float] | None,
+    preds: dict[int, list[int]],
+    succs: dict[int, list[int]],
+    fin: dict[int, dict[str, dict[int, float]]],
+) -> dict | None:
     """Per stage its actions in order as ``(kind, j, what it waits on, its finish-time dict, duration)``;
     ``None`` when an order holds a kind other than F, B and W.  Per stage and kind, the neighbours an
     action waits on: (their finish times of that kind, same micro-batch size?, their size) — with the
@@ -196,10 +221,16 @@ def _timed_actions(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch:
     return acts
 
 
-def _simulate_any_kind(orders: Mapping[int, Sequence[tuple[str, int]]], micro_batch: Mapping[int, int],
-                       forward: Mapping[int, float], backward: Mapping[int, float], allreduce: Mapping[int, float],
-                       preds: Mapping[int, list[int]], succs: Mapping[int, list[int]],
-                       record: bool) -> tuple[float, list[Task]]:
+def _simulate_any_kind(
+    orders: Mapping[int, Sequence[tuple[str, int]]],
+    micro_batch: Mapping[int, int],
+    forward: Mapping[int, float],
+    backward: Mapping[int, float],
+    allreduce: Mapping[int, float],
+    preds: Mapping[int, list[int]],
+    succs: Mapping[int, list[int]],
+    record: bool,
+) -> tuple[float, list[Task]]:
     """:func:`simulate_orders` for orders with a kind other than ``F``/``B`` (timed as a backward,
     waiting on the same kind of the successors): the general loop, keyed by kind."""
     stages = list(orders)
@@ -248,27 +279,51 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     by_id = {s.id: (s, c) for s, c in zip(plan.stages, costs)}
     orders = {s.id: s.schedule.order for s in plan.stages}
     makespan, tasks = simulate_orders(
-        orders, {i: s.micro_batch_size for i, (s, _) in by_id.items()},
-        {i: c.forward for i, (_, c) in by_id.items()}, {i: c.backward for i, (_, c) in by_id.items()},
-        {i: c.tail for i, (_, c) in by_id.items()}, plan.edges, plan.mini_batch_size,
-        weight={i: c.backward_weight for i, (_, c) in by_id.items()})
+        orders,
+        {i: s.micro_batch_size for i, (s, _) in by_id.items()},
+        {i: c.forward for i, (_, c) in by_id.items()},
+        {i: c.backward for i, (_, c) in by_id.items()},
+        {i: c.tail for i, (_, c) in by_id.items()},
+        plan.edges,
+        plan.mini_batch_size,
+        weight={i: c.backward_weight for i, (_, c) in by_id.items()},
+    )
     stats = []
     for i, (s, c) in by_id.items():
         n = sum(1 for a in s.schedule.order if a[0] == "F")
         busy = n * (c.forward + c.backward) + c.tail
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
-        stats.append(StageStats(i, busy, 1.0 - busy / makespan if makespan > 0 else 0.0, peak,
-                                stage_memory(graph, cluster, s, peak, plan.stages), idle=makespan - busy,
-                                allreduce=c.allreduce, optimizer=c.optimizer))
-    return SimResult(makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"),
-                     tuple(tasks), tuple(stats))
+        stats.append(
+            StageStats(
+                i,
+                busy,
+                1.0 - busy / makespan if makespan > 0 else 0.0,
+                peak,
+                stage_memory(graph, cluster, s, peak, plan.stages),
+                idle=makespan - busy,
+                allreduce=c.allreduce,
+                optimizer=c.optimizer,
+            )
+        )
+    return SimResult(
+        makespan, plan.mini_batch_size / makespan if makespan > 0 else float("inf"), tuple(tasks), tuple(stats)
+    )
 
 
 def require_finite(sim: SimResult) -> SimResult:
     """``sim``, or :class:`SolverError` when a figure is not finite (never printed as a result)."""
-    bad = {k: v for k, v in (("iteration time", sim.iteration_time), ("throughput", sim.throughput),
-                             ("peak memory", sim.peak_memory_bytes)) if not math.isfinite(v)}
+    bad = {
+        k: v
+        for k, v in (
+            ("iteration time", sim.iteration_time),
+            ("throughput", sim.throughput),
+            ("peak memory", sim.peak_memory_bytes),
+        )
+        if not math.isfinite(v)
+    }
     if bad:
-        raise SolverError(f"the simulated figures are not finite ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
-                          "the inputs are outside what the cost model can evaluate")
+        raise SolverError(
+            f"the simulated figures are not finite ({', '.join(f'{k} {v}' for k, v in bad.items())}); "
+            "the inputs are outside what the cost model can evaluate"
+        )
     return sim

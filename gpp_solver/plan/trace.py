@@ -35,23 +35,51 @@ def to_chrome_trace(sim: SimResult, plan: Plan) -> dict[str, Any]:
     """
     events: list[dict[str, Any]] = []
     for st in plan.stages:
-        label = (f"stage {st.id} ({len(st.devices)} device{'s' if len(st.devices) != 1 else ''}, "
-                 f"b={st.micro_batch_size}, {len(st.nodes)} node{'s' if len(st.nodes) != 1 else ''})")
+        label = (
+            f"stage {st.id} ({len(st.devices)} device{'s' if len(st.devices) != 1 else ''}, "
+            f"b={st.micro_batch_size}, {len(st.nodes)} node{'s' if len(st.nodes) != 1 else ''})"
+        )
         events.append({"name": "process_name", "ph": "M", "pid": st.id, "tid": 0, "args": {"name": label}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": st.id, "tid": 0,
-                       "args": {"sort_index": st.id}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": st.id, "tid": 0, "args": {"sort_index": st.id}})
     for t in sorted(sim.tasks, key=lambda t: (t.stage, t.start)):
-        events.append({"name": f"{t.kind}{t.micro_batch}", "cat": CATEGORY.get(t.kind, "backward"),
-                       "ph": "X", "pid": t.stage, "tid": 0, "ts": t.start * US, "dur": (t.end - t.start) * US,
-                       "args": {"stage": t.stage, "kind": t.kind, "micro_batch": t.micro_batch}})
+        events.append(
+            {
+                "name": f"{t.kind}{t.micro_batch}",
+                "cat": CATEGORY.get(t.kind, "backward"),
+                "ph": "X",
+                "pid": t.stage,
+                "tid": 0,
+                "ts": t.start * US,
+                "dur": (t.end - t.start) * US,
+                "args": {"stage": t.stage, "kind": t.kind, "micro_batch": t.micro_batch},
+            }
+        )
     for s in sim.stages:
         if s.allreduce > 0:
             start, end = sim.allreduce_span(s.stage)
-            events.append({"name": "allreduce", "cat": "allreduce", "ph": "X", "pid": s.stage, "tid": 0,
-                           "ts": start * US, "dur": (end - start) * US, "args": {"stage": s.stage}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"graph": plan.graph, "planner": plan.planner, "mini_batch_size": plan.mini_batch_size,
-                          "iteration_time_s": sim.iteration_time, "throughput": sim.throughput}}
+            events.append(
+                {
+                    "name": "allreduce",
+                    "cat": "allreduce",
+                    "ph": "X",
+                    "pid": s.stage,
+                    "tid": 0,
+                    "ts": start * US,
+                    "dur": (end - start) * US,
+                    "args": {"stage": s.stage},
+                }
+            )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "graph": plan.graph,
+            "planner": plan.planner,
+            "mini_batch_size": plan.mini_batch_size,
+            "iteration_time_s": sim.iteration_time,
+            "throughput": sim.throughput,
+        },
+    }
 
 
 def write_trace(sim: SimResult, plan: Plan, path: str | Path) -> Path:
@@ -61,10 +89,14 @@ def write_trace(sim: SimResult, plan: Plan, path: str | Path) -> Path:
     return path
 
 
-GRID_LEGEND = ("legend: Fj / Bj = forward / backward pass of micro-batch j, in the order each stage runs them; "
-               "Wj = its weight gradient (in an order with W, Bj is the input gradient alone)")
-GANTT_LEGEND = ("legend: F forward, B backward, W weight gradient, A gradient all-reduce, . idle (each character: "
-                "what fills most of its time slice)")
+GRID_LEGEND = (
+    "legend: Fj / Bj = forward / backward pass of micro-batch j, in the order each stage runs them; "
+    "Wj = its weight gradient (in an order with W, Bj is the input gradient alone)"
+)
+GANTT_LEGEND = (
+    "legend: F forward, B backward, W weight gradient, A gradient all-reduce, . idle (each character: "
+    "what fills most of its time slice)"
+)
 
 
 def gantt_text(sim: SimResult, width: int = 80) -> str:
@@ -98,6 +130,8 @@ def grid_text(plan: Plan, sim: SimResult | None = None, *, width: int = 80, max_
     """The plan's orders as a stage x step grid; with ``sim``, a text Gantt chart below it."""
     text = order_grid({s.id: s.schedule.order for s in plan.stages}, max_steps=max_steps) + "\n" + GRID_LEGEND
     if sim is not None:
-        text += (f"\n\niteration time {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s\n"
-                 + gantt_text(sim, width))
+        text += (
+            f"\n\niteration time {sim.iteration_time:.6g} s, throughput {sim.throughput:.6g} samples/s\n"
+            + gantt_text(sim, width)
+        )
     return text

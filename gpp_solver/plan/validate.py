@@ -41,31 +41,34 @@ def check_order(stage_id: int, order: Sequence[tuple[str, int]], n: int) -> None
             raise E(f"{where}: micro-batch {j} does not exist (n = {n}): {_marked(order, pos)}")
         if kind == "F":
             if j != seen_f:
-                raise E(f"{where}: F{j} out of order, expected F{seen_f} (C4: F j before F j+1): "
-                        f"{_marked(order, pos)}")
+                raise E(f"{where}: F{j} out of order, expected F{seen_f} (C4: F j before F j+1): {_marked(order, pos)}")
             seen_f += 1
             fw_done.add(j)
         elif kind == "W":
             if j != seen_w:
-                raise E(f"{where}: W{j} out of order, expected W{seen_w} (C4: W j before W j+1): "
-                        f"{_marked(order, pos)}")
+                raise E(f"{where}: W{j} out of order, expected W{seen_w} (C4: W j before W j+1): {_marked(order, pos)}")
             if j >= seen_b:
-                raise E(f"{where}: W{j} before B{j} (C4: the weight gradient follows the input gradient, "
-                        f"B j before W j): {_marked(order, pos)}")
+                raise E(
+                    f"{where}: W{j} before B{j} (C4: the weight gradient follows the input gradient, "
+                    f"B j before W j): {_marked(order, pos)}"
+                )
             seen_w += 1
         else:
             if j != seen_b:
-                raise E(f"{where}: B{j} out of order, expected B{seen_b} (C4: B j before B j+1): "
-                        f"{_marked(order, pos)}")
+                raise E(f"{where}: B{j} out of order, expected B{seen_b} (C4: B j before B j+1): {_marked(order, pos)}")
             if j not in fw_done:
                 raise E(f"{where}: B{j} before F{j} (C4: F j before B j): {_marked(order, pos)}")
             seen_b += 1
     if seen_f != n or seen_b != n:
-        raise E(f"stage {stage_id} schedule has {seen_f} forwards and {seen_b} backwards, "
-                f"expected {n} of each (mini_batch_size / micro_batch_size)")
+        raise E(
+            f"stage {stage_id} schedule has {seen_f} forwards and {seen_b} backwards, "
+            f"expected {n} of each (mini_batch_size / micro_batch_size)"
+        )
     if split and seen_w != n:
-        raise E(f"stage {stage_id} schedule has {seen_w} weight gradients W but {n} micro-batches: an order with "
-                f"W actions needs W j for every micro-batch j (after B j)")
+        raise E(
+            f"stage {stage_id} schedule has {seen_w} weight gradients W but {n} micro-batches: an order with "
+            f"W actions needs W j for every micro-batch j (after B j)"
+        )
 
 
 def _close(a: float, b: float) -> bool:
@@ -76,8 +79,10 @@ def _check_optimizer_state_factor(plan: Plan, cluster: Cluster) -> None:
     """A plan that records its optimizer state factor was priced for that factor only."""
     f = plan.optimizer_state_factor
     if f is not None and not _close(f, cluster.optimizer_state_factor):
-        raise E(f"the plan was made for optimizer_state_factor {f:g} but the cluster's is "
-                f"{cluster.optimizer_state_factor:g}")
+        raise E(
+            f"the plan was made for optimizer_state_factor {f:g} but the cluster's is "
+            f"{cluster.optimizer_state_factor:g}"
+        )
 
 
 def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: bool = True) -> None:
@@ -97,20 +102,22 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
     _check_convex(plan, graph, stage_of)
     _check_stage_edges(plan, graph, ids, stage_of, implied)
     owner: dict[int, int] = {}
-    for s in plan.stages:   # C3: devices
+    for s in plan.stages:  # C3: devices
         _check_devices(plan, graph, cluster, s, owner)
-    for s in plan.stages:   # C4: orders
+    for s in plan.stages:  # C4: orders
         check_order(s.id, s.schedule.order, plan.mini_batch_size // s.micro_batch_size)
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         if s.in_flight_samples != peak:
             raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
     _check_optimizer_state_factor(plan, cluster)
-    for s in plan.stages:   # memory (Eq. 2)
+    for s in plan.stages:  # memory (Eq. 2)
         m = stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages)
         if m > cluster.memory_bytes * (1 + 1e-9):
-            raise E(f"stage {s.id} needs {m:.6g} bytes per device but the cluster has {cluster.memory_bytes:.6g} "
-                    f"(memory limit, Eq. 2)")
-    sim = simulate(plan, graph, cluster)     # deadlock-free orders
+            raise E(
+                f"stage {s.id} needs {m:.6g} bytes per device but the cluster has {cluster.memory_bytes:.6g} "
+                f"(memory limit, Eq. 2)"
+            )
+    sim = simulate(plan, graph, cluster)  # deadlock-free orders
     if check_predictions:
         _check_predictions(plan, graph, cluster, sim)
 
@@ -144,15 +151,18 @@ def _check_convex(plan: Plan, graph: Graph, stage_of: dict[str, int]) -> None:
             u = frontier.pop()
             for w in nxg.successors(u):
                 if w in inside:
-                    raise E(f"stage {s.id} is not convex: a path leaves it and re-enters at node '{w}' "
-                            f"through node '{u}' of stage {stage_of[u]} (C1)")
+                    raise E(
+                        f"stage {s.id} is not convex: a path leaves it and re-enters at node '{w}' "
+                        f"through node '{u}' of stage {stage_of[u]} (C1)"
+                    )
                 if w not in outside_reach:
                     outside_reach.add(w)
                     frontier.append(w)
 
 
-def _check_stage_edges(plan: Plan, graph: Graph, ids: list[int], stage_of: dict[str, int],
-                       implied: set[tuple[int, int]]) -> None:
+def _check_stage_edges(
+    plan: Plan, graph: Graph, ids: list[int], stage_of: dict[str, int], implied: set[tuple[int, int]]
+) -> None:
     """C2: the plan's stage edges are exactly those the graph's edges imply, and acyclic."""
     listed = set()
     for a, b in plan.edges:
@@ -164,8 +174,10 @@ def _check_stage_edges(plan: Plan, graph: Graph, ids: list[int], stage_of: dict[
     for a, b in sorted(implied):
         if (a, b) not in listed:
             u, v = next((e.src, e.dst) for e in graph.edges if stage_of[e.src] == a and stage_of[e.dst] == b)
-            raise E(f"graph edge '{u}' -> '{v}' crosses from stage {a} to stage {b} but plan edge [{a}, {b}] "
-                    "is missing (C2)")
+            raise E(
+                f"graph edge '{u}' -> '{v}' crosses from stage {a} to stage {b} but plan edge [{a}, {b}] "
+                "is missing (C2)"
+            )
     for a, b in sorted(listed - implied):
         raise E(f"plan edge [{a}, {b}] corresponds to no graph edge between those stages")
     sg = nx.DiGraph(list(listed))
@@ -188,25 +200,26 @@ def _check_devices(plan: Plan, graph: Graph, cluster: Cluster, s: Stage, owner: 
         owner[d] = s.id
     t = s.tensor_parallel
     if len(s.devices) % t:
-        raise E(f"stage {s.id}: `len(devices) % tensor_parallel == 0` must hold, but got "
-                f"(devices={len(s.devices)}, t={t})")
+        raise E(
+            f"stage {s.id}: `len(devices) % tensor_parallel == 0` must hold, but got (devices={len(s.devices)}, t={t})"
+        )
     d = len(s.devices) // t
     if s.micro_batch_size % d:
         raise E(f"stage {s.id}: `b % d == 0` must hold, but got (b={s.micro_batch_size}, d={d})")
     if plan.mini_batch_size % s.micro_batch_size:
-        raise E(f"stage {s.id}: `B % b == 0` must hold, but got (B={plan.mini_batch_size}, "
-                f"b={s.micro_batch_size})")
+        raise E(f"stage {s.id}: `B % b == 0` must hold, but got (B={plan.mini_batch_size}, b={s.micro_batch_size})")
     if s.tmpc:
         for v, idx in s.tmpc.items():
             if v not in s.nodes:
                 raise E(f"stage {s.id}: tmpc names node '{v}' which is not in the stage")
             node = graph.node(v)
             if not isinstance(idx, int) or not 0 <= idx < len(node.tmpc):
-                raise E(f"stage {s.id}: tmpc index {idx!r} for node '{v}' is out of range "
-                        f"({len(node.tmpc)} TMPCs)")
+                raise E(f"stage {s.id}: tmpc index {idx!r} for node '{v}' is out of range ({len(node.tmpc)} TMPCs)")
             if node.tmpc[idx].t != t:
-                raise E(f"stage {s.id}: node '{v}' TMPC {idx} has t={node.tmpc[idx].t} but the stage's "
-                        f"tensor_parallel is {t}")
+                raise E(
+                    f"stage {s.id}: node '{v}' TMPC {idx} has t={node.tmpc[idx].t} but the stage's "
+                    f"tensor_parallel is {t}"
+                )
     elif t != 1:
         raise E(f"stage {s.id}: tensor_parallel={t} needs a tmpc choice for its nodes")
 
@@ -216,17 +229,23 @@ def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResul
     costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     for s, c in zip(plan.stages, costs):
         if not _close(s.predicted.time_per_sample, c.time_per_sample):
-            raise E(f"stage {s.id}: predicted time_per_sample {s.predicted.time_per_sample:.9g} differs from the "
-                    f"cost model's {c.time_per_sample:.9g}")
+            raise E(
+                f"stage {s.id}: predicted time_per_sample {s.predicted.time_per_sample:.9g} differs from the "
+                f"cost model's {c.time_per_sample:.9g}"
+            )
         m = stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages)
         if not _close(s.predicted.memory_bytes, m):
-            raise E(f"stage {s.id}: predicted memory_bytes {s.predicted.memory_bytes:.9g} differs from the cost "
-                    f"model's {m:.9g}")
+            raise E(
+                f"stage {s.id}: predicted memory_bytes {s.predicted.memory_bytes:.9g} differs from the cost "
+                f"model's {m:.9g}"
+            )
     p = plan.predicted
-    checks = [("time_per_sample", p.time_per_sample, max(c.time_per_sample for c in costs)),
-              ("iteration_time", p.iteration_time, sim.iteration_time),
-              ("throughput", p.throughput, sim.throughput),
-              ("peak_memory_bytes", p.peak_memory_bytes, sim.peak_memory_bytes)]
+    checks = [
+        ("time_per_sample", p.time_per_sample, max(c.time_per_sample for c in costs)),
+        ("iteration_time", p.iteration_time, sim.iteration_time),
+        ("throughput", p.throughput, sim.throughput),
+        ("peak_memory_bytes", p.peak_memory_bytes, sim.peak_memory_bytes),
+    ]
     for name, got, want in checks:
         if not _close(got, want):
             raise E(f"plan predicted.{name} {got:.9g} differs from the cost model's {want:.9g}")
@@ -235,5 +254,8 @@ def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResul
 def unbounded_cluster(plan: Plan) -> Cluster:
     """A cluster with every device ``plan`` names and unlimited memory: to check a plan's structure
     (C1-C4, devices) when no cluster is given."""
-    return Cluster(devices=max((d for s in plan.stages for d in s.devices), default=0) + 1,
-                   memory_bytes=math.inf, inter_node_bandwidth=1.0)
+    return Cluster(
+        devices=max((d for s in plan.stages for d in s.devices), default=0) + 1,
+        memory_bytes=math.inf,
+        inter_node_bandwidth=1.0,
+    )

@@ -39,7 +39,7 @@ from gpp_solver.types import Cluster, Graph, Plan
 
 Orders = Mapping[int, Sequence[Action]]
 SCHEDULES = ("1f1b", "zb", "auto")
-ZB_KIND = "ZB-H1"       # schedule.kind of the orders with W actions this module makes
+ZB_KIND = "ZB-H1"  # schedule.kind of the orders with W actions this module makes
 INF = math.inf
 
 
@@ -51,21 +51,31 @@ class Durations:
     forward: Mapping[int, float]
     backward: Mapping[int, float]
     weight: Mapping[int, float]
-    allreduce: Mapping[int, float]     # the tail after the last backward: A(S) + O(S)
+    allreduce: Mapping[int, float]  # the tail after the last backward: A(S) + O(S)
     edges: tuple[tuple[int, int], ...]
     #: per stage, the most micro-batches it may hold without its memory exceeding the largest stage
     #: memory of the kFkB orders (ZB-H1's rule: the pipeline's peak memory does not grow); absent: its own peak
     memory_cap: Mapping[int, int] | None = None
 
     def makespan(self, orders: Orders) -> float:
-        return simulate_orders(orders, self.micro_batch, self.forward, self.backward, self.allreduce, self.edges,
-                               0, record=False, weight=self.weight)[0]
+        return simulate_orders(
+            orders,
+            self.micro_batch,
+            self.forward,
+            self.backward,
+            self.allreduce,
+            self.edges,
+            0,
+            record=False,
+            weight=self.weight,
+        )[0]
 
 
 #: The greedy list schedules are tried only up to this many actions in the plan (F and B, before W are
 #: added): they cost about a second each at 6,000 actions on 194 stages; eager, deferred and lagged
 #: placements are always tried.
 GREEDY_MAX_ACTIONS = 2048
+
 
 def eager_w(order: Sequence[Action]) -> tuple[Action, ...]:
     """``order`` with ``W j`` right after every ``B j``."""
@@ -115,8 +125,9 @@ def _covering(j: int, b_self: int, b_other: int) -> range:
     return range((j * b_self) // b_other, ((j + 1) * b_self - 1) // b_other + 1)
 
 
-def greedy_w(d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: Mapping[int, bool],
-             b_first: bool = True) -> dict[int, tuple[Action, ...]]:
+def greedy_w(
+    d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: Mapping[int, bool], b_first: bool = True
+) -> dict[int, tuple[Action, ...]]:
     """The list schedule of the module docstring: the stage that can act earliest acts next (ties:
     lower id); at that time it runs a ready ``B`` (``b_first``) or ``F`` within ``cap``, then the
     other, else its oldest pending ``W``.  A stage without ``split`` runs each ``W`` with its ``B``."""
@@ -182,7 +193,7 @@ def greedy_w(d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: 
             nb[s] += 1
             out[s].append(Action(Kind.B, j))
             done += 1
-            if not split[s]:        # the whole backward: its W is part of it
+            if not split[s]:  # the whole backward: its W is part of it
                 nw[s] += 1
                 end += w_len[s]
         else:
@@ -216,11 +227,11 @@ def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Ac
     if len(caps) > 1:
         cands.append({s: lagged_w(o, caps[1][s] - cap[s]) if split[s] else tuple(o) for s, o in orders.items()})
     actions = sum(len(o) for o in orders.values())
-    for c in caps if actions <= GREEDY_MAX_ACTIONS else ():     # the list schedule's cost grows with actions x stages
+    for c in caps if actions <= GREEDY_MAX_ACTIONS else ():  # the list schedule's cost grows with actions x stages
         for b_first in (True, False):
             try:
                 cands.append(greedy_w(d, n, c, split, b_first))
-            except DeadlockError:       # pragma: no cover - the precedences are acyclic (docs/zero-bubble.md)
+            except DeadlockError:  # pragma: no cover - the precedences are acyclic (docs/zero-bubble.md)
                 continue
     for c in cands:
         try:
@@ -246,8 +257,13 @@ def schedule_record(requested: str, chosen: str, t_1f1b: float | None, t_zb: flo
     return {"requested": requested, "chosen": chosen, "iteration_time_1f1b": t_1f1b, "iteration_time_zb": t_zb}
 
 
-def apply_schedule(schedule: str, orders: Orders, makespan: float, kind: str, d: Durations,
-                   ) -> tuple[dict[int, tuple[Action, ...]], float, str, dict[str, object]]:
+def apply_schedule(
+    schedule: str,
+    orders: Orders,
+    makespan: float,
+    kind: str,
+    d: Durations,
+) -> tuple[dict[int, tuple[Action, ...]], float, str, dict[str, object]]:
     """``(orders, makespan, schedule kind, record)`` for ``schedule`` ``"zb"`` or ``"auto"`` from the
     kFkB ``orders`` of ``kind`` and their ``makespan``: ``zb`` takes the W placement whenever a stage
     has a weight gradient to split off, ``auto`` only when it is strictly faster."""
@@ -266,16 +282,21 @@ def final_record(plan: Plan, requested: str) -> dict[str, object]:
     read from the plan itself (a later step such as CP-SAT may have changed its orders)."""
     old = plan.search.extra.get("schedule") or {}
     chosen = "zb" if any(a[0] == "W" for s in plan.stages for a in s.schedule.order) else "1f1b"
-    return {**schedule_record(requested, chosen, old.get("iteration_time_1f1b"), old.get("iteration_time_zb")),
-            "iteration_time": plan.predicted.iteration_time}
+    return {
+        **schedule_record(requested, chosen, old.get("iteration_time_1f1b"), old.get("iteration_time_zb")),
+        "iteration_time": plan.predicted.iteration_time,
+    }
 
 
-def memory_caps(graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders,
-                mini_batch_size: int) -> dict[int, int]:
+def memory_caps(
+    graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders, mini_batch_size: int
+) -> dict[int, int]:
     """Per stage ``i`` (``specs[i]``, ``orders[i]``): the most micro-batches it may hold with its
     memory at most the largest stage memory of ``orders`` and within the cluster's memory."""
-    mem = {i: stage_memory(graph, cluster, s, in_flight_from_order(orders[i], s.micro_batch_size))
-           for i, s in enumerate(specs)}
+    mem = {
+        i: stage_memory(graph, cluster, s, in_flight_from_order(orders[i], s.micro_batch_size))
+        for i, s in enumerate(specs)
+    }
     limit = min(max(mem.values()), cluster.memory_bytes) * (1 + 1e-12)
     out = {}
     for i, s in enumerate(specs):

@@ -20,8 +20,16 @@ OptionsT = TypeVar("OptionsT")
 
 
 class Planner(Protocol):
-    def __call__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                 progress: bool = False, **options: Any) -> Plan: ...
+    def __call__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        *,
+        time_limit: float | None = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> Plan: ...
 
 
 #: name -> "module:function"
@@ -72,9 +80,11 @@ def parse_options(planner: str, options_class: type[OptionsT], given: Mapping[st
     class has no field for raises :class:`InvalidInputError` naming it and listing the valid ones (a
     misspelt option would otherwise be ignored and the plan would not be what was asked for); a bad
     value raises from the class's own checks."""
-    known = [f.name for f in fields(options_class)]   # type: ignore[arg-type]
+    known = [f.name for f in fields(options_class)]  # type: ignore[arg-type]
     unknown = sorted(set(given) - set(known))
     if unknown:
-        raise InvalidInputError(f"planner {planner!r} has no option {', '.join(map(repr, unknown))}; "
-                                f"its options: {', '.join(sorted(known)) or 'none'}")
+        raise InvalidInputError(
+            f"planner {planner!r} has no option {', '.join(map(repr, unknown))}; "
+            f"its options: {', '.join(sorted(known)) or 'none'}"
+        )
     return options_class(**given)

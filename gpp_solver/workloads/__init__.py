@@ -70,33 +70,41 @@ _TRANSFORMER_PARAMS = {
 }
 
 MODELS: dict[str, ModelSpec] = {
-    "mmt": ModelSpec(mmt, {
-        "branches": Param(4, "parallel Transformer branches"),
-        "layers": Param(8, "Transformer layers per branch"),
-        **_TRANSFORMER_PARAMS}),
-    "dlrm": ModelSpec(dlrm, {
-        "dense_branches": Param(7, "dense-feature branches"),
-        "sparse_branches": Param(7, "embedding-bag branches"),
-        "dense_layers": Param(4, "feed-forward layers per dense branch"),
-        "hidden": Param(4096, "feed-forward width"),
-        "dense_features": Param(4096, "input width of each dense branch"),
-        "table_rows": Param(1_000_000, "rows of each embedding table"),
-        "embed_dim": Param(64, "embedding dimension"),
-        "bag_size": Param(100, "lookups per bag (concatenated)"),
-        "top_layers": Param(4, "feed-forward layers after the interaction"),
-        "max_micro_batch": Param(512, "largest profiled micro-batch size"),
-    }),
-    "candle-uno": ModelSpec(candle_uno, {
-        "branches": Param(7, "feature branches"),
-        "layers": Param(4, "feed-forward layers per branch"),
-        "hidden": Param(4096, "feed-forward width"),
-        "top_layers": Param(4, "feed-forward layers after the concatenation"),
-        "input_features": Param(4096, "input width of each branch"),
-        "max_micro_batch": Param(4096, "largest profiled micro-batch size"),
-    }),
-    "transformer": ModelSpec(transformer, {
-        "layers": Param(32, "Transformer layers"),
-        **_TRANSFORMER_PARAMS}),
+    "mmt": ModelSpec(
+        mmt,
+        {
+            "branches": Param(4, "parallel Transformer branches"),
+            "layers": Param(8, "Transformer layers per branch"),
+            **_TRANSFORMER_PARAMS,
+        },
+    ),
+    "dlrm": ModelSpec(
+        dlrm,
+        {
+            "dense_branches": Param(7, "dense-feature branches"),
+            "sparse_branches": Param(7, "embedding-bag branches"),
+            "dense_layers": Param(4, "feed-forward layers per dense branch"),
+            "hidden": Param(4096, "feed-forward width"),
+            "dense_features": Param(4096, "input width of each dense branch"),
+            "table_rows": Param(1_000_000, "rows of each embedding table"),
+            "embed_dim": Param(64, "embedding dimension"),
+            "bag_size": Param(100, "lookups per bag (concatenated)"),
+            "top_layers": Param(4, "feed-forward layers after the interaction"),
+            "max_micro_batch": Param(512, "largest profiled micro-batch size"),
+        },
+    ),
+    "candle-uno": ModelSpec(
+        candle_uno,
+        {
+            "branches": Param(7, "feature branches"),
+            "layers": Param(4, "feed-forward layers per branch"),
+            "hidden": Param(4096, "feed-forward width"),
+            "top_layers": Param(4, "feed-forward layers after the concatenation"),
+            "input_features": Param(4096, "input width of each branch"),
+            "max_micro_batch": Param(4096, "largest profiled micro-batch size"),
+        },
+    ),
+    "transformer": ModelSpec(transformer, {"layers": Param(32, "Transformer layers"), **_TRANSFORMER_PARAMS}),
 }
 
 _COMMON = ("name", "device")  # accepted by every builder, not CLI parameters
@@ -114,13 +122,31 @@ def build_model(name: str, **params: Any) -> Graph:
     given = {k: v for k, v in params.items() if v is not None}
     unknown = sorted(k for k in given if k not in spec.params and k not in _COMMON)
     if unknown:
-        raise InvalidInputError(f"model {name!r} has no parameter {unknown[0]!r}; "
-                                f"valid parameters: {', '.join(spec.params)}")
+        raise InvalidInputError(
+            f"model {name!r} has no parameter {unknown[0]!r}; valid parameters: {', '.join(spec.params)}"
+        )
     if "device" in given and not isinstance(given["device"], DeviceProfile):
         raise InvalidInputError(f"parameter 'device' must be a DeviceProfile, got {given['device']!r}")
     return spec.builder(**given)
 
 
-__all__ = ["MODELS", "ModelSpec", "Param", "build_model", "DeviceProfile", "OpCost", "V100", "V100_FP32",
-           "forward_time", "node_dict", "mmt", "mmt_dict", "dlrm", "dlrm_dict", "candle_uno",
-           "candle_uno_dict", "transformer", "transformer_dict"]
+__all__ = [
+    "MODELS",
+    "ModelSpec",
+    "Param",
+    "build_model",
+    "DeviceProfile",
+    "OpCost",
+    "V100",
+    "V100_FP32",
+    "forward_time",
+    "node_dict",
+    "mmt",
+    "mmt_dict",
+    "dlrm",
+    "dlrm_dict",
+    "candle_uno",
+    "candle_uno_dict",
+    "transformer",
+    "transformer_dict",
+]

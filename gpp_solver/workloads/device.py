@@ -38,18 +38,18 @@ class DeviceProfile:
     """
 
     name: str = "V100-SXM2-16GB (Summit), mixed precision"
-    peak_flops: float = 125e12            # tensor-core fp16 FLOP/s
-    fp32_peak_flops: float = 15.7e12      # plain fp32 FLOP/s (reference)
-    memory_bandwidth: float = 900e9       # HBM2 bytes/s
-    memory_bytes: float = 16 * 2**30      # for reference; the cluster sets the usable memory
-    max_compute_efficiency: float = 0.7   # fraction of peak a large GEMM reaches
-    half_efficiency_rows: float = 128.0   # GEMM rows (samples x tokens) at which eff = max / 2
-    bandwidth_efficiency: float = 0.7     # fraction of memory_bandwidth memory-bound kernels reach
-    kernel_overhead: float = 1e-5         # seconds per kernel (launch + framework)
-    activation_dtype_bytes: int = 2       # fp16 activations
-    compute_weight_dtype_bytes: int = 2   # weights as the GEMMs read them (fp16 copy)
-    weight_dtype_bytes: int = 4           # master weights counted in weight_bytes (fp32)
-    backward_factor: float = 2.0          # backward = 2x forward (FLOPs, bytes and kernels)
+    peak_flops: float = 125e12  # tensor-core fp16 FLOP/s
+    fp32_peak_flops: float = 15.7e12  # plain fp32 FLOP/s (reference)
+    memory_bandwidth: float = 900e9  # HBM2 bytes/s
+    memory_bytes: float = 16 * 2**30  # for reference; the cluster sets the usable memory
+    max_compute_efficiency: float = 0.7  # fraction of peak a large GEMM reaches
+    half_efficiency_rows: float = 128.0  # GEMM rows (samples x tokens) at which eff = max / 2
+    bandwidth_efficiency: float = 0.7  # fraction of memory_bandwidth memory-bound kernels reach
+    kernel_overhead: float = 1e-5  # seconds per kernel (launch + framework)
+    activation_dtype_bytes: int = 2  # fp16 activations
+    compute_weight_dtype_bytes: int = 2  # weights as the GEMMs read them (fp16 copy)
+    weight_dtype_bytes: int = 4  # master weights counted in weight_bytes (fp32)
+    backward_factor: float = 2.0  # backward = 2x forward (FLOPs, bytes and kernels)
 
     def efficiency(self, rows: float) -> float:
         """Fraction of ``peak_flops`` a GEMM with ``rows`` rows reaches (rises with ``rows``)."""
@@ -57,22 +57,23 @@ class DeviceProfile:
 
 
 V100 = DeviceProfile()
-V100_FP32 = DeviceProfile(name="V100-SXM2-16GB (Summit), fp32", peak_flops=15.7e12,
-                          activation_dtype_bytes=4, compute_weight_dtype_bytes=4)
+V100_FP32 = DeviceProfile(
+    name="V100-SXM2-16GB (Summit), fp32", peak_flops=15.7e12, activation_dtype_bytes=4, compute_weight_dtype_bytes=4
+)
 
 
 @dataclass(frozen=True)
 class OpCost:
     """Forward work of one node for ONE sample (see the module docstring for how it becomes time)."""
 
-    flops: float = 0.0               # matrix-multiply FLOPs per sample
-    rows: float = 1.0                # GEMM rows per sample (tokens); sets the efficiency
-    gemm_params: float = 0.0         # parameters the GEMMs stream once per micro-batch
-    table_params: float = 0.0        # parameters only gathered (embedding tables)
-    elementwise_bytes: float = 0.0   # memory-bound traffic per sample
-    kernels: int = 1                 # forward kernels per micro-batch
-    activation_bytes: float = 0.0    # kept from forward to backward, per sample
-    output_bytes: float = 0.0        # output tensor, per sample
+    flops: float = 0.0  # matrix-multiply FLOPs per sample
+    rows: float = 1.0  # GEMM rows per sample (tokens); sets the efficiency
+    gemm_params: float = 0.0  # parameters the GEMMs stream once per micro-batch
+    table_params: float = 0.0  # parameters only gathered (embedding tables)
+    elementwise_bytes: float = 0.0  # memory-bound traffic per sample
+    kernels: int = 1  # forward kernels per micro-batch
+    activation_bytes: float = 0.0  # kept from forward to backward, per sample
+    output_bytes: float = 0.0  # output tensor, per sample
 
 
 def forward_time(op: OpCost, dev: DeviceProfile, b: int) -> float:
@@ -88,13 +89,15 @@ def node_dict(node_id: str, cost: OpCost, dev: DeviceProfile, sizes: list[int], 
     """One gpp-graph/1 node for ``cost`` at micro-batch sizes ``sizes`` (``extra``: the node's ``extra``
     object, e.g. ``op``)."""
     fw = [forward_time(cost, dev, b) for b in sizes]
-    return {"id": node_id,
-            "fw_time": fw,
-            "bw_time": [dev.backward_factor * t for t in fw],
-            "weight_bytes": float((cost.gemm_params + cost.table_params) * dev.weight_dtype_bytes),
-            "activation_bytes": float(cost.activation_bytes),
-            "output_bytes": float(cost.output_bytes),
-            **({"extra": dict(extra)} if extra else {})}
+    return {
+        "id": node_id,
+        "fw_time": fw,
+        "bw_time": [dev.backward_factor * t for t in fw],
+        "weight_bytes": float((cost.gemm_params + cost.table_params) * dev.weight_dtype_bytes),
+        "activation_bytes": float(cost.activation_bytes),
+        "output_bytes": float(cost.output_bytes),
+        **({"extra": dict(extra)} if extra else {}),
+    }
 
 
 def powers_of_two(max_micro_batch: int) -> list[int]:

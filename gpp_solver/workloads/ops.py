@@ -23,11 +23,15 @@ def attention(s: int, h: int, a: int, dev: DeviceProfile) -> OpCost:
     bytes at fp16; output ``A s h``.
     """
     A = dev.activation_dtype_bytes
-    return OpCost(flops=8.0 * s * h * h + 4.0 * s * s * h, rows=s,
-                  gemm_params=4.0 * h * h + 4.0 * h + 2.0 * h,
-                  elementwise_bytes=A * (6.0 * a * s * s + 5.0 * s * h), kernels=8,
-                  activation_bytes=A * (6.0 * s * h + 2.0 * a * s * s) + (s * h + a * s * s),
-                  output_bytes=A * s * h)
+    return OpCost(
+        flops=8.0 * s * h * h + 4.0 * s * s * h,
+        rows=s,
+        gemm_params=4.0 * h * h + 4.0 * h + 2.0 * h,
+        elementwise_bytes=A * (6.0 * a * s * s + 5.0 * s * h),
+        kernels=8,
+        activation_bytes=A * (6.0 * s * h + 2.0 * a * s * s) + (s * h + a * s * s),
+        output_bytes=A * s * h,
+    )
 
 
 def ffn_in(s: int, h: int, f: int, dev: DeviceProfile) -> OpCost:
@@ -37,9 +41,15 @@ def ffn_in(s: int, h: int, f: int, dev: DeviceProfile) -> OpCost:
     kept ``A (2 s h + s f)`` (LN input, linear input, GeLU input); output ``A s f``.
     """
     A = dev.activation_dtype_bytes
-    return OpCost(flops=2.0 * s * h * f, rows=s, gemm_params=1.0 * h * f + f + 2.0 * h,
-                  elementwise_bytes=A * (2.0 * s * h + 2.0 * s * f), kernels=3,
-                  activation_bytes=A * (2.0 * s * h + 1.0 * s * f), output_bytes=A * s * f)
+    return OpCost(
+        flops=2.0 * s * h * f,
+        rows=s,
+        gemm_params=1.0 * h * f + f + 2.0 * h,
+        elementwise_bytes=A * (2.0 * s * h + 2.0 * s * f),
+        kernels=3,
+        activation_bytes=A * (2.0 * s * h + 1.0 * s * f),
+        output_bytes=A * s * f,
+    )
 
 
 def ffn_out(s: int, h: int, f: int, dev: DeviceProfile) -> OpCost:
@@ -49,9 +59,15 @@ def ffn_out(s: int, h: int, f: int, dev: DeviceProfile) -> OpCost:
     dropout mask); output ``A s h``.
     """
     A = dev.activation_dtype_bytes
-    return OpCost(flops=2.0 * s * f * h, rows=s, gemm_params=1.0 * f * h + h,
-                  elementwise_bytes=3.0 * A * s * h, kernels=2,
-                  activation_bytes=A * s * f + s * h, output_bytes=A * s * h)
+    return OpCost(
+        flops=2.0 * s * f * h,
+        rows=s,
+        gemm_params=1.0 * f * h + h,
+        elementwise_bytes=3.0 * A * s * h,
+        kernels=2,
+        activation_bytes=A * s * f + s * h,
+        output_bytes=A * s * h,
+    )
 
 
 def token_embedding(s: int, h: int, vocab: int, dev: DeviceProfile) -> OpCost:
@@ -61,9 +77,14 @@ def token_embedding(s: int, h: int, vocab: int, dev: DeviceProfile) -> OpCost:
     kept ``8 s`` (the token ids); output ``A s h``.
     """
     A, W = dev.activation_dtype_bytes, dev.compute_weight_dtype_bytes
-    return OpCost(rows=s, table_params=1.0 * vocab * h + 1.0 * s * h,
-                  elementwise_bytes=2.0 * s * h * (W + A), kernels=2,
-                  activation_bytes=INDEX_BYTES * s, output_bytes=A * s * h)
+    return OpCost(
+        rows=s,
+        table_params=1.0 * vocab * h + 1.0 * s * h,
+        elementwise_bytes=2.0 * s * h * (W + A),
+        kernels=2,
+        activation_bytes=INDEX_BYTES * s,
+        output_bytes=A * s * h,
+    )
 
 
 def linear(n_in: int, n_out: int, dev: DeviceProfile, *, rows: int = 1, relu: bool = True) -> OpCost:
@@ -75,9 +96,15 @@ def linear(n_in: int, n_out: int, dev: DeviceProfile, *, rows: int = 1, relu: bo
     """
     A = dev.activation_dtype_bytes
     kept = A * rows * (n_in + (n_out if relu else 0))
-    return OpCost(flops=2.0 * rows * n_in * n_out, rows=rows, gemm_params=1.0 * n_in * n_out + n_out,
-                  elementwise_bytes=2.0 * A * rows * n_out, kernels=2,
-                  activation_bytes=kept, output_bytes=A * rows * n_out)
+    return OpCost(
+        flops=2.0 * rows * n_in * n_out,
+        rows=rows,
+        gemm_params=1.0 * n_in * n_out + n_out,
+        elementwise_bytes=2.0 * A * rows * n_out,
+        kernels=2,
+        activation_bytes=kept,
+        output_bytes=A * rows * n_out,
+    )
 
 
 def embedding_bag(table_rows: int, dim: int, bag: int, dev: DeviceProfile) -> OpCost:
@@ -88,14 +115,20 @@ def embedding_bag(table_rows: int, dim: int, bag: int, dev: DeviceProfile) -> Op
     backward scatter); output ``A bag dim``.
     """
     A = dev.activation_dtype_bytes
-    return OpCost(rows=1, table_params=1.0 * table_rows * dim,
-                  elementwise_bytes=bag * (dim * (dev.weight_dtype_bytes + A) + INDEX_BYTES), kernels=1,
-                  activation_bytes=INDEX_BYTES * bag, output_bytes=A * bag * dim)
+    return OpCost(
+        rows=1,
+        table_params=1.0 * table_rows * dim,
+        elementwise_bytes=bag * (dim * (dev.weight_dtype_bytes + A) + INDEX_BYTES),
+        kernels=1,
+        activation_bytes=INDEX_BYTES * bag,
+        output_bytes=A * bag * dim,
+    )
 
 
 def concat(elements: float, dev: DeviceProfile) -> OpCost:
     """Concatenation of inputs totalling ``elements`` per sample: traffic ``2 A elements`` (read +
     write), nothing kept (its backward only slices the gradient), output ``A elements``."""
     A = dev.activation_dtype_bytes
-    return OpCost(rows=1, elementwise_bytes=2.0 * A * elements, kernels=1,
-                  activation_bytes=0.0, output_bytes=A * elements)
+    return OpCost(
+        rows=1, elementwise_bytes=2.0 * A * elements, kernels=1, activation_bytes=0.0, output_bytes=A * elements
+    )

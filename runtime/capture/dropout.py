@@ -74,8 +74,7 @@ def chunk_dropout(x: torch.Tensor, p: float, node: str, training: bool = True) -
     masks = []
     for lo in range(0, rows, size):
         n = min(size, rows - lo)
-        masks.append(_mask((n, *x.shape[1:]), p, _seed(ctx.seed, ctx.step, ctx.lo + lo, node),
-                           x.device, x.dtype))
+        masks.append(_mask((n, *x.shape[1:]), p, _seed(ctx.seed, ctx.step, ctx.lo + lo, node), x.device, x.dtype))
     return x * (masks[0] if len(masks) == 1 else torch.cat(masks))
 
 
@@ -104,13 +103,15 @@ def is_stochastic(mod: nn.Module) -> bool:
 
 def _rows_of(value, rows: int, lo: int, hi: int):
     """``value`` with every tensor of ``rows`` rows cut to rows ``[lo, hi)``."""
-    return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows
-                           else t, value)
+    return pytree.tree_map(
+        lambda t: t[lo:hi] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows else t, value
+    )
 
 
 def _seeded_call(mod: nn.Module, seed: int, args, kwargs):
-    cuda = sorted({t.device.index or 0 for t in pytree.tree_leaves((args, kwargs))
-                   if isinstance(t, torch.Tensor) and t.is_cuda})
+    cuda = sorted(
+        {t.device.index or 0 for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.is_cuda}
+    )
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         return mod(*args, **kwargs)
@@ -123,8 +124,9 @@ def _cat_rows(outs: list):
     flat = [pytree.tree_flatten(o) for o in outs]
     spec = flat[0][1]
     cols = zip(*(f[0] for f in flat))
-    return pytree.tree_unflatten([torch.cat(c) if isinstance(c[0], torch.Tensor) and c[0].dim() else c[0]
-                                  for c in cols], spec)
+    return pytree.tree_unflatten(
+        [torch.cat(c) if isinstance(c[0], torch.Tensor) and c[0].dim() else c[0] for c in cols], spec
+    )
 
 
 class ChunkSeeded(nn.Module):

@@ -112,8 +112,7 @@ def _is_tensor_valued(n: fx.Node, values: dict | None) -> bool:
     if values is not None and n in values:
         return isinstance(values[n], torch.Tensor)
     # no example values: a node read only through getitem is a tuple
-    return not (n.users and all(u.op == "call_function" and u.target is operator.getitem
-                                for u in n.users))
+    return not (n.users and all(u.op == "call_function" and u.target is operator.getitem for u in n.users))
 
 
 def _sendable(n: fx.Node, values: dict | None, rows: int | None) -> bool:
@@ -195,8 +194,9 @@ def _groups(nodes, ids, sink, values, rows=None):
     # groups connected to nothing that leads to the sink (dead code) join the sink's group
     q = nx.DiGraph()
     q.add_nodes_from({find(n) for n in nodes})
-    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
-                     if m in node_set and find(m) is not find(n))
+    q.add_edges_from(
+        (find(m), find(n)) for n in nodes for m in n.all_input_nodes if m in node_set and find(m) is not find(n)
+    )
     for comp in list(nx.weakly_connected_components(q)):
         if find(sink) not in comp:
             for c in comp:
@@ -204,8 +204,9 @@ def _groups(nodes, ids, sink, values, rows=None):
     # contract cycles among groups (a shape read early and used late, say)
     q = nx.DiGraph()
     q.add_nodes_from({find(n) for n in nodes})
-    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
-                     if m in node_set and find(m) is not find(n))
+    q.add_edges_from(
+        (find(m), find(n)) for n in nodes for m in n.all_input_nodes if m in node_set and find(m) is not find(n)
+    )
     if not nx.is_directed_acyclic_graph(q):
         for comp in nx.strongly_connected_components(q):
             comp = list(comp)
@@ -217,8 +218,9 @@ def _groups(nodes, ids, sink, values, rows=None):
         members.setdefault(find(n), []).append(n)
     q = nx.DiGraph()
     q.add_nodes_from(members)
-    q.add_edges_from((find(m), find(n)) for n in nodes for m in n.all_input_nodes
-                     if m in node_set and find(m) is not find(n))
+    q.add_edges_from(
+        (find(m), find(n)) for n in nodes for m in n.all_input_nodes if m in node_set and find(m) is not find(n)
+    )
     groups = []
     for root in nx.lexicographical_topological_sort(q, key=lambda r: order[members[r][0]]):
         ms = members[root]
@@ -242,27 +244,31 @@ def model_graph(gm: fx.GraphModule, example_inputs: tuple | None = None) -> Mode
         ret = ret[0]
     if not isinstance(ret, fx.Node) or ret.op not in COMPUTE_OPS:
         raise InvalidInputError(
-            "the model's forward must return one tensor computed by an operator, "
-            f"but it returns {ret!r}")
+            f"the model's forward must return one tensor computed by an operator, but it returns {ret!r}"
+        )
     placeholders = tuple(n for n in gm.graph.nodes if n.op == "placeholder")
     values = rows = None
     if example_inputs is not None:  # two rows, as the runtime describes what crosses (value_meta)
-        example_inputs = tuple(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x
-                               for x in example_inputs)
-        rows = next((int(x.shape[0]) for x in example_inputs
-                     if isinstance(x, torch.Tensor) and x.dim()), None)
+        example_inputs = tuple(x[:2] if isinstance(x, torch.Tensor) and x.dim() else x for x in example_inputs)
+        rows = next((int(x.shape[0]) for x in example_inputs if isinstance(x, torch.Tensor) and x.dim()), None)
         values = _example_values(gm, nodes, ids, ret, placeholders, example_inputs)
     group, groups = _groups(nodes, ids, ret, values, rows)
     merged = [g for g in groups if len(g[1]) > 1]
     if merged:
         logger.debug("merged %d groups of fx nodes that hold unsendable values", len(merged))
-    return ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=ret, placeholders=placeholders,
-                      group=group, groups=groups)
+    return ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=ret, placeholders=placeholders, group=group, groups=groups)
 
 
 def _example_values(gm, nodes, ids, sink, placeholders, inputs) -> dict:
-    pre = ModelGraph(gm=gm, nodes=nodes, ids=ids, sink=sink, placeholders=placeholders,
-                     group={n: ids[n] for n in nodes}, groups=tuple((ids[n], (n,)) for n in nodes))
+    pre = ModelGraph(
+        gm=gm,
+        nodes=nodes,
+        ids=ids,
+        sink=sink,
+        placeholders=placeholders,
+        group={n: ids[n] for n in nodes},
+        groups=tuple((ids[n], (n,)) for n in nodes),
+    )
     modes = set_training(gm, False)
     try:
         with torch.no_grad():
@@ -288,8 +294,7 @@ def restore_training(modes: dict) -> None:
 def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) -> ModelGraph:
     """Trace ``model`` (hooks as in :func:`runtime.capture.tracing.trace_module`) and name its nodes."""
     n_inputs = None if example_inputs is None else len(example_inputs)
-    return model_graph(trace_module(model, n_inputs=n_inputs, example_inputs=example_inputs, **hooks),
-                       example_inputs)
+    return model_graph(trace_module(model, n_inputs=n_inputs, example_inputs=example_inputs, **hooks), example_inputs)
 
 
 def trace_workload(workload) -> ModelGraph:
@@ -308,8 +313,7 @@ def load_workload(spec: str):
     naming what is wrong. torchvision, timm and transformers import next to a CPU-only torch
     (``runtime.capture.third_party``) before the module is loaded."""
     if ":" not in spec:
-        raise InvalidInputError(f"--model must be MODULE:FUNCTION (or path/to/file.py:FUNCTION), "
-                                f"but got {spec!r}")
+        raise InvalidInputError(f"--model must be MODULE:FUNCTION (or path/to/file.py:FUNCTION), but got {spec!r}")
     mod_name, fn_name = spec.rsplit(":", 1)
     prepare_third_party()
     try:
@@ -317,8 +321,10 @@ def load_workload(spec: str):
     except ImportError as exc:
         hint = ""
         if ("/" in mod_name or os.sep in mod_name) and not mod_name.endswith(".py"):
-            hint = (f" (a module name is dotted, e.g. {mod_name.replace(os.sep, '.').replace('/', '.')!r}; "
-                    "a file is path/to/file.py:FUNCTION)")
+            hint = (
+                f" (a module name is dotted, e.g. {mod_name.replace(os.sep, '.').replace('/', '.')!r}; "
+                "a file is path/to/file.py:FUNCTION)"
+            )
         raise InvalidInputError(f"cannot import module {mod_name!r}: {exc}{hint}") from exc
     fn = getattr(mod, fn_name, None)
     if not callable(fn):
@@ -377,8 +383,7 @@ def propagate(mg: ModelGraph, inputs: tuple) -> dict:
     for ph, x in zip(mg.placeholders, inputs):
         env[ph] = x
     if len(inputs) != len(mg.placeholders):
-        raise InvalidInputError(
-            f"the model takes {len(mg.placeholders)} inputs but sample() returned {len(inputs)}")
+        raise InvalidInputError(f"the model takes {len(mg.placeholders)} inputs but sample() returned {len(inputs)}")
     for n in mg.gm.graph.nodes:
         if n.op in COMPUTE_OPS or n.op == "get_attr":
             env[n] = run_node(mg.gm, n, env)

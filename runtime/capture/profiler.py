@@ -114,15 +114,15 @@ def _weight_bytes(mg: ModelGraph, members) -> int:
 
 
 def _batchnorms(model: torch.nn.Module) -> list[str]:
-    return [name for name, m in model.named_modules()
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+    return [
+        name for name, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+    ]
 
 
 def _forward_all(mg: ModelGraph, inputs: tuple, micro_batch_size: int) -> dict:
     """Every node's value in a training-mode forward (no grad); refuses a size the model cannot run."""
     if len(inputs) != len(mg.placeholders):
-        raise InvalidInputError(
-            f"the model takes {len(mg.placeholders)} inputs but sample() returned {len(inputs)}")
+        raise InvalidInputError(f"the model takes {len(mg.placeholders)} inputs but sample() returned {len(inputs)}")
     env: dict = dict(zip(mg.placeholders, inputs))
     with torch.no_grad():
         for n in mg.gm.graph.nodes:
@@ -135,14 +135,14 @@ def _forward_all(mg: ModelGraph, inputs: tuple, micro_batch_size: int) -> dict:
                         f"the model cannot run a micro-batch of {micro_batch_size} in training mode: node "
                         f"{where!r} fails ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
                         "profile only sizes it can run (BatchNorm needs more than one value per "
-                        "channel: start --micro-batch-sizes at 2, here and in `gpp plan`)") from exc
+                        "channel: start --micro-batch-sizes at 2, here and in `gpp plan`)"
+                    ) from exc
     return env
 
 
 def _output_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
     inside = set(members)
-    sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside
-                                                       for u in n.users)]
+    sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside for u in n.users)]
     return _nbytes([t for n in sent for t in _tensors(env[n])]) / micro_batch_size
 
 
@@ -152,19 +152,21 @@ def device_info(device: torch.device) -> dict:
         name = torch.cuda.get_device_name(device)
     else:
         name = platform.processor() or platform.machine() or "cpu"
-    return {"device": device.type, "device_name": name, "threads": torch.get_num_threads(),
-            "torch": torch.__version__}
+    return {"device": device.type, "device_name": name, "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
-def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5,
-            name: str = "model") -> dict:
+def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5, name: str = "model") -> dict:
     """Profile ``workload`` at each micro-batch size and return the gpp-graph/1 document (a dict).
 
     Runs with the current ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
-    if (not micro_batch_sizes or any(b <= 0 for b in micro_batch_sizes)
-            or sorted(set(micro_batch_sizes)) != micro_batch_sizes):
+    if (
+        not micro_batch_sizes
+        or any(b <= 0 for b in micro_batch_sizes)
+        or sorted(set(micro_batch_sizes)) != micro_batch_sizes
+    ):
         raise InvalidInputError(
-            f"--micro-batch-sizes must be strictly increasing positive integers, but got {micro_batch_sizes}")
+            f"--micro-batch-sizes must be strictly increasing positive integers, but got {micro_batch_sizes}"
+        )
     if warmup < 0 or repeats < 1:
         raise InvalidInputError(f"--warmup must be >= 0 and --repeats >= 1, got {warmup}, {repeats}")
     mg = trace_workload(workload)
@@ -175,7 +177,11 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
             "the model has %d BatchNorm layers in training mode (%s%s): in a pipeline their "
             "statistics are computed per micro-batch, so training differs from one process on "
             "the whole mini-batch (freeze them, e.g. torchvision.ops.FrozenBatchNorm2d, for "
-            "equal results)", len(bns), ", ".join(bns[:3]), ", ..." if len(bns) > 3 else "")
+            "equal results)",
+            len(bns),
+            ", ".join(bns[:3]),
+            ", ..." if len(bns) > 3 else "",
+        )
     timing = {n: {"fw": [], "bw": [], "bw_weight": []} for n in mg.nodes}
     act_bytes: dict = {}
     out_bytes: dict = {}
@@ -199,15 +205,18 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
         for kind in ("fw", "bw"):
             per_size = list(zip(*[timing[n][kind] for n in members]))  # [(med,min,max) per member]
             nd[f"{kind}_time"] = [float(sum(t[0] for t in ts)) for ts in per_size]
-            spread[kind] = [[float(sum(t[1] for t in ts)), float(sum(t[2] for t in ts))]
-                            for ts in per_size]
+            spread[kind] = [[float(sum(t[1] for t in ts)), float(sum(t[2] for t in ts))] for ts in per_size]
         # the weight-gradient part, at most the whole backward (separate runs: medians may cross)
         w = [float(sum(t[0] for t in ts)) for ts in zip(*[timing[n]["bw_weight"] for n in members])]
         nd["bw_weight_time"] = [min(a, b) for a, b in zip(w, nd["bw_time"])]
-        nd.update({"weight_bytes": int(_weight_bytes(mg, members)),
-                   "activation_bytes": float(act_bytes[gid]),
-                   "output_bytes": float(out_bytes[gid]),
-                   "extra": {"time_spread": spread}})  # gpp-graph/1 extensions go under "extra"
+        nd.update(
+            {
+                "weight_bytes": int(_weight_bytes(mg, members)),
+                "activation_bytes": float(act_bytes[gid]),
+                "output_bytes": float(out_bytes[gid]),
+                "extra": {"time_spread": spread},
+            }
+        )  # gpp-graph/1 extensions go under "extra"
         if len(members) > 1:
             nd["extra"]["fx_nodes"] = [mg.ids[n] for n in members]
         nodes.append(nd)
@@ -215,9 +224,14 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
         for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
     info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
-    return {"format": "gpp-graph/1", "name": name, "micro_batch_sizes": list(micro_batch_sizes),
-            "nodes": nodes, "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
-            "extra": {"profile": info}}
+    return {
+        "format": "gpp-graph/1",
+        "name": name,
+        "micro_batch_sizes": list(micro_batch_sizes),
+        "nodes": nodes,
+        "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
+        "extra": {"profile": info},
+    }
 
 
 def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:
@@ -245,15 +259,16 @@ def _params(mg: ModelGraph, node, env: dict) -> list[torch.Tensor]:
     params = []
     if node.op == "call_module":
         params = [p for p in mg.gm.get_submodule(node.target).parameters() if p.requires_grad]
-    return params + [t for m in node.all_input_nodes if m.op == "get_attr"
-                     for t in _tensors(env[m]) if t.requires_grad]
+    return params + [t for m in node.all_input_nodes if m.op == "get_attr" for t in _tensors(env[m]) if t.requires_grad]
 
 
 def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
     """The forward as the trainer runs it: autograd records it (inputs that need grad)."""
+
     def setup():
         local, _ = _leaf_inputs(node, env, requires_grad=True)
         return lambda: run_node(mg.gm, node, local)
+
     return _timings(setup, warmup, repeats, device)
 
 
@@ -267,14 +282,14 @@ def _time_backward_weight(mg: ModelGraph, node, env: dict, warmup: int, repeats:
 
     def setup():
         local, leaves = _leaf_inputs(node, env, requires_grad=True)
-        outs = [t for t in _tensors(run_node(mg.gm, node, local))
-                if t.is_floating_point() and t.requires_grad]
+        outs = [t for t in _tensors(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
         if not outs:
             return lambda: None
         grads = [torch.ones_like(t) for t in outs]
         if leaves:
             torch.autograd.grad(outs, leaves, grads, retain_graph=True, allow_unused=True)
         return lambda: torch.autograd.grad(outs, params, grads, allow_unused=True)
+
     return _timings(setup, warmup, repeats, device)
 
 
@@ -283,11 +298,11 @@ def _time_backward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, d
 
     def setup():
         local, leaves = _leaf_inputs(node, env, requires_grad=True)
-        outs = [t for t in _tensors(run_node(mg.gm, node, local))
-                if t.is_floating_point() and t.requires_grad]
+        outs = [t for t in _tensors(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
         wrt = leaves + params
         if not outs or not wrt:
             return lambda: None
         grads = [torch.ones_like(t) for t in outs]
         return lambda: torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+
     return _timings(setup, warmup, repeats, device)

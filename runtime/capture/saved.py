@@ -36,7 +36,7 @@ def saved_bytes(mg: ModelGraph, inputs: tuple) -> dict[str, int]:
     """Bytes of saved-for-backward storages charged to each graph node (see the module docstring)
     in one forward of ``inputs``; every node of the graph has an entry."""
     weights = {t.untyped_storage().data_ptr() for t in list(mg.gm.parameters()) + list(mg.gm.buffers())}
-    owner: dict[int, str] = {}   # storage -> graph node charged with it
+    owner: dict[int, str] = {}  # storage -> graph node charged with it
     size: dict[int, int] = {}
     saved: set[int] = set()
     current: list[str | None] = [None]

@@ -61,8 +61,7 @@ def _none_defaults(model: torch.nn.Module, given: dict, n_inputs: int | None) ->
     for i, p in enumerate(params):
         if n_inputs is not None and i < n_inputs and p.kind != p.KEYWORD_ONLY:
             continue
-        if p.default is None and p.name not in out and p.kind in (
-                p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+        if p.default is None and p.name not in out and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             out[p.name] = None
     return out
 
@@ -83,8 +82,11 @@ def _drop_specialised(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _where(exc: BaseException) -> str:
     """``file:line in function: `source``` of the innermost frame of model code in ``exc``."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not any(s in f.filename.replace("\\", "/") for s in _FX_FILES)]
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not any(s in f.filename.replace("\\", "/") for s in _FX_FILES)
+    ]
     if not frames:
         return "an unknown place"
     f = frames[-1]
@@ -108,38 +110,47 @@ def _construct(exc: BaseException) -> str:
 def _export(model: torch.nn.Module, example_inputs: tuple) -> fx.GraphModule:
     """``torch.export`` (non-strict) with a dynamic batch dimension; the unlifted GraphModule."""
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() else None
-                   for x in example_inputs)
+    shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() else None for x in example_inputs)
     ep = torch.export.export(model, tuple(example_inputs), strict=False, dynamic_shapes=shapes)
     return ep.module()
 
 
-def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict | None = None,
-                 tracer=None, graph_module: fx.GraphModule | None = None,
-                 n_inputs: int | None = None, autowrap_functions=(),
-                 example_inputs: tuple | None = None, export: bool = True) -> fx.GraphModule:
+def trace_module(
+    model: torch.nn.Module,
+    *,
+    leaf_modules=(),
+    concrete_args: dict | None = None,
+    tracer=None,
+    graph_module: fx.GraphModule | None = None,
+    n_inputs: int | None = None,
+    autowrap_functions=(),
+    example_inputs: tuple | None = None,
+    export: bool = True,
+) -> fx.GraphModule:
     """The model as an ``fx.GraphModule`` using the hooks above; InvalidInputError if it cannot.
     ``n_inputs``: how many positional inputs the caller passes (None: those without a default);
     ``example_inputs`` allow the ``torch.export`` fallback."""
     if graph_module is not None:
         if not isinstance(graph_module, fx.GraphModule):
             raise InvalidInputError(
-                f"workload graph_module must be a torch.fx.GraphModule, got {type(graph_module).__name__}")
+                f"workload graph_module must be a torch.fx.GraphModule, got {type(graph_module).__name__}"
+            )
         return graph_module
     if tracer is not None:
         gm = tracer(model)
         if not isinstance(gm, fx.GraphModule):
-            raise InvalidInputError(
-                f"workload tracer must return a torch.fx.GraphModule, got {type(gm).__name__}")
+            raise InvalidInputError(f"workload tracer must return a torch.fx.GraphModule, got {type(gm).__name__}")
         return gm
     args = _none_defaults(model, dict(concrete_args or {}), n_inputs)
     t = _HookTracer(tuple(leaf_modules), tuple(autowrap_functions))
     try:
         graph = t.trace(model, concrete_args=args or None)
     except Exception as exc:  # noqa: BLE001 - fx raises many kinds
-        msg = (f"torch.fx cannot trace the model: {_construct(exc)} at {_where(exc)}; give the "
-               "workload `leaf_modules` (keep that block whole), `concrete_args`, or a traced "
-               "`graph_module`")
+        msg = (
+            f"torch.fx cannot trace the model: {_construct(exc)} at {_where(exc)}; give the "
+            "workload `leaf_modules` (keep that block whole), `concrete_args`, or a traced "
+            "`graph_module`"
+        )
         if not export or example_inputs is None:
             raise InvalidInputError(msg) from exc
         try:
@@ -147,9 +158,11 @@ def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict
         except Exception as exc2:  # noqa: BLE001 - export raises many kinds
             raise InvalidInputError(
                 f"{msg} (torch.export failed too: {type(exc2).__name__}: "
-                f"{str(exc2).splitlines()[0] if str(exc2) else ''})") from exc
-        logger.info("torch.fx cannot trace the model (%s at %s); using torch.export's graph",
-                    _construct(exc), _where(exc))
+                f"{str(exc2).splitlines()[0] if str(exc2) else ''})"
+            ) from exc
+        logger.info(
+            "torch.fx cannot trace the model (%s at %s); using torch.export's graph", _construct(exc), _where(exc)
+        )
         return gm
     name = model.__class__.__name__
     return _drop_specialised(fx.GraphModule(t.root, graph, name))
@@ -158,16 +171,21 @@ def trace_module(model: torch.nn.Module, *, leaf_modules=(), concrete_args: dict
 def workload_hooks(workload) -> dict:
     """The tracing hooks a workload may carry (``leaf_modules``, ``concrete_args``,
     ``autowrap_functions``, ``tracer``, ``graph_module``, ``export``), as keywords of :func:`trace_module`."""
-    return {"export": bool(getattr(workload, "export", True)),
-            "leaf_modules": tuple(getattr(workload, "leaf_modules", ()) or ()),
-            "concrete_args": getattr(workload, "concrete_args", None),
-            "autowrap_functions": tuple(getattr(workload, "autowrap_functions", ()) or ()),
-            "tracer": getattr(workload, "tracer", None),
-            "graph_module": getattr(workload, "graph_module", None)}
+    return {
+        "export": bool(getattr(workload, "export", True)),
+        "leaf_modules": tuple(getattr(workload, "leaf_modules", ()) or ()),
+        "concrete_args": getattr(workload, "concrete_args", None),
+        "autowrap_functions": tuple(getattr(workload, "autowrap_functions", ()) or ()),
+        "tracer": getattr(workload, "tracer", None),
+        "graph_module": getattr(workload, "graph_module", None),
+    }
 
 
 def workload_graph_module(workload, example_inputs: tuple | None = None) -> fx.GraphModule:
     """:func:`trace_module` of ``workload.model`` with the workload's optional hooks."""
-    return trace_module(workload.model, example_inputs=example_inputs,
-                        n_inputs=None if example_inputs is None else len(example_inputs),
-                        **workload_hooks(workload))
+    return trace_module(
+        workload.model,
+        example_inputs=example_inputs,
+        n_inputs=None if example_inputs is None else len(example_inputs),
+        **workload_hooks(workload),
+    )

@@ -51,9 +51,12 @@ def save(directory: str, stage_id: int, step: int, fp: str, params: dict, optimi
                 os.remove(os.path.join(directory, name))
             except OSError:
                 pass
-    state = {"step": step, "fingerprint": fp,
-             "params": {k: v.detach().cpu() for k, v in params.items()},
-             "optimizer": optimizer_state or {}}
+    state = {
+        "step": step,
+        "fingerprint": fp,
+        "params": {k: v.detach().cpu() for k, v in params.items()},
+        "optimizer": optimizer_state or {},
+    }
     path = os.path.join(directory, f"stage{stage_id}-step{step}.pt")
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -111,15 +114,15 @@ def load(directory: str, stage_id: int, step: int, fp: str, device: torch.device
     missing = [k for k in ("step", "fingerprint", "params", "optimizer") if k not in state]
     if missing:
         raise InvalidInputError(f"checkpoint {path!r} lacks {', '.join(missing)}")
-    if not isinstance(state["params"], dict) or not all(
-            isinstance(v, torch.Tensor) for v in state["params"].values()):
+    if not isinstance(state["params"], dict) or not all(isinstance(v, torch.Tensor) for v in state["params"].values()):
         raise InvalidInputError(f"checkpoint {path!r}: `params` must map names to tensors")
     if not isinstance(state["optimizer"], dict):
         raise InvalidInputError(f"checkpoint {path!r}: `optimizer` must be a dict")
     if state.get("fingerprint") != fp:
         raise InvalidInputError(
             f"checkpoint {path!r} was written for another plan or model (fingerprint mismatch); "
-            "refusing to resume from it")
+            "refusing to resume from it"
+        )
     if state["step"] != step:
         raise InvalidInputError(f"checkpoint {path!r} says step {state['step']!r}, its name says {step}")
     return state

@@ -38,8 +38,16 @@ from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
 from .split_backward import backward_input, backward_weight
 
-_INPLACE_FUNCS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.iand,
-                  operator.ior, operator.ixor, operator.setitem}
+_INPLACE_FUNCS = {
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.setitem,
+}
 
 
 def has_inplace(module: torch.fx.GraphModule) -> bool:
@@ -60,11 +68,13 @@ def _rows(tree, lo: int, hi: int):
     return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
 
 
-BATCH_LEVEL = ("a pipeline computes the loss per micro-batch, so it must be a sum or mean of per-sample "
-               "terms; a loss over the whole batch (a contrastive loss such as CLIP's, where each sample's "
-               "term depends on every other sample) cannot be split: use a per-sample loss, or keep the "
-               "batch-level part (the all-pairs similarity and its loss) out of the pipelined model and "
-               "its loss_fn")
+BATCH_LEVEL = (
+    "a pipeline computes the loss per micro-batch, so it must be a sum or mean of per-sample "
+    "terms; a loss over the whole batch (a contrastive loss such as CLIP's, where each sample's "
+    "term depends on every other sample) cannot be split: use a per-sample loss, or keep the "
+    "batch-level part (the all-pairs similarity and its loss) out of the pipelined model and "
+    "its loss_fn"
+)
 
 
 def _close(a: float, b: float) -> bool:
@@ -85,10 +95,25 @@ def _one_line(exc: Exception) -> str:
 class StageExecutor:
     """Executes the actions of one rank (one replica of one stage) for each training step."""
 
-    def __init__(self, program: StageProgram, stage: Stage, replica: int, rank: int,
-                 actions: list[RankAction], meta: dict[str, ValueMeta], loss_fn, mini_batch_size: int,
-                 device: torch.device, comm: P2P, rec: Recorder, *, loss_reduction: str = "mean",
-                 lookahead: int = 2, seed: int = 0, grad_sync=None) -> None:
+    def __init__(
+        self,
+        program: StageProgram,
+        stage: Stage,
+        replica: int,
+        rank: int,
+        actions: list[RankAction],
+        meta: dict[str, ValueMeta],
+        loss_fn,
+        mini_batch_size: int,
+        device: torch.device,
+        comm: P2P,
+        rec: Recorder,
+        *,
+        loss_reduction: str = "mean",
+        lookahead: int = 2,
+        seed: int = 0,
+        grad_sync=None,
+    ) -> None:
         self.program = program
         self.stage = stage
         self.replica = replica
@@ -192,16 +217,18 @@ class StageExecutor:
         return list(metas)
 
     # -- forward / backward --------------------------------------------------------------------
-    def _forward(self, st: Step, c: Chunk, bufs: dict, inputs: tuple, target, state: dict,
-                 step: int, out_tensors: dict):
+    def _forward(
+        self, st: Step, c: Chunk, bufs: dict, inputs: tuple, target, state: dict, step: int, out_tensors: dict
+    ):
         args = []
         leaves: dict[tuple, list] = {}
         for kind, key in self.program.inputs:
             if kind == "input":
                 if key >= len(inputs):
                     raise InvalidInputError(
-                        f"stage {self.stage.id} reads model input {key} but step() got {len(inputs)} inputs")
-                args.append(inputs[key][c.lo:c.hi].to(self.device, non_blocking=True))
+                        f"stage {self.stage.id} reads model input {key} but step() got {len(inputs)} inputs"
+                    )
+                args.append(inputs[key][c.lo : c.hi].to(self.device, non_blocking=True))
                 continue
             meta = self.meta[key]
             pieces = []
@@ -229,16 +256,18 @@ class StageExecutor:
                 try:
                     loss = self.loss_fn(outs[-1], tgt)
                 except (IndexError, RuntimeError) as exc:  # e.g. labels of the whole batch
-                    raise InvalidInputError(f"loss_fn failed on samples {c.lo}:{c.hi} of the mini-batch "
-                                            f"({_one_line(exc)}); {BATCH_LEVEL}") from exc
+                    raise InvalidInputError(
+                        f"loss_fn failed on samples {c.lo}:{c.hi} of the mini-batch ({_one_line(exc)}); {BATCH_LEVEL}"
+                    ) from exc
                 if self.check_loss:
                     self._check_reduction(outs[-1], tgt, loss)
                 if self.loss_reduction == "mean":
                     loss = loss * ((c.hi - c.lo) / self.mini_batch_size)
         for m in st.sends:
             value = outs[self.out_index[m.value]]
-            out_tensors[m] = [t[m.lo - c.lo:m.hi - c.lo].detach().contiguous()
-                              for t in flatten(value, self.meta[m.value])]
+            out_tensors[m] = [
+                t[m.lo - c.lo : m.hi - c.lo].detach().contiguous() for t in flatten(value, self.meta[m.value])
+            ]
         state[c.mb] = (leaves, outs, loss)
         return loss
 
@@ -246,8 +275,9 @@ class StageExecutor:
         """On the first chunk: the loss must be the mean (or the sum) over the samples it gets."""
         self.check_loss = False
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise InvalidInputError(f"loss_fn must return a scalar tensor, got {type(loss).__name__} "
-                                    f"{tuple(getattr(loss, 'shape', ()))}")
+            raise InvalidInputError(
+                f"loss_fn must return a scalar tensor, got {type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}"
+            )
         twice = lambda t: torch.cat([t, t]) if isinstance(t, torch.Tensor) else t  # noqa: E731
         l1 = float(loss.detach())
         try:
@@ -255,10 +285,13 @@ class StageExecutor:
                 l2 = float(self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt)))
                 halves = self._halves(out, tgt)
         except (IndexError, RuntimeError) as exc:
-            raise InvalidInputError(f"loss_fn failed on a micro-batch repeated twice or cut in two "
-                                    f"({_one_line(exc)}); {BATCH_LEVEL}") from exc
-        fits = {red: _close(l2, ratio * l1) and (halves is None or _close(_combine(halves, red), l1))
-                for red, ratio in (("mean", 1.0), ("sum", 2.0))}
+            raise InvalidInputError(
+                f"loss_fn failed on a micro-batch repeated twice or cut in two ({_one_line(exc)}); {BATCH_LEVEL}"
+            ) from exc
+        fits = {
+            red: _close(l2, ratio * l1) and (halves is None or _close(_combine(halves, red), l1))
+            for red, ratio in (("mean", 1.0), ("sum", 2.0))
+        }
         if fits[self.loss_reduction]:
             return
         other = {"mean": "sum", "sum": "mean"}[self.loss_reduction]
@@ -267,11 +300,13 @@ class StageExecutor:
                 f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
                 f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
                 f"GraphPipeline(loss_reduction={other!r}) (runtime.train: set the workload's "
-                f"loss_reduction = {other!r})")
+                f"loss_reduction = {other!r})"
+            )
         got = "" if halves is None else f", {halves[0]:.6g} and {halves[1]:.6g} on its two halves"
         raise InvalidInputError(
             f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk, {l2:.6g} "
-            f"on the chunk twice{got}); {BATCH_LEVEL}")
+            f"on the chunk twice{got}); {BATCH_LEVEL}"
+        )
 
     def _halves(self, out, tgt) -> tuple[float, float, int, int] | None:
         """The losses of the chunk's two halves and their rows (None below 2 rows)."""
@@ -304,7 +339,7 @@ class StageExecutor:
             roots.append(loss)
             grads.append(torch.ones_like(loss))
         input_grad: dict[int, torch.Tensor | None] = {}
-        if self.split:      # the input gradients now, the weight gradients at W (split_backward)
+        if self.split:  # the input gradients now, the weight gradients at W (split_backward)
             wanted = [t for ts in leaves.values() for t in ts if t.requires_grad]
             input_grad = {id(t): g for t, g in zip(wanted, backward_input(roots, grads, wanted))}
             self._pending_w[c.mb] = (roots, grads)
@@ -320,8 +355,11 @@ class StageExecutor:
                 if not lm.grad:
                     continue
                 g = input_grad.get(id(leaf)) if self.split else leaf.grad
-                out.append(g.contiguous() if g is not None else
-                           torch.zeros((m.hi - m.lo, *lm.shape), dtype=lm.dtype, device=self.device))
+                out.append(
+                    g.contiguous()
+                    if g is not None
+                    else torch.zeros((m.hi - m.lo, *lm.shape), dtype=lm.dtype, device=self.device)
+                )
             out_tensors[m] = out
 
     def _weight(self, c: Chunk) -> None:
@@ -338,4 +376,5 @@ class StageExecutor:
                 self.saved_now += n
                 self.saved_peak = max(self.saved_peak, self.saved_now)
             return t
+
         return pack

@@ -37,9 +37,17 @@ from .p2p import P2P
 class GradSync:
     """Sums gradients over data-parallel replicas (bucketed, overlapped) and tied copies."""
 
-    def __init__(self, params: list[torch.nn.Parameter], dp_group, tied: list[tuple[object, list]],
-                 comm: P2P, bucket_cap_bytes: int = 25 * 2**20, rec=None,
-                 emulate_seconds: float | None = None, overlap: bool = True) -> None:
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        dp_group,
+        tied: list[tuple[object, list]],
+        comm: P2P,
+        bucket_cap_bytes: int = 25 * 2**20,
+        rec=None,
+        emulate_seconds: float | None = None,
+        overlap: bool = True,
+    ) -> None:
         tied_ids = {id(p) for _g, ps in tied for p in ps}
         self.dp_group = dp_group
         self.tied = tied
@@ -105,7 +113,7 @@ class GradSync:
             offset = 0
             for p in self.buckets[i]:
                 n = p.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p))
+                p.grad.copy_(flat[offset : offset + n].view_as(p))
                 offset += n
         works = []
         for group, ps in self.tied:

@@ -36,9 +36,11 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-_FACTORS = {torch.optim.SGD: lambda g: 3.0 if g.get("momentum", 0.0) else 2.0,
-            torch.optim.Adam: lambda g: 5.0 if g.get("amsgrad") else 4.0,
-            torch.optim.AdamW: lambda g: 5.0 if g.get("amsgrad") else 4.0}
+_FACTORS = {
+    torch.optim.SGD: lambda g: 3.0 if g.get("momentum", 0.0) else 2.0,
+    torch.optim.Adam: lambda g: 5.0 if g.get("amsgrad") else 4.0,
+    torch.optim.AdamW: lambda g: 5.0 if g.get("amsgrad") else 4.0,
+}
 
 
 def state_factor_of(optimizer: torch.optim.Optimizer) -> float | None:

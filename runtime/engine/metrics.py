@@ -82,11 +82,14 @@ def summarize(records: list[dict], stages: list[dict], mini_batch_size: int, war
         recs = [(r, t) for r, t in zip(records, timed) if r["stage"] == st["id"]]
         bubbles = [1 - s[3] / (s[2] - s[1]) for _r, t in recs for s in t if s[2] > s[1]]
         busy = [s[3] for _r, t in recs for s in t]
-        row = {"stage": st["id"], "ranks": [r["rank"] for r, _ in recs],
-               "bubble_fraction": statistics.mean(bubbles) if bubbles else None,
-               "measured_time_per_sample": statistics.mean(busy) / mini_batch_size if busy else None,
-               "predicted_time_per_sample": st.get("predicted_time_per_sample"),
-               "peak_memory": {r["rank"]: r["memory"] for r, _ in recs}}
+        row = {
+            "stage": st["id"],
+            "ranks": [r["rank"] for r, _ in recs],
+            "bubble_fraction": statistics.mean(bubbles) if bubbles else None,
+            "measured_time_per_sample": statistics.mean(busy) / mini_batch_size if busy else None,
+            "predicted_time_per_sample": st.get("predicted_time_per_sample"),
+            "peak_memory": {r["rank"]: r["memory"] for r, _ in recs},
+        }
         per_stage.append(row)
     out["stages"] = per_stage
     out["losses"] = records[0].get("losses", [])
@@ -98,11 +101,26 @@ def chrome_trace(records: list[dict]) -> dict:
     t0 = min((e[1] for r in records for e in r["events"]), default=0.0)
     ev = []
     for r in records:
-        ev.append({"ph": "M", "name": "process_name", "pid": r["rank"],
-                   "args": {"name": f"rank {r['rank']} (stage {r['stage']})"}})
+        ev.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": r["rank"],
+                "args": {"name": f"rank {r['rank']} (stage {r['stage']})"},
+            }
+        )
         for name, a, b, cat in r["events"]:
-            ev.append({"ph": "X", "name": name, "cat": cat, "pid": r["rank"], "tid": 0,
-                       "ts": (a - t0) * 1e6, "dur": max(0.0, (b - a) * 1e6)})
+            ev.append(
+                {
+                    "ph": "X",
+                    "name": name,
+                    "cat": cat,
+                    "pid": r["rank"],
+                    "tid": 0,
+                    "ts": (a - t0) * 1e6,
+                    "dur": max(0.0, (b - a) * 1e6),
+                }
+            )
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
 
 
@@ -110,20 +128,25 @@ def format_summary(m: dict) -> str:
     """A few human-readable lines for rank 0's log."""
     lines = []
     if m.get("samples_per_second"):
-        lines.append(f"throughput: {m['samples_per_second']:.1f} samples/s, "
-                     f"{m['seconds_per_step'] * 1e3:.2f} ms/step over {m['timed_steps']} steps "
-                     f"(after {m['warmup_steps']} warm-up)")
+        lines.append(
+            f"throughput: {m['samples_per_second']:.1f} samples/s, "
+            f"{m['seconds_per_step'] * 1e3:.2f} ms/step over {m['timed_steps']} steps "
+            f"(after {m['warmup_steps']} warm-up)"
+        )
     for s in m["stages"]:
         pred = s["predicted_time_per_sample"]
         meas = s["measured_time_per_sample"]
-        mem = ", ".join(f"rank {k}: " + ", ".join(f"{n}={_size(v)}" for n, v in d.items() if v is not None)
-                        for k, d in s["peak_memory"].items())
+        mem = ", ".join(
+            f"rank {k}: " + ", ".join(f"{n}={_size(v)}" for n, v in d.items() if v is not None)
+            for k, d in s["peak_memory"].items()
+        )
         lines.append(
             f"stage {s['stage']} ranks {s['ranks']}: bubble "
             + (f"{s['bubble_fraction']:.1%}" if s["bubble_fraction"] is not None else "n/a")
             + (f", measured {meas * 1e6:.1f} us/sample" if meas is not None else "")
             + (f", predicted {pred * 1e6:.1f} us/sample" if pred is not None else "")
-            + f"; peak memory {mem}")
+            + f"; peak memory {mem}"
+        )
     if m.get("losses"):
         lines.append(f"loss (mean per sample): first {m['losses'][0]:.6g}, last {m['losses'][-1]:.6g}")
     return "\n".join(lines)

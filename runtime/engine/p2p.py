@@ -85,11 +85,13 @@ def describe(value, rows: int, what: str) -> ValueMeta:
         if not isinstance(v, torch.Tensor):
             raise InvalidPlanError(
                 f"{where} crosses a stage boundary but its value is a {type(v).__name__}, not a "
-                "tensor; put it in the stage of its consumer")
+                "tensor; put it in the stage of its consumer"
+            )
         if v.dim() == 0 or v.shape[0] != rows:
             raise InvalidPlanError(
                 f"{where} crosses a stage boundary but its value (shape {tuple(v.shape)}) has no "
-                "leading batch dimension")
+                "leading batch dimension"
+            )
         metas.append(LeafMeta(tuple(v.shape[1:]), v.dtype))
     if not any(m is not None for m in metas):
         raise InvalidPlanError(f"{what} crosses a stage boundary but holds no tensor")
@@ -119,15 +121,18 @@ class P2P:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self._sends: list[tuple[object, list[torch.Tensor], str]] = []
 
-    def post(self, sends: list[tuple[list[torch.Tensor], int, str]],
-             recvs: list[tuple[list[LeafMeta], int, int]]) -> list[tuple[list[torch.Tensor], list]]:
+    def post(
+        self, sends: list[tuple[list[torch.Tensor], int, str]], recvs: list[tuple[list[LeafMeta], int, int]]
+    ) -> list[tuple[list[torch.Tensor], list]]:
         """Post one group: ``sends`` = (tensors, dst, what), ``recvs`` = (leaf metas, rows, src).
 
         Returns, per receive, its fresh buffers and the works to wait for before reading them.
         Send tensors are kept alive until ``wait_sends``.
         """
-        bufs = [[torch.empty((rows, *m.shape), dtype=m.dtype, device=self.device) for m in metas]
-                for metas, rows, _src in recvs]
+        bufs = [
+            [torch.empty((rows, *m.shape), dtype=m.dtype, device=self.device) for m in metas]
+            for metas, rows, _src in recvs
+        ]
         if self.mode == "eager" or not (sends or recvs):
             for tensors, dst, what in sends:
                 for t in tensors:
@@ -143,24 +148,26 @@ class P2P:
             return [(b, list(works)) for b in bufs]
         k = 0
         for tensors, _dst, w in sends:
-            self._sends.append((works[k:k + len(tensors)], tensors, w))
+            self._sends.append((works[k : k + len(tensors)], tensors, w))
             k += len(tensors)
         out = []
         k = n_send
         for b in bufs:
-            out.append((b, works[k:k + len(b)]))
+            out.append((b, works[k : k + len(b)]))
             k += len(b)
         return out
 
     def wait(self, work, what: str) -> None:
         """Wait for one posted operation (or a list); CommTimeout naming ``what`` if the peer fails."""
-        for w in (work if isinstance(work, list) else [work]):
+        for w in work if isinstance(work, list) else [work]:
             try:
                 w.wait(self.timeout)
             except Exception as exc:  # noqa: BLE001 - backends raise RuntimeError / DistBackendError
                 first = str(exc).splitlines()[0] if str(exc) else ""
-                raise CommTimeout(f"{what} failed or timed out after {self.timeout.total_seconds():g} s "
-                                  f"({type(exc).__name__}: {first})") from exc
+                raise CommTimeout(
+                    f"{what} failed or timed out after {self.timeout.total_seconds():g} s "
+                    f"({type(exc).__name__}: {first})"
+                ) from exc
 
     def wait_sends(self) -> None:
         """Wait for every send posted since the last call."""

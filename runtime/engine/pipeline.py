@@ -79,38 +79,70 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 class GraphPipeline:
     """This rank's stage of a planned graph pipeline (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, plan, loss_fn, example_inputs, device=None, *,
-                 loss_reduction: str = "mean", optimizer_state_factor: float | None = None,
-                 strict_optimizer_state: bool = False, seed: int = 0, p2p: str = "auto",
-                 lookahead: int = 2, timeout: float = 60.0, bucket_cap_mb: float = 25.0,
-                 tracing: dict | None = None, emulate_allreduce=None, allreduce_overlap: bool | None = None,
-                 memory_step: int | None = 1, memory_steps: int = 1, graph=None, cluster=None,
-                 _setup=None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        plan,
+        loss_fn,
+        example_inputs,
+        device=None,
+        *,
+        loss_reduction: str = "mean",
+        optimizer_state_factor: float | None = None,
+        strict_optimizer_state: bool = False,
+        seed: int = 0,
+        p2p: str = "auto",
+        lookahead: int = 2,
+        timeout: float = 60.0,
+        bucket_cap_mb: float = 25.0,
+        tracing: dict | None = None,
+        emulate_allreduce=None,
+        allreduce_overlap: bool | None = None,
+        memory_step: int | None = 1,
+        memory_steps: int = 1,
+        graph=None,
+        cluster=None,
+        _setup=None,
+    ) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise InvalidInputError("GraphPipeline needs an initialised process group "
-                                    "(torch.distributed.init_process_group under torchrun)")
+            raise InvalidInputError(
+                "GraphPipeline needs an initialised process group (torch.distributed.init_process_group under torchrun)"
+            )
         if loss_reduction not in ("mean", "sum"):
             raise InvalidInputError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.rank, world = dist.get_rank(), dist.get_world_size()
         backend = dist.get_backend()
         if device is None:
-            device = (torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
-                      if backend == "nccl" else torch.device("cpu"))
+            device = (
+                torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+                if backend == "nccl"
+                else torch.device("cpu")
+            )
         self.device = torch.device(device)
         if p2p == "auto":
             p2p = "batched" if backend == "nccl" else "eager"
         if p2p not in MODES:
             raise InvalidInputError(f"p2p must be 'auto' or one of {MODES}, got {p2p!r}")
-        setup = _setup or build(plan, model, example_inputs, self.rank, world, p2p_mode=p2p,
-                                lookahead=lookahead, rendezvous=backend == "nccl", tracing=tracing)
+        setup = _setup or build(
+            plan,
+            model,
+            example_inputs,
+            self.rank,
+            world,
+            p2p_mode=p2p,
+            lookahead=lookahead,
+            rendezvous=backend == "nccl",
+            tracing=tracing,
+        )
         self.setup = setup
         self.plan = setup.plan
         self.stage = setup.stage
         self.module = setup.program.module.to(self.device)
         self.module.train()
         # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
-        self.optimizer_state_factor = (optimizer_state_factor if optimizer_state_factor is not None
-                                       else setup.optimizer_state_factor)
+        self.optimizer_state_factor = (
+            optimizer_state_factor if optimizer_state_factor is not None else setup.optimizer_state_factor
+        )
         self.strict_optimizer_state = strict_optimizer_state
         self.measured_state_factor: float | None = None
         self.used_state_factor: float | None = None  # of the optimizer in use, once known
@@ -122,7 +154,8 @@ class GraphPipeline:
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
         self._local_to_name = {}
         for n, t in list(self.module.named_parameters(remove_duplicate=False)) + list(
-                self.module.named_buffers(remove_duplicate=False)):
+            self.module.named_buffers(remove_duplicate=False)
+        ):
             self._local_to_name[n] = setup.names.get(id(t), n)
         dp_group, tied = self._groups()
         self.comm = P2P(self.device, timeout, p2p)
@@ -131,16 +164,35 @@ class GraphPipeline:
         # emulated devices only (runtime.emulate): (plan, stage) -> seconds the all-reduce takes
         emulated = emulate_allreduce(self.plan, self.stage) if emulate_allreduce is not None else None
         overlap = backend == "nccl" if allreduce_overlap is None else bool(allreduce_overlap)
-        self.grad_sync = GradSync(params, dp_group, tied, self.comm, int(bucket_cap_mb * 2**20), self.rec,
-                                  emulate_seconds=emulated, overlap=overlap)
+        self.grad_sync = GradSync(
+            params,
+            dp_group,
+            tied,
+            self.comm,
+            int(bucket_cap_mb * 2**20),
+            self.rec,
+            emulate_seconds=emulated,
+            overlap=overlap,
+        )
         self.sink_group = dp_group if setup.program.holds_sink else None
-        self.executor = StageExecutor(setup.program, self.stage, setup.replica, self.rank,
-                                      setup.actions[self.rank], setup.meta, loss_fn,
-                                      self.plan.mini_batch_size, self.device, self.comm, self.rec,
-                                      loss_reduction=loss_reduction, lookahead=lookahead, seed=seed,
-                                      grad_sync=self.grad_sync)
-        self._hook = register_optimizer_step_post_hook(
-            _make_state_check(weakref.ref(self)))
+        self.executor = StageExecutor(
+            setup.program,
+            self.stage,
+            setup.replica,
+            self.rank,
+            setup.actions[self.rank],
+            setup.meta,
+            loss_fn,
+            self.plan.mini_batch_size,
+            self.device,
+            self.comm,
+            self.rec,
+            loss_reduction=loss_reduction,
+            lookahead=lookahead,
+            seed=seed,
+            grad_sync=self.grad_sync,
+        )
+        self._hook = register_optimizer_step_post_hook(_make_state_check(weakref.ref(self)))
         self._pre_hook = register_optimizer_step_pre_hook(_make_first_use(weakref.ref(self)))
         dist.barrier()  # the first collective of the world group: every rank joins before any p2p
 
@@ -170,8 +222,10 @@ class GraphPipeline:
         """Run one mini-batch of the plan's schedule; the loss on the sink's ranks, else None."""
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor) and x.shape[0] != self.plan.mini_batch_size:
-                raise InvalidInputError(f"step() input {i} has {x.shape[0]} rows but the plan's "
-                                        f"mini-batch size is {self.plan.mini_batch_size}")
+                raise InvalidInputError(
+                    f"step() input {i} has {x.shape[0]} rows but the plan's "
+                    f"mini-batch size is {self.plan.mini_batch_size}"
+                )
         if self.executor.program.holds_sink and target is None:
             raise InvalidInputError(f"rank {self.rank} holds the model's output: step() needs target=")
         self.memory.step_starts(self._steps_run, self._resident)
@@ -207,10 +261,14 @@ class GraphPipeline:
         want = {self._local_to_name.get(n, n) for n in self.module.state_dict()}
         missing, unexpected = want - set(state), set(state) - want
         if strict and (missing or unexpected):
-            raise InvalidInputError(f"stage {self.stage.id} state: missing {sorted(missing)[:5]}, "
-                                    f"unexpected {sorted(unexpected)[:5]}")
-        local = {n: state[self._local_to_name.get(n, n)] for n in self.module.state_dict()
-                 if self._local_to_name.get(n, n) in state}
+            raise InvalidInputError(
+                f"stage {self.stage.id} state: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
+        local = {
+            n: state[self._local_to_name.get(n, n)]
+            for n in self.module.state_dict()
+            if self._local_to_name.get(n, n) in state
+        }
         self.module.load_state_dict(local, strict=strict)
 
     def train(self, mode: bool = True) -> GraphPipeline:
@@ -243,17 +301,23 @@ class GraphPipeline:
         self.used_state_factor = factor
         planned = self.plan_state_factor
         if factor > planned * 1.01:
-            msg = (f"{type(optimizer).__name__} holds {factor:g} bytes of weights, gradients and state per "
-                   f"weight byte but the plan was priced with optimizer_state_factor={planned:g}: the plan "
-                   f"may not fit device memory; plan again with optimizer_state_factor {factor:g}")
+            msg = (
+                f"{type(optimizer).__name__} holds {factor:g} bytes of weights, gradients and state per "
+                f"weight byte but the plan was priced with optimizer_state_factor={planned:g}: the plan "
+                f"may not fit device memory; plan again with optimizer_state_factor {factor:g}"
+            )
             if self.strict_optimizer_state:
                 raise InvalidInputError(msg)
             if self.rank == 0:
                 logger.warning("%s", msg)
         elif factor < planned * 0.99 and self.rank == 0:
-            logger.info("%s holds %g bytes of weights, gradients and state per weight byte, the plan "
-                        "assumed optimizer_state_factor %g: its memory figures are conservative",
-                        type(optimizer).__name__, factor, planned)
+            logger.info(
+                "%s holds %g bytes of weights, gradients and state per weight byte, the plan "
+                "assumed optimizer_state_factor %g: its memory figures are conservative",
+                type(optimizer).__name__,
+                factor,
+                planned,
+            )
         return factor
 
     def _resident(self):
@@ -291,8 +355,12 @@ class GraphPipeline:
         """``{"rank", "stage", "peak_memory_bytes", "predicted_peak_memory_bytes"}`` of this rank; the
         measured peak is None until the measured step has run (reading it ends the measurement)."""
         self.memory.close()
-        return {"rank": self.rank, "stage": self.stage.id, "peak_memory_bytes": self.memory.peak,
-                "predicted_peak_memory_bytes": self.predicted_peak_memory()}
+        return {
+            "rank": self.rank,
+            "stage": self.stage.id,
+            "peak_memory_bytes": self.memory.peak,
+            "predicted_peak_memory_bytes": self.predicted_peak_memory(),
+        }
 
     # -- the optimizer-state check ------------------------------------------------------------------
     def check_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
@@ -306,26 +374,35 @@ class GraphPipeline:
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if id(p) in mine:
-                    state += sum(_tensor_bytes(v) for v in optimizer.state.get(p, {}).values()
-                                 if isinstance(v, torch.Tensor) and v.dim() > 0)
+                    state += sum(
+                        _tensor_bytes(v)
+                        for v in optimizer.state.get(p, {}).values()
+                        if isinstance(v, torch.Tensor) and v.dim() > 0
+                    )
         grads = sum(_tensor_bytes(p) for p in mine.values())
         factor = (weights + grads + state) / weights
         self.measured_state_factor = factor
         if self.used_state_factor is not None and abs(factor - self.used_state_factor) <= 0.01 * factor:
             return factor  # as stated before the first step (use_optimizer)
         if factor > self.plan_state_factor * 1.01:
-            msg = (f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
-                   f"gradients and state per weight byte, but the plan's memory model assumed "
-                   f"optimizer_state_factor={self.plan_state_factor:g} (4.0 = fp32 Adam); the plan "
-                   f"may not fit device memory: plan again with a cluster whose "
-                   f"optimizer_state_factor is {factor:.2f}")
+            msg = (
+                f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
+                f"gradients and state per weight byte, but the plan's memory model assumed "
+                f"optimizer_state_factor={self.plan_state_factor:g} (4.0 = fp32 Adam); the plan "
+                f"may not fit device memory: plan again with a cluster whose "
+                f"optimizer_state_factor is {factor:.2f}"
+            )
             if self.strict_optimizer_state:
                 raise InvalidInputError(msg)
             logger.warning("%s", msg)
         elif factor < self.plan_state_factor * 0.99:
-            logger.info("%s holds %.2f bytes per weight byte, less than the plan's "
-                        "optimizer_state_factor %.2f: the plan's memory figures are conservative",
-                        type(optimizer).__name__, factor, self.plan_state_factor)
+            logger.info(
+                "%s holds %.2f bytes per weight byte, less than the plan's "
+                "optimizer_state_factor %.2f: the plan's memory figures are conservative",
+                type(optimizer).__name__,
+                factor,
+                self.plan_state_factor,
+            )
         return factor
 
 
@@ -337,6 +414,7 @@ def _make_first_use(ref):
         mine = {id(p) for p in pipe.parameters()}
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
             pipe.use_optimizer(optimizer)
+
     return hook
 
 
@@ -348,4 +426,5 @@ def _make_state_check(ref):
         mine = {id(p) for p in pipe.parameters()}
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
             pipe.check_optimizer(optimizer)
+
     return hook

@@ -40,20 +40,21 @@ def backward_phase(name: str) -> Iterator[None]:
         _PHASE.reset(token)
 
 
-def backward_input(roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-                   inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+def backward_input(
+    roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+) -> list[torch.Tensor | None]:
     """The gradients of ``inputs`` (``None`` where unused), keeping the graph for :func:`backward_weight`."""
     if not roots or not inputs:
         return [None] * len(inputs)
     with backward_phase("input"):
-        return list(torch.autograd.grad(list(roots), list(inputs), list(grads), retain_graph=True,
-                                        allow_unused=True))
+        return list(torch.autograd.grad(list(roots), list(inputs), list(grads), retain_graph=True, allow_unused=True))
 
 
-def backward_weight(roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-                    params: Sequence[torch.Tensor]) -> None:
+def backward_weight(
+    roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+) -> None:
     """Accumulate the gradients of ``params`` into ``.grad`` and free the graph."""
-    if not roots or not params:     # no weights: nothing to do (the graph is freed with its roots)
+    if not roots or not params:  # no weights: nothing to do (the graph is freed with its roots)
         return
     with backward_phase("weight"):
         torch.autograd.backward(list(roots), list(grads), inputs=list(params))

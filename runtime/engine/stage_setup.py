@@ -71,18 +71,29 @@ def _check_inputs(example_inputs, mg: ModelGraph) -> tuple:
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, (tuple, list)) or not all(
-            isinstance(x, torch.Tensor) and x.dim() >= 1 for x in example_inputs):
+        isinstance(x, torch.Tensor) and x.dim() >= 1 for x in example_inputs
+    ):
         raise InvalidInputError("example_inputs must be a tuple of tensors with a leading batch dimension")
     if len(example_inputs) != len(mg.placeholders):
-        raise InvalidInputError(f"the model's forward takes {len(mg.placeholders)} inputs but "
-                                f"example_inputs has {len(example_inputs)}")
+        raise InvalidInputError(
+            f"the model's forward takes {len(mg.placeholders)} inputs but example_inputs has {len(example_inputs)}"
+        )
     return tuple(example_inputs)
 
 
-def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
-          p2p_mode: str = "eager", lookahead: int = 2, rendezvous: bool = False,
-          graph_path: str | None = None, cluster_path: str | None = None,
-          tracing: dict | None = None) -> RankSetup:
+def build(
+    plan,
+    model: torch.nn.Module,
+    example_inputs,
+    rank: int,
+    world: int,
+    p2p_mode: str = "eager",
+    lookahead: int = 2,
+    rendezvous: bool = False,
+    graph_path: str | None = None,
+    cluster_path: str | None = None,
+    tracing: dict | None = None,
+) -> RankSetup:
     """Build this rank's setup from a model; InvalidInputError (exit 2) on any mismatch or deadlock.
 
     ``plan``: a path, a gpp-plan/1 document or a :class:`Plan`. The posting order is proved
@@ -108,19 +119,28 @@ def build(plan, model: torch.nn.Module, example_inputs, rank: int, world: int,
     stage = stage_of_rank(plan, rank)
     programs = {s.id: build_stage(mg, assign, s.id) for s in plan.stages}
     names, tied = _parameter_names(model, programs)
-    return RankSetup(plan=plan, graph=mg, stage=stage, replica=stage.devices.index(rank),
-                     program=programs[stage.id], actions=actions, meta=meta,
-                     fingerprint=fingerprint(plan, mg), names=names, tied=tied,
-                     optimizer_state_factor=optimizer_state_factor(
-                         plan, cluster.optimizer_state_factor if cluster is not None else None))
+    return RankSetup(
+        plan=plan,
+        graph=mg,
+        stage=stage,
+        replica=stage.devices.index(rank),
+        program=programs[stage.id],
+        actions=actions,
+        meta=meta,
+        fingerprint=fingerprint(plan, mg),
+        names=names,
+        tied=tied,
+        optimizer_state_factor=optimizer_state_factor(
+            plan, cluster.optimizer_state_factor if cluster is not None else None
+        ),
+    )
 
 
 def _trace(model: torch.nn.Module, example_inputs, tracing: dict | None) -> tuple[ModelGraph, tuple]:
     """The traced model with per-chunk dropout, and the example inputs checked against it."""
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
-    mg = trace(model, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else None,
-               **(tracing or {}))
+    mg = trace(model, tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else None, **(tracing or {}))
     per_chunk(mg.gm, mg.ids)
     return mg, _check_inputs(example_inputs, mg)
 

@@ -60,9 +60,17 @@ def chunk_rows(plan: Plan) -> dict[str, int]:
     return {nid: replica_batch(s) for s in plan.stages for nid in s.nodes}
 
 
-def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps: int,
-                     make_opt, device: torch.device, seed: int = 0,
-                     tracing: dict | None = None) -> dict[str, torch.Tensor]:
+def reference_params(
+    model: torch.nn.Module,
+    sample,
+    loss_fn,
+    plan: Plan,
+    steps: int,
+    make_opt,
+    device: torch.device,
+    seed: int = 0,
+    tracing: dict | None = None,
+) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` steps of plain single-process training of ``model``.
 
     ``sample(mini_batch_size, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
@@ -91,12 +99,19 @@ def reference_params(model: torch.nn.Module, sample, loss_fn, plan: Plan, steps:
 
 def largest_difference(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
     """The largest absolute difference over every parameter both hold with the same shape."""
-    return max((float((got[k].double() - w.double()).abs().max()) for k, w in want.items()
-                if k in got and got[k].shape == w.shape and w.numel()), default=0.0)
+    return max(
+        (
+            float((got[k].double() - w.double()).abs().max())
+            for k, w in want.items()
+            if k in got and got[k].shape == w.shape and w.numel()
+        ),
+        default=0.0,
+    )
 
 
-def compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor],
-            rtol: float = 1e-5, atol: float = 1e-6) -> list[str]:
+def compare(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float = 1e-5, atol: float = 1e-6
+) -> list[str]:
     """Names of parameters that are missing or differ beyond tolerance, with the largest error."""
     bad = []
     for name, w in want.items():

@@ -76,8 +76,7 @@ class Message:
 
     def __str__(self) -> str:
         a, b = (self.src, self.dst) if self.kind == "act" else (self.dst, self.src)
-        return (f"{self.kind}({self.value}, samples {self.lo}:{self.hi}) "
-                f"rank {a.rank} -> rank {b.rank}")
+        return f"{self.kind}({self.value}, samples {self.lo}:{self.hi}) rank {a.rank} -> rank {b.rank}"
 
 
 @dataclass(frozen=True)
@@ -131,19 +130,33 @@ def lower(plan: Plan, specs: list[TransferSpec]) -> dict[int, list[RankAction]]:
             for a in s.schedule.order:
                 kind, j = a
                 c = chunk(s, j, r)
-                if kind == "W":         # the weight gradient of a split backward: no message
+                if kind == "W":  # the weight gradient of a split backward: no message
                     acts.append(a)
                     continue
                 if kind == "F":
-                    recv = [(pc.lo, t.index, _msg("act", t, pc, c)) for t in ins[s.id]
-                            for pc in overlapping(plan.stage(t.src), c.lo, c.hi)]
-                    send = [(cc.lo, t.index, _msg("act", t, c, cc)) for t in outs[s.id]
-                            for cc in overlapping(plan.stage(t.dst), c.lo, c.hi)]
+                    recv = [
+                        (pc.lo, t.index, _msg("act", t, pc, c))
+                        for t in ins[s.id]
+                        for pc in overlapping(plan.stage(t.src), c.lo, c.hi)
+                    ]
+                    send = [
+                        (cc.lo, t.index, _msg("act", t, c, cc))
+                        for t in outs[s.id]
+                        for cc in overlapping(plan.stage(t.dst), c.lo, c.hi)
+                    ]
                 else:
-                    recv = [(cc.lo, t.index, _msg("grad", t, c, cc)) for t in outs[s.id] if t.grad
-                            for cc in overlapping(plan.stage(t.dst), c.lo, c.hi)]
-                    send = [(pc.lo, t.index, _msg("grad", t, pc, c)) for t in ins[s.id] if t.grad
-                            for pc in overlapping(plan.stage(t.src), c.lo, c.hi)]
+                    recv = [
+                        (cc.lo, t.index, _msg("grad", t, c, cc))
+                        for t in outs[s.id]
+                        if t.grad
+                        for cc in overlapping(plan.stage(t.dst), c.lo, c.hi)
+                    ]
+                    send = [
+                        (pc.lo, t.index, _msg("grad", t, pc, c))
+                        for t in ins[s.id]
+                        if t.grad
+                        for pc in overlapping(plan.stage(t.src), c.lo, c.hi)
+                    ]
                 acts += [MessageOp("recv", m) for *_, m in sorted(recv, key=lambda x: x[:2])]
                 acts.append(a)
                 acts += [MessageOp("send", m) for *_, m in sorted(send, key=lambda x: x[:2])]
@@ -172,7 +185,8 @@ def _check_pair_order(acts: dict[int, list[RankAction]]) -> None:
     for pair in set(sent) | set(got):
         if sent.get(pair, []) != got.get(pair, []):
             raise InvalidPlanError(
-                f"ranks {pair[0]} -> {pair[1]}: the sender's message order differs from the receiver's")
+                f"ranks {pair[0]} -> {pair[1]}: the sender's message order differs from the receiver's"
+            )
 
 
 def dry_run(plan: Plan, acts: dict[int, list[RankAction]]) -> None:
@@ -207,8 +221,7 @@ def grid(plan: Plan, acts: dict[int, list[RankAction]], pos: dict[int, int] | No
             if pos is not None and pos[rank] < len(lst):
                 stuck_at = next(i for i in range(pos[rank], len(lst)) if isinstance(lst[i], Action))
                 waits.append(f"  rank {rank} waits before {lst[stuck_at]} for {lst[pos[rank]].msg}")
-            cells = [f"[{a}]*" if i == stuck_at else str(a)
-                     for i, a in enumerate(lst) if isinstance(a, Action)]
+            cells = [f"[{a}]*" if i == stuck_at else str(a) for i, a in enumerate(lst) if isinstance(a, Action)]
             lines.append(f"stage {s.id} (rank {rank}): " + " ".join(cells))
     return "\n".join(lines + waits)
 
@@ -226,4 +239,3 @@ def group_actions(actions: list[RankAction]) -> list[Step]:
             steps.append(Step(a, recvs=pending))
             pending = []
     return steps
-

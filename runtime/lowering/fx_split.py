@@ -63,13 +63,13 @@ def assign_nodes(mg: ModelGraph, plan: Plan) -> dict[fx.Node, int]:
                 known = ", ".join(list(by_id)[:12]) + (" ..." if len(by_id) > 12 else "")
                 raise InvalidPlanError(
                     f"plan/model mismatch: stage {s.id} lists node {nid!r}, which is not a node of "
-                    f"the model (its nodes: {known})")
+                    f"the model (its nodes: {known})"
+                )
             for n in by_id[nid]:
                 assign[n] = s.id
     for n in mg.nodes:
         if n not in assign:
-            raise InvalidPlanError(
-                f"plan/model mismatch: model node {mg.group[n]!r} is in no stage of the plan")
+            raise InvalidPlanError(f"plan/model mismatch: model node {mg.group[n]!r} is in no stage of the plan")
     return assign
 
 
@@ -87,8 +87,8 @@ def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Tr
                 continue
             if (src, dst) not in plan_edges:
                 raise InvalidPlanError(
-                    f"plan `edges` lacks [{src}, {dst}], needed by graph edge "
-                    f"{mg.group[m]!r} -> {mg.group[n]!r}")
+                    f"plan `edges` lacks [{src}, {dst}], needed by graph edge {mg.group[m]!r} -> {mg.group[n]!r}"
+                )
             seen.add((m, dst))
             out.append(Transfer(value=mg.ids[m], src=src, dst=dst, index=topo[m]))
     out.sort(key=lambda t: (t.index, t.dst))

@@ -25,11 +25,12 @@ from .plan_io import optimizer_state_factor, world_size
 
 def structure_graph(mg: ModelGraph) -> dict:
     """A gpp-graph/1 of the traced model's graph nodes (``mg.groups``) and edges with zero costs."""
-    nodes = [{"id": gid, "fw_time": [0.0], "bw_time": [0.0], "weight_bytes": 0,
-              "activation_bytes": 0, "output_bytes": 0} for gid, _ in mg.groups]
+    nodes = [
+        {"id": gid, "fw_time": [0.0], "bw_time": [0.0], "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 0}
+        for gid, _ in mg.groups
+    ]
     edges = [{"src": a, "dst": b} for a, b in mg.edges()]
-    return {"format": "gpp-graph/1", "name": "traced model", "micro_batch_sizes": [1],
-            "nodes": nodes, "edges": edges}
+    return {"format": "gpp-graph/1", "name": "traced model", "micro_batch_sizes": [1], "nodes": nodes, "edges": edges}
 
 
 def check_world(plan: Plan, world: int) -> None:
@@ -38,7 +39,8 @@ def check_world(plan: Plan, world: int) -> None:
     if world_size(plan) != world:
         raise InvalidPlanError(
             f"the plan uses {_count(world_size(plan), 'device')} but {_count(world, 'rank')} "
-            f"{'was' if world == 1 else 'were'} started (torchrun --nproc-per-node {world_size(plan)})")
+            f"{'was' if world == 1 else 'were'} started (torchrun --nproc-per-node {world_size(plan)})"
+        )
     owner: dict[int, int] = {}
     for s in plan.stages:
         for d in s.devices:
@@ -63,6 +65,10 @@ def check_plan(plan: Plan, mg: ModelGraph, graph: Graph | None = None, cluster: 
         validate(plan, graph, cluster)
         return
     # unbounded memory: a Cluster built directly (a document's memory_bytes stops at 1e18)
-    structure = Cluster(devices=world_size(plan), memory_bytes=math.inf, inter_node_bandwidth=1.0,
-                        optimizer_state_factor=optimizer_state_factor(plan))
+    structure = Cluster(
+        devices=world_size(plan),
+        memory_bytes=math.inf,
+        inter_node_bandwidth=1.0,
+        optimizer_state_factor=optimizer_state_factor(plan),
+    )
     validate(plan, graph_from_dict(structure_graph(mg)), structure, check_predictions=False)

@@ -45,15 +45,26 @@ def _with_in_flight(doc: Any) -> Any:
             continue
         order = st.get("schedule", {}).get("order") if isinstance(st.get("schedule"), dict) else None
         micro_batch_size = st.get("micro_batch_size")
-        if (isinstance(micro_batch_size, int) and not isinstance(micro_batch_size, bool) and micro_batch_size > 0
-                and isinstance(order, list) and all(_is_action(a) for a in order)):
+        if (
+            isinstance(micro_batch_size, int)
+            and not isinstance(micro_batch_size, bool)
+            and micro_batch_size > 0
+            and isinstance(order, list)
+            and all(_is_action(a) for a in order)
+        ):
             st["in_flight_samples"] = in_flight_from_order([tuple(a) for a in order], micro_batch_size)
     return filled
 
 
 def _is_action(a: Any) -> bool:
-    return (isinstance(a, list) and len(a) == 2 and a[0] in ("F", "B", "W") and isinstance(a[1], int)
-            and not isinstance(a[1], bool) and a[1] >= 0)
+    return (
+        isinstance(a, list)
+        and len(a) == 2
+        and a[0] in ("F", "B", "W")
+        and isinstance(a[1], int)
+        and not isinstance(a[1], bool)
+        and a[1] >= 0
+    )
 
 
 def world_size(plan: Plan) -> int:

@@ -86,7 +86,7 @@ def check_rendezvous(plan: Plan, acts: dict[int, list[RankAction]], mode: str, l
                     for op in ops:
                         by_lane.setdefault(lane(r, op[2]), []).append(op)
                     for key, group in by_lane.items():
-                        for g in ([group] if mode == "batched" else [[op] for op in group]):
+                        for g in [group] if mode == "batched" else [[op] for op in group]:
                             lanes.setdefault(key, deque()).append(g)
                 pos[r] += 1
                 progress = True
@@ -112,5 +112,6 @@ def check_rendezvous(plan: Plan, acts: dict[int, list[RankAction]], mode: str, l
         if q:
             stuck = [f"{op} {m}" for op, m, _p in q[0] if (op, m) not in done]
             waits.append(f"  rank {r} waits in a {mode} group for: " + "; ".join(stuck))
-    raise DeadlockError(f"the {mode} posting order deadlocks when sends and receives are "
-                        "rendezvous (NCCL):\n" + "\n".join(waits))
+    raise DeadlockError(
+        f"the {mode} posting order deadlocks when sends and receives are rendezvous (NCCL):\n" + "\n".join(waits)
+    )

@@ -30,8 +30,7 @@ class TwoTowers(nn.Module):
 
 def _sample(batch_size: int, step: int):
     g = torch.Generator().manual_seed(700 + step)
-    return (torch.randn(batch_size, 6, generator=g), torch.randn(batch_size, 5, generator=g)), \
-        torch.zeros(batch_size)
+    return (torch.randn(batch_size, 6, generator=g), torch.randn(batch_size, 5, generator=g)), torch.zeros(batch_size)
 
 
 def _contrastive(logits):
@@ -40,15 +39,24 @@ def _contrastive(logits):
 
 
 def logits():
-    return SimpleNamespace(model=TwoTowers(logits=True), sample=_sample, loss_reduction="mean",
-                           loss=lambda out, _t: _contrastive(out))
+    return SimpleNamespace(
+        model=TwoTowers(logits=True), sample=_sample, loss_reduction="mean", loss=lambda out, _t: _contrastive(out)
+    )
 
 
 def embeddings():
-    return SimpleNamespace(model=TwoTowers(logits=False), sample=_sample, loss_reduction="mean",
-                           loss=lambda out, _t: _contrastive(out[:, :4] @ out[:, 4:].T))
+    return SimpleNamespace(
+        model=TwoTowers(logits=False),
+        sample=_sample,
+        loss_reduction="mean",
+        loss=lambda out, _t: _contrastive(out[:, :4] @ out[:, 4:].T),
+    )
 
 
 def per_sample():
-    return SimpleNamespace(model=TwoTowers(logits=False), sample=_sample, loss_reduction="mean",
-                           loss=lambda out, _t: (1 - F.cosine_similarity(out[:, :4], out[:, 4:])).mean())
+    return SimpleNamespace(
+        model=TwoTowers(logits=False),
+        sample=_sample,
+        loss_reduction="mean",
+        loss=lambda out, _t: (1 - F.cosine_similarity(out[:, :4], out[:, 4:])).mean(),
+    )

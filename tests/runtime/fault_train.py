@@ -83,9 +83,12 @@ def _grad_sync(dp: bool, tied: bool) -> None:
     pipeline.GradSync = Faulty
 
 
-FAULTS = {"none": lambda: None, "drop-microbatch": _drop_last_microbatch,
-          "no-allreduce": lambda: _grad_sync(dp=False, tied=True),
-          "no-tied-sync": lambda: _grad_sync(dp=True, tied=False)}
+FAULTS = {
+    "none": lambda: None,
+    "drop-microbatch": _drop_last_microbatch,
+    "no-allreduce": lambda: _grad_sync(dp=False, tied=True),
+    "no-tied-sync": lambda: _grad_sync(dp=True, tied=False),
+}
 
 
 if __name__ == "__main__":

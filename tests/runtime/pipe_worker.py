@@ -92,6 +92,7 @@ def _gpt2_tied() -> nn.Module:
     """HuggingFace GPT-2, head tied to the embedding (examples.real_models, torch.export); a new
     model (the caller seeds), its workload's ``sample``/``loss`` kept for the lambdas below."""
     from examples.real_models import gpt2_tiny_tied
+
     wl = gpt2_tiny_tied()
     _GPT2.setdefault("wl", wl)
     return wl.model.double()  # float64: see "tuple_dict" (a key bias's zero gradient under Adam)
@@ -99,16 +100,15 @@ def _gpt2_tied() -> nn.Module:
 
 CASES = {
     # name: (model class, make inputs(B, step), loss[, loss reduction])
-    "two_tower": (TwoTower, lambda n, s: ((torch.randn(n, 6), torch.randn(n, 5)), torch.randn(n, 3)),
-                  F.mse_loss),
-    "tied": (TinyGPT, lambda n, s: ((torch.randint(0, 11, (n, 5)),), torch.randint(0, 11, (n, 5))),
-             tok_loss),
+    "two_tower": (TwoTower, lambda n, s: ((torch.randn(n, 6), torch.randn(n, 5)), torch.randn(n, 3)), F.mse_loss),
+    "tied": (TinyGPT, lambda n, s: ((torch.randint(0, 11, (n, 5)),), torch.randint(0, 11, (n, 5))), tok_loss),
     # float64: the key bias gets a zero gradient up to rounding, which Adam would magnify
-    "tuple_dict": (lambda: TupleDict().double(),
-                   lambda n, s: ((torch.randn(n, 4, 6, dtype=torch.float64),),
-                                 torch.randn(n, 3, dtype=torch.float64)), F.mse_loss),
-    "gpt2_tied": (_gpt2_tied, lambda n, s: _GPT2["wl"].sample(n, s),
-                  lambda o, t: _GPT2["wl"].loss(o, t), "sum"),
+    "tuple_dict": (
+        lambda: TupleDict().double(),
+        lambda n, s: ((torch.randn(n, 4, 6, dtype=torch.float64),), torch.randn(n, 3, dtype=torch.float64)),
+        F.mse_loss,
+    ),
+    "gpt2_tied": (_gpt2_tied, lambda n, s: _GPT2["wl"].sample(n, s), lambda o, t: _GPT2["wl"].loss(o, t), "sum"),
 }
 
 
@@ -146,8 +146,9 @@ def main() -> int:
     model = CASES[case][0]()
     example, _ = data(case, 0)
     reduction = CASES[case][3] if len(CASES[case]) > 3 else "mean"
-    pipe = runtime.GraphPipeline(model, plan_path, CASES[case][2], example_inputs=example, p2p=p2p,
-                                 loss_reduction=reduction)
+    pipe = runtime.GraphPipeline(
+        model, plan_path, CASES[case][2], example_inputs=example, p2p=p2p, loss_reduction=reduction
+    )
     opt = torch.optim.Adam(pipe.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     grads, losses = {}, []
@@ -198,10 +199,12 @@ def main() -> int:
     for o in out:
         for n in o[3]:
             holders.setdefault(n, []).append(o[1])
-    info = {"names": {o[1]: sorted(o[3]) for o in out},
-            "losses": {o[0]: o[4] for o in out},
-            "holders": {n: sorted(set(s)) for n, s in holders.items()},
-            "state_factor": {o[0]: o[6] for o in out}}
+    info = {
+        "names": {o[1]: sorted(o[3]) for o in out},
+        "losses": {o[0]: o[4] for o in out},
+        "holders": {n: sorted(set(s)) for n, s in holders.items()},
+        "state_factor": {o[0]: o[6] for o in out},
+    }
     print("PIPE-OK " + json.dumps(info), flush=True)
     return 0
 

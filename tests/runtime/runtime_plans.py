@@ -11,9 +11,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 SEQ = ["layers.0", "layers.1", "layers.2", "layers.3", "layers.4", "layers.5", "head"]
-TWO_BRANCH = {0: ["branch0.fc1", "branch0.act", "branch0.fc2"],
-              1: ["branch1.fc1", "branch1.act", "branch1.fc2"],
-              "merge": ["cat", "head"]}
+TWO_BRANCH = {
+    0: ["branch0.fc1", "branch0.act", "branch0.fc2"],
+    1: ["branch1.fc1", "branch1.act", "branch1.fc2"],
+    "merge": ["cat", "head"],
+}
 
 
 def one_f_one_b(depth: int, num_micro_batches: int) -> list[list]:
@@ -29,17 +31,35 @@ def one_f_one_b(depth: int, num_micro_batches: int) -> list[list]:
     return order
 
 
-def stage(sid: int, nodes: list[str], devices: list[int], micro_batch_size: int, mini_batch_size: int,
-          depth: int, order: list | None = None) -> dict:
+def stage(
+    sid: int,
+    nodes: list[str],
+    devices: list[int],
+    micro_batch_size: int,
+    mini_batch_size: int,
+    depth: int,
+    order: list | None = None,
+) -> dict:
     """One stage dict with a 1F1B order (or ``order``)."""
     num_micro_batches = mini_batch_size // micro_batch_size
-    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": micro_batch_size,
-            "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, num_micro_batches)}}
+    return {
+        "id": sid,
+        "nodes": nodes,
+        "devices": devices,
+        "micro_batch_size": micro_batch_size,
+        "schedule": {"kind": "kFkB", "k": 1, "order": order or one_f_one_b(depth, num_micro_batches)},
+    }
 
 
 def plan(mini_batch_size: int, stages: list[dict], edges: list[list[int]]) -> dict:
-    return {"format": "gpp-plan/1", "planner": "hand", "graph": "test",
-            "mini_batch_size": mini_batch_size, "stages": stages, "edges": edges}
+    return {
+        "format": "gpp-plan/1",
+        "planner": "hand",
+        "graph": "test",
+        "mini_batch_size": mini_batch_size,
+        "stages": stages,
+        "edges": edges,
+    }
 
 
 def write(tmp_path: Path, doc: dict, name: str = "plan.json") -> str:
@@ -50,14 +70,30 @@ def write(tmp_path: Path, doc: dict, name: str = "plan.json") -> str:
 
 def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None = None):
     """Run ``python -m torch.distributed.run --standalone ... -m runtime.train ARGS``."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", "-m", "runtime.train", "--threads", "1", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "runtime.train",
+        "--threads",
+        "1",
+        *args,
+    ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
-def assert_shape(doc: dict, *, stages: int | None = None, micro_batches: int | None = None,
-                 devices: list[int] | None = None, sizes: set[int] | None = None) -> None:
+def assert_shape(
+    doc: dict,
+    *,
+    stages: int | None = None,
+    micro_batches: int | None = None,
+    devices: list[int] | None = None,
+    sizes: set[int] | None = None,
+) -> None:
     """Assert the plan document's shape before a test trains on it: the number of stages, the
     micro-batches per stage (``B / b``, every stage), the devices of each stage in order, and that
     every stage's micro-batch size is one of ``sizes``."""

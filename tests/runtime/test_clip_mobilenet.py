@@ -30,9 +30,14 @@ def _two_stages(tmp_path, doc: dict, batch: int) -> dict:
     g = graph_from_dict(doc)
     order = list(g.topo_order)
     half = len(order) // 2
-    plan = build_plan(g, Cluster(devices=2, memory_bytes=1e15, inter_node_bandwidth=1e9),
-                      [StageSpec(tuple(order[:half]), (0,), 2), StageSpec(tuple(order[half:]), (1,), 2)], batch,
-                      planner="manual", search=SearchInfo(0.0, "feasible"))
+    plan = build_plan(
+        g,
+        Cluster(devices=2, memory_bytes=1e15, inter_node_bandwidth=1e9),
+        [StageSpec(tuple(order[:half]), (0,), 2), StageSpec(tuple(order[half:]), (1,), 2)],
+        batch,
+        planner="manual",
+        search=SearchInfo(0.0, "feasible"),
+    )
     assert [len(s.nodes) for s in plan.stages] == [half, len(order) - half] and len(plan.stages) == 2
     save_plan(plan, tmp_path / "plan.json")
     return {"stages": [{"devices": list(s.devices)} for s in plan.stages]}

@@ -15,20 +15,29 @@ from runtime.emulate import Sleeper, build_model, make_workload, realised_graph
 
 
 def _node(nid, fw, bw, out=64.0, w=16.0):
-    return {"id": nid, "fw_time": fw, "bw_time": bw, "weight_bytes": w, "activation_bytes": 8.0,
-            "output_bytes": out}
+    return {"id": nid, "fw_time": fw, "bw_time": bw, "weight_bytes": w, "activation_bytes": 8.0, "output_bytes": out}
 
 
 def diamond(scale: float = 1.0) -> dict:
     """a -> (b.x, c) -> d, ids with dots as a profiled model's modules have; sizes 1, 4."""
     s = scale
-    return {"format": "gpp-graph/1", "name": "diamond", "micro_batch_sizes": [1, 4],
-            "nodes": [_node("a", [0.002 * s, 0.005 * s], [0.004 * s, 0.010 * s]),
-                      _node("b.x", [0.003 * s, 0.006 * s], [0.006 * s, 0.012 * s], out=1e9, w=1e9),
-                      _node("c", [0.001 * s, 0.002 * s], [0.002 * s, 0.004 * s], out=0.0, w=0.0),
-                      _node("d", [0.004 * s, 0.008 * s], [0.008 * s, 0.016 * s])],
-            "edges": [{"src": "a", "dst": "b.x"}, {"src": "a", "dst": "c", "bytes": 4096.0},
-                      {"src": "b.x", "dst": "d"}, {"src": "c", "dst": "d"}]}
+    return {
+        "format": "gpp-graph/1",
+        "name": "diamond",
+        "micro_batch_sizes": [1, 4],
+        "nodes": [
+            _node("a", [0.002 * s, 0.005 * s], [0.004 * s, 0.010 * s]),
+            _node("b.x", [0.003 * s, 0.006 * s], [0.006 * s, 0.012 * s], out=1e9, w=1e9),
+            _node("c", [0.001 * s, 0.002 * s], [0.002 * s, 0.004 * s], out=0.0, w=0.0),
+            _node("d", [0.004 * s, 0.008 * s], [0.008 * s, 0.016 * s]),
+        ],
+        "edges": [
+            {"src": "a", "dst": "b.x"},
+            {"src": "a", "dst": "c", "bytes": 4096.0},
+            {"src": "b.x", "dst": "d"},
+            {"src": "c", "dst": "d"},
+        ],
+    }
 
 
 def test_fx_trace_names_every_node_and_edge():
@@ -129,12 +138,24 @@ def test_sleeper_absorbs_dispatch_between_operators_but_never_credits_idle_time(
 
 def test_allreduce_emulator_prices_the_stage_as_the_cost_model_does():
     g = realised_graph(diamond())
-    cluster = {"format": "gpp-cluster/1", "devices": 4, "memory_bytes": 1e12, "devices_per_node": 4,
-               "intra_node_bandwidth": 1e9, "inter_node_bandwidth": 1e8, "latency": 1e-5,
-               "optimizer_state_factor": 4.0}
-    plan = build_plan(as_graph(g), as_cluster(cluster), [StageSpec(("a", "b.x"), (0, 1, 2), 2),
-                                                          StageSpec(("c", "d"), (3,), 2)], 8,
-                      planner="x", search=SearchInfo(0.0, "feasible"))
+    cluster = {
+        "format": "gpp-cluster/1",
+        "devices": 4,
+        "memory_bytes": 1e12,
+        "devices_per_node": 4,
+        "intra_node_bandwidth": 1e9,
+        "inter_node_bandwidth": 1e8,
+        "latency": 1e-5,
+        "optimizer_state_factor": 4.0,
+    }
+    plan = build_plan(
+        as_graph(g),
+        as_cluster(cluster),
+        [StageSpec(("a", "b.x"), (0, 1, 2), 2), StageSpec(("c", "d"), (3,), 2)],
+        8,
+        planner="x",
+        search=SearchInfo(0.0, "feasible"),
+    )
     seconds = make_workload(diamond(), cluster=cluster).emulate_allreduce
     w = sum(n["weight_bytes"] for n in g["nodes"] if n["id"] in ("a", "b.x"))
     assert seconds(plan, plan.stages[0]) == pytest.approx(2 * 2 / 3 * w / 1e9)

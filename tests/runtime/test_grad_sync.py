@@ -17,8 +17,7 @@ from runtime.engine.p2p import P2P
 @pytest.fixture
 def group(tmp_path):
     store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
     try:
         yield dist.new_group([0])
     finally:
@@ -31,11 +30,9 @@ def test_buckets_launch_in_order_during_the_armed_backward(group):
     params = list(model.parameters())
     sync = GradSync(params, group, [], P2P(torch.device("cpu"), 30), bucket_cap_bytes=40)
     # reverse registration order (the order backward produces gradients), at most 40 bytes each
-    assert [[tuple(p.shape) for p in b] for b in sync.buckets] == [[(2,), (2, 4)], [(4,)], [(4, 4)],
-                                                                  [(4,)], [(4, 4)]]
+    assert [[tuple(p.shape) for p in b] for b in sync.buckets] == [[(2,), (2, 4)], [(4,)], [(4, 4)], [(4,)], [(4, 4)]]
     launched_during_backward = []
-    model[0].weight.register_post_accumulate_grad_hook(
-        lambda p: launched_during_backward.append(sync.launched))
+    model[0].weight.register_post_accumulate_grad_hook(lambda p: launched_during_backward.append(sync.launched))
     x = torch.randn(3, 4)
     model(x).sum().backward()  # not armed: an earlier micro-batch, nothing launched
     assert sync.launched == 0 and launched_during_backward == [0]
@@ -73,8 +70,7 @@ def test_emulated_all_reduce_sleeps_the_modelled_time_after_the_last_backward(gr
 
     model = nn.Linear(4, 2)
     rec = Recorder(rank=0, stage=0)
-    sync = GradSync(list(model.parameters()), group, [], P2P(torch.device("cpu"), 30), rec=rec,
-                    emulate_seconds=0.08)
+    sync = GradSync(list(model.parameters()), group, [], P2P(torch.device("cpu"), 30), rec=rec, emulate_seconds=0.08)
     sync.arm()
     model(torch.randn(3, 4)).sum().backward()  # hooks fire, but emulation launches no bucket
     assert sync.launched == 0

@@ -17,8 +17,17 @@ WORKER = REPO / "tests" / "runtime" / "pipe_worker.py"
 
 
 def run_worker(nproc: int, case: str, plan_path: str, p2p: str = "auto", timeout: float = 180):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), case, plan_path, p2p]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(WORKER),
+        case,
+        plan_path,
+        p2p,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     out = res.stdout + res.stderr
@@ -28,19 +37,30 @@ def run_worker(nproc: int, case: str, plan_path: str, p2p: str = "auto", timeout
 
 def _tower_plan() -> dict:
     # stage 1's first op is ReLU(inplace=True) and its input arrives as one received piece
-    return plan(8, [stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2),
-                    stage(1, ["text.1", "text.2"], [1], 2, 8, depth=1),
-                    stage(2, ["cat", "head"], [2, 3], 4, 8, depth=0)],
-                [[0, 1], [0, 2], [1, 2]])
+    return plan(
+        8,
+        [
+            stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2),
+            stage(1, ["text.1", "text.2"], [1], 2, 8, depth=1),
+            stage(2, ["cat", "head"], [2, 3], 4, 8, depth=0),
+        ],
+        [[0, 1], [0, 2], [1, 2]],
+    )
 
 
 def test_two_tower_gradients_names_and_dp_sink(tmp_path):
     doc = _tower_plan()
-    assert_shape(doc, stages=3, devices=[1, 1, 2])     # the sink on two data-parallel replicas
+    assert_shape(doc, stages=3, devices=[1, 1, 2])  # the sink on two data-parallel replicas
     info = run_worker(4, "two_tower", write(tmp_path, doc))
     names = {int(k): v for k, v in info["names"].items()}
-    assert names[0] == ["image.0.bias", "image.0.weight", "image.2.bias", "image.2.weight",
-                        "text.0.bias", "text.0.weight"]
+    assert names[0] == [
+        "image.0.bias",
+        "image.0.weight",
+        "image.2.bias",
+        "image.2.weight",
+        "text.0.bias",
+        "text.0.weight",
+    ]
     assert names[1] == ["text.2.bias", "text.2.weight"]
     assert names[2] == ["head.bias", "head.weight"]
     losses = {int(k): v for k, v in info["losses"].items()}
@@ -52,8 +72,14 @@ def test_two_tower_gradients_names_and_dp_sink(tmp_path):
 
 
 def test_tied_embedding_and_head_on_different_stages(tmp_path):
-    doc = plan(8, [stage(0, ["wte", "block0", "act0"], [0], 4, 8, depth=1),
-                   stage(1, ["block1", "add", "ln", "lm_head"], [1, 2], 4, 8, depth=0)], [[0, 1]])
+    doc = plan(
+        8,
+        [
+            stage(0, ["wte", "block0", "act0"], [0], 4, 8, depth=1),
+            stage(1, ["block1", "add", "ln", "lm_head"], [1, 2], 4, 8, depth=0),
+        ],
+        [[0, 1]],
+    )
     assert_shape(doc, stages=2, micro_batches=2, devices=[1, 2])
     info = run_worker(3, "tied", write(tmp_path, doc))
     # the head's weight is the embedding's: one name, held (and kept equal) by both stages
@@ -65,10 +91,15 @@ def test_tuple_and_dict_values_stay_inside_graph_nodes(tmp_path):
     """MultiheadAttention's tuple and a dict value are grouped with the getitems that read them
     (``runtime.capture.fx_graph``), so a plan cuts only where tensors flow: stage 0 ends with the attention
     group (its two tensor parts cross), stage 1 ends with the dict's group (``lo`` and ``hi`` cross)."""
-    doc = plan(8, [stage(0, ["inp", "attn"], [0], 2, 8, depth=2),
-                   stage(1, ["sum_1", "add", "fc", "getitem_3"], [1], 2, 8, depth=1),
-                   stage(2, ["mul", "relu_", "out", "mean"], [2], 2, 8, depth=0)],
-               [[0, 1], [1, 2]])
+    doc = plan(
+        8,
+        [
+            stage(0, ["inp", "attn"], [0], 2, 8, depth=2),
+            stage(1, ["sum_1", "add", "fc", "getitem_3"], [1], 2, 8, depth=1),
+            stage(2, ["mul", "relu_", "out", "mean"], [2], 2, 8, depth=0),
+        ],
+        [[0, 1], [1, 2]],
+    )
     run_worker(3, "tuple_dict", write(tmp_path, doc))
 
 

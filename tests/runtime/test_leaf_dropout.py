@@ -17,7 +17,7 @@ class Fused(nn.Module):
         super().__init__()
         self.enc = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.5, batch_first=True)
         self.attn = nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)
-        self.plain = nn.Linear(8, 8)        # no randomness: left as it is
+        self.plain = nn.Linear(8, 8)  # no randomness: left as it is
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.enc(x)
@@ -72,7 +72,7 @@ def test_gradients_match_with_two_micro_batches():
     got = [torch.zeros_like(p) for p in params]
     for lo in (0, 2):
         set_context(Context(seed=3, step=0, lo=lo))
-        for g, d in zip(got, torch.autograd.grad(gm(x[lo:lo + 2]).square().sum(), params)):
+        for g, d in zip(got, torch.autograd.grad(gm(x[lo : lo + 2]).square().sum(), params)):
             g += d
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
@@ -82,11 +82,27 @@ def test_two_tower_dropout_verifies_in_float32_with_replicas(tmp_path):
     """The encoder layer and the attention (both with dropout 0.1, traced whole) on a stage of two
     data-parallel replicas, two micro-batches of 2 (1 sample per replica): --verify at the default
     float32 tolerance."""
-    doc = plan(4, [stage(0, ["embed", "image.0", "image.1", "image.2", "image.3", "flatten", "transpose"], [0],
-                         2, 4, depth=1),
-                   stage(1, ["text", "fuse", "mean", "mean_1", "cat", "head"], [1, 2], 2, 4, depth=0)], [[0, 1]])
+    doc = plan(
+        4,
+        [
+            stage(0, ["embed", "image.0", "image.1", "image.2", "image.3", "flatten", "transpose"], [0], 2, 4, depth=1),
+            stage(1, ["text", "fuse", "mean", "mean_1", "cat", "head"], [1, 2], 2, 4, depth=0),
+        ],
+        [[0, 1]],
+    )
     assert_shape(doc, stages=2, micro_batches=2, devices=[1, 2])
-    res = torchrun(3, ["--plan", write(tmp_path, doc), "--model", "examples.real_models:two_tower_dropout",
-                       "--steps", "3", "--verify"], timeout=300)
+    res = torchrun(
+        3,
+        [
+            "--plan",
+            write(tmp_path, doc),
+            "--model",
+            "examples.real_models:two_tower_dropout",
+            "--steps",
+            "3",
+            "--verify",
+        ],
+        timeout=300,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "verify: OK" in out, out[-3000:]

@@ -31,7 +31,7 @@ def test_meter_counts_resident_tensors_and_the_peak_of_allocations():
     a = torch.ones(20000)  # 80 kB
     b = torch.ones(10000)  # 40 kB
     del a
-    c = torch.ones(5000)   # 20 kB, while b is alive: the peak is a + b
+    c = torch.ones(5000)  # 20 kB, while b is alive: the peak is a + b
     del b, c
     meter.step_starts(2, lambda: resident)  # closes the window
     base = storage_bytes(resident)
@@ -49,16 +49,30 @@ def test_state_factor_of_the_optimizers():
     assert state_factor_of(torch.optim.Adagrad(p)) is None
 
 
-def _planned(tmp_path, spec: str, batch: int, sizes: list[int], devices: int, fraction: float | None = None,
-             planner: str = "graphpipe"):
+def _planned(
+    tmp_path,
+    spec: str,
+    batch: int,
+    sizes: list[int],
+    devices: int,
+    fraction: float | None = None,
+    planner: str = "graphpipe",
+):
     """Profile ``spec``, plan it on ``devices`` CPU ranks (memory ``fraction`` of one stage's need,
     to force a pipeline), and return (plan, graph path, cluster path)."""
     doc = profile(load_workload(spec), sizes, warmup=0, repeats=1, name=spec)
     gpath = tmp_path / "graph.json"
     gpath.write_text(json.dumps(doc))
-    need = (4 * sum(n["weight_bytes"] for n in doc["nodes"]) + batch * sum(n["activation_bytes"] for n in doc["nodes"]))
-    cluster = {"format": "gpp-cluster/1", "devices": devices, "memory_bytes": need * fraction if fraction else 1e12,
-               "inter_node_bandwidth": 1e9, "latency": 1e-5, "optimizer_state_factor": 4.0, "memory_overheads": True}
+    need = 4 * sum(n["weight_bytes"] for n in doc["nodes"]) + batch * sum(n["activation_bytes"] for n in doc["nodes"])
+    cluster = {
+        "format": "gpp-cluster/1",
+        "devices": devices,
+        "memory_bytes": need * fraction if fraction else 1e12,
+        "inter_node_bandwidth": 1e9,
+        "latency": 1e-5,
+        "optimizer_state_factor": 4.0,
+        "memory_overheads": True,
+    }
     cpath = tmp_path / "cluster.json"
     cpath.write_text(json.dumps(cluster))
     plan = solve(doc, cluster, mini_batch_size=batch, planner=planner, time_limit=20)
@@ -67,9 +81,28 @@ def _planned(tmp_path, spec: str, batch: int, sizes: list[int], devices: int, fr
 
 
 def _train_ranks(tmp_path, spec: str, plan, gpath, cpath, optimizer: str) -> list[dict]:
-    res = torchrun(plan.devices_used, ["--plan", str(tmp_path / "plan.json"), "--model", spec, "--steps", "3",
-                                       "--warmup-steps", "2", "--optimizer", optimizer, "--json", "--quiet",
-                                       "--graph", str(gpath), "--cluster", str(cpath)], timeout=300)
+    res = torchrun(
+        plan.devices_used,
+        [
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--model",
+            spec,
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "2",
+            "--optimizer",
+            optimizer,
+            "--json",
+            "--quiet",
+            "--graph",
+            str(gpath),
+            "--cluster",
+            str(cpath),
+        ],
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     doc = json.loads(res.stdout.strip().splitlines()[-1])["gpp_runtime"]
     assert doc["predicted_iteration_seconds"] == pytest.approx(plan.predicted.iteration_time)
@@ -97,9 +130,15 @@ def test_two_stage_mlp_within_targets(tmp_path, optimizer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec,batch,sizes,devices", [
-    ("examples.real_models:resnet18", 8, [2, 4], 2), ("examples.real_models:bert_tiny", 16, [4, 8], 2),
-    ("examples.real_models:two_tower", 32, [8, 16], 2), ("examples.two_branch:bench", 64, [16, 32], 2)])
+@pytest.mark.parametrize(
+    "spec,batch,sizes,devices",
+    [
+        ("examples.real_models:resnet18", 8, [2, 4], 2),
+        ("examples.real_models:bert_tiny", 16, [4, 8], 2),
+        ("examples.real_models:two_tower", 32, [8, 16], 2),
+        ("examples.two_branch:bench", 64, [16, 32], 2),
+    ],
+)
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_real_models_within_targets(tmp_path, spec, batch, sizes, devices, optimizer):
     plan, g, c = _planned(tmp_path, spec, batch, sizes, devices)

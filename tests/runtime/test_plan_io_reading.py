@@ -31,13 +31,16 @@ def test_a_valid_hand_written_plan_reads():
     assert world_size(read_plan(str(EXAMPLE))) == 3
 
 
-@pytest.mark.parametrize("mutate, words", [
-    (lambda d: d["stages"][0].__setitem__("gpus", 1), "unknown field 'gpus'"),
-    (lambda d: d.__setitem__("predicted", 5), "predicted"),
-    (lambda d: d.__setitem__("search", []), "search"),
-    (lambda d: d.__setitem__("mini_batch_size", 10 ** 400), "mini_batch_size"),
-    (lambda d: d["stages"][0].__setitem__("micro_batch_size", 1.5), "micro_batch_size"),
-])
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda d: d["stages"][0].__setitem__("gpus", 1), "unknown field 'gpus'"),
+        (lambda d: d.__setitem__("predicted", 5), "predicted"),
+        (lambda d: d.__setitem__("search", []), "search"),
+        (lambda d: d.__setitem__("mini_batch_size", 10**400), "mini_batch_size"),
+        (lambda d: d["stages"][0].__setitem__("micro_batch_size", 1.5), "micro_batch_size"),
+    ],
+)
 def test_contract_violations_are_named(tmp_path, mutate, words):
     d = _doc()
     mutate(d)
@@ -45,11 +48,14 @@ def test_contract_violations_are_named(tmp_path, mutate, words):
         read_plan(_write(tmp_path, json.dumps(d)))
 
 
-@pytest.mark.parametrize("text, words", [
-    (b"\xff\xfe{", "not UTF-8"),
-    ("[" * 5000 + "]" * 5000, "nest"),
-    ('{"format": "gpp-plan/1", "mini_batch_size": 1' + "0" * 5000 + "}", "mini_batch_size|digits|number"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        (b"\xff\xfe{", "not UTF-8"),
+        ("[" * 5000 + "]" * 5000, "nest"),
+        ('{"format": "gpp-plan/1", "mini_batch_size": 1' + "0" * 5000 + "}", "mini_batch_size|digits|number"),
+    ],
+)
 def test_unreadable_files_are_named(tmp_path, text, words):
     with pytest.raises(InvalidPlanError, match=words):
         read_plan(_write(tmp_path, text))

@@ -14,22 +14,56 @@ from gpp_solver import load_cluster
 from runtime.probe import affine_fit, check_args, cluster_doc, host_available_memory, parse_args, ring_fit
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC_FIELDS = {"format", "devices", "memory_bytes", "devices_per_node", "intra_node_bandwidth",
-               "inter_node_bandwidth", "latency", "optimizer_state_factor", "allreduce_bandwidth",
-               "allreduce_latency", "memory_overheads"}
+SPEC_FIELDS = {
+    "format",
+    "devices",
+    "memory_bytes",
+    "devices_per_node",
+    "intra_node_bandwidth",
+    "inter_node_bandwidth",
+    "latency",
+    "optimizer_state_factor",
+    "allreduce_bandwidth",
+    "allreduce_latency",
+    "memory_overheads",
+}
 
 
 def _probe(nproc: int, args: list[str]):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "runtime.probe", "--cpu", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "runtime.probe",
+        "--cpu",
+        *args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_two_ranks_write_a_valid_cluster(tmp_path):
     out, det = tmp_path / "cluster.json", tmp_path / "details.json"
-    res = _probe(2, ["-o", str(out), "--sizes", "4,16384,262144", "--repeats", "3", "--warmup", "1",
-                     "--details", str(det), "--optimizer-state-factor", "2"])
+    res = _probe(
+        2,
+        [
+            "-o",
+            str(out),
+            "--sizes",
+            "4,16384,262144",
+            "--repeats",
+            "3",
+            "--warmup",
+            "1",
+            "--details",
+            str(det),
+            "--optimizer-state-factor",
+            "2",
+        ],
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert set(doc) == SPEC_FIELDS
@@ -46,7 +80,9 @@ def test_two_ranks_write_a_valid_cluster(tmp_path):
     # the all-reduce measured at every size and fitted to the ring model the cost model prices
     ar = d["allreduce"]
     assert ar["sizes"] == [4, 16384, 262144] and len(ar["seconds_per_size"]) == 3
-    assert (c.allreduce_latency, c.allreduce_bandwidth) == pytest.approx(ring_fit(ar["sizes"], ar["seconds_per_size"], 2))
+    assert (c.allreduce_latency, c.allreduce_bandwidth) == pytest.approx(
+        ring_fit(ar["sizes"], ar["seconds_per_size"], 2)
+    )
     assert 1e6 < c.allreduce_bandwidth < 1e12 and 0 <= c.allreduce_latency < 0.5
     # memory: the host's available RAM shared by its 2 ranks (the smallest over ranks)
     assert 0 < c.memory_bytes <= host_available_memory() / 2 * 1.5
@@ -56,14 +92,22 @@ def test_two_ranks_write_a_valid_cluster(tmp_path):
 def test_memory_flag_and_bad_arguments(tmp_path):
     args = parse_args(["-o", "x.json", "--memory", "123456789", "--sizes", "4,4096"])
     assert check_args(args) == [4, 4096] and args.memory == 123456789
-    for bad, msg in ((["--sizes", "4096"], "at least two distinct sizes"), (["--memory", "-1"], "--memory"),
-                     (["--sizes", "4,x"], "comma-separated integers")):
+    for bad, msg in (
+        (["--sizes", "4096"], "at least two distinct sizes"),
+        (["--memory", "-1"], "--memory"),
+        (["--sizes", "4,x"], "comma-separated integers"),
+    ):
         with pytest.raises(ValueError, match=msg):
             check_args(parse_args(["-o", "x.json", *bad]))
     # rank 0 alone says what is wrong and exits 2 before joining a process group
-    res = subprocess.run([sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
-                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
-                         timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "error: --sizes needs at least two distinct sizes" in res.stderr
 
 
@@ -73,12 +117,17 @@ def test_affine_fit_and_cluster_doc_by_host():
     # noise made the largest transfer look as fast as the smallest: a finite, conservative bandwidth
     lat, bw = affine_fit([4, 16384, 262144], [2e-4, 1e-4, 1.5e-4])
     assert lat == pytest.approx(2e-4) and bw == pytest.approx(262144 / 1.5e-4)
-    pairs = [{"ranks": [0, 1], "intra_node": True, "latency": 1e-5, "bandwidth": 10e9},
-             {"ranks": [0, 2], "intra_node": False, "latency": 3e-5, "bandwidth": 1e9},
-             {"ranks": [1, 3], "intra_node": False, "latency": 3e-5, "bandwidth": 3e9},
-             {"ranks": [2, 3], "intra_node": True, "latency": 1e-5, "bandwidth": 20e9}]
-    details = {"hosts": ["a", "a", "b", "b"], "pairs": pairs,
-               "ranks": [{"memory_bytes": m} for m in (4e9, 3e9, 5e9, 6e9)]}
+    pairs = [
+        {"ranks": [0, 1], "intra_node": True, "latency": 1e-5, "bandwidth": 10e9},
+        {"ranks": [0, 2], "intra_node": False, "latency": 3e-5, "bandwidth": 1e9},
+        {"ranks": [1, 3], "intra_node": False, "latency": 3e-5, "bandwidth": 3e9},
+        {"ranks": [2, 3], "intra_node": True, "latency": 1e-5, "bandwidth": 20e9},
+    ]
+    details = {
+        "hosts": ["a", "a", "b", "b"],
+        "pairs": pairs,
+        "ranks": [{"memory_bytes": m} for m in (4e9, 3e9, 5e9, 6e9)],
+    }
     doc = cluster_doc(details, 4, 4.0)
     assert doc["devices_per_node"] == 2 and doc["memory_bytes"] == 3e9
     assert doc["intra_node_bandwidth"] == 15e9 and doc["inter_node_bandwidth"] == 2e9
@@ -98,9 +147,12 @@ def test_ring_fit_inverts_the_ring_model():
     # noise: the largest no slower than the smallest -> a finite bandwidth, latency >= 0
     lat, bw = ring_fit([4, 1024], [1e-3, 5e-4], 2)
     assert bw == pytest.approx(1024 / 5e-4) and lat >= 0
-    details = {"hosts": ["a", "a"], "pairs": [{"ranks": [0, 1], "intra_node": True, "latency": 1e-5,
-                                                "bandwidth": 1e9}], "ranks": [{"memory_bytes": 1e9}] * 2,
-               "allreduce": {"bandwidth": 5e8, "latency": 2e-5}}
+    details = {
+        "hosts": ["a", "a"],
+        "pairs": [{"ranks": [0, 1], "intra_node": True, "latency": 1e-5, "bandwidth": 1e9}],
+        "ranks": [{"memory_bytes": 1e9}] * 2,
+        "allreduce": {"bandwidth": 5e8, "latency": 2e-5},
+    }
     doc = cluster_doc(details, 2, 4.0)
     assert (doc["allreduce_bandwidth"], doc["allreduce_latency"]) == (5e8, 2e-5)
 

@@ -23,7 +23,7 @@ def test_profile_records_overhead_optimizer_and_loss():
     torch.manual_seed(0)
     wl = load_workload("examples.sequential:workload")
     doc = profile_with_terms(wl, [1, 2], warmup=1, repeats=3, name="seq")
-    g = graph_from_dict(doc)               # the fields are the format's
+    g = graph_from_dict(doc)  # the fields are the format's
     assert min(g.op_overhead) >= 0.0 and g.optimizer_time_per_byte > 0
     info = doc["extra"]["profile"]
     assert info["optimizer"]["name"] == "sgd" and info["optimizer"]["seconds"] > 0
@@ -36,9 +36,9 @@ def test_profile_records_overhead_optimizer_and_loss():
     loss = sinks[0]["extra"]["loss_time"]
     assert all(t > 0 for t in loss["fw"] + loss["bw"])
     assert all(t >= x for t, x in zip(sinks[0]["fw_time"], loss["fw"]))
-    for nd in doc["nodes"]:   # the weight gradient stays a part of the (shifted) backward
+    for nd in doc["nodes"]:  # the weight gradient stays a part of the (shifted) backward
         assert all(0 <= w <= t for w, t in zip(nd["bw_weight_time"], nd["bw_time"]))
-    for nd in doc["nodes"]:   # the recorded figure stays within its (shifted) spread
+    for nd in doc["nodes"]:  # the recorded figure stays within its (shifted) spread
         for kind in ("fw", "bw"):
             assert all(lo <= t <= hi for t, (lo, hi) in zip(nd[f"{kind}_time"], nd["extra"]["time_spread"][kind]))
     # a one-stage plan's iteration is priced with the optimizer step after the last backward
@@ -65,7 +65,7 @@ def test_whole_model_times_and_overhead_rules():
     assert fw > 0 and bw > 0 and all(p.grad is None for p in model.parameters())
     nodes = [{"fw_time": [1e-4, 2e-4], "bw_time": [3e-5, 1e-4]}, {"fw_time": [1e-4, 2e-4], "bw_time": [5e-5, 2e-4]}]
     nodes[1]["extra"] = {"time_spread": {"bw": [[4e-5, 6e-5], [1e-4, 3e-4]]}}
-    remove_call_cost(nodes, "bw", [-4e-5, 1e-5])      # negative at size 0: off every node, never below 0
+    remove_call_cost(nodes, "bw", [-4e-5, 1e-5])  # negative at size 0: off every node, never below 0
     assert [nd["bw_time"] for nd in nodes] == [[0.0, 1e-4], [5e-5 - 4e-5, 2e-4]]
     assert nodes[1]["extra"]["time_spread"]["bw"] == [[0.0, 6e-5 - 4e-5], [1e-4, 3e-4]]
     assert graph_overhead([-1e-5, 2e-5, 4e-5], [1e-6, -3e-6]) == {"fw": 2e-5, "bw": 0.5e-6}
@@ -74,7 +74,7 @@ def test_whole_model_times_and_overhead_rules():
     remove_call_cost(split, "bw", [-2e-5, 0.0])
     assert split[0]["bw_time"] == [6e-5 - 2e-5, 1e-4] and split[0]["bw_weight_time"] == [5e-5 - 2e-5, 3e-5]
     assert split[1]["bw_weight_time"] == [0.0]
-    tight = [{"bw_time": [1e-5], "bw_weight_time": [1e-5]}]    # never below 0
+    tight = [{"bw_time": [1e-5], "bw_weight_time": [1e-5]}]  # never below 0
     remove_call_cost(tight, "bw", [-2e-5])
     assert tight[0]["bw_time"] == tight[0]["bw_weight_time"] == [0.0]
     fw_only = [{"fw_time": [3e-5], "bw_time": [3e-5], "bw_weight_time": [3e-5]}]
@@ -95,5 +95,4 @@ def test_a_loss_that_fails_is_named():
         raise ValueError("shapes differ")
 
     with pytest.raises(InvalidInputError, match="loss fails on the model's output at 1 samples .*shapes differ"):
-        profile_with_terms(SimpleNamespace(model=wl.model, sample=wl.sample, loss=bad_loss), [1], warmup=0,
-                           repeats=1)
+        profile_with_terms(SimpleNamespace(model=wl.model, sample=wl.sample, loss=bad_loss), [1], warmup=0, repeats=1)

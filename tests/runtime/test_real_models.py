@@ -25,8 +25,7 @@ try:
     import_torchvision()
     import_transformers()
 except ImportError as exc:  # CI installs both (.ci/run); say how where they are missing
-    pytest.skip(f"{exc}: pip install torchvision==0.28.0 transformers (see .ci/run)",
-                allow_module_level=True)
+    pytest.skip(f"{exc}: pip install torchvision==0.28.0 transformers (see .ci/run)", allow_module_level=True)
 
 MODELS = "examples.real_models"
 
@@ -38,22 +37,47 @@ def _profile(tmp_path, fn: str, sizes=(2, 4)) -> dict:
     return doc
 
 
-def _plan(tmp_path, doc: dict, batch: int, devices: int, fraction: float, sizes="2,4",
-          planner: str = "gpp") -> dict:
+def _plan(tmp_path, doc: dict, batch: int, devices: int, fraction: float, sizes="2,4", planner: str = "gpp") -> dict:
     """``gpp plan`` on a cluster whose memory is ``fraction`` of what one stage would need; the
     plan's micro-batch sizes are among ``sizes`` (the option holds) and it has >= 2 stages."""
-    need = (sum(n["weight_bytes"] for n in doc["nodes"]) * 4.0
-            + sum(n["activation_bytes"] for n in doc["nodes"]) * batch)
-    cluster = {"format": "gpp-cluster/1", "devices": devices, "memory_bytes": int(need * fraction),
-               "intra_node_bandwidth": 1e9, "inter_node_bandwidth": 1e9, "latency": 1e-5,
-               "optimizer_state_factor": 4.0}
+    need = sum(n["weight_bytes"] for n in doc["nodes"]) * 4.0 + sum(n["activation_bytes"] for n in doc["nodes"]) * batch
+    cluster = {
+        "format": "gpp-cluster/1",
+        "devices": devices,
+        "memory_bytes": int(need * fraction),
+        "intra_node_bandwidth": 1e9,
+        "inter_node_bandwidth": 1e9,
+        "latency": 1e-5,
+        "optimizer_state_factor": 4.0,
+    }
     (tmp_path / "cluster.json").write_text(json.dumps(cluster))
     out = tmp_path / "plan.json"
     res = subprocess.run(
-        [sys.executable, "-m", "gpp_solver", "plan", str(tmp_path / "graph.json"), "--cluster",
-         str(tmp_path / "cluster.json"), "--batch", str(batch), "--planner", planner,
-         "--micro-batch-sizes", sizes, "--time-limit", "20", "--quiet", "-o", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "gpp_solver",
+            "plan",
+            str(tmp_path / "graph.json"),
+            "--cluster",
+            str(tmp_path / "cluster.json"),
+            "--batch",
+            str(batch),
+            "--planner",
+            planner,
+            "--micro-batch-sizes",
+            sizes,
+            "--time-limit",
+            "20",
+            "--quiet",
+            "-o",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     plan = json.loads(out.read_text())
     assert len(plan["stages"]) >= 2, "the memory limit should force a pipeline"
@@ -63,8 +87,11 @@ def _plan(tmp_path, doc: dict, batch: int, devices: int, fraction: float, sizes=
 
 def _train_verify(tmp_path, fn: str, plan: dict, steps: int = 2) -> None:
     world = len({d for s in plan["stages"] for d in s["devices"]})
-    res = torchrun(world, ["--plan", str(tmp_path / "plan.json"), "--model", f"{MODELS}:{fn}",
-                           "--steps", str(steps), "--verify"], timeout=300)
+    res = torchrun(
+        world,
+        ["--plan", str(tmp_path / "plan.json"), "--model", f"{MODELS}:{fn}", "--steps", str(steps), "--verify"],
+        timeout=300,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "verify: OK" in res.stdout + res.stderr
 
@@ -110,7 +137,7 @@ def test_googlenet_inception_blocks(tmp_path):
 def test_googlenet_on_three_devices(tmp_path):
     doc = _profile(tmp_path, "googlenet")
     plan = _plan(tmp_path, doc, batch=4, devices=3, fraction=0.45)
-    assert sum(len(s["devices"]) for s in plan["stages"]) == 3, plan["stages"]   # all three devices
+    assert sum(len(s["devices"]) for s in plan["stages"]) == 3, plan["stages"]  # all three devices
     _train_verify(tmp_path, "googlenet", plan)
 
 
@@ -145,17 +172,49 @@ def test_gpt2_head_tied_to_the_embedding(tmp_path):
     assert_shape(plan, stages=2, micro_batches=2, devices=[1, 1])
     stage_of = {nid: s["id"] for s in plan["stages"] for nid in s["nodes"]}
     assert stage_of["embedding"] != stage_of["linear"]
-    res = torchrun(2, ["--plan", str(tmp_path / "plan.json"), "--model", f"{MODELS}:gpt2_tiny_tied",
-                       "--steps", "3", "--optimizer", "adam", "--lr", "0.01", "--dtype", "float64",
-                       "--verify", "--rtol", "1e-9", "--atol", "1e-12"], timeout=300)
+    res = torchrun(
+        2,
+        [
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--model",
+            f"{MODELS}:gpt2_tiny_tied",
+            "--steps",
+            "3",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--dtype",
+            "float64",
+            "--verify",
+            "--rtol",
+            "1e-9",
+            "--atol",
+            "1e-12",
+        ],
+        timeout=300,
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     assert "weights tied across stages: lm.transformer.wte.weight" in out and "verify: OK" in out
     worker = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(REPO / "tests" / "runtime" / "pipe_worker.py"), "gpt2_tied", str(tmp_path / "plan.json")],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(REPO / "tests" / "runtime" / "pipe_worker.py"),
+            "gpt2_tied",
+            str(tmp_path / "plan.json"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = worker.stdout + worker.stderr
     assert worker.returncode == 0 and "PIPE-OK" in out, out[-3000:]
     holders = json.loads(out.split("PIPE-OK ", 1)[1].splitlines()[0])["holders"]

@@ -42,6 +42,7 @@ def _workload(model: nn.Module):
     def sample(batch_size: int, step: int):
         g = torch.Generator().manual_seed(step)
         return (torch.randn(batch_size, 4, 8, generator=g),), torch.randn(batch_size, 12, generator=g)
+
     return SimpleNamespace(model=model, sample=sample, loss=lambda o, t: ((o - t) ** 2).sum())
 
 
@@ -148,8 +149,7 @@ def test_leaf_modules_hook_keeps_a_block_whole():
 def test_batchnorm_size_refused_and_warned(caplog):
     wl = load_workload("examples.real_models:googlenet_bn")
     with caplog.at_level("WARNING"):
-        with pytest.raises(InvalidInputError,
-                           match=r"micro-batch of 1 .* node '.*bn'.*--micro-batch-sizes at 2"):
+        with pytest.raises(InvalidInputError, match=r"micro-batch of 1 .* node '.*bn'.*--micro-batch-sizes at 2"):
             profile(wl, [1, 2], warmup=0, repeats=1)
     assert "statistics are computed per micro-batch" in caplog.text
 

@@ -18,16 +18,21 @@ TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs t
 
 
 def _doc(fw, bw, spread):
-    return {"format": "gpp-graph/1", "micro_batch_sizes": [1, 2],
-            "nodes": [{"id": "a", "fw_time": fw, "bw_time": bw,
-                       "extra": {"time_spread": {"fw": spread, "bw": spread}}}],
-            "edges": [], "extra": {"profile": {"statistic": "median"}}}
+    return {
+        "format": "gpp-graph/1",
+        "micro_batch_sizes": [1, 2],
+        "nodes": [{"id": "a", "fw_time": fw, "bw_time": bw, "extra": {"time_spread": {"fw": spread, "bw": spread}}}],
+        "edges": [],
+        "extra": {"profile": {"statistic": "median"}},
+    }
 
 
 def test_merge_takes_the_median_per_node_and_size_and_the_widest_spread():
-    docs = [_doc([1.0, 2.0], [3.0, 4.0], [[0.9, 1.1], [1.9, 2.1]]),
-            _doc([5.0, 2.5], [3.0, 9.0], [[4.0, 6.0], [2.4, 2.6]]),
-            _doc([2.0, 2.2], [3.5, 1.0], [[1.5, 2.5], [1.0, 3.0]])]
+    docs = [
+        _doc([1.0, 2.0], [3.0, 4.0], [[0.9, 1.1], [1.9, 2.1]]),
+        _doc([5.0, 2.5], [3.0, 9.0], [[4.0, 6.0], [2.4, 2.6]]),
+        _doc([2.0, 2.2], [3.5, 1.0], [[1.5, 2.5], [1.0, 3.0]]),
+    ]
     out = merge(docs, [0, 1, 2])
     node = out["nodes"][0]
     assert node["fw_time"] == [2.0, 2.2] and node["bw_time"] == [3.0, 4.0]
@@ -40,8 +45,18 @@ def test_merge_takes_the_median_per_node_and_size_and_the_widest_spread():
 @TWO_CORES
 def test_profile_concurrent_two_pinned_workers(tmp_path):
     out = tmp_path / "graph.json"
-    args = ["--model", "examples.two_branch:workload", "--micro-batch-sizes", "1,2", "--repeats", "1",
-            "--warmup", "0", "-o", str(out)]
+    args = [
+        "--model",
+        "examples.two_branch:workload",
+        "--micro-batch-sizes",
+        "1,2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "-o",
+        str(out),
+    ]
     assert main(args + ["--concurrent", "2"]) == 0
     doc = json.loads(out.read_text())
     conc = doc["extra"]["profile"]["concurrent"]
@@ -66,22 +81,53 @@ def test_profile_concurrent_refuses_bad_counts_and_reports_a_worker_error(tmp_pa
 
 
 def test_filler_pins_itself_and_reports_ready():
-    res = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "examples.sequential:workload",
-                          "--core", "0", "--seconds", "0.5"], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.cores",
+            "--model",
+            "examples.sequential:workload",
+            "--core",
+            "0",
+            "--seconds",
+            "0.5",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert res.returncode == 0 and res.stdout.split() == ["ready"], res.stderr[-500:]
-    bad = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "nope:x", "--core", "0"], cwd=REPO,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "runtime.cores", "--model", "nope:x", "--core", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
 
 
-@pytest.mark.parametrize("args, needle", [(["--core", "4096"], "--core must be between 0 and"),
-                                          (["--core", "-1"], "--core must be between 0 and"),
-                                          (["--core", "0", "--seconds", "0"], "--seconds must be > 0")])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--core", "4096"], "--core must be between 0 and"),
+        (["--core", "-1"], "--core must be between 0 and"),
+        (["--core", "0", "--seconds", "0"], "--seconds must be > 0"),
+    ],
+)
 def test_filler_refuses_a_core_it_cannot_have(args, needle):
-    res = subprocess.run([sys.executable, "-m", "runtime.cores", "--model", "examples.sequential:workload", *args],
-                         cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "runtime.cores", "--model", "examples.sequential:workload", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
     assert res.returncode == 2 and res.stderr.startswith("error: " + needle) and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
@@ -89,9 +135,11 @@ def test_filler_refuses_a_core_it_cannot_have(args, needle):
 def test_merge_keeps_the_weight_gradient_within_the_merged_backward():
     """Each worker's bw_weight_time <= its bw_time, but medians taken apart may cross: the merged
     weight-gradient time is the median, clamped to the merged backward."""
-    docs = [_doc([1.0, 1.0], [3.0, 4.0], [[0.9, 1.1], [0.9, 1.1]]),
-            _doc([1.0, 1.0], [2.0, 9.0], [[0.9, 1.1], [0.9, 1.1]]),
-            _doc([1.0, 1.0], [2.5, 5.0], [[0.9, 1.1], [0.9, 1.1]])]
+    docs = [
+        _doc([1.0, 1.0], [3.0, 4.0], [[0.9, 1.1], [0.9, 1.1]]),
+        _doc([1.0, 1.0], [2.0, 9.0], [[0.9, 1.1], [0.9, 1.1]]),
+        _doc([1.0, 1.0], [2.5, 5.0], [[0.9, 1.1], [0.9, 1.1]]),
+    ]
     for d, w in zip(docs, ([3.0, 1.0], [2.0, 2.0], [2.5, 3.0])):
         d["nodes"][0]["bw_weight_time"] = w
     node = merge(docs, [0, 1, 2])["nodes"][0]

@@ -34,25 +34,46 @@ def test_extra_cyclic_stage_edge_is_refused(tmp_path, monkeypatch, capsys):
 
 
 def test_non_convex_stage_is_refused(tmp_path, monkeypatch, capsys):
-    doc = plan(8, [stage(0, ["layers.0", "layers.1", "layers.5", "head"], [0], 2, 8, depth=0),
-                   stage(1, ["layers.2", "layers.3", "layers.4"], [1], 2, 8, depth=1)], [[0, 1], [1, 0]])
+    doc = plan(
+        8,
+        [
+            stage(0, ["layers.0", "layers.1", "layers.5", "head"], [0], 2, 8, depth=0),
+            stage(1, ["layers.2", "layers.3", "layers.4"], [1], 2, 8, depth=1),
+        ],
+        [[0, 1], [1, 0]],
+    )
     code, err = _run_direct(tmp_path, monkeypatch, capsys, doc)
     assert code == 2 and ("convex" in err or "cycle" in err), err
 
 
 def test_graph_and_cluster_validate_memory_as_gpp_validate(tmp_path, monkeypatch, capsys):
     graph = tmp_path / "g.json"
-    assert profile_main(["--model", "examples.sequential:workload", "--micro-batch-sizes", "2",
-                         "--repeats", "1", "--warmup", "0", "-o", str(graph)]) == 0
+    assert (
+        profile_main(
+            [
+                "--model",
+                "examples.sequential:workload",
+                "--micro-batch-sizes",
+                "2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "-o",
+                str(graph),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     cluster = tmp_path / "c.json"
-    cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 100,
-                                   "inter_node_bandwidth": 1e9}))
+    cluster.write_text(
+        json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 100, "inter_node_bandwidth": 1e9})
+    )
     doc = _chain()
     for st in doc["stages"]:
         st["in_flight_samples"] = 4 if st["id"] == 0 else 2
-    code, err = _run_direct(tmp_path, monkeypatch, capsys, doc,
-                            ["--graph", str(graph), "--cluster", str(cluster)])
+    code, err = _run_direct(tmp_path, monkeypatch, capsys, doc, ["--graph", str(graph), "--cluster", str(cluster)])
     assert code == 2 and "memory" in err, err
     code, err = _run_direct(tmp_path, monkeypatch, capsys, doc, ["--graph", str(graph)])
     assert code == 2 and "--graph and --cluster go together" in err

@@ -26,15 +26,29 @@ from runtime.train import main as train_main
 
 
 def _two_stage(b0=2, b1=2, mini_batch_size=8, dev1=(1,)):
-    return plan(mini_batch_size, [stage(0, SEQ[:4], [0], b0, mini_batch_size, depth=1),
-                        stage(1, SEQ[4:], list(dev1), b1, mini_batch_size, depth=0)], [[0, 1]])
+    return plan(
+        mini_batch_size,
+        [
+            stage(0, SEQ[:4], [0], b0, mini_batch_size, depth=1),
+            stage(1, SEQ[4:], list(dev1), b1, mini_batch_size, depth=0),
+        ],
+        [[0, 1]],
+    )
 
 
 def _deadlocking():
     doc = _two_stage(b0=2, b1=4)
     # stage 0 waits for B0's gradient before running F1, but stage 1's F0 needs F0 and F1
-    doc["stages"][0]["schedule"]["order"] = [["F", 0], ["B", 0], ["F", 1], ["F", 2], ["B", 1],
-                                             ["F", 3], ["B", 2], ["B", 3]]
+    doc["stages"][0]["schedule"]["order"] = [
+        ["F", 0],
+        ["B", 0],
+        ["F", 1],
+        ["F", 2],
+        ["B", 1],
+        ["F", 3],
+        ["B", 2],
+        ["B", 3],
+    ]
     return doc
 
 
@@ -77,17 +91,20 @@ def test_a_valid_plan_passes_the_checks():
     _check(_two_stage(b0=2, b1=4, dev1=(1, 2)))
 
 
-@pytest.mark.parametrize("mutate, words", [
-    (lambda d: d.update(format="gpp-plan/0"), "format"),
-    (lambda d: d["stages"][0].update(micro_batch_size=3), "B % b == 0"),
-    (lambda d: d["stages"][1].update(devices=[1, 2], micro_batch_size=1), "b % d == 0"),
-    (lambda d: d["stages"][0]["schedule"].update(order=[["B", 0], ["F", 0]]), "C4"),
-    (lambda d: d["stages"][1].update(devices=[0]), "device 0"),
-    (lambda d: d["stages"][1].update(devices=[2]), "devices must be 0..1"),
-    (lambda d: d.update(edges=[[0, 5]]), "edge"),
-    (lambda d: d["stages"][1]["nodes"].remove("head"), "'head' is in no stage"),
-    (lambda d: d["stages"][0].update(tensor_parallel=2), "tensor_parallel"),
-])
+@pytest.mark.parametrize(
+    "mutate, words",
+    [
+        (lambda d: d.update(format="gpp-plan/0"), "format"),
+        (lambda d: d["stages"][0].update(micro_batch_size=3), "B % b == 0"),
+        (lambda d: d["stages"][1].update(devices=[1, 2], micro_batch_size=1), "b % d == 0"),
+        (lambda d: d["stages"][0]["schedule"].update(order=[["B", 0], ["F", 0]]), "C4"),
+        (lambda d: d["stages"][1].update(devices=[0]), "device 0"),
+        (lambda d: d["stages"][1].update(devices=[2]), "devices must be 0..1"),
+        (lambda d: d.update(edges=[[0, 5]]), "edge"),
+        (lambda d: d["stages"][1]["nodes"].remove("head"), "'head' is in no stage"),
+        (lambda d: d["stages"][0].update(tensor_parallel=2), "tensor_parallel"),
+    ],
+)
 def test_plan_checks_name_the_problem(mutate, words):
     doc = _two_stage()
     mutate(doc)
@@ -148,9 +165,22 @@ def test_cli_bad_json_and_unknown_module_exit_2(tmp_path, monkeypatch, capsys):
 
 def test_cli_can_run_as_a_subprocess_and_exit_2(tmp_path):
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "runtime.train", "--plan", write(tmp_path, _deadlocking()),
-                          "--model", "examples.sequential:workload"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.train",
+            "--plan",
+            write(tmp_path, _deadlocking()),
+            "--model",
+            "examples.sequential:workload",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "deadlock" in res.stderr and "Traceback" not in res.stderr
 
 
@@ -167,18 +197,42 @@ def test_with_a_cluster_the_factor_is_the_plans_record_else_the_clusters(tmp_pat
     """A plan priced by gpp_solver on a cluster with factor 3 records it; one that does not record
     it takes --cluster's. Either way the runtime checks the optimizer against 3, not 4."""
     graph, cluster = tmp_path / "g.json", tmp_path / "c.json"
-    assert profile_main(["--model", "examples.sequential:workload", "--micro-batch-sizes", "2",
-                         "--repeats", "1", "--warmup", "0", "-o", str(graph)]) == 0
-    cluster.write_text(json.dumps({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12,
-                                   "inter_node_bandwidth": 1e9, "optimizer_state_factor": 3.0}))
+    assert (
+        profile_main(
+            [
+                "--model",
+                "examples.sequential:workload",
+                "--micro-batch-sizes",
+                "2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "-o",
+                str(graph),
+            ]
+        )
+        == 0
+    )
+    cluster.write_text(
+        json.dumps(
+            {
+                "format": "gpp-cluster/1",
+                "devices": 2,
+                "memory_bytes": 1e12,
+                "inter_node_bandwidth": 1e9,
+                "optimizer_state_factor": 3.0,
+            }
+        )
+    )
     specs = [StageSpec(tuple(SEQ[:4]), (0,), 2), StageSpec(tuple(SEQ[4:]), (1,), 2)]
-    priced = build_plan(load_graph(graph), load_cluster(cluster), specs, 8, planner="hand",
-                        search=SearchInfo(0.0, Status.FEASIBLE))
+    priced = build_plan(
+        load_graph(graph), load_cluster(cluster), specs, 8, planner="hand", search=SearchInfo(0.0, Status.FEASIBLE)
+    )
     doc = plan_to_dict(priced)
     assert doc["optimizer_state_factor"] == 3.0
     if not recorded:
         del doc["optimizer_state_factor"]
     wl = seeded_workload("examples.sequential:workload")
-    setup = build(doc, wl.model, wl.sample(8, 0)[0], rank=0, world=2, graph_path=str(graph),
-                  cluster_path=str(cluster))
+    setup = build(doc, wl.model, wl.sample(8, 0)[0], rank=0, world=2, graph_path=str(graph), cluster_path=str(cluster))
     assert setup.optimizer_state_factor == 3.0

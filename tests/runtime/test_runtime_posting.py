@@ -12,8 +12,9 @@ from runtime.lowering.posting import Post, check_rendezvous, posting
 
 
 def _chain(b0=2, b1=2, dev1=(1,)):
-    p = read_plan(plan(8, [stage(0, SEQ[:4], [0], b0, 8, depth=1),
-                            stage(1, SEQ[4:], list(dev1), b1, 8, depth=0)], [[0, 1]]))
+    p = read_plan(
+        plan(8, [stage(0, SEQ[:4], [0], b0, 8, depth=1), stage(1, SEQ[4:], list(dev1), b1, 8, depth=0)], [[0, 1]])
+    )
     return p, lower(p, [TransferSpec("layers.3", 0, 1, 3)])
 
 
@@ -52,4 +53,3 @@ def test_batched_groups_hold_previous_sends_and_due_receives():
             nxt = items[i + 1] if i + 1 < len(items) else Post()
             assert isinstance(nxt, Post) and set(nxt.sends) == set(it.sends)
             assert set(items[i - 1].recvs) == set(it.recvs)  # no receive before it is due
-

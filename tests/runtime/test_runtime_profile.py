@@ -12,16 +12,47 @@ from runtime.profile import main
 
 def test_profile_two_branch_at_two_batch_sizes(tmp_path):
     out = tmp_path / "graph.json"
-    assert main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "1,4",
-                 "--repeats", "2", "--warmup", "1", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "examples.two_branch:workload",
+                "--micro-batch-sizes",
+                "1,4",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     g = json.loads(out.read_text())
     assert g["format"] == "gpp-graph/1" and g["micro_batch_sizes"] == [1, 4]
     ids = [n["id"] for n in g["nodes"]]
-    assert ids == ["branch0.fc1", "branch0.act", "branch0.fc2", "branch1.fc1", "branch1.act",
-                   "branch1.fc2", "cat", "head"]
+    assert ids == [
+        "branch0.fc1",
+        "branch0.act",
+        "branch0.fc2",
+        "branch1.fc1",
+        "branch1.act",
+        "branch1.fc2",
+        "cat",
+        "head",
+    ]
     for n in g["nodes"]:
-        assert set(n) == {"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes",
-                          "output_bytes", "extra"}
+        assert set(n) == {
+            "id",
+            "fw_time",
+            "bw_time",
+            "bw_weight_time",
+            "weight_bytes",
+            "activation_bytes",
+            "output_bytes",
+            "extra",
+        }
         # the sink also keeps the loss's times, which its own include (runtime.profile_terms)
         assert set(n["extra"]) == ({"time_spread", "loss_time"} if n["id"] == "head" else {"time_spread"})
         assert len(n["fw_time"]) == len(n["bw_time"]) == len(n["bw_weight_time"]) == 2
@@ -40,7 +71,7 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
     by = {n["id"]: n for n in g["nodes"]}
     assert by["branch0.fc1"]["weight_bytes"] == (8 * 8 + 8) * 4  # Linear(8, 8), float32
     assert by["cat"]["weight_bytes"] == 0
-    assert all(w > 0 for w in by["branch0.fc1"]["bw_weight_time"])     # Linear: dW = x^T dy, timed
+    assert all(w > 0 for w in by["branch0.fc1"]["bw_weight_time"])  # Linear: dW = x^T dy, timed
     assert by["cat"]["output_bytes"] == 16 * 4  # two width-8 rows per sample
     assert by["head"]["output_bytes"] == 4 * 4
     dg = nx.DiGraph([(e["src"], e["dst"]) for e in g["edges"]])
@@ -51,15 +82,34 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
 
 def test_profile_threads_option(tmp_path):
     out = tmp_path / "graph.json"
-    assert main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "2", "--threads", "2",
-                 "--repeats", "1", "--warmup", "0", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                "examples.two_branch:workload",
+                "--micro-batch-sizes",
+                "2",
+                "--threads",
+                "2",
+                "--repeats",
+                "1",
+                "--warmup",
+                "0",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["extra"]["profile"]["threads"] == 2
     assert main(["--model", "examples.two_branch:workload", "--threads", "0", "-o", str(out)]) == 2
 
 
 def test_profile_rejects_bad_batch_sizes(tmp_path):
-    assert main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "4,2",
-                 "-o", str(tmp_path / "g.json")]) == 2
+    assert (
+        main(["--model", "examples.two_branch:workload", "--micro-batch-sizes", "4,2", "-o", str(tmp_path / "g.json")])
+        == 2
+    )
     assert main(["--model", "nope:workload", "-o", str(tmp_path / "g.json")]) == 2
 
 

@@ -20,9 +20,15 @@ def _dp_dropout_plan() -> dict:
     # stage 0 runs every forward first (1F1B there would wait, in gpp's model, for a B0 that
     # needs its F3: `gpp validate` refuses that order, and so does the runtime)
     gpipe = [["F", j] for j in range(4)] + [["B", j] for j in range(4)]
-    doc = plan(8, [stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2, order=gpipe),
-                   stage(1, ["text.1", "text.2", "text.3", "text.4"], [1, 2], 4, 8, depth=1),
-                   stage(2, ["cat", "head"], [3], 2, 8, depth=0)], [[0, 1], [0, 2], [1, 2]])
+    doc = plan(
+        8,
+        [
+            stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2, order=gpipe),
+            stage(1, ["text.1", "text.2", "text.3", "text.4"], [1, 2], 4, 8, depth=1),
+            stage(2, ["cat", "head"], [3], 2, 8, depth=0),
+        ],
+        [[0, 1], [0, 2], [1, 2]],
+    )
     assert_shape(doc, stages=3, devices=[1, 2, 1])
     assert [s["micro_batch_size"] for s in doc["stages"]] == [2, 4, 2]
     return doc
@@ -44,40 +50,106 @@ def test_dropout_masks_per_chunk_reproducible_and_distinct():
 
 
 def test_dropout_with_dp_verifies_in_float64_with_adam(tmp_path):
-    res = torchrun(4, ["--plan", write(tmp_path, _dp_dropout_plan()), "--model", TOWER, "--steps", "3",
-                       "--optimizer", "adam", "--lr", "1e-3", "--dtype", "float64",
-                       "--verify", "--rtol", "1e-9", "--atol", "1e-12"])
+    res = torchrun(
+        4,
+        [
+            "--plan",
+            write(tmp_path, _dp_dropout_plan()),
+            "--model",
+            TOWER,
+            "--steps",
+            "3",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--dtype",
+            "float64",
+            "--verify",
+            "--rtol",
+            "1e-9",
+            "--atol",
+            "1e-12",
+        ],
+    )
     out = res.stdout + res.stderr
     assert res.returncode == 0 and "verify: OK" in out and "rtol 1e-09" in out, out[-3000:]
 
 
 @pytest.mark.slow
 def test_declared_mean_loss_verifies(tmp_path):
-    res = torchrun(4, ["--plan", write(tmp_path, _dp_dropout_plan()), "--model",
-                       "examples.two_tower:workload_mean", "--steps", "2", "--verify"])
+    res = torchrun(
+        4,
+        [
+            "--plan",
+            write(tmp_path, _dp_dropout_plan()),
+            "--model",
+            "examples.two_tower:workload_mean",
+            "--steps",
+            "2",
+            "--verify",
+        ],
+    )
     assert res.returncode == 0 and "verify: OK" in res.stdout + res.stderr, res.stderr[-3000:]
 
 
 def test_undeclared_mean_loss_is_refused(tmp_path):
-    doc = plan(8, [stage(0, ["text.0", "text.1", "text.2", "text.3", "text.4",
-                             "image.0", "image.1", "image.2"], [0], 2, 8, depth=1),
-                   stage(1, ["cat", "head"], [1], 2, 8, depth=0)], [[0, 1]])
+    doc = plan(
+        8,
+        [
+            stage(
+                0,
+                ["text.0", "text.1", "text.2", "text.3", "text.4", "image.0", "image.1", "image.2"],
+                [0],
+                2,
+                8,
+                depth=1,
+            ),
+            stage(1, ["cat", "head"], [1], 2, 8, depth=0),
+        ],
+        [[0, 1]],
+    )
     env = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'runtime'}"}
-    res = torchrun(2, ["--plan", write(tmp_path, doc), "--model", "pipe_worker:undeclared_mean_workload",
-                       "--steps", "2", "--timeout", "20"], env=env)
+    res = torchrun(
+        2,
+        [
+            "--plan",
+            write(tmp_path, doc),
+            "--model",
+            "pipe_worker:undeclared_mean_workload",
+            "--steps",
+            "2",
+            "--timeout",
+            "20",
+        ],
+        env=env,
+    )
     assert res.returncode != 0
     assert "behaves as a mean" in res.stderr and "loss_reduction = 'mean'" in res.stderr, res.stderr[-3000:]
     assert "rank 1: error:" in res.stderr  # the failing rank (the sink) writes its own error
 
 
 def test_example_training_script(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-           "examples/train_two_tower.py", "--epochs", "3", "--samples", "128", "--save", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=3",
+        "examples/train_two_tower.py",
+        "--epochs",
+        "3",
+        "--samples",
+        "128",
+        "--save",
+        str(tmp_path),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
-    losses = [float(line.split("mean loss ")[1].split()[0]) for line in res.stdout.splitlines()
-              if line.startswith("epoch ")]
+    losses = [
+        float(line.split("mean loss ")[1].split()[0]) for line in res.stdout.splitlines() if line.startswith("epoch ")
+    ]
     assert len(losses) == 3 and losses[-1] < losses[0]
     keys = {k for i in range(3) for k in torch.load(tmp_path / f"stage{i}.pt", weights_only=True)}
     assert keys == {n for n, _ in __import__("examples.two_tower", fromlist=["x"]).TwoTower().named_parameters()}

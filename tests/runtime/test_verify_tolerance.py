@@ -31,13 +31,24 @@ def _tower_plan() -> dict:
 
 def _tied_plan() -> dict:
     """The embedding on rank 0, the head (tied to it) on 2 data-parallel ranks."""
-    return plan(8, [_stage(0, ["wte", "block0", "act0"], [0], depth=1),
-                    _stage(1, ["block1", "add", "ln", "lm_head", "flatten"], [1, 2], depth=0)], [[0, 1]])
+    return plan(
+        8,
+        [
+            _stage(0, ["wte", "block0", "act0"], [0], depth=1),
+            _stage(1, ["block1", "add", "ln", "lm_head", "flatten"], [1, 2], depth=0),
+        ],
+        [[0, 1]],
+    )
 
 
 def _stage(sid: int, nodes: list[str], devices: list[int], depth: int) -> dict:
-    return {"id": sid, "nodes": nodes, "devices": devices, "micro_batch_size": 4,
-            "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depth, 2)}}
+    return {
+        "id": sid,
+        "nodes": nodes,
+        "devices": devices,
+        "micro_batch_size": 4,
+        "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depth, 2)},
+    }
 
 
 def _run(tmp_path, fault: str, doc: dict, model: str, *extra: str):
@@ -45,9 +56,27 @@ def _run(tmp_path, fault: str, doc: dict, model: str, *extra: str):
     assert len(doc["stages"]) == 2 and doc["mini_batch_size"] // 4 == 2
     assert any(len(s["devices"]) == 2 for s in doc["stages"])
     assert len({d for s in doc["stages"] for d in s["devices"]}) == 3
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-           str(WORKER), fault, "--threads", "1", "--plan", write(tmp_path, doc), "--model", model,
-           "--steps", "5", "--optimizer", "adam", "--verify", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=3",
+        str(WORKER),
+        fault,
+        "--threads",
+        "1",
+        "--plan",
+        write(tmp_path, doc),
+        "--model",
+        model,
+        "--steps",
+        "5",
+        "--optimizer",
+        "adam",
+        "--verify",
+        *extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     res = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     return res, res.stdout + res.stderr
@@ -62,11 +91,14 @@ def test_correct_adam_run_passes_the_default_tolerance(tmp_path, dtype):
     assert want in out, out[-3000:]
 
 
-@pytest.mark.parametrize("fault,doc,model", [
-    ("drop-microbatch", _tower_plan(), TOWER),
-    ("no-allreduce", _tower_plan(), TOWER),
-    ("no-tied-sync", _tied_plan(), TIED),
-])
+@pytest.mark.parametrize(
+    "fault,doc,model",
+    [
+        ("drop-microbatch", _tower_plan(), TOWER),
+        ("no-allreduce", _tower_plan(), TOWER),
+        ("no-tied-sync", _tied_plan(), TIED),
+    ],
+)
 def test_wrong_gradient_fails_the_default_tolerance(tmp_path, fault, doc, model):
     res, out = _run(tmp_path, fault, doc, model)
     assert res.returncode == 1 and "verify: FAILED" in out, out[-3000:]

@@ -21,12 +21,17 @@ def test_file_path_loads_like_the_dotted_name():
     assert [n for n, _ in by_file.model.named_parameters()] == [n for n, _ in by_name.model.named_parameters()]
 
 
-@pytest.mark.parametrize("spec,words", [
-    ("examples/sequential:workload", ["cannot import module 'examples/sequential'", "'examples.sequential'",
-                                      "path/to/file.py:FUNCTION"]),
-    ("examples/nothing_here.py:workload", ["no such file", "nothing_here.py"]),
-    ("examples/sequential.py", ["MODULE:FUNCTION", "path/to/file.py:FUNCTION"]),
-])
+@pytest.mark.parametrize(
+    "spec,words",
+    [
+        (
+            "examples/sequential:workload",
+            ["cannot import module 'examples/sequential'", "'examples.sequential'", "path/to/file.py:FUNCTION"],
+        ),
+        ("examples/nothing_here.py:workload", ["no such file", "nothing_here.py"]),
+        ("examples/sequential.py", ["MODULE:FUNCTION", "path/to/file.py:FUNCTION"]),
+    ],
+)
 def test_a_path_that_does_not_load_gets_a_hint(spec, words):
     with pytest.raises(InvalidInputError) as err:
         load_workload(spec)
@@ -54,18 +59,53 @@ def test_profile_loads_a_module_that_imports_a_vision_or_text_library(tmp_path, 
         pytest.skip(f"{package} is not installed (pip install -e .[models] timm)")
     (tmp_path / "uses_lib.py").write_text(MODULE.format(imports=f"import {package}"))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "runtime.profile", "--model", "uses_lib.py:workload",
-                          "--micro-batch-sizes", "1,2", "--warmup", "0", "--repeats", "1", "-o", "g.json"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.profile",
+            "--model",
+            "uses_lib.py:workload",
+            "--micro-batch-sizes",
+            "1,2",
+            "--warmup",
+            "0",
+            "--repeats",
+            "1",
+            "-o",
+            "g.json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "g.json").exists()
 
 
 def test_one_rank_for_a_two_device_plan_is_refused_in_one_line():
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "runtime.train", "--plan", "examples/plans/sequential_2ranks.json",
-                          "--model", "examples.sequential:workload", "--steps", "1"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runtime.train",
+            "--plan",
+            "examples/plans/sequential_2ranks.json",
+            "--model",
+            "examples.sequential:workload",
+            "--steps",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2
-    assert res.stderr.strip() == ("error: the plan uses 2 devices but 1 rank was started "
-                                  "(torchrun --nproc-per-node 2)"), res.stderr
+    assert res.stderr.strip() == (
+        "error: the plan uses 2 devices but 1 rank was started (torchrun --nproc-per-node 2)"
+    ), res.stderr

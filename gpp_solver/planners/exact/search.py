@@ -69,8 +69,10 @@ class Candidate:
     devices: tuple[int, ...]
 
     def specs(self) -> list[StageSpec]:
-        return [StageSpec(nodes=p, devices=r, micro_batch_size=self.micro_batch_size, k=1)
-                for p, r in zip(self.stages, contiguous_ranges(self.devices))]
+        return [
+            StageSpec(nodes=p, devices=r, micro_batch_size=self.micro_batch_size, k=1)
+            for p, r in zip(self.stages, contiguous_ranges(self.devices))
+        ]
 
 
 @dataclass(frozen=True)
@@ -118,16 +120,25 @@ class _Pair:
 def _check_size(graph: Graph, usable: int) -> None:
     n = len(graph.nodes)
     if n > MAX_NODES:
-        raise SearchSpaceTooLargeError(f"exact: the graph has {n} nodes, more than the limit {MAX_NODES}; "
-                                       "use gpp or graphpipe")
+        raise SearchSpaceTooLargeError(
+            f"exact: the graph has {n} nodes, more than the limit {MAX_NODES}; use gpp or graphpipe"
+        )
     if usable > MAX_DEVICES:
-        raise SearchSpaceTooLargeError(f"exact: {usable} usable devices, more than the limit {MAX_DEVICES}; "
-                                       "use gpp or graphpipe")
+        raise SearchSpaceTooLargeError(
+            f"exact: {usable} usable devices, more than the limit {MAX_DEVICES}; use gpp or graphpipe"
+        )
 
 
-def search_exact(graph: Graph, cluster: Cluster, mini_batch_size: int, *, deadline: float | None = None,
-                 micro_batch_sizes: Sequence[int] | None = None, max_stages: int | None = None,
-                 upper_bound: float = math.inf) -> ExactResult:
+def search_exact(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    deadline: float | None = None,
+    micro_batch_sizes: Sequence[int] | None = None,
+    max_stages: int | None = None,
+    upper_bound: float = math.inf,
+) -> ExactResult:
     """The candidate of least simulated iteration time (module docstring), or the proof that none
     beats ``upper_bound``.  ``deadline`` (``time.perf_counter()`` value) stops it with
     ``finished=False``."""
@@ -145,11 +156,24 @@ class _ExactSearch:
     """The phases of :func:`search_exact`: the ordered partitions, a lower bound per (partition,
     ``b``) pair, and the pairs searched in increasing bound until the best simulated time beats it."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, deadline: float | None,
-                 micro_batch_sizes: Sequence[int] | None, max_stages: int | None, upper_bound: float) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        deadline: float | None,
+        micro_batch_sizes: Sequence[int] | None,
+        max_stages: int | None,
+        upper_bound: float,
+    ) -> None:
         self.t0 = time.perf_counter()
-        self.graph, self.cluster, self.B, self.deadline, self.upper_bound = (graph, cluster, mini_batch_size,
-                                                                              deadline, upper_bound)
+        self.graph, self.cluster, self.B, self.deadline, self.upper_bound = (
+            graph,
+            cluster,
+            mini_batch_size,
+            deadline,
+            upper_bound,
+        )
         self.sizes = check_micro_batch_sizes(mini_batch_size, micro_batch_sizes)
         n_nodes = len(graph.nodes)
         self.usable = min(cluster.devices, n_nodes * max(self.sizes))
@@ -175,9 +199,18 @@ class _ExactSearch:
     def result(self, finished: bool) -> ExactResult:
         state = self.state
         need = self.mem_need if finished and state["best"] is None and math.isinf(self.upper_bound) else None
-        return ExactResult(state["best"], state["time"], finished, len(self.parts), len(self.pairs),
-                           state["searched"], state["simulated"], time.perf_counter() - self.t0, self.usable,
-                           None if need is None or math.isinf(need) else need)
+        return ExactResult(
+            state["best"],
+            state["time"],
+            finished,
+            len(self.parts),
+            len(self.pairs),
+            state["searched"],
+            state["simulated"],
+            time.perf_counter() - self.t0,
+            self.usable,
+            None if need is None or math.isinf(need) else need,
+        )
 
     def enumerate_partitions(self) -> None:
         for p in ordered_partitions(self.graph, self.slots, every_order=self.const_bw is None):
@@ -186,7 +219,8 @@ class _ExactSearch:
             if len(self.parts) > MAX_PARTITIONS:
                 raise SearchSpaceTooLargeError(
                     f"exact: more than {MAX_PARTITIONS} ordered convex partitions into at most {self.slots} stages; "
-                    "pass max_stages=... or use gpp")
+                    "pass max_stages=... or use gpp"
+                )
 
     def tab(self, nodes: tuple[str, ...], b: int) -> tuple[list[float], list[float], float, float]:
         r = self.stage_tab.get((nodes, b))
@@ -203,8 +237,12 @@ class _ExactSearch:
                 cb += len(nodes) * self.terms.op_bw
                 cs.append(cf + cb)
                 fs.append(cf)
-            r = self.stage_tab[(nodes, b)] = (cs, fs, sum(graph.node(v).weight_bytes for v in nodes),
-                                              sum(graph.node(v).activation_bytes for v in nodes))
+            r = self.stage_tab[(nodes, b)] = (
+                cs,
+                fs,
+                sum(graph.node(v).weight_bytes for v in nodes),
+                sum(graph.node(v).activation_bytes for v in nodes),
+            )
         return r
 
     def bound_pairs(self) -> None:
@@ -218,7 +256,7 @@ class _ExactSearch:
             for a, c in edges:
                 succ[a].append(c)
             depth = [0] * len(p)
-            for s in reversed(range(len(p))):      # parts are in topological order
+            for s in reversed(range(len(p))):  # parts are in topological order
                 depth[s] = max((depth[t] + 1 for t in succ[s]), default=0)
             tr = stage_transfers(graph, stage_of)
             self.structure.append((edges, succ))
@@ -229,8 +267,16 @@ class _ExactSearch:
                 self._bound_pair(i, p, b, edges, depth, n_tr, bytes_tr)
         self.pairs.sort(key=lambda q: (q.bound, q.b, q.part))
 
-    def _bound_pair(self, i: int, p: tuple[tuple[str, ...], ...], b: int, edges: Sequence[tuple[int, int]],
-                    depth: list[int], n_tr: list[int], bytes_tr: list[float]) -> None:
+    def _bound_pair(
+        self,
+        i: int,
+        p: tuple[tuple[str, ...], ...],
+        b: int,
+        edges: Sequence[tuple[int, int]],
+        depth: list[int],
+        n_tr: list[int],
+        bytes_tr: list[float],
+    ) -> None:
         """Partition ``i`` at ``b``: its tables and lower bound, or its memory need when it does not fit."""
         B, usable, limit, fastest = self.B, self.usable, self.limit, self.fastest
         lat, osf = self.cluster.latency, self.cluster.optimizer_state_factor
@@ -250,11 +296,10 @@ class _ExactSearch:
             self.mem_need = min(self.mem_need, _least_peak_memory(mem, opts, usable))
             return
         head, tail = [0.0] * len(p), [0.0] * len(p)
-        for a, c in edges:            # sorted by source, sources in topological order
+        for a, c in edges:  # sorted by source, sources in topological order
             head[c] = max(head[c], head[a] + min(fwd[a][j] for j in fits[a]))
             tail[c] = max(tail[c], min(bwd[a][j] + max(ar[a][j], tail[a]) for j in fits[a]))
-        bound = max(head[s] + min(work[s][j] + max(ar[s][j], tail[s]) for j in fits[s])
-                    for s in range(len(p)))
+        bound = max(head[s] + min(work[s][j] + max(ar[s][j], tail[s]) for j in fits[s]) for s in range(len(p)))
         self.pairs.append(_Pair(i, b, opts, work, ar, fwd, bwd, mem, bound))
 
     def search_pairs(self) -> None:
@@ -263,8 +308,18 @@ class _ExactSearch:
             if q.bound >= self.state["time"]:
                 break
             self.state["searched"] += 1
-            _search_pair(self.graph, self.cluster, self.B, q, self.parts[q.part], self.structure[q.part],
-                         self.usable, self.limit, self.state, self.tick)
+            _search_pair(
+                self.graph,
+                self.cluster,
+                self.B,
+                q,
+                self.parts[q.part],
+                self.structure[q.part],
+                self.usable,
+                self.limit,
+                self.state,
+                self.tick,
+            )
 
 
 def _least_peak_memory(mem: list[list[float]], opts: Sequence[int], devices: int) -> float:
@@ -282,8 +337,18 @@ def _least_peak_memory(mem: list[list[float]], opts: Sequence[int], devices: int
     return math.inf
 
 
-def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[tuple[str, ...], ...],
-                 structure: tuple, usable: int, limit: float, state: dict, tick) -> None:
+def _search_pair(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    q: _Pair,
+    part: tuple[tuple[str, ...], ...],
+    structure: tuple,
+    usable: int,
+    limit: float,
+    state: dict,
+    tick,
+) -> None:
     """Depth-first search over the stages' degrees of one (partition, b) pair."""
     edges, succ = structure
     k, b, n = len(part), q.b, B // q.b
@@ -291,12 +356,12 @@ def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[t
     for a, c in edges:
         preds[c].append(a)
     bsz = {s: b for s in range(k)}
-    orders: dict[int, tuple[tuple[str, int], ...]] = {}     # Algorithm 2 + kFkB, as build_plan, on first use
+    orders: dict[int, tuple[tuple[str, int], ...]] = {}  # Algorithm 2 + kFkB, as build_plan, on first use
     choices = []
     for s in range(k):
         js = [j for j in range(len(q.opts)) if q.mem[s][j] <= limit]
         choices.append(sorted(js, key=lambda j: (q.work[s][j] + q.ar[s][j], q.opts[j])))
-    need_after = [0] * (k + 1)            # devices the stages s.. need at least
+    need_after = [0] * (k + 1)  # devices the stages s.. need at least
     for s in reversed(range(k)):
         need_after[s] = need_after[s + 1] + min(q.opts[j] for j in choices[s])
     pick = [0] * k
@@ -313,10 +378,16 @@ def _search_pair(graph: Graph, cluster: Cluster, B: int, q: _Pair, part: tuple[t
             inflight = schedule_stage_graph({s: succ[s] for s in range(k)}, bsz)
             orders.update({s: kfkb_order(n, warmup_micro_batches(inflight[s][1], b, n)) for s in range(k)})
         try:
-            makespan, _ = simulate_orders(orders, bsz, {s: c.forward for s, c in enumerate(costs)},
-                                          {s: c.backward for s, c in enumerate(costs)},
-                                          {s: c.tail for s, c in enumerate(costs)}, edges, B)
-        except DeadlockError:     # not expected for uniform b and k = 1; such a plan leaves the space
+            makespan, _ = simulate_orders(
+                orders,
+                bsz,
+                {s: c.forward for s, c in enumerate(costs)},
+                {s: c.backward for s, c in enumerate(costs)},
+                {s: c.tail for s, c in enumerate(costs)},
+                edges,
+                B,
+            )
+        except DeadlockError:  # not expected for uniform b and k = 1; such a plan leaves the space
             logger.debug("exact: 1F1B orders deadlock for %s", cand)
             return
         if makespan < state["time"]:

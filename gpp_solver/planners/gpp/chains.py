@@ -68,6 +68,7 @@ def _balanced_cuts(w: tuple[float, ...], k: int) -> tuple[int, ...]:
             if len(out) + 1 > k:
                 return None
             i = j
+
     lo, hi = max(w), sum(w)
     for _ in range(40):
         mid = (lo + hi) / 2

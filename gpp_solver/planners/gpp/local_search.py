@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from gpp_solver.planners.gpp.chains import _branch_order
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 
-MERGE_LIGHTEST = 3     # merges considered: pairs with the loaded stage or one of this many lightest stages
-FAR_MOVE_STAGES = 8    # up to this many stages, nodes also move to / are pulled from non-adjacent stages
-EXACT_SPLITS = 48      # a stage with at most this many down-sets is split at every one of them
+MERGE_LIGHTEST = 3  # merges considered: pairs with the loaded stage or one of this many lightest stages
+FAR_MOVE_STAGES = 8  # up to this many stages, nodes also move to / are pulled from non-adjacent stages
+EXACT_SPLITS = 48  # a stage with at most this many down-sets is split at every one of them
+
 
 # ---------------------------------------------------------------------------------- moves
 def _members(assign: Sequence[int], k: int) -> list[list[int]]:
@@ -88,7 +89,7 @@ def _moves(P: Problem, state: State, s: int, members: list) -> Iterator[tuple[st
                 a = list(assign)
                 a[u] = t
                 yield "move", State(tuple(a), devs)
-            if k <= FAR_MOVE_STAGES:          # parallel branches share no edge but may share a stage
+            if k <= FAR_MOVE_STAGES:  # parallel branches share no edge but may share a stage
                 for t in range(k):
                     if t != s and t not in near:
                         a = list(assign)
@@ -102,8 +103,7 @@ def _pulls(P: Problem, state: State, s: int, members: list) -> Iterator[tuple[st
     k = len(devs)
     for u in range(P.N):
         t = assign[u]
-        if t != s and len(members[t]) > 1 and (
-                k <= FAR_MOVE_STAGES or any(assign[w] == s for w in P.adj[u])):
+        if t != s and len(members[t]) > 1 and (k <= FAR_MOVE_STAGES or any(assign[w] == s for w in P.adj[u])):
             a = list(assign)
             a[u] = s
             yield "pull", State(tuple(a), devs)
@@ -119,7 +119,7 @@ def _device_moves(P: Problem, state: State, s: int) -> Iterator[tuple[str, State
             continue
         need = d - devs[s]
         if need <= free:
-            yield "devices", State(assign, devs[:s] + (d,) + devs[s + 1:])
+            yield "devices", State(assign, devs[:s] + (d,) + devs[s + 1 :])
             continue
         for t in range(k):
             if t == s:
@@ -166,8 +166,14 @@ def _merges(P: Problem, state: State, s: int, tps: Sequence[float] | None) -> It
     assign, devs = state.assign, state.devs
     k = len(devs)
     light = set(sorted(range(k), key=lambda x: (tps[x], x))[:MERGE_LIGHTEST]) if tps is not None else set(range(k))
-    pairs = sorted({(min(assign[u], assign[v]), max(assign[u], assign[v]))
-                    for u in range(P.N) for v, _ in P.succ[u] if assign[u] != assign[v]})
+    pairs = sorted(
+        {
+            (min(assign[u], assign[v]), max(assign[u], assign[v]))
+            for u in range(P.N)
+            for v, _ in P.succ[u]
+            if assign[u] != assign[v]
+        }
+    )
     for src, dst in pairs:
         if not ({src, dst} & (light | {s})):
             continue
@@ -248,14 +254,21 @@ class SearchResult:
     ev: Eval
     moves: int
     iterations: int
-    stopped: str                # "converged", "iterations", "evaluations" (max_evaluations) or "time"
+    stopped: str  # "converged", "iterations", "evaluations" (max_evaluations) or "time"
     move_counts: dict[str, int]
-    evaluations: int = 0        # states priced by this search (cache hits included)
+    evaluations: int = 0  # states priced by this search (cache hits included)
 
 
-def search(P: Problem, state: State, *, max_iterations: int = 300, tiers: int = 2,
-           deadline: float | None = None, exact: bool = True,
-           max_evaluations: int | None = None) -> SearchResult:
+def search(
+    P: Problem,
+    state: State,
+    *,
+    max_iterations: int = 300,
+    tiers: int = 2,
+    deadline: float | None = None,
+    exact: bool = True,
+    max_evaluations: int | None = None,
+) -> SearchResult:
     """Best-improvement local search from ``state`` (see the module docstring).  With
     ``max_evaluations`` it stops once it has priced that many states (``stopped="evaluations"``),
     taking the best improving move of the part of the neighbourhood priced so far."""
@@ -284,7 +297,7 @@ def search(P: Problem, state: State, *, max_iterations: int = 300, tiers: int = 
         k = len(state.devs)
         ranked = sorted(range(k), key=lambda s: (-max(0.0, ev.memory[s] - P.cap), -ev.tps[s], s))
         found = None
-        cut = False             # the neighbourhood was not priced whole (deadline or max_evaluations)
+        cut = False  # the neighbourhood was not priced whole (deadline or max_evaluations)
         rb = P.rebalance(state.assign, k)
         if rb is not None and rb != state.devs:
             e = P.evaluate(state.assign, rb)

@@ -15,23 +15,23 @@ from gpp_solver.types import Plan
 # workloads at 4-32 devices gpp's result is the same without them (benchmarks/gpp_vs_spp.py), since
 # its own sequential starts (balanced chains, uniform chains of D / d stages) cover their spaces.
 SEED_PLANNERS = ("graphpipe", "pipedream-2bw")
-OPTIONAL_SEED_PLANNERS = ("pipedream", "alpa")     # pass seed_planners=... to add them
+OPTIONAL_SEED_PLANNERS = ("pipedream", "alpa")  # pass seed_planners=... to add them
 # ... except on small instances, where their DPs take milliseconds and PipeDream's is exact for the
 # bottleneck TPS of a chain: with the default seed list, at most SMALL_GRAPH_NODES nodes and at most
 # SMALL_GRAPH_DEVICES devices they are added (a rule on the input's size, so the plan still does
 # not depend on the machine's load)
 SMALL_GRAPH_NODES = 48
 SMALL_GRAPH_DEVICES = 16
-SMALL_GRAPH_RESTARTS = 3    # there, too, the extra local-search starts cost milliseconds
-DEFAULT_TIME_LIMIT = 10.0        # seconds, seed planners included
-MAX_MICRO_BATCHES = 256          # candidate b keep B / b at most this (simulation cost)
+SMALL_GRAPH_RESTARTS = 3  # there, too, the extra local-search starts cost milliseconds
+DEFAULT_TIME_LIMIT = 10.0  # seconds, seed planners included
+MAX_MICRO_BATCHES = 256  # candidate b keep B / b at most this (simulation cost)
 DEFAULT_MAX_ITERATIONS = 400
 # Local-search work per run, in node-evaluations (states priced x graph nodes; a state costs about
 # its node count to price): a count, so the cap does not depend on the machine's speed or load.
 # The paper's workloads at 4-32 devices use at most ~0.7M; on 1,000-operator graphs a search from
 # a start that does not fit in memory priced 300k+ states (2 minutes) without making it fit.
 DEFAULT_MAX_WORK = 20_000_000
-WORK_SHARE = 4              # one search prices at most max_work / WORK_SHARE node-evaluations
+WORK_SHARE = 4  # one search prices at most max_work / WORK_SHARE node-evaluations
 OBJECTIVES = ("iteration_time", "time_per_sample")
 
 
@@ -72,21 +72,24 @@ class GppOptions:
 
     def __post_init__(self) -> None:
         check_schedule(self.schedule)
-        if self.restarts is not None and (isinstance(self.restarts, bool) or not isinstance(self.restarts, int)
-                                          or self.restarts < 1):
+        if self.restarts is not None and (
+            isinstance(self.restarts, bool) or not isinstance(self.restarts, int) or self.restarts < 1
+        ):
             raise InvalidInputError(f"restarts must be a positive integer or None, got {self.restarts!r}")
-        if self.max_work is not None and (isinstance(self.max_work, bool) or not isinstance(self.max_work, int)
-                                          or self.max_work < 1):
+        if self.max_work is not None and (
+            isinstance(self.max_work, bool) or not isinstance(self.max_work, int) or self.max_work < 1
+        ):
             raise InvalidInputError(f"max_work must be a positive integer or None, got {self.max_work!r}")
         if self.objective not in OBJECTIVES:
             raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
 
 
-def candidate_micro_batch_sizes(mini_batch_size: int, extra: Sequence[int] = (),
-                                max_micro_batches: int = MAX_MICRO_BATCHES) -> list[int]:
+def candidate_micro_batch_sizes(
+    mini_batch_size: int, extra: Sequence[int] = (), max_micro_batches: int = MAX_MICRO_BATCHES
+) -> list[int]:
     """The common rule's powers of two dividing ``B`` (:mod:`gpp_solver.cost.micro_batch`) with
     ``B / b <= max_micro_batches``, plus ``extra`` (seeds' sizes)."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     out = {b for b in powers_of_two_dividing(B) if B // b <= max_micro_batches}
     out.update(x for x in extra if B % x == 0)
     return sorted(out) if out else [B]

@@ -23,7 +23,6 @@ The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time 
 (``by_estimate=True``: the estimate before the TPS vector, for the final polish), quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
 """
 
-
 from __future__ import annotations
 
 import heapq
@@ -42,8 +41,8 @@ from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
 
-MEM_REL_TOL = 5e-10      # stricter than the validator's 1e-9, so float order never flips a verdict
-CACHE_ENTRIES_TIMES_NODES = 20_000_000   # evaluation cache: at most this many node labels held (then cleared)
+MEM_REL_TOL = 5e-10  # stricter than the validator's 1e-9, so float order never flips a verdict
+CACHE_ENTRIES_TIMES_NODES = 20_000_000  # evaluation cache: at most this many node labels held (then cleared)
 # up to this many nodes + edges a state is priced in plain Python (``Problem._evaluate_py``): on the
 # paper's workloads (33-102 nodes) numpy's per-call overhead on arrays of a few stages was most of
 # the search time; the figures are bit-identical to the vectorised evaluator (same operations in
@@ -55,18 +54,18 @@ PY_EVAL_MAX_SIZE = 1024
 
 @dataclass(frozen=True)
 class State:
-    assign: tuple[int, ...]     # node index (graph order) -> stage label 0..k-1
-    devs: tuple[int, ...]       # stage label -> data-parallel degree
+    assign: tuple[int, ...]  # node index (graph order) -> stage label 0..k-1
+    devs: tuple[int, ...]  # stage label -> data-parallel degree
 
 
 @dataclass(frozen=True)
 class Eval:
     key: tuple
-    tps: tuple[float, ...]      # per stage label
-    memory: tuple[float, ...]   # per stage label, bytes per device
-    order: tuple[int, ...]      # topological order of the stage labels
-    offsets: tuple[int, ...]    # first device of each stage label
-    estimate: float             # iteration-time estimate of the cost model
+    tps: tuple[float, ...]  # per stage label
+    memory: tuple[float, ...]  # per stage label, bytes per device
+    order: tuple[int, ...]  # topological order of the stage labels
+    offsets: tuple[int, ...]  # first device of each stage label
+    estimate: float  # iteration-time estimate of the cost model
 
     @property
     def max_tps(self) -> float:
@@ -76,11 +75,19 @@ class Eval:
 class Problem:
     """Everything the evaluator needs for one graph, cluster, ``B`` and ``b``."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, b: int,
-                 tables: CostTables | None = None, *, by_estimate: bool = False) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        b: int,
+        tables: CostTables | None = None,
+        *,
+        by_estimate: bool = False,
+    ) -> None:
         self.graph, self.cluster, self.B, self.b = graph, cluster, mini_batch_size, b
         self.terms = TimeTerms.of(graph, cluster)
-        self.by_estimate = by_estimate     # key: iteration-time estimate before the TPS vector
+        self.by_estimate = by_estimate  # key: iteration-time estimate before the TPS vector
         self.num_micro_batches = mini_batch_size // b
         self.N = len(graph.nodes)
         self.D = cluster.devices
@@ -95,7 +102,7 @@ class Problem:
         tables = tables or CostTables(graph)
         self.weight = tables.weight.tolist()
         self.act = tables.activation.tolist()
-        self.degrees = tuple(d for d in range(1, min(self.D, b) + 1) if b % d == 0)   # d | b: never above b
+        self.degrees = tuple(d for d in range(1, min(self.D, b) + 1) if b % d == 0)  # d | b: never above b
         self.comp = {d: tables.compute_at(b / d).tolist() for d in self.degrees}
         self.topo_rank = {v: i for i, v in enumerate(graph.topo_order)}
         c = cluster
@@ -104,7 +111,7 @@ class Problem:
         self.dpn = c.devices_per_node
         self.cap = c.memory_bytes * (1 + MEM_REL_TOL)
         self.const_bw = constant_bandwidth(c)
-        self.lb_tps = sum(self.comp[1]) / b / self.D     # perfect balance at b (d = 1 is the cheapest per sample)
+        self.lb_tps = sum(self.comp[1]) / b / self.D  # perfect balance at b (d = 1 is the cheapest per sample)
         self.quantum = max(self.lb_tps, 1e-300) * 1e-9
         self.evaluations = 0
         self.cache_hits = 0
@@ -114,7 +121,7 @@ class Problem:
         self._cache_max = max(1000, CACHE_ENTRIES_TIMES_NODES // max(self.N, 1))
         # arrays for the vectorised evaluator
         self._ar = np.arange(self.N)
-        self._comp_by_d = np.zeros((self.degrees[-1] + 1, self.N))     # indexed by degree (not by device count)
+        self._comp_by_d = np.zeros((self.degrees[-1] + 1, self.N))  # indexed by degree (not by device count)
         for d in self.degrees:
             self._comp_by_d[d] = tables.compute_at(b / d)
         self._w = np.asarray(self.weight)
@@ -124,7 +131,7 @@ class Problem:
         self._edst = np.asarray([e[1] for e in es], dtype=np.int64)
         self._ebytes = np.asarray([e[2] for e in es], dtype=float)
         self._deg = np.asarray(self.degrees, dtype=np.int64)
-        self._edges = [(u, v, float(nb)) for u, v, nb in es]    # (producer, consumer, bytes), as the arrays above
+        self._edges = [(u, v, float(nb)) for u, v, nb in es]  # (producer, consumer, bytes), as the arrays above
         self._py = self.N + len(es) <= PY_EVAL_MAX_SIZE
 
     # ------------------------------------------------------------------ structure
@@ -242,8 +249,9 @@ class Problem:
             bw_t = np.where((hp >= 0) & (hp == hc), self.intra, self.inter)
             bw_s = np.where(home >= 0, self.intra, self.inter)
         lat = self.lat
-        comm = (np.bincount(t_prod, weights=comm_time(nb, b / dv[t_prod], bw_t, lat), minlength=k)
-                + np.bincount(t_cons, weights=comm_time(nb, b / dv[t_cons], bw_t, lat), minlength=k))
+        comm = np.bincount(t_prod, weights=comm_time(nb, b / dv[t_prod], bw_t, lat), minlength=k) + np.bincount(
+            t_cons, weights=comm_time(nb, b / dv[t_cons], bw_t, lat), minlength=k
+        )
         ar = self.terms.tail(W, dv, bw_s)
         per = C + 2.0 * comm
         tps = time_per_sample(per, b, ar, B)
@@ -297,7 +305,7 @@ class Problem:
         # per-stage sums for every degree at once: one bincount over (degree, stage) cells (a
         # k x N one-hot matrix product cost O(|deg| N k): seconds over a search on 1,000 stages)
         cell = (np.arange(nd, dtype=np.int64)[:, None] * k + a[None, :]).ravel()
-        C = np.bincount(cell, weights=self._comp_by_d[deg].ravel(), minlength=nd * k).reshape(nd, k)   # |deg| x k
+        C = np.bincount(cell, weights=self._comp_by_d[deg].ravel(), minlength=nd * k).reshape(nd, k)  # |deg| x k
         W = np.bincount(a, weights=self._w, minlength=k)
         Act = np.bincount(a, weights=self._a, minlength=k)
         xb = np.bincount(t_prod, weights=nb, minlength=k) + np.bincount(t_cons, weights=nb, minlength=k)
@@ -310,7 +318,7 @@ class Problem:
         else:
             bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
         ar = self.terms.tail(W[None, :], degf, bw_ar[:, None])
-        T = time_per_sample(C + 2 * comm, self.b, ar, self.B).T     # k x |deg|
+        T = time_per_sample(C + 2 * comm, self.b, ar, self.B).T  # k x |deg|
         in_flight = np.minimum(np.asarray(depth), self.num_micro_batches) * self.b
         mem = memory_per_device(self.osf, W[:, None], in_flight[:, None], degf.T, Act[:, None])
         ok = mem <= self.cap
@@ -356,4 +364,3 @@ def canonical(state: State, ev: Eval) -> State:
     """Relabel stages in the evaluated topological order (deterministic labels)."""
     relabel = {s: i for i, s in enumerate(ev.order)}
     return State(tuple(relabel[s] for s in state.assign), tuple(state.devs[s] for s in ev.order))
-

@@ -22,7 +22,7 @@ def evaluate_py(self: Any, assign: Sequence[int], devs: Sequence[int]) -> Priced
     sum in the order ``np.bincount`` adds, element-wise formulas of ``cost.model`` on floats)."""
     k = len(devs)
     quotient: set[int] = set()
-    transfers: dict[int, float] = {}          # producer node * k + consumer stage -> largest bytes
+    transfers: dict[int, float] = {}  # producer node * k + consumer stage -> largest bytes
     for u, v, nbytes in self._edges:
         su, sv = assign[u], assign[v]
         if su != sv:
@@ -65,7 +65,7 @@ def evaluate_py(self: Any, assign: Sequence[int], devs: Sequence[int]) -> Priced
     over = [m - cap for m in mem if m - cap > 0.0]
     if len(over) <= 1:
         excess = over[0] if over else 0.0
-    else:           # numpy's pairwise sum, as _evaluate adds
+    else:  # numpy's pairwise sum, as _evaluate adds
         excess = float(np.maximum(np.asarray(mem) - cap, 0.0).sum())
     tlist = [(tkey // k, tkey % k, transfers[tkey]) for tkey in sorted(transfers)]
     best: Priced | None = None
@@ -74,6 +74,7 @@ def evaluate_py(self: Any, assign: Sequence[int], devs: Sequence[int]) -> Priced
         if best is None or e[0] < best[0]:
             best = e
     return best
+
 
 def _price_py(self: Any, devs, order, qs, assign, tlist, C, W, mem, excess, offsets) -> Priced:
     k = len(devs)
@@ -96,7 +97,7 @@ def _price_py(self: Any, devs, order, qs, assign, tlist, C, W, mem, excess, offs
         cp[sp] += lat + nbytes * (b / devs[sp]) / bw
         cc[sv] += lat + nbytes * (b / devs[sv]) / bw
     per, ar, tps = [0.0] * k, [0.0] * k, [0.0] * k
-    tail = self.terms.tail            # A(S) + O(S): cost.model.TimeTerms, the scalar form
+    tail = self.terms.tail  # A(S) + O(S): cost.model.TimeTerms, the scalar form
     for s in range(k):
         d = devs[s]
         bw = const if const is not None else (intra if home[s] >= 0 else inter)

@@ -78,8 +78,15 @@ from gpp_solver.types import Cluster, Graph, Plan
 __all__ = ["DEFAULT_TIME_LIMIT", "candidate_micro_batch_sizes", "plan_gpp"]
 
 
-def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-             progress: bool = False, **options: Any) -> Plan:
+def plan_gpp(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Plan:
     """Plan with the best seed improved by local search over all convex partitions (module docstring);
     ``options`` are the fields of :class:`GppOptions`.  The phases are :class:`GppRun`'s."""
     o = parse_options("gpp", GppOptions, options)
@@ -87,8 +94,8 @@ def plan_gpp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit
     run.run_seeds()
     run.find_starts()
     run.make_pool()
-    run.search_sizes()          # phase 1
-    run.restart()               # phase 2
-    run.polish_best()           # phase 3
+    run.search_sizes()  # phase 1
+    run.restart()  # phase 2
+    run.polish_best()  # phase 3
     plan, meta = run.exact_searches()
     return run.finish(plan, meta)

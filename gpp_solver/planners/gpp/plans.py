@@ -44,9 +44,15 @@ def _stage_specs(P: Problem, state: State, ev: Eval) -> list[StageSpec]:
     for u, s in enumerate(state.assign):
         members[s].append(u)
     ids = P.graph.ids
-    return [StageSpec(nodes=tuple(ids[u] for u in members[s]),
-                      devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
-                      micro_batch_size=P.b, k=1) for s in range(k)]
+    return [
+        StageSpec(
+            nodes=tuple(ids[u] for u in members[s]),
+            devices=tuple(range(ev.offsets[s], ev.offsets[s] + state.devs[s])),
+            micro_batch_size=P.b,
+            k=1,
+        )
+        for s in range(k)
+    ]
 
 
 def iteration_time_lower_bound(P: Problem, state: State, ev: Eval, split: bool = False) -> float:
@@ -101,15 +107,17 @@ def _split_lower_bound(costs: list, succ: list[set[int]], order: list[int], n: i
     b_in = [c.backward_input for c in costs]
     w = [c.backward_weight for c in costs]
     ar = [c.tail for c in costs]
-    up = [0.0] * k          # after stage s's last B_in: the longest tail through its predecessors
+    up = [0.0] * k  # after stage s's last B_in: the longest tail through its predecessors
     for s in order:
         for t in succ[s]:
             up[t] = max(up[t], bw[s] + ar[s], b_in[s] + up[s])
     down = [0.0] * k
     for s in reversed(order):
         down[s] = max((fw[t] + b_in[t] + down[t] for t in succ[s]), default=0.0)
-    return max(max(head[s] + n * (fw[s] + bw[s]) + ar[s],
-                   head[s] + n * fw[s] + down[s] + b_in[s] + max(w[s] + ar[s], up[s])) for s in range(k))
+    return max(
+        max(head[s] + n * (fw[s] + bw[s]) + ar[s], head[s] + n * fw[s] + down[s] + b_in[s] + max(w[s] + ar[s], up[s]))
+        for s in range(k)
+    )
 
 
 def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo, schedule: str = "1f1b") -> Plan:
@@ -117,8 +125,9 @@ def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo
     specs = _stage_specs(P, state, ev)
     plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info, schedule=schedule)
     if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
-        logger.warning("evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps,
-                       plan.predicted.time_per_sample)
+        logger.warning(
+            "evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps, plan.predicted.time_per_sample
+        )
     return plan
 
 
@@ -127,24 +136,44 @@ def reschedule(plan: Plan, graph: Graph, cluster: Cluster, schedule: str) -> Pla
     search record); the plan itself when that is slower or breaks the memory limit, or for ``1f1b``."""
     if schedule == "1f1b":
         return plan
-    specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
-                       tmpc=s.tmpc) for s in plan.stages]
-    out = build_plan(graph, cluster, specs, plan.mini_batch_size, planner=plan.planner, search=plan.search,
-                     schedule=schedule)
+    specs = [
+        StageSpec(
+            s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel, tmpc=s.tmpc
+        )
+        for s in plan.stages
+    ]
+    out = build_plan(
+        graph, cluster, specs, plan.mini_batch_size, planner=plan.planner, search=plan.search, schedule=schedule
+    )
     if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
-            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
+        st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages
+    ):
         return plan
     return out
 
 
 def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo, schedule: str = "1f1b") -> Plan:
     """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
+
     def specs(keep_orders: bool) -> list[StageSpec]:
-        return [StageSpec(s.nodes, s.devices, s.micro_batch_size, k=s.schedule.k, tensor_parallel=s.tensor_parallel,
-                          tmpc=s.tmpc, order=s.schedule.order if keep_orders else None) for s in plan.stages]
-    out = build_plan(graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info,
-                     schedule=schedule)
+        return [
+            StageSpec(
+                s.nodes,
+                s.devices,
+                s.micro_batch_size,
+                k=s.schedule.k,
+                tensor_parallel=s.tensor_parallel,
+                tmpc=s.tmpc,
+                order=s.schedule.order if keep_orders else None,
+            )
+            for s in plan.stages
+        ]
+
+    out = build_plan(
+        graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info, schedule=schedule
+    )
     if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
-            st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages):
+        st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages
+    ):
         out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)
     return out

@@ -9,7 +9,7 @@ from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
 from gpp_solver.planners.gpp.plans import build_from_state, iteration_time_lower_bound, uniform_micro_batch
 from gpp_solver.types import Plan, SearchInfo, Status
 
-LAZY_BOUND_SLACK = 1e-6          # a lazy candidate's bound B * TPS, lowered by this share (float rounding)
+LAZY_BOUND_SLACK = 1e-6  # a lazy candidate's bound B * TPS, lowered by this share (float rounding)
 
 
 class Pool:
@@ -25,7 +25,7 @@ class Pool:
 
     def __init__(self, score: Any, lazy: bool, schedule: str = "1f1b") -> None:
         self.score, self.lazy, self.schedule = score, lazy, schedule
-        self.items: list[list[Any]] = []    # [plan or None, meta, (P, state, ev) or None, bound]
+        self.items: list[list[Any]] = []  # [plan or None, meta, (P, state, ev) or None, bound]
         self.built = 0
 
     def __len__(self) -> int:
@@ -39,8 +39,12 @@ class Pool:
             item = [None, meta, (P, state, ev), None]
             self._build(item)
         else:
-            item = [None, meta, (P, state, ev), iteration_time_lower_bound(P, state, ev, split=self.schedule != "1f1b")
-                    * (1 - LAZY_BOUND_SLACK)]
+            item = [
+                None,
+                meta,
+                (P, state, ev),
+                iteration_time_lower_bound(P, state, ev, split=self.schedule != "1f1b") * (1 - LAZY_BOUND_SLACK),
+            ]
         self.items.append(item)
 
     def _build(self, item: list[Any]) -> Plan:
@@ -63,7 +67,11 @@ class Pool:
         """The first candidate of least score (``own``: among gpp's own plans of one micro-batch size)."""
         items = self.items
         if own:
-            items = [it for it in items if it[0] is None or (it[0].planner == "gpp" and uniform_micro_batch(it[0]) is not None)]
+            items = [
+                it
+                for it in items
+                if it[0] is None or (it[0].planner == "gpp" and uniform_micro_batch(it[0]) is not None)
+            ]
         self._resolve(items)
         built = [it for it in items if it[0] is not None]
         if not built:

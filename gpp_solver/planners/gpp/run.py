@@ -40,8 +40,8 @@ from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
 
-RESTART_SIZES = 2                # phase 2 restarts the search for this many best micro-batch sizes
-POLISH_SIZES = 2                 # phase 3 also polishes the best-estimate start of this many sizes
+RESTART_SIZES = 2  # phase 2 restarts the search for this many best micro-batch sizes
+POLISH_SIZES = 2  # phase 3 also polishes the best-estimate start of this many sizes
 
 Start = tuple[str, State, Eval]  # (label, state, its evaluation)
 
@@ -51,10 +51,17 @@ class GppRun:
     order: :meth:`run_seeds`, :meth:`find_starts`, :meth:`make_pool`, :meth:`search_sizes`,
     :meth:`restart`, :meth:`polish_best`, :meth:`exact_searches`, :meth:`finish`."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, o: GppOptions,
-                 time_limit: float | None, progress: bool) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        o: GppOptions,
+        time_limit: float | None,
+        progress: bool,
+    ) -> None:
         self.graph, self.cluster, self.o, self.progress = graph, cluster, o, progress
-        self.small = len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES   # options.py
+        self.small = len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES  # options.py
         self.seed_planners = o.seed_planners
         if tuple(self.seed_planners) == SEED_PLANNERS and self.small:
             self.seed_planners = SEED_PLANNERS + OPTIONAL_SEED_PLANNERS
@@ -66,7 +73,7 @@ class GppRun:
         self.t0 = time.perf_counter()
         self.budget = time_limit if time_limit is not None else DEFAULT_TIME_LIMIT
         self.deadline = self.t0 + self.budget
-        self.phases: dict[str, float] = {}      # wall seconds per phase (search.extra["phase_seconds"])
+        self.phases: dict[str, float] = {}  # wall seconds per phase (search.extra["phase_seconds"])
         self.timed_out = False
 
     def score(self, p: Plan) -> tuple[float, float]:
@@ -87,8 +94,14 @@ class GppRun:
         allowed = None if o.micro_batch_sizes is None else check_micro_batch_sizes(B, o.micro_batch_sizes)
         self.allowed = allowed
         seeds, self.seed_info, seeds_cut = run_seed_planners(
-            graph, cluster, B, [n for n in self.seed_planners if n not in given], self.budget, progress=self.progress,
-            micro_batch_sizes=allowed)
+            graph,
+            cluster,
+            B,
+            [n for n in self.seed_planners if n not in given],
+            self.budget,
+            progress=self.progress,
+            micro_batch_sizes=allowed,
+        )
         for name, p in given.items():
             try:
                 validate(p, graph, cluster)
@@ -102,9 +115,13 @@ class GppRun:
                 self.seed_info[name] = {"status": "dropped: micro-batch size not allowed", "given": True}
                 continue
             seeds[name] = p
-            self.seed_info[name] = {"status": p.search.status, "given": True, "seconds": p.search.seconds,
-                                    "time_per_sample": p.predicted.time_per_sample,
-                                    "iteration_time": p.predicted.iteration_time}
+            self.seed_info[name] = {
+                "status": p.search.status,
+                "given": True,
+                "seconds": p.search.seconds,
+                "time_per_sample": p.predicted.time_per_sample,
+                "iteration_time": p.predicted.iteration_time,
+            }
         self.seeds = seeds
         self.lap("seeds")
         extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
@@ -118,10 +135,10 @@ class GppRun:
     def find_starts(self) -> None:
         """Start states per ``b``: own chains + the seed plans' partitions, best first (distinct)."""
         self.starts: dict[int, tuple[Problem, list[Start]]] = {}
-        self.by_estimate: dict[int, Start] = {}        # per b: the start with the least estimate
+        self.by_estimate: dict[int, Start] = {}  # per b: the start with the least estimate
         for b in self.bs:
             self._starts_at(b)
-            if self.past_deadline() and (self.by_estimate or self.starts):   # out of time, and a start to search from
+            if self.past_deadline() and (self.by_estimate or self.starts):  # out of time, and a start to search from
                 self.timed_out = True
                 break
         starts = self.starts
@@ -133,7 +150,7 @@ class GppRun:
         seeded = [(name, st) for name, p in self.seeds.items() for st in states_from_plan(P, p)]
         evald: list[Start] = []
         seen: set[State] = set()
-        for label, st in chain_states(P):       # generated lazily: out of time, no more own chain states
+        for label, st in chain_states(P):  # generated lazily: out of time, no more own chain states
             if (self.by_estimate or evald or seeded) and self.past_deadline():
                 self.timed_out = True
                 break
@@ -142,7 +159,7 @@ class GppRun:
             _consider(P, label, st, seen, evald)
         evald.sort(key=lambda x: x[2].key)
         if evald:
-            self.starts[b] = (P, evald[:max(1, self.restarts)])
+            self.starts[b] = (P, evald[: max(1, self.restarts)])
             fits = [x for x in evald if x[2].key[0] == 0]
             if fits:
                 self.by_estimate[b] = min(fits, key=lambda x: (x[2].estimate, x[2].key))
@@ -155,10 +172,12 @@ class GppRun:
         # per-size scores (restarts == 1: the default beyond small instances)
         self.pool = Pool(self.score, lazy=o.objective == "iteration_time" and self.restarts == 1, schedule=o.schedule)
         for name, p in self.seeds.items():
-            self.pool.add(reschedule(p, self.graph, self.cluster, o.schedule),
-                          {"origin": name, "micro_batch_size": uniform_micro_batch(p)})
+            self.pool.add(
+                reschedule(p, self.graph, self.cluster, o.schedule),
+                {"origin": name, "micro_batch_size": uniform_micro_batch(p)},
+            )
         self.per_b: dict[int, dict[str, Any]] = {}
-        self.work = {"max_work": o.max_work, "used": 0, "searches": 0, "skipped": 0}   # node-evaluations
+        self.work = {"max_work": o.max_work, "used": 0, "searches": 0, "skipped": 0}  # node-evaluations
         self.best_key: dict[int, tuple] = {}
         self.best_score: dict[int, tuple[float, float]] = {}
         self.worst_memory: list[float] = []
@@ -188,7 +207,7 @@ class GppRun:
         P = self.starts[b][0]
         found: list[tuple[SearchResult, str, Eval, State]] = []
         for label, st, e0 in chosen:
-            if self.past_deadline() and self.pool:         # out of time: keep at least one plan
+            if self.past_deadline() and self.pool:  # out of time: keep at least one plan
                 return False
             res = self.run_search(P, st, e0)
             if res is None:
@@ -214,14 +233,27 @@ class GppRun:
         when it is over memory (then nothing joins the candidates)."""
         res, label, e0, st = best
         self.best_key[b] = res.ev.key
-        info.update({"start": label, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps, "moves": res.moves,
-                     "move_counts": res.move_counts, "stopped": info.get("stopped", res.stopped)})
+        info.update(
+            {
+                "start": label,
+                "tps_before": e0.max_tps,
+                "tps_after": res.ev.max_tps,
+                "moves": res.moves,
+                "move_counts": res.move_counts,
+                "stopped": info.get("stopped", res.stopped),
+            }
+        )
         if res.ev.key[0] > 0:
             self.worst_memory.append(max(res.ev.memory))
             info["infeasible"] = True
             return True
-        meta = {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps, "tps_after": res.ev.max_tps,
-                "moves": res.moves}
+        meta = {
+            "origin": label,
+            "micro_batch_size": b,
+            "tps_before": e0.max_tps,
+            "tps_after": res.ev.max_tps,
+            "moves": res.moves,
+        }
         pool = self.pool
         for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
             if e_.key[0] == 0:
@@ -229,15 +261,26 @@ class GppRun:
                 if not pool.lazy:
                     plan = pool.items[-1][0]
                     self.best_score[b] = min(self.best_score.get(b, self.score(plan)), self.score(plan))
-        self.log("gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)", b, label, e0.max_tps, res.ev.max_tps,
-                 res.moves, res.stopped)
+        self.log(
+            "gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)",
+            b,
+            label,
+            e0.max_tps,
+            res.ev.max_tps,
+            res.moves,
+            res.stopped,
+        )
         return False
 
     def search_sizes(self) -> None:
         """Phase 1: one search per micro-batch size from its best start (skipping hopeless sizes)."""
         order, starts, pool = self.order, self.starts, self.pool
-        note(self.progress, "gpp: local search over all convex partitions, %d micro-batch sizes (%.1f s left)",
-             len(order), self.deadline - time.perf_counter())
+        note(
+            self.progress,
+            "gpp: local search over all convex partitions, %d micro-batch sizes (%.1f s left)",
+            len(order),
+            self.deadline - time.perf_counter(),
+        )
         bar = ProgressBar(len(order), "gpp: local search", "micro-batch size", self.progress)
         for b in order:
             bar.set_postfix_str(f"b={b}")
@@ -245,8 +288,10 @@ class GppRun:
             P, start_list = starts[b]
             best_pm = pool.best()
             best_now = None if best_pm is None else self.score(best_pm[0])
-            if best_now is not None and (self.B * P.lb_tps if self.o.objective == "iteration_time"
-                                         else P.lb_tps) >= best_now[0]:
+            if (
+                best_now is not None
+                and (self.B * P.lb_tps if self.o.objective == "iteration_time" else P.lb_tps) >= best_now[0]
+            ):
                 self.per_b[b] = {"skipped": "bound"}
                 continue
             if not self.run_b(b, start_list[:1]):
@@ -268,14 +313,14 @@ class GppRun:
         graphs) from the best plan of our own and from the least-estimate starts of the
         ``POLISH_SIZES`` sizes whose starts promise the least estimate."""
         if self.o.polish and self.o.objective == "iteration_time" and time.perf_counter() < self.deadline:
-            polish_problems: dict[int, Problem] = {}     # one per b: its evaluation cache serves each start
+            polish_problems: dict[int, Problem] = {}  # one per b: its evaluation cache serves each start
             for b, label, st0, m0 in self._polish_starts():
                 if self.past_deadline():
                     self.timed_out = True
                     break
                 if b not in polish_problems:
                     polish_problems[b] = Problem(self.graph, self.cluster, self.B, b, self.tables, by_estimate=True)
-                    if b in self.starts:     # rebalance does not depend on the key: share its cache
+                    if b in self.starts:  # rebalance does not depend on the key: share its cache
                         polish_problems[b].share_rebalance_cache(self.starts[b][0])
                 self._polish_from(polish_problems[b], b, label, st0, m0)
         self.lap("polish")
@@ -290,8 +335,7 @@ class GppRun:
         by_estimate = self.by_estimate
         for b in sorted(by_estimate, key=lambda x: (by_estimate[x][2].estimate, x))[:POLISH_SIZES]:
             label, st, e0 = by_estimate[b]
-            todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps,
-                                        "moves": 0}))
+            todo.append((b, label, st, {"origin": label, "micro_batch_size": b, "tps_before": e0.max_tps, "moves": 0}))
         return todo
 
     def _polish_from(self, Q: Problem, b: int, label: str, st0: State, m0: dict[str, Any]) -> None:
@@ -302,8 +346,12 @@ class GppRun:
             return
         self.timed_out |= res.stopped == "time"
         if res.ev.key[0] == 0 and (res.moves or label != "best"):
-            self.pool.add_state(Q, res.state, res.ev, {**m0, "moves": m0.get("moves", 0) + res.moves,
-                                                       "polish_moves": res.moves, "tps_after": res.ev.max_tps})
+            self.pool.add_state(
+                Q,
+                res.state,
+                res.ev,
+                {**m0, "moves": m0.get("moves", 0) + res.moves, "polish_moves": res.moves, "tps_after": res.ev.max_tps},
+            )
         polished.append({"from": label, "moves": res.moves, "stopped": res.stopped, "estimate": res.ev.estimate})
 
     # ------------------------------------------------------------------ exact searches and the answer
@@ -314,18 +362,27 @@ class GppRun:
         o, pool = self.o, self.pool
         self.ex = None
         if o.exact is not False and o.objective == "iteration_time":
-            self.ex = exact_for_gpp(self.graph, self.cluster, self.B, deadline=self.deadline,
-                                    micro_batch_sizes=o.micro_batch_sizes, force=bool(o.exact),
-                                    upper_bound=pool.best_iteration_time())
+            self.ex = exact_for_gpp(
+                self.graph,
+                self.cluster,
+                self.B,
+                deadline=self.deadline,
+                micro_batch_sizes=o.micro_batch_sizes,
+                force=bool(o.exact),
+                upper_bound=pool.best_iteration_time(),
+            )
             self.timed_out |= self.ex.cut
             if self.ex.plan is not None:
-                pool.add(reschedule(self.ex.plan, self.graph, self.cluster, self.o.schedule),
-                         {"origin": "exact", "micro_batch_size": uniform_micro_batch(self.ex.plan)})
+                pool.add(
+                    reschedule(self.ex.plan, self.graph, self.cluster, self.o.schedule),
+                    {"origin": "exact", "micro_batch_size": uniform_micro_batch(self.ex.plan)},
+                )
         worst_memory_found = min(self.worst_memory) if self.worst_memory else None
         self.proven = None
         if o.prove:
-            self.proven, prove_cut = _prove(self.graph, self.cluster, self.B, self.deadline, pool, self.allowed,
-                                               self.o.schedule)
+            self.proven, prove_cut = _prove(
+                self.graph, self.cluster, self.B, self.deadline, pool, self.allowed, self.o.schedule
+            )
             self.timed_out |= prove_cut
         if not pool and self.timed_out:
             raise TimeLimitError(f"gpp: the time limit ({self.budget:g} s) was reached before any plan was found")
@@ -334,7 +391,8 @@ class GppRun:
             raise InfeasibleError(
                 f"no plan fits in {self.cluster.memory_bytes:.6g} bytes per device on {self.cluster.devices} devices"
                 + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
-                required_memory_bytes=need)
+                required_memory_bytes=need,
+            )
         best = pool.best()
         self.lap("exact")
         return best
@@ -345,8 +403,9 @@ class GppRun:
         if plan.planner != "gpp":
             plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE), self.o.schedule)
         self.timed_out |= self.past_deadline()
-        plan, tinfo, guard = tighten_orders(plan, graph, cluster, o.tighten, o.seed, self.budget, self.timed_out,
-                                            self.progress)
+        plan, tinfo, guard = tighten_orders(
+            plan, graph, cluster, o.tighten, o.seed, self.budget, self.timed_out, self.progress
+        )
         self.timed_out |= guard
         self.lap("tighten")
         status = Status.TIME_LIMIT if self.timed_out else Status.FEASIBLE
@@ -354,18 +413,31 @@ class GppRun:
             status = Status.OPTIMAL_TIME_PER_SAMPLE
         ex = self.ex
         # the exact search proves the least iteration time of kFkB orders: no claim over orders with W
-        if (o.schedule == "1f1b" and ex is not None and ex.optimum is not None
-                and plan.predicted.iteration_time <= ex.optimum * (1 + 1e-9)):
+        if (
+            o.schedule == "1f1b"
+            and ex is not None
+            and ex.optimum is not None
+            and plan.predicted.iteration_time <= ex.optimum * (1 + 1e-9)
+        ):
             status = Status.OPTIMAL_ITERATION_TIME
-        extra = {"exact": dict(ex.info) if ex is not None else {"status": "off"}, "seed_planner": meta["origin"],
-                 "micro_batch_size": meta.get("micro_batch_size"), "moves": meta.get("moves", 0),
-                 "polish_moves": meta.get("polish_moves", 0),
-                 "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
-                 "tps_after": plan.predicted.time_per_sample, "seeds": self.seed_info, "per_micro_batch": self.per_b,
-                 "cp_tighten": tinfo, "max_iterations": o.max_iterations, "work": self.work,
-                 "exact_tps": self.proven, "iteration_time_estimate": plan.search.iteration_time_estimate,
-                 "phase_seconds": {k: round(v, 4) for k, v in self.phases.items()},
-                 "plans_built": self.pool.built}
+        extra = {
+            "exact": dict(ex.info) if ex is not None else {"status": "off"},
+            "seed_planner": meta["origin"],
+            "micro_batch_size": meta.get("micro_batch_size"),
+            "moves": meta.get("moves", 0),
+            "polish_moves": meta.get("polish_moves", 0),
+            "tps_before": meta.get("tps_before", plan.predicted.time_per_sample),
+            "tps_after": plan.predicted.time_per_sample,
+            "seeds": self.seed_info,
+            "per_micro_batch": self.per_b,
+            "cp_tighten": tinfo,
+            "max_iterations": o.max_iterations,
+            "work": self.work,
+            "exact_tps": self.proven,
+            "iteration_time_estimate": plan.search.iteration_time_estimate,
+            "phase_seconds": {k: round(v, 4) for k, v in self.phases.items()},
+            "plans_built": self.pool.built,
+        }
         if o.schedule != "1f1b":
             extra["schedule"] = final_record(plan, o.schedule)
         plan = replace(plan, planner="gpp", search=SearchInfo(time.perf_counter() - self.t0, status, None, extra))

@@ -24,7 +24,7 @@ from gpp_solver.types import Cluster, Graph, Plan, Status
 
 logger = logging.getLogger(__name__)
 
-SEED_SAFETY_SHARE = 0.6          # all seed planners together: stopped after this share of the time limit
+SEED_SAFETY_SHARE = 0.6  # all seed planners together: stopped after this share of the time limit
 #: the registered planners that take ``micro_batch_sizes``; a restriction is passed to them, and the
 #: plan of any seed planner with a stage outside the allowed sizes is dropped
 TAKES_MICRO_BATCH_SIZES = frozenset({"gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "milp", "exact"})
@@ -43,9 +43,15 @@ def seed_fn(name: str) -> Any:
         return None
 
 
-def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[str],
-                      budget: float, progress: bool = False, micro_batch_sizes: Sequence[int] | None = None,
-                      ) -> tuple[dict[str, Plan], dict[str, dict[str, Any]], bool]:
+def run_seed_planners(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    names: Sequence[str],
+    budget: float,
+    progress: bool = False,
+    micro_batch_sizes: Sequence[int] | None = None,
+) -> tuple[dict[str, Plan], dict[str, dict[str, Any]], bool]:
     """Run the seed planners in turn under one safety stop ``SEED_SAFETY_SHARE * budget`` from now;
     ``micro_batch_sizes`` restricts every seed plan's stages to those sizes (passed to the planners
     that take it; a plan outside them is dropped and recorded).
@@ -70,26 +76,43 @@ def run_seed_planners(graph: Graph, cluster: Cluster, B: int, names: Sequence[st
         t0 = time.perf_counter()
         note(progress, "gpp: seed planner %s running (at most %.1f s)", name, left)
         try:
-            opts = ({"micro_batch_sizes": tuple(micro_batch_sizes)}
-                    if micro_batch_sizes is not None and name in TAKES_MICRO_BATCH_SIZES else {})
+            opts = (
+                {"micro_batch_sizes": tuple(micro_batch_sizes)}
+                if micro_batch_sizes is not None and name in TAKES_MICRO_BATCH_SIZES
+                else {}
+            )
             p = fn(graph, cluster, B, time_limit=left, **opts)
             validate(p, graph, cluster)
         except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
             late = time.perf_counter() > stop
             cut |= late
             logger.info("seed planner %s skipped: %s: %s", name, type(exc).__name__, exc)
-            info[name] = {"status": f"error: {type(exc).__name__}", "seconds": time.perf_counter() - t0,
-                          "time_limit": left, **({"after_safety_stop": True} if late else {})}
+            info[name] = {
+                "status": f"error: {type(exc).__name__}",
+                "seconds": time.perf_counter() - t0,
+                "time_limit": left,
+                **({"after_safety_stop": True} if late else {}),
+            }
             continue
         if not within_sizes(p, micro_batch_sizes):
             info[name] = {"status": "dropped: micro-batch size not allowed", "seconds": time.perf_counter() - t0}
             continue
         plans[name] = p
-        note(progress, "gpp: seed planner %s: %s in %.2f s, iteration %.6g s", name, p.search.status,
-             time.perf_counter() - t0, p.predicted.iteration_time)
+        note(
+            progress,
+            "gpp: seed planner %s: %s in %.2f s, iteration %.6g s",
+            name,
+            p.search.status,
+            time.perf_counter() - t0,
+            p.predicted.iteration_time,
+        )
         if p.search.status is Status.TIME_LIMIT:
             cut = True
-        info[name] = {"status": p.search.status, "seconds": time.perf_counter() - t0, "time_limit": left,
-                      "time_per_sample": p.predicted.time_per_sample,
-                      "iteration_time": p.predicted.iteration_time}
+        info[name] = {
+            "status": p.search.status,
+            "seconds": time.perf_counter() - t0,
+            "time_limit": left,
+            "time_per_sample": p.predicted.time_per_sample,
+            "iteration_time": p.predicted.iteration_time,
+        }
     return plans, info, cut

@@ -11,8 +11,8 @@ from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
 
-TIGHTEN_SHARE = 0.08             # CP-SAT tightening: this share of the time limit, in deterministic time ...
-TIGHTEN_MAX_SECONDS = 0.8        # ... at most this (the default limit's share), so a larger limit gives the same plan
+TIGHTEN_SHARE = 0.08  # CP-SAT tightening: this share of the time limit, in deterministic time ...
+TIGHTEN_MAX_SECONDS = 0.8  # ... at most this (the default limit's share), so a larger limit gives the same plan
 # CP-SAT runs (tighten=None) only on plans with at most this many F/B actions: on MMT 16x16 at
 # 1,024 devices (2,752 actions) it took 3 s (model and import) and found nothing in its budget
 TIGHTEN_MAX_ACTIONS = 2048
@@ -22,8 +22,16 @@ TIGHTEN_MAX_ACTIONS = 2048
 TIGHTEN_MEMORY_MAX_ACTIONS = 256
 
 
-def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | None, seed: int,
-             budget: float, cut: bool, progress: bool = False) -> tuple[Plan, dict[str, Any], bool]:
+def tighten_orders(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    tighten: bool | None,
+    seed: int,
+    budget: float,
+    cut: bool,
+    progress: bool = False,
+) -> tuple[Plan, dict[str, Any], bool]:
     """CP-SAT order tightening under a deterministic-time budget; also whether a wall-clock guard
     may have stopped it (then its result depends on the machine's speed).
 
@@ -31,7 +39,7 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
     search was not already ``cut`` by the wall clock — both independent of the machine's speed."""
     if tighten is False:
         return plan, {"status": "off"}, False
-    if tighten is None and cut:     # before importing CP-SAT (a second on a loaded machine)
+    if tighten is None and cut:  # before importing CP-SAT (a second on a loaded machine)
         return plan, {"status": "skipped", "reason": "time limit reached"}, False
     try:
         from gpp_solver.cp_orders import cp_schedule
@@ -40,20 +48,47 @@ def tighten_orders(plan: Plan, graph: Graph, cluster: Cluster, tighten: bool | N
     actions = sum(len(s.schedule.order) for s in plan.stages)
     limit_actions = min(TIGHTEN_MAX_ACTIONS, getattr(cp_schedule, "MAX_ACTIONS", TIGHTEN_MAX_ACTIONS))
     if tighten is None and (cut or actions > limit_actions):
-        return plan, {"status": "skipped", "actions": actions, "max_actions": limit_actions,
-                      "reason": "time limit reached" if cut else "too many actions"}, False
+        return (
+            plan,
+            {
+                "status": "skipped",
+                "actions": actions,
+                "max_actions": limit_actions,
+                "reason": "time limit reached" if cut else "too many actions",
+            },
+            False,
+        )
     det = min(TIGHTEN_MAX_SECONDS, TIGHTEN_SHARE * budget)
-    note(progress, "gpp: CP-SAT tightening the micro-batch orders (%d actions, %.2f s deterministic time)",
-         actions, det)
+    note(
+        progress, "gpp: CP-SAT tightening the micro-batch orders (%d actions, %.2f s deterministic time)", actions, det
+    )
     try:
-        r = cp_schedule.tighten(plan, graph, cluster, time_limit=det, seed=seed, workers=1, deterministic=True,
-                                minimize_memory=actions <= TIGHTEN_MEMORY_MAX_ACTIONS, progress=progress)
+        r = cp_schedule.tighten(
+            plan,
+            graph,
+            cluster,
+            time_limit=det,
+            seed=seed,
+            workers=1,
+            deterministic=True,
+            minimize_memory=actions <= TIGHTEN_MEMORY_MAX_ACTIONS,
+            progress=progress,
+        )
     except Exception as exc:  # noqa: BLE001
         logger.info("CP-SAT tightening failed: %s: %s", type(exc).__name__, exc)
         return plan, {"status": f"error: {type(exc).__name__}"}, False
     # cp_schedule guards each deterministic-time phase with a wall limit of 4x it + 1 s and says
     # whether a phase ended by neither a proof nor its deterministic limit (then it may depend on load)
     guard = r.wall_guard
-    info = {"status": r.status, "deterministic_seconds": det, "makespan_before": r.makespan_before, "makespan_after": r.makespan_after,
-            "improved": r.improved, "seconds": r.seconds, "actions": r.actions, "memory_status": r.memory_status, "wall_guard_possible": guard}
+    info = {
+        "status": r.status,
+        "deterministic_seconds": det,
+        "makespan_before": r.makespan_before,
+        "makespan_after": r.makespan_after,
+        "improved": r.improved,
+        "seconds": r.seconds,
+        "actions": r.actions,
+        "memory_status": r.memory_status,
+        "wall_guard_possible": guard,
+    }
     return r.plan, info, guard

@@ -46,8 +46,9 @@ def search_tps(dp: StageDP, b: int, *, deadline: float | None = None) -> TpsSear
     return search_many(dp, [b], deadline=deadline)[b]
 
 
-def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None,
-                on_pass: Callable[[int], None] | None = None) -> dict[int, TpsSearch | None]:
+def search_many(
+    dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None, on_pass: Callable[[int], None] | None = None
+) -> dict[int, TpsSearch | None]:
     """:func:`search_tps` for every micro-batch size at once.
 
     Every DP pass tests several ``(b, target)`` pairs together (a k-ary search per ``b``, all sizes
@@ -60,11 +61,16 @@ def search_many(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = N
     return {b: found.get((b, dp.E)) for b in sizes}
 
 
-def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None = None,
-                  on_pass: Callable[[int], None] | None = None,
-                  deepen: Callable[[dict[int, TpsSearch]], Iterable[int]] | None = None,
-                  max_bound: int | None = None,
-                  feasible: dict[int, tuple[float, int]] | None = None) -> dict[int, list[TpsSearch]]:
+def search_depths(
+    dp: StageDP,
+    sizes: Sequence[int],
+    *,
+    deadline: float | None = None,
+    on_pass: Callable[[int], None] | None = None,
+    deepen: Callable[[dict[int, TpsSearch]], Iterable[int]] | None = None,
+    max_bound: int | None = None,
+    feasible: dict[int, tuple[float, int]] | None = None,
+) -> dict[int, list[TpsSearch]]:
     """For every ``b``: the smallest DP target TPS at every bound on the stage graph's depth.
 
     The paper's DP gives, for every target, the fewest in-flight micro-batches at the source (the
@@ -91,7 +97,7 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     # whose depth the cap hides is deeper than every bound searched next
     floor = dp.E + 1 if max_bound is None else int(max_bound) + 2
     first = _first_phase(dp, sizes, deadline, on_pass, saturate=floor, feasible=feasible)
-    if deadline is not None and time.perf_counter() > deadline:     # no second phase: its points are unproven
+    if deadline is not None and time.perf_counter() > deadline:  # no second phase: its points are unproven
         return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     e0 = {b: max(s.depth for s in r.stages) for (b, _), r in first.items()}
     asked = {b: 1 for b in e0} if deepen is None else deepen({b: first[(b, dp.E)] for b in e0})
@@ -102,10 +108,18 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
     found = {}
     if keys:
         try:
-            found = search_keys(dp, sorted({b for b, _ in keys}), keys, deadline, on_pass,
-                                 E=max(e for _, e in keys), must_answer=False, bound=feasible,
-                                 floor={b: first[(b, dp.E)].tps for b in e0})
-        except TimeLimitError:      # inside the second phase's first pass: the first phase's points stand
+            found = search_keys(
+                dp,
+                sorted({b for b, _ in keys}),
+                keys,
+                deadline,
+                on_pass,
+                E=max(e for _, e in keys),
+                must_answer=False,
+                bound=feasible,
+                floor={b: first[(b, dp.E)].tps for b in e0},
+            )
+        except TimeLimitError:  # inside the second phase's first pass: the first phase's points stand
             return {b: [] if (b, dp.E) not in first else [replace(first[(b, dp.E)], exact=False)] for b in sizes}
     out: dict[int, list[TpsSearch]] = {}
     for b in sizes:
@@ -117,21 +131,29 @@ def search_depths(dp: StageDP, sizes: Sequence[int], *, deadline: float | None =
         if b in e0:
             r = first[(b, dp.E)]
             if not pts or r.tps < pts[-1].tps:
-                more = max((x.probes for x in found.values()), default=0)       # the second phase's passes
+                more = max((x.probes for x in found.values()), default=0)  # the second phase's passes
                 pts.append(replace(r, depth_bound=e0[b], probes=r.probes + more))
         out[b] = pts
     return out
 
 
-def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float | None = None,
-                   on_pass: Callable[[int], None] | None = None, tol: float = 0.0) -> dict[int, TpsSearch]:
+def search_bounded(
+    dp: StageDP,
+    sizes: Sequence[int],
+    e: int,
+    *,
+    deadline: float | None = None,
+    on_pass: Callable[[int], None] | None = None,
+    tol: float = 0.0,
+) -> dict[int, TpsSearch]:
     """For every size a staging at most ``e`` deep (passes bounded to depth ``e``: small tables)
     whose TPS is within a factor ``1 + tol`` of the least such; sizes with none are left out.
     Past the deadline: ``{}`` (nothing traced)."""
     e = max(1, min(int(e), dp.E))
     try:
-        found = search_keys(dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False,
-                             stages=False, tol=tol)
+        found = search_keys(
+            dp, sizes, [(b, e) for b in sizes], deadline, on_pass, E=e, must_answer=False, stages=False, tol=tol
+        )
     except TimeLimitError:
         return {}
     if any(not r.exact for r in found.values()) or (deadline is not None and time.perf_counter() > deadline):
@@ -143,7 +165,7 @@ def search_bounded(dp: StageDP, sizes: Sequence[int], e: int, *, deadline: float
 def trace(dp: StageDP, r: TpsSearch, prefer_shared: bool = True) -> tuple[DPStage, ...]:
     """The stages of ``r``'s target traced at any depth (:meth:`StageDP.stages_many`), from the
     tables of the pass that proved it where they were kept (no pass of its own)."""
-    if r.kept is not None and r.kept[0].E in (None, dp.E):     # a pass at any depth (saturated or not)
+    if r.kept is not None and r.kept[0].E in (None, dp.E):  # a pass at any depth (saturated or not)
         return tuple(dp.traceback(*r.kept, prefer_shared))
     return tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=prefer_shared)[0])
 
@@ -152,9 +174,14 @@ def trace(dp: StageDP, r: TpsSearch, prefer_shared: bool = True) -> tuple[DPStag
 PRE_DEPTH = 16
 
 
-def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_pass: Callable[[int], None] | None,
-                 saturate: int | None = None,
-                 feasible: dict[int, tuple[float, int]] | None = None) -> dict[tuple[int, int], TpsSearch]:
+def _first_phase(
+    dp: StageDP,
+    sizes: Sequence[int],
+    deadline: float | None,
+    on_pass: Callable[[int], None] | None,
+    saturate: int | None = None,
+    feasible: dict[int, tuple[float, int]] | None = None,
+) -> dict[tuple[int, int], TpsSearch]:
     """The least TPS at every size, at any depth (keys ``(b, dp.E)``).
 
     On large trees (:meth:`StageDP.large`) whose depth bound ``E`` exceeds :data:`PRE_DEPTH`, a
@@ -169,15 +196,17 @@ def _first_phase(dp: StageDP, sizes: Sequence[int], deadline: float | None, on_p
     feasible = feasible or {}
     if not dp.large() or dp.E <= PRE_DEPTH:
         return search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, bound=feasible)
-    pre = search_keys(dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH, bound=feasible,
-                       stages=False)
-    if deadline is not None and time.perf_counter() > deadline and pre:     # its answers stand, traced now
+    pre = search_keys(
+        dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH, bound=feasible, stages=False
+    )
+    if deadline is not None and time.perf_counter() > deadline and pre:  # its answers stand, traced now
         st = dp.stages_many([(b, r.tps) for (b, _), r in pre.items()], E=PRE_DEPTH)
-        return {(b, dp.E): replace(r, stages=tuple(x), exact=False, depth_bound=dp.E)
-                for ((b, _), r), x in zip(pre.items(), st)}
+        return {
+            (b, dp.E): replace(r, stages=tuple(x), exact=False, depth_bound=dp.E)
+            for ((b, _), r), x in zip(pre.items(), st)
+        }
     start = {b: r.tps for (b, _), r in pre.items()}
     return search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, start=start)
-
 
 
 __all__ = ["TpsSearch", "search_tps", "search_many", "search_depths", "search_bounded", "trace"]

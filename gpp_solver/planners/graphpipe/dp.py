@@ -64,11 +64,20 @@ class StageDP:
     #: the largest stage-graph depth a coarsened space holds (unless memory needs more, see ``E``)
     COARSE_DEPTH = 32
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
-                 decomposition: SPDecomposition | None = None,
-                 degree_options: Sequence[int] | None = None, max_devices: int | None = None,
-                 optimistic_transfers: bool = False, shared_sinks: bool = True,
-                 lower_bound_pricing: bool = False, max_segments: int | None = None) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        *,
+        decomposition: SPDecomposition | None = None,
+        degree_options: Sequence[int] | None = None,
+        max_devices: int | None = None,
+        optimistic_transfers: bool = False,
+        shared_sinks: bool = True,
+        lower_bound_pricing: bool = False,
+        max_segments: int | None = None,
+    ) -> None:
         self.graph = graph
         self.cluster = cluster
         self.B = mini_batch_size
@@ -81,7 +90,7 @@ class StageDP:
         #: series coarsened into blocks of operators (``dp_tree.index_tree``) when the tree lists
         #: more than ``MAX_SEGMENTS`` segments: the answers are then stagings, not proven optima
         coarse = self.COARSE_CHILDREN if limit and tree_segments(tree) > limit else None
-        if coarse is not None:      # nor shared-sink stages: their tables cost a pass's time again per site
+        if coarse is not None:  # nor shared-sink stages: their tables cost a pass's time again per site
             self.shared_sinks = False
         self.idx: TreeIndex = index_tree(tree, self.shared_sinks, coarse)
         self.coarsened = bool(self.idx.blocks)
@@ -124,7 +133,7 @@ class StageDP:
         self._fast = fast
         self._cache: dict[int, SizeTables] = {}
         self._caps: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._fits: dict[int, tuple] = {}      # b -> (E, dp_stage_tables.segment_fits at E)
+        self._fits: dict[int, tuple] = {}  # b -> (E, dp_stage_tables.segment_fits at E)
 
     # ---- per micro-batch size -------------------------------------------------------------
     def degrees(self, b: int) -> tuple[int, ...]:
@@ -143,20 +152,33 @@ class StageDP:
         if tb is None:
             degs = self.degrees(b)
             compute = [self._costs.compute_at(b / d)[self._perm] for d in degs]
-            comm = self.comm if not self.lower_bound_pricing else \
-                SegmentComm(np.zeros_like(self.comm.count), np.zeros_like(self.comm.nbytes))
-            tps = stage_tps(self.idx, compute, self.W, comm, b, degs, mini_batch_size=self.B,
-                            latency=self.cluster.latency, comm_bandwidth=self.comm_bandwidth,
-                            allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs],
-                            terms=TimeTerms.of(self.graph, self.cluster))
+            comm = (
+                self.comm
+                if not self.lower_bound_pricing
+                else SegmentComm(np.zeros_like(self.comm.count), np.zeros_like(self.comm.nbytes))
+            )
+            tps = stage_tps(
+                self.idx,
+                compute,
+                self.W,
+                comm,
+                b,
+                degs,
+                mini_batch_size=self.B,
+                latency=self.cluster.latency,
+                comm_bandwidth=self.comm_bandwidth,
+                allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs],
+                terms=TimeTerms.of(self.graph, self.cluster),
+            )
             md = self._max_depths(b, degs, self.memory)
             tb = SizeTables(degs, tps, md, best_at_sink(tps, md))
             self._cache[b] = tb
         return tb
 
     def _max_depths(self, b: int, degs: Sequence[int], memory: float) -> np.ndarray:
-        return max_depths(self.W, self.A, b, degs, mini_batch_size=self.B, memory=memory,
-                          osf=self.cluster.optimizer_state_factor)
+        return max_depths(
+            self.W, self.A, b, degs, mini_batch_size=self.B, memory=memory, osf=self.cluster.optimizer_state_factor
+        )
 
     def candidates(self, b: int) -> np.ndarray:
         """Sorted distinct stage TPS values the DP can produce at ``b`` (the optimum is one)."""
@@ -167,7 +189,7 @@ class StageDP:
         """A TPS no plan at ``b`` beats: the slowest operator at its best degree, and the total
         device-time spread over every device."""
         degs = self.degrees(b)
-        per = np.stack([self._costs.compute_at(b / d) for d in degs])       # (deg, nodes)
+        per = np.stack([self._costs.compute_at(b / d) for d in degs])  # (deg, nodes)
         one = per.min(axis=0).max() / b
         work = (per * np.asarray(degs)[:, None]).min(axis=0).sum() / (b * self.D)
         return float(max(one, work))
@@ -186,7 +208,7 @@ class StageDP:
         serve a stage at ``t``), and only their ``maxdepth`` below ``E`` (one of ``E`` or more
         fits at every depth a staging on ``D`` devices reaches): exact for that target, and
         where memory never binds at ``t`` the cap is ``floor``."""
-        if self.depth_limited:      # saturating would admit the stagings deeper than E
+        if self.depth_limited:  # saturating would admit the stagings deeper than E
             return self.E
         if t is not None:
             keys, reach = self._cap_steps(b)
@@ -208,8 +230,9 @@ class StageDP:
             self._caps[b] = got
         return got
 
-    def _dev(self, pairs: Sequence[tuple[int, float]], E: int, sat: bool = False,
-             deadline: float | None = None) -> SegDev:
+    def _dev(
+        self, pairs: Sequence[tuple[int, float]], E: int, sat: bool = False, deadline: float | None = None
+    ) -> SegDev:
         """The DP's encoded stage values ``encode(dev[i, g, depth])`` for ``pairs[i] = (b, t)``,
         stored only for the segments some pair's target can use (the others are ``INF`` at every
         depth and every degree, so leaving them out changes no DP value): a target near the
@@ -227,14 +250,15 @@ class StageDP:
             enc = encode(np.asarray(tb.degrees, dtype=np.int64))
             ts = [pairs[i][1] for i in rows]
             if self._fits.get(b, (None,))[0] != E and len(tb.maxdepth) * (E + 2) <= 1 << 22:
-                self._fits[b] = (E, segment_fits(tb.maxdepth, E))      # one bound per size, 4 MB at most
+                self._fits[b] = (E, segment_fits(tb.maxdepth, E))  # one bound per size, 4 MB at most
             fits = self._fits[b][1] if self._fits.get(b, (None,))[0] == E else None
-            if rows[-1] - rows[0] == len(rows) - 1:         # consecutive rows: fill the slice in place
-                devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0]:rows[-1] + 1, :-1],
-                                     fits=fits)
+            if rows[-1] - rows[0] == len(rows) - 1:  # consecutive rows: fill the slice in place
+                devices_for_segments(
+                    tb.tps, tb.maxdepth, enc, ts, used, E, out=arr[rows[0] : rows[-1] + 1, :-1], fits=fits
+                )
             else:
                 arr[rows, :-1] = devices_for_segments(tb.tps, tb.maxdepth, enc, ts, used, E, fits=fits)
-        if sat:                 # depth E + 1 counts as depth E
+        if sat:  # depth E + 1 counts as depth E
             arr[:, :-1, E + 1] = arr[:, :-1, E]
         return SegDev(arr, gmap)
 
@@ -250,8 +274,14 @@ class StageDP:
         most ``e`` (``e = 0..E``; column ``E`` is :meth:`min_devices`), one batched DP pass."""
         return self.probe(pairs, keep=False).devices
 
-    def probe(self, pairs: Sequence[tuple[int, float]], keep: bool = True, E: int | None = None,
-              saturate: int | None = None, deadline: float | None = None) -> DPProbe:
+    def probe(
+        self,
+        pairs: Sequence[tuple[int, float]],
+        keep: bool = True,
+        E: int | None = None,
+        saturate: int | None = None,
+        deadline: float | None = None,
+    ) -> DPProbe:
         """One batched DP pass over ``(b, t)`` pairs; with ``keep`` it also holds the tables that
         :meth:`traceback` needs, so a search need not run the pass again for its answer.  With
         ``E`` below the DP's own bound the pass only considers stage graphs of depth ``<= E``: the
@@ -265,7 +295,7 @@ class StageDP:
             if any(C < E for C in caps):
                 return self._probe_saturated(pairs, keep, caps, deadline)
         groups = self._split(pairs, E)
-        if len(groups) > 1:         # one pass per micro-batch size, or per half of the targets (_split)
+        if len(groups) > 1:  # one pass per micro-batch size, or per half of the targets (_split)
             subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline=deadline), rows) for rows in groups]
             devices = np.empty((len(pairs), E + 1), dtype=np.int64)
             where = {}
@@ -292,8 +322,9 @@ class StageDP:
             use |= u
         return by_b, use, own
 
-    def _probe_saturated(self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]],
-                         deadline: float | None = None) -> DPProbe:
+    def _probe_saturated(
+        self, pairs: Sequence[tuple[int, float]], keep: bool, caps: dict[int, list[int]], deadline: float | None = None
+    ) -> DPProbe:
         """:meth:`probe` with each pair's depths saturated at its :meth:`depth_cap` (at its size and target) (one
         pass per cap).  Column ``E`` of ``devices`` (any depth) is exact, as are the columns below
         each cap; the columns from a cap to ``E - 1`` repeat the any-depth answer."""
@@ -307,8 +338,8 @@ class StageDP:
                 dev = self._dev(sub, C, sat=True, deadline=deadline)
                 Rroot, tables, R = run_dp(self.idx, dev, C, keep=keep, sat=True, deadline=deadline)
                 pr = DPProbe(tuple(sub), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, C, True)
-            devices[rows, :pr.devices.shape[1]] = pr.devices
-            devices[rows, pr.devices.shape[1]:] = pr.devices[:, -1:]
+            devices[rows, : pr.devices.shape[1]] = pr.devices
+            devices[rows, pr.devices.shape[1] :] = pr.devices[:, -1:]
             where.update({i: (pr, r) for r, i in enumerate(rows)})
         return DPProbe(tuple(pairs), devices, ("split", where) if keep else None, None)
 
@@ -323,7 +354,7 @@ class StageDP:
         if len(by_b) > 1 and whole * (E + 2) >= (1 << 20) and own * 2 <= whole:
             return list(by_b.values())
         if len(pairs) > 1 and len(pairs) * (int(use.sum()) + 1) * (E + 2) > self.PASS_ENTRIES:
-            half = len(pairs) // 2          # bound the pass's tables: halves of the targets
+            half = len(pairs) // 2  # bound the pass's tables: halves of the targets
             return [list(range(half)), list(range(half, len(pairs)))]
         return [list(range(len(pairs)))]
 
@@ -344,15 +375,28 @@ class StageDP:
         """The stages of ``probe``'s ``i``-th pair (it must be feasible).  Where a shared-sink stage
         and separate stages reach the same value, ``prefer_shared`` picks the former."""
         assert probe.kept is not None, "probe ran without keep=True"
-        if isinstance(probe.kept[0], str):          # a probe split by micro-batch size
+        if isinstance(probe.kept[0], str):  # a probe split by micro-batch size
             sub, r = probe.kept[1][i]
             return self.traceback(sub, r, prefer_shared)
         dev, Rroot, tables, R = probe.kept
         b, t = probe.pairs[i]
         tb = self.tables(b)
         E = self.E if probe.E is None else probe.E
-        st = trace_stages(self.idx, tb.degrees, tb.tps, self.D, b, t, dev[i], Rroot[i], [x[i] for x in tables],
-                          [x[i] for x in R], prefer_shared, E, probe.sat)
+        st = trace_stages(
+            self.idx,
+            tb.degrees,
+            tb.tps,
+            self.D,
+            b,
+            t,
+            dev[i],
+            Rroot[i],
+            [x[i] for x in tables],
+            [x[i] for x in R],
+            prefer_shared,
+            E,
+            probe.sat,
+        )
         if probe.sat and max(s.depth for s in st) >= E:
             # the staging reaches the cap: trace it from a pass without saturation, so that ties
             # break as they always did (same stages), unless that pass's table is too large; the
@@ -379,8 +423,13 @@ class StageDP:
         """The stages of a plan meeting ``t`` with at most ``D`` devices (traceback of the DP)."""
         return self.stages_many([(b, t)])[0]
 
-    def stages_many(self, pairs: Sequence[tuple[int, float]], prefer_shared: bool = True,
-                    E: int | None = None, saturate: int | None = None) -> list[list[DPStage]]:
+    def stages_many(
+        self,
+        pairs: Sequence[tuple[int, float]],
+        prefer_shared: bool = True,
+        E: int | None = None,
+        saturate: int | None = None,
+    ) -> list[list[DPStage]]:
         """Tracebacks for several ``(b, t)`` pairs from one batched DP pass (bounded to depth
         ``E``, or saturated, see :meth:`probe`)."""
         pr = self.probe(pairs, E=E, saturate=saturate)

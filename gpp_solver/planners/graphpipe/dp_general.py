@@ -74,27 +74,42 @@ class GeneralStage:
     k: int
     in_flight_bound: int
     tps_estimate: float
-    first: int          # position of its first operator in the tree's leaf order
+    first: int  # position of its first operator in the tree's leaf order
 
 
 @dataclass(frozen=True)
 class GeneralSearch:
-    tps: float                          # smallest candidate target the DP meets
+    tps: float  # smallest candidate target the DP meets
     stages: tuple[GeneralStage, ...]
     probes: int
     candidates: int
-    exact: bool                         # False when the deadline stopped the bisection
+    exact: bool  # False when the deadline stopped the bisection
 
 
 class GeneralStageDP:
     """The DP for one graph, cluster and mini-batch size, per-stage ``b`` and ``k``."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, *,
-                 micro_batch_sizes: Sequence[int], k_options: Sequence[int] = (1,),
-                 decomposition: SPDecomposition | None = None, degree_options: Sequence[int] | None = None,
-                 max_devices: int | None = None) -> None:
-        self.base = StageDP(graph, cluster, mini_batch_size, decomposition=decomposition,
-                            degree_options=degree_options, max_devices=max_devices, shared_sinks=False)
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        *,
+        micro_batch_sizes: Sequence[int],
+        k_options: Sequence[int] = (1,),
+        decomposition: SPDecomposition | None = None,
+        degree_options: Sequence[int] | None = None,
+        max_devices: int | None = None,
+    ) -> None:
+        self.base = StageDP(
+            graph,
+            cluster,
+            mini_batch_size,
+            decomposition=decomposition,
+            degree_options=degree_options,
+            max_devices=max_devices,
+            shared_sinks=False,
+        )
         self.B, self.D = mini_batch_size, self.base.D
         self.idx = self.base.idx
         self.sizes = tuple(sorted(set(micro_batch_sizes)))
@@ -116,15 +131,16 @@ class GeneralStageDP:
         return np.unique(np.concatenate([tb.tps.ravel() for tb in self._tps.values()]))
 
     # ------------------------------------------------------------------ one pass
-    def pareto(self, t: float, memory: float | None = None,
-               deadline: float | None = None) -> list[tuple[int, tuple, object]]:
+    def pareto(
+        self, t: float, memory: float | None = None, deadline: float | None = None
+    ) -> list[tuple[int, tuple, object]]:
         """Pareto set ``(devices, source summary, trace)`` of the whole graph at target ``t``
         (devices ``<= D``); empty when no staging meets ``t`` and memory.  :class:`TimeLimitError`
         when ``deadline`` passes (checked at every child of every tree node solved)."""
         mem = self.memory if memory is None else memory
         key = (float(t), float(mem))
-        last = getattr(self, "_last_feasible", None)    # a search's answer is its latest feasible pass:
-        if last is not None and last[0] == key:         # stages() and stage_sets() reuse it
+        last = getattr(self, "_last_feasible", None)  # a search's answer is its latest feasible pass:
+        if last is not None and last[0] == key:  # stages() and stage_sets() reuse it
             return last[1]
         out = _ParetoPass(self, t, mem, deadline).node(self.idx.root[1], self.sink)
         if out:
@@ -160,8 +176,11 @@ class GeneralStageDP:
                 b, k = self.configs[ci]
                 lo, hi = int(self.idx.seg_lo[g]), int(self.idx.seg_hi[g])
                 tb = self._tps[b]
-                out.append(GeneralStage(tuple(self.idx.leaf_order[lo:hi]), d, b, k, i,
-                                        float(tb.tps[g, tb.degrees.index(d)]), lo))
+                out.append(
+                    GeneralStage(
+                        tuple(self.idx.leaf_order[lo:hi]), d, b, k, i, float(tb.tps[g, tb.degrees.index(d)]), lo
+                    )
+                )
             else:
                 stack.extend(tr)
         out.sort(key=lambda s: s.first)
@@ -202,8 +221,9 @@ class GeneralStageDP:
             degs = np.asarray(self._tps[b].degrees, dtype=float)
             peaks = b * np.arange(1, self.B // b + 1, dtype=float)
             W, A = np.asarray(self.W), np.asarray(self.A)
-            vals.append((self.osf * W[:, None, None] + peaks[None, None, :] / degs[None, :, None]
-                         * A[:, None, None]).ravel())
+            vals.append(
+                (self.osf * W[:, None, None] + peaks[None, None, :] / degs[None, :, None] * A[:, None, None]).ravel()
+            )
         cands = np.unique(np.concatenate(vals))
         lo, hi = 0, len(cands) - 1
         try:

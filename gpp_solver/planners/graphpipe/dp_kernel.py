@@ -59,8 +59,9 @@ def check_deadline(deadline: float | None) -> None:
         raise TimeLimitError("time limit reached inside a pass of GraphPipe's stage DP")
 
 
-def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, sat: bool = False,
-           deadline: float | None = None):
+def run_dp(
+    idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, sat: bool = False, deadline: float | None = None
+):
     """The DP over the tree for a batch of targets (one per leading index of ``dev``).
 
     Returns ``(R_root, tables, R)``: ``R_root[i, s, e]`` as in the module docstring for target
@@ -80,12 +81,17 @@ def run_dp(idx: TreeIndex, dev: np.ndarray, E: int, keep: bool = False, sat: boo
         dev = SegDev(dev)
     T = dev.shape[0]
     step = targets_per_chunk(idx, E)
-    if T > step:        # each target's answers are its own: chunks keep the temporaries in cache
-        parts = [_run_dp(idx, SegDev(dev.arr[i:i + step], dev.gmap, dev.seg_axis), E, keep, sat, deadline)
-                 for i in range(0, T, step)]
-        cat = lambda xs: np.concatenate(xs, axis=0)     # noqa: E731
-        return (cat([p[0] for p in parts]), [cat([p[1][t] for p in parts]) for t in range(len(parts[0][1]))],
-                [cat([p[2][t] for p in parts]) for t in range(len(parts[0][2]))])
+    if T > step:  # each target's answers are its own: chunks keep the temporaries in cache
+        parts = [
+            _run_dp(idx, SegDev(dev.arr[i : i + step], dev.gmap, dev.seg_axis), E, keep, sat, deadline)
+            for i in range(0, T, step)
+        ]
+        cat = lambda xs: np.concatenate(xs, axis=0)  # noqa: E731
+        return (
+            cat([p[0] for p in parts]),
+            [cat([p[1][t] for p in parts]) for t in range(len(parts[0][1]))],
+            [cat([p[2][t] for p in parts]) for t in range(len(parts[0][2]))],
+        )
     return _run_dp(idx, dev, E, keep, sat, deadline)
 
 
@@ -110,20 +116,20 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
     s_idx = np.arange(size)[:, None]
     e_idx = np.arange(size)[None, :]
     empty_series = np.where(e_idx >= s_idx, 0, INF).astype(np.int64)
-    lower = ~(e_idx >= np.minimum(s_idx + 1, E) if sat else e_idx >= s_idx + 1)   # a stage at depth s+1 needs e >= s+1
+    lower = ~(e_idx >= np.minimum(s_idx + 1, E) if sat else e_idx >= s_idx + 1)  # a stage at depth s+1 needs e >= s+1
     n = len(idx.nodes)
-    R: list[np.ndarray] = [None] * n        # type: ignore[list-item]
-    tables: list[np.ndarray] = [None] * n   # type: ignore[list-item]
+    R: list[np.ndarray] = [None] * n  # type: ignore[list-item]
+    tables: list[np.ndarray] = [None] * n  # type: ignore[list-item]
     site_pars = {st.par for sts in idx.sites.values() for st in sts}
     par_suf: dict[int, np.ndarray] = {}
     for group in node_groups(idx):
         check_deadline(deadline)
         kind, kids0 = idx.nodes[group[0]]
         k, g = len(kids0), len(group)
-        segs = np.stack([idx.seg[t] for t in group])                          # (g, k, k)
-        rows = dev.gmap[segs]                                                   # their rows in dev.arr
+        segs = np.stack([idx.seg[t] for t in group])  # (g, k, k)
+        rows = dev.gmap[segs]  # their rows in dev.arr
         # per p, 1 + the last q whose segment p..q some target can use (0: none)
-        anyq = (rows != dev.arr.shape[1] - 1).any(axis=0)                       # (k, k)
+        anyq = (rows != dev.arr.shape[1] - 1).any(axis=0)  # (k, k)
         last = np.where(anyq.any(axis=1), k - np.argmax(anyq[:, ::-1], axis=1), 0).tolist()
         # nothing follows the root: its rows s > 0 are never read, so only s = 0 is computed
         S = 1 if group == [idx.root[1]] else size
@@ -139,12 +145,12 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
                 if p == k - 1:
                     suf[:, :, k] = empty_series[:S]
                 if q0 < qe:
-                    D = arr[:, rows[:, p, q0:qe], 1:size + 1]                 # D[i, j, q, m] = dev at depth m+1
-                    X = (D[:, :, :, None, :] + suf[:, :, q0 + 1:qe + 1]).min(axis=2)   # X[i, j, s, m]
+                    D = arr[:, rows[:, p, q0:qe], 1 : size + 1]  # D[i, j, q, m] = dev at depth m+1
+                    X = (D[:, :, :, None, :] + suf[:, :, q0 + 1 : qe + 1]).min(axis=2)  # X[i, j, s, m]
                     np.minimum.accumulate(X, axis=3, out=X)
                     out[..., 0] = INF
-                    out[..., 1:] = X[..., :-1]                                 # m <= e-1
-                    if sat:                                                    # after depth E: depth E
+                    out[..., 1:] = X[..., :-1]  # m <= e-1
+                    if sat:  # after depth E: depth E
                         np.minimum(out[..., E], X[..., E], out=out[..., E])
                 else:
                     out[...] = INF
@@ -155,8 +161,8 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
                 if p == k - 1:
                     suf[:, :, k] = 0
                 if q0 < qe:
-                    D = arr[:, rows[:, p, q0:qe], 1:S + 1]                    # D[i, j, q, s] = dev at depth s+1
-                    X = (D[..., None] + suf[:, :, q0 + 1:qe + 1]).min(axis=2)
+                    D = arr[:, rows[:, p, q0:qe], 1 : S + 1]  # D[i, j, q, s] = dev at depth s+1
+                    X = (D[..., None] + suf[:, :, q0 + 1 : qe + 1]).min(axis=2)
                     X[:, :, lower[:S]] = INF
                     out[...] = X
                 else:

@@ -20,8 +20,7 @@ def min_memory(dp, b: int) -> float | None:
     n = dp.B // b
     depth = np.minimum(np.arange(1, dp.E + 1), n).astype(float)
     osf = dp.cluster.optimizer_state_factor
-    cands = (osf * dp.W[:, None, None]
-             + depth[None, None, :] * b / degs[None, :, None] * dp.A[:, None, None])
+    cands = osf * dp.W[:, None, None] + depth[None, None, :] * b / degs[None, :, None] * dp.A[:, None, None]
     cands = np.unique(cands)
 
     def ok(mem: float) -> bool:

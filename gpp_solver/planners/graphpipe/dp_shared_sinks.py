@@ -20,8 +20,7 @@ def _head_base(T: int, size: int) -> np.ndarray:
     return np.broadcast_to(np.where(m_idx <= e_idx, 0, INF).astype(np.int64), (T, size, size)).copy()
 
 
-def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int,
-                  sat: bool = False) -> np.ndarray:
+def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int, sat: bool = False) -> np.ndarray:
     """``pre[:, u, m, e]`` for ``u = 0..upto``: fewest devices staging the first ``u`` children of
     series node ``t`` when the stage after them has depth ``m`` and every stage has depth ``<= e``
     (the mirror image of :func:`~gpp_solver.planners.graphpipe.dp_kernel.run_dp`'s series suffix)."""
@@ -29,19 +28,19 @@ def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto
     kids, segs = idx.nodes[t][1], idx.seg[t]
     pre = np.empty((T, upto + 1, size, size), dtype=np.int64)
     pre[:, 0] = _head_base(T, size)
-    shifted = np.full((T, upto + 1, size, size), INF, dtype=np.int64)   # shifted[:, v, m] = pre[:, v, m+1]
+    shifted = np.full((T, upto + 1, size, size), INF, dtype=np.int64)  # shifted[:, v, m] = pre[:, v, m+1]
     shifted[:, 0, :-1] = pre[:, 0, 1:]
-    if sat:                                 # before a stage at depth E: depth E
+    if sat:  # before a stage at depth E: depth E
         shifted[:, 0, -1] = pre[:, 0, -1]
     for u in range(1, upto + 1):
         internal = kids[u - 1][0] == "node"
-        D = dev[:, segs[0:u, u - 1], 1:size + 1]                          # (T, v, m): stage at depth m+1
+        D = dev[:, segs[0:u, u - 1], 1 : size + 1]  # (T, v, m): stage at depth m+1
         if internal:
             D = D.copy()
             D[:, u - 1] = INF
         best = (D[:, :, :, None] + shifted[:, :u]).min(axis=1)
         if internal:
-            Rc = R[kids[u - 1][1]]                                         # [m, m']
+            Rc = R[kids[u - 1][1]]  # [m, m']
             np.minimum(best, (Rc[:, :, :, None] + pre[:, u - 1][:, None, :, :]).min(axis=2), out=best)
         pre[:, u] = np.minimum(best, INF)
         shifted[:, u, :-1] = pre[:, u, 1:]
@@ -50,12 +49,13 @@ def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto
     return pre
 
 
-def prefix_leaf_series(idx: TreeIndex, ts: Sequence[int], dev: np.ndarray, E: int, upto: int,
-                       sat: bool = False) -> np.ndarray:
+def prefix_leaf_series(
+    idx: TreeIndex, ts: Sequence[int], dev: np.ndarray, E: int, upto: int, sat: bool = False
+) -> np.ndarray:
     """:func:`prefix_series` for several series nodes of operators only (no internal child) at
     once: ``pre[:, j, u, m, e]`` for node ``ts[j]``."""
     T, size = dev.shape[0], E + 1
-    SEGS = np.stack([idx.seg[t][:upto, :upto] for t in ts])                        # (j, v, u)
+    SEGS = np.stack([idx.seg[t][:upto, :upto] for t in ts])  # (j, v, u)
     n = len(ts)
     pre = np.empty((T, n, upto + 1, size, size), dtype=np.int64)
     pre[:, :, 0] = _head_base(T, size)[:, None]
@@ -64,7 +64,7 @@ def prefix_leaf_series(idx: TreeIndex, ts: Sequence[int], dev: np.ndarray, E: in
     if sat:
         shifted[:, :, 0, -1] = pre[:, :, 0, -1]
     for u in range(1, upto + 1):
-        D = dev[:, SEGS[:, 0:u, u - 1], 1:size + 1]                                   # (T, j, v, m)
+        D = dev[:, SEGS[:, 0:u, u - 1], 1 : size + 1]  # (T, j, v, m)
         pre[:, :, u] = np.minimum((D[..., None] + shifted[:, :, :u]).min(axis=2), INF)
         shifted[:, :, u, :-1] = pre[:, :, u, 1:]
         if sat:
@@ -72,8 +72,9 @@ def prefix_leaf_series(idx: TreeIndex, ts: Sequence[int], dev: np.ndarray, E: in
     return pre
 
 
-def prefix_parallel(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int,
-                    sat: bool = False) -> list[np.ndarray]:
+def prefix_parallel(
+    idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int, sat: bool = False
+) -> list[np.ndarray]:
     """``pre[i][., s, e]`` for ``i = 0..upto``: fewest devices staging the first ``i`` branches of
     parallel node ``t`` in consecutive groups (the mirror image of :func:`~gpp_solver.planners.graphpipe.dp_kernel.run_dp`'s parallel suffix)."""
     T, size = dev.shape[0], E + 1
@@ -87,7 +88,7 @@ def prefix_parallel(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, up
         for v in range(i):
             if v == i - 1 and internal:
                 continue
-            X = dev[:, segs[v, i - 1], 1:size + 1][:, :, None] + pre[v]
+            X = dev[:, segs[v, i - 1], 1 : size + 1][:, :, None] + pre[v]
             X[:, lower] = INF
             np.minimum(best, X, out=best)
         if internal:
@@ -100,18 +101,19 @@ def prefix_parallel(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, up
 class AttachParts:
     """The tables one site's choices combine (for the values and for the traceback)."""
 
-    others: list[np.ndarray]              # others[i][., m, e]: every branch but i, successor depth m
-    heads: list[np.ndarray]               # heads[i][., u, m, e]: branch i's children before u
+    others: list[np.ndarray]  # others[i][., m, e]: every branch but i, successor depth m
+    heads: list[np.ndarray]  # heads[i][., u, m, e]: branch i's children before u
     prepar: list[np.ndarray]
 
 
-def attach_parts(idx: TreeIndex, site: AttachSite, dev: np.ndarray, R: list, par_suf: np.ndarray, E: int,
-                 sat: bool = False) -> AttachParts:
+def attach_parts(
+    idx: TreeIndex, site: AttachSite, dev: np.ndarray, R: list, par_suf: np.ndarray, E: int, sat: bool = False
+) -> AttachParts:
     T, size = dev.shape[0], E + 1
     kidsP = idx.nodes[site.par][1]
     prepar = prefix_parallel(idx, site.par, dev, R, E, len(kidsP) - 1, sat)
     others, heads = [], []
-    batch: dict[int, list[int]] = {}       # branches of operators only, by length: one batched prefix DP
+    batch: dict[int, list[int]] = {}  # branches of operators only, by length: one batched prefix DP
     for i, opts in enumerate(site.tails):
         others.append(np.minimum(prepar[i] + par_suf[:, i + 1], INF))
         hb, cb = kidsP[i]
@@ -130,8 +132,17 @@ def attach_parts(idx: TreeIndex, site: AttachSite, dev: np.ndarray, R: list, par
     return AttachParts(others, heads, prepar)
 
 
-def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.ndarray, R: list,
-                  par_suf: np.ndarray, E: int, s_values: Sequence[int], sat: bool = False) -> np.ndarray:
+def attach_values(
+    idx: TreeIndex,
+    site: AttachSite,
+    dev: np.ndarray,
+    suf: np.ndarray,
+    R: list,
+    par_suf: np.ndarray,
+    E: int,
+    s_values: Sequence[int],
+    sat: bool = False,
+) -> np.ndarray:
     """``out[i, s, e]`` (``s`` in ``s_values``, else ``INF``): the least devices over the site's
     shared-sink choices for the series suffix starting at the site's child ``p`` — the shared
     stage (branch tail + series children ``p+1..q``) at depth ``m``, the series rest after ``q``
@@ -144,42 +155,50 @@ def attach_values(idx: TreeIndex, site: AttachSite, dev: np.ndarray, suf: np.nda
     for i, opts in enumerate(site.tails):
         us = [u for u, _ in opts]
         qs = [q for q, _ in opts[0][1]]
-        G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)          # (u, q)
-        rest = np.stack([suf[:, q + 1][:, sv, :size - 1] for q in qs], axis=1)         # (T, q, s, m-1)
-        F = np.full((T, len(us), len(sv), size), INF, dtype=np.int64)                   # (T, u, s, m)
+        G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)  # (u, q)
+        rest = np.stack([suf[:, q + 1][:, sv, : size - 1] for q in qs], axis=1)  # (T, q, s, m-1)
+        F = np.full((T, len(us), len(sv), size), INF, dtype=np.int64)  # (T, u, s, m)
         F[..., 1:] = (dev[:, G, 1:size][:, :, :, None, :] + rest[:, None]).min(axis=2)
-        if sat:     # the rest at depth E: the shared stage at depth E too
-            last = np.stack([suf[:, q + 1][:, sv, E] for q in qs], axis=1)            # (T, q, s)
+        if sat:  # the rest at depth E: the shared stage at depth E too
+            last = np.stack([suf[:, q + 1][:, sv, E] for q in qs], axis=1)  # (T, q, s)
             np.minimum(F[..., E], (dev[:, G, E][:, :, :, None] + last[:, None]).min(axis=2), out=F[..., E])
-        HO = np.minimum(parts.heads[i][:, us] + parts.others[i][:, None], INF)          # (T, u, m, e)
-        val = (F[:, :, :, :, None] + HO[:, :, None, :, :]).min(axis=(1, 3))           # (T, s, e)
+        HO = np.minimum(parts.heads[i][:, us] + parts.others[i][:, None], INF)  # (T, u, m, e)
+        val = (F[:, :, :, :, None] + HO[:, :, None, :, :]).min(axis=(1, 3))  # (T, s, e)
         out[:, sv] = np.minimum(out[:, sv], val)
     if site.groups:
         F, Out = group_parts(site, dev, suf, par_suf, parts.prepar, sv, size, sat)
-        step = max(1, (1 << 21) // max(1, T * len(sv) * size * size))       # bound the temporary
+        step = max(1, (1 << 21) // max(1, T * len(sv) * size * size))  # bound the temporary
         for lo in range(0, len(site.groups), step):
-            val = (F[:, lo:lo + step, :, :, None] + Out[:, lo:lo + step, None]).min(axis=(1, 3))   # (T, s, e)
+            val = (F[:, lo : lo + step, :, :, None] + Out[:, lo : lo + step, None]).min(axis=(1, 3))  # (T, s, e)
             out[:, sv] = np.minimum(out[:, sv], val)
     return np.minimum(out, INF)
 
 
-def group_parts(site: AttachSite, dev: np.ndarray, suf: np.ndarray, par_suf: np.ndarray,
-                prepar: list[np.ndarray], sv: np.ndarray, size: int, sat: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def group_parts(
+    site: AttachSite,
+    dev: np.ndarray,
+    suf: np.ndarray,
+    par_suf: np.ndarray,
+    prepar: list[np.ndarray],
+    sv: np.ndarray,
+    size: int,
+    sat: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """For the site's whole-branch groups ``(a, c)``: ``F[., grp, s, m]``, the shared stage at depth
     ``m`` with the series rest after it (successor depth ``s``), and ``Out[., grp, m, e]``, the
     branches before ``a`` and after ``c`` with that stage as successor (``m <= e``: nothing before)."""
     T = dev.shape[0]
     qs = [q for q, _ in site.groups[0][2]]
-    rest = np.stack([suf[:, q + 1][:, sv, :size - 1] for q in qs], axis=1)             # (T, q, s, m-1)
-    G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
+    rest = np.stack([suf[:, q + 1][:, sv, : size - 1] for q in qs], axis=1)  # (T, q, s, m-1)
+    G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)  # (grp, q)
     F = np.full((T, len(G), len(sv), size), INF, dtype=np.int64)
     F[..., 1:] = (dev[:, G, 1:size][:, :, :, None, :] + rest[:, None]).min(axis=2)
     if sat:
         E = size - 1
-        last = np.stack([suf[:, q + 1][:, sv, E] for q in qs], axis=1)                  # (T, q, s)
+        last = np.stack([suf[:, q + 1][:, sv, E] for q in qs], axis=1)  # (T, q, s)
         np.minimum(F[..., E], (dev[:, G, E][:, :, :, None] + last[:, None]).min(axis=2), out=F[..., E])
     a = np.asarray([x for x, _, _ in site.groups])
     c = np.asarray([z for _, z, _ in site.groups])
-    PP = np.stack(prepar, axis=1)                                                        # (T, i, m, e)
+    PP = np.stack(prepar, axis=1)  # (T, i, m, e)
     Out = PP[:, a] + par_suf[:, c + 1] + _head_base(T, size)[:, None]
     return F, np.minimum(Out, INF)

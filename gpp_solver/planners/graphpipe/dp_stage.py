@@ -34,7 +34,7 @@ class DPStage:
     degree: int
     depth: int
     tps_estimate: float
-    first: int          # position of its first operator in the tree's leaf order
+    first: int  # position of its first operator in the tree's leaf order
 
 
 def power_of_two_degrees(limit: int) -> tuple[int, ...]:
@@ -70,8 +70,8 @@ class DPProbe:
     pairs: tuple[tuple[int, float], ...]
     devices: np.ndarray
     kept: tuple | None = None
-    E: int | None = None        # the depth bound the pass ran under (``None``: the DP's own ``E``)
-    sat: bool = False           # its depths saturated at ``E`` (StageDP.depth_cap)
+    E: int | None = None  # the depth bound the pass ran under (``None``: the DP's own ``E``)
+    sat: bool = False  # its depths saturated at ``E`` (StageDP.depth_cap)
 
 
 @dataclass
@@ -79,4 +79,4 @@ class SizeTables:
     degrees: tuple[int, ...]
     tps: np.ndarray
     maxdepth: np.ndarray
-    best: np.ndarray           # dp_stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF
+    best: np.ndarray  # dp_stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF

@@ -39,7 +39,7 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     ptr = seq.ptr
     S, T = len(idx.seg_lo), idx.n_tree_segments
     runs_a, seg_run_a, seg_at_a = _runs(idx, ptr)
-    pp = np.r_[ptr, 0]          # ptr[n + 1] = 0: the empty second range
+    pp = np.r_[ptr, 0]  # ptr[n + 1] = 0: the empty second range
     p1, q1 = pp[runs_a[:, 0]], pp[runs_a[:, 1]]
     p2, q2 = pp[runs_a[:, 2]], pp[runs_a[:, 3]]
     length = (q1 - p1) + (q2 - p2)
@@ -56,8 +56,7 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     s_out = np.zeros(S, dtype=float)
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         chunk = by_len[a:b]
-        c_out_n, c_in_n, c_in, c_out = seq.scan(runs_a[chunk], p1[chunk], q1[chunk], p2[chunk], q2[chunk],
-                                                lens[b - 1])
+        c_out_n, c_in_n, c_in, c_out = seq.scan(runs_a[chunk], p1[chunk], q1[chunk], p2[chunk], q2[chunk], lens[b - 1])
         segs = np.flatnonzero(seg_chunk == c) if len(bounds) > 2 else np.arange(S)
         rows, at = run_row[seg_run_a[segs]], seg_at_a[segs]
         n_out[segs] = c_out_n[rows, at]
@@ -93,8 +92,7 @@ def _runs(idx: TreeIndex, ptr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     if S > T:
         l1, h1, l2, h2 = idx.seg_lo[T:], idx.seg_hi[T:], idx.seg_lo2[T:], idx.seg_hi2[T:]
         assert (h1 <= l2).all()
-        keys, pick, run_of = np.unique((l1 * (n + 1) + h1) * (n + 1) + l2, return_index=True,
-                                       return_inverse=True)
+        keys, pick, run_of = np.unique((l1 * (n + 1) + h1) * (n + 1) + l2, return_index=True, return_inverse=True)
         run_of = run_of.reshape(-1)
         far = np.zeros(len(keys), dtype=np.int64)
         np.maximum.at(far, run_of, h2)
@@ -135,7 +133,7 @@ class _EdgeSequence:
         outgoing bytes (cumulative tables, column 0 empty)."""
         l1 = q1 - p1
         c = np.arange(width)
-        valid = c < (l1 + (q2 - p2))[:, None]         # a row's scan, then padding
+        valid = c < (l1 + (q2 - p2))[:, None]  # a row's scan, then padding
         ent = p1[:, None] + c
         if (q2 > p2).any():
             ent += np.where(c >= l1[:, None], (p2 - q1)[:, None], 0)
@@ -156,7 +154,7 @@ class _EdgeSequence:
         np.negative(val, out=out_tab[:, 1:], where=cancel)
         # incoming from outside producers: the first edge of a producer adds its bytes, a later
         # larger one the difference (running max per producer and run: ranks, groups apart)
-        ext = np.flatnonzero(incoming & ~inside)            # row-major: by run, then scan order
+        ext = np.flatnonzero(incoming & ~inside)  # row-major: by run, then scan order
         prod = other.reshape(-1)[ext] + (ext // width) * (len(self.ptr) + 1)
         o = np.argsort(prod, kind="stable")
         eo = ext[o]
@@ -166,11 +164,11 @@ class _EdgeSequence:
         grp = np.cumsum(new) - 1
         span = len(self.uniq) + 1
         rk = self.rank[ent.reshape(-1)[eo]]
-        prev = np.zeros(len(po), dtype=np.int64)          # the producer's largest so far (rank)
+        prev = np.zeros(len(po), dtype=np.int64)  # the producer's largest so far (rank)
         prev[1:] = np.maximum.accumulate(grp * span + rk + 1)[:-1]
         prev -= grp * span + 1
         vo = val.reshape(-1)[eo]
-        pos = eo + eo // width + 1                          # in the tables (leading column)
+        pos = eo + eo // width + 1  # in the tables (leading column)
         in_tab.reshape(-1)[pos] = np.where(new, vo, np.where(rk > prev, vo - self.uniq[np.maximum(prev, 0)], 0.0))
         prod_tab.reshape(-1)[pos] = new
         return [np.cumsum(t, axis=1, out=t) for t in (cnt_tab, prod_tab, in_tab, out_tab)]
@@ -198,9 +196,20 @@ def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:
     return out
 
 
-def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm: SegmentComm, b: int,
-              degrees: Sequence[int], *, mini_batch_size: int, latency: float, comm_bandwidth: float,
-              allreduce_bandwidth: Sequence[float], terms: TimeTerms | None = None) -> np.ndarray:
+def stage_tps(
+    idx: TreeIndex,
+    compute: Sequence[np.ndarray],
+    W: np.ndarray,
+    comm: SegmentComm,
+    b: int,
+    degrees: Sequence[int],
+    *,
+    mini_batch_size: int,
+    latency: float,
+    comm_bandwidth: float,
+    allreduce_bandwidth: Sequence[float],
+    terms: TimeTerms | None = None,
+) -> np.ndarray:
     """Estimated TPS ``(segments, len(degrees))``; ``compute[j]`` holds ``f_v + g_v`` at
     ``b / degrees[j]`` samples per leaf (leaf order), ``W`` the segments' weight bytes.
 
@@ -219,8 +228,9 @@ def stage_tps(idx: TreeIndex, compute: Sequence[np.ndarray], W: np.ndarray, comm
     return tps
 
 
-def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch_size: int,
-               memory: float, osf: float) -> np.ndarray:
+def max_depths(
+    W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, mini_batch_size: int, memory: float, osf: float
+) -> np.ndarray:
     """Deepest position (1 = sink) each segment may take at each degree under the memory limit:
     ``osf * W + min(depth, n) * b / d * A <= memory``; 0 = not even as a sink, ``BIG_DEPTH`` = never
     binds."""
@@ -237,15 +247,16 @@ def max_depths(W: np.ndarray, A: np.ndarray, b: int, degrees: Sequence[int], *, 
     return out
 
 
-def devices_by_depth(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets: np.ndarray,
-                     E: int) -> np.ndarray:
+def devices_by_depth(
+    tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets: np.ndarray, E: int
+) -> np.ndarray:
     """``dev[i, g, depth]`` for target ``targets[i]`` and depth ``0..E+1``: the smallest degree that
     meets the target and memory at that depth (``INF`` when none; depths 0 and ``E+1`` are ``INF``)."""
     targets = np.atleast_1d(np.asarray(targets, dtype=float))
     depths = np.arange(E + 2)
     dev = np.full((len(targets), tps.shape[0], E + 2), INF, dtype=np.int64)
     for j in range(len(degrees) - 1, -1, -1):
-        mem_ok = maxdepth[:, j][:, None] >= depths[None, :]                    # (g, depth)
+        mem_ok = maxdepth[:, j][:, None] >= depths[None, :]  # (g, depth)
         ok = (tps[:, j][None, :] <= targets[:, None])[:, :, None] & mem_ok[None]
         dev = np.where(ok, degrees[j], dev)
     dev[:, :, 0] = INF
@@ -264,18 +275,19 @@ def degree_thresholds(tps: np.ndarray, maxdepth: np.ndarray, E: int) -> np.ndarr
     ``thr[:, :, j]`` contiguous) for that lookup.
     """
     depths = np.arange(E + 2)
-    thr = np.empty((tps.shape[1], tps.shape[0], E + 2))                         # (j, g, depth)
+    thr = np.empty((tps.shape[1], tps.shape[0], E + 2))  # (j, g, depth)
     for j in range(tps.shape[1]):
         np.copyto(thr[j], np.where(maxdepth[:, j, None] >= depths[None, :], tps[:, j, None], np.nan))
     thr[:, :, 0] = np.nan
     thr[:, :, E + 1] = np.nan
-    for j in range(1, len(thr)):            # fmin.accumulate along axis 0, without its slow path
+    for j in range(1, len(thr)):  # fmin.accumulate along axis 0, without its slow path
         np.fmin(thr[j - 1], thr[j], out=thr[j])
     return np.moveaxis(thr, 0, 2)
 
 
-def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets,
-                            out: np.ndarray | None = None) -> np.ndarray:
+def devices_from_thresholds(
+    thr: np.ndarray, degrees: Sequence[int], targets, out: np.ndarray | None = None
+) -> np.ndarray:
     """``dev[i, g, depth]`` as :func:`devices_by_depth` returns it, from :func:`degree_thresholds`:
     the largest degree first, each smaller one overwriting where it already meets the target.
     ``degrees`` may be any values standing for the degrees (the DP passes them encoded); ``out``
@@ -286,7 +298,7 @@ def devices_from_thresholds(thr: np.ndarray, degrees: Sequence[int], targets,
         out = np.empty(shape, dtype=np.int64)
     assert out.shape == shape, (out.shape, shape)
     out.fill(INF)
-    ok = np.empty(shape, dtype=bool)        # one mask buffer for every degree
+    ok = np.empty(shape, dtype=bool)  # one mask buffer for every degree
     for j in range(thr.shape[2] - 1, -1, -1):
         np.less_equal(thr[:, :, j], t, out=ok)
         np.copyto(out, degrees[j], where=ok)
@@ -312,9 +324,16 @@ def segment_fits(maxdepth: np.ndarray, E: int) -> tuple[np.ndarray, np.ndarray]:
     return fast, first
 
 
-def devices_for_segments(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequence[int], targets, used: np.ndarray,
-                         E: int, out: np.ndarray | None = None,
-                         fits: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def devices_for_segments(
+    tps: np.ndarray,
+    maxdepth: np.ndarray,
+    degrees: Sequence[int],
+    targets,
+    used: np.ndarray,
+    E: int,
+    out: np.ndarray | None = None,
+    fits: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     """:func:`devices_by_depth` for the segments ``used`` only: ``out[i, u, depth]`` for segment
     ``used[u]`` (``degrees`` may be any values standing for the degrees; ``out`` filled in place;
     ``fits``: :func:`segment_fits` of every segment at ``E``, else computed for ``used``)."""
@@ -338,9 +357,9 @@ def devices_for_segments(tps: np.ndarray, maxdepth: np.ndarray, degrees: Sequenc
     rest = np.nonzero(~fast)[0]
     if len(rest) < len(used):
         rows = np.nonzero(fast)[0] if len(rest) else slice(None)
-        first = first_all[rows] if fits is None else first_all[used[rows]]                      # (F, E+2)
+        first = first_all[rows] if fits is None else first_all[used[rows]]  # (F, E+2)
         mask = (tp[rows][None] <= t[:, :, None]).astype(np.int64) @ (np.int64(1) << np.arange(J, dtype=np.int64))
-        lut = vals[_first_bit_at_or_after(J)].ravel()                                          # (2^J (J+1),)
+        lut = vals[_first_bit_at_or_after(J)].ravel()  # (2^J (J+1),)
         idx = mask[:, :, None] * (J + 1)
         idx = idx + first[None]
         if len(rest):
@@ -363,11 +382,11 @@ def _first_fitting(md: np.ndarray, E: int) -> np.ndarray:
     (``maxdepth < m``), ``m = 0..E+1``; with ``maxdepth`` non-decreasing along the degrees, the
     first degree fitting at depth ``m``."""
     U, J = md.shape
-    hist = np.zeros((U, E + 3), dtype=np.int8)      # at most LUT_DEGREES: one byte each
+    hist = np.zeros((U, E + 3), dtype=np.int8)  # at most LUT_DEGREES: one byte each
     at = np.arange(U)
-    for j in range(J):      # degree j stops fitting from depth maxdepth + 1 on
+    for j in range(J):  # degree j stops fitting from depth maxdepth + 1 on
         hist[at, np.clip(md[:, j], 0, E + 1) + 1] += 1
-    return np.cumsum(hist[:, :E + 2], axis=1, dtype=np.int8)
+    return np.cumsum(hist[:, : E + 2], axis=1, dtype=np.int8)
 
 
 _FIRST_BIT: dict[int, np.ndarray] = {}
@@ -388,13 +407,13 @@ def _first_bit_at_or_after(J: int) -> np.ndarray:
 def _binding_devices(tp: np.ndarray, md: np.ndarray, vals: np.ndarray, t: np.ndarray, E: int) -> np.ndarray:
     """:func:`devices_for_segments`' values for segments given by their TPS and ``maxdepth`` rows."""
     J = len(vals) - 1
-    reach = np.where(tp[None] <= t[:, :, None], np.minimum(md, E + 1)[None], 0)        # (T, U, J)
+    reach = np.where(tp[None] <= t[:, :, None], np.minimum(md, E + 1)[None], 0)  # (T, U, J)
     np.maximum.accumulate(reach, axis=2, out=reach)
     step = np.zeros((t.shape[0], tp.shape[0], E + 3), dtype=np.int64)
     rows = step.reshape(-1, E + 3)
     first = np.arange(rows.shape[0])
     rows[:, 0] = vals[0]
-    for j in range(J):      # from depth reach[j] + 1 on, degree j no longer serves
+    for j in range(J):  # from depth reach[j] + 1 on, degree j no longer serves
         pos = reach[..., j].reshape(-1) + 1
-        rows[first, pos] += vals[j + 1] - vals[j]         # one entry per row: no repeated index
-    return np.cumsum(step[..., :E + 2], axis=2)
+        rows[first, pos] += vals[j + 1] - vals[j]  # one entry per row: no repeated index
+    return np.cumsum(step[..., : E + 2], axis=2)

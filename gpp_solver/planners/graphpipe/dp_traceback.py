@@ -12,8 +12,21 @@ from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode
 from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex
 
 
-def trace_stages(idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, D: int, b: int, t: float, dev: np.ndarray,
-                 Rroot: np.ndarray, tables: list, R: list, prefer_shared: bool, E: int, sat: bool = False) -> list[DPStage]:
+def trace_stages(
+    idx: TreeIndex,
+    degrees: Sequence[int],
+    tps: np.ndarray,
+    D: int,
+    b: int,
+    t: float,
+    dev: np.ndarray,
+    Rroot: np.ndarray,
+    tables: list,
+    R: list,
+    prefer_shared: bool,
+    E: int,
+    sat: bool = False,
+) -> list[DPStage]:
     """The stages of one feasible DP pass (target ``t`` at ``b`` within ``D`` devices): ``dev``,
     ``Rroot``, ``tables`` and ``R`` are that pass's arrays (:func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp`
     with ``keep``), ``tps[g, j]`` the segment estimates at ``degrees[j]``.  Where a shared-sink stage and
@@ -34,8 +47,18 @@ class _Traceback:
     value in a series (a segment or a child), and at a shared-sink site; :meth:`head_walk` and
     :meth:`others_walk` emit a shared-sink stage's branch head and the other branches."""
 
-    def __init__(self, idx: TreeIndex, degrees: Sequence[int], tps: np.ndarray, dev: np.ndarray, tables: list,
-                 R: list, prefer_shared: bool, E: int, sat: bool) -> None:
+    def __init__(
+        self,
+        idx: TreeIndex,
+        degrees: Sequence[int],
+        tps: np.ndarray,
+        dev: np.ndarray,
+        tables: list,
+        R: list,
+        prefer_shared: bool,
+        E: int,
+        sat: bool,
+    ) -> None:
         self.idx, self.tps, self.dev, self.tables, self.R = idx, tps, dev, tables, R
         self.prefer_shared, self.E, self.sat = prefer_shared, E, sat
         self.out: list[DPStage] = []
@@ -58,7 +81,7 @@ class _Traceback:
             internal = kids[p][0] == "node"
             found = None
             site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
-            if site is not None and prefer_shared:   # fewer stages and transfers at the same value
+            if site is not None and prefer_shared:  # fewer stages and transfers at the same value
                 qm = self.attach_walk(site, suf, s, e, target)
                 if qm is not None:
                     p, e = qm[0] + 1, qm[1] - 1
@@ -83,7 +106,7 @@ class _Traceback:
                     vals = dev[segs[p, qs], s + 1] + suf[qs + 1, s, e]
                     hit = np.nonzero(vals == target)[0]
                     if len(hit):
-                        found = (int(qs[hit[-1]]), 0)       # the largest q first
+                        found = (int(qs[hit[-1]]), 0)  # the largest q first
                 if found is None and internal and R[kids[p][1]][s, e] + suf[p + 1][s, e] == target:
                     found = (p, 0)
                 assert found is not None
@@ -102,7 +125,7 @@ class _Traceback:
         if len(ms) == 0:
             return None
         qs = np.arange(p + int(internal), len(kids))
-        rest = suf[p + 1:len(kids) + 1, s][:, ms]                                        # (q - p, m)
+        rest = suf[p + 1 : len(kids) + 1, s][:, ms]  # (q - p, m)
         V = np.full((len(kids) - p, len(ms)), INF, dtype=np.int64)
         if len(qs):
             V[qs - p] = dev[segs[p, qs]][:, np.minimum(ms + 1, E + 1)] + rest[qs - p]
@@ -121,19 +144,23 @@ class _Traceback:
         par_suf = tables[site.par]
         Rb = [None if x is None else x[None] for x in R]
         parts = attach_parts(idx, site, dev[None], Rb, par_suf[None], E, sat)
-        ms = np.arange(s + 1, E + 1)        # the shared stage's depth; the rest after it at rs
+        ms = np.arange(s + 1, E + 1)  # the shared stage's depth; the rest after it at rs
         rs = ms - 1
-        if sat:                             # the rest at depth E: the shared stage at E too
+        if sat:  # the rest at depth E: the shared stage at E too
             ms, rs = np.append(ms, E), np.append(rs, E)
-        for i, opts in enumerate(site.tails):        # first match in (u, q, m) order
+        for i, opts in enumerate(site.tails):  # first match in (u, q, m) order
             if len(ms) == 0:
                 break
             us = [u for u, _ in opts]
             qs = [q for q, _ in opts[0][1]]
-            G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)      # (u, q)
-            rest = np.stack([suf[q + 1][s, rs] for q in qs])                           # (q, m)
-            val = (dev[G][:, :, ms] + rest[None] + parts.heads[i][0, us][:, None, ms, e]
-                   + parts.others[i][0, ms, e][None, None])
+            G = np.asarray([[g for _, g in qg] for _, qg in opts], dtype=np.int64)  # (u, q)
+            rest = np.stack([suf[q + 1][s, rs] for q in qs])  # (q, m)
+            val = (
+                dev[G][:, :, ms]
+                + rest[None]
+                + parts.heads[i][0, us][:, None, ms, e]
+                + parts.others[i][0, ms, e][None, None]
+            )
             hit = np.argwhere(val == target)
             if len(hit):
                 ui, qi, mi = (int(x) for x in hit[0])
@@ -148,12 +175,12 @@ class _Traceback:
             mg, rg = np.append(mg, E), np.append(rg, E)
         if site.groups and len(mg):
             qs = [q for q, _ in site.groups[0][2]]
-            G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)   # (grp, q)
+            G = np.asarray([[g for _, g in qg] for _, _, qg in site.groups], dtype=np.int64)  # (grp, q)
             a = np.asarray([x for x, _, _ in site.groups])
             c = np.asarray([z for _, z, _ in site.groups])
-            rest = np.stack([suf[q + 1][s, rg] for q in qs])                               # (q, m)
-            PP = np.stack([x[0] for x in parts.prepar])                                    # (i, m, e)
-            other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]                             # (grp, m)
+            rest = np.stack([suf[q + 1][s, rg] for q in qs])  # (q, m)
+            PP = np.stack([x[0] for x in parts.prepar])  # (i, m, e)
+            other = PP[a][:, mg, e] + par_suf[c + 1][:, mg, e]  # (grp, m)
             val = dev[G][:, :, mg] + rest[None] + other[:, None]
             hit = np.argwhere(val == target)
             if len(hit):

@@ -11,8 +11,8 @@ import numpy as np
 
 from gpp_solver.planners.graphpipe.sp_tree import Leaf, Series, SPNode
 
-INF = 1 << 40          # "impossible" device count; sums of two stay far from int64 overflow
-BIG_DEPTH = 1 << 30    # memory never binds
+INF = 1 << 40  # "impossible" device count; sums of two stay far from int64 overflow
+BIG_DEPTH = 1 << 30  # memory never binds
 
 
 @dataclass
@@ -32,7 +32,7 @@ class TreeIndex:
     seg_lo: np.ndarray
     seg_hi: np.ndarray
     root: tuple[str, int]
-    height: int            # longest chain of operators in the (SP-ized) order
+    height: int  # longest chain of operators in the (SP-ized) order
     #: second leaf range of a segment (empty ``0:0`` for the tree's own segments; a shared-sink
     #: stage is a branch's tail plus the series children after its parallel block)
     seg_lo2: np.ndarray | None = None
@@ -96,8 +96,21 @@ def index_tree(tree: SPNode, shared_sinks: bool = False, max_series_children: in
     f = _Flattener(max_series_children)
     root, _, _, height = f.walk(tree)
     lo, hi = np.concatenate(f.lo_list), np.concatenate(f.hi_list)
-    idx = TreeIndex(tuple(f.leaf_order), f.nodes, f.child_range, f.seg, lo, hi, root, height,
-                    np.zeros_like(lo), np.zeros_like(hi), {}, len(lo), tuple(f.blocks))
+    idx = TreeIndex(
+        tuple(f.leaf_order),
+        f.nodes,
+        f.child_range,
+        f.seg,
+        lo,
+        hi,
+        root,
+        height,
+        np.zeros_like(lo),
+        np.zeros_like(hi),
+        {},
+        len(lo),
+        tuple(f.blocks),
+    )
     if shared_sinks:
         add_shared_sinks(idx)
     return idx
@@ -158,7 +171,7 @@ class _Flattener:
         if cur:
             runs.append(cur)
         leaves = len(kids) - internal
-        size = max(1, -(-leaves // max(1, limit - internal)))       # operators per block
+        size = max(1, -(-leaves // max(1, limit - internal)))  # operators per block
         out = []
         for r in runs:
             if not isinstance(r, list):
@@ -166,7 +179,7 @@ class _Flattener:
                 continue
             n = -(-len(r) // size)
             for i in range(n):
-                part = r[i * len(r) // n:(i + 1) * len(r) // n]
+                part = r[i * len(r) // n : (i + 1) * len(r) // n]
                 out.append((("leaf", part[0][1]), part[0][1], part[-1][2], 1))
                 if len(part) > 1:
                     self.blocks.append(len(part))
@@ -250,7 +263,7 @@ def node_groups(idx: TreeIndex) -> list[list[int]]:
         level.append(1 + max((level[c] for h, c in kids if h == "node"), default=-1))
         groups.setdefault((level[t], kind, tuple(h == "node" for h, _ in kids)), []).append(t)
     out = [groups[key] for key in sorted(groups, key=lambda key: key[0])]
-    idx._groups = out      # type: ignore[attr-defined]
+    idx._groups = out  # type: ignore[attr-defined]
     return out
 
 
@@ -262,7 +275,7 @@ class SegDev:
     table were dense; ``seg_axis`` is the axis holding segments (1 with a leading target axis)."""
 
     def __init__(self, arr: np.ndarray, gmap: np.ndarray | None = None, seg_axis: int = 1) -> None:
-        if gmap is None:        # a dense table: every segment its own row, then an INF row
+        if gmap is None:  # a dense table: every segment its own row, then an INF row
             n = arr.shape[seg_axis]
             pad = list(arr.shape)
             pad[seg_axis] = 1
@@ -279,7 +292,7 @@ class SegDev:
             key = (key,)
         if key[0] is None:
             return SegDev(self.arr[None], self.gmap, self.seg_axis + 1)
-        if len(key) <= self.seg_axis:           # the targets' axis only
+        if len(key) <= self.seg_axis:  # the targets' axis only
             return SegDev(self.arr[key], self.gmap, self.seg_axis - sum(not isinstance(k, slice) for k in key))
         key = list(key)
         key[self.seg_axis] = self.gmap[key[self.seg_axis]]

@@ -21,12 +21,12 @@ class TpsSearch:
     """Outcome of the search at one micro-batch size."""
 
     b: int
-    tps: float                  # the DP's bottleneck target reached (smallest feasible candidate)
+    tps: float  # the DP's bottleneck target reached (smallest feasible candidate)
     stages: tuple[DPStage, ...]
-    probes: int                 # DP passes (each tests several targets at once)
+    probes: int  # DP passes (each tests several targets at once)
     candidates: int
-    exact: bool                 # False when stopped by the time limit before the interval closed
-    depth_bound: int | None = None   # the bound on the stage graph's depth searched under (E: none)
+    exact: bool  # False when stopped by the time limit before the interval closed
+    depth_bound: int | None = None  # the bound on the stage graph's depth searched under (E: none)
     #: (probe, row) of the DP pass that proved ``tps`` feasible, where its tables were kept (:func:`trace`)
     kept: tuple | None = field(default=None, compare=False, repr=False)
 
@@ -35,12 +35,21 @@ class TpsSearch:
 KEEP_OPENING = 256 << 20
 
 
-
-def search_keys(dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
-                 on_pass: Callable[[int], None] | None, E: int | None = None,
-                 must_answer: bool = True, saturate: int | None = None,
-                 start: dict[int, float] | None = None, bound: dict[int, tuple[float, int]] | None = None,
-                 floor: dict[int, float] | None = None, stages: bool = True, tol: float = 0.0) -> dict[tuple[int, int], TpsSearch]:
+def search_keys(
+    dp: StageDP,
+    sizes: Sequence[int],
+    keys: Sequence[tuple[int, int]],
+    deadline: float | None,
+    on_pass: Callable[[int], None] | None,
+    E: int | None = None,
+    must_answer: bool = True,
+    saturate: int | None = None,
+    start: dict[int, float] | None = None,
+    bound: dict[int, tuple[float, int]] | None = None,
+    floor: dict[int, float] | None = None,
+    stages: bool = True,
+    tol: float = 0.0,
+) -> dict[tuple[int, int], TpsSearch]:
     """The batched k-ary search behind :func:`search_many` and :func:`search_depths`.
 
     A key ``(b, e)`` asks for the smallest candidate target ``t`` at ``b`` whose DP reaches a plan
@@ -79,15 +88,25 @@ class _KeySearch:
     (``hi[k] == top[k]``: nothing proven feasible yet), the passes run, and the tables of the
     probes that proved the answers feasible."""
 
-    def __init__(self, dp: StageDP, sizes: Sequence[int], keys: Sequence[tuple[int, int]], deadline: float | None,
-                 on_pass: Callable[[int], None] | None, E: int | None, must_answer: bool, saturate: int | None,
-                 stages: bool, tol: float) -> None:
+    def __init__(
+        self,
+        dp: StageDP,
+        sizes: Sequence[int],
+        keys: Sequence[tuple[int, int]],
+        deadline: float | None,
+        on_pass: Callable[[int], None] | None,
+        E: int | None,
+        must_answer: bool,
+        saturate: int | None,
+        stages: bool,
+        tol: float,
+    ) -> None:
         self.dp, self.deadline, self.on_pass, self.E = dp, deadline, on_pass, E
         self.must_answer, self.stages, self.tol = must_answer, stages, tol
         self.cands = self._candidates(sizes)
         self.cut = len(self.cands) < len(sizes)
         self.keys = [k for k in keys if k[0] in self.cands and len(self.cands[k[0]])]
-        self.top = {k: len(self.cands[k[0]]) for k in self.keys}    # hi == top: no candidate proven feasible yet
+        self.top = {k: len(self.cands[k[0]]) for k in self.keys}  # hi == top: no candidate proven feasible yet
         self.lo = {k: 0 for k in self.keys}
         self.hi = dict(self.top)
         self.of_b: dict[int, list[tuple[int, int]]] = {}
@@ -106,18 +125,18 @@ class _KeySearch:
         self.opening: dict[int, set[int]] = {}
         self.keep_open = True
         self.keep = False
-        self.found_at: dict[tuple[int, int], tuple] = {}     # (b, index) -> (probe, row) that proved it feasible
+        self.found_at: dict[tuple[int, int], tuple] = {}  # (b, index) -> (probe, row) that proved it feasible
 
     def _candidates(self, sizes: Sequence[int]) -> dict[int, np.ndarray]:
         """Each size's sorted candidate targets from its lower bound on; sizes whose tables would not
         be built by the deadline (the last size's time per degree predicts it) are left out."""
         dp, deadline = self.dp, self.deadline
         cands: dict[int, np.ndarray] = {}
-        per_degree = 0.0    # seconds per degree of the last size's tables (their cost grows with the degrees)
+        per_degree = 0.0  # seconds per degree of the last size's tables (their cost grows with the degrees)
         for b in sizes:
             t0 = time.perf_counter()
             if cands and deadline is not None and t0 + per_degree * len(dp.degrees(b)) > deadline:
-                break       # this size's tables would not be built by the deadline
+                break  # this size's tables would not be built by the deadline
             c = dp.candidates(b)
             per_degree = (time.perf_counter() - t0) / max(1, len(dp.degrees(b)))
             cands[b] = c[c >= dp.lower_bound(b) * (1 - 1e-12)]
@@ -126,7 +145,7 @@ class _KeySearch:
     def narrow(self, start: dict[int, float], bound: dict[int, tuple[float, int]], floor: dict[int, float]) -> None:
         """The known bounds (``start``, ``bound``, ``floor`` of :func:`search_keys`) on the intervals."""
         dp, cands, of_b, lo, hi, top = self.dp, self.cands, self.of_b, self.lo, self.hi, self.top
-        per_pair = sum(len(kids) + 1 for _, kids in dp.idx.nodes) * (dp.E + 1) ** 2 * 8     # bytes of kept tables
+        per_pair = sum(len(kids) + 1 for _, kids in dp.idx.nodes) * (dp.E + 1) ** 2 * 8  # bytes of kept tables
         self.keep_open = 2 * len(start) * per_pair <= KEEP_OPENING
         for b, t in start.items():
             if b in of_b:
@@ -134,7 +153,7 @@ class _KeySearch:
                 if i < len(cands[b]) and cands[b][i] == t:
                     if self.keep_open:
                         self.opening[b] = {i - 1, i} - {-1}
-                    else:       # too large to keep: ``t`` stands feasible unprobed, the opening tests below it
+                    else:  # too large to keep: ``t`` stands feasible unprobed, the opening tests below it
                         for k in of_b[b]:
                             hi[k] = min(hi[k], i)
                         if i:
@@ -142,12 +161,12 @@ class _KeySearch:
         if self.opening:
             self.tops = []
         for b, (t, depth) in bound.items():
-            i = int(np.searchsorted(cands[b], t, side="right")) if b in of_b else 0    # cands[i - 1] <= t: feasible
+            i = int(np.searchsorted(cands[b], t, side="right")) if b in of_b else 0  # cands[i - 1] <= t: feasible
             for k in of_b.get(b, []) if i else ():
                 if k[1] >= depth and i <= top[k]:
                     hi[k] = min(hi[k], i - 1)
         for b, t in floor.items():
-            i = int(np.searchsorted(cands[b], t, side="left")) if b in of_b else 0     # every target below: infeasible
+            i = int(np.searchsorted(cands[b], t, side="left")) if b in of_b else 0  # every target below: infeasible
             for k in of_b.get(b, []):
                 lo[k] = max(lo[k], min(i, hi[k]))
         self.keep = dp.keep_tables()
@@ -167,19 +186,24 @@ class _KeySearch:
                 if self.last_resort or not self.must_answer or self._answered():
                     break
                 active = self._spend_last_pass(active)
-            guard = (not self.passes and (bool(self.tops) or (bool(self.opening) and self.keep_open))) \
-                or self.last_resort     # run to their end
+            guard = (
+                not self.passes and (bool(self.tops) or (bool(self.opening) and self.keep_open))
+            ) or self.last_resort  # run to their end
             opened = bool(self.opening) and self.keep_open
             pairs = self._pairs(active)
             try:
-                probe = self.dp.probe([(b, float(self.cands[b][i])) for b, i in pairs],
-                                      keep=(self.keep or opened) and self.stages, E=self.E, saturate=self.saturate,
-                                      deadline=None if guard else self.deadline)
+                probe = self.dp.probe(
+                    [(b, float(self.cands[b][i])) for b, i in pairs],
+                    keep=(self.keep or opened) and self.stages,
+                    E=self.E,
+                    saturate=self.saturate,
+                    deadline=None if guard else self.deadline,
+                )
             except TimeLimitError:
                 self.exact = False
                 answered = self._answered()
                 if self.must_answer and not answered and not self.last_resort:
-                    self.stopped = True      # the next round spends the last pass
+                    self.stopped = True  # the next round spends the last pass
                     continue
                 if not answered:
                     raise
@@ -208,10 +232,10 @@ class _KeySearch:
         """The ``(b, candidate index)`` pairs of the next pass."""
         width = max(1, self.budget // len(active))
         probes: dict[int, set[int]] = {}
-        if self.opening:    # every size at its known feasible target and the candidate below it
+        if self.opening:  # every size at its known feasible target and the candidate below it
             probes.update(self.opening)
             self.opening = {}
-        elif self.tops:     # one size at a time: its largest candidate, a feasible answer if it has one
+        elif self.tops:  # one size at a time: its largest candidate, a feasible answer if it has one
             b0 = self.tops.pop(0)
             probes[b0] = {self.top[k] - 1 for k in self.of_b[b0]}
         for k in active if not probes else ():
@@ -220,7 +244,7 @@ class _KeySearch:
 
     def _picks(self, k: tuple[int, int], width: int) -> set[int]:
         lo, hi, top = self.lo[k], self.hi[k], self.top[k]
-        if hi == top and self.gallop:       # nothing proven feasible yet: gallop up from lo (module docstring)
+        if hi == top and self.gallop:  # nothing proven feasible yet: gallop up from lo (module docstring)
             c = self.cands[k[0]]
             span = 2.0 ** (2 ** min(self.gallops[k], 9))
             vals = float(c[lo]) * span ** ((np.arange(width) + 1) / width)
@@ -231,7 +255,7 @@ class _KeySearch:
 
     def _record(self, pairs: list[tuple[int, int]], probe: Any, n_active: int) -> None:
         """A pass's answers narrow the intervals of every key of their sizes."""
-        res = probe.devices <= self.dp.D                                    # (pairs, E+1)
+        res = probe.devices <= self.dp.D  # (pairs, E+1)
         self.passes += 1
         if self.on_pass is not None:
             self.on_pass(n_active)
@@ -245,7 +269,7 @@ class _KeySearch:
                             self.found_at[(b, i)] = (probe, row_i)
                 elif i >= lo[k]:
                     lo[k] = i + 1
-        want = {(k[0], hi[k]) for k in self.keys}        # drop the tables no key's answer refers to any more
+        want = {(k[0], hi[k]) for k in self.keys}  # drop the tables no key's answer refers to any more
         self.found_at = {bi: v for bi, v in self.found_at.items() if bi in want}
 
     def answers(self) -> dict[tuple[int, int], TpsSearch]:
@@ -260,11 +284,19 @@ class _KeySearch:
         st = {bi: dp.traceback(*found_at[bi]) for bi in uniq if bi in found_at} if self.stages else {}
         rest = [bi for bi in uniq if bi not in found_at] if self.stages else []
         if rest:
-            st.update(zip(rest, dp.stages_many([(b, float(cands[b][i])) for b, i in rest], E=self.E,
-                                               saturate=self.saturate)))
+            st.update(
+                zip(rest, dp.stages_many([(b, float(cands[b][i])) for b, i in rest], E=self.E, saturate=self.saturate))
+            )
         for k in live:
             b = k[0]
-            out[k] = TpsSearch(b, float(cands[b][hi[k]]), tuple(st.get((b, hi[k]), ())), self.passes + bool(rest),
-                               len(cands[b]), (self.exact or self.lo[k] == hi[k]) and not self.cut, depth_bound=k[1],
-                               kept=found_at.get((b, hi[k])))
+            out[k] = TpsSearch(
+                b,
+                float(cands[b][hi[k]]),
+                tuple(st.get((b, hi[k]), ())),
+                self.passes + bool(rest),
+                len(cands[b]),
+                (self.exact or self.lo[k] == hi[k]) and not self.cut,
+                depth_bound=k[1],
+                kept=found_at.get((b, hi[k])),
+            )
         return out

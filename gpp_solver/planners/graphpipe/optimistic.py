@@ -14,9 +14,16 @@ from gpp_solver.planners.graphpipe.staging import estimate_iteration, spend_left
 from gpp_solver.types import Cluster, Graph
 
 
-def optimistic_proposals(graph: Graph, cluster: Cluster, mini_batch_size: int, dec, dp: StageDP,
-                         results: Sequence[TpsSearch], deadline: float | None,
-                         log: list[dict]) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
+def optimistic_proposals(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    dec,
+    dp: StageDP,
+    results: Sequence[TpsSearch],
+    deadline: float | None,
+    log: list[dict],
+) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
     """Second opinion from a DP that prices every transfer at the faster bandwidth.
 
     The search's stage estimate counts every transfer at the slower (inter-node) bandwidth unless
@@ -28,9 +35,16 @@ def optimistic_proposals(graph: Graph, cluster: Cluster, mini_batch_size: int, d
     becomes a candidate (to be simulated beside the others) only when its exact TPS is at most the
     conservative DP's optimum at that ``b`` (so the claim "plan TPS <= DP optimum" still holds).
     """
-    B = mini_batch_size          # the paper's B
-    odp = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options, optimistic_transfers=True,
-                  shared_sinks=dp.shared_sinks)
+    B = mini_batch_size  # the paper's B
+    odp = StageDP(
+        graph,
+        cluster,
+        B,
+        decomposition=dec,
+        degree_options=dp.degree_options,
+        optimistic_transfers=True,
+        shared_sinks=dp.shared_sinks,
+    )
     found = search_many(odp, [r.b for r in results], deadline=deadline)
     out = []
     for r in results:
@@ -48,9 +62,17 @@ def optimistic_proposals(graph: Graph, cluster: Cluster, mini_batch_size: int, d
             specs = stage_specs(st, r.b, cluster.devices_per_node)
             tps = max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B))
             ok = tps <= r.tps * (1 + 1e-9)
-            log.append({"micro_batch_size": r.b, "optimistic_dp_tps": res.tps, "exact_tps": tps, "variant": origin,
-                        "iteration_estimate": estimate_iteration(graph, cluster, specs, B), "meets_dp_optimum": bool(ok),
-                        "accepted": False})
+            log.append(
+                {
+                    "micro_batch_size": r.b,
+                    "optimistic_dp_tps": res.tps,
+                    "exact_tps": tps,
+                    "variant": origin,
+                    "iteration_estimate": estimate_iteration(graph, cluster, specs, B),
+                    "meets_dp_optimum": bool(ok),
+                    "accepted": False,
+                }
+            )
             if ok:
                 out.append((origin, r, st))
     return out

@@ -27,75 +27,133 @@ logger = logging.getLogger(__name__)
 
 def _per_stage_specs(stages: Sequence[Any], devices_per_node: int | None) -> list[StageSpec]:
     devs = assign_devices(stages, devices_per_node)
-    return [StageSpec(nodes=s.nodes, devices=d, micro_batch_size=s.micro_batch_size, k=s.k)
-            for s, d in zip(stages, devs)]
+    return [
+        StageSpec(nodes=s.nodes, devices=d, micro_batch_size=s.micro_batch_size, k=s.k) for s, d in zip(stages, devs)
+    ]
 
 
-def _spend_leftover_per_stage(graph: Graph, cluster: Cluster, stages: tuple, B: int, opts: Sequence[int],
-                              deadline: float | None = None) -> tuple:
+def _spend_leftover_per_stage(
+    graph: Graph, cluster: Cluster, stages: tuple, B: int, opts: Sequence[int], deadline: float | None = None
+) -> tuple:
     """:func:`spend_leftover_devices` with each stage's own ``b``: raise one degree at a time
     (``b % d == 0``) while the iteration estimate improves and the exact TPS does not rise."""
     dpn = cluster.devices_per_node
 
     def price(trial: tuple) -> tuple[float, float]:
         specs = _per_stage_specs(trial, dpn)
-        return (max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B)),
-                estimate_iteration(graph, cluster, specs, B))
+        return (
+            max(c.time_per_sample for c in stage_costs(graph, cluster, specs, B)),
+            estimate_iteration(graph, cluster, specs, B),
+        )
 
-    return raise_degrees(stages, cluster.devices, lambda st: [d for d in opts if st.micro_batch_size % d == 0],
-                         price, deadline)
+    return raise_degrees(
+        stages, cluster.devices, lambda st: [d for d in opts if st.micro_batch_size % d == 0], price, deadline
+    )
 
 
-def plan_per_stage(graph: Graph, cluster: Cluster, mini_batch_size: int, dec, sizes: Sequence[int], search_k: bool,
-                    degree_options: Sequence[int] | None, deadline: float | None, schedule: str = "1f1b") -> Plan:
+def plan_per_stage(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    dec,
+    sizes: Sequence[int],
+    search_k: bool,
+    degree_options: Sequence[int] | None,
+    deadline: float | None,
+    schedule: str = "1f1b",
+) -> Plan:
     """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, then the leftover-device
     pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
     and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
-    B = mini_batch_size          # the paper's B
-    gdp = GeneralStageDP(graph, cluster, B, micro_batch_sizes=sizes, k_options=K_OPTIONS if search_k else (1,),
-                         decomposition=dec, degree_options=degree_options)
+    B = mini_batch_size  # the paper's B
+    gdp = GeneralStageDP(
+        graph,
+        cluster,
+        B,
+        micro_batch_sizes=sizes,
+        k_options=K_OPTIONS if search_k else (1,),
+        decomposition=dec,
+        degree_options=degree_options,
+    )
     res = gdp.search(deadline=deadline)
     if res is None:
         need = gdp.min_memory(deadline=deadline)
-        msg = (f"no plan within GraphPipe's per-stage search space (series-parallel-tree partitions, a "
-               f"micro-batch size per stage from {list(sizes)}, k from {sorted({k for _, k in gdp.configs})}, "
-               f"data-parallel degrees {list(gdp.base.degree_options)}) fits in {cluster.memory_bytes:.6g} bytes "
-               f"per device on {cluster.devices} devices")
+        msg = (
+            f"no plan within GraphPipe's per-stage search space (series-parallel-tree partitions, a "
+            f"micro-batch size per stage from {list(sizes)}, k from {sorted({k for _, k in gdp.configs})}, "
+            f"data-parallel degrees {list(gdp.base.degree_options)}) fits in {cluster.memory_bytes:.6g} bytes "
+            f"per device on {cluster.devices} devices"
+        )
         if need is not None:
             msg += f"; the smallest memory per device with which this search space holds a plan is {need:.6g} bytes"
         raise InfeasibleError(msg, required_memory_bytes=need)
     dpn, opts = cluster.devices_per_node, sorted(gdp.base.degree_options)
-    cands = []                      # (origin, specs, DP stages or None)
+    cands = []  # (origin, specs, DP stages or None)
     cut = False
     for st in gdp.stage_sets(res.tps):
         if cands and deadline is not None and time.perf_counter() > deadline:
-            cut = True          # the other stagings of the optimum are not priced
+            cut = True  # the other stagings of the optimum are not priced
             break
         st = _spend_leftover_per_stage(graph, cluster, tuple(st), B, opts, deadline)
         specs = _per_stage_specs(st, dpn)
         cands.append(("per-stage DP", specs, st))
     if deadline is None or deadline > time.perf_counter():
-        try:        # the uniform sweep's plan lies in this search space too; keep it if it meets the target
-            uni = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=False, search_k=search_k,
-                               degree_options=degree_options, schedule=schedule)
+        try:  # the uniform sweep's plan lies in this search space too; keep it if it meets the target
+            uni = plan_uniform(
+                graph,
+                cluster,
+                B,
+                dec,
+                sizes,
+                deadline=deadline,
+                progress=False,
+                search_k=search_k,
+                degree_options=degree_options,
+                schedule=schedule,
+            )
         except GppError:
             uni = None
         if uni is not None and uni.predicted.time_per_sample <= res.tps * (1 + 1e-9):
             specs = [StageSpec(s.nodes, s.devices, s.micro_batch_size, s.schedule.k) for s in uni.stages]
             cands.append(("uniform-b sweep", specs, None))
-    extra = {"per_stage_micro_batch": True, "dp_time_per_sample": res.tps, "dp_runs": res.probes,
-             "micro_batch_sizes_searched": list(sizes), "k_options": sorted({k for _, k in gdp.configs}),
-             "sp_added_dependencies": dec.added_pairs,
-             "objective": "min bottleneck TPS (DP estimate) over per-stage micro-batch sizes"
-                          + (" and k" if search_k else "") + ", then min simulated iteration time"}
+    extra = {
+        "per_stage_micro_batch": True,
+        "dp_time_per_sample": res.tps,
+        "dp_runs": res.probes,
+        "micro_batch_sizes_searched": list(sizes),
+        "k_options": sorted({k for _, k in gdp.configs}),
+        "sp_added_dependencies": dec.added_pairs,
+        "objective": "min bottleneck TPS (DP estimate) over per-stage micro-batch sizes"
+        + (" and k" if search_k else "")
+        + ", then min simulated iteration time",
+    }
     plan = None
-    for origin, specs, stages in cands:     # every candidate meets the DP's optimal target
-        ex = {**extra, "stages_from": origin, "dp_stages": None if stages is None else
-              [{"nodes": sorted(s.nodes, key=graph.index.__getitem__), "micro_batch_size": s.micro_batch_size,
-                "k": s.k, "degree": s.degree, "in_flight_bound": s.in_flight_bound} for s in stages]}
-        trial = build_plan(graph, cluster, specs, B, planner=PLANNER,
-                           search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra=ex),
-                           schedule=schedule)
+    for origin, specs, stages in cands:  # every candidate meets the DP's optimal target
+        ex = {
+            **extra,
+            "stages_from": origin,
+            "dp_stages": None
+            if stages is None
+            else [
+                {
+                    "nodes": sorted(s.nodes, key=graph.index.__getitem__),
+                    "micro_batch_size": s.micro_batch_size,
+                    "k": s.k,
+                    "degree": s.degree,
+                    "in_flight_bound": s.in_flight_bound,
+                }
+                for s in stages
+            ],
+        }
+        trial = build_plan(
+            graph,
+            cluster,
+            specs,
+            B,
+            planner=PLANNER,
+            search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra=ex),
+            schedule=schedule,
+        )
         if plan is None or trial.predicted.iteration_time < plan.predicted.iteration_time * (1 - 1e-12):
             plan = trial
     assert plan is not None
@@ -107,5 +165,5 @@ def plan_per_stage(graph: Graph, cluster: Cluster, mini_batch_size: int, dec, si
     elif abs(tps - res.tps) <= 1e-9 * abs(res.tps):
         status = Status.OPTIMAL_WITHIN_SEARCH_SPACE
     else:
-        status = Status.FEASIBLE        # the DP's conservative transfer estimate is above the exact figure
+        status = Status.FEASIBLE  # the DP's conservative transfer estimate is above the exact figure
     return replace(plan, search=replace(plan.search, status=status))

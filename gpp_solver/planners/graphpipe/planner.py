@@ -88,35 +88,63 @@ from gpp_solver.types import Cluster, Graph, Plan
 logger = logging.getLogger(__name__)
 
 
-def plan_graphpipe(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                   progress: bool | None = None, **options: Any) -> Plan:
+def plan_graphpipe(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool | None = None,
+    **options: Any,
+) -> Plan:
     """Plan ``graph`` on ``cluster`` for mini-batch ``mini_batch_size`` (see the module docstring);
     ``options`` are the fields of :class:`GraphPipeOptions`."""
     t0 = time.perf_counter()
     o = parse_options(PLANNER, GraphPipeOptions, options)
     B = mini_batch_size
     sizes = check_micro_batch_sizes(B, o.micro_batch_sizes)
-    if o.degree_options is not None:      # a stage at b takes a degree d with b % d == 0, d <= devices
-        sizes = tuple(b for b in sizes if any(isinstance(d, int) and d >= 1 and b % d == 0 and d <= cluster.devices
-                                              for d in o.degree_options))
+    if o.degree_options is not None:  # a stage at b takes a degree d with b % d == 0, d <= devices
+        sizes = tuple(
+            b
+            for b in sizes
+            if any(isinstance(d, int) and d >= 1 and b % d == 0 and d <= cluster.devices for d in o.degree_options)
+        )
         if not sizes:
-            raise InvalidInputError(f"graphpipe: no micro-batch size of {list(check_micro_batch_sizes(B, o.micro_batch_sizes))} "
-                                    f"is divisible by a data-parallel degree of {list(o.degree_options)} that is at "
-                                    f"most the cluster's {cluster.devices} devices")
+            raise InvalidInputError(
+                f"graphpipe: no micro-batch size of {list(check_micro_batch_sizes(B, o.micro_batch_sizes))} "
+                f"is divisible by a data-parallel degree of {list(o.degree_options)} that is at "
+                f"most the cluster's {cluster.devices} devices"
+            )
     if time_limit is not None and time_limit <= 0:
         raise InvalidInputError(f"time_limit must be positive, got {time_limit!r}")
     deadline = None if time_limit is None else t0 + time_limit
     dec = decompose(graph)
     if dec.forced_cuts:
-        logger.info("graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
-                    graph.name, len(dec.forced_cuts), dec.added_pairs)
+        logger.info(
+            "graph '%s' is not series-parallel: %d series cuts forced, %d dependencies added",
+            graph.name,
+            len(dec.forced_cuts),
+            dec.added_pairs,
+        )
     if o.per_stage_micro_batch:
         plan = plan_per_stage(graph, cluster, B, dec, sizes, o.search_k, o.degree_options, deadline, o.schedule)
     else:
-        plan = plan_uniform(graph, cluster, B, dec, sizes, deadline=deadline, progress=progress, search_k=o.search_k,
-                            degree_options=o.degree_options, depth_tradeoff=o.depth_tradeoff,
-                            simulate_top=o.simulate_top, shared_sinks=o.shared_sinks,
-                            max_depth_bound=o.max_depth_bound, schedule=o.schedule)
+        plan = plan_uniform(
+            graph,
+            cluster,
+            B,
+            dec,
+            sizes,
+            deadline=deadline,
+            progress=progress,
+            search_k=o.search_k,
+            degree_options=o.degree_options,
+            depth_tradeoff=o.depth_tradeoff,
+            simulate_top=o.simulate_top,
+            shared_sinks=o.shared_sinks,
+            max_depth_bound=o.max_depth_bound,
+            schedule=o.schedule,
+        )
     plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0))
     if o.validate_plan:
         validate(plan, graph, cluster)

@@ -52,8 +52,18 @@ import numpy as np
 
 from gpp_solver.errors import InvalidGraphError
 
-__all__ = ["Leaf", "Series", "Parallel", "SPNode", "SPDecomposition", "decompose", "leaves",
-           "order_pairs", "reachability_pairs", "describe"]
+__all__ = [
+    "Leaf",
+    "Series",
+    "Parallel",
+    "SPNode",
+    "SPDecomposition",
+    "decompose",
+    "leaves",
+    "order_pairs",
+    "reachability_pairs",
+    "describe",
+]
 
 
 @dataclass(frozen=True)
@@ -123,7 +133,7 @@ def order_pairs(tree: SPNode) -> set[tuple[Hashable, Hashable]]:
         parts = [walk(c) for c in t.children]
         if isinstance(t, Series):
             for i in range(len(parts)):
-                later = [v for p in parts[i + 1:] for v in p]
+                later = [v for p in parts[i + 1 :] for v in p]
                 out.update((u, v) for u in parts[i] for v in later)
         return [v for p in parts for v in p]
 
@@ -196,6 +206,7 @@ def decompose(graph: Any) -> SPDecomposition:
         raise InvalidGraphError("cannot decompose an empty graph")
     d = _Decomposer(order, succ)
     import sys
+
     limit = sys.getrecursionlimit()
     if limit < 4 * n + 100:
         sys.setrecursionlimit(4 * n + 100)
@@ -223,7 +234,7 @@ class _Decomposer:
                 np.logical_or(row, reach[j], out=row)
                 row[j] = True
         self.forced: list[tuple[tuple[Hashable, ...], tuple[Hashable, ...], int]] = []
-        self.names = np.empty(n, dtype=object)          # the operators by index, for fancy indexing
+        self.names = np.empty(n, dtype=object)  # the operators by index, for fancy indexing
         for i, v in enumerate(order):
             self.names[i] = v
 
@@ -238,12 +249,12 @@ class _Decomposer:
         reach = self.reach
         table = reach[np.ix_(mem[src], mem[snk])] | (src[:, None] == snk[None, :])
         a, b = np.nonzero(table)
-        lab = _weak_labels(len(src) + len(snk), a, b + len(src))[len(src):]
+        lab = _weak_labels(len(src) + len(snk), a, b + len(src))[len(src) :]
         if (lab == lab[0]).all():
             return None
         below = reach[np.ix_(mem, mem[snk])]
         below[snk, np.arange(len(snk))] = True
-        lab = lab[below.argmax(axis=1)]         # the component of some sink each member reaches
+        lab = lab[below.argmax(axis=1)]  # the component of some sink each member reaches
         head = np.full(len(src) + len(snk), k, dtype=np.int64)
         np.minimum.at(head, lab, np.arange(k))
         return head[lab]
@@ -258,10 +269,10 @@ class _Decomposer:
         # pairs (prefix member, suffix member) without a path, cut after position i (1..k-1):
         # moving member i into the prefix adds its non-descendants after it and drops its
         # non-ancestors before it
-        missing = np.cumsum((k - 1 - pos - cd) - (pos - ca))[:k - 1]
+        missing = np.cumsum((k - 1 - pos - cd) - (pos - ca))[: k - 1]
         cuts = np.flatnonzero(missing == 0) + 1
         if not len(cuts):
-            if not np.any(cd + ca == k - 1):        # no member comparable to all: maybe split
+            if not np.any(cd + ca == k - 1):  # no member comparable to all: maybe split
                 lab = self.components(mem, cd, ca)
                 if lab is not None:
                     heads = np.flatnonzero(lab == pos)
@@ -294,8 +305,7 @@ class _Decomposer:
         pre, suf = mem[:at], mem[at:]
         self.forced.append((tuple(self.names[pre].tolist()), tuple(self.names[suf].tolist()), best))
         across = self.reach[np.ix_(pre, suf)]
-        return [(pre, cd[:at] - across.sum(axis=1), ca[:at]),
-                (suf, cd[at:], ca[at:] - across.sum(axis=0))]
+        return [(pre, cd[:at] - across.sum(axis=1), ca[:at]), (suf, cd[at:], ca[at:] - across.sum(axis=0))]
 
 
 def describe(tree: SPNode, names: Sequence[str] | None = None) -> str:

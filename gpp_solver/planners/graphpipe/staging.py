@@ -29,21 +29,22 @@ def stage_specs(stages: Sequence[DPStage], b: int, devices_per_node: int | None,
 
 
 def estimate_iteration(graph: Graph, cluster: Cluster, specs: Sequence[StageSpec], mini_batch_size: int) -> float:
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
     costs = stage_costs(graph, cluster, specs, B)
     return iteration_time_estimate(costs, stage_graph_edges(graph, stage_of), B)
 
 
-def price_staging(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, mini_batch_size: int,
-                  tables: CostTables) -> tuple[float, float]:
+def price_staging(
+    graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, mini_batch_size: int, tables: CostTables
+) -> tuple[float, float]:
     """``(TPS, iteration estimate)`` of DP stages at ``b`` on their :func:`assign_devices` ranges:
     the figures of :func:`gpp_solver.cost.model.stage_costs` and :func:`~gpp_solver.cost.model.iteration_time_estimate`
     (same formulas, same transfers), with each stage's compute summed from ``tables`` at once
     instead of node by node — this runs for every candidate staging and every leftover-device step.
     It must exist beside ``stage_costs`` because it prices DP stages (no ``StageSpec`` built) with the
     compute vectorised over nodes; every formula is the cost model's pricing core."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     return StagingPricer(graph, cluster, stages, b, B, tables).price(stages)
 
 
@@ -55,15 +56,16 @@ class StagingPricer:
     The leftover-device pass prices every stage's next degree at every step (thousands of
     pricings at 1,024 devices)."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int,
-                 tables: CostTables) -> None:
+    def __init__(
+        self, graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, tables: CostTables
+    ) -> None:
         self.cluster, self.b, self.B, self.tables = cluster, b, B, tables
         stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
         transfers = stage_transfers(graph, stage_of)
         n = len(stages)
         self.nodes = [s.nodes for s in stages]
         self.first = np.asarray([s.first for s in stages], dtype=np.int64)
-        flat = [(i, peer, nb) for i in range(n) for peer, nb in transfers.get(i, [])]   # stage by stage
+        flat = [(i, peer, nb) for i in range(n) for peer, nb in transfers.get(i, [])]  # stage by stage
         self.t_stage = np.asarray([f[0] for f in flat], dtype=np.int64)
         self.t_peer = np.asarray([f[1] for f in flat], dtype=np.int64)
         self.t_bytes = np.asarray([f[2] for f in flat], dtype=np.float64)
@@ -73,7 +75,7 @@ class StagingPricer:
         for u, v in stage_graph_edges(graph, stage_of):
             preds[v].append(u)
         self.preds = preds
-        order, seen = [], [False] * n          # a topological order of the stage graph (DFS post-order)
+        order, seen = [], [False] * n  # a topological order of the stage graph (DFS post-order)
         for root in range(n):
             stack = [(root, 0)]
             while stack:
@@ -107,7 +109,7 @@ class StagingPricer:
         c, b, B = self.cluster, self.b, self.B
         S = len(stages)
         deg = np.asarray([s.degree for s in stages], dtype=np.int64)
-        order = np.lexsort((self.first, -deg))          # assign_devices: largest degree first, then leaf order
+        order = np.lexsort((self.first, -deg))  # assign_devices: largest degree first, then leaf order
         start = np.empty(S, dtype=np.int64)
         start[order] = np.cumsum(deg[order]) - deg[order]
         end = start + deg - 1
@@ -117,15 +119,18 @@ class StagingPricer:
         if len(self.t_stage):
             lo = np.minimum(start[self.t_stage], start[self.t_peer])
             hi = np.maximum(end[self.t_stage], end[self.t_peer])
-            bw = np.full(len(lo), inter) if dpn is None or intra is None else \
-                np.where(lo // dpn == hi // dpn, intra, inter)
-            t = 1 * c.latency + self.t_bytes * x[self.t_stage] / bw        # comm_time, one message each
+            bw = (
+                np.full(len(lo), inter)
+                if dpn is None or intra is None
+                else np.where(lo // dpn == hi // dpn, intra, inter)
+            )
+            t = 1 * c.latency + self.t_bytes * x[self.t_stage] / bw  # comm_time, one message each
             comm_half = np.bincount(self.t_stage, weights=t, minlength=S)
         if dpn is None or intra is None:
             bw_st = np.full(S, inter)
         else:
             bw_st = np.where((deg <= 1) | (start // dpn == end // dpn), intra, inter)
-        allreduce = self.terms.tail(self.weight, deg, bw_st)     # A(S) + O(S)
+        allreduce = self.terms.tail(self.weight, deg, bw_st)  # A(S) + O(S)
         comp = np.empty(S)
         for d in np.unique(deg).tolist():
             m = deg == d
@@ -133,16 +138,23 @@ class StagingPricer:
         per_mb = comp + 2 * comm_half
         tps = float(np.max(per_mb / b + allreduce / B))
         pm = per_mb.tolist()
-        longest = [0.0] * S          # longest path of per-micro-batch times ending at stage i
+        longest = [0.0] * S  # longest path of per-micro-batch times ending at stage i
         for i in self.order:
             longest[i] = pm[i] + max((longest[u] for u in self.preds[i]), default=0.0)
         L = max(longest)
         return tps, L + (B // b - 1) * max(pm) + float(np.max(allreduce))
 
 
-def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, mini_batch_size: int,
-                           degree_options: Sequence[int], tables: CostTables | None = None,
-                           deadline: float | None = None) -> tuple[DPStage, ...]:
+def spend_leftover_devices(
+    graph: Graph,
+    cluster: Cluster,
+    stages: Sequence[DPStage],
+    b: int,
+    mini_batch_size: int,
+    degree_options: Sequence[int],
+    tables: CostTables | None = None,
+    deadline: float | None = None,
+) -> tuple[DPStage, ...]:
     """Give devices the DP left unused to stages, greedily, while the iteration estimate improves.
 
     The DP stops at the fewest devices that reach the optimal bottleneck; the rest would idle.  A
@@ -153,15 +165,20 @@ def spend_leftover_devices(graph: Graph, cluster: Cluster, stages: Sequence[DPSt
     the limit; the plan's TPS stays at most the DP's target.  Past ``deadline`` (``time.perf_counter()``)
     it stops with the steps taken so far (a valid staging).
     """
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     tables = tables or CostTables(graph)
     opts = sorted(d for d in degree_options if b % d == 0)
     pricer = StagingPricer(graph, cluster, stages, b, B, tables)
     return raise_degrees(tuple(stages), cluster.devices, lambda st: opts, pricer.price, deadline)
 
 
-def raise_degrees(stages: tuple, devices: int, allowed: Callable[[Any], Sequence[int]],
-                  price: Callable[[tuple], tuple[float, float]], deadline: float | None = None) -> tuple:
+def raise_degrees(
+    stages: tuple,
+    devices: int,
+    allowed: Callable[[Any], Sequence[int]],
+    price: Callable[[tuple], tuple[float, float]],
+    deadline: float | None = None,
+) -> tuple:
     """The greedy loop of :func:`spend_leftover_devices`: ``price(stages) -> (exact TPS, estimate)``;
     ``allowed(stage)`` lists the degrees a stage may take (ascending)."""
     cur = stages
@@ -175,7 +192,7 @@ def raise_degrees(stages: tuple, devices: int, allowed: Callable[[Any], Sequence
             bigger = [d for d in allowed(st) if d > st.degree and d - st.degree <= free]
             if not bigger:
                 continue
-            trial = cur[:i] + (replace(st, degree=bigger[0]),) + cur[i + 1:]
+            trial = cur[:i] + (replace(st, degree=bigger[0]),) + cur[i + 1 :]
             tps, est = price(trial)
             if est < best * (1 - 1e-12) and tps <= tps0 * (1 + 1e-12) and (step is None or est < step[0]):
                 step = (est, trial, bigger[0] - st.degree)

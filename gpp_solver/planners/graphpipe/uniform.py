@@ -57,17 +57,30 @@ class _Progress(ProgressBar):
         self.update(1)
 
 
-def plan_uniform(graph: Graph, cluster: Cluster, mini_batch_size: int, dec: SPDecomposition, sizes: Sequence[int], *,
-                 deadline: float | None, progress: bool | None = None, search_k: bool = False,
-                 degree_options: Sequence[int] | None = None, depth_tradeoff: bool = True,
-                 simulate_top: int | None = SIMULATE_TOP, shared_sinks: bool = True,
-                 max_depth_bound: int | None = MAX_DEPTH_BOUND, schedule: str = "1f1b") -> Plan:
+def plan_uniform(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    dec: SPDecomposition,
+    sizes: Sequence[int],
+    *,
+    deadline: float | None,
+    progress: bool | None = None,
+    search_k: bool = False,
+    degree_options: Sequence[int] | None = None,
+    depth_tradeoff: bool = True,
+    simulate_top: int | None = SIMULATE_TOP,
+    shared_sinks: bool = True,
+    max_depth_bound: int | None = MAX_DEPTH_BOUND,
+    schedule: str = "1f1b",
+) -> Plan:
     """The best plan with one micro-batch size from ``sizes`` (``search.seconds`` left at 0, not validated);
     every candidate is built with ``schedule`` (``build_plan``), so the pick is by its iteration time."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     dp = StageDP(graph, cluster, B, decomposition=dec, degree_options=degree_options, shared_sinks=shared_sinks)
-    u = _UniformSearch(graph, cluster, B, dec, dp, list(sizes), deadline, search_k, depth_tradeoff, max_depth_bound,
-                       schedule)
+    u = _UniformSearch(
+        graph, cluster, B, dec, dp, list(sizes), deadline, search_k, depth_tradeoff, max_depth_bound, schedule
+    )
     u.search(progress, simulate_top)
     u.rank(simulate_top)
     cands = u.candidates()
@@ -81,9 +94,20 @@ class _UniformSearch:
     proposals of the best ones, leftover devices spent), :meth:`simulate` (the pick by simulated
     iteration time) and :meth:`record` (status and ``search.extra``)."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP, sizes: list[int],
-                 deadline: float | None, search_k: bool, depth_tradeoff: bool, max_depth_bound: int | None,
-                 schedule: str = "1f1b") -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        B: int,
+        dec: SPDecomposition,
+        dp: StageDP,
+        sizes: list[int],
+        deadline: float | None,
+        search_k: bool,
+        depth_tradeoff: bool,
+        max_depth_bound: int | None,
+        schedule: str = "1f1b",
+    ) -> None:
         self.schedule = schedule
         self.graph, self.cluster, self.B, self.dec, self.dp, self.sizes = graph, cluster, B, dec, dp, sizes
         self.deadline, self.search_k, self.depth_tradeoff = deadline, search_k, depth_tradeoff
@@ -91,7 +115,7 @@ class _UniformSearch:
         self.searched, self.pruned, self.seeds, self.lbdp, self.quick = list(sizes), [], [], None, {}
         self.proposals: list[dict] = []
         self.proposed = False
-        self.cut_short = False   # candidates left unpriced or unsimulated at the deadline
+        self.cut_short = False  # candidates left unpriced or unsimulated at the deadline
         self.tried: list[dict] = []
 
     def past_deadline(self) -> bool:
@@ -104,12 +128,27 @@ class _UniformSearch:
         try:
             if PRUNE_SIZES and simulate_top is None and dp.large() and len(sizes) > 1:
                 self.searched, self.pruned, self.seeds, self.lbdp, self.quick = _prune_sizes(
-                    self.graph, self.cluster, self.B, self.dec, dp, sizes, self.search_k, deadline, bar.step,
-                    self.schedule)
+                    self.graph,
+                    self.cluster,
+                    self.B,
+                    self.dec,
+                    dp,
+                    sizes,
+                    self.search_k,
+                    deadline,
+                    bar.step,
+                    self.schedule,
+                )
             if self.depth_tradeoff:
-                per_b = search_depths(dp, self.searched, deadline=deadline, on_pass=bar.step, deepen=self._deepen,
-                                      max_bound=self.max_depth_bound,
-                                      feasible={b: (r.tps, max(s.depth for s in r.stages)) for b, r in self.quick.items()})
+                per_b = search_depths(
+                    dp,
+                    self.searched,
+                    deadline=deadline,
+                    on_pass=bar.step,
+                    deepen=self._deepen,
+                    max_bound=self.max_depth_bound,
+                    feasible={b: (r.tps, max(s.depth for s in r.stages)) for b, r in self.quick.items()},
+                )
             else:
                 one = search_many(dp, self.searched, deadline=deadline, on_pass=bar.step)
                 per_b = {b: [] if one[b] is None else [one[b]] for b in self.searched}
@@ -120,12 +159,14 @@ class _UniformSearch:
         results = [r for b in sizes for r in per_b[b]]
         results += [s for s, _ in self.seeds if all((r.b, r.stages) != (s.b, s.stages) for r in results)]
         if not results:
-            if deadline is not None and time.perf_counter() > deadline:    # some sizes may not have been searched
+            if deadline is not None and time.perf_counter() > deadline:  # some sizes may not have been searched
                 raise TimeLimitError("graphpipe: time limit reached before the stage DP found a plan")
             raise _infeasible(dp, sizes, self.cluster)
         self.results = results
-        self.timed_out = any(not r.exact for r in results)       # then a size without a plan may be unsearched
-        self.min_tps: dict[int, float] = {}     # per size, over its results and the seed (a size cut short may have only it)
+        self.timed_out = any(not r.exact for r in results)  # then a size without a plan may be unsearched
+        self.min_tps: dict[
+            int, float
+        ] = {}  # per size, over its results and the seed (a size cut short may have only it)
         for r in results:
             self.min_tps[r.b] = min(self.min_tps.get(r.b, r.tps), r.tps)
 
@@ -136,21 +177,25 @@ class _UniformSearch:
         if not first:
             return []
         graph, cluster, B, dp = self.graph, self.cluster, self.B, self.dp
-        r = min(first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1],
-                                               r.tps, -r.b))
-        inc = _build(graph, cluster, r.stages, r.b, B, dp, self.search_k, deadline=self.deadline,
-                     schedule=self.schedule).predicted.iteration_time
-        inc = min([inc] + [s[1] for s in self.seeds])        # the seed stays a candidate
+        r = min(
+            first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b)
+        )
+        inc = _build(
+            graph, cluster, r.stages, r.b, B, dp, self.search_k, deadline=self.deadline, schedule=self.schedule
+        ).predicted.iteration_time
+        inc = min([inc] + [s[1] for s in self.seeds])  # the seed stays a candidate
         sizes_left = [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
-        return _least_useful_depths(graph, cluster, B, self.dec, dp, sizes_left, inc, self.max_depth_bound,
-                                    self.deadline, self.lbdp)
+        return _least_useful_depths(
+            graph, cluster, B, self.dec, dp, sizes_left, inc, self.max_depth_bound, self.deadline, self.lbdp
+        )
 
     def rank(self, simulate_top: int | None) -> None:
         """The results by iteration estimate; the first ``simulate_top`` go on."""
         graph, cluster, B, tables = self.graph, self.cluster, self.B, self.dp._costs
-        self.ranked = sorted(self.results, key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, tables)[1],
-                                                          r.tps, -r.b))
-        self.short = self.ranked if simulate_top is None else self.ranked[:max(1, simulate_top)]
+        self.ranked = sorted(
+            self.results, key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, tables)[1], r.tps, -r.b)
+        )
+        self.short = self.ranked if simulate_top is None else self.ranked[: max(1, simulate_top)]
 
     def candidates(self) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
         """The stagings to simulate: best estimate first, each with its variants and each size's
@@ -159,20 +204,27 @@ class _UniformSearch:
         optimistic: dict[int, list[tuple[str, TpsSearch, tuple[DPStage, ...]]]] = {}
         self.proposed = dp.placement_sensitive and not self.timed_out and not self.past_deadline()
         if self.proposed:
-            least = {r.b: r for r in reversed(short[:VARIANTS_TOP]) if r.tps == min_tps[r.b]}    # one per size
-            for c in optimistic_proposals(self.graph, self.cluster, self.B, self.dec, dp,
-                                           [r for r in short[:VARIANTS_TOP] if least.get(r.b) is r], self.deadline,
-                                           self.proposals):
+            least = {r.b: r for r in reversed(short[:VARIANTS_TOP]) if r.tps == min_tps[r.b]}  # one per size
+            for c in optimistic_proposals(
+                self.graph,
+                self.cluster,
+                self.B,
+                self.dec,
+                dp,
+                [r for r in short[:VARIANTS_TOP] if least.get(r.b) is r],
+                self.deadline,
+                self.proposals,
+            ):
                 optimistic.setdefault(c[1].b, []).append(c)
         cands: list[tuple[str, TpsSearch, tuple[DPStage, ...]]] = []
         for rank, r in enumerate(short):
             if cands and self.past_deadline():
-                self.cut_short = True       # the remaining stagings are not priced
+                self.cut_short = True  # the remaining stagings are not priced
                 break
             cands.extend(self._variants(rank, r))
             if r.b in optimistic and r.tps == min_tps[r.b]:
                 cands.extend(optimistic[r.b])
-        self.cut_short |= self.past_deadline()       # a leftover-device pass may have stopped at the deadline
+        self.cut_short |= self.past_deadline()  # a leftover-device pass may have stopped at the deadline
         return cands
 
     def _variants(self, rank: int, r: TpsSearch) -> list[tuple[str, TpsSearch, tuple[DPStage, ...]]]:
@@ -187,8 +239,9 @@ class _UniformSearch:
         out = []
         for origin, st in variants:
             if sum(s.degree for s in st) < cluster.devices:
-                st = spend_leftover_devices(self.graph, cluster, st, r.b, self.B, dp.degree_options, dp._costs,
-                                            self.deadline)
+                st = spend_leftover_devices(
+                    self.graph, cluster, st, r.b, self.B, dp.degree_options, dp._costs, self.deadline
+                )
             out.append((origin, r, tuple(st)))
         return out
 
@@ -196,7 +249,7 @@ class _UniformSearch:
         """The candidate of least simulated iteration time (:func:`_better`); one whose lower bound
         cannot beat the best so far, or past the deadline once a plan exists, is not simulated."""
         graph, cluster, B, dp = self.graph, self.cluster, self.B, self.dp
-        best = None         # (plan, origin, search result)
+        best = None  # (plan, origin, search result)
         for origin, r, st in cands:
             entry = {"micro_batch_size": r.b, "dp_time_per_sample": r.tps, "stages_from": origin}
             self.tried.append(entry)
@@ -204,12 +257,14 @@ class _UniformSearch:
                 entry["not_simulated_time_limit"] = True
                 self.cut_short = True
                 continue
-            bound = B * price_staging(graph, cluster, st, r.b, B, dp._costs)[0]     # every stage is busy B * TPS(S)
+            bound = B * price_staging(graph, cluster, st, r.b, B, dp._costs)[0]  # every stage is busy B * TPS(S)
             if best is not None and bound > best[0].predicted.iteration_time * (1 + 1e-12):
-                entry["not_simulated_lower_bound"] = bound      # cannot beat the best simulated plan
+                entry["not_simulated_lower_bound"] = bound  # cannot beat the best simulated plan
                 continue
             plan = _build(graph, cluster, st, r.b, B, dp, self.search_k, leftover=False, schedule=self.schedule)
-            entry.update(depth=plan.depth, stages=len(plan.stages), simulated_iteration_time=plan.predicted.iteration_time)
+            entry.update(
+                depth=plan.depth, stages=len(plan.stages), simulated_iteration_time=plan.predicted.iteration_time
+            )
             if best is None or _better(plan, best[0]):
                 best = (plan, origin, r)
         assert best is not None
@@ -226,28 +281,43 @@ class _UniformSearch:
         elif chosen.tps <= min_tps[b_final] and not dp.coarsened:
             status = Status.OPTIMAL_WITHIN_SEARCH_SPACE
         else:
-            status = Status.FEASIBLE     # a shallower staging at a larger bottleneck (depth_tradeoff)
-        extra = {"micro_batch_size": b_final, "dp_time_per_sample": chosen.tps,
-                 "dp_min_time_per_sample": min_tps[b_final], "dp_runs": max(r.probes for r in self.results),
-                 "micro_batch_sizes_searched": list(sizes),
-                 ("micro_batch_sizes_unfinished" if self.timed_out else "micro_batch_sizes_infeasible"):
-                     [b for b in sizes if not self.per_b[b] and b not in self.pruned],
-                 "sp_added_dependencies": self.dec.added_pairs, "stages_from": origin,
-                 "objective": "min bottleneck TPS per micro-batch size (DP estimate)"
-                              + (" and per bound on the stage graph's depth" if self.depth_tradeoff else "")
-                              + ("; of all of them" if len(self.short) == len(self.ranked)
-                                 else f"; of the {len(self.short)} with the least iteration estimate")
-                              + ", the least simulated iteration time",
-                 "simulated_candidates": self.tried}
-        if dp.coarsened:        # the search space was coarsened: its optimum is not GraphPipe's
-            extra["coarsened_series"] = {"blocks": len(dp.idx.blocks), "largest_block": max(dp.idx.blocks),
-                                         "operators_in_blocks": sum(dp.idx.blocks),
-                                         "max_series_children": dp.COARSE_CHILDREN, "max_depth": dp.E}
-            extra["objective"] += (f" (over the SP tree with long series coarsened into blocks of operators "
-                                   f"that share a stage, stage graphs at most {dp.E} deep and no shared-sink stages: a "
-                                   f"staging, not the optimum of the full space)")
+            status = Status.FEASIBLE  # a shallower staging at a larger bottleneck (depth_tradeoff)
+        extra = {
+            "micro_batch_size": b_final,
+            "dp_time_per_sample": chosen.tps,
+            "dp_min_time_per_sample": min_tps[b_final],
+            "dp_runs": max(r.probes for r in self.results),
+            "micro_batch_sizes_searched": list(sizes),
+            ("micro_batch_sizes_unfinished" if self.timed_out else "micro_batch_sizes_infeasible"): [
+                b for b in sizes if not self.per_b[b] and b not in self.pruned
+            ],
+            "sp_added_dependencies": self.dec.added_pairs,
+            "stages_from": origin,
+            "objective": "min bottleneck TPS per micro-batch size (DP estimate)"
+            + (" and per bound on the stage graph's depth" if self.depth_tradeoff else "")
+            + (
+                "; of all of them"
+                if len(self.short) == len(self.ranked)
+                else f"; of the {len(self.short)} with the least iteration estimate"
+            )
+            + ", the least simulated iteration time",
+            "simulated_candidates": self.tried,
+        }
+        if dp.coarsened:  # the search space was coarsened: its optimum is not GraphPipe's
+            extra["coarsened_series"] = {
+                "blocks": len(dp.idx.blocks),
+                "largest_block": max(dp.idx.blocks),
+                "operators_in_blocks": sum(dp.idx.blocks),
+                "max_series_children": dp.COARSE_CHILDREN,
+                "max_depth": dp.E,
+            }
+            extra["objective"] += (
+                f" (over the SP tree with long series coarsened into blocks of operators "
+                f"that share a stage, stage graphs at most {dp.E} deep and no shared-sink stages: a "
+                f"staging, not the optimum of the full space)"
+            )
         if self.pruned:
-            extra["micro_batch_sizes_pruned"] = self.pruned     # no staging of theirs beats a simulated one (_prune_sizes)
+            extra["micro_batch_sizes_pruned"] = self.pruned  # no staging of theirs beats a simulated one (_prune_sizes)
         if self.depth_tradeoff:
             extra["depth_tradeoff"] = True
             extra["depth_bound"] = chosen.depth_bound
@@ -255,14 +325,26 @@ class _UniformSearch:
             extra["optimistic_transfer_proposals"] = self.proposals
         plan = replace(plan, search=replace(plan.search, status=status, extra={**plan.search.extra, **extra}))
         if plan.predicted.time_per_sample > chosen.tps * (1 + 1e-9) + 1e-15:
-            logger.warning("plan TPS %.9g exceeds the DP's target %.9g: the DP estimate is not an upper bound here",
-                           plan.predicted.time_per_sample, chosen.tps)
+            logger.warning(
+                "plan TPS %.9g exceeds the DP's target %.9g: the DP estimate is not an upper bound here",
+                plan.predicted.time_per_sample,
+                chosen.tps,
+            )
         return plan
 
 
-def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP, sizes: Sequence[int],
-                 search_k: bool, deadline: float | None, on_pass,
-                 schedule: str = "1f1b") -> tuple[list[int], list[int], list, StageDP | None]:
+def _prune_sizes(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    dec: SPDecomposition,
+    dp: StageDP,
+    sizes: Sequence[int],
+    search_k: bool,
+    deadline: float | None,
+    on_pass,
+    schedule: str = "1f1b",
+) -> tuple[list[int], list[int], list, StageDP | None]:
     """The sizes worth searching, on large trees: a quick search bounded to depth ``SEED_DEPTH``
     (small tables) gives stagings, best-first: the ``SEED_SIZES`` sizes with the least lower bound
     (:meth:`StageDP.lower_bound`, ties to the larger size) first, the next ones only when none of
@@ -277,23 +359,33 @@ def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, d
     order = sorted(sizes, key=lambda b: (dp.lower_bound(b), -b))
     quick: dict[int, TpsSearch] = {}
     for i in range(0, len(order), SEED_SIZES):
-        quick = search_bounded(dp, order[i:i + SEED_SIZES], SEED_DEPTH, deadline=deadline, on_pass=on_pass,
-                               tol=SEED_TOL)
+        quick = search_bounded(
+            dp, order[i : i + SEED_SIZES], SEED_DEPTH, deadline=deadline, on_pass=on_pass, tol=SEED_TOL
+        )
         if quick or (deadline is not None and time.perf_counter() > deadline):
             break
     if not quick:
         return list(sizes), [], [], None, {}
     r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
-    inc = _build(graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline,
-                 schedule=schedule).predicted.iteration_time
-    lb = StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
-                 shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
+    inc = _build(
+        graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline, schedule=schedule
+    ).predicted.iteration_time
+    lb = StageDP(
+        graph,
+        cluster,
+        B,
+        decomposition=dec,
+        degree_options=dp.degree_options,
+        shared_sinks=dp.shared_sinks,
+        lower_bound_pricing=True,
+    )
     t = inc / B * (1 + 1e-9)
-    try:        # a size kept at depth <= SEED_DEPTH (a cheap pass) needs no pass at any depth
+    try:  # a size kept at depth <= SEED_DEPTH (a cheap pass) needs no pass at any depth
         shallow = lb.probe([(b, t) for b in sizes], keep=False, E=SEED_DEPTH, deadline=deadline).devices[:, -1]
         rest = [b for b, n in zip(sizes, shallow) if n > dp.D]
-        deep = lb.probe([(b, t) for b in rest], keep=False, saturate=1, deadline=deadline).devices[:, -1] \
-            if rest else []
+        deep = (
+            lb.probe([(b, t) for b in rest], keep=False, saturate=1, deadline=deadline).devices[:, -1] if rest else []
+        )
     except TimeLimitError:
         return list(sizes), [], [(r, inc)], lb, quick
     out = [b for b, n in zip(rest, deep) if n > dp.D]
@@ -301,9 +393,18 @@ def _prune_sizes(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, d
     return [b for b in sizes if b not in out], out, [(r, inc)], lb, {b: x for b, x in quick.items() if b not in out}
 
 
-def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecomposition, dp: StageDP,
-                         sizes: Sequence[int], incumbent: float, max_bound: int | None,
-                         deadline: float | None, lb: StageDP | None = None) -> dict[int, int]:
+def _least_useful_depths(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    dec: SPDecomposition,
+    dp: StageDP,
+    sizes: Sequence[int],
+    incumbent: float,
+    max_bound: int | None,
+    deadline: float | None,
+    lb: StageDP | None = None,
+) -> dict[int, int]:
     """For each size the least bound on the stage graph's depth at which a staging could still
     beat ``incumbent`` (a simulated iteration time); sizes where none could are left out.
 
@@ -318,8 +419,15 @@ def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecompos
     if not sizes:
         return {}
     cap = dp.E if max_bound is None else max(1, min(int(max_bound), dp.E))
-    lb = lb or StageDP(graph, cluster, B, decomposition=dec, degree_options=dp.degree_options,
-                       shared_sinks=dp.shared_sinks, lower_bound_pricing=True)
+    lb = lb or StageDP(
+        graph,
+        cluster,
+        B,
+        decomposition=dec,
+        degree_options=dp.degree_options,
+        shared_sinks=dp.shared_sinks,
+        lower_bound_pricing=True,
+    )
     t = incumbent / B * (1 + 1e-9)
     try:
         devices = lb.probe([(b, t) for b in sizes], keep=False, E=cap, deadline=deadline).devices
@@ -334,16 +442,33 @@ def _least_useful_depths(graph: Graph, cluster: Cluster, B: int, dec: SPDecompos
     return out
 
 
-def _build(graph: Graph, cluster: Cluster, stages: Sequence[DPStage], b: int, B: int, dp: StageDP, search_k: bool,
-           leftover: bool = True, deadline: float | None = None, schedule: str = "1f1b") -> Plan:
+def _build(
+    graph: Graph,
+    cluster: Cluster,
+    stages: Sequence[DPStage],
+    b: int,
+    B: int,
+    dp: StageDP,
+    search_k: bool,
+    leftover: bool = True,
+    deadline: float | None = None,
+    schedule: str = "1f1b",
+) -> Plan:
     """The priced plan of DP stages at ``b`` (devices by :func:`assign_devices`; with ``leftover``
     the unused devices first go through :func:`spend_leftover_devices`)."""
     if leftover and sum(s.degree for s in stages) < cluster.devices:
         stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs, deadline)
     specs = stage_specs(stages, b, cluster.devices_per_node, None if search_k else 1)
-    return build_plan(graph, cluster, specs, B, planner=PLANNER,
-                      search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),
-                      k_options=K_OPTIONS if search_k else (1,), schedule=schedule)
+    return build_plan(
+        graph,
+        cluster,
+        specs,
+        B,
+        planner=PLANNER,
+        search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),
+        k_options=K_OPTIONS if search_k else (1,),
+        schedule=schedule,
+    )
 
 
 def _better(plan: Plan, than: Plan) -> bool:
@@ -373,22 +498,27 @@ def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> Infeasib
     need_mem = min(mems) if mems else None
     devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
     need_dev = min(devs) if devs else None
-    space = (f"GraphPipe's search space (series-parallel-tree partitions"
-             f"{f', long series coarsened into blocks, at most {dp.E} stages deep' if dp.coarsened else ''}"
-             f"{' with shared sinks' if dp.shared_sinks else ''}, one micro-batch size per plan "
-             f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})")
-    parts = [f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
-             f"{cluster.devices} devices; plans outside this search space (e.g. found by the exact MILP "
-             f"planner) may still fit"]
+    space = (
+        f"GraphPipe's search space (series-parallel-tree partitions"
+        f"{f', long series coarsened into blocks, at most {dp.E} stages deep' if dp.coarsened else ''}"
+        f"{' with shared sinks' if dp.shared_sinks else ''}, one micro-batch size per plan "
+        f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})"
+    )
+    parts = [
+        f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
+        f"{cluster.devices} devices; plans outside this search space (e.g. found by the exact MILP "
+        f"planner) may still fit"
+    ]
     if need_mem is not None:
-        parts.append(f"the smallest memory per device with which this search space holds a plan is "
-                     f"{need_mem:.6g} bytes")
+        parts.append(
+            f"the smallest memory per device with which this search space holds a plan is {need_mem:.6g} bytes"
+        )
     else:
         parts.append("no stage split of this search space fits at any memory these devices can hold")
     if need_dev is not None and need_dev > cluster.devices:
         parts.append(f"or {need_dev} devices")
-    return InfeasibleError("; ".join(parts), required_memory_bytes=need_mem,
-                           required_devices=need_dev if need_dev is not None and need_dev > cluster.devices
-                           else None)
-
-
+    return InfeasibleError(
+        "; ".join(parts),
+        required_memory_bytes=need_mem,
+        required_devices=need_dev if need_dev is not None and need_dev > cluster.devices else None,
+    )

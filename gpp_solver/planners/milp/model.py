@@ -52,7 +52,7 @@ class MilpModel:
 
     problem: pulp.LpProblem
     b: int
-    scale: float                     # objective * scale = seconds per sample (or bytes for "memory")
+    scale: float  # objective * scale = seconds per sample (or bytes for "memory")
     ids: tuple[str, ...]
     slots: int
     x: dict[tuple[int, int], pulp.LpVariable]
@@ -65,19 +65,31 @@ class MilpModel:
         if self.z:
             counts = max(self.z, key=lambda p: self.z[p].value() or 0.0)
         else:
-            counts = tuple(d for s in range(self.slots) for (s2, d), var in self.y.items()
-                           if s2 == s and (var.value() or 0.0) > 0.5)
+            counts = tuple(
+                d
+                for s in range(self.slots)
+                for (s2, d), var in self.y.items()
+                if s2 == s and (var.value() or 0.0) > 0.5
+            )
         stages = tuple(tuple(self.ids[i] for i in range(len(self.ids)) if slot[i] == s) for s in range(len(counts)))
         return stages, tuple(counts)
 
 
-def build_model(graph: Graph, cluster: Cluster, mini_batch_size: int, b: int, slots: int, *, objective: str = "tps",
-                cutoff: float | None = None) -> MilpModel:
+def build_model(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    b: int,
+    slots: int,
+    *,
+    objective: str = "tps",
+    cutoff: float | None = None,
+) -> MilpModel:
     """The MILP for micro-batch size ``b``; ``objective`` is ``"tps"`` (bottleneck time-per-sample,
     memory constrained; only plans with TPS <= ``cutoff`` seconds if given) or ``"memory"``
     (smallest peak memory per device, no memory limit).  The blocks of constraints are added in
     the order of :class:`_Builder`'s methods (the module docstring names the variables)."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     mb = _Builder(graph, cluster, B, b, slots)
     mb.assignment()
     used, ycnt = mb.devices()
@@ -105,7 +117,7 @@ class _Builder:
         self.N = N
         self.D = device_options(b, N)
         num_micro_batches = B // b
-        self.J = min(num_micro_batches, slots)       # in-flight levels
+        self.J = min(num_micro_batches, slots)  # in-flight levels
         self.edges = [(graph.index[u], graph.index[v], nb) for (u, v), nb in graph.edge_bytes_map.items()]
         self.out_edges: dict[int, list[tuple[int, float]]] = {}
         for u, v, nb in self.edges:
@@ -116,9 +128,11 @@ class _Builder:
         self.const_bw = constant_bandwidth(cluster)
         self.overhead = TimeTerms.of(graph).node_overhead
         self.problem = pulp.LpProblem(f"gpp_milp_b{b}", pulp.LpMinimize)
-        self.x = {(i, s): self.problem.add_variable(f"x_{i}_{s}", cat=pulp.LpBinary) for i in self.V for s in range(slots)}
+        self.x = {
+            (i, s): self.problem.add_variable(f"x_{i}_{s}", cat=pulp.LpBinary) for i in self.V for s in range(slots)
+        }
         self.model = MilpModel(self.problem, b, 1.0, ids, slots, self.x)
-        self.byte_unit = max((nb for _, _, nb in self.edges), default=0.0) or 1.0   # rb is in these units (numerics)
+        self.byte_unit = max((nb for _, _, nb in self.edges), default=0.0) or 1.0  # rb is in these units (numerics)
 
     def c(self, i: int, x: float) -> float:
         nd = self.nodes[i]
@@ -131,8 +145,10 @@ class _Builder:
             prob += pulp.lpSum(x[i, s] for s in range(K)) == 1, f"one_slot_{i}"
         for u, v, _ in self.edges:
             for s in range(K - 1):
-                prob += (pulp.lpSum(x[v, q] for q in range(s + 1)) <= pulp.lpSum(x[u, q] for q in range(s + 1)),
-                         f"order_{u}_{v}_{s}")
+                prob += (
+                    pulp.lpSum(x[v, q] for q in range(s + 1)) <= pulp.lpSum(x[u, q] for q in range(s + 1)),
+                    f"order_{u}_{v}_{s}",
+                )
 
     def devices(self) -> tuple[list[Any], dict[tuple[int, int], Any]]:
         """Devices: ``y[s,d]`` (placement cannot matter) or one layout ``z[p]``; the used slots form a
@@ -151,8 +167,7 @@ class _Builder:
         m.z = {p: prob.add_variable("z_" + "_".join(map(str, p)), cat=pulp.LpBinary) for p in lay}
         prob += pulp.lpSum(m.z.values()) == 1, "one_layout"
         used = [pulp.lpSum(z for p, z in m.z.items() if len(p) > s) for s in range(K)]
-        ycnt = {(s, d): pulp.lpSum(z for p, z in m.z.items() if len(p) > s and p[s] == d)
-                for s in range(K) for d in D}
+        ycnt = {(s, d): pulp.lpSum(z for p, z in m.z.items() if len(p) > s and p[s] == d) for s in range(K) for d in D}
         return used, ycnt
 
     def nonempty(self, used: list[Any]) -> None:
@@ -206,8 +221,7 @@ class _Builder:
                     if peak is None:
                         slack = max(0.0, big - 1 - MEMORY_REL_TOL)
                         if slack > 0:
-                            prob += (lhs <= 1 + MEMORY_REL_TOL + slack * (2 - ycnt[s, d] - g[s, j]),
-                                     f"mem_{s}_{d}_{j}")
+                            prob += (lhs <= 1 + MEMORY_REL_TOL + slack * (2 - ycnt[s, d] - g[s, j]), f"mem_{s}_{d}_{j}")
                     else:
                         prob += peak >= lhs - big * (2 - ycnt[s, d] - g[s, j]), f"mem_{s}_{d}_{j}"
 
@@ -221,8 +235,9 @@ class _Builder:
         for p, z in self.model.z.items():
             ranges = contiguous_ranges(p)
             for s in range(len(p)):
-                pair = tuple(cluster.bandwidth(ranges[min(s, t)] + ranges[max(s, t)]) if t != s else 0.0
-                             for t in range(len(p)))
+                pair = tuple(
+                    cluster.bandwidth(ranges[min(s, t)] + ranges[max(s, t)]) if t != s else 0.0 for t in range(len(p))
+                )
                 grouped.setdefault((s, (p[s], cluster.bandwidth(ranges[s]), pair)), []).append(z)
         return {k: pulp.lpSum(zs) for k, zs in grouped.items()}
 
@@ -247,10 +262,10 @@ class _Builder:
                     terms += [2 * lat * r[u, lo, hi], 2 * x_ * byte_unit / bw * rb[u, lo, hi]]
             expr = pulp.lpSum(terms) / (b * tau0)
             weight = pulp.lpSum(self.W[i] * x[i, s] for i in V)
-            if d > 1:   # A(S) (TimeTerms.allreduce): the cluster's all-reduce bandwidth and latency when given
+            if d > 1:  # A(S) (TimeTerms.allreduce): the cluster's all-reduce bandwidth and latency when given
                 expr += (2 * (d - 1) / d / self.cluster.collective_bandwidth(bw_self) / B / tau0) * weight
                 expr += 2 * (d - 1) * self.cluster.allreduce_latency / B / tau0
-            if self.graph.optimizer_time_per_byte:   # O(S)
+            if self.graph.optimizer_time_per_byte:  # O(S)
                 expr += (self.graph.optimizer_time_per_byte / B / tau0) * weight
             # every coefficient is >= 0; the constant (all-reduce latency) is relaxed with the rest
             big = sum(coef * var.upBound for var, coef in expr.items()) + expr.constant

@@ -58,8 +58,10 @@ MAX_NODE_SLOTS = 256
 MAX_LAYOUTS = 4096
 """Refuse when placement matters and there are more device layouts than this for some ``b``."""
 
-OBJECTIVE = ("least bottleneck time per sample (cost model) over convex stages with an acyclic stage graph and "
-             "one micro-batch size; the iteration time is not optimised")
+OBJECTIVE = (
+    "least bottleneck time per sample (cost model) over convex stages with an acyclic stage graph and "
+    "one micro-batch size; the iteration time is not optimised"
+)
 
 
 def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSolver | dict:
@@ -70,11 +72,12 @@ def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSol
         raise InvalidInputError(f"milp: option solver must be 'highs' or 'cbc', got {name!r}")
     if want in ("auto", "highs"):
         if highs_available():
-            return dict(msg=msg, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1,
-                        mip_feasibility_tolerance=1e-9)
+            return dict(
+                msg=msg, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1, mip_feasibility_tolerance=1e-9
+            )
         if want == "highs":
             raise InvalidInputError("milp: solver 'highs' needs the highspy package")
-    with warnings.catch_warnings():   # PuLP 3.3 flags its bundled CBC as deprecated for PuLP 4
+    with warnings.catch_warnings():  # PuLP 3.3 flags its bundled CBC as deprecated for PuLP 4
         warnings.simplefilter("ignore", DeprecationWarning)
         return pulp.PULP_CBC_CMD(msg=msg, timeLimit=time_limit, gapRel=1e-9, gapAbs=1e-12, threads=1)
 
@@ -82,9 +85,9 @@ def _solver(name: str | None, time_limit: float | None, msg: bool) -> pulp.LpSol
 @dataclass(frozen=True)
 class _Solved:
     b: int
-    status: str                         # the MILP's outcome for this b (its own objective): optimal |
-                                        # time-limit | infeasible | no-better | no-solution; not a plan Status
-    objective: float | None             # cost-model units (seconds per sample, or bytes)
+    status: str  # the MILP's outcome for this b (its own objective): optimal |
+    # time-limit | infeasible | no-better | no-solution; not a plan Status
+    objective: float | None  # cost-model units (seconds per sample, or bytes)
     bound: float | None
     stages: tuple[tuple[str, ...], ...] | None
     devices: tuple[int, ...] | None
@@ -123,8 +126,9 @@ def _solve(model: MilpModel, time_limit: float | None, solver: str | None, progr
     elif sol == pulp.LpSolutionNoSolutionFound:
         status = "no-solution"
     else:
-        raise SolverError(f"milp: unexpected solver status {pulp.LpStatus.get(prob.status)} "
-                          f"(solution status {sol}) on b={model.b}")
+        raise SolverError(
+            f"milp: unexpected solver status {pulp.LpStatus.get(prob.status)} (solution status {sol}) on b={model.b}"
+        )
     if progress:
         logger.info("milp b=%d: %s in %.2fs", model.b, status, secs)
     if status in ("infeasible", "no-solution"):
@@ -136,8 +140,7 @@ def _solve(model: MilpModel, time_limit: float | None, solver: str | None, progr
 
 def _specs(s: _Solved) -> list[StageSpec]:
     assert s.stages is not None and s.devices is not None
-    return [StageSpec(nodes=p, devices=r, micro_batch_size=s.b)
-            for p, r in zip(s.stages, contiguous_ranges(s.devices))]
+    return [StageSpec(nodes=p, devices=r, micro_batch_size=s.b) for p, r in zip(s.stages, contiguous_ranges(s.devices))]
 
 
 def _check_size(graph: Graph, cluster: Cluster, slots: int, sizes: Sequence[int]) -> None:
@@ -145,7 +148,8 @@ def _check_size(graph: Graph, cluster: Cluster, slots: int, sizes: Sequence[int]
     if n * slots > MAX_NODE_SLOTS:
         raise SearchSpaceTooLargeError(
             f"milp: nodes x stage slots = {n} x {slots} = {n * slots} exceeds the limit {MAX_NODE_SLOTS} "
-            "(pass max_stages=... to use fewer slots, or use another planner)")
+            "(pass max_stages=... to use fewer slots, or use another planner)"
+        )
     if constant_bandwidth(cluster) is None:
         for b in sizes:
             count = sum(1 for _ in zip(range(MAX_LAYOUTS + 1), layouts(b, cluster.devices, slots)))
@@ -153,11 +157,20 @@ def _check_size(graph: Graph, cluster: Cluster, slots: int, sizes: Sequence[int]
                 raise SearchSpaceTooLargeError(
                     f"milp: more than {MAX_LAYOUTS} device layouts for b={b} on {cluster.devices} devices and "
                     f"{slots} stage slots (placement matters on this cluster); pass max_stages=... or fewer "
-                    "micro_batch_sizes")
+                    "micro_batch_sizes"
+                )
 
 
-def _min_memory(graph: Graph, cluster: Cluster, B: int, sizes: Sequence[int], slots: int,
-                deadline: float | None, solver: str | None, progress: bool) -> tuple[float, bool]:
+def _min_memory(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    sizes: Sequence[int],
+    slots: int,
+    deadline: float | None,
+    solver: str | None,
+    progress: bool,
+) -> tuple[float, bool]:
     """Smallest peak memory per device over the search space, and whether it is proven."""
     best, proven = math.inf, True
     for i, b in enumerate(sizes):
@@ -166,14 +179,22 @@ def _min_memory(graph: Graph, cluster: Cluster, B: int, sizes: Sequence[int], sl
         if s.status != "optimal":
             proven = False
         if s.stages is not None:
-            plan = build_plan(graph, cluster, _specs(s), B, planner="milp",
-                              search=SearchInfo(seconds=0.0, status=Status.INFEASIBLE))
+            plan = build_plan(
+                graph, cluster, _specs(s), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.INFEASIBLE)
+            )
             best = min(best, plan.predicted.peak_memory_bytes)
     return best, proven
 
 
-def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-              progress: bool = False, **options: Any) -> Plan:
+def plan_milp(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Plan:
     """The plan of least bottleneck time-per-sample, proven optimal unless the time limit stops it.
 
     ``micro_batch_sizes``: candidate ``b`` (default: powers of two dividing ``B``), one MILP each.
@@ -202,11 +223,12 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
         cutoff = None if best is None else best * (1 + 1e-9)
         r = _solve(build_model(graph, cluster, B, b, slots, cutoff=cutoff), left, solver, progress)
         if r.status == "infeasible" and cutoff is not None:
-            r = replace(r, status="no-better")   # proven: nothing with this b beats the best plan so far
+            r = replace(r, status="no-better")  # proven: nothing with this b beats the best plan so far
         results.append(r)
         if r.stages is not None:
-            tps = build_plan(graph, cluster, _specs(r), B, planner="milp",
-                             search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)).predicted.time_per_sample
+            tps = build_plan(
+                graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)
+            ).predicted.time_per_sample
             best = tps if best is None else min(best, tps)
         bar.update(1)
     bar.close()
@@ -214,35 +236,58 @@ def plan_milp(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     unfinished = [r.b for r in results if r.status in ("no-solution", "time-limit")]
     if not found:
         if unfinished:
-            raise SolverError(f"milp: time limit ({time_limit} s) reached before any plan was found or "
-                              f"infeasibility proven (unfinished b: {unfinished})")
+            raise SolverError(
+                f"milp: time limit ({time_limit} s) reached before any plan was found or "
+                f"infeasibility proven (unfinished b: {unfinished})"
+            )
         need, proven = _min_memory(graph, cluster, B, sizes, slots, deadline, solver, progress)
         if math.isinf(need):
-            raise InfeasibleError(f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; the time "
-                                  "limit stopped the search for the memory a plan would need")
+            raise InfeasibleError(
+                f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; the time "
+                "limit stopped the search for the memory a plan would need"
+            )
         what = "at least" if proven else "(not proven smallest) a plan exists with"
         raise InfeasibleError(
             f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; it needs {what} "
-            f"{need:.6g} bytes per device", required_memory_bytes=need)
+            f"{need:.6g} bytes per device",
+            required_memory_bytes=need,
+        )
 
     plans, mismatch = [], []
     for r in found:
-        plan = build_plan(graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE))
+        plan = build_plan(
+            graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)
+        )
         tps = plan.predicted.time_per_sample
         # an incumbent stopped by the time limit may carry slack (objective above its true TPS);
         # a proven optimum must agree with the cost model, else (solver tolerances) it is not proven
         if r.status == "optimal" and (r.objective is None or not math.isclose(tps, r.objective, rel_tol=1e-6)):
-            logger.warning("milp b=%d: model objective %.9g differs from the cost model's %.9g; "
-                           "not claiming optimality", r.b, r.objective, tps)
+            logger.warning(
+                "milp b=%d: model objective %.9g differs from the cost model's %.9g; not claiming optimality",
+                r.b,
+                r.objective,
+                tps,
+            )
             mismatch.append(r.b)
         plans.append((tps, plan.predicted.iteration_time, r.b, plan))
     tps, _, b, plan = min(plans, key=lambda p: p[:3])
     status = Status.TIME_LIMIT if unfinished else Status.FEASIBLE if mismatch else Status.OPTIMAL_TIME_PER_SAMPLE
-    extra = {"solver_seconds": {r.b: round(r.seconds, 4) for r in results},
-             "per_b_status": {r.b: r.status for r in results}, "slots": slots,
-             "solver": "HiGHS (worker process)" if isinstance(_solver(solver, None, False), dict) else "CBC"}
-    plan = replace(plan, search=replace(plan.search, seconds=time.perf_counter() - t0, status=status,
-                                        micro_batch_size=b, objective=OBJECTIVE,
-                                        extra={**dict(plan.search.extra), **extra}))
+    extra = {
+        "solver_seconds": {r.b: round(r.seconds, 4) for r in results},
+        "per_b_status": {r.b: r.status for r in results},
+        "slots": slots,
+        "solver": "HiGHS (worker process)" if isinstance(_solver(solver, None, False), dict) else "CBC",
+    }
+    plan = replace(
+        plan,
+        search=replace(
+            plan.search,
+            seconds=time.perf_counter() - t0,
+            status=status,
+            micro_batch_size=b,
+            objective=OBJECTIVE,
+            extra={**dict(plan.search.extra), **extra},
+        ),
+    )
     validate(plan, graph, cluster)
     return plan

@@ -67,8 +67,9 @@ def in_flight_samples(depth: int, b: int, mini_batch_size: int) -> int:
     return min(depth + 1, mini_batch_size // b) * b
 
 
-def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = True
-                       ) -> Iterator[tuple[tuple[str, ...], ...]]:
+def ordered_partitions(
+    graph: Graph, max_stages: int, *, every_order: bool = True
+) -> Iterator[tuple[tuple[str, ...], ...]]:
     """Every partition into convex stages with an acyclic stage graph, stages listed in a
     topological order of the stage graph.
 
@@ -96,7 +97,7 @@ def ordered_partitions(graph: Graph, max_stages: int, *, every_order: bool = Tru
             yield parts
             return
         if used.bit_length() - used.bit_count() > n - i:
-            return      # more unused labels below the highest one than nodes left to fill them
+            return  # more unused labels below the highest one than nodes left to fill them
         lo = max((slot[p] for p in preds[i]), default=0)
         for s in range(lo, max_stages):
             slot[i] = s

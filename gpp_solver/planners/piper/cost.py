@@ -30,14 +30,14 @@ class DegreeOptions:
     """The TMPC options of every node for one tensor-parallel degree ``t`` (``L`` padded slots)."""
 
     t: int
-    p: np.ndarray       # (n, L) compute time per micro-batch (incl. tensor-parallel communication)
-    w: np.ndarray       # (n, L) weight bytes per device (data-parallel resync)
-    a: np.ndarray       # (n, L) memory per in-flight micro-batch
-    b: np.ndarray       # (n, L) constant memory
-    avail: np.ndarray   # (n, L) bool
-    label: np.ndarray   # (n, L) int: what the slot stands for (index into node.tmpc, -1 = base config)
-    sfw: np.ndarray     # (E, L) sync bytes of edge j paid by its head node in slot l
-    sbw: np.ndarray     # (E, L) sync bytes of edge j paid by its tail node in slot l
+    p: np.ndarray  # (n, L) compute time per micro-batch (incl. tensor-parallel communication)
+    w: np.ndarray  # (n, L) weight bytes per device (data-parallel resync)
+    a: np.ndarray  # (n, L) memory per in-flight micro-batch
+    b: np.ndarray  # (n, L) constant memory
+    avail: np.ndarray  # (n, L) bool
+    label: np.ndarray  # (n, L) int: what the slot stands for (index into node.tmpc, -1 = base config)
+    sfw: np.ndarray  # (E, L) sync bytes of edge j paid by its head node in slot l
+    sbw: np.ndarray  # (E, L) sync bytes of edge j paid by its tail node in slot l
 
     @property
     def supported(self) -> np.ndarray:
@@ -47,12 +47,12 @@ class DegreeOptions:
 @dataclass(frozen=True)
 class PiperInstance:
     n: int
-    src: np.ndarray     # (E,) edge tails (node indices)
-    dst: np.ndarray     # (E,) edge heads
-    c: np.ndarray       # (E,) bytes per micro-batch carried by each edge
+    src: np.ndarray  # (E,) edge tails (node indices)
+    dst: np.ndarray  # (E,) edge heads
+    c: np.ndarray  # (E,) bytes per micro-batch carried by each edge
     degrees: tuple[DegreeOptions, ...]
-    devices: int        # K
-    memory: float       # M
+    devices: int  # K
+    memory: float  # M
     bandwidth: float
     micro_batches: int  # N
     resync_factor: float = 4.0
@@ -78,7 +78,7 @@ class StageCosts:
     cut: np.ndarray | None = None
     mem_f: np.ndarray | None = None
     tps_full: np.ndarray | None = None
-    fast: np.ndarray | None = None       # (P, n) fastest slot of each node (with ``tps_full``)
+    fast: np.ndarray | None = None  # (P, n) fastest slot of each node (with ``tps_full``)
 
     def fill(self, mask: np.ndarray | None = None) -> None:
         fill_many([self], None if mask is None else [mask])
@@ -105,9 +105,12 @@ def fill_many(costs: list[StageCosts], masks: list[np.ndarray] | None = None) ->
         sc.hard[r, yi] = False
     for group in batch.values():
         k, opt = group[0][0].kernel, group[0][0].opt
-        used = [np.unique(r, return_inverse=True) for _, r, _ in group]     # stages with some instance
-        rows = k.two_rows(opt, np.concatenate([sc.tps_full[u] for (sc, _, _), (u, _) in zip(group, used)]),
-                          np.concatenate([sc.fast[u] for (sc, _, _), (u, _) in zip(group, used)]))
+        used = [np.unique(r, return_inverse=True) for _, r, _ in group]  # stages with some instance
+        rows = k.two_rows(
+            opt,
+            np.concatenate([sc.tps_full[u] for (sc, _, _), (u, _) in zip(group, used)]),
+            np.concatenate([sc.fast[u] for (sc, _, _), (u, _) in zip(group, used)]),
+        )
         off = np.cumsum([0] + [len(u) for u, _ in used])
         r = np.concatenate([inv + o for (_, inv), o in zip(used, off)])
         yi = np.concatenate([y for _, _, y in group])
@@ -140,7 +143,7 @@ class StageCostKernel:
             self.win[opt.t], self.wout[opt.t] = win, wout
             with np.errstate(invalid="ignore"):
                 mem = np.where(opt.avail[None], opt.a[None] * ys[:, None, None] + opt.b[None], INF)
-            self.lowmem[opt.t] = mem.min(axis=2).T          # (n, Y): lowest memory of each node at y
+            self.lowmem[opt.t] = mem.min(axis=2).T  # (n, Y): lowest memory of each node at y
 
     # -- per-node pieces ------------------------------------------------------------------------
     def node_bytes(self, opt: DegreeOptions, S: np.ndarray) -> np.ndarray:
@@ -178,12 +181,19 @@ class StageCostKernel:
             f = np.argmin(q, axis=1)
             cols.append(np.stack([q[rows, f], opt.a[rows, f], opt.b[rows, f]], axis=1))
         out = np.concatenate(cols, axis=1)
-        out[~opt.supported] = 0.0          # stages with such nodes are rejected in costs_many
+        out[~opt.supported] = 0.0  # stages with such nodes are rejected in costs_many
         self._columns[opt.t] = out
         return out
 
-    def costs_many(self, opt: DegreeOptions, S: np.ndarray, ds: list[int], *, defer: bool = False,
-                   pre: tuple[np.ndarray, np.ndarray] | None = None) -> list[StageCosts]:
+    def costs_many(
+        self,
+        opt: DegreeOptions,
+        S: np.ndarray,
+        ds: list[int],
+        *,
+        defer: bool = False,
+        pre: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> list[StageCosts]:
         """:class:`StageCosts` of the stages ``S`` (rows) for each data-parallel degree in ``ds``.
         ``pre`` = (``S @ node_columns(opt)``, ``cut_bytes(S)``) when the caller has them already."""
         inst = self.inst
@@ -204,9 +214,9 @@ class StageCostKernel:
         sums = None
         if self.sep[opt.t]:
             # slots differ only in node-local terms: the fastest slot does not depend on the stage
-            sums = {d: col_sums[:, self.S1 + 2 + 3 * k: self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
+            sums = {d: col_sums[:, self.S1 + 2 + 3 * k : self.S1 + 5 + 3 * k] for k, d in enumerate(self.ds)}
         else:
-            e_bytes = self.node_bytes(opt, S)                               # the same for every d
+            e_bytes = self.node_bytes(opt, S)  # the same for every d
         bad = (S & ~opt.supported).any(axis=1)
         result = []
         for d in ds:
@@ -254,23 +264,27 @@ class StageCostKernel:
             with np.errstate(invalid="ignore"):
                 mem_f = opt.a[rows, f] * ys + opt.b[rows, f]
                 mem_o = np.where(opt.avail[rows, o], opt.a[rows, o] * ys + opt.b[rows, o], INF)
-                sav = mem_f - mem_o                                           # (Y, n)
+                sav = mem_f - mem_o  # (Y, n)
                 cand = opt.avail[rows, f] & np.isfinite(mem_o) & (sav > EPS_BYTES)
                 dq = np.where(opt.avail[rows, o], q[rows, o] - q[rows, f], 0.0)
                 ratio = np.where(cand, dq / np.where(cand, sav, 1.0), INF)
-            order = np.argsort(ratio, axis=1, kind="stable")                  # ties: lower node first
+            order = np.argsort(ratio, axis=1, kind="stable")  # ties: lower node first
 
             def take(arr: np.ndarray, order: np.ndarray = order) -> np.ndarray:
                 return np.take_along_axis(arr, order, axis=1)
 
-            self._tables[key] = (order, take(np.where(cand, sav, 0.0)),
-                                 take(np.where(cand, np.broadcast_to(dq, sav.shape), 0.0)), take(cand))
+            self._tables[key] = (
+                order,
+                take(np.where(cand, sav, 0.0)),
+                take(np.where(cand, np.broadcast_to(dq, sav.shape), 0.0)),
+                take(cand),
+            )
         return self._tables[key]
 
     def sep_hard(self, opt, S, d, r, yi, tf, mem_f) -> np.ndarray:
         """The fast heuristic for stages ``S[r]`` at ``y = yi`` via the shared per-``y`` order."""
         order, savS, dqS, candS = self._sep_tables(opt, d)
-        idx = order[yi]                                                       # (H, n)
+        idx = order[yi]  # (H, n)
         member = S[r[:, None], idx] & candS[yi]
         cums = np.cumsum(np.where(member, savS[yi], 0.0), axis=1)
         need = mem_f[r, yi] - self.inst.memory
@@ -280,24 +294,39 @@ class StageCostKernel:
         extra = np.cumsum(np.where(member, dqS[yi], 0.0), axis=1)[np.arange(len(r)), k]
         return np.where(ok, tf[r] + extra, INF)
 
-    def hard_values(self, opt: DegreeOptions, S: np.ndarray, d: int, r: np.ndarray, yi: np.ndarray,
-                    tps_full: np.ndarray | None, want_choice: bool = False):
+    def hard_values(
+        self,
+        opt: DegreeOptions,
+        S: np.ndarray,
+        d: int,
+        r: np.ndarray,
+        yi: np.ndarray,
+        tps_full: np.ndarray | None,
+        want_choice: bool = False,
+    ):
         """The heuristic on stages ``S[r]`` at ``y = yi`` (general form).  Without sync costs
         (``tps_full`` None) the boundary bytes are the same in every slot of a node and are left out
         (the caller adds them): they do not change the choice."""
-        if opt.p.shape[1] <= 2:      # the fast heuristic: slots and TPS per stage, memory per (stage, y)
-            tps, ri = (self.node_tps(opt, np.zeros_like(opt.p), d)[None], np.zeros_like(r)) if tps_full is None \
+        if opt.p.shape[1] <= 2:  # the fast heuristic: slots and TPS per stage, memory per (stage, y)
+            tps, ri = (
+                (self.node_tps(opt, np.zeros_like(opt.p), d)[None], np.zeros_like(r))
+                if tps_full is None
                 else (tps_full, r)
+            )
             rows = self.two_rows(opt, tps, np.argmin(tps, axis=2))
             return self.two_values(opt, rows, ri, yi, S[r], None, want_choice)
-        tps = np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape) \
-            if tps_full is None else tps_full[r]
+        tps = (
+            np.broadcast_to(self.node_tps(opt, np.zeros_like(opt.p), d), (len(r),) + opt.p.shape)
+            if tps_full is None
+            else tps_full[r]
+        )
         y = yi.astype(float)[:, None, None]
         with np.errstate(invalid="ignore"):
             mem = np.where(opt.avail[None], opt.a[None] * y + opt.b[None], INF)
         f = np.argmin(tps, axis=2)
-        return solve_hard(HardInstances(tps=tps, mem=mem, in_s=S[r], fastest=f, limit=self.inst.memory),
-                          want_choice=want_choice)
+        return solve_hard(
+            HardInstances(tps=tps, mem=mem, in_s=S[r], fastest=f, limit=self.inst.memory), want_choice=want_choice
+        )
 
     def two_rows(self, opt: DegreeOptions, tps: np.ndarray, f: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per stage (rows of ``tps``, ``(P, n, L)``, ``L <= 2``; ``f`` its argmin over slots): fastest
@@ -305,11 +334,29 @@ class StageCostKernel:
         o = 1 - f if tps.shape[2] == 2 else f
         P, n, _ = tps.shape
         rows, nodes = np.arange(P)[:, None], np.arange(n)[None, :]
-        return f, o, tps[rows, nodes, f], tps[rows, nodes, o], opt.a[nodes, f], opt.b[nodes, f], opt.a[nodes, o], \
-            opt.b[nodes, o], opt.avail[nodes, f], opt.avail[nodes, o]
+        return (
+            f,
+            o,
+            tps[rows, nodes, f],
+            tps[rows, nodes, o],
+            opt.a[nodes, f],
+            opt.b[nodes, f],
+            opt.a[nodes, o],
+            opt.b[nodes, o],
+            opt.avail[nodes, f],
+            opt.avail[nodes, o],
+        )
 
-    def two_values(self, opt: DegreeOptions, rows: tuple[np.ndarray, ...], r: np.ndarray, yi: np.ndarray,
-                   in_s: np.ndarray, base: np.ndarray | None, want_choice: bool = False):
+    def two_values(
+        self,
+        opt: DegreeOptions,
+        rows: tuple[np.ndarray, ...],
+        r: np.ndarray,
+        yi: np.ndarray,
+        in_s: np.ndarray,
+        base: np.ndarray | None,
+        want_choice: bool = False,
+    ):
         """The fast heuristic on stages ``r`` (of :meth:`two_rows`' ``rows``) at ``y = yi`` (``in_s``:
         each instance's nodes).  Only the memory to shave off is summed over every node (the same
         sum as the published form's, bit for bit); the rest runs on the nodes of some stage."""
@@ -320,7 +367,7 @@ class StageCostKernel:
         cols = np.flatnonzero(in_s.any(axis=0))
         s_c = in_s[:, cols]
         with np.errstate(invalid="ignore"):
-            mem_f = af[r] * y + bf[r]                   # a stage's nodes have their fastest slot
+            mem_f = af[r] * y + bf[r]  # a stage's nodes have their fastest slot
             need = np.where(in_s, mem_f, 0.0).sum(axis=1) - self.inst.memory
             sav = np.where(s_c, mem_f[:, cols] - (ao[:, cols][r] * y + bo[:, cols][r]), 0.0)
             cand = s_c & oko[:, cols][r] & (sav > EPS_BYTES)

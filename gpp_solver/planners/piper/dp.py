@@ -45,13 +45,13 @@ class StageChoice:
     nodes: tuple[int, ...]
     t: int
     d: int
-    slots: tuple[int, ...]   # label of the chosen slot of each node (same order as ``nodes``)
+    slots: tuple[int, ...]  # label of the chosen slot of each node (same order as ``nodes``)
     tps: float
 
 
 @dataclass(frozen=True)
 class DPResult:
-    value: float                     # bottleneck TPS (or memory); inf when nothing fits
+    value: float  # bottleneck TPS (or memory); inf when nothing fits
     devices: int
     s: int
     stages: tuple[StageChoice, ...]  # pipeline order (first stage first)
@@ -69,7 +69,7 @@ def enumerate_downsets(n: int, succ: list[int], limit: int) -> list[int]:
             low = m & -m
             pred[low.bit_length() - 1] |= 1 << v
             m ^= low
-    seen = {0: sum(1 << v for v in range(n) if succ[v] == 0)}   # downset -> nodes that may be added
+    seen = {0: sum(1 << v for v in range(n) if succ[v] == 0)}  # downset -> nodes that may be added
     stack = [0]
     while stack:
         D = stack.pop()
@@ -91,7 +91,8 @@ def enumerate_downsets(n: int, succ: list[int], limit: int) -> list[int]:
             seen[E] = new_add
             if len(seen) > limit:
                 raise SearchSpaceTooLargeError(
-                    f"search space too large: more than {limit} downsets; raise max_downsets")
+                    f"search space too large: more than {limit} downsets; raise max_downsets"
+                )
             stack.append(E)
     return sorted(seen, key=lambda x: (x.bit_count(), x))
 
@@ -135,20 +136,28 @@ def _worth_solving(c, sub_dp: np.ndarray, acc: np.ndarray, dt: int, d: int, ycol
     beats the monotone table ``acc`` somewhere (only the hard columns ``s - d`` are compared)."""
     want = np.zeros(c.hard.shape, dtype=bool)
     hr = np.flatnonzero(c.hard.any(axis=1))
-    hy = c.hard[hr][:, ycol]                                     # (H, S1+1-d)
+    hy = c.hard[hr][:, ycol]  # (H, S1+1-d)
     cols = np.flatnonzero(hy.any(axis=0))
     if len(cols) == 0:
         return want
     lo, hi = cols[0], cols[-1] + 1
     lb = np.where(hy[:, lo:hi], c.tf[hr][:, None], INF)
-    better = (np.maximum(sub_dp[hr, : acc.shape[0] - dt, lo:hi], lb[:, None, :]) < acc[dt:, d + lo: d + hi]).any(axis=1)
+    better = (np.maximum(sub_dp[hr, : acc.shape[0] - dt, lo:hi], lb[:, None, :]) < acc[dt:, d + lo : d + hi]).any(
+        axis=1
+    )
     rr, ss = np.nonzero(better)
     want[hr[rr], ycol[lo + ss]] = True
     return want
 
 
-def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
-           deadline: float | None = None, progress: bool = False) -> DPResult:
+def run_dp(
+    inst: PiperInstance,
+    downsets: list[int],
+    *,
+    objective: str = "tps",
+    deadline: float | None = None,
+    progress: bool = False,
+) -> DPResult:
     """Fill the table over ``downsets`` (sorted by size, the empty set first, the full set last) and
     rebuild the best partition.  ``deadline`` (a ``time.monotonic()`` instant) raises SolverError."""
     tab = _Table(inst, downsets)
@@ -169,8 +178,7 @@ def run_dp(inst: PiperInstance, downsets: list[int], *, objective: str = "tps",
     if not np.isfinite(best):
         return DPResult(INF, 0, 0, (), ND, fill.pairs)
     stages = _reconstruct(inst, ker, tab, full, bk, bs, deadline)
-    return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND,
-                    fill.pairs)
+    return DPResult(best, sum(st.t * st.d for st in stages), sum(st.d for st in stages), tuple(stages), ND, fill.pairs)
 
 
 class _Fill:
@@ -189,7 +197,7 @@ class _Fill:
         self.G = {o.t: Xf @ ker.node_columns(o) for o in inst.degrees}
         self.c_in = c_in = np.zeros((inst.n, inst.n))
         np.add.at(c_in, (inst.src, inst.dst), 2 * inst.c)
-        self.into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)      # 2c over edges entering each D
+        self.into = Xf @ c_in.sum(axis=0) - (Xf @ c_in * Xf).sum(axis=1)  # 2c over edges entering each D
         self.pairs = 0
         self.bps = Breakpoints(dp)
         self.bps.add(0, dp[0])
@@ -208,16 +216,16 @@ class _Fill:
         pending: list[tuple] = []
         sparse = self.bps.count(subs) < SPARSE_SHARE * len(subs) * (K + 1) * (S1 + 1)
         staged: dict[int, tuple] = {}
-        z = np.where(tab.X[i], 0.0, 1.0) @ self.c_in                       # 2c from outside D into each node
+        z = np.where(tab.X[i], 0.0, 1.0) @ self.c_in  # 2c from outside D into each node
         for opt in self.inst.degrees:
             self._degree(i, opt, subs, z, acc, sparse, staged, pending)
         if staged:
             sparse_update(acc, self.bps, subs, self.offsets, self.preds, staged)
-        if pending:     # monotone first: the lower-bound test compares against a finished table
+        if pending:  # monotone first: the lower-bound test compares against a finished table
             np.minimum.accumulate(acc, axis=0, out=acc)
             np.minimum.accumulate(acc, axis=1, out=acc)
         wants = [_worth_solving(c, sub_dp, acc, dt, d, ycol) for c, sub_dp, dt, d, ycol in pending]
-        fill_many([p[0] for p in pending], wants)      # all at once, against the table before any of them
+        fill_many([p[0] for p in pending], wants)  # all at once, against the table before any of them
         for (c, sub_dp, dt, d, ycol), want in zip(pending, wants):
             use = want.any(axis=1)
             if use.any():
@@ -226,8 +234,17 @@ class _Fill:
         np.minimum.accumulate(acc, axis=1, out=acc)
         self.bps.add(i, acc)
 
-    def _degree(self, i: int, opt: Any, subs: np.ndarray, z: np.ndarray, acc: np.ndarray, sparse: bool,
-                staged: dict[int, tuple], pending: list[tuple]) -> None:
+    def _degree(
+        self,
+        i: int,
+        opt: Any,
+        subs: np.ndarray,
+        z: np.ndarray,
+        acc: np.ndarray,
+        sparse: bool,
+        staged: dict[int, tuple],
+        pending: list[tuple],
+    ) -> None:
         """The stages ``D \\ D'`` at tensor-parallel option ``opt``: staged for the sparse update, or
         applied to ``acc`` with their hard knapsacks left ``pending``."""
         tab, ker, G = self.tab, self.ker, self.G
@@ -249,7 +266,7 @@ class _Fill:
             fill_many(cs)
         for d, c in zip(dlist, cs):
             dt = d * opt.t
-            ycol = -(-np.arange(d, self.S1 + 1) // d)                 # y = ceil(s/d) for s = d .. S1
+            ycol = -(-np.arange(d, self.S1 + 1) // d)  # y = ceil(s/d) for s = d .. S1
             if sparse:
                 staged[self.combo[opt.t, d]] = (np.flatnonzero(ok), c.out[:, ycol])
                 continue
@@ -268,7 +285,7 @@ def _first_best(table: np.ndarray) -> tuple[float, int, int]:
     for k in np.flatnonzero(w[:, -1] < INF):
         row, neg = v[k], -w[k]
         while w[k, -1] < best:
-            s = int(np.searchsorted(neg, -best, side="right"))   # first s with w < best
+            s = int(np.searchsorted(neg, -best, side="right"))  # first s with w < best
             best, bk, bs = float(row[s]), int(k), s + 1
     return best, bk, bs
 
@@ -277,16 +294,18 @@ def _progress(total: int, on: bool) -> ProgressBar:
     return ProgressBar(total - 1, "piper DP", "downset", on)
 
 
-def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int, k: int, s: int,
-                 deadline: float | None = None) -> list[StageChoice]:
+def _reconstruct(
+    inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int, k: int, s: int, deadline: float | None = None
+) -> list[StageChoice]:
     """Walk back from ``dp[i][k][s]``: at each step the first (largest sub-downset, t, d) whose
     ``max(dp[D'][k-dt][s-d], TPS)`` attains the table's value (``TimeLimitError`` past ``deadline``)."""
     X, dp = tab.X, tab.dp
     stages: list[StageChoice] = []
     while i != 0:
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeLimitError(f"time limit reached in Piper's DP while rebuilding its partition ({len(stages)} "
-                                 f"stages so far)")
+            raise TimeLimitError(
+                f"time limit reached in Piper's DP while rebuilding its partition ({len(stages)} stages so far)"
+            )
         target = dp[i, k, s]
         thr = target * (1 + 1e-9) + 1e-12
         subs = tab.subs(i)[::-1]
@@ -306,7 +325,7 @@ def _reconstruct(inst: PiperInstance, ker: StageCostKernel, tab: _Table, i: int,
             cols = [np.zeros(c.hard.shape, dtype=bool) for c in cs]
             for d, col in zip(dlist, cols):
                 col[:, math.ceil(s / d)] = True
-            fill_many(cs, cols)                              # the heuristic at each d's y only
+            fill_many(cs, cols)  # the heuristic at each d's y only
             for d, c in zip(dlist, cs):
                 dt, y = d * opt.t, math.ceil(s / d)
                 cost = c.out[:, y]

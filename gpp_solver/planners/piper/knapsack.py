@@ -31,9 +31,9 @@ EPS_BYTES = 1e-9
 class HardInstances:
     """``H`` knapsack instances that neither the all-fastest nor the all-lowest-memory rule decides."""
 
-    tps: np.ndarray      # (H, n, L) TPS contribution of each slot (inf where unavailable)
-    mem: np.ndarray      # (H, n, L) memory of each slot at the instance's y (inf where unavailable)
-    in_s: np.ndarray     # (H, n) bool: node belongs to the stage
+    tps: np.ndarray  # (H, n, L) TPS contribution of each slot (inf where unavailable)
+    mem: np.ndarray  # (H, n, L) memory of each slot at the instance's y (inf where unavailable)
+    in_s: np.ndarray  # (H, n) bool: node belongs to the stage
     fastest: np.ndarray  # (H, n) int: fastest slot of each node
     limit: float
 
@@ -61,8 +61,16 @@ def solve_hard(h: HardInstances, *, want_choice: bool = False) -> tuple[np.ndarr
     return best, (np.where(applied, o, f) if want_choice else None)
 
 
-def solve_two(dtps: np.ndarray, r: np.ndarray, need: np.ndarray, sav: np.ndarray, cand: np.ndarray,
-              base: np.ndarray, *, want_choice: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+def solve_two(
+    dtps: np.ndarray,
+    r: np.ndarray,
+    need: np.ndarray,
+    sav: np.ndarray,
+    cand: np.ndarray,
+    base: np.ndarray,
+    *,
+    want_choice: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The fast heuristic (at most two slots per node) on ``H`` instances: ``need[h]`` bytes to shave
     off the all-fastest choice (TPS ``base[h]``); switching node ``i`` to its other slot saves
     ``sav[h, i]`` bytes (used where ``cand[h, i]``: the node is in the stage, its other slot exists
@@ -72,8 +80,8 @@ def solve_two(dtps: np.ndarray, r: np.ndarray, need: np.ndarray, sav: np.ndarray
     H, n = sav.shape
     d = dtps[r]
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(cand, d / sav, np.inf)                 # the candidates first, then the rest
-    order = np.argsort(ratio, axis=1, kind="stable")           # ties: lower node index first
+        ratio = np.where(cand, d / sav, np.inf)  # the candidates first, then the rest
+    order = np.argsort(ratio, axis=1, kind="stable")  # ties: lower node index first
     cand_sorted = np.take_along_axis(cand, order, axis=1)
     # past the candidates (a prefix of the order) nothing counts, whatever sav and d hold there
     with np.errstate(invalid="ignore"):

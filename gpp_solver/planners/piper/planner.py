@@ -73,8 +73,17 @@ def _options(graph: Graph, cluster: Cluster, v: int, b1: int, mode: str, native:
     if native and mode == "piper":
         for idx, t in enumerate(node.tmpc):
             x = t.extra
-            out.setdefault(t.t, []).append((idx, float(x["time_per_sample"]), t.weight_bytes, t.activation_bytes,
-                                            float(x["memory_b"]), dict(x["sync_time_fw"]), dict(x["sync_time_bw"])))
+            out.setdefault(t.t, []).append(
+                (
+                    idx,
+                    float(x["time_per_sample"]),
+                    t.weight_bytes,
+                    t.activation_bytes,
+                    float(x["memory_b"]),
+                    dict(x["sync_time_fw"]),
+                    dict(x["sync_time_bw"]),
+                )
+            )
         return out
 
     overhead = TimeTerms.of(graph).node_overhead
@@ -98,8 +107,15 @@ def _options(graph: Graph, cluster: Cluster, v: int, b1: int, mode: str, native:
     return out
 
 
-def build_instance(graph: Graph, cluster: Cluster, mini_batch_size: int, *, mode: str = "shared",
-                   micro_batch_size: int = 1, memory: float | None = None) -> PiperInstance:
+def build_instance(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    mode: str = "shared",
+    micro_batch_size: int = 1,
+    memory: float | None = None,
+) -> PiperInstance:
     """Piper's input (``PiperInstance``) for ``graph`` on ``cluster`` (see the module docstring)."""
     if mode not in MODES:
         raise InvalidInputError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -145,9 +161,18 @@ def build_instance(graph: Graph, cluster: Cluster, mini_batch_size: int, *, mode
     # than N * max t devices, so a larger cluster gives the same tables on that many (same bound_s)
     N = mini_batch_size // b1
     usable = min(cluster.devices, N * max((o.t for o in degrees), default=1))
-    return PiperInstance(n=n, src=src, dst=dst, c=c, degrees=tuple(degrees), devices=usable,
-                         memory=cluster.memory_bytes if memory is None else memory, bandwidth=bw,
-                         micro_batches=N, resync_factor=4.0 if mode == "piper" else 2.0)
+    return PiperInstance(
+        n=n,
+        src=src,
+        dst=dst,
+        c=c,
+        degrees=tuple(degrees),
+        devices=usable,
+        memory=cluster.memory_bytes if memory is None else memory,
+        bandwidth=bw,
+        micro_batches=N,
+        resync_factor=4.0 if mode == "piper" else 2.0,
+    )
 
 
 def count_downsets(graph: Graph, max_downsets: int = DEFAULT_MAX_DOWNSETS) -> list[int]:
@@ -164,14 +189,28 @@ def _specs(graph: Graph, res: DPResult, b1: int) -> list[StageSpec]:
     for st in res.stages:
         ndev = st.d * st.t
         tm = {graph.nodes[v].id: lab for v, lab in zip(st.nodes, st.slots) if lab >= 0}
-        specs.append(StageSpec(nodes=tuple(graph.nodes[v].id for v in st.nodes), devices=tuple(range(off, off + ndev)),
-                               micro_batch_size=st.d * b1, tensor_parallel=st.t, tmpc=tm or None))
+        specs.append(
+            StageSpec(
+                nodes=tuple(graph.nodes[v].id for v in st.nodes),
+                devices=tuple(range(off, off + ndev)),
+                micro_batch_size=st.d * b1,
+                tensor_parallel=st.t,
+                tmpc=tm or None,
+            )
+        )
         off += ndev
     return specs
 
 
-def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-               progress: bool = False, **options: Any) -> Plan:
+def plan_piper(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Plan:
     """Plan with Piper's DP (see the module docstring); raises ``SearchSpaceTooLargeError`` past
     ``max_downsets`` downsets and ``InfeasibleError`` when nothing fits, with a memory that was checked
     by re-planning with it (Piper's own memory model can understate the shared one's); ``options``
@@ -187,8 +226,9 @@ def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_lim
             if need is None or not math.isfinite(need) or (left is not None and left <= 0):
                 break
             try:
-                _plan_piper(graph, cluster.with_(memory_bytes=float(math.ceil(need))), mini_batch_size, o,
-                            time_limit=left)
+                _plan_piper(
+                    graph, cluster.with_(memory_bytes=float(math.ceil(need))), mini_batch_size, o, time_limit=left
+                )
                 mem = float(math.ceil(need))
                 break
             except InfeasibleError as again:
@@ -197,13 +237,23 @@ def plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_lim
                 need = again.required_memory_bytes
             except GppError:
                 break
-        note = (f"; re-planned with {mem:.0f} bytes per device, Piper finds a plan that fits" if mem is not None
-                else "; that memory was not confirmed by re-planning (time limit or no convergence)")
+        note = (
+            f"; re-planned with {mem:.0f} bytes per device, Piper finds a plan that fits"
+            if mem is not None
+            else "; that memory was not confirmed by re-planning (time limit or no convergence)"
+        )
         raise InfeasibleError(f"{exc}{note}", required_memory_bytes=need) from None
 
 
-def _plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, o: PiperOptions, *,
-                time_limit: float | None = None, progress: bool = False) -> Plan:
+def _plan_piper(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    o: PiperOptions,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+) -> Plan:
     max_downsets, mode, micro_batch_size = o.max_downsets, o.mode, o.micro_batch_size
     start = time.monotonic()
     deadline = None if time_limit is None else start + time_limit
@@ -215,16 +265,23 @@ def _plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, o: PiperOp
     else:
         candidates = [b for b in graph.micro_batch_sizes if mini_batch_size % b == 0] or [1]
     best: tuple[tuple[float, float], Plan] | None = None
-    overshoot = math.inf          # least shared-model memory of a plan Piper's model accepted
+    overshoot = math.inf  # least shared-model memory of a plan Piper's model accepted
     for b1 in candidates:
         try:
             plan, peak = _plan_for(graph, cluster, mini_batch_size, b1, mode, downsets, deadline, progress, start)
         except TimeLimitError:
             if best is None:
                 raise
-            p = best[1]         # the sizes searched so far: their best plan, not proven the best of all
-            return replace(p, search=replace(p.search, status=Status.TIME_LIMIT, seconds=time.monotonic() - start,
-                                             extra={**p.search.extra, "micro_batch_sizes_unfinished": candidates[candidates.index(b1):]}))
+            p = best[1]  # the sizes searched so far: their best plan, not proven the best of all
+            return replace(
+                p,
+                search=replace(
+                    p.search,
+                    status=Status.TIME_LIMIT,
+                    seconds=time.monotonic() - start,
+                    extra={**p.search.extra, "micro_batch_sizes_unfinished": candidates[candidates.index(b1) :]},
+                ),
+            )
         overshoot = min(overshoot, peak)
         if plan is None:
             continue
@@ -234,17 +291,23 @@ def _plan_piper(graph: Graph, cluster: Cluster, mini_batch_size: int, o: PiperOp
     if best is None and math.isfinite(overshoot):
         raise InfeasibleError(
             f"Piper's plans for graph '{graph.name}' fit its own memory model but the shared cost model needs "
-            f"{overshoot:.6g} bytes per device (limit {cluster.memory_bytes:.6g})", required_memory_bytes=overshoot)
+            f"{overshoot:.6g} bytes per device (limit {cluster.memory_bytes:.6g})",
+            required_memory_bytes=overshoot,
+        )
     if best is None:
         b1 = min(candidates)
         inst = build_instance(graph, cluster, mini_batch_size, mode=mode, micro_batch_size=b1)
         need = run_dp(inst, downsets, objective="memory", deadline=deadline).value
         if not np.isfinite(need):
-            raise InfeasibleError(f"Piper finds no plan for graph '{graph.name}' on {cluster.devices} devices "
-                                  f"(some node has no TMPC usable on them)")
-        raise InfeasibleError(f"Piper finds no plan for graph '{graph.name}' within {cluster.memory_bytes:.6g} bytes "
-                              f"per device; its memory model needs at least {need:.6g} bytes (b'={b1})",
-                              required_memory_bytes=float(need))
+            raise InfeasibleError(
+                f"Piper finds no plan for graph '{graph.name}' on {cluster.devices} devices "
+                f"(some node has no TMPC usable on them)"
+            )
+        raise InfeasibleError(
+            f"Piper finds no plan for graph '{graph.name}' within {cluster.memory_bytes:.6g} bytes "
+            f"per device; its memory model needs at least {need:.6g} bytes (b'={b1})",
+            required_memory_bytes=float(need),
+        )
     return best[1]
 
 
@@ -258,12 +321,26 @@ def _plan_for(graph, cluster, B, b1, mode, downsets, deadline, progress, start) 
         res = run_dp(inst, downsets, deadline=deadline, progress=progress)
         if not np.isfinite(res.value):
             return None, peak_seen
-        extra = {"mode": mode, "piper_tps": res.value, "micro_batch_size_per_replica": b1,
-                 "downsets": res.downsets, "downset_pairs": res.pairs, "devices_used": res.devices,
-                 "devices_considered": inst.devices,
-                 "sum_data_parallel": res.s, "dp_memory_limit": memory, "dp_runs": attempt + 1}
-        plan = build_plan(graph, cluster, _specs(graph, res, b1), B, planner="piper",
-                          search=SearchInfo(time.monotonic() - start, Status.FEASIBLE, None, extra))
+        extra = {
+            "mode": mode,
+            "piper_tps": res.value,
+            "micro_batch_size_per_replica": b1,
+            "downsets": res.downsets,
+            "downset_pairs": res.pairs,
+            "devices_used": res.devices,
+            "devices_considered": inst.devices,
+            "sum_data_parallel": res.s,
+            "dp_memory_limit": memory,
+            "dp_runs": attempt + 1,
+        }
+        plan = build_plan(
+            graph,
+            cluster,
+            _specs(graph, res, b1),
+            B,
+            planner="piper",
+            search=SearchInfo(time.monotonic() - start, Status.FEASIBLE, None, extra),
+        )
         peak = plan.predicted.peak_memory_bytes
         if peak <= cluster.memory_bytes * (1 + 1e-9):
             validate(plan, graph, cluster)

@@ -57,14 +57,14 @@ class Breakpoints:
     """Corners and k-drops of every finished table ``dp[j]`` (monotone in ``k`` and ``s``)."""
 
     def __init__(self, tables: np.ndarray) -> None:
-        self.tables = tables                                              # (n, K + 1, columns), filled in order
+        self.tables = tables  # (n, K + 1, columns), filled in order
         n_tables, K1, columns = tables.shape
         self.F = columns
         self.corners = _Store(k=np.int64, f=np.int64, kf=np.int64, v=float, m=float)
-        self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)   # k of a column's first corner
-        self.vlast = np.full((n_tables, columns), INF)                    # value of its last corner
-        self.mfirst = np.full((n_tables, columns), -INF)                  # m of its first corner
-        self.cptr = np.zeros((n_tables, columns + 1), dtype=np.int64)     # corners of (table, column)
+        self.kfirst = np.full((n_tables, columns), K1, dtype=np.int64)  # k of a column's first corner
+        self.vlast = np.full((n_tables, columns), INF)  # value of its last corner
+        self.mfirst = np.full((n_tables, columns), -INF)  # m of its first corner
+        self.cptr = np.zeros((n_tables, columns + 1), dtype=np.int64)  # corners of (table, column)
 
     def add(self, j: int, table: np.ndarray) -> None:
         """Tables are added in order ``j = 0, 1, ...``."""
@@ -75,7 +75,7 @@ class Breakpoints:
         left[:, 0] = INF
         left[:, 1:] = table[:, :-1]
         corner = (table < below) & (table < left)
-        fc, kc = np.nonzero(corner.T)                     # by column, then k
+        fc, kc = np.nonzero(corner.T)  # by column, then k
         v = table[kc, fc]
         cnt = corner.sum(axis=0)
         self.cptr[j] = self.corners.n + np.concatenate(([0], np.cumsum(cnt)))
@@ -91,7 +91,7 @@ class Breakpoints:
 
     def column_drops(self, rows: np.ndarray, o: np.ndarray, col: np.ndarray) -> tuple[np.ndarray, ...]:
         """``(owner, k, value, b)`` of the k-drops of column ``col[i]`` of table ``rows[o[i]]``."""
-        v = self.tables[rows[o], :, col]                                  # (len(o), K + 1)
+        v = self.tables[rows[o], :, col]  # (len(o), K + 1)
         b = np.empty_like(v)
         b[:, 0] = INF
         b[:, 1:] = v[:, :-1]
@@ -109,7 +109,7 @@ class Breakpoints:
         while len(live):
             a, b = lo[live], hi[live]
             mid = (a + b) >> 1
-            right = v[mid] >= x[live] if strict else v[mid] > x[live]     # the answer lies past mid
+            right = v[mid] >= x[live] if strict else v[mid] > x[live]  # the answer lies past mid
             lo[live] = np.where(right, mid + 1, a)
             hi[live] = np.where(right, b, mid)
             live = live[lo[live] < hi[live]]
@@ -122,12 +122,18 @@ def dominators(offsets: list[tuple[int, int]]) -> list[np.ndarray]:
     a = np.array(offsets, dtype=np.int64).reshape(-1, 2)
     dom = (a[None, :, 0] <= a[:, None, 0]) & (a[None, :, 1] <= a[:, None, 1])
     np.fill_diagonal(dom, False)
-    through = (dom.astype(np.int64) @ dom.astype(np.int64)) > 0     # dominated via another one
+    through = (dom.astype(np.int64) @ dom.astype(np.int64)) > 0  # dominated via another one
     return [np.flatnonzero(dom[c] & ~through[c]) for c in range(len(a))]
 
 
-def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tuple[int, int]],
-           preds: list[np.ndarray], staged: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+def update(
+    acc: np.ndarray,
+    bps: Breakpoints,
+    subs: np.ndarray,
+    offsets: list[tuple[int, int]],
+    preds: list[np.ndarray],
+    staged: dict[int, tuple[np.ndarray, np.ndarray]],
+) -> None:
     """``acc[k + dt][f + d] = min(acc, max(dp[subs[r]][k][f], T))`` over every ``(t, d)`` (index
     ``c`` into ``offsets``), written only where needed (see the module docstring); the caller makes
     ``acc`` monotone afterwards.  ``staged[c] = (positions in subs, T)`` with ``T[p][f]`` the stage
@@ -137,17 +143,17 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
     if not staged:
         return
     used = np.unique(np.concatenate([pos for pos, _ in staged.values()]))
-    if len(used) < len(subs):       # sub-downsets with no stage cost at all write nothing and bound nothing
+    if len(used) < len(subs):  # sub-downsets with no stage cost at all write nothing and bound nothing
         subs = subs[used]
         staged = {c: (np.searchsorted(used, pos), cost) for c, (pos, cost) in staged.items()}
     step = max(1, CHUNK // (C * F))
     for lo in range(0, len(subs), step):
-        rows = subs[lo: lo + step]
+        rows = subs[lo : lo + step]
         R = len(rows)
         vlast, kfirst, mfirst = bps.vlast[rows], bps.kfirst[rows], bps.mfirst[rows]
-        W = np.empty((C, R, F))                          # min(T, U) of each (t, d)
+        W = np.empty((C, R, F))  # min(T, U) of each (t, d)
         trip, drops = [], []
-        for c, (dt, d) in enumerate(offsets):           # one (t, d) at a time: its arrays stay in cache
+        for c, (dt, d) in enumerate(offsets):  # one (t, d) at a time: its arrays stay in cache
             T = W[c]
             T.fill(INF)
             if c in staged:
@@ -171,27 +177,43 @@ def update(acc: np.ndarray, bps: Breakpoints, subs: np.ndarray, offsets: list[tu
                     drops.append((np.full(len(dr), c), dr, df + 1, Tn[dr, df + 1], Un[dr, df + 1]))
             np.minimum(T, U, out=T)
         if trip:
-            _write(acc, bps, rows, offsets, *(np.concatenate(x) for x in zip(*trip)),
-                   drops=[np.concatenate(x) for x in zip(*drops)] if drops else None)
+            _write(
+                acc,
+                bps,
+                rows,
+                offsets,
+                *(np.concatenate(x) for x in zip(*trip)),
+                drops=[np.concatenate(x) for x in zip(*drops)] if drops else None,
+            )
 
 
-def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tuple[int, int]],
-           c: np.ndarray, r: np.ndarray, f: np.ndarray, t: np.ndarray, u: np.ndarray, drops=None) -> None:
+def _write(
+    acc: np.ndarray,
+    bps: Breakpoints,
+    rows: np.ndarray,
+    offsets: list[tuple[int, int]],
+    c: np.ndarray,
+    r: np.ndarray,
+    f: np.ndarray,
+    t: np.ndarray,
+    u: np.ndarray,
+    drops=None,
+) -> None:
     """Write the needed points of the triples ``(c, r, f)`` with cost ``t`` and bound ``u``, and of
     the k-drops of the ``drops`` triples (the same fields)."""
     K1, F = acc.shape
-    off = np.array([dt * F + d for dt, d in offsets], dtype=np.int64)   # flat shift of each (t, d)
+    off = np.array([dt * F + d for dt, d in offsets], dtype=np.int64)  # flat shift of each (t, d)
     tables = rows[r]
-    p = bps.first_at_most(tables, f, t, strict=False)            # first corner with v <= T
-    q = bps.first_at_most(tables, f, u, strict=True)             # first corner with v < U
+    p = bps.first_at_most(tables, f, t, strict=False)  # first corner with v <= T
+    q = bps.first_at_most(tables, f, u, strict=True)  # first corner with v < U
     cr = bps.corners
-    kf = cr.kf                                                   # flat position of each corner
-    cnt = p - q                                                  # T < v < U: the corner's own value
+    kf = cr.kf  # flat position of each corner
+    cnt = p - q  # T < v < U: the corner's own value
     idx = np.arange(int(cnt.sum())) + np.repeat(q - (np.cumsum(cnt) - cnt), cnt)
     ats, vals = [kf[idx] + np.repeat(off[c], cnt)], [cr.v[idx]]
     end = bps.cptr[tables, f + 1]
     pp = np.minimum(p, max(cr.n - 1, 0))
-    hit = (p < end) & (t < cr.m[pp])                              # the first with v <= T, if T < m
+    hit = (p < end) & (t < cr.m[pp])  # the first with v <= T, if T < m
     ats.append(kf[pp[hit]] + off[c[hit]])
     vals.append(t[hit])
     if drops is not None:
@@ -202,5 +224,5 @@ def _write(acc: np.ndarray, bps: Breakpoints, rows: np.ndarray, offsets: list[tu
         ats.append(k[ok] * F + df[o[ok]] + off[dc[o[ok]]])
         vals.append(w[ok])
     at, v = np.concatenate(ats), np.concatenate(vals)
-    keep = at < K1 * F                      # (k + dt) * F + f + d with f + d < F: in the table iff k + dt < K1
+    keep = at < K1 * F  # (k + dt) * F + f + d with f + d < F: in the table iff k + dt < K1
     np.minimum.at(acc.reshape(-1), at[keep], v[keep])

@@ -74,8 +74,9 @@ def group_sizes(cluster: Cluster) -> list[int]:
     return sorted(set(out))
 
 
-def _latency_tables(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int,
-                    sizes: list[int]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def _latency_tables(
+    graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, sizes: list[int]
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per group size: (stage latency ``t[k, j]``, memory without activations / activations)."""
     nodes = [graph.node(v) for v in lin.order]
     W = lin.state_sums([n.weight_bytes for n in nodes])
@@ -105,8 +106,9 @@ def _fits(cluster: Cluster, W: np.ndarray, act: np.ndarray, s: int, b: int, n: i
     return memory_per_device(cluster.optimizer_state_factor, W, f, s, act) <= cluster.memory_bytes
 
 
-def _fit_tables(tabs, cluster: Cluster, b: int, n: int,
-                deadline: float | None = None) -> dict[tuple[int, int], np.ndarray]:
+def _fit_tables(
+    tabs, cluster: Cluster, b: int, n: int, deadline: float | None = None
+) -> dict[tuple[int, int], np.ndarray]:
     """``t`` with ``inf`` where the stage does not fit, per (group size, devices through it)."""
     out = {}
     for s, (t, W, act) in tabs.items():
@@ -117,8 +119,14 @@ def _fit_tables(tabs, cluster: Cluster, b: int, n: int,
     return out
 
 
-def _sum_dp(fit: dict[tuple[int, int], np.ndarray], K: int, t_max: float, S: int,
-            by_m: dict[int, tuple[np.ndarray, np.ndarray]] | None = None, deadline: float | None = None):
+def _sum_dp(
+    fit: dict[tuple[int, int], np.ndarray],
+    K: int,
+    t_max: float,
+    S: int,
+    by_m: dict[int, tuple[np.ndarray, np.ndarray]] | None = None,
+    deadline: float | None = None,
+):
     """min sum of latencies over chains (every t <= t_max) per (state, devices); with arg tables.
 
     ``by_m`` is ``fit`` grouped by devices (:func:`_by_devices`), built when absent.  For each
@@ -135,8 +143,8 @@ def _sum_dp(fit: dict[tuple[int, int], np.ndarray], K: int, t_max: float, S: int
             continue
         if deadline is not None and m % 16 == 0 and _time.perf_counter() > deadline:
             raise DeadlineReached
-        ss, T = by_m[m]                                   # (g,), (g, S, S)
-        P = F[:, m - ss].T                                # (g, S): chains ending at k on m - s devices
+        ss, T = by_m[m]  # (g,), (g, S, S)
+        P = F[:, m - ss].T  # (g, S): chains ending at k on m - s devices
         X = np.where(T <= t_max, P[:, :, None] + T, INF).reshape(-1, S)
         idx = X.argmin(axis=0)
         v = X[idx, cols]
@@ -152,9 +160,13 @@ def _by_devices(fit: dict[tuple[int, int], np.ndarray]) -> dict[int, tuple[np.nd
     groups: dict[int, list[tuple[int, np.ndarray]]] = {}
     for (s, m), t in fit.items():
         groups.setdefault(m, []).append((s, t))
-    return {m: (np.asarray([s for s, _ in sorted(g, key=lambda st: st[0])], dtype=np.int64),
-                np.stack([t for _, t in sorted(g, key=lambda st: st[0])]))
-            for m, g in groups.items()}
+    return {
+        m: (
+            np.asarray([s for s, _ in sorted(g, key=lambda st: st[0])], dtype=np.int64),
+            np.stack([t for _, t in sorted(g, key=lambda st: st[0])]),
+        )
+        for m, g in groups.items()
+    }
 
 
 def _thin(cands: np.ndarray, limit: int) -> tuple[np.ndarray, float]:
@@ -173,8 +185,9 @@ def table_bytes(cluster: Cluster, n_states: int) -> int:
     return 2 * 8 * n_states * n_states * sum(K - s + 1 for s in group_sizes(cluster))
 
 
-def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, deadline: float | None,
-           max_candidates: int):
+def _solve(
+    graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, deadline: float | None, max_candidates: int
+):
     """Alpa's enumeration for one micro-batch size: (objective, chain, complete?, eps) or None."""
     n = B // b
     S, last, K = lin.n_states, lin.n_states - 1, cluster.devices
@@ -183,8 +196,9 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
         return None
     fit = _fit_tables(tabs, cluster, b, n, deadline)
     none = np.full((S, S), INF)
-    lower_tab = minmax_dp(lin.subset, lambda m, r: fit.get((r, m), none), K, allow_fewer=True,
-                          replicas=sorted(tabs), deadline=deadline)
+    lower_tab = minmax_dp(
+        lin.subset, lambda m, r: fit.get((r, m), none), K, allow_fewer=True, replicas=sorted(tabs), deadline=deadline
+    )
     by_m = _by_devices(fit)
     lower = float(lower_tab.value[0, last, K])
     if not math.isfinite(lower):
@@ -204,9 +218,9 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
     eps = 0.0
     complete = True
     if n == 1:
-        run(float(cands[-1]))        # one micro-batch: the objective is the plain sum
+        run(float(cands[-1]))  # one micro-batch: the objective is the plain sum
     else:
-        run(float(cands[0]))         # the min-max bottleneck bounds the window of useful t_max
+        run(float(cands[0]))  # the min-max bottleneck bounds the window of useful t_max
         cands = cands[(n - 1) * cands < best[0]]
         cands, eps = _thin(cands, max_candidates)
         for t_max in cands[1:] if cands.size and cands[0] == lower else cands:
@@ -216,7 +230,7 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
                 if deadline is not None and _time.perf_counter() > deadline:
                     raise DeadlineReached
                 run(float(t_max))
-            except DeadlineReached:     # keep this size's best so far
+            except DeadlineReached:  # keep this size's best so far
                 complete = False
                 break
     if best[1] is None:
@@ -234,8 +248,10 @@ def _solve(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, d
 def _place(cluster: Cluster, sizes: list[int]) -> list[tuple[int, ...]]:
     """Device ranges for groups (in pipeline order): largest first, each inside one node if it fits."""
     dpn = cluster.devices_per_node or cluster.devices
-    free = {node: list(range(node * dpn, min((node + 1) * dpn, cluster.devices)))
-            for node in range(math.ceil(cluster.devices / dpn))}
+    free = {
+        node: list(range(node * dpn, min((node + 1) * dpn, cluster.devices)))
+        for node in range(math.ceil(cluster.devices / dpn))
+    }
     out: dict[int, tuple[int, ...]] = {}
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
         s = sizes[i]
@@ -252,8 +268,15 @@ def _place(cluster: Cluster, sizes: list[int]) -> list[tuple[int, ...]]:
     return [tuple(sorted(out[i])) for i in range(len(sizes))]
 
 
-def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-              progress: bool = False, **options: Any) -> Plan:
+def plan_alpa(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Plan:
     """Alpa-style stage DP (module docstring); ``options`` are the fields of :class:`AlpaOptions`."""
     o = parse_options("alpa", AlpaOptions, options)
     t0 = _time.perf_counter()
@@ -262,23 +285,31 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     core, inputs, sinks = pipedream_core(graph)
     lin = topological_states(graph, nodes=core)
     sizes = candidate_micro_batches(B, o.micro_batch_sizes)
-    full, (cluster, considered) = cluster, usable_cluster(cluster, len(core), max(sizes))   # devices a chain can use
+    full, (cluster, considered) = cluster, usable_cluster(cluster, len(core), max(sizes))  # devices a chain can use
     limit = int(o.max_table_bytes)
     if table_bytes(cluster, lin.n_states) > limit:
         raise SearchSpaceTooLargeError(
             f"alpa: the stage tables of graph '{graph.name}' ({lin.n_states} prefixes) on {cluster.devices} devices "
             f"({len(group_sizes(cluster))} group sizes) need {table_bytes(cluster, lin.n_states):.3g} bytes, more than "
-            f"max_table_bytes={limit:.3g}; the (prefix, devices, group size) DP is quadratic in the devices")
+            f"max_table_bytes={limit:.3g}; the (prefix, devices, group size) DP is quadratic in the devices"
+        )
     tried: dict[int, Any] = {}
     pricer = SequentialPricer(graph, full, B, lin.order, inputs, sinks)
-    cands, lower, complete, max_eps = _stage_chains(graph, cluster, lin, B, sizes, deadline, int(o.max_candidates),
-                                                    pricer, tried)
+    cands, lower, complete, max_eps = _stage_chains(
+        graph, cluster, lin, B, sizes, deadline, int(o.max_candidates), pricer, tried
+    )
 
     def build(i: int) -> Plan:
         b, objective, stages = cands[i]
         rows = [(nodes, d, b) for nodes, d in stages]
-        plan = build_plan(graph, full, attach_detached(graph, rows, inputs, sinks), B, planner="alpa",
-                          search=SearchInfo(0.0, Status.FEASIBLE, extra={"alpa_latency": objective}))
+        plan = build_plan(
+            graph,
+            full,
+            attach_detached(graph, rows, inputs, sinks),
+            B,
+            planner="alpa",
+            search=SearchInfo(0.0, Status.FEASIBLE, extra={"alpa_latency": objective}),
+        )
         tried[b] = plan.predicted.iteration_time
         return plan
 
@@ -296,20 +327,37 @@ def plan_alpa(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limi
     if best is None:
         _raise_no_plan(graph, full, cluster, B, o.micro_batch_sizes)
     status = Status.FEASIBLE if complete else Status.TIME_LIMIT
-    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status,
-                                           extra={**dict(best.search.extra), "tried": tried,
-                                                  "group_sizes": group_sizes(cluster),
-                                                  "devices_considered": considered,
-                                                  "pruned_lower_bounds": {c[0]: lb for c, lb in zip(cands, lower)
-                                                                          if c[0] not in tried},
-                                                  "t_max_epsilon": max_eps}))
+    plan = replace(
+        best,
+        search=replace(
+            best.search,
+            seconds=_time.perf_counter() - t0,
+            status=status,
+            extra={
+                **dict(best.search.extra),
+                "tried": tried,
+                "group_sizes": group_sizes(cluster),
+                "devices_considered": considered,
+                "pruned_lower_bounds": {c[0]: lb for c, lb in zip(cands, lower) if c[0] not in tried},
+                "t_max_epsilon": max_eps,
+            },
+        ),
+    )
     validate(plan, graph, full)
     return plan
 
 
-def _stage_chains(graph: Graph, cluster: Cluster, lin: Linearization, B: int, sizes: Sequence[int], deadline: float | None,
-                  max_candidates: int, pricer: SequentialPricer, tried: dict[int, Any]
-                  ) -> tuple[list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]], list[float], bool, float]:
+def _stage_chains(
+    graph: Graph,
+    cluster: Cluster,
+    lin: Linearization,
+    B: int,
+    sizes: Sequence[int],
+    deadline: float | None,
+    max_candidates: int,
+    pricer: SequentialPricer,
+    tried: dict[int, Any],
+) -> tuple[list[tuple[int, float, list[tuple[list[str], tuple[int, ...]]]]], list[float], bool, float]:
     """Per micro-batch size the DP's chain with its placement and the lower bound of its simulated
     iteration time (``tried[b] = None``: no chain fits); whether every size finished, and the
     largest ``t_max`` epsilon."""
@@ -334,7 +382,7 @@ def _stage_chains(graph: Graph, cluster: Cluster, lin: Linearization, B: int, si
         max_eps = max(max_eps, eps)
         devs = _place(cluster, [s for _, _, s in chain])
         core_stage = np.empty(len(lin.order), dtype=np.int64)
-        for i, (k, j, _) in enumerate(chain):    # topological prefixes: positions k..j-1
+        for i, (k, j, _) in enumerate(chain):  # topological prefixes: positions k..j-1
             core_stage[k:j] = i
         cands.append((b, objective, [(lin.stage_nodes(k, j), d) for (k, j, _), d in zip(chain, devs)]))
         lower.append(pricer.price(core_stage, devs, b).lower_bound)
@@ -347,7 +395,10 @@ def _raise_no_plan(graph: Graph, full: Cluster, cluster: Cluster, B: int, micro_
     try:
         plan_pipedream(graph, full, B, micro_batch_sizes=micro_batch_sizes)
     except InfeasibleError as exc:
-        raise InfeasibleError(str(exc).replace("pipedream", "alpa", 1),
-                              required_memory_bytes=exc.required_memory_bytes) from None
-    raise InfeasibleError(f"alpa: no plan of graph '{graph.name}' with group sizes {group_sizes(cluster)} "
-                          f"fits {cluster.memory_bytes:.4g} bytes per device (B={B})")
+        raise InfeasibleError(
+            str(exc).replace("pipedream", "alpa", 1), required_memory_bytes=exc.required_memory_bytes
+        ) from None
+    raise InfeasibleError(
+        f"alpa: no plan of graph '{graph.name}' with group sizes {group_sizes(cluster)} "
+        f"fits {cluster.memory_bytes:.4g} bytes per device (B={B})"
+    )

@@ -29,6 +29,7 @@ def _op(n: Node) -> str | None:
 
 def pipedream_core(graph: Graph) -> tuple[list[str], list[str], list[str]]:
     """``(core nodes, detached sources, detached sinks)``, each in graph order."""
+
     def is_input(n: Node) -> bool:
         op = _op(n)
         return op.startswith("Input") if op is not None else _free(n)
@@ -41,16 +42,20 @@ def pipedream_core(graph: Graph) -> tuple[list[str], list[str], list[str]]:
     if len(inputs) == len(graph.ids):
         return list(graph.ids), [], []
     gone = set(inputs)
-    sinks = [v for v in graph.ids if v not in gone
-             and not any(s not in gone for s in graph.succs(v)) and is_dangling(graph.node(v))]
+    sinks = [
+        v
+        for v in graph.ids
+        if v not in gone and not any(s not in gone for s in graph.succs(v)) and is_dangling(graph.node(v))
+    ]
     if len(sinks) + len(inputs) == len(graph.ids):
         sinks = []
     gone |= set(sinks)
     return [v for v in graph.ids if v not in gone], inputs, sinks
 
 
-def attach_detached(graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[int], int]],
-                    inputs: Iterable[str], sinks: Iterable[str]) -> list[StageSpec]:
+def attach_detached(
+    graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[int], int]], inputs: Iterable[str], sinks: Iterable[str]
+) -> list[StageSpec]:
     """Stage specs from ``(nodes, devices, micro_batch_size)`` rows (pipeline order) with the
     detached nodes put back."""
     groups = [list(nodes) for nodes, _, _ in rows]
@@ -65,13 +70,12 @@ def attach_detached(graph: Graph, rows: Sequence[tuple[Sequence[str], Sequence[i
         i = max(producers, default=len(groups) - 1)
         groups[i].append(v)
         stage_of[v] = i
-    return [StageSpec(nodes=tuple(g), devices=tuple(devs), micro_batch_size=b)
-            for g, (_, devs, b) in zip(groups, rows)]
+    return [StageSpec(nodes=tuple(g), devices=tuple(devs), micro_batch_size=b) for g, (_, devs, b) in zip(groups, rows)]
 
 
 def candidate_micro_batches(mini_batch_size: int, given: Sequence[int] | None = None) -> list[int]:
     """``given`` (each must divide ``B``) or the powers of two dividing ``B``, ascending."""
-    B = mini_batch_size          # the paper's B
+    B = mini_batch_size  # the paper's B
     return list(check_micro_batch_sizes(B, None if given is None else list(given)))
 
 
@@ -86,7 +90,7 @@ def usable_cluster(cluster: Cluster, n_core: int, max_b: int) -> tuple[Cluster, 
     and its device count (for ``search.extra["devices_considered"]``)."""
     K, dpn, cap = cluster.devices, cluster.devices_per_node, n_core * max_b
     if dpn is not None and dpn < K and K % dpn == 0:
-        keep = min(K, cap * dpn)     # whole nodes: the hierarchical DP runs on K // dpn of them
+        keep = min(K, cap * dpn)  # whole nodes: the hierarchical DP runs on K // dpn of them
     else:
         keep = min(K, cap)
     return (cluster if keep == K else cluster.with_(devices=keep)), keep

@@ -13,7 +13,7 @@ def _equal_partition_loop(prefix: np.ndarray, n: int, w: int) -> list[int]:
     total = prefix[-1]
     cuts = [0]
     for i in range(1, w):
-        lo, hi = cuts[-1] + 1, n - (w - i)        # leave one item for each later part
+        lo, hi = cuts[-1] + 1, n - (w - i)  # leave one item for each later part
         target = total * i / w
         cand = np.arange(lo, hi + 1)
         cuts.append(int(cand[np.argmin(np.abs(prefix[cand] - target))]))
@@ -42,15 +42,15 @@ def equal_partition(weights: list[float], w: int) -> list[int]:
     if not bool(np.all(wt >= 0.0)):
         return _equal_partition_loop(prefix, n, w)
     total = prefix[-1]
-    targets = total * np.arange(1, w, dtype=np.float64) / w                 # the same operations as total * i / w
-    k = np.searchsorted(prefix, targets, side="left")              # first prefix >= target (n + 1: none)
+    targets = total * np.arange(1, w, dtype=np.float64) / w  # the same operations as total * i / w
+    k = np.searchsorted(prefix, targets, side="left")  # first prefix >= target (n + 1: none)
     km1 = np.maximum(k - 1, 0)
     v_k = np.where(k <= n, np.abs(prefix[np.minimum(k, n)] - targets), np.inf)
     v_km1 = np.where(k >= 1, np.abs(prefix[km1] - targets), np.inf)
     v_km2 = np.where(k >= 2, np.abs(prefix[np.maximum(k - 2, 0)] - targets), np.inf)
-    left = v_km1 <= v_k                                            # ties: the earlier index
+    left = v_km1 <= v_k  # ties: the earlier index
     first_a = np.where(left, km1, k)
-    sure_a = ~left | (k == 1) | (v_km2 > v_km1)                    # nothing further left ties
+    sure_a = ~left | (k == 1) | (v_km2 > v_km1)  # nothing further left ties
     # The first minimiser g over all of [0, n]: k when k - 1 is farther; else the first index j0
     # holding prefix[k - 1]'s value, provided the index before j0 is strictly farther (rounded
     # target - prefix does not increase with prefix, so nothing further left ties either).  From

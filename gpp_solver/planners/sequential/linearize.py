@@ -43,9 +43,9 @@ DEFAULT_MAX_STATES = 2048
 class Linearization:
     """A chain-able family of downsets of (part of) a graph."""
 
-    order: tuple[str, ...]          # node ids in topological order; bit i of a state = order[i]
-    states: tuple[int, ...]         # downset bit masks; states[0] == 0, states[-1] == all bits
-    kind: str                       # "antichain" or "topological"
+    order: tuple[str, ...]  # node ids in topological order; bit i of a state = order[i]
+    states: tuple[int, ...]  # downset bit masks; states[0] == 0, states[-1] == all bits
+    kind: str  # "antichain" or "topological"
 
     @property
     def n_states(self) -> int:
@@ -76,7 +76,7 @@ class Linearization:
     def subset(self) -> np.ndarray:
         """``S x S`` bool: ``subset[k, j]`` when state ``k`` is a strict subset of state ``j``."""
         inc = self.incidence
-        outside = inc @ (1.0 - inc).T          # |k \ j|
+        outside = inc @ (1.0 - inc).T  # |k \ j|
         sizes = inc.sum(axis=1)
         return (outside < 0.5) & (sizes[:, None] < sizes[None, :])
 
@@ -102,7 +102,6 @@ class Linearization:
             nbytes_arr[s], count_arr[s] = tot, cnt
         return nbytes_arr, count_arr
 
-
     def range_transfers(self, graph: Graph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For every range ``(k, j]`` (states ``k`` ⊂ ``j``) the shared model's transfers of the stage
         ``j \\ k``, as ``S x S`` arrays ``(in_bytes, in_count, out_bytes, out_count)`` (bytes per sample):
@@ -114,30 +113,30 @@ class Linearization:
           later stage, else a lower bound (the shared model then counts one transfer per
           consumer stage).  Entries for ranges that are not ``k`` ⊂ ``j`` are meaningless."""
         pos = {v: i for i, v in enumerate(self.order)}
-        inc = self.incidence.astype(bool)                  # S x n
+        inc = self.incidence.astype(bool)  # S x n
         S, n = inc.shape
         cons: dict[int, list[tuple[float, int]]] = {}
         for (u, v), nbytes in graph.edge_bytes_map.items():
             if u in pos and v in pos:
                 cons.setdefault(pos[u], []).append((float(nbytes), pos[v]))
         in_b, in_c = np.zeros((S, S)), np.zeros((S, S))
-        P_b, P_c = np.zeros((n, S)), np.zeros((n, S))      # producer u's largest edge leaving state j
+        P_b, P_c = np.zeros((n, S)), np.zeros((n, S))  # producer u's largest edge leaving state j
         for u, outs in cons.items():
             outs.sort(key=lambda t: -t[0])
             u_in = inc[:, u]
             covered = np.zeros((S, S), dtype=bool)
             left = np.zeros(S, dtype=bool)
-            for nbytes, v in outs:                          # largest edge first: it sets the max
+            for nbytes, v in outs:  # largest edge first: it sets the max
                 v_in = inc[:, v]
-                new = u_in[:, None] & ~v_in[:, None] & v_in[None, :] & ~covered   # u in k, v in j \ k
+                new = u_in[:, None] & ~v_in[:, None] & v_in[None, :] & ~covered  # u in k, v in j \ k
                 in_b += nbytes * new
                 in_c += new
                 covered |= new
-                gone = u_in & ~v_in & ~left                # u in j, v outside j
+                gone = u_in & ~v_in & ~left  # u in j, v outside j
                 P_b[u] += nbytes * gone
                 P_c[u] += gone
                 left |= gone
-        notk = 1.0 - inc.astype(np.float64)                 # u not in k
+        notk = 1.0 - inc.astype(np.float64)  # u not in k
         out_b = notk @ P_b
         out_c = notk @ P_c
         return in_b, in_c, out_b, out_c
@@ -165,8 +164,13 @@ def _masks(graph: Graph, order: Sequence[str]) -> tuple[list[int], list[int]]:
     return anc, succ
 
 
-def antichain_states(graph: Graph, *, nodes: Iterable[str] | None = None, first_source: bool = False,
-                     max_states: int | None = DEFAULT_MAX_STATES) -> Linearization | None:
+def antichain_states(
+    graph: Graph,
+    *,
+    nodes: Iterable[str] | None = None,
+    first_source: bool = False,
+    max_states: int | None = DEFAULT_MAX_STATES,
+) -> Linearization | None:
     """PipeDream's antichain DAG as downsets, or ``None`` when more than ``max_states`` exist.
 
     ``nodes`` restricts to an induced subgraph (PipeDream drops ``Input`` sources first).
@@ -212,7 +216,7 @@ def antichain_states(graph: Graph, *, nodes: Iterable[str] | None = None, first_
                         return None
             frontier >>= 1
             i += 1
-    if full not in seen:   # cannot happen for a connected graph; keep the chain well formed
+    if full not in seen:  # cannot happen for a connected graph; keep the chain well formed
         seen.add(full)
     states = sorted(seen, key=lambda s: (bin(s).count("1"), s))
     return Linearization(order=order, states=tuple(states), kind="antichain")
@@ -221,12 +225,17 @@ def antichain_states(graph: Graph, *, nodes: Iterable[str] | None = None, first_
 def topological_states(graph: Graph, *, nodes: Iterable[str] | None = None) -> Linearization:
     """The ``n + 1`` prefixes of the graph's deterministic topological order."""
     order = _order(graph, nodes)
-    return Linearization(order=order, states=tuple((1 << i) - 1 for i in range(len(order) + 1)),
-                         kind="topological")
+    return Linearization(order=order, states=tuple((1 << i) - 1 for i in range(len(order) + 1)), kind="topological")
 
 
-def linearize(graph: Graph, *, method: str = "antichain", nodes: Iterable[str] | None = None,
-              first_source: bool = False, max_states: int | None = DEFAULT_MAX_STATES) -> Linearization:
+def linearize(
+    graph: Graph,
+    *,
+    method: str = "antichain",
+    nodes: Iterable[str] | None = None,
+    first_source: bool = False,
+    max_states: int | None = DEFAULT_MAX_STATES,
+) -> Linearization:
     """Antichain states when there are at most ``max_states`` of them, else (with a logged
     warning) the topological-order prefixes.  ``method="topological"`` skips the enumeration."""
     if method not in ("antichain", "topological"):
@@ -235,6 +244,10 @@ def linearize(graph: Graph, *, method: str = "antichain", nodes: Iterable[str] |
         lin = antichain_states(graph, nodes=nodes, first_source=first_source, max_states=max_states)
         if lin is not None:
             return lin
-        logger.info("graph '%s': more than %d antichain states; falling back to the prefixes of one "
-                    "topological order (fewer candidate cuts)", graph.name, max_states)
+        logger.info(
+            "graph '%s': more than %d antichain states; falling back to the prefixes of one "
+            "topological order (fewer candidate cuts)",
+            graph.name,
+            max_states,
+        )
     return topological_states(graph, nodes=nodes)

@@ -34,9 +34,11 @@ class PipeDreamOptions:
     def __post_init__(self) -> None:
         own = [k for k in ("bandwidth", "activation_compression_ratio") if getattr(self, k) is not None]
         if own and self.mode != "pipedream-costs":
-            raise InvalidInputError(f"planner 'pipedream' has no option {', '.join(map(repr, own))} in mode "
-                                    f"{self.mode!r}; its options there: linearization, max_states, "
-                                    f"micro_batch_sizes, mode")
+            raise InvalidInputError(
+                f"planner 'pipedream' has no option {', '.join(map(repr, own))} in mode "
+                f"{self.mode!r}; its options there: linearization, max_states, "
+                f"micro_batch_sizes, mode"
+            )
         if self.mode not in PIPEDREAM_MODES:
             raise InvalidInputError(f"mode must be 'shared' or 'pipedream-costs', got {self.mode!r}")
 

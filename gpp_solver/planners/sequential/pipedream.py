@@ -92,7 +92,7 @@ class PipeDreamSolution:
     """PipeDream's answer in its own model: bottleneck (s per mini-batch) and the stages."""
 
     bottleneck: float
-    stages: tuple[tuple[tuple[str, ...], int], ...]   # (node ids, replicas), in pipeline order
+    stages: tuple[tuple[tuple[str, ...], int], ...]  # (node ids, replicas), in pipeline order
     n_states: int
     linearization: str
     seconds: float
@@ -102,9 +102,16 @@ class PipeDreamSolution:
 # PipeDream's own cost model
 # --------------------------------------------------------------------------------------------
 
-def pipedream_optimizer(graph: Graph, machines: Sequence[int], bandwidths: Sequence[float] | float = 1e9, *,
-                        activation_compression_ratio: float | None = None, use_fewer_machines: bool = False,
-                        max_states: int | None = DEFAULT_MAX_STATES) -> PipeDreamSolution:
+
+def pipedream_optimizer(
+    graph: Graph,
+    machines: Sequence[int],
+    bandwidths: Sequence[float] | float = 1e9,
+    *,
+    activation_compression_ratio: float | None = None,
+    use_fewer_machines: bool = False,
+    max_states: int | None = DEFAULT_MAX_STATES,
+) -> PipeDreamSolution:
     """Run PipeDream's hierarchical optimizer on ``graph`` (times at its first profiled size).
 
     ``machines[l]`` machines at level ``l`` (level 0 innermost), ``bandwidths[l]`` bytes/s.
@@ -114,8 +121,10 @@ def pipedream_optimizer(graph: Graph, machines: Sequence[int], bandwidths: Seque
     if isinstance(bandwidths, (int, float)):
         bandwidths = [float(bandwidths)] * len(machines)
     if len(bandwidths) != len(machines) or not machines or min(machines) < 1:
-        raise InvalidInputError(f"machines and bandwidths must be non-empty lists of equal length, "
-                                f"got machines={machines}, bandwidths={list(bandwidths)}")
+        raise InvalidInputError(
+            f"machines and bandwidths must be non-empty lists of equal length, "
+            f"got machines={machines}, bandwidths={list(bandwidths)}"
+        )
     core, _, _ = pipedream_core(graph)
     lin = linearize(graph, nodes=core, first_source=True, max_states=max_states)
     order_nodes = [graph.node(v) for v in lin.order]
@@ -134,11 +143,11 @@ def pipedream_optimizer(graph: Graph, machines: Sequence[int], bandwidths: Seque
     for level, (K, bw) in enumerate(zip(machines, bandwidths)):
         final = level == len(machines) - 1
         if level > 0:
-            comp = tables[-1].value[:, :, machines[level - 1]]   # best range time one level down
+            comp = tables[-1].value[:, :, machines[level - 1]]  # best range time one level down
 
         def T(m: int, r: int, comp=comp, bw=bw, below=below) -> np.ndarray:
             t = (comp + 4.0 * (r - 1) * wts / (bw * r)) / r
-            if below > 1 and r == m:   # the original's single-stage initialisation
+            if below > 1 and r == m:  # the original's single-stage initialisation
                 t = t.copy()
                 t[0] = (comp[0] + 4.0 * (r - 1) * wts[0] / (bw * r) / below) / r
             if activation_compression_ratio is not None:
@@ -170,6 +179,7 @@ def pipedream_optimizer(graph: Graph, machines: Sequence[int], bandwidths: Seque
 # --------------------------------------------------------------------------------------------
 # The shared cost model
 # --------------------------------------------------------------------------------------------
+
 
 class RangeCosts:
     """Stage-time arrays ``T[k, j]`` under the shared cost model for one micro-batch size.
@@ -216,8 +226,14 @@ class RangeCosts:
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)
 
 
-def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int, deadline: float | None = None,
-                  ) -> tuple[float, list[tuple[list[str], tuple[int, ...]]]] | None:
+def _shared_specs(
+    graph: Graph,
+    cluster: Cluster,
+    lin: Linearization,
+    B: int,
+    b: int,
+    deadline: float | None = None,
+) -> tuple[float, list[tuple[list[str], tuple[int, ...]]]] | None:
     """Run the DP for micro-batch ``b``; ``(bottleneck, [(nodes, devices), ...])`` or ``None``.
     Raises :class:`DeadlineReached` past ``deadline``."""
     K = cluster.devices
@@ -226,8 +242,14 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
     dpn = cluster.devices_per_node
     if dpn is None or dpn >= K or K % dpn or lin.n_states > HIERARCHICAL_MAX_STATES:
         bw = cluster.bandwidth(range(K))
-        tab = minmax_dp(lin.subset, lambda m, r: costs.stage_time(r, bw, K - m + 1), K, allow_fewer=True,
-                        replicas=[r for r in range(1, min(K, b) + 1) if b % r == 0], deadline=deadline)   # others: `b % d` fails
+        tab = minmax_dp(
+            lin.subset,
+            lambda m, r: costs.stage_time(r, bw, K - m + 1),
+            K,
+            allow_fewer=True,
+            replicas=[r for r in range(1, min(K, b) + 1) if b % r == 0],
+            deadline=deadline,
+        )  # others: `b % d` fails
         if not math.isfinite(tab.value[0, last, K]):
             return None
         out, dev = [], 0
@@ -237,13 +259,25 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
         return float(tab.value[0, last, K]), out
     N = K // dpn
     inner: dict[int, DPTable] = {}
-    for rho in (x for x in range(1, min(N, b) + 1) if b % x == 0):   # r * rho | b needs rho | b
+    for rho in (x for x in range(1, min(N, b) + 1) if b % x == 0):  # r * rho | b needs rho | b
         bw = node_bandwidth(cluster) if rho == 1 else cluster.inter_node_bandwidth
-        inner[rho] = minmax_dp(lin.subset, lambda m, r, rho=rho, bw=bw: costs.stage_time(r * rho, bw, K - rho * m + 1),
-                               dpn, starts=tuple(range(lin.n_states)), allow_fewer=True,
-                               replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0], deadline=deadline)
-    outer = minmax_dp(lin.subset, lambda m, r: inner[r].value[:, :, dpn], N, allow_fewer=True,
-                      replicas=sorted(inner), deadline=deadline)
+        inner[rho] = minmax_dp(
+            lin.subset,
+            lambda m, r, rho=rho, bw=bw: costs.stage_time(r * rho, bw, K - rho * m + 1),
+            dpn,
+            starts=tuple(range(lin.n_states)),
+            allow_fewer=True,
+            replicas=[r for r in range(1, dpn + 1) if b % (r * rho) == 0],
+            deadline=deadline,
+        )
+    outer = minmax_dp(
+        lin.subset,
+        lambda m, r: inner[r].value[:, :, dpn],
+        N,
+        allow_fewer=True,
+        replicas=sorted(inner),
+        deadline=deadline,
+    )
     if not math.isfinite(outer.value[0, last, N]):
         return None
     out, node0 = [], 0
@@ -260,16 +294,16 @@ def _shared_specs(graph: Graph, cluster: Cluster, lin: Linearization, B: int, b:
 HIERARCHICAL_MAX_STATES = 400
 
 
-def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
-                  deadline: float | None = None) -> tuple[Plan | None, dict]:
+def _solve_shared(
+    graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions, deadline: float | None = None
+) -> tuple[Plan | None, dict]:
     """The DP for every micro-batch size, then the one with the smallest simulated iteration time.
 
     Each DP's chain is priced with numpy (:mod:`.seq_eval`) for a lower bound on its simulated
     iteration time; chains are simulated in increasing bound order until the bound exceeds the
     best simulated time, so the choice is the one of simulating every chain."""
     core, inputs, sinks = pipedream_core(graph)
-    lin = linearize(graph, nodes=core, first_source=False, method=o.linearization,
-                    max_states=o.max_states)
+    lin = linearize(graph, nodes=core, first_source=False, method=o.linearization, max_states=o.max_states)
     info: dict[str, Any] = {"n_states": lin.n_states, "linearization": lin.kind, "tried": {}}
     info["complete"] = True
     sizes = candidate_micro_batches(B, o.micro_batch_sizes)
@@ -280,7 +314,7 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
     lower: list[float] = []
     for b in sizes:
         if deadline is not None and _time.perf_counter() > deadline:
-            info["complete"] = False      # remaining micro-batch sizes not tried
+            info["complete"] = False  # remaining micro-batch sizes not tried
             break
         try:
             res = _shared_specs(graph, dp_cluster, lin, B, b, deadline)
@@ -300,26 +334,39 @@ def _solve_shared(graph: Graph, cluster: Cluster, B: int, o: PipeDreamOptions,
     def build(i: int) -> Plan | None:
         b, value, stages = cands[i]
         specs = attach_detached(graph, [(nodes, devs, b) for nodes, devs in stages], inputs, sinks)
-        plan = build_plan(graph, cluster, specs, B, planner="pipedream",
-                          search=SearchInfo(0.0, Status.FEASIBLE, extra={"dp_bottleneck_tps": value}))
+        plan = build_plan(
+            graph,
+            cluster,
+            specs,
+            B,
+            planner="pipedream",
+            search=SearchInfo(0.0, Status.FEASIBLE, extra={"dp_bottleneck_tps": value}),
+        )
         info["tried"][b] = plan.predicted.iteration_time
         if plan.predicted.peak_memory_bytes > cluster.memory_bytes * (1 + 1e-9):
-            return None   # cannot happen with the DP's bound; kept as a guard
+            return None  # cannot happen with the DP's bound; kept as a guard
         return plan
 
     built, complete = select_by_simulation(lower, build, deadline)
     info["complete"] &= complete
     info["pruned_lower_bounds"] = {cands[i][0]: lower[i] for i in range(len(cands)) if cands[i][0] not in info["tried"]}
     best: Plan | None = None
-    for i in sorted(built):               # the exhaustive loop's rule, in micro-batch order
+    for i in sorted(built):  # the exhaustive loop's rule, in micro-batch order
         plan = built[i]
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time - 1e-15:
             best = plan
     return best, info
 
 
-def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                   progress: bool = False, **options: Any) -> Plan:
+def plan_pipedream(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Plan:
     """PipeDream's plan for ``graph`` on ``cluster`` (see the module docstring for the modes).
 
     Options: ``micro_batch_sizes`` (candidates; default powers of two dividing ``B``),
@@ -334,24 +381,37 @@ def plan_pipedream(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time
     deadline = None if time_limit is None else t0 + time_limit
     best, info = _solve_shared(graph, cluster, mini_batch_size, o, deadline)
     if best is None and not info["complete"]:
-        raise TimeLimitError(f"pipedream: the time limit ({time_limit} s) was reached before the DP finished "
-                             f"for any micro-batch size ({info['n_states']} states, "
-                             f"{info['devices_considered']} devices considered)")
+        raise TimeLimitError(
+            f"pipedream: the time limit ({time_limit} s) was reached before the DP finished "
+            f"for any micro-batch size ({info['n_states']} states, "
+            f"{info['devices_considered']} devices considered)"
+        )
     if best is None:
         loose, linfo = _solve_shared(graph, cluster.with_(memory_bytes=float("inf")), mini_batch_size, o, deadline)
         if loose is None and not linfo["complete"]:
-            raise TimeLimitError(f"pipedream: no plan fits {cluster.memory_bytes:.4g} bytes per device; the time "
-                                 "limit stopped the search for the memory a plan would need")
+            raise TimeLimitError(
+                f"pipedream: no plan fits {cluster.memory_bytes:.4g} bytes per device; the time "
+                "limit stopped the search for the memory a plan would need"
+            )
         need = loose.predicted.peak_memory_bytes if loose is not None else None
         raise InfeasibleError(
             f"pipedream: no plan of graph '{graph.name}' fits {cluster.memory_bytes:.4g} bytes per device on "
             f"{cluster.devices} devices (B={mini_batch_size}); the best plan without a memory limit needs "
-            f"{need:.4g} bytes per device" if need is not None else
-            f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
-            required_memory_bytes=need)
+            f"{need:.4g} bytes per device"
+            if need is not None
+            else f"pipedream: no plan of graph '{graph.name}' exists for B={mini_batch_size}",
+            required_memory_bytes=need,
+        )
     status = Status.FEASIBLE if info["complete"] else Status.TIME_LIMIT
-    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status,
-                                        extra={**dict(best.search.extra), **info, "mode": "shared"}))
+    plan = replace(
+        best,
+        search=replace(
+            best.search,
+            seconds=_time.perf_counter() - t0,
+            status=status,
+            extra={**dict(best.search.extra), **info, "mode": "shared"},
+        ),
+    )
     validate(plan, graph, cluster)
     return plan
 
@@ -363,8 +423,9 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, o: 
     else:
         machines = [dpn, cluster.devices // dpn]
         bws = [node_bandwidth(cluster), cluster.inter_node_bandwidth]
-    sol = pipedream_optimizer(graph, machines, bws, max_states=o.max_states,
-                              activation_compression_ratio=o.activation_compression_ratio)
+    sol = pipedream_optimizer(
+        graph, machines, bws, max_states=o.max_states, activation_compression_ratio=o.activation_compression_ratio
+    )
     if not sol.stages:
         raise InfeasibleError(f"pipedream-costs: no partition of '{graph.name}' on {machines} machines")
     _, inputs, sinks = pipedream_core(graph)
@@ -377,24 +438,46 @@ def _plan_pipedream_costs(graph: Graph, cluster: Cluster, B: int, t0: float, o: 
         for nodes, r in sol.stages:
             rows.append((list(nodes), tuple(range(dev, dev + r)), b))
             dev += r
-        plan = build_plan(graph, cluster, attach_detached(graph, rows, inputs, sinks), B, planner="pipedream",
-                          search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE))
+        plan = build_plan(
+            graph,
+            cluster,
+            attach_detached(graph, rows, inputs, sinks),
+            B,
+            planner="pipedream",
+            search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE),
+        )
         if best is None or plan.predicted.iteration_time < best.predicted.iteration_time:
             best = plan
     if best is None:
-        raise InvalidInputError(f"pipedream-costs: the partition replicates stages {[r for _, r in sol.stages]} "
-                                f"times; `b % d == 0` needs a micro-batch size divisible by {lcm} that divides "
-                                f"B={B}")
+        raise InvalidInputError(
+            f"pipedream-costs: the partition replicates stages {[r for _, r in sol.stages]} "
+            f"times; `b % d == 0` needs a micro-batch size divisible by {lcm} that divides "
+            f"B={B}"
+        )
     if best.predicted.peak_memory_bytes > cluster.memory_bytes:
-        raise InfeasibleError(f"pipedream-costs: PipeDream's partition (no memory constraint) needs "
-                              f"{best.predicted.peak_memory_bytes:.4g} bytes per device, the cluster has "
-                              f"{cluster.memory_bytes:.4g}", required_memory_bytes=best.predicted.peak_memory_bytes)
-    plan = replace(best, search=SearchInfo(
-        _time.perf_counter() - t0, Status.OPTIMAL_WITHIN_SEARCH_SPACE,
-        objective="least bottleneck stage time in PipeDream's own cost model over the chains of its "
-                  "linearisation; then the micro-batch size of least simulated iteration time",
-        extra={"mode": "pipedream-costs", "pipedream_bottleneck": sol.bottleneck, "machines": machines,
-               "bandwidths": bws, "n_states": sol.n_states, "linearization": sol.linearization,
-               "note": "optimal for PipeDream's own cost model; predicted figures are the shared model's"}))
+        raise InfeasibleError(
+            f"pipedream-costs: PipeDream's partition (no memory constraint) needs "
+            f"{best.predicted.peak_memory_bytes:.4g} bytes per device, the cluster has "
+            f"{cluster.memory_bytes:.4g}",
+            required_memory_bytes=best.predicted.peak_memory_bytes,
+        )
+    plan = replace(
+        best,
+        search=SearchInfo(
+            _time.perf_counter() - t0,
+            Status.OPTIMAL_WITHIN_SEARCH_SPACE,
+            objective="least bottleneck stage time in PipeDream's own cost model over the chains of its "
+            "linearisation; then the micro-batch size of least simulated iteration time",
+            extra={
+                "mode": "pipedream-costs",
+                "pipedream_bottleneck": sol.bottleneck,
+                "machines": machines,
+                "bandwidths": bws,
+                "n_states": sol.n_states,
+                "linearization": sol.linearization,
+                "note": "optimal for PipeDream's own cost model; predicted figures are the shared model's",
+            },
+        ),
+    )
     validate(plan, graph, cluster)
     return plan

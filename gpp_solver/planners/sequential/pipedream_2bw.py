@@ -45,8 +45,10 @@ from gpp_solver.planners.sequential.options import PipeDream2BWOptions
 from gpp_solver.planners.sequential.seq_eval import MARGIN, SequentialPricer
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
-OBJECTIVE = ("least simulated iteration time over chains of w equal-compute stages, each replicated d times, and "
-             "micro-batch sizes b (PipeDream-2BW's space, enumerated)")
+OBJECTIVE = (
+    "least simulated iteration time over chains of w equal-compute stages, each replicated d times, and "
+    "micro-batch sizes b (PipeDream-2BW's space, enumerated)"
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,8 +57,15 @@ logger = logging.getLogger(__name__)
 _CHEAP_SLACK = 1e-9
 
 
-def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, time_limit: float | None = None,
-                       progress: bool = False, **options: Any) -> Plan:
+def plan_pipedream_2bw(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None = None,
+    progress: bool = False,
+    **options: Any,
+) -> Plan:
     """Best ``(w, d, b)`` of PipeDream-2BW's space by simulated iteration time (module docstring).
 
     ``options`` are the fields of :class:`PipeDream2BWOptions`.
@@ -75,33 +84,46 @@ def plan_pipedream_2bw(graph: Graph, cluster: Cluster, mini_batch_size: int, *, 
     search.run()
     best = search.pick()
     if best is None:
-        search.price_set_aside()                 # nothing fits: the least need over the whole space
+        search.price_set_aside()  # nothing fits: the least need over the whole space
         raise InfeasibleError(
             f"pipedream-2bw: no (w, d, b) of graph '{graph.name}' fits {search.cap:.4g} bytes per device with two "
             f"weight versions on {cluster.devices} devices (B={mini_batch_size}); the smallest configuration needs "
-            f"{search.least_need:.4g} bytes", required_memory_bytes=search.least_need)
-    extra = {"w": len(best.stages), "d": best.stages[0].data_parallel, "balance": o.balance,
-             "configurations": len(search.configs), "memory_checked": search.memory_checked,
-             "priced": search.priced, "within_memory": search.within,
-             "set_aside_for_memory": len(search.aside), "simulated": len(search.built),
-             "memory_model": "(osf + 1) * W + activations (two weight versions)",
-             "weight_versions_bytes": max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
-                                          for st in best.stages),
-             **{k: v for k, v in best.search.extra.items()}}
+            f"{search.least_need:.4g} bytes",
+            required_memory_bytes=search.least_need,
+        )
+    extra = {
+        "w": len(best.stages),
+        "d": best.stages[0].data_parallel,
+        "balance": o.balance,
+        "configurations": len(search.configs),
+        "memory_checked": search.memory_checked,
+        "priced": search.priced,
+        "within_memory": search.within,
+        "set_aside_for_memory": len(search.aside),
+        "simulated": len(search.built),
+        "memory_model": "(osf + 1) * W + activations (two weight versions)",
+        "weight_versions_bytes": max(
+            st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes) for st in best.stages
+        ),
+        **{k: v for k, v in best.search.extra.items()},
+    }
     status = Status.OPTIMAL_WITHIN_SEARCH_SPACE if search.complete else Status.TIME_LIMIT
-    plan = replace(best, search=replace(best.search, seconds=_time.perf_counter() - t0, status=status, extra=extra,
-                                        objective=OBJECTIVE))
+    plan = replace(
+        best,
+        search=replace(best.search, seconds=_time.perf_counter() - t0, status=status, extra=extra, objective=OBJECTIVE),
+    )
     validate(plan, graph, cluster)
     return plan
 
 
-def enumerate_configurations(mini_batch_size: int, devices: int, core_nodes: int,
-                             micro_batch_sizes: Any) -> list[tuple[int, int, int]]:
+def enumerate_configurations(
+    mini_batch_size: int, devices: int, core_nodes: int, micro_batch_sizes: Any
+) -> list[tuple[int, int, int]]:
     """Every ``(b, w, d)``: ``b`` a candidate micro-batch size, ``w`` stages (at most the devices and
     the core nodes), ``d`` replicas dividing ``b`` with ``w * d`` devices at most."""
     configs: list[tuple[int, int, int]] = []
     for b in candidate_micro_batches(mini_batch_size, micro_batch_sizes):
-        divisors = [d for d in range(1, b + 1) if b % d == 0]         # d | b: no loop over unusable devices
+        divisors = [d for d in range(1, b + 1) if b % d == 0]  # d | b: no loop over unusable devices
         for w in range(1, min(devices, core_nodes) + 1):
             for d in divisors:
                 if d > devices // w:
@@ -160,8 +182,9 @@ class _LazySearch:
     on only while there are none), as the exhaustive loop built those it had enumerated.
     """
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, o: PipeDream2BWOptions,
-                 deadline: float | None) -> None:
+    def __init__(
+        self, graph: Graph, cluster: Cluster, mini_batch_size: int, o: PipeDream2BWOptions, deadline: float | None
+    ) -> None:
         self.graph, self.cluster, self.B, self.deadline = graph, cluster, mini_batch_size, deadline
         self.balance = o.balance
         self.core, self.inputs, self.sinks = pipedream_core(graph)
@@ -187,11 +210,10 @@ class _LazySearch:
         self.core_weight, self.core_act = t.weight[self.core_idx], t.activation[self.core_idx]
         self.mem_filter = bool(np.all(t.weight >= 0.0) and np.all(t.activation >= 0.0) and self.osf >= 0.0)
         self.ar_filter = bool(np.all(t.weight >= 0.0))
-        self.configs = enumerate_configurations(mini_batch_size, cluster.devices, len(self.order),
-                                                o.micro_batch_sizes)
+        self.configs = enumerate_configurations(mini_batch_size, cluster.devices, len(self.order), o.micro_batch_sizes)
         self.heap = self._opening_heap()
-        self.level = [0] * len(self.configs)     # 0: at L0, 1: at L1, 2: priced (at L), 3: built
-        self.ready: list[tuple[float, int, int]] = []   # the priced ones, for the time limit's last resort
+        self.level = [0] * len(self.configs)  # 0: at L0, 1: at L1, 2: priced (at L), 3: built
+        self.ready: list[tuple[float, int, int]] = []  # the priced ones, for the time limit's last resort
         self.aside: list[int] = []
         self.built: dict[int, Plan] = {}
         self.best_time = float("inf")
@@ -245,9 +267,15 @@ class _LazySearch:
             if weights is None:
                 graph, sizes = self.graph, self.graph.micro_batch_sizes
                 weights = self.weights_at[x] = (
-                    [node_compute(graph.node(v).fw_time, graph.node(v).bw_time, sizes, x,
-                                  self.pricer.terms.node_overhead)
-                     for v in self.order] if self.balance == "compute" else [1.0] * len(self.order))
+                    [
+                        node_compute(
+                            graph.node(v).fw_time, graph.node(v).bw_time, sizes, x, self.pricer.terms.node_overhead
+                        )
+                        for v in self.order
+                    ]
+                    if self.balance == "compute"
+                    else [1.0] * len(self.order)
+                )
             cuts = self.cuts_at[x, w] = equal_partition(weights, w)
         return cuts
 
@@ -262,11 +290,16 @@ class _LazySearch:
         """Configuration ``i``'s plan, or ``None`` when it does not fit with two weight versions."""
         b, w, d = self.configs[i]
         cuts, order, graph = self.cuts_of(b, w, d), self.order, self.graph
-        rows = [(order[cuts[s]:cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
-        plan = build_plan(graph, self.cluster, attach_detached(graph, rows, self.inputs, self.sinks), self.B,
-                          planner="pipedream-2bw", search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE))
-        need = max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes)
-                   for st in plan.stages)
+        rows = [(order[cuts[s] : cuts[s + 1]], tuple(range(s * d, (s + 1) * d)), b) for s in range(w)]
+        plan = build_plan(
+            graph,
+            self.cluster,
+            attach_detached(graph, rows, self.inputs, self.sinks),
+            self.B,
+            planner="pipedream-2bw",
+            search=SearchInfo(0.0, Status.OPTIMAL_WITHIN_SEARCH_SPACE),
+        )
+        need = max(st.predicted.memory_bytes + sum(graph.node(v).weight_bytes for v in st.nodes) for st in plan.stages)
         return plan if need <= self.cap else None
 
     def price_need(self, i: int) -> tuple[float | None, float]:
@@ -295,7 +328,7 @@ class _LazySearch:
         while heap:
             bound, _, i = heap[0]
             if bound > self.best_time * (1.0 + MARGIN):
-                break                            # every configuration left has L >= bound
+                break  # every configuration left has L >= bound
             if self.deadline is not None and _time.perf_counter() > self.deadline:
                 self.complete = False
                 if self.best_time < float("inf"):
@@ -309,7 +342,7 @@ class _LazySearch:
                 self._to_l1(i, bound)
             elif level[i] == 1:
                 self._to_priced(i)
-            else:                                # the next configuration by (L, index): build it
+            else:  # the next configuration by (L, index): build it
                 level[i] = 3
                 self._accept(i, self.build(i))
 
@@ -323,7 +356,7 @@ class _LazySearch:
         entry in the heap is skipped when popped); False when none is priced yet."""
         ready = self.ready
         while ready and self.level[ready[0][2]] == 3:
-            heapq.heappop(ready)                 # built already
+            heapq.heappop(ready)  # built already
         if not ready:
             return False
         e = heapq.heappop(ready)
@@ -346,8 +379,11 @@ class _LazySearch:
         n = self.B // b
         per = n * (np.add.reduceat(fg, cuts[:-1]) + neg)
         if self.ar_filter and d > 1:
-            ar = self.pricer.terms.tail(np.add.reduceat(self.core_weight, cuts[:-1]), np.full(w, float(d)),
-                                        self.pricer.stage_bandwidths(self.layout(w, d)))
+            ar = self.pricer.terms.tail(
+                np.add.reduceat(self.core_weight, cuts[:-1]),
+                np.full(w, float(d)),
+                self.pricer.stage_bandwidths(self.layout(w, d)),
+            )
             l1 = float(np.max(per + ar)) - _CHEAP_SLACK * float(np.max(ar))
         else:
             l1 = float(np.max(per))

@@ -64,9 +64,16 @@ class DPTable:
         return out[::-1]
 
 
-def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], devices: int, *,
-              starts: Sequence[int] = (0,), allow_fewer: bool = False,
-              replicas: Sequence[int] | None = None, deadline: float | None = None) -> DPTable:
+def minmax_dp(
+    subset: np.ndarray,
+    stage_time: Callable[[int, int], np.ndarray],
+    devices: int,
+    *,
+    starts: Sequence[int] = (0,),
+    allow_fewer: bool = False,
+    replicas: Sequence[int] | None = None,
+    deadline: float | None = None,
+) -> DPTable:
     """Fill the table for ``1..devices`` devices (see the module docstring).
 
     ``replicas``: the only replica counts ``stage_time`` may give finite times for (others are
@@ -92,18 +99,18 @@ def minmax_dp(subset: np.ndarray, stage_time: Callable[[int, int], np.ndarray], 
             T = np.where(subset, stage_time(m, r), INF)
             prev = val[:, :, m - r]
             for lo in range(0, n_starts, chunk):
-                p = prev[lo:lo + chunk]
-                live = np.isfinite(p).any(axis=0)          # only states some start can reach
+                p = prev[lo : lo + chunk]
+                live = np.isfinite(p).any(axis=0)  # only states some start can reach
                 if not live.any():
                     continue
                 ks = np.nonzero(live)[0]
-                js = np.nonzero(np.isfinite(T[ks]).any(axis=0))[0]   # states some live k reaches
+                js = np.nonzero(np.isfinite(T[ks]).any(axis=0))[0]  # states some live k reaches
                 if not js.size:
                     continue
-                X = np.maximum(p[:, ks, None], T[np.ix_(ks, js)][None, :, :])   # (c, k, j)
+                X = np.maximum(p[:, ks, None], T[np.ix_(ks, js)][None, :, :])  # (c, k, j)
                 kk = X.argmin(axis=1)
                 v = np.take_along_axis(X, kk[:, None, :], axis=1)[:, 0, :]
-                cur = best[lo:lo + chunk, js]
+                cur = best[lo : lo + chunk, js]
                 better = v < cur
                 rows, cols = np.nonzero(better)
                 best[lo + rows, js[cols]] = v[rows, cols]

@@ -40,16 +40,16 @@ from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
 
-MARGIN = 1e-9   # relative slack of the bound against rounding differences with the simulator
+MARGIN = 1e-9  # relative slack of the bound against rounding differences with the simulator
 
 
 @dataclass(frozen=True)
 class Priced:
     """Figures of one candidate (arrays indexed by pipeline stage)."""
 
-    lower_bound: float          # <= the simulated iteration time of the built plan
-    memory: np.ndarray          # per-device memory of each stage (shared formula, 1F1B in-flight)
-    weights: np.ndarray         # weight bytes of each stage
+    lower_bound: float  # <= the simulated iteration time of the built plan
+    memory: np.ndarray  # per-device memory of each stage (shared formula, 1F1B in-flight)
+    weights: np.ndarray  # weight bytes of each stage
     per_micro_batch: np.ndarray  # C + comm of each stage
 
 
@@ -57,17 +57,24 @@ class Priced:
 class _Layout:
     """One device layout (stage ``s`` on ``devices[s]``): what pricing needs of it."""
 
-    stage_bw: np.ndarray        # each stage's group bandwidth (its all-reduce's)
-    pair_bw: dict               # stage-pair bandwidths met so far, keyed a * S + c (filled lazily)
-    lo: np.ndarray              # each stage's least device
-    hi: np.ndarray              # each stage's greatest device
+    stage_bw: np.ndarray  # each stage's group bandwidth (its all-reduce's)
+    pair_bw: dict  # stage-pair bandwidths met so far, keyed a * S + c (filled lazily)
+    lo: np.ndarray  # each stage's least device
+    hi: np.ndarray  # each stage's greatest device
 
 
 class SequentialPricer:
     """Prices candidates of one graph, cluster and mini-batch size (module docstring)."""
 
-    def __init__(self, graph: Graph, cluster: Cluster, mini_batch_size: int, core_order: Sequence[str],
-                 inputs: Sequence[str], sinks: Sequence[str]) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        cluster: Cluster,
+        mini_batch_size: int,
+        core_order: Sequence[str],
+        inputs: Sequence[str],
+        sinks: Sequence[str],
+    ) -> None:
         self.graph, self.cluster, self.B = graph, cluster, mini_batch_size
         self.terms = TimeTerms.of(graph, cluster)
         idx = graph.index
@@ -76,8 +83,9 @@ class SequentialPricer:
         core_set = set(core_order)
         # attach rules: an input joins the earliest stage of its core consumers (default 0), a
         # sink the latest stage of its placed producers (default the last stage)
-        self.inputs = [(idx[v], np.asarray([idx[s] for s in graph.succs(v) if s in core_set], dtype=np.int64))
-                       for v in inputs]
+        self.inputs = [
+            (idx[v], np.asarray([idx[s] for s in graph.succs(v) if s in core_set], dtype=np.int64)) for v in inputs
+        ]
         placed = core_set | set(inputs)
         self.sinks = []
         for v in sinks:
@@ -92,8 +100,11 @@ class SequentialPricer:
         self._layouts: dict[tuple[tuple[int, ...], ...], _Layout] = {}
         # the pair bandwidths by Cluster.bandwidth's own rule, vectorised: intra-node when the
         # least and the greatest device of the two stages share a node (two or more devices)
-        self._node_rule = (type(cluster).bandwidth is Cluster.bandwidth and cluster.devices_per_node is not None
-                           and cluster.intra_node_bandwidth is not None)
+        self._node_rule = (
+            type(cluster).bandwidth is Cluster.bandwidth
+            and cluster.devices_per_node is not None
+            and cluster.intra_node_bandwidth is not None
+        )
 
     # ---------------------------------------------------------------------------------------
     def fw_bw_at(self, x: float) -> tuple[np.ndarray, np.ndarray]:
@@ -112,8 +123,11 @@ class SequentialPricer:
             if len(self._layouts) >= 4096:
                 self._layouts.clear()
             out = self._layouts[lay] = _Layout(
-                np.asarray([self._bandwidth(dv) for dv in lay], dtype=np.float64), {},
-                np.asarray([min(dv) for dv in lay], dtype=np.int64), np.asarray([max(dv) for dv in lay], dtype=np.int64))
+                np.asarray([self._bandwidth(dv) for dv in lay], dtype=np.float64),
+                {},
+                np.asarray([min(dv) for dv in lay], dtype=np.int64),
+                np.asarray([max(dv) for dv in lay], dtype=np.int64),
+            )
         return out
 
     def _bandwidth(self, devices: tuple[int, ...]) -> float:
@@ -151,15 +165,16 @@ class SequentialPricer:
         key = key[starts]
         pu, pv = st[key // S], key % S
         pk = pu * S + pv
-        sp = np.unique(pk)                       # stage edges a -> c, by a then c
+        sp = np.unique(pk)  # stage edges a -> c, by a then c
         ea, ec = sp // S, sp % S
         if bool((ea >= ec).any()):
             j = int(np.argmax(ea >= ec))
             raise AssertionError(f"stage edge {int(ea[j])}->{int(ec[j])} goes backwards in the pipeline order")
         return pu, pv, nb, pk, sp, ea.tolist(), ec.tolist()
 
-    def _memory(self, st: np.ndarray, S: int, d: np.ndarray, b: int, edges_a: list[int],
-                edges_c: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _memory(
+        self, st: np.ndarray, S: int, d: np.ndarray, b: int, edges_a: list[int], edges_c: list[int]
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Per-device memory and weights of each stage.  1F1B in-flight: (longest path to a sink
         + 1) micro-batches, at most n; edges in decreasing target order finish a stage's depth
         before it is read."""
@@ -174,7 +189,9 @@ class SequentialPricer:
         in_flight = np.minimum(self.B // b, depth + 1) * b
         return memory_per_device(self.cluster.optimizer_state_factor, W, in_flight, d, act), W
 
-    def memory(self, core_stage: np.ndarray, devices: Sequence[tuple[int, ...]], b: int) -> tuple[np.ndarray, np.ndarray]:
+    def memory(
+        self, core_stage: np.ndarray, devices: Sequence[tuple[int, ...]], b: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """``price(...).memory`` and ``.weights``, the same figures, without the time figures (cheaper)."""
         S = len(devices)
         st = self.stage_of(core_stage, S)
@@ -204,7 +221,7 @@ class SequentialPricer:
         tr = self._transfers(st, S)
         if tr is not None:
             pu, pv, nb, pk, sp, edges_a, edges_c = tr
-            if self._node_rule:             # Cluster.bandwidth's rule on each pair's device range
+            if self._node_rule:  # Cluster.bandwidth's rule on each pair's device range
                 lo, hi = lay.lo, lay.hi
                 ea, ec = sp // S, sp % S
                 dpn = self.cluster.devices_per_node
@@ -240,8 +257,9 @@ class SequentialPricer:
         return Priced(lower, memory, W, fwd + bwd)
 
 
-def select_by_simulation(lower_bounds: Sequence[float], build: Callable[[int], Plan | None],
-                         deadline: float | None = None) -> tuple[dict[int, Plan], bool]:
+def select_by_simulation(
+    lower_bounds: Sequence[float], build: Callable[[int], Plan | None], deadline: float | None = None
+) -> tuple[dict[int, Plan], bool]:
     """Build candidates in increasing ``lower_bounds`` order until the next bound exceeds the best
     simulated iteration time among the built plans (``build`` returns ``None`` for a candidate it
     rejects, e.g. over memory).  Returns ``{candidate: plan}`` of every plan built (the caller
