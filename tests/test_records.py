@@ -110,16 +110,10 @@ def test_search_common_keys_are_typed_fields(plans):
         d = gs.plan_to_dict(p)["search"]
         assert d["iteration_time_estimate"] == p.search.iteration_time_estimate  # JSON: a key of search
         again = gs.plan_from_dict(gs.plan_to_dict(p)).search
-        typed = lambda s: json.loads(
-            json.dumps(
-                [
-                    s.iteration_time_estimate,
-                    s.micro_batch_size,
-                    s.cp_tighten,  # noqa: E731
-                    dict(s.extra),
-                ]
-            )
-        )
+
+        def typed(s):
+            return json.loads(json.dumps([s.iteration_time_estimate, s.micro_batch_size, s.cp_tighten, dict(s.extra)]))
+
         assert typed(again) == typed(p.search), name
     for name in ("gpp", "graphpipe", "milp"):
         if name in plans:
