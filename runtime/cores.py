@@ -36,6 +36,8 @@ from pathlib import Path
 
 from gpp_solver.errors import InvalidInputError
 
+from .engine.allocator import keep_freed_memory
+
 ROOT = Path(__file__).resolve().parents[1]  # where this package is importable from
 # ``runtime`` in a checkout, ``gpp_runtime`` when installed: the workers run this package's profiler
 PROFILER = f"{__package__ or 'runtime'}.profile"
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --seconds must be > 0, got {args.seconds}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
+    keep_freed_memory()  # as the ranks beside it run (runtime.engine.allocator)
     pin(args.core)
     try:
         wl = load_workload(args.model)

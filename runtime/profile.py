@@ -26,6 +26,7 @@ from gpp_solver.errors import InvalidInputError
 from . import cores
 from .capture.fx_graph import load_workload
 from .capture.profiler import profile
+from .engine.allocator import keep_freed_memory
 from .profile_terms import profile_with_terms
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         return _write(doc, args.output)
     if worker is not None:
         cores.pin(worker[0])
+    keep_freed_memory()  # as the ranks run (runtime.engine.allocator)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:

@@ -41,7 +41,9 @@ not synchronised between steps, so one step's span overlaps the next one's and t
 is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``); the plan's
 ``predicted_iteration_seconds``; and ``ranks``: per rank ``{"rank", "stage", "peak_memory_bytes",
 "predicted_peak_memory_bytes"}``, the peak measured over ``--memory-step`` (``runtime.engine.memory``:
-on CPU that step is profiled, slower, so by default it is the last warm-up step when there are two)
+on CPU that step is profiled, slower, and its profile is processed when the next step starts, so
+by default it is step ``--warmup-steps`` - 2, at least 1: both stay out of the timed steps with 3
+warm-up steps or more)
 and the cost model's memory of the rank's stage for the optimizer used (``GraphPipeline.memory_stats``;
 exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compared with the plan's
 before the first step. Exit codes: 0 ok; 2 bad input (plan
@@ -71,6 +73,8 @@ from gpp_solver.errors import InvalidInputError
 from . import cores
 from .capture.tracing import workload_hooks
 from .engine import checkpoint, metrics
+from .engine.allocator import keep_freed_memory
+from .engine.memory import default_memory_step
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
 from .engine.stage_setup import build, prepare, seeded_workload
@@ -145,8 +149,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--memory-step",
         type=int,
         default=None,
-        help="the step (0-based) whose peak memory is measured (default: the last warm-up "
-        "step when it is not step 0, else step 1)",
+        help="the step (0-based) whose peak memory is measured (default: --warmup-steps - 2, at least 1; "
+        "on CPU it runs slower and the next step processes its profile, so with 3 or more warm-up steps "
+        "neither is timed)",
     )
     ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
@@ -222,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         _fatal(rank, "--steps >= 0, --checkpoint-every >= 1, --resume needs --checkpoint")
         return 2
     use_cuda = torch.cuda.is_available() and not args.cpu
+    if not use_cuda:  # as the profile ran (runtime.engine.allocator)
+        keep_freed_memory()
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
         plan, raw = prepare(args.plan, args.model)
@@ -270,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
-    mem_step = args.memory_step if args.memory_step is not None else max(1, args.warmup_steps - 1)
+    mem_step = args.memory_step if args.memory_step is not None else default_memory_step(args.warmup_steps)
     pipe = GraphPipeline(
         wl.model,
         plan,

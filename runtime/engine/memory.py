@@ -95,6 +95,13 @@ def _running_peak(prof) -> int:
     return peak
 
 
+def default_memory_step(warmup_steps: int) -> int:
+    """The step whose peak is measured by default: a steady step (1 or later: the optimizer's state
+    exists), early enough that neither it (on CPU, profiled and slower) nor the start of the next
+    one (which processes its profile) is a timed step: ``warmup_steps - 2``, at least 1."""
+    return max(1, warmup_steps - 2)
+
+
 class MemoryMeter:
     """The peak of one rank over steps ``first .. first + steps - 1`` (see the module docstring)."""
 
