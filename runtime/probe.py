@@ -18,7 +18,7 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
 - **all-reduce**: median time of ``all_reduce`` (sum) over all ranks at each of ``--sizes``,
   fitted to the ring algorithm the cost model prices, ``2 (n-1) latency + 2 (n-1)/n * bytes /
-  bandwidth`` (:func:`ring_fit`: least squares over the sizes; the slope gives the bandwidth,
+  bandwidth`` (:func:`ring_fit`: least squares of the relative error over the sizes; the slope gives the bandwidth,
   the intercept the latency). The cluster gets them as ``allreduce_bandwidth``
   and ``allreduce_latency`` (with one rank there is nothing to measure: both are left out, and the
   cost model prices an all-reduce at the point-to-point bandwidth).
@@ -113,14 +113,18 @@ def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
 def ring_fit(sizes: list[int], seconds: list[float], n: int) -> tuple[float, float]:
     """``(latency per step, bandwidth)`` of the ring all-reduce among ``n`` ranks from its times at
     ``sizes`` bytes: ``t = 2 (n-1) latency + 2 (n-1)/n * bytes / bandwidth``, fitted by least
-    squares over every size (one noisy size moves it less than a two-point slope). When noise
-    makes the fitted slope non-positive, the bandwidth is the largest size over its whole time
-    (conservative, never unbounded); the latency is never negative."""
+    squares of the *relative* error over every size (each residual divided by its time), so that
+    the small all-reduces of small stages hold as well as the large ones: a plain fit, ruled by the
+    largest sizes, put gloo's 4-byte all-reduce on two CPU ranks at 0.18 ms against 0.32 ms measured.
+    When noise makes the fitted slope non-positive, the bandwidth is the largest size over its whole
+    time (conservative, never unbounded); the latency is never negative."""
     steps, share = 2 * (n - 1), 2 * (n - 1) / n
-    k = len(sizes)
-    mx, my = sum(sizes) / k, sum(seconds) / k
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx if sxx > 0 else 0.0
+    w = [1.0 / (y * y) if y > 0 else 0.0 for y in seconds]
+    sw = sum(w)
+    mx = sum(wi * x for wi, x in zip(w, sizes)) / sw if sw > 0 else 0.0
+    my = sum(wi * y for wi, y in zip(w, seconds)) / sw if sw > 0 else 0.0
+    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, sizes))
+    slope = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, sizes, seconds)) / sxx if sxx > 0 else 0.0
     if slope > 0:
         return max(0.0, my - slope * mx) / steps, share / slope
     bw = share * sizes[-1] / seconds[-1] if seconds[-1] > 0 else float("inf")
