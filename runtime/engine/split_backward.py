@@ -1,7 +1,8 @@
 """Split backward for plans with ``W`` actions (``docs/zero-bubble.md``): ``B j`` computes only the
 gradients of the stage's received inputs (what the producer stages wait for), ``W j`` later the
 weight gradients, with the technique of torch.distributed.pipelining's ``stage_backward_input`` /
-``stage_backward_weight``: no operator's input-gradient part runs twice.
+``stage_backward_weight``: no operator's input-gradient part runs twice (a weight shared by two
+operators aside, below).
 
 The autograd graph between the roots (the stage's outputs, its loss) and the received inputs is
 the *input region*: ``B`` runs it (``torch.autograd.grad(roots, inputs)``), each operator computing
