@@ -151,3 +151,27 @@ def test_stage_whose_inputs_need_no_gradient_gets_its_weights_in_w():
     ref(x).backward(torch.ones(4, 3))
     for p, q in zip(model.parameters(), ref.parameters()):
         assert torch.equal(p.grad, q.grad)
+
+
+def test_emulated_operators_sleep_input_share_in_b_and_weight_share_in_w():
+    """The ``phase()`` protocol of runtime.emulate: each operator sleeps ``g - w`` in B and ``w`` in W."""
+    from gpp_solver.types import Node
+    from runtime.emulate import SLEEPER, EmulatedOp
+
+    def op(i: int) -> EmulatedOp:
+        node = Node(f"n{i}", (1e-4, 1e-4), (1e-3, 1e-3), 64.0, 8.0, 64.0, bw_weight_time=(4e-4, 4e-4))
+        return EmulatedOp(node.id, node.fw_time, node.bw_time, (1, 4), 4, 8, weight_grad=node)
+
+    ops = [op(i) for i in range(3)]
+    x = torch.zeros(2, 4, requires_grad=True)
+    out = x
+    for o in ops:
+        out = o(out)
+    params = [o.weight for o in ops]
+    start = SLEEPER.requested
+    (gx,), pending = backward_input([out], [torch.ones_like(out)], [x], params)
+    after_b = SLEEPER.requested
+    backward_weight(pending)
+    assert gx is not None
+    assert after_b - start == pytest.approx(3 * (1e-3 - 4e-4))
+    assert SLEEPER.requested - after_b == pytest.approx(3 * 4e-4)
