@@ -72,3 +72,27 @@ def test_machine_table_is_the_code():
         assert intra.startswith(f"{m.intra_node_bandwidth / 1e9:g} GB/s") and inter.startswith(
             f"{m.inter_node_bandwidth / 1e9:g} GB/s"
         )
+
+
+def test_planning_recipe(tmp_path):
+    """README's profile -> probe -> plan -> train -> check recipe on CPU ranks: the last --json line
+    has the prediction beside the measurement, time and memory, for every rank the plan uses."""
+    pytest.importorskip("torch")
+    root = README.parent
+    (block,) = [b for b in blocks("bash") if "runtime.probe" in b]
+    cmd = block.replace("\\\n", " ").replace("out/", f"{tmp_path}/").replace("mkdir -p out", "true")
+    cmd = re.sub(r"(?m)^gpp ", f"{sys.executable} -m gpp_solver ", cmd)
+    cmd = re.sub(r"(?m)^python |\$\(python ", lambda m: m.group(0).replace("python", sys.executable), cmd)
+    cmd = re.sub(r"(?m)^torchrun ", f"{sys.executable} -m torch.distributed.run ", cmd)
+    r = subprocess.run("set -e\n" + cmd, shell=True, cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    cluster = json.loads((tmp_path / "cluster.json").read_text())
+    assert cluster["devices"] == 2 and cluster["allreduce_bandwidth"] > 0  # the probe's ring fit
+    assert "op_overhead" in json.loads((tmp_path / "graph.json").read_text())  # the profile's time terms
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    last = json.loads([line for line in r.stdout.splitlines() if line.startswith('{"gpp_runtime"')][-1])
+    m = last["gpp_runtime"]
+    assert m["predicted_iteration_seconds"] > 0 and m["seconds_per_step"] > 0 and m["timed_steps"] == 17
+    ranks = sorted(d for s in plan["stages"] for d in s["devices"])
+    assert [x["rank"] for x in m["ranks"]] == ranks
+    assert all(x["peak_memory_bytes"] > 0 and x["predicted_peak_memory_bytes"] > 0 for x in m["ranks"])
