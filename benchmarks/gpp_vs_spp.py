@@ -12,7 +12,9 @@ prints simulated throughput (samples/s) and search seconds per planner, and the 
 ``graphpipe`` and ``gpp`` to ``pipedream-2bw`` (the sequential planner the paper measured against) and
 to the free-partition ``pipedream`` DP (GraphPipe Fig. 6, Table 1, A.3).  The column
 ``graphpipe Alg. 1`` is the GraphPipe planner without its depth sweep (``depth_tradeoff=False``):
-the paper's objective alone, the least bottleneck TPS per micro-batch size.
+the paper's objective alone, the least bottleneck TPS per micro-batch size. Every planner's plan
+runs 1F1B-family orders, ``gpp``'s too (``--gpp-schedule 1f1b``, the default here; ``auto`` lets it
+place zero-bubble weight-gradient actions as its own default does: ``benchmarks/zero_bubble.py``).
 """
 
 from __future__ import annotations
@@ -34,11 +36,19 @@ PLANNERS = ["gpp", "graphpipe", "pipedream", "pipedream-2bw", "piper", "alpa"]
 ALG1 = "graphpipe Alg. 1"
 
 
-def run(model: str, devices: int, planners: list[str], time_limit: float, **params):
+#: ``gpp``'s micro-batch orders in this comparison: 1F1B, as every other planner's (the table
+#: compares partitions; ``benchmarks/zero_bubble.py`` measures the zero-bubble schedules)
+GPP_SCHEDULE = "1f1b"
+
+
+def run(model: str, devices: int, planners: list[str], time_limit: float, gpp_schedule: str = GPP_SCHEDULE, **params):
     g = build_model(model, **params)
     c = v100_cluster(devices)
     B = PER_DEVICE[model] * devices
-    rows, plans = compare(g, c, B, planners, time_limit=time_limit)
+    rows, plans = compare(g, c, B, [p for p in planners if p != "gpp"], time_limit=time_limit)
+    if "gpp" in planners:
+        gpp_rows, _ = compare(g, c, B, ["gpp"], time_limit=time_limit, schedule=gpp_schedule)
+        rows = gpp_rows + rows
     out = {r.planner: r for r in rows}
     if "graphpipe" in planners:  # the paper's objective alone: the least TPS per micro-batch size
         t0 = time.perf_counter()
@@ -73,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--branches", action="store_true", help="also candle-uno with 2..16 branches at 16 devices")
     ap.add_argument("--time-limit", type=float, default=60.0, help="per planner and cell (seconds)")
     ap.add_argument(
+        "--gpp-schedule", choices=("1f1b", "zb", "auto"), default=GPP_SCHEDULE, help="gpp's micro-batch orders"
+    )
+    ap.add_argument(
         "--planners",
         nargs="+",
         default=PLANNERS,
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.branches:
         cells += [("candle-uno", 16, {"branches": k}) for k in (2, 4, 8, 16)]
     for model, devices, params in cells:
-        rows = run(model, devices, planners, args.time_limit, **params)
+        rows = run(model, devices, planners, args.time_limit, args.gpp_schedule, **params)
         label = model + (f" ({params['branches']} branches)" if params else "")
         cols = [f"{fmt_tp(rows.get(p))} ({rows[p].search_seconds:.2f})" if p in rows else "—" for p in columns]
         r1, r2 = ratio(rows, "graphpipe", "pipedream-2bw"), ratio(rows, "graphpipe", "pipedream")

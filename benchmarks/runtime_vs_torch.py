@@ -40,18 +40,24 @@ def one_f_one_b(depth: int, n: int) -> list[list]:
     return order + [["B", j] for j in range(b, n)]
 
 
-def plan_doc(big_b: int, mb: int, parts: list[list[str]], edges: list[list[int]], depths: list[int]) -> dict:
+def plan_doc(mini_batch_size: int, mb: int, parts: list[list[str]], edges: list[list[int]], depths: list[int]) -> dict:
     stages = [
         {
             "id": i,
             "nodes": nodes,
             "devices": [i],
             "micro_batch_size": mb,
-            "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depths[i], big_b // mb)},
+            "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depths[i], mini_batch_size // mb)},
         }
         for i, nodes in enumerate(parts)
     ]
-    return {"format": "gpp-plan/1", "planner": "bench", "mini_batch_size": big_b, "stages": stages, "edges": edges}
+    return {
+        "format": "gpp-plan/1",
+        "planner": "bench",
+        "mini_batch_size": mini_batch_size,
+        "stages": stages,
+        "edges": edges,
+    }
 
 
 def launch(nproc: int, args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -92,7 +98,7 @@ def ours(tmp: Path, name: str, doc: dict, model: str, steps: int, warmup: int) -
     return json.loads(met.read_text())["seconds_per_step"]
 
 
-def torch_pipelining(tmp: Path, nstages: int, big_b: int, mb: int, steps: int, warmup: int) -> float:
+def torch_pipelining(tmp: Path, nstages: int, mini_batch_size: int, mb: int, steps: int, warmup: int) -> float:
     out = tmp / f"torch-{nstages}.json"
     launch(
         nstages,
@@ -104,7 +110,7 @@ def torch_pipelining(tmp: Path, nstages: int, big_b: int, mb: int, steps: int, w
             "--mb",
             str(mb),
             "--batch",
-            str(big_b),
+            str(mini_batch_size),
             "--steps",
             str(steps),
             "--warmup",
@@ -155,7 +161,7 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
-def best_chain(model_spec: str, mb: int, big_b: int, nstages: int) -> tuple[list[list[str]], float, dict]:
+def best_chain(model_spec: str, mb: int, mini_batch_size: int, nstages: int) -> tuple[list[list[str]], float, dict]:
     """Best contiguous split of the topological order whose stage graph is a path, by the
     cost model's iteration estimate ``L + (n-1) * max`` (L = sum of the stage times)."""
     import itertools
@@ -172,7 +178,7 @@ def best_chain(model_spec: str, mb: int, big_b: int, nstages: int) -> tuple[list
     pos = {v: i for i, v in enumerate(ids)}
     edges = [(pos[e["src"]], pos[e["dst"]]) for e in g["edges"]]
     cost = {n["id"]: n["fw_time"][0] + n["bw_time"][0] for n in g["nodes"]}
-    n = big_b // mb
+    n = mini_batch_size // mb
     best = None
     for cuts in itertools.combinations(range(1, len(ids)), nstages - 1):
         bounds = [0, *cuts, len(ids)]

@@ -23,6 +23,16 @@ def test_python_examples(i, tmp_path, monkeypatch):
     exec(compile(blocks("python")[i], f"README python block {i}", "exec"), {"__name__": "__readme__"})
 
 
+def _runnable(block: str, out) -> str:
+    """A README bash block as this interpreter runs it: files in ``out`` instead of ``out/``, the
+    commands through ``sys.executable``, stopping at the first failure."""
+    cmd = block.replace("\\\n", " ").replace("out/", f"{out}/").replace("mkdir -p out", "true")
+    cmd = re.sub(r"(?m)^gpp ", f"{sys.executable} -m gpp_solver ", cmd)
+    cmd = re.sub(r"(?m)^python |\$\(python ", lambda m: m.group(0).replace("python", sys.executable), cmd)
+    cmd = re.sub(r"(?m)^torchrun ", f"{sys.executable} -m torch.distributed.run ", cmd)
+    return "set -e\n" + cmd
+
+
 def test_quickstart_main_job(tmp_path):
     cmd = blocks("bash")[0].strip()
     assert cmd.startswith("pip install -e . && ")
@@ -37,13 +47,8 @@ def test_quickstart_main_job(tmp_path):
 def test_training_example(tmp_path):
     """README's profile -> plan -> torchrun block, run from the repository root."""
     pytest.importorskip("torch")
-    root = README.parent
-    cmd = blocks("bash")[2].replace("\\\n", " ").replace("out/", f"{tmp_path}/").replace("mkdir -p out", "true")
-    cmd = re.sub(r"(?m)^gpp ", f"{sys.executable} -m gpp_solver ", cmd)
-    cmd = re.sub(r"(?m)^python |\$\(python ", lambda m: m.group(0).replace("python", sys.executable), cmd)
-    cmd = re.sub(r"(?m)^torchrun ", f"{sys.executable} -m torch.distributed.run ", cmd)
-    cmd = "set -e\n" + cmd
-    r = subprocess.run(cmd, shell=True, cwd=root, capture_output=True, text=True, timeout=300)
+    cmd = _runnable(blocks("bash")[2], tmp_path)
+    r = subprocess.run(cmd, shell=True, cwd=README.parent, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "verify: OK" in r.stdout + r.stderr
     # the plan trained is the plan just made, with one rank per device it uses
@@ -72,3 +77,24 @@ def test_machine_table_is_the_code():
         assert intra.startswith(f"{m.intra_node_bandwidth / 1e9:g} GB/s") and inter.startswith(
             f"{m.inter_node_bandwidth / 1e9:g} GB/s"
         )
+
+
+def test_planning_recipe(tmp_path):
+    """README's profile -> probe -> plan -> train -> check recipe on CPU ranks: the last --json line
+    has the prediction beside the measurement, time and memory, for every rank the plan uses."""
+    pytest.importorskip("torch")
+    (block,) = [b for b in blocks("bash") if "runtime.probe" in b]
+    r = subprocess.run(
+        _runnable(block, tmp_path), shell=True, cwd=README.parent, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    cluster = json.loads((tmp_path / "cluster.json").read_text())
+    assert cluster["devices"] == 2 and cluster["allreduce_bandwidth"] > 0  # the probe's ring fit
+    assert "op_overhead" in json.loads((tmp_path / "graph.json").read_text())  # the profile's time terms
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    last = json.loads([line for line in r.stdout.splitlines() if line.startswith('{"gpp_runtime"')][-1])
+    m = last["gpp_runtime"]
+    assert m["predicted_iteration_seconds"] > 0 and m["seconds_per_step"] > 0 and m["timed_steps"] == 17
+    ranks = sorted(d for s in plan["stages"] for d in s["devices"])
+    assert [x["rank"] for x in m["ranks"]] == ranks
+    assert all(x["peak_memory_bytes"] > 0 and x["predicted_peak_memory_bytes"] > 0 for x in m["ranks"])
