@@ -14,14 +14,18 @@ weight-gradient outputs and nothing between the roots and the weight nodes runs 
 outside the input region (a parameter-only output, every root of a stage whose inputs need no
 gradient) are backpropagated whole in ``W``. The gradients equal one full backward.
 
-Parameters whose weight nodes are connected through the parameter side (a weight used by two
-operators) form one group, backpropagated in one engine call; while it runs, a pre-hook holds each
-of its weight nodes to its kept gradient, so a weight node that one of the group's roots reaches
-through the input region does not count twice (the engine does run the input region between them
-again: the price of a shared weight, as in torch's). The torch functions themselves are not called:
-they need every parameter to reach the received inputs' region (the first stage, a parameter-only
-output lose their gradients), write ``.grad`` of the inputs, detach the roots, and their merge of
-parameter groups can count a parameter in two groups.
+Parameters whose weight nodes or outside roots are connected through the parameter side (a
+weight used by two operators, a parameter used in the region and by a parameter-only output) form
+one group, backpropagated in one engine call, so each parameter's gradient is accumulated once per
+``W`` (the data-parallel hooks of ``runtime.engine.grad_sync`` see it final). While a group runs, a
+pre-hook holds each of its weight nodes to its kept gradient, so a weight node that one of the
+group's roots reaches through the input region does not count twice (the engine does run the input
+region between them again: the price of a shared weight, as in torch's).
+
+The torch functions themselves are not called: they need every parameter to reach the received
+inputs' region (the first stage, a parameter-only output lose their gradients), write ``.grad`` of
+the inputs, detach the roots, and their merge of parameter groups can count a parameter in two
+groups.
 
 :func:`phase` tells an operator which part runs (``"input"``, ``"weight"`` or ``"full"``); the
 emulated operators (``runtime.emulate``) sleep the matching share of their profiled backward.
@@ -36,7 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from torch.autograd.graph import GradientEdge, Node
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 _PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("gpp_backward_phase", default="full")
 
@@ -57,21 +61,22 @@ def backward_phase(name: str) -> Iterator[None]:
 
 @dataclass
 class _Group:
-    """Parameters and the weight nodes their gradients enter through; ``kept`` is filled in ``B``."""
+    """Parameters and where their gradients enter: weight nodes (their gradients kept in ``B``)
+    and roots outside the input region; ``W`` backpropagates a group in one engine call, so each
+    parameter's gradient is accumulated once (the data-parallel hooks see it final)."""
 
     params: list[torch.Tensor] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     kept: dict[Node, tuple] = field(default_factory=dict)
+    roots: list[torch.Tensor] = field(default_factory=list)
+    grads: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass
 class PendingWeight:
-    """What ``W`` needs of one micro-batch's ``B``: the groups and the roots outside the input region."""
+    """What ``W`` needs of one micro-batch's ``B``."""
 
     groups: list[_Group]
-    roots: list[torch.Tensor]
-    grads: list[torch.Tensor]
-    params: list[torch.Tensor]
 
 
 def _node(t: torch.Tensor) -> Node | None:
@@ -125,16 +130,18 @@ def _find(parent: dict, x):
 def _plan_weight(
     roots: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], params
 ) -> PendingWeight:
-    """Group the parameters by the weight nodes of the input region; find the roots outside it."""
+    """Group the parameters with the weight nodes of the input region and the roots outside it
+    that their gradients come through (union-find)."""
     params = [p for p in params if p.requires_grad]
-    everything = PendingWeight([], list(roots), list(grads), params)
-    if not params or any(not t.is_leaf for t in inputs):  # an input's own graph: backpropagate all in W
-        return everything
+    if not params or not roots:
+        return PendingWeight([])
+    if not inputs or any(not t.is_leaf for t in inputs):  # no input region, or an input's own graph
+        return PendingWeight([_Group(params=params, roots=list(roots), grads=list(grads))])
     root_nodes = [_node(r) for r in roots]
     into = _consumers(root_nodes)
     region, _ = _closure([n for n in map(_node, inputs) if n in into], lambda n: into[n])
+    outside = {n for n in root_nodes if n not in region}
     parent: dict = {}
-    param_side: set[Node] = set()
     acc_of = {}
     for p in params:
         acc = _node(p)
@@ -142,25 +149,22 @@ def _plan_weight(
             continue  # unused by this micro-batch's graph
         acc_of[acc] = p
         side, met = _closure([acc], lambda n: into[n], region)
-        param_side |= side
         parent.setdefault(acc, acc)
-        for weight_node in met:
-            parent.setdefault(weight_node, weight_node)
-            parent[_find(parent, weight_node)] = _find(parent, acc)
+        for x in met | (side & outside):
+            parent.setdefault(x, x)
+            parent[_find(parent, x)] = _find(parent, acc)
     groups: dict = {}
     for x in parent:
         g = groups.setdefault(_find(parent, x), _Group())
         if x in acc_of:
             g.params.append(acc_of[x])
-        else:
+        elif x in region:
             g.nodes.append(x)
-    outside = [i for i, n in enumerate(root_nodes) if n in param_side]
-    return PendingWeight(
-        [g for g in groups.values() if g.nodes],
-        [roots[i] for i in outside],
-        [grads[i] for i in outside],
-        [p for acc, p in acc_of.items() if acc in param_side],
-    )
+    for r, n, grad in zip(roots, root_nodes, grads):
+        if n in outside and n in parent:
+            groups[_find(parent, n)].roots.append(r)
+            groups[_find(parent, n)].grads.append(grad)
+    return PendingWeight(list(groups.values()))
 
 
 def backward_input(
@@ -171,9 +175,9 @@ def backward_input(
 ) -> tuple[list[torch.Tensor | None], PendingWeight]:
     """The gradients of ``inputs`` (``None`` where unused), and what :func:`backward_weight` needs
     to accumulate the gradients of ``params`` later."""
-    if not roots or not inputs:
-        return [None] * len(inputs), PendingWeight([], list(roots), list(grads), list(params))
     pending = _plan_weight(roots, grads, inputs, params)
+    if not roots or not inputs:
+        return [None] * len(inputs), pending
     handles = []
 
     def keep(group: _Group, node: Node):
@@ -198,13 +202,12 @@ def backward_weight(pending: PendingWeight) -> None:
     with backward_phase("weight"):
         for g in pending.groups:
             _group_backward(g)
-        if pending.roots and pending.params:
-            torch.autograd.backward(pending.roots, pending.grads, inputs=pending.params, retain_graph=True)
     pending.groups.clear()
 
 
 def _group_backward(g: _Group) -> None:
-    edges, grads = [], []
+    edges = [get_gradient_edge(r) for r in g.roots]
+    grads = list(g.grads)
     for node, kept in g.kept.items():
         for i, grad in enumerate(kept):
             if grad is not None:

@@ -53,7 +53,7 @@ class Branches(nn.Module):
     def forward(self, x, y):
         h = self.shared(torch.tanh(self.shared(x)))  # the same weight twice, tanh between
         out = self.left(h) * self.scale + self.right(torch.relu(h)) + (y * 2).sum(-1, keepdim=True)
-        return out, self.bias_only.exp() * 3.0  # the second output depends on no input
+        return out, self.bias_only.exp() * self.scale.sum()  # the second output depends on no input
 
 
 def _inputs(seed: int, rows: int = 4):
@@ -75,16 +75,22 @@ def _full(model, batches):
 
 
 def _split(model, batches, order):
-    """B and W in ``order`` (``("B", j)`` / ``("W", j)``) as the executor runs them."""
+    """B and W in ``order`` (``("B", j)`` / ``("W", j)``) as the executor runs them; each W
+    accumulates every parameter it reaches once (what the data-parallel hooks rely on)."""
     model.zero_grad(set_to_none=True)
     params = [p for p in model.parameters() if p.requires_grad]
-    got, pending = {}, {}
+    got, pending, seen = {}, {}, []
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: seen.append(id(p))) for p in params]
     for kind, j in order:
         inputs, gouts = batches[j]
         if kind == "B":
             got[j], pending[j] = backward_input(list(model(*inputs)), gouts, inputs, params)
         else:
+            seen.clear()
             backward_weight(pending.pop(j))
+            assert sorted(seen) == sorted(id(p) for p in params if p is not model.unused)
+    for h in hooks:
+        h.remove()
     return [got[j] for j in range(len(batches))], {n: p.grad for n, p in model.named_parameters()}
 
 
