@@ -41,7 +41,8 @@ from ortools.sat.python import cp_model
 
 from gpp_solver._backend.progress import ProgressBar
 from gpp_solver.action import Action, has_weight_actions
-from gpp_solver.cost.model import stage_costs, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.validate import check_order
@@ -93,7 +94,7 @@ def _ticks(seconds: float, unit: float) -> int:
 def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> dict[int, int]:
     """``K_S``: most micro-batches stage ``S`` may hold with ``M(S) <= memory_bytes`` (0: none fits).
 
-    Uses :func:`gpp_solver.cost.model.stage_memory` and the validator's tolerance, so an order passes
+    Uses :func:`gpp_solver.cost.memory.stage_memory` and the validator's tolerance, so an order passes
     the memory check exactly when its peak is at most ``K_S``.
     """
     out = {}

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from gpp_solver.action import Action, Kind, as_order, has_weight_actions
-from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders

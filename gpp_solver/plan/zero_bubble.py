@@ -32,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpp_solver.action import Action, Kind
-from gpp_solver.cost.model import StageLike, in_flight_from_order, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import StageLike, in_flight_from_order
 from gpp_solver.errors import DeadlockError, InvalidInputError, show
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.types import Cluster, Graph, Plan
