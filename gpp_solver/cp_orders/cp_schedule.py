@@ -1,6 +1,6 @@
 """CP-SAT verify and tighten of every stage's micro-batch order for a FIXED partition (the public
-entry; the model itself — data, variables, constraints, ticks, memory — is
-:mod:`gpp_solver.cp_orders.order_model`, whose names are re-exported here).
+entry; the model itself — variables, constraints, memory — is :mod:`gpp_solver.cp_orders.order_model`
+and its data in ticks :mod:`gpp_solver.cp_orders.schedule_data`, whose names are re-exported here).
 
 The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.
 :func:`verify_orders` checks given orders against the model; :func:`tighten` searches for orders
@@ -22,20 +22,22 @@ from typing import Any
 
 from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.cp_orders.order_model import (
-    DEFAULT_RESOLUTION,
     MEMORY_RESOLUTION,
     Key,
     Order,
-    ScheduleData,
     ScheduleVars,
     Solved,
     add_memory_objective,
     add_order_hint,
     build_schedule_model,
-    max_in_flight_micro_batches,
     model_from_data,
-    schedule_data,
     solve_model,
+)
+from gpp_solver.cp_orders.schedule_data import (
+    DEFAULT_RESOLUTION,
+    ScheduleData,
+    max_in_flight_micro_batches,
+    schedule_data,
 )
 from gpp_solver.errors import DeadlockError
 from gpp_solver.plan.build import StageSpec, build_plan
