@@ -29,13 +29,12 @@ from gpp_solver.cost.tables import CostTables
 from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline, run_dp
+from gpp_solver.planners.graphpipe.dp_segment_comm import SegmentComm, segment_comm
 from gpp_solver.planners.graphpipe.dp_stage import DPProbe, DPStage, SizeTables, decode, encode, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_stage_tables import (
-    SegmentComm,
     best_at_sink,
     devices_for_segments,
     max_depths,
-    segment_comm,
     segment_fits,
     segment_sums,
     stage_tps,
