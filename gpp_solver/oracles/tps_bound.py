@@ -35,8 +35,8 @@ Proof of validity (each step only lowers the right-hand side):
 5. Single stage (``S = 1``) is priced exactly: ``min_d sum_v c_v(d)/b + A(W_V, d)/B`` over ``d | b``,
    ``d <= D`` that fit in memory (no transfers), with the best bandwidth a placement of ``d``
    devices can get.
-6. ``S >= 2``: the MILP below minimises ``t`` over (i) at most ``K = min(D, n)`` stage *slots*, each
-   with one degree (binary ``y[k,d]``), (ii) integer counts ``x[k,c,d]`` of the nodes of each
+6. ``S >= 2``: the class MILP (:mod:`.class_milp`) minimises ``t`` over (i) at most
+   ``K = min(D, n)`` stage *slots*, each with one degree (binary ``y[k,d]``), (ii) integer counts ``x[k,c,d]`` of the nodes of each
    *class* ``c`` (nodes with identical times, weights and activations — interchangeable in every
    constraint) per slot, (iii) integer transfer participations ``r[k,d]`` subject to step 2,
    with ``t >= sum_{c,d} x u_c(d) + sum_d r tau(d)`` per slot (step 1),
