@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -86,3 +87,12 @@ def test_torch_order_is_the_benchmarks_zb_h1_chain_order(p, n):
 def test_torch_refusal_is_a_value_error():
     with pytest.raises(ValueError, match="multiple of the number of rounds"):
         tz.torch_zb1p_orders(4, 9)  # max(1, 9 // 4) = 2 rounds do not divide 9
+
+
+def test_chain_cell_says_so_without_torch(monkeypatch):
+    """The benchmark's column reads "(torch not installed)" when torch's schedules cannot be imported."""
+    zb = _bench("zero_bubble")
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.delitem(sys.modules, "torch_zb1p_order", raising=False)
+    monkeypatch.setitem(sys.modules, "torch.distributed.pipelining.schedules", None)
+    assert zb.torch_zb1p_cell(4, 8, [0, 1, 2, 3], (), {}) == "(torch not installed)"
