@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from gpp_solver.cost.model import stage_memory, stage_weight_bytes
+from gpp_solver.cost import stage_memory, stage_weight_bytes
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
