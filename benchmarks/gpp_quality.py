@@ -39,8 +39,8 @@ from gpp_solver.cost.model import stage_costs
 from gpp_solver.cost.tables import CostTables
 from gpp_solver.errors import GppError, SolverError
 from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.oracles.stage_degrees import degrees as _degrees
 from gpp_solver.oracles.tps_bound import TpsBound, perfect_balance_tps, relaxed_tps_bound
-from gpp_solver.oracles.tps_bound import degrees as _degrees
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.gpp.planner import plan_gpp

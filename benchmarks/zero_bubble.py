@@ -2,6 +2,7 @@
 
     python benchmarks/zero_bubble.py                       # graphpipe and gpp, 4 workloads x 8/16/32 devices
     python benchmarks/zero_bubble.py --planners graphpipe --devices 8 16
+    python benchmarks/zero_bubble.py --chain-only                    # table 2 alone
 
 Table 1: per workload, device count and planner, the simulated iteration time of the plan with
 ``schedule="1f1b"`` and with ``schedule="zb"`` (each planner searches under its schedule, so the
@@ -11,7 +12,11 @@ partition may differ), their ratio and the peak memory ratio.  Workloads as in
 Table 2: on a chain model (the Transformer workload) and the partition of its 1F1B graphphipe
 plan, three orders simulated in our model: 1F1B (kFkB), our W placement, and the handcrafted ZB-H1
 order of the paper for a chain (stage ``i`` of ``p``: ``p - i`` warm-up forwards, then ``B j``,
-``W j-i``, ``F``; the ``i`` deferred ``W`` at the end; every stage holds at most ``p`` micro-batches).
+``W j-i``, ``F``; the ``i`` deferred ``W`` at the end; every stage holds at most ``p`` micro-batches);
+and, with torch installed, the order torch.distributed.pipelining's ``ScheduleInterleavedZeroBubble``
+(ZB1P, one stage per rank) builds for ``p`` ranks and ``n`` micro-batches
+(``benchmarks/torch_zb1p_order.py``), its idle slots dropped, checked by our C4 rules and simulated
+the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from gpp_solver.cost.model import stage_costs
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.plan.validate import check_order
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.workloads import build_model
 
@@ -46,6 +52,23 @@ def zb_h1_chain_order(p: int, i: int, n: int) -> tuple[Action, ...]:
             nf += 1
     out.extend(Action(Kind.W, j) for j in range(nw, n))
     return tuple(out)
+
+
+def torch_zb1p_cell(p: int, n: int, ids: list[int], args: tuple, weight: dict) -> str:
+    """The simulated iteration time of torch's ZB1P order on the chain ``ids``, or why there is none."""
+    try:
+        from torch_zb1p_order import torch_zb1p_orders
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        return "(torch not installed)"
+    try:
+        orders = {ids[k]: o for k, o in torch_zb1p_orders(p, n).items()}
+    except ValueError as exc:
+        return f"(torch refuses: {exc})"
+    for s, o in orders.items():
+        check_order(s, o, n)  # C4, raises InvalidPlanError naming the step
+    return f"{simulate_orders(orders, *args, record=False, weight=weight)[0]:.5g}"
 
 
 def planner_rows(models, devices, planners, time_limit):
@@ -93,7 +116,7 @@ def chain_rows(devices, time_limit):
         plan = get_planner("graphpipe")(g, c, B, time_limit=time_limit, schedule="1f1b")
         p = len(plan.stages)
         if p < 2 or any(len({b for a, b in plan.edges if a == s.id}) > 1 for s in plan.stages):
-            print(f"| transformer | {D} | {p} | (not a multi-stage chain) | | | |")
+            print(f"| transformer | {D} | {p} | (not a multi-stage chain) | | | | |")
             continue
         costs = stage_costs(g, c, plan.stages, B)
         ids = [s.id for s in plan.stages]
@@ -115,7 +138,8 @@ def chain_rows(devices, time_limit):
         h1 = {s: zb_h1_chain_order(p, k, n) for k, s in enumerate(ids)}
         t_h1 = simulate_orders(h1, *args, record=False, weight=w)[0]
         t_1 = plan.predicted.iteration_time
-        print(f"| transformer | {D} | {p} | {n} | {t_1:.5g} | {ours:.5g} | {t_h1:.5g} |", flush=True)
+        t_torch = torch_zb1p_cell(p, n, ids, args, w)
+        print(f"| transformer | {D} | {p} | {n} | {t_1:.5g} | {ours:.5g} | {t_h1:.5g} | {t_torch} |", flush=True)
 
 
 def main() -> None:
@@ -125,7 +149,13 @@ def main() -> None:
     ap.add_argument("--planners", nargs="+", default=["graphpipe", "gpp"])
     ap.add_argument("--time-limit", type=float, default=None)
     ap.add_argument("--no-chain", action="store_true", help="skip table 2")
+    ap.add_argument("--chain-only", action="store_true", help="table 2 alone")
     a = ap.parse_args()
+    if a.chain_only and a.no_chain:
+        ap.error("--chain-only and --no-chain exclude each other")
+    if a.chain_only:
+        chain_table(a.devices, a.time_limit)
+        return
     print(
         "| workload | devices | planner | stages 1f1b / zb | 1F1B iteration (s) | zb iteration (s) | zb / 1F1B |"
         " peak memory zb / 1F1B |"
@@ -142,9 +172,17 @@ def main() -> None:
             f"({len(multi)} cells); every zb plan within the memory cap: {all(r['cap_ok'] for r in mine)}"
         )
     if not a.no_chain:
-        print("\n| chain | devices | stages | micro-batches | 1F1B (s) | our zb (s) | paper's ZB-H1 order (s) |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        chain_rows(a.devices, a.time_limit)
+        print()
+        chain_table(a.devices, a.time_limit)
+
+
+def chain_table(devices, time_limit) -> None:
+    print(
+        "| chain | devices | stages | micro-batches | 1F1B (s) | our zb (s) | paper's ZB-H1 order (s) |"
+        " torch ZB1P order (s) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    chain_rows(devices, time_limit)
 
 
 if __name__ == "__main__":

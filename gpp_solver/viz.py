@@ -1,7 +1,8 @@
 """Pictures of a plan: the stage graph and the simulated schedule (Gantt chart), with matplotlib.
 
-* :func:`draw_stage_graph` — the stage DAG laid out by topological depth (left to right), one box per
-  stage: stage id, its nodes (count, first and last id), its devices and micro-batch size;
+* :func:`draw_stage_graph` — the stage DAG laid out by topological depth (left to right; the layout is
+  :mod:`gpp_solver.plan.stage_layout`), one box per stage: stage id, its nodes (count, first and last
+  id), its devices and micro-batch size;
 * :func:`draw_gantt` — the schedule the simulator runs (``simulate.simulate``): one row per stage,
   forwards and backwards as bars coloured by kind, the micro-batch index written inside a bar when
   it is wide enough, each stage's all-reduce tail hatched (GraphPipe Fig. 8 style);
@@ -26,6 +27,7 @@ from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import GppError, InvalidInputError
 from gpp_solver.formats.units import plural
 from gpp_solver.plan.simulate import SimResult, simulate
+from gpp_solver.plan.stage_layout import stage_label, stage_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
@@ -62,69 +64,6 @@ def _stage_colors(n: int) -> list[Any]:
     mpl = _matplotlib()
     cmap = mpl.colormaps["tab20" if n > 10 else "tab10"]
     return [cmap(i % cmap.N) for i in range(n)]
-
-
-def _short(text: str, width: int = 18) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _device_text(devices: Sequence[int]) -> str:
-    ds = sorted(devices)
-    if ds and ds == list(range(ds[0], ds[-1] + 1)):
-        return f"dev {ds[0]}" if len(ds) == 1 else f"dev {ds[0]}–{ds[-1]}"
-    return "dev " + ",".join(map(str, ds))
-
-
-def stage_label(plan: Plan, graph: Graph | None, stage_id: int) -> str:
-    """Box text of one stage: ``S3 · 5 nodes`` / first and last node id / devices and micro-batch."""
-    st = plan.stage(stage_id)
-    nodes = list(st.nodes)
-    if graph is not None:
-        nodes.sort(key=lambda v: graph.index.get(v, 0))
-    head = f"S{st.id} · {plural(len(nodes), 'node')}"
-    span = _short(nodes[0]) if len(nodes) == 1 else f"{_short(nodes[0])} …\n{_short(nodes[-1])}"
-    extra = f" t={st.tensor_parallel}" if st.tensor_parallel != 1 else ""
-    return f"{head}\n{span}\n{_device_text(st.devices)} · b={st.micro_batch_size}{extra}"
-
-
-def stage_layout(plan: Plan) -> dict[int, tuple[float, float]]:
-    """Positions ``{stage id: (x, y)}``: ``x`` the stage's topological depth (longest path from a
-    source), ``y`` its slot in that column, ordered by the mean height of its predecessors and
-    centred on 0 (stage graphs are small; no graphviz needed)."""
-    ids = [s.id for s in plan.stages]
-    preds: dict[int, list[int]] = {i: [] for i in ids}
-    succs: dict[int, list[int]] = {i: [] for i in ids}
-    for a, b in plan.edges:
-        preds[b].append(a)
-        succs[a].append(b)
-    depth: dict[int, int] = {}
-    indeg = {i: len(preds[i]) for i in ids}
-    ready = sorted(i for i in ids if indeg[i] == 0)
-    while ready:
-        i = ready.pop(0)
-        depth[i] = max((depth[p] + 1 for p in preds[i]), default=0)
-        for j in succs[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
-        ready.sort()
-    if len(depth) != len(ids):
-        raise InvalidInputError("stage graph has a cycle; cannot lay it out by depth")
-    columns: dict[int, list[int]] = defaultdict(list)
-    for i in ids:
-        columns[depth[i]].append(i)
-    pos: dict[int, tuple[float, float]] = {}
-    for x in sorted(columns):
-        col = columns[x]
-
-        def key(i: int) -> tuple[float, int]:
-            ys = [pos[p][1] for p in preds[i]]
-            return (-(sum(ys) / len(ys)) if ys else 0.0, i)
-
-        col.sort(key=key)
-        for slot, i in enumerate(col):
-            pos[i] = (float(x), (len(col) - 1) / 2.0 - slot)
-    return pos
 
 
 def draw_stage_graph(
@@ -198,42 +137,14 @@ def time_unit(t: float) -> tuple[float, str]:
     return 1e6, "µs"
 
 
-def draw_gantt(
-    plan: Plan,
-    graph: Graph,
-    cluster: Cluster,
-    ax: Axes,
-    *,
-    sim: SimResult | None = None,
-    time_max: float | None = None,
-    title: str | None = None,
-    fontsize: float = 7.0,
-) -> SimResult:
-    """Draw the simulated schedule of ``plan`` on ``ax`` and return the simulation.
-
-    One row per stage (stage 0 on top): forward bars in blue, backward in orange, the micro-batch
-    index inside a bar when it fits, the stage's all-reduce after its last backward hatched.  The
-    dashed line is the iteration time (the makespan).  ``time_max`` (seconds, default the makespan)
-    fixes the time axis, so that charts of several plans drawn with one ``time_max`` compare by length.
-    """
-    mpl = _matplotlib()
-    from matplotlib.patches import Patch
-
-    sim = sim if sim is not None else simulate(plan, graph, cluster)
-    allreduce = {
-        s.id: c.tail for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages, plan.mini_batch_size))
-    }
-    T = sim.iteration_time
-    span = max(T, time_max or 0.0)
-    scale, unit = time_unit(span)
-    ids = [s.id for s in plan.stages]
-    row = {sid: k for k, sid in enumerate(ids)}
+def _task_bars(
+    ax: Axes, plan: Plan, by_stage: Mapping[int, list[Any]], allreduce: Mapping[int, float], scale: float
+) -> None:
+    """Each stage's row (stage 0 on top): its forward, backward and weight-gradient bars, then its
+    all-reduce tail, hatched, after its last action."""
     h = 0.8
-    by_stage: dict[int, list[Any]] = defaultdict(list)
-    for t in sim.tasks:
-        by_stage[t.stage].append(t)
-    for sid in ids:
-        y = row[sid] - h / 2
+    for row, sid in enumerate(s.id for s in plan.stages):
+        y = row - h / 2
         tasks = sorted(by_stage[sid], key=lambda t: t.start)
         for kind, color in (("F", F_COLOR), ("B", B_COLOR), ("W", W_COLOR)):
             bars = [(t.start * scale, (t.end - t.start) * scale) for t in tasks if t.kind == kind]
@@ -250,21 +161,24 @@ def draw_gantt(
                 hatch="////",
                 linewidth=0.6,
             )
-    ax.set_xlim(0, span * scale * 1.02 if span > 0 else 1)
-    ax.set_ylim(len(ids) - 0.5, -0.5)
-    ax.axvline(T * scale, color="0.2", ls="--", lw=0.8)
-    # micro-batch indices, where a bar is wide enough (measured in pixels on the final axes size)
+
+
+def _micro_batch_labels(
+    ax: Axes, plan: Plan, by_stage: Mapping[int, list[Any]], scale: float, span: float, fontsize: float
+) -> None:
+    """The micro-batch index inside each bar wide enough for it (measured in pixels on the final
+    axes size)."""
     fig = ax.figure
     ax_w_px = 0.85 * ax.get_position().width * fig.get_figwidth() * fig.dpi  # labels and legend take some
     px_per_unit = ax_w_px / (span * scale * 1.02) if span > 0 else 0.0
     char_px = fontsize * fig.dpi / 72.0 * 0.62
-    for sid in ids:
+    for row, sid in enumerate(s.id for s in plan.stages):
         for t in by_stage[sid]:
             label = str(t.micro_batch)
             if (t.end - t.start) * scale * px_per_unit >= char_px * len(label) + 2:
                 ax.text(
                     (t.start + t.end) / 2 * scale,
-                    row[sid],
+                    row,
                     label,
                     ha="center",
                     va="center",
@@ -272,8 +186,16 @@ def draw_gantt(
                     color="white",
                     clip_on=True,
                 )
-    st_colors = _stage_colors(len(ids))
-    ax.set_yticks(range(len(ids)))
+
+
+def _stage_rows_and_legend(ax: Axes, plan: Plan, sim: SimResult, unit: str, fontsize: float) -> None:
+    """The rows' labels (each in its stage's colour), the time axis's label and the legend of the
+    bar kinds (weight gradients only when the orders have ``W`` actions)."""
+    mpl = _matplotlib()
+    from matplotlib.patches import Patch
+
+    st_colors = _stage_colors(len(plan.stages))
+    ax.set_yticks(range(len(plan.stages)))
     ax.set_yticklabels(
         [f"S{s.id} ({len(s.devices)} dev, b={s.micro_batch_size})" for s in plan.stages], fontsize=fontsize + 1
     )
@@ -293,10 +215,47 @@ def draw_gantt(
         fontsize=fontsize + 1,
         frameon=False,
     )
+
+
+def draw_gantt(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    ax: Axes,
+    *,
+    sim: SimResult | None = None,
+    time_max: float | None = None,
+    title: str | None = None,
+    fontsize: float = 7.0,
+) -> SimResult:
+    """Draw the simulated schedule of ``plan`` on ``ax`` and return the simulation.
+
+    One row per stage (stage 0 on top): forward bars in blue, backward in orange, the micro-batch
+    index inside a bar when it fits, the stage's all-reduce after its last backward hatched.  The
+    dashed line is the iteration time (the makespan).  ``time_max`` (seconds, default the makespan)
+    fixes the time axis, so that charts of several plans drawn with one ``time_max`` compare by length.
+    """
+    _matplotlib()
+    sim = sim if sim is not None else simulate(plan, graph, cluster)
+    allreduce = {
+        s.id: c.tail for s, c in zip(plan.stages, stage_costs(graph, cluster, plan.stages, plan.mini_batch_size))
+    }
+    T = sim.iteration_time
+    span = max(T, time_max or 0.0)
+    scale, unit = time_unit(span)
+    by_stage: dict[int, list[Any]] = defaultdict(list)
+    for t in sim.tasks:
+        by_stage[t.stage].append(t)
+    _task_bars(ax, plan, by_stage, allreduce, scale)
+    ax.set_xlim(0, span * scale * 1.02 if span > 0 else 1)
+    ax.set_ylim(len(plan.stages) - 0.5, -0.5)
+    ax.axvline(T * scale, color="0.2", ls="--", lw=0.8)
+    _micro_batch_labels(ax, plan, by_stage, scale, span, fontsize)
+    _stage_rows_and_legend(ax, plan, sim, unit, fontsize)
     if title is None:
         title = (
             f"{plan.planner}: iteration {T * scale:.4g} {unit}, throughput {sim.throughput:.4g} samples/s, "
-            f"{plural(len(ids), 'stage')}, depth {plan.depth}"
+            f"{plural(len(plan.stages), 'stage')}, depth {plan.depth}"
         )
     ax.set_title(title, fontsize=fontsize + 2)
     return sim

@@ -49,6 +49,8 @@ exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compa
 before the first step. Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
+The flags are ``runtime.train_args``'s; rank 0 gathers the ranks' records and assembles the summary
+and the ``--json`` line with ``runtime.train_report``.
 
 Test hooks (environment): ``GPP_RUNTIME_TEST_KILL_RANK=r`` makes rank r ``os._exit(17)`` at step
 ``GPP_RUNTIME_TEST_KILL_STEP`` (default 1); ``GPP_RUNTIME_TEST_HANG_RANK=r`` makes it sleep there.
@@ -56,9 +58,7 @@ Test hooks (environment): ``GPP_RUNTIME_TEST_KILL_RANK=r`` makes rank r ``os._ex
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import json
 import logging
 import os
 import sys
@@ -70,7 +70,7 @@ import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 
-from . import cores
+from . import cores, train_report
 from .capture.tracing import workload_hooks
 from .engine import checkpoint, metrics
 from .engine.allocator import keep_freed_memory
@@ -79,97 +79,9 @@ from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
 from .engine.stage_setup import build, prepare, seeded_workload
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
-from .lowering.plan_io import predicted_time_per_sample
+from .train_args import DTYPES, parse_args
 
 logger = logging.getLogger("runtime.train")
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="torchrun ... -m runtime.train", description="Train a workload with a gpp-plan/1."
-    )
-    ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
-    ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
-    ap.add_argument(
-        "--graph",
-        default=None,
-        help="the profiled gpp-graph/1 the plan was made from "
-        "(with --cluster: the plan is validated exactly as `gpp validate` does)",
-    )
-    ap.add_argument("--cluster", default=None, help="the gpp-cluster/1 the plan was made for")
-    ap.add_argument("--steps", type=int, default=10, help="mini-batches to train (default 10)")
-    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="default sgd")
-    ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
-    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
-    ap.add_argument(
-        "--optimizer-state-factor",
-        type=float,
-        default=None,
-        help="the optimizer_state_factor the plan was made with (default: the plan's record, "
-        "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about",
-    )
-    ap.add_argument(
-        "--dtype",
-        choices=tuple(_DTYPES),
-        default=None,
-        help="cast the model and floating inputs (default: as the workload makes them)",
-    )
-    ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
-    ap.add_argument(
-        "--p2p",
-        choices=("auto", "eager", "batched"),
-        default="auto",
-        help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)",
-    )
-    ap.add_argument("--verify", action="store_true", help="compare with one-process training")
-    ap.add_argument(
-        "--rtol",
-        type=float,
-        default=None,
-        help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)",
-    )
-    ap.add_argument(
-        "--atol",
-        type=float,
-        default=None,
-        help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
-        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)",
-    )
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
-    ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
-    ap.add_argument("--checkpoint-every", type=int, default=1)
-    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    ap.add_argument("--metrics", default=None, help="write the metrics summary JSON here")
-    ap.add_argument("--trace", default=None, help="write a Chrome trace of all ranks here")
-    ap.add_argument("--json", action="store_true", help="print a last JSON line with the step times")
-    ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
-    ap.add_argument(
-        "--memory-step",
-        type=int,
-        default=None,
-        help="the step (0-based) whose peak memory is measured (default: --warmup-steps - 2, at least 1; "
-        "on CPU it runs slower and the next step processes its profile, so with 3 or more warm-up steps "
-        "neither is timed)",
-    )
-    ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
-    ap.add_argument(
-        "--pin-cores",
-        action="store_true",
-        help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)",
-    )
-    ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
-    ap.add_argument(
-        "--allreduce-overlap",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="data-parallel all-reduce during the last backward (on) or after it (off, as the "
-        "cost model prices it); default auto: on with NCCL, off with gloo",
-    )
-    ap.add_argument("--quiet", action="store_true", help="no summary (benchmarks)")
-    return ap.parse_args(argv)
 
 
 def _test_hooks(rank: int, step: int) -> None:
@@ -232,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
         plan, raw = prepare(args.plan, args.model)
-        wl = _Workload(raw, _DTYPES.get(args.dtype), plan.mini_batch_size)
+        wl = _Workload(raw, DTYPES.get(args.dtype), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
         if bool(args.graph) != bool(args.cluster):
             raise InvalidInputError("--graph and --cluster go together")
@@ -337,125 +249,75 @@ def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str
                 pipe.state_dict(),
                 opt.state_dict() if opt is not None else {},
             )
-    return _finish(args, pipe, wl, rank, device, losses, start)
+    return _finish(args, pipe, rank, device, losses, start)
 
 
-def _finish(args, pipe: GraphPipeline, wl: _Workload, rank, device, losses, start) -> int:
+def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
     """Gather metrics/parameters on rank 0, print, write files, verify."""
-    setup, rec = pipe.setup, pipe.rec
-    stats = pipe.memory_stats()
-    mem = {"peak": stats["peak_memory_bytes"], "predicted": stats["predicted_peak_memory_bytes"]}
-    if device.type != "cuda":
-        mem.update(saved_activations=pipe.executor.saved_peak, rss=metrics.peak_rss_bytes())
-    mine = {
-        "rank": rank,
-        "stage": setup.stage.id,
-        "steps": rec.steps,
-        "memory": mem,
-        "memory_stats": stats,
-        "events": rec.events if args.trace else [],
-        "losses": losses if setup.program.holds_sink else None,
-    }
-    params = {k: v.detach().cpu() for k, v in pipe.named_parameters()} if setup.replica == 0 else {}
-    gathered = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object((mine, params), gathered, dst=0)
-    dist.barrier()  # every transfer of the gather is done before any rank tears down its group
-    if rank != 0:
+    run = train_report.gather(pipe, rank, device, losses, events=bool(args.trace))
+    if run is None:
         return 0
-    records = [g[0] for g in gathered]
-    all_params: dict[str, torch.Tensor] = {}
-    tied_bad = []
-    for g in gathered:
-        for k, v in g[1].items():
-            if k in all_params and not torch.equal(all_params[k], v):
-                tied_bad.append(k)
-            all_params.setdefault(k, v)
-    per_step = next((r["losses"] for r in records if r["losses"] is not None), [])
-    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)} for s in setup.plan.stages]
-    m = metrics.summarize(records, stages, setup.plan.mini_batch_size, args.warmup_steps) if records[0]["steps"] else {}
+    m = train_report.summarize(run.records, pipe.setup.plan, args.warmup_steps, start)
     if m:
-        m["losses"] = per_step
-        m["first_step"] = start
-        m["predicted_iteration_seconds"] = setup.plan.predicted.iteration_time
-        m["ranks"] = sorted((r["memory_stats"] for r in records), key=lambda x: x["rank"])
-        by_step: dict[int, list] = {}
-        for r in records:
-            for st, t0, t1, _busy in r["steps"]:
-                by_step.setdefault(st, []).append((t0, t1))
-        # each step's span over all ranks; spans of consecutive steps overlap (module docstring)
-        m["step_seconds"] = [max(e for _s, e in v) - min(s for s, _e in v) for _k, v in sorted(by_step.items())]
         if not args.quiet:
             logger.info("%s", metrics.format_summary(m))
         if args.metrics:
             metrics.write_json(args.metrics, m)
     if args.trace:
-        metrics.write_json(args.trace, metrics.chrome_trace(records))
+        metrics.write_json(args.trace, metrics.chrome_trace(run.records))
     if args.save_params:
-        torch.save(all_params, args.save_params)
+        torch.save(run.params, args.save_params)
     code = 0
-    if tied_bad:
+    if run.tied_mismatch:
         print(
-            f"error: copies of tied weights differ across stages: {', '.join(tied_bad[:5])}",
+            f"error: copies of tied weights differ across stages: {', '.join(run.tied_mismatch[:5])}",
             file=sys.stderr,
             flush=True,
         )
         code = 1
-    if args.verify:
-        ref = _Workload(seeded_workload(args.model), _DTYPES.get(args.dtype), setup.plan.mini_batch_size)
-        want = reference_params(
-            ref.model,
-            ref.sample,
-            ref.loss,
-            setup.plan,
-            args.steps,
-            lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
-            device,
-            args.seed,
-            tracing=workload_hooks(ref.raw),
-        )
-        dtype = next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), torch.float32)
-        rtol, atol = default_tolerance(dtype, args.optimizer, args.lr, args.steps)
-        rtol = rtol if args.rtol is None else args.rtol
-        atol = atol if args.atol is None else args.atol
-        bad = compare(all_params, want, rtol, atol)
-        if bad:
-            print(
-                f"verify: FAILED, {len(bad)} parameters differ from one-process training "
-                f"(rtol {rtol:g}, atol {atol:g}): " + "; ".join(bad[:5]),
-                file=sys.stderr,
-                flush=True,
-            )
-            return 1
-        logger.info(
-            "verify: OK, %d parameters equal one-process training (rtol %g, atol %g; largest difference %.3g)",
-            len(want),
-            rtol,
-            atol,
-            largest_difference(all_params, want),
-        )
+    if args.verify and not _verify(args, run.params, pipe.setup.plan, device):
+        return 1
     if args.json and m:
+        print(train_report.json_line(m), flush=True)
+    return code
+
+
+def _verify(args, params: dict[str, torch.Tensor], plan, device: torch.device) -> bool:
+    """``--verify``: every stage's final parameters against one-process training of the same
+    steps, within ``--rtol``/``--atol`` (default by dtype and optimizer); says which differ."""
+    ref = _Workload(seeded_workload(args.model), DTYPES.get(args.dtype), plan.mini_batch_size)
+    want = reference_params(
+        ref.model,
+        ref.sample,
+        ref.loss,
+        plan,
+        args.steps,
+        lambda ps: make_optimizer(ps, args.optimizer, args.lr, args.momentum),
+        device,
+        args.seed,
+        tracing=workload_hooks(ref.raw),
+    )
+    dtype = next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), torch.float32)
+    rtol, atol = default_tolerance(dtype, args.optimizer, args.lr, args.steps)
+    rtol = rtol if args.rtol is None else args.rtol
+    atol = atol if args.atol is None else args.atol
+    bad = compare(params, want, rtol, atol)
+    if bad:
         print(
-            json.dumps(
-                {
-                    "gpp_runtime": {
-                        k: m.get(k)
-                        for k in (
-                            "mini_batch_size",
-                            "warmup_steps",
-                            "timed_steps",
-                            "seconds_per_step",
-                            "samples_per_second",
-                            "step_seconds",
-                            "losses",
-                            "predicted_iteration_seconds",
-                            "ranks",
-                        )
-                    }
-                }
-            ),
+            f"verify: FAILED, {len(bad)} parameters differ from one-process training "
+            f"(rtol {rtol:g}, atol {atol:g}): " + "; ".join(bad[:5]),
+            file=sys.stderr,
             flush=True,
         )
-    return code
+        return False
+    logger.info(
+        "verify: OK, %d parameters equal one-process training (rtol %g, atol %g; largest difference %.3g)",
+        len(want),
+        rtol,
+        atol,
+        largest_difference(params, want),
+    )
+    return True
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.plan.validate import validate
-from gpp_solver.planners.sequential.alpa import group_sizes, plan_alpa
+from gpp_solver.planners.sequential.alpa import plan_alpa
+from gpp_solver.planners.sequential.alpa_submeshes import group_sizes
 
 
 def test_group_sizes_follow_the_node_shape():

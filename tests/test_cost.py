@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 import gpp_solver as gs
+from gpp_solver.cost.memory import stage_memory
 from gpp_solver.cost.model import (
     in_flight_from_order,
     interp_time,
     iteration_time_estimate,
     stage_costs,
-    stage_memory,
     stage_transfers,
 )
 from gpp_solver.cost.time_terms import allreduce_time

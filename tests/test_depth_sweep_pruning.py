@@ -1,4 +1,4 @@
-"""The depth sweep's pruning (``uniform._least_useful_depths``): the lower-bound DP leaves out the
+"""The depth sweep's pruning (``lower_bound_pruning.least_useful_depths``): the lower-bound DP leaves out the
 (micro-batch size, depth bound) pairs whose every staging has a stage slower than the incumbent's
 iteration time allows, so the planner's pick is the same as with every pair searched."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpp_solver.formats.cluster import v100_cluster
-from gpp_solver.planners.graphpipe import uniform
+from gpp_solver.planners.graphpipe import lower_bound_pruning, uniform
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.workloads import build_model
@@ -25,16 +25,16 @@ CASES = [
 def test_pruned_sweep_picks_the_same_plan(name: str, devices: int, B: int, monkeypatch) -> None:
     graph, cluster = build_model(name), v100_cluster(devices)
     asked = []
-    real = uniform._least_useful_depths
+    real = uniform.least_useful_depths
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         asked.append((list(args[5]), out))
         return out
 
-    monkeypatch.setattr(uniform, "_least_useful_depths", spy)
+    monkeypatch.setattr(uniform, "least_useful_depths", spy)
     got = plan_graphpipe(graph, cluster, B)
-    monkeypatch.setattr(uniform, "_least_useful_depths", lambda *a, **k: {b: 1 for b in a[5]})
+    monkeypatch.setattr(uniform, "least_useful_depths", lambda *a, **k: {b: 1 for b in a[5]})
     want = plan_graphpipe(graph, cluster, B)
     assert got.predicted.iteration_time == want.predicted.iteration_time
     assert [s.nodes for s in got.stages] == [s.nodes for s in want.stages]
@@ -63,7 +63,7 @@ def test_pruning_leaves_out_hopeless_pairs() -> None:
     dp = StageDP(graph, cluster, B)
     sizes = [1, 2, 4, 8, 16, 32, 64]
     plan = plan_graphpipe(graph, cluster, B)
-    out = uniform._least_useful_depths(
+    out = lower_bound_pruning.least_useful_depths(
         graph, cluster, B, dp.decomposition, dp, sizes, plan.predicted.iteration_time, 8, None
     )
     assert sum(max(0, 9 - out.get(b, 9)) for b in sizes) < 8 * len(sizes)

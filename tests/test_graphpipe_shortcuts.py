@@ -1,6 +1,6 @@
 """GraphPipe's planner shortcuts against the full paths they replace:
 
-* micro-batch sizes pruned by a seed staging (``uniform._prune_sizes``): the plan picked is the
+* micro-batch sizes pruned by a seed staging (``uniform.prune_sizes``): the plan picked is the
   same as with every size searched (or better: the seed is a candidate of its own);
 * ``run_dp`` in chunks of targets: the same tables as one batch;
 * ``devices_for_segments``'s lookup by bit mask (and with :func:`segment_fits` kept): the same
@@ -44,14 +44,14 @@ def _plans(graph, cluster, B, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(StageDP, "LARGE_TABLE", 0)  # the large-tree path on small instances
         pruned = []
-        real = uniform._prune_sizes
+        real = uniform.prune_sizes
 
         def spy(*a, **k):
             out = real(*a, **k)
             pruned.append(out[1])
             return out
 
-        m.setattr(uniform, "_prune_sizes", spy)
+        m.setattr(uniform, "prune_sizes", spy)
         got = plan_graphpipe(graph, cluster, B)
         m.setattr(uniform, "PRUNE_SIZES", False)
         want = plan_graphpipe(graph, cluster, B)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost.model import OPTIMIZER_STEP_SCRATCH, POSTED_AHEAD, TEMPORARY_OUTPUTS, boundary_bytes, stage_memory
+from gpp_solver.cost.memory import OPTIMIZER_STEP_SCRATCH, POSTED_AHEAD, TEMPORARY_OUTPUTS, boundary_bytes, stage_memory
 from gpp_solver.errors import InvalidClusterError
 from gpp_solver.plan.build import StageSpec
 

@@ -20,7 +20,7 @@ import pytest
 from tiny_graphs import chain_dict, diamond_dict, node
 
 import gpp_solver as gs
-from gpp_solver.cost.model import stage_memory
+from gpp_solver.cost.memory import stage_memory
 from gpp_solver.errors import (
     InfeasibleError,
     InvalidInputError,

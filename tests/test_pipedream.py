@@ -21,7 +21,8 @@ from gpp_solver.oracles.brute_force import random_graph
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.sequential.linearize import antichain_states, linearize, topological_states
-from gpp_solver.planners.sequential.pipedream import pipedream_optimizer, plan_pipedream
+from gpp_solver.planners.sequential.pipedream import plan_pipedream
+from gpp_solver.planners.sequential.pipedream_costs import pipedream_optimizer
 from gpp_solver.types import Cluster
 
 

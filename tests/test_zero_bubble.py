@@ -15,7 +15,8 @@ from tiny_graphs import random_dag_edges
 
 import gpp_solver as gs
 from gpp_solver.action import Action, parse_order
-from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import in_flight_from_order, stage_costs
 from gpp_solver.errors import InvalidGraphError, InvalidInputError, InvalidPlanError
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.simulate import simulate_orders

@@ -7,6 +7,7 @@ same pricing core (:func:`comm_time`, :func:`allreduce_time`, :func:`time_per_sa
 by ``tests/test_pricers.py``.
 """
 
+from gpp_solver.cost.memory import stage_memory
 from gpp_solver.cost.model import (
     NodeConfig,
     StageCost,
@@ -24,7 +25,6 @@ from gpp_solver.cost.model import (
     stage_compute,
     stage_compute_parts,
     stage_costs,
-    stage_memory,
     stage_transfers,
     stage_weight_bytes,
     stage_weight_grad_time,

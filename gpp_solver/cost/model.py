@@ -17,7 +17,8 @@ Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-paral
 * a graph's ``op_overhead`` adds ``|V_S| * op_overhead.fw`` to ``C(S)``'s forward and
   ``|V_S| * op_overhead.bw`` to its backward (:class:`TimeTerms` holds the three terms);
 * ``TPS(S) = (C(S) + comm(S)) / b + (A(S) + O(S)) / B``; the plan's TPS is the max over stages;
-* memory per device: ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``;
+* memory per device: ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``
+  (:func:`memory_per_device`; a stage's figure, with the runtime's overheads, is :mod:`gpp_solver.cost.memory`'s);
 * iteration-time estimate: ``L + max_S (n_S - 1)(C(S) + comm(S)) + max_S (A(S) + O(S))``, ``L`` the longest
   path of per-micro-batch ``C + comm`` through the stage graph (with one micro-batch size this is
   the page's ``L + (n-1) max_S (C+comm) + max_S A``).
@@ -119,7 +120,7 @@ def data_parallel(stage: StageLike) -> int:
     return max(1, len(stage.devices) // max(1, stage.tensor_parallel))
 
 
-def _configs(graph: Graph, stage: StageLike) -> list[NodeConfig | Node]:
+def stage_configs(graph: Graph, stage: StageLike) -> list[NodeConfig | Node]:
     """Each node's figures (``fw_time``, ``bw_time``, ``weight_bytes``, ``activation_bytes``): the
     node itself when it runs in its own configuration (no copy), else its TMPC's."""
     tm = stage.tmpc
@@ -133,7 +134,7 @@ def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
     x = stage.micro_batch_size / data_parallel(stage)
     sizes = graph.micro_batch_sizes
     fw = bw = 0.0
-    for c in _configs(graph, stage):
+    for c in stage_configs(graph, stage):
         fw += interp_time(c.fw_time, sizes, x)
         bw += interp_time(c.bw_time, sizes, x)
     ofw, obw = graph.op_overhead
@@ -146,7 +147,7 @@ def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
 def stage_weight_grad_time(graph: Graph, stage: StageLike) -> float:
     """``W(S) = sum_v w_v(b/d)``: the weight-gradient part of one micro-batch's backward on one replica."""
     x = stage.micro_batch_size / data_parallel(stage)
-    return sum(node_weight_grad_time(c, graph.micro_batch_sizes, x) for c in _configs(graph, stage))
+    return sum(node_weight_grad_time(c, graph.micro_batch_sizes, x) for c in stage_configs(graph, stage))
 
 
 def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
@@ -158,11 +159,11 @@ def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
 
 
 def stage_weight_bytes(graph: Graph, stage: StageLike) -> float:
-    return sum(c.weight_bytes for c in _configs(graph, stage))
+    return sum(c.weight_bytes for c in stage_configs(graph, stage))
 
 
 def stage_activation_bytes(graph: Graph, stage: StageLike) -> float:
-    return sum(c.activation_bytes for c in _configs(graph, stage))
+    return sum(c.activation_bytes for c in stage_configs(graph, stage))
 
 
 # The pricing core: every pricer (this module's stage_costs and the planners' vectorised fast
@@ -204,94 +205,6 @@ def stage_transfers(graph: Graph, stage_of: Mapping[str, int]) -> dict[int, list
         out.setdefault(su, []).append((sv, nbytes))
         out.setdefault(sv, []).append((su, nbytes))
     return out
-
-
-def stage_memory(
-    graph: Graph,
-    cluster: Cluster,
-    stage: StageLike,
-    in_flight_samples: float,
-    stages: Sequence[StageLike] | None = None,
-) -> float:
-    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``;
-    with ``cluster.memory_overheads``, :func:`memory_with_overheads` (the received buffers need the
-    plan's ``stages``)."""
-    if cluster.memory_overheads:
-        boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
-        return memory_with_overheads(graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary)
-    return memory_per_device(
-        cluster.optimizer_state_factor,
-        stage_weight_bytes(graph, stage),
-        in_flight_samples,
-        data_parallel(stage),
-        stage_activation_bytes(graph, stage),
-    )
-
-
-#: tensors of one micro-batch's rows, each the size of the stage's largest node output, that a
-#: backward holds beside the saved activations: the gradient flowing into a node and the one it
-#: produces (at the sink: the loss's temporaries and gradient)
-TEMPORARY_OUTPUTS = 2
-#: micro-batches whose messages the runtime posts before the compute that needs them
-#: (``GraphPipeline``'s default ``lookahead``)
-POSTED_AHEAD = 2
-#: tensors of the largest parameter's size an Adam-class optimizer step allocates at once
-OPTIMIZER_STEP_SCRATCH = 3
-
-
-def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) -> tuple[float, float]:
-    """Bytes per sample ``stage`` receives from and sends to other stages: its incoming and its
-    outgoing transfers (one per producer node and consumer stage, as in :func:`stage_transfers`)."""
-    stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
-    mine = stage_of[stage.nodes[0]] if stage.nodes else -1
-    pairs: dict[tuple[str, int], float] = {}
-    for (u, v), nbytes in graph.edge_bytes_map.items():
-        su, sv = stage_of[u], stage_of[v]
-        if su != sv and mine in (su, sv):
-            pairs[(u, sv)] = max(pairs.get((u, sv), 0.0), nbytes)
-    received = sum(b for (u, sv), b in pairs.items() if sv == mine)
-    return received, sum(pairs.values()) - received
-
-
-def memory_with_overheads(
-    graph: Graph,
-    osf: float,
-    stage: StageLike,
-    in_flight_samples: float,
-    received_per_sample: float,
-    sent_per_sample: float = 0.0,
-) -> float:
-    """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
-
-    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets, step)`` where
-
-    * ``received``: bytes per sample of the values received from other stages (their copies stay
-      until the backward of their micro-batch);
-    * ``temporaries = max_v weight_bytes_v + TEMPORARY_OUTPUTS * b / d * max_v output_bytes_v +
-      POSTED_AHEAD * b / d * (received + sent)``: a node's weight gradient before it is added into
-      ``.grad``, the gradients of one micro-batch's activations during a backward, and the buffers
-      of the messages the runtime posts ahead of the compute that reads them (activations to
-      receive, gradients of the values it sent);
-    * ``buckets = W_S`` when ``d > 1``: the data-parallel all-reduce's flat copy of the gradients,
-      alive after the last backward, when the activations are gone (so the largest of the phases);
-    * ``step = OPTIMIZER_STEP_SCRATCH * max_v weight_bytes_v`` when ``osf >= 4`` (Adam's class):
-      the optimizer step's temporaries (``sqrt`` of the second moment, the quotient, the previous
-      parameter's quotient not yet freed); SGD, with or without momentum, updates in place.
-    """
-    d = data_parallel(stage)
-    configs = _configs(graph, stage)
-    weights = sum(c.weight_bytes for c in configs)
-    largest_weight = max((c.weight_bytes for c in configs), default=0.0)
-    largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
-    rows = stage.micro_batch_size / d
-    temporaries = (
-        largest_weight
-        + TEMPORARY_OUTPUTS * rows * largest_output
-        + POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
-    )
-    activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
-    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
-    return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """CP-SAT verify and tighten of every stage's micro-batch order for a FIXED partition (the public
-entry; the model itself — data, variables, constraints, ticks, memory — is
-:mod:`gpp_solver.cp_orders.order_model`, whose names are re-exported here).
+entry; the model itself — variables, constraints, memory — is :mod:`gpp_solver.cp_orders.order_model`
+and its data in ticks :mod:`gpp_solver.cp_orders.schedule_data`, whose names are re-exported here).
 
 The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.
 :func:`verify_orders` checks given orders against the model; :func:`tighten` searches for orders
@@ -22,20 +22,22 @@ from typing import Any
 
 from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.cp_orders.order_model import (
-    DEFAULT_RESOLUTION,
     MEMORY_RESOLUTION,
     Key,
     Order,
-    ScheduleData,
     ScheduleVars,
     Solved,
     add_memory_objective,
     add_order_hint,
     build_schedule_model,
-    max_in_flight_micro_batches,
     model_from_data,
-    schedule_data,
     solve_model,
+)
+from gpp_solver.cp_orders.schedule_data import (
+    DEFAULT_RESOLUTION,
+    ScheduleData,
+    max_in_flight_micro_batches,
+    schedule_data,
 )
 from gpp_solver.errors import DeadlockError
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -185,6 +187,54 @@ def _memory_phase(
     return solve_model(model, v, time_limit=time_limit, seed=seed, workers=workers, deterministic=deterministic)
 
 
+def _lighter(plan: Plan, graph: Graph, cluster: Cluster, new: Plan, orders: Mapping[int, Order] | None) -> Plan:
+    """Phase 2's plan (its ``orders``) instead of phase 1's ``new`` when it simulates no slower
+    (1e-6 relative, the tick rounding) and uses no more memory; else ``new``."""
+    if orders is None:
+        return new
+    new2 = _rebuild(plan, graph, cluster, orders)
+    if (
+        new2.predicted.iteration_time <= new.predicted.iteration_time * (1 + 1e-6)
+        and new2.predicted.peak_memory_bytes <= new.predicted.peak_memory_bytes
+    ):
+        return new2
+    return new
+
+
+def _keep_if_better(out: TightenResult, new: Plan, data: ScheduleData, t0: float) -> TightenResult:
+    """``out`` (its plan the input, ``t0`` the start of the search) with ``new`` in it when ``new``
+    simulates faster, or as fast with a lower peak memory, or when the input's own orders break the
+    memory limit (the solver's always respect it); logs the choice."""
+    before, mem_before = out.makespan_before, out.peak_memory_before
+    after, mem_after = new.predicted.iteration_time, new.predicted.peak_memory_bytes
+    before_fits = all(s.in_flight_samples <= data.max_in_flight[s.id] * s.micro_batch_size for s in out.plan.stages)
+    better = (
+        (not before_fits)
+        or after < before * (1 - 1e-9)
+        or (after <= before * (1 + 1e-12) and mem_after < mem_before * (1 - 1e-9))
+    )
+    logger.info(
+        "tighten: %s/%s, makespan %.6g -> %.6g s, peak memory %.4g -> %.4g B (%s)",
+        out.status,
+        out.memory_status,
+        before,
+        after,
+        mem_before,
+        mem_after,
+        "kept" if better else "discarded",
+    )
+    if not better:
+        return replace(out, seconds=time.perf_counter() - t0)
+    return replace(
+        out,
+        plan=new,
+        makespan_after=after,
+        peak_memory_after=mem_after,
+        improved=True,
+        seconds=time.perf_counter() - t0,
+    )
+
+
 def tighten(
     plan: Plan,
     graph: Graph,
@@ -254,41 +304,9 @@ def tighten(
             d, res.orders, res.objective_ticks, time_limit=left, seed=seed, workers=workers, deterministic=deterministic
         )
         out = replace(out, memory_status=res2.status, wall_guard=out.wall_guard or res2.wall_guard)
-        if res2.orders is not None:
-            new2 = _rebuild(plan, graph, cluster, res2.orders)
-            if (
-                new2.predicted.iteration_time <= new.predicted.iteration_time * (1 + 1e-6)
-                and new2.predicted.peak_memory_bytes <= new.predicted.peak_memory_bytes
-            ):
-                new = new2
+        new = _lighter(plan, graph, cluster, new, res2.orders)
     validate(new, graph, cluster)
-    after, mem_after = new.predicted.iteration_time, new.predicted.peak_memory_bytes
-    before_fits = all(s.in_flight_samples <= d.max_in_flight[s.id] * s.micro_batch_size for s in plan.stages)
-    better = (
-        (not before_fits)
-        or after < before.iteration_time * (1 - 1e-9)
-        or (after <= before.iteration_time * (1 + 1e-12) and mem_after < before.peak_memory_bytes * (1 - 1e-9))
-    )
-    logger.info(
-        "tighten: %s/%s, makespan %.6g -> %.6g s, peak memory %.4g -> %.4g B (%s)",
-        res.status,
-        out.memory_status,
-        before.iteration_time,
-        after,
-        before.peak_memory_bytes,
-        mem_after,
-        "kept" if better else "discarded",
-    )
-    if not better:
-        return replace(out, seconds=time.perf_counter() - t0)
-    return replace(
-        out,
-        plan=new,
-        makespan_after=after,
-        peak_memory_after=mem_after,
-        improved=True,
-        seconds=time.perf_counter() - t0,
-    )
+    return _keep_if_better(out, new, d, t0)
 
 
 def tighten_plan_if_fits(

@@ -1,26 +1,16 @@
-"""The CP-SAT model of every stage's micro-batch order for a FIXED partition: data, variables,
-constraints, solve (the verify and tighten steps that use it are :mod:`gpp_solver.cp_orders.cp_schedule`).
+"""The CP-SAT model of every stage's micro-batch order for a FIXED partition: variables,
+constraints, solve (its data, in ticks, is :mod:`gpp_solver.cp_orders.schedule_data`; the verify
+and tighten steps that use it are :mod:`gpp_solver.cp_orders.cp_schedule`).
 
 The partition (stages, devices, micro-batch sizes) is the plan's; only the orders are free.  The
 model follows the simulator's rules (``docs/cost-model.md``, *Iteration time*) exactly, up to the
-rounding of durations to integer ticks:
+rounding of durations to integer ticks (:mod:`~gpp_solver.cp_orders.schedule_data`):
 
-* data — per stage ``S``: ``n_S = B / b_S`` micro-batches, durations ``F(S)`` (forward compute +
-  forward halves of its transfers), ``B(S)`` (backward halves), all-reduce tail ``A(S)`` from
-  :func:`gpp_solver.cost.model.stage_costs`, the largest number of micro-batches ``K_S`` the memory
-  limit lets it hold (``M(S) <= memory_bytes`` with ``in_flight = K_S * b_S``);
+* data — :class:`ScheduleData`: per stage ``S`` the micro-batches ``n_S``, the durations ``F(S)``,
+  ``B(S)``, the all-reduce tail ``A(S)`` and the memory limit's ``K_S`` micro-batches in flight;
 * variables — one fixed-size interval ``F_s{S}_j{j}`` / ``B_s{S}_j{j}`` per action, ``makespan``;
 * constraints — see the commented blocks in :func:`build_schedule_model`;
 * objective — ``makespan = max_S end(B(S, n_S - 1)) + A(S)``, minimised.
-
-**Ticks.** CP-SAT needs integers: one tick is ``unit`` seconds, by default the serial horizon
-(every action of every stage one after another, plus the largest all-reduce) divided by
-``resolution`` (10^6).  Each duration is rounded to the nearest tick, and at least one tick, so
-an action's modelled length is off by at most one tick (half a tick unless it is shorter than
-half a tick) and a makespan in ticks by at most one tick per action on its critical path.
-``OPTIMAL`` is therefore proven for the rounded durations; every makespan this module reports
-(``makespan``, ``makespan_before/after``) is the exact float of the simulator re-run on the
-orders, and ``lower_bound`` is the solver's bound in ticks times ``unit``.
 
 **Memory.** The cost model's in-flight count is the peak of forwards done minus backwards done
 (times ``b``).  On one stage actions never overlap, so "``F(S, j + K)`` starts after ``B(S, j)``
@@ -35,13 +25,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
 from gpp_solver._backend.progress import ProgressBar
-from gpp_solver.action import Action, has_weight_actions
-from gpp_solver.cost.model import stage_costs, stage_memory
+from gpp_solver.action import Action
+from gpp_solver.cp_orders.schedule_data import DEFAULT_RESOLUTION, ScheduleData, schedule_data
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.validate import check_order
@@ -49,111 +39,6 @@ from gpp_solver.types import Cluster, Graph, Plan
 
 Order = tuple[Action, ...]
 Key = tuple[int, str, int]  # (stage, "F"/"B", micro-batch)
-
-DEFAULT_RESOLUTION = 1_000_000  # ticks in the serial horizon
-
-
-# ----------------------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class ScheduleData:
-    """Everything the model needs, already in ticks (``unit`` seconds each)."""
-
-    stages: tuple[int, ...]
-    n: Mapping[int, int]  # micro-batches per stage
-    micro_batch: Mapping[int, int]  # b per stage
-    forward: Mapping[int, int]  # ticks
-    backward: Mapping[int, int]
-    allreduce: Mapping[int, int]
-    edges: tuple[tuple[int, int], ...]
-    max_in_flight: Mapping[int, int]  # K_S, micro-batches (n_S when memory does not bind)
-    unit: float  # seconds per tick
-    horizon: int  # ticks; no schedule without deadlock is longer
-    memory_base: Mapping[int, float] = field(default_factory=dict)  # bytes: optimizer_state_factor * W
-    memory_per_micro_batch: Mapping[int, float] = field(default_factory=dict)  # bytes per device per micro-batch
-    # stages with a split backward: their W duration in ticks (``backward`` is then the input gradient's)
-    weight: Mapping[int, int] = field(default_factory=dict)
-
-    @property
-    def actions(self) -> int:
-        return sum((3 if s in self.weight else 2) * n for s, n in self.n.items())
-
-    def kinds(self, s: int) -> tuple[str, ...]:
-        """The action kinds of stage ``s``: ``F``, ``B`` and, with a split backward, ``W``."""
-        return ("F", "B", "W") if s in self.weight else ("F", "B")
-
-    def release(self, s: int) -> str:
-        """The kind whose end frees a micro-batch's activations on stage ``s`` (``W`` or ``B``)."""
-        return "W" if s in self.weight else "B"
-
-
-def _ticks(seconds: float, unit: float) -> int:
-    return max(1, int(round(seconds / unit)))
-
-
-def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> dict[int, int]:
-    """``K_S``: most micro-batches stage ``S`` may hold with ``M(S) <= memory_bytes`` (0: none fits).
-
-    Uses :func:`gpp_solver.cost.model.stage_memory` and the validator's tolerance, so an order passes
-    the memory check exactly when its peak is at most ``K_S``.
-    """
-    out = {}
-    for s in plan.stages:
-        n = plan.mini_batch_size // s.micro_batch_size
-        k = 0
-        while k < n and stage_memory(graph, cluster, s, (k + 1) * s.micro_batch_size) <= cluster.memory_bytes * (
-            1 + 1e-9
-        ):
-            k += 1
-        out[s.id] = k
-    return out
-
-
-def schedule_data(
-    plan: Plan,
-    graph: Graph,
-    cluster: Cluster,
-    *,
-    max_in_flight: Mapping[int, int] | None = None,
-    unit: float | None = None,
-    resolution: int = DEFAULT_RESOLUTION,
-) -> ScheduleData:
-    """Cost-model figures of the plan's partition in ticks.  ``max_in_flight``: samples per stage
-    id (overrides the memory limit for the stages it names).  A stage whose order holds ``W``
-    actions gets a split backward: ``B`` the input gradient, ``W`` the weight gradient."""
-    costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
-    ids = tuple(s.id for s in plan.stages)
-    n = {s.id: plan.mini_batch_size // s.micro_batch_size for s in plan.stages}
-    serial = sum(n[s.id] * (c.forward + c.backward) for s, c in zip(plan.stages, costs)) + max(c.tail for c in costs)
-    if unit is None:
-        unit = serial / resolution if serial > 0 else 1.0
-    if not unit > 0:
-        raise InvalidInputError(f"`unit > 0` must hold, but got (unit={unit})")
-    split = {s.id for s in plan.stages if has_weight_actions(s.schedule.order)}
-    fw = {s.id: _ticks(c.forward, unit) for s, c in zip(plan.stages, costs)}
-    bw = {s.id: _ticks(c.backward_input if s.id in split else c.backward, unit) for s, c in zip(plan.stages, costs)}
-    wt = {s.id: _ticks(c.backward_weight, unit) for s, c in zip(plan.stages, costs) if s.id in split}
-    ar = {s.id: int(round(c.tail / unit)) for s, c in zip(plan.stages, costs)}
-    k = max_in_flight_micro_batches(plan, graph, cluster)
-    for sid, samples in (max_in_flight or {}).items():
-        k[sid] = samples // plan.stage(sid).micro_batch_size
-    horizon = sum(n[i] * (fw[i] + bw[i] + wt.get(i, 0)) for i in ids) + max(ar.values())
-    base = {s.id: stage_memory(graph, cluster, s, 0) for s in plan.stages}
-    per_mb = {s.id: stage_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
-    return ScheduleData(
-        ids,
-        n,
-        {s.id: s.micro_batch_size for s in plan.stages},
-        fw,
-        bw,
-        ar,
-        tuple(plan.edges),
-        {i: min(k[i], n[i]) for i in ids},
-        unit,
-        horizon,
-        base,
-        per_mb,
-        wt,
-    )
 
 
 def _last_covering(j: int, b_self: int, b_other: int) -> int:

@@ -80,15 +80,8 @@ def _tmpc(d: Any, where: str, n: int) -> Tmpc:
     )
 
 
-def graph_from_dict(d: Any) -> Graph:
-    """Validate a ``gpp-graph/1`` document and return a :class:`Graph`.
-
-    A field the format does not define is an error naming it; extensions go under an ``extra`` object
-    (of the graph, a node, a ``tmpc`` entry or an edge), kept in ``.extra`` (an edge's is not kept)."""
-    document(d, "graph", _GRAPH_FIELDS, GRAPH_FORMAT, E)
-    name = d.get("name", "graph")
-    if not isinstance(name, str):
-        raise E(f"graph: name must be a string, got {name!r}")
+def _micro_batch_sizes(d: dict) -> tuple[int, ...]:
+    """The document's ``micro_batch_sizes``: a non-empty, strictly increasing list of positive integers."""
     sizes_raw = require(d, "micro_batch_sizes", "graph", E)
     if not isinstance(sizes_raw, list) or not sizes_raw:
         raise E("graph: micro_batch_sizes must be a non-empty list of positive integers")
@@ -98,6 +91,43 @@ def graph_from_dict(d: Any) -> Graph:
     for i in range(1, len(sizes)):
         if sizes[i] <= sizes[i - 1]:
             raise E(f"graph: micro_batch_sizes must be strictly increasing, got {list(sizes)}")
+    return sizes
+
+
+def _edges(d: dict, ids: set[str]) -> list[Edge]:
+    """The document's ``edges`` (objects, or the compact ``[src, dst]`` pairs) between the node ``ids``."""
+    edges_raw = d.get("edges", [])
+    if not isinstance(edges_raw, list):
+        raise E("graph: edges must be a list")
+    edges: list[Edge] = []
+    for i, ed in enumerate(edges_raw):
+        if isinstance(ed, list) and len(ed) == 2:  # tolerate the compact [src, dst] form
+            ed = {"src": ed[0], "dst": ed[1]}
+        src = require(ed, "src", f"edge #{i}", E)
+        dst = require(ed, "dst", f"edge #{i}", E)
+        known_fields(ed, _EDGE_FIELDS, f"edge #{i}", E)
+        extra(ed, f"edge #{i}", E)
+        where = f"edge {src!r} -> {dst!r}"
+        for end in (src, dst):
+            if not isinstance(end, str) or end not in ids:
+                raise E(f"{where} refers to unknown node {end!r}")
+        if src == dst:
+            raise E(f"{where} is a self-loop")
+        b = ed.get("bytes")
+        edges.append(Edge(src, dst, None if b is None else _bytes(b, f"{where}.bytes")))
+    return edges
+
+
+def graph_from_dict(d: Any) -> Graph:
+    """Validate a ``gpp-graph/1`` document and return a :class:`Graph`.
+
+    A field the format does not define is an error naming it; extensions go under an ``extra`` object
+    (of the graph, a node, a ``tmpc`` entry or an edge), kept in ``.extra`` (an edge's is not kept)."""
+    document(d, "graph", _GRAPH_FIELDS, GRAPH_FORMAT, E)
+    name = d.get("name", "graph")
+    if not isinstance(name, str):
+        raise E(f"graph: name must be a string, got {name!r}")
+    sizes = _micro_batch_sizes(d)
     n = len(sizes)
     nodes_raw = require(d, "nodes", "graph", E)
     if not isinstance(nodes_raw, list):
@@ -133,25 +163,7 @@ def graph_from_dict(d: Any) -> Graph:
                 extra=extra(nd, where, E),
             )
         )
-    edges_raw = d.get("edges", [])
-    if not isinstance(edges_raw, list):
-        raise E("graph: edges must be a list")
-    edges: list[Edge] = []
-    for i, ed in enumerate(edges_raw):
-        if isinstance(ed, list) and len(ed) == 2:  # tolerate the compact [src, dst] form
-            ed = {"src": ed[0], "dst": ed[1]}
-        src = require(ed, "src", f"edge #{i}", E)
-        dst = require(ed, "dst", f"edge #{i}", E)
-        known_fields(ed, _EDGE_FIELDS, f"edge #{i}", E)
-        extra(ed, f"edge #{i}", E)
-        where = f"edge {src!r} -> {dst!r}"
-        for end in (src, dst):
-            if not isinstance(end, str) or end not in seen:
-                raise E(f"{where} refers to unknown node {end!r}")
-        if src == dst:
-            raise E(f"{where} is a self-loop")
-        b = ed.get("bytes")
-        edges.append(Edge(src, dst, None if b is None else _bytes(b, f"{where}.bytes")))
+    edges = _edges(d, seen)
     g = Graph(
         name=name,
         micro_batch_sizes=sizes,

@@ -125,65 +125,60 @@ def _search(srch: dict[str, Any]) -> SearchInfo:
     )
 
 
-def plan_from_dict(d: Any) -> Plan:
-    document(d, "plan", _PLAN_FIELDS, PLAN_FORMAT, E)
-    extra(d, "plan", E)
-    B = integer(require(d, "mini_batch_size", "plan", E), "plan: mini_batch_size", E, minimum=1, maximum=MAX_COUNT)
-    stages_raw = require(d, "stages", "plan", E)
-    if not isinstance(stages_raw, list) or not stages_raw:
-        raise E("plan: stages must be a non-empty list")
-    stages = []
-    for i, s in enumerate(stages_raw):
-        sid = integer(require(s, "id", f"plan: stage #{i}", E), f"plan: stage #{i}.id", E, minimum=0, maximum=MAX_COUNT)
-        where = f"stage {sid}"
-        known_fields(s, _STAGE_FIELDS, where, E)
-        extra(s, where, E)
-        nodes = require(s, "nodes", where, E)
-        if not isinstance(nodes, list) or not all(isinstance(x, str) for x in nodes):
-            raise E(f"{where}.nodes must be a list of node ids")
-        devices = require(s, "devices", where, E)
-        if not isinstance(devices, list):
-            raise E(f"{where}.devices must be a list of device indices")
-        sched = obj(require(s, "schedule", where, E), f"{where}.schedule", E)
-        known_fields(sched, _SCHEDULE_FIELDS, f"{where}.schedule", E)
-        pred = _predicted(s, _STAGE_PRED_FIELDS, where)
-        tmpc = s.get("tmpc")
-        if tmpc is not None:
-            tmpc = {
-                _string(k, f"{where}.tmpc key"): integer(v, f"{where}.tmpc[{k!r}]", E, minimum=0)
-                for k, v in obj(tmpc, f"{where}.tmpc", E).items()
-            }
-        stages.append(
-            Stage(
-                id=sid,
-                nodes=tuple(nodes),
-                devices=tuple(integer(x, f"{where}.devices", E, minimum=0, maximum=MAX_COUNT) for x in devices),
-                micro_batch_size=integer(
-                    require(s, "micro_batch_size", where, E),
-                    f"{where}.micro_batch_size",
-                    E,
-                    minimum=1,
-                    maximum=MAX_COUNT,
-                ),
-                schedule=Schedule(
-                    kind=_string(sched.get("kind", "custom"), f"{where}.schedule.kind"),
-                    k=integer(sched.get("k", 1), f"{where}.schedule.k", E, minimum=1, maximum=MAX_COUNT),
-                    order=_order(require(sched, "order", f"{where}.schedule", E), f"{where}.schedule"),
-                ),
-                in_flight_samples=integer(
-                    require(s, "in_flight_samples", where, E),
-                    f"{where}.in_flight_samples",
-                    E,
-                    minimum=0,
-                    maximum=MAX_COUNT,
-                ),
-                predicted=StagePrediction(**pred),
-                tensor_parallel=integer(
-                    s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1, maximum=MAX_COUNT
-                ),
-                tmpc=tmpc,
-            )
-        )
+def _stage(s: Any, i: int) -> Stage:
+    """Stage ``#i`` (in document order) of a plan document."""
+    sid = integer(require(s, "id", f"plan: stage #{i}", E), f"plan: stage #{i}.id", E, minimum=0, maximum=MAX_COUNT)
+    where = f"stage {sid}"
+    known_fields(s, _STAGE_FIELDS, where, E)
+    extra(s, where, E)
+    nodes = require(s, "nodes", where, E)
+    if not isinstance(nodes, list) or not all(isinstance(x, str) for x in nodes):
+        raise E(f"{where}.nodes must be a list of node ids")
+    devices = require(s, "devices", where, E)
+    if not isinstance(devices, list):
+        raise E(f"{where}.devices must be a list of device indices")
+    sched = obj(require(s, "schedule", where, E), f"{where}.schedule", E)
+    known_fields(sched, _SCHEDULE_FIELDS, f"{where}.schedule", E)
+    pred = _predicted(s, _STAGE_PRED_FIELDS, where)
+    tmpc = s.get("tmpc")
+    if tmpc is not None:
+        tmpc = {
+            _string(k, f"{where}.tmpc key"): integer(v, f"{where}.tmpc[{k!r}]", E, minimum=0)
+            for k, v in obj(tmpc, f"{where}.tmpc", E).items()
+        }
+    return Stage(
+        id=sid,
+        nodes=tuple(nodes),
+        devices=tuple(integer(x, f"{where}.devices", E, minimum=0, maximum=MAX_COUNT) for x in devices),
+        micro_batch_size=integer(
+            require(s, "micro_batch_size", where, E),
+            f"{where}.micro_batch_size",
+            E,
+            minimum=1,
+            maximum=MAX_COUNT,
+        ),
+        schedule=Schedule(
+            kind=_string(sched.get("kind", "custom"), f"{where}.schedule.kind"),
+            k=integer(sched.get("k", 1), f"{where}.schedule.k", E, minimum=1, maximum=MAX_COUNT),
+            order=_order(require(sched, "order", f"{where}.schedule", E), f"{where}.schedule"),
+        ),
+        in_flight_samples=integer(
+            require(s, "in_flight_samples", where, E),
+            f"{where}.in_flight_samples",
+            E,
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+        predicted=StagePrediction(**pred),
+        tensor_parallel=integer(
+            s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1, maximum=MAX_COUNT
+        ),
+        tmpc=tmpc,
+    )
+
+
+def _edges(d: dict) -> list[tuple[int, int]]:
+    """The plan document's stage ``edges``: ``[from, to]`` pairs of stage ids."""
     edges_raw = d.get("edges", [])
     if not isinstance(edges_raw, list):
         raise E("plan: edges must be a list of [from, to] stage pairs")
@@ -197,6 +192,18 @@ def plan_from_dict(d: Any) -> Plan:
                 integer(e[1], f"plan: edges[{i}]", E, minimum=0, maximum=MAX_COUNT),
             )
         )
+    return edges
+
+
+def plan_from_dict(d: Any) -> Plan:
+    document(d, "plan", _PLAN_FIELDS, PLAN_FORMAT, E)
+    extra(d, "plan", E)
+    B = integer(require(d, "mini_batch_size", "plan", E), "plan: mini_batch_size", E, minimum=1, maximum=MAX_COUNT)
+    stages_raw = require(d, "stages", "plan", E)
+    if not isinstance(stages_raw, list) or not stages_raw:
+        raise E("plan: stages must be a non-empty list")
+    stages = [_stage(s, i) for i, s in enumerate(stages_raw)]
+    edges = _edges(d)
     srch = obj(d.get("search", {}), "plan: search", E)
     osf = d.get("optimizer_state_factor")
     return Plan(

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from gpp_solver.action import Action, Kind, as_order, has_weight_actions
-from gpp_solver.cost.model import in_flight_from_order, iteration_time_estimate, stage_costs, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import StageCost, in_flight_from_order, iteration_time_estimate, stage_costs
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
@@ -62,25 +63,9 @@ def _topological_renumbering(graph: Graph, specs: Sequence[StageSpec]) -> list[i
     return list(nx.lexicographical_topological_sort(g, key=lambda i: first[i]))
 
 
-def build_plan(
-    graph: Graph,
-    cluster: Cluster,
-    specs: Sequence[StageSpec],
-    mini_batch_size: int,
-    *,
-    planner: str,
-    search: SearchInfo,
-    k_options: Sequence[int] = (1,),
-    schedule: str = "1f1b",
-) -> Plan:
-    """Assemble and price a plan.  Stages are numbered in topological order of the stage graph.
-
-    ``schedule``: ``"1f1b"`` the kFkB orders; ``"zb"`` those orders with the weight gradients split
-    off as ``W`` actions (:mod:`gpp_solver.plan.zero_bubble`, same memory, never slower); ``"auto"``
-    the zb orders when they are faster, else the kFkB ones.  Explicit orders (``StageSpec.order``)
-    are kept as given.  With ``"zb"``/``"auto"`` the plan's ``search.extra["schedule"]`` records
-    the choice (:func:`gpp_solver.plan.zero_bubble.schedule_record`)."""
-    check_schedule(schedule)
+def _numbered_specs(graph: Graph, specs: Sequence[StageSpec], mini_batch_size: int) -> list[StageSpec]:
+    """``specs`` checked (every node in exactly one stage, ``B % b == 0``) and numbered in
+    topological order of the stage graph, each stage's nodes in graph order."""
     seen: dict[str, int] = {}
     for i, s in enumerate(specs):
         if not s.nodes:
@@ -98,13 +83,21 @@ def build_plan(
         if mini_batch_size % s.micro_batch_size:
             raise InvalidPlanError(f"`B % b == 0` must hold, but got (B={mini_batch_size}, b={s.micro_batch_size})")
     # keep each stage's nodes in graph order so plans are deterministic
-    specs = [replace(s, nodes=tuple(sorted(s.nodes, key=graph.index.__getitem__))) for s in specs]
-    stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
-    edges = stage_graph_edges(graph, stage_of)
+    return [replace(s, nodes=tuple(sorted(s.nodes, key=graph.index.__getitem__))) for s in specs]
+
+
+def _kfkb_orders(
+    specs: Sequence[StageSpec],
+    edges: Sequence[tuple[int, int]],
+    bsz: Mapping[int, int],
+    mini_batch_size: int,
+    k_options: Sequence[int],
+) -> tuple[dict[int, tuple[int, int]], dict[int, tuple[Action, ...]]]:
+    """Algorithm 2's ``{stage: (k, in_flight_samples)}`` (each stage's ``k``, or the best of
+    ``k_options`` when no stage fixes one) and each stage's order: its explicit one, else kFkB."""
     succs: dict[int, list[int]] = {i: [] for i in range(len(specs))}
     for a, b in edges:
         succs[a].append(b)
-    bsz = {i: s.micro_batch_size for i, s in enumerate(specs)}
     if all(s.k is None for s in specs):
         inflight = schedule_stage_graph(succs, bsz, None, k_options=k_options)
     else:
@@ -117,17 +110,14 @@ def build_plan(
             if s.order is not None
             else kfkb_order(n, warmup_micro_batches(inflight[i][1], s.micro_batch_size, n))
         )
-    costs = stage_costs(graph, cluster, specs, mini_batch_size)
-    sim_args = (
-        bsz,
-        {i: c.forward for i, c in enumerate(costs)},
-        {i: c.backward for i, c in enumerate(costs)},
-        {i: c.tail for i, c in enumerate(costs)},
-        edges,
-        mini_batch_size,
-    )
-    kind = "kFkB"
-    weight = {i: c.backward_weight for i, c in enumerate(costs)}
+    return inflight, orders
+
+
+def _simulated(
+    orders: dict[int, tuple[Action, ...]], sim_args: tuple, weight: Mapping[int, float]
+) -> tuple[dict[int, tuple[Action, ...]], float, str]:
+    """``(orders, makespan, schedule kind)``: the kFkB ``orders`` and their simulated makespan, or,
+    when they deadlock, all forwards then all backwards (GPipe) and theirs."""
     try:
         makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
     except DeadlockError as exc:
@@ -137,24 +127,21 @@ def build_plan(
             for i, o in orders.items()
         }
         makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
-        kind = "GPipe"
-    if schedule != "1f1b" and all(s.order is None for s in specs):
-        orders, makespan, _, record = apply_schedule(
-            schedule,
-            orders,
-            makespan,
-            kind,
-            Durations(
-                bsz,
-                sim_args[1],
-                sim_args[2],
-                weight,
-                sim_args[3],
-                tuple(edges),
-                memory_caps(graph, cluster, specs, orders, mini_batch_size),
-            ),
-        )
-        search = replace(search, extra={**dict(search.extra), "schedule": record})
+        return orders, makespan, "GPipe"
+    return orders, makespan, "kFkB"
+
+
+def _stages(
+    graph: Graph,
+    cluster: Cluster,
+    specs: Sequence[StageSpec],
+    costs: Sequence[StageCost],
+    orders: Mapping[int, tuple[Action, ...]],
+    inflight: Mapping[int, tuple[int, int]],
+    kind: str,
+) -> list[Stage]:
+    """The plan's stages: each with its order (``kind`` for kFkB or GPipe ones), in-flight samples
+    (the order's peak) and predicted time per sample and memory."""
     stages = []
     for i, (s, c) in enumerate(zip(specs, costs)):
         peak = in_flight_from_order(orders[i], s.micro_batch_size)
@@ -177,6 +164,62 @@ def build_plan(
                 tmpc=dict(s.tmpc) if s.tmpc else None,
             )
         )
+    return stages
+
+
+def build_plan(
+    graph: Graph,
+    cluster: Cluster,
+    specs: Sequence[StageSpec],
+    mini_batch_size: int,
+    *,
+    planner: str,
+    search: SearchInfo,
+    k_options: Sequence[int] = (1,),
+    schedule: str = "1f1b",
+) -> Plan:
+    """Assemble and price a plan.  Stages are numbered in topological order of the stage graph.
+
+    ``schedule``: ``"1f1b"`` the kFkB orders; ``"zb"`` those orders with the weight gradients split
+    off as ``W`` actions (:mod:`gpp_solver.plan.zero_bubble`, same memory, never slower); ``"auto"``
+    the zb orders when they are faster, else the kFkB ones.  Explicit orders (``StageSpec.order``)
+    are kept as given.  With ``"zb"``/``"auto"`` the plan's ``search.extra["schedule"]`` records
+    the choice (:func:`gpp_solver.plan.zero_bubble.schedule_record`)."""
+    check_schedule(schedule)
+    specs = _numbered_specs(graph, specs, mini_batch_size)
+    stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
+    edges = stage_graph_edges(graph, stage_of)
+    bsz = {i: s.micro_batch_size for i, s in enumerate(specs)}
+    inflight, orders = _kfkb_orders(specs, edges, bsz, mini_batch_size, k_options)
+    costs = stage_costs(graph, cluster, specs, mini_batch_size)
+    sim_args = (
+        bsz,
+        {i: c.forward for i, c in enumerate(costs)},
+        {i: c.backward for i, c in enumerate(costs)},
+        {i: c.tail for i, c in enumerate(costs)},
+        edges,
+        mini_batch_size,
+    )
+    weight = {i: c.backward_weight for i, c in enumerate(costs)}
+    orders, makespan, kind = _simulated(orders, sim_args, weight)
+    if schedule != "1f1b" and all(s.order is None for s in specs):
+        orders, makespan, _, record = apply_schedule(
+            schedule,
+            orders,
+            makespan,
+            kind,
+            Durations(
+                bsz,
+                sim_args[1],
+                sim_args[2],
+                weight,
+                sim_args[3],
+                tuple(edges),
+                memory_caps(graph, cluster, specs, orders, mini_batch_size),
+            ),
+        )
+        search = replace(search, extra={**dict(search.extra), "schedule": record})
+    stages = _stages(graph, cluster, specs, costs, orders, inflight, kind)
     estimate = iteration_time_estimate(costs, edges, mini_batch_size)
     pred = PlanPrediction(
         time_per_sample=max(c.time_per_sample for c in costs),

@@ -2,7 +2,7 @@
 
 The planners search (and check their plans) with the model without overheads (``osf * W_S +
 in_flight / d * sum act_v``); the runtime's overheads (received buffers, messages posted ahead,
-gradient buckets, temporaries: ``cost.model.memory_with_overheads``) are then priced on the plan a
+gradient buckets, temporaries: ``cost.memory.memory_with_overheads``) are then priced on the plan a
 planner returns, by the same cost core that ``validate`` and ``simulate`` use.
 Where a stage then exceeds the device memory, the planner runs again with the device memory it
 sees lowered to the real one less the plan's largest overhead, so the plan returned fits under the
@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpp_solver.cost.model import stage_memory
+from gpp_solver.cost.memory import stage_memory
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.types import Cluster, Graph, Plan, Status
 

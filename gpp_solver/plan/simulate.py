@@ -17,7 +17,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs
 from gpp_solver.errors import DeadlockError, SolverError, check_types
 from gpp_solver.plan.grid import order_grid
 from gpp_solver.types import Cluster, Graph, Plan

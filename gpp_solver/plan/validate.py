@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import networkx as nx
 
-from gpp_solver.cost.model import in_flight_from_order, stage_costs, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import in_flight_from_order, stage_costs
 from gpp_solver.errors import InvalidPlanError, check_types
 from gpp_solver.plan.build import stage_graph_edges
 from gpp_solver.plan.simulate import SimResult, simulate

@@ -32,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpp_solver.action import Action, Kind
-from gpp_solver.cost.model import StageLike, in_flight_from_order, stage_memory
+from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.model import StageLike, in_flight_from_order
 from gpp_solver.errors import DeadlockError, InvalidInputError, show
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.types import Cluster, Graph, Plan
@@ -125,6 +126,27 @@ def _covering(j: int, b_self: int, b_other: int) -> range:
     return range((j * b_self) // b_other, ((j + 1) * b_self - 1) // b_other + 1)
 
 
+def _neighbours(stages: Sequence[int], edges: Sequence[tuple[int, int]]) -> tuple[dict[int, list[int]], ...]:
+    """``(preds, succs)``: each stage's predecessor and successor stages along ``edges``."""
+    preds: dict[int, list[int]] = {s: [] for s in stages}
+    succs: dict[int, list[int]] = {s: [] for s in stages}
+    for a, b in edges:
+        succs[a].append(b)
+        preds[b].append(a)
+    return preds, succs
+
+
+def _earliest(cache: Mapping[int, tuple[float, float, float]], stages: Sequence[int]) -> tuple[int, float]:
+    """The stage whose next action can start earliest, and when (ties: the first of ``stages``);
+    ``(-1, INF)`` when none can act."""
+    s, now = -1, INF
+    for x in stages:
+        t = min(cache[x])
+        if t < now:
+            s, now = x, t
+    return s, now
+
+
 def greedy_w(
     d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: Mapping[int, bool], b_first: bool = True
 ) -> dict[int, tuple[Action, ...]]:
@@ -132,11 +154,7 @@ def greedy_w(
     lower id); at that time it runs a ready ``B`` (``b_first``) or ``F`` within ``cap``, then the
     other, else its oldest pending ``W``.  A stage without ``split`` runs each ``W`` with its ``B``."""
     stages = sorted(n)
-    preds: dict[int, list[int]] = {s: [] for s in stages}
-    succs: dict[int, list[int]] = {s: [] for s in stages}
-    for a, b in d.edges:
-        succs[a].append(b)
-        preds[b].append(a)
+    preds, succs = _neighbours(stages, d.edges)
     fin: dict[tuple[int, str], dict[int, float]] = {(s, k): {} for s in stages for k in "FB"}
     nf = {s: 0 for s in stages}
     nb = {s: 0 for s in stages}
@@ -169,11 +187,7 @@ def greedy_w(
     total = sum(3 * n[s] if split[s] else 2 * n[s] for s in stages)
     done = 0
     while done < total:
-        s, now = -1, INF
-        for x in stages:
-            t = min(cache[x])
-            if t < now:
-                s, now = x, t
+        s, now = _earliest(cache, stages)
         if s < 0:
             raise DeadlockError("zero-bubble placement found no stage able to act")
         tb, tf, _ = cache[s]

@@ -51,32 +51,54 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import weakref
 
 import torch
 import torch.distributed as dist
-from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from gpp_solver.cost.model import stage_memory, stage_weight_bytes
+from gpp_solver.cost import stage_memory, stage_weight_bytes
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 
 from .executor import StageExecutor
 from .grad_sync import GradSync
-from .memory import MemoryMeter, state_factor_of, storage_bytes
+from .memory import MemoryMeter, storage_bytes
 from .metrics import Recorder
+from .optimizer_state import OptimizerStateCheck
 from .p2p import MODES, P2P
 from .stage_setup import build
 
 logger = logging.getLogger(__name__)
 
 
-def _tensor_bytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def _process_group() -> tuple[int, int, str]:
+    """(rank, world size, backend) of the initialised default process group."""
+    if not dist.is_available() or not dist.is_initialized():
+        raise InvalidInputError(
+            "GraphPipeline needs an initialised process group (torch.distributed.init_process_group under torchrun)"
+        )
+    return dist.get_rank(), dist.get_world_size(), dist.get_backend()
 
 
-class GraphPipeline:
+def _device_of(device, backend: str) -> torch.device:
+    """The device given, else cuda:LOCAL_RANK with NCCL and the CPU with another backend."""
+    if device is None:
+        device = (
+            torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}") if backend == "nccl" else torch.device("cpu")
+        )
+    return torch.device(device)
+
+
+def _p2p_mode(p2p: str, backend: str) -> str:
+    """The posting of sends/receives: ``auto`` is batched with NCCL, eager with another backend."""
+    if p2p == "auto":
+        p2p = "batched" if backend == "nccl" else "eager"
+    if p2p not in MODES:
+        raise InvalidInputError(f"p2p must be 'auto' or one of {MODES}, got {p2p!r}")
+    return p2p
+
+
+class GraphPipeline(OptimizerStateCheck):
     """This rank's stage of a planned graph pipeline (see the module docstring)."""
 
     def __init__(
@@ -104,25 +126,11 @@ class GraphPipeline:
         cluster=None,
         _setup=None,
     ) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise InvalidInputError(
-                "GraphPipeline needs an initialised process group (torch.distributed.init_process_group under torchrun)"
-            )
+        self.rank, world, backend = _process_group()
         if loss_reduction not in ("mean", "sum"):
             raise InvalidInputError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        self.rank, world = dist.get_rank(), dist.get_world_size()
-        backend = dist.get_backend()
-        if device is None:
-            device = (
-                torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
-                if backend == "nccl"
-                else torch.device("cpu")
-            )
-        self.device = torch.device(device)
-        if p2p == "auto":
-            p2p = "batched" if backend == "nccl" else "eager"
-        if p2p not in MODES:
-            raise InvalidInputError(f"p2p must be 'auto' or one of {MODES}, got {p2p!r}")
+        self.device = _device_of(device, backend)
+        p2p = _p2p_mode(p2p, backend)
         setup = _setup or build(
             plan,
             model,
@@ -139,62 +147,34 @@ class GraphPipeline:
         self.stage = setup.stage
         self.module = setup.program.module.to(self.device)
         self.module.train()
-        # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
-        self.optimizer_state_factor = (
-            optimizer_state_factor if optimizer_state_factor is not None else setup.optimizer_state_factor
+        self._init_optimizer_state(
+            optimizer_state_factor if optimizer_state_factor is not None else setup.optimizer_state_factor,
+            strict_optimizer_state,
         )
-        self.strict_optimizer_state = strict_optimizer_state
-        self.measured_state_factor: float | None = None
-        self.used_state_factor: float | None = None  # of the optimizer in use, once known
-        self._optimizers: list = []  # weak references to the optimizers that step this stage
         self._graph = as_graph(graph) if graph is not None else None
         self._cluster = as_cluster(cluster) if cluster is not None else None
         self._steps_run = 0
         self.memory = MemoryMeter(self.device, memory_step, memory_steps)
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
-        self._local_to_name = {}
-        for n, t in list(self.module.named_parameters(remove_duplicate=False)) + list(
-            self.module.named_buffers(remove_duplicate=False)
-        ):
-            self._local_to_name[n] = setup.names.get(id(t), n)
+        self._local_to_name = self._original_names()
         dp_group, tied = self._groups()
         self.comm = P2P(self.device, timeout, p2p)
         self.rec = Recorder(rank=self.rank, stage=self.stage.id)
-        params = [p for _n, p in self.named_parameters()]
-        # emulated devices only (runtime.emulate): (plan, stage) -> seconds the all-reduce takes
-        emulated = emulate_allreduce(self.plan, self.stage) if emulate_allreduce is not None else None
         overlap = backend == "nccl" if allreduce_overlap is None else bool(allreduce_overlap)
-        self.grad_sync = GradSync(
-            params,
-            dp_group,
-            tied,
-            self.comm,
-            int(bucket_cap_mb * 2**20),
-            self.rec,
-            emulate_seconds=emulated,
-            overlap=overlap,
-        )
+        self.grad_sync = self._make_grad_sync(dp_group, tied, bucket_cap_mb, emulate_allreduce, overlap)
         self.sink_group = dp_group if setup.program.holds_sink else None
-        self.executor = StageExecutor(
-            setup.program,
-            self.stage,
-            setup.replica,
-            self.rank,
-            setup.actions[self.rank],
-            setup.meta,
-            loss_fn,
-            self.plan.mini_batch_size,
-            self.device,
-            self.comm,
-            self.rec,
-            loss_reduction=loss_reduction,
-            lookahead=lookahead,
-            seed=seed,
-            grad_sync=self.grad_sync,
-        )
-        self._hook = register_optimizer_step_post_hook(_make_state_check(weakref.ref(self)))
-        self._pre_hook = register_optimizer_step_pre_hook(_make_first_use(weakref.ref(self)))
+        self.executor = self._make_executor(loss_fn, loss_reduction, lookahead, seed)
+        self._register_optimizer_hooks()
         dist.barrier()  # the first collective of the world group: every rank joins before any p2p
+
+    def _original_names(self) -> dict[str, str]:
+        """The stage module's parameter and buffer names -> their qualified names in the original model."""
+        names = {}
+        for n, t in list(self.module.named_parameters(remove_duplicate=False)) + list(
+            self.module.named_buffers(remove_duplicate=False)
+        ):
+            names[n] = self.setup.names.get(id(t), n)
+        return names
 
     def _groups(self):
         """Process groups, created on every rank in the same order: data-parallel, then tied."""
@@ -216,6 +196,43 @@ class GraphPipeline:
         if tied:
             logger.info("weights tied across stages: %s", ", ".join(n for n, _ in self.setup.tied))
         return dp_group, tied
+
+    def _make_grad_sync(self, dp_group, tied, bucket_cap_mb: float, emulate_allreduce, overlap: bool) -> GradSync:
+        """The gradient sums of this stage: over its data-parallel replicas (bucketed) and over the
+        stages that hold a copy of a tied weight."""
+        params = [p for _n, p in self.named_parameters()]
+        # emulated devices only (runtime.emulate): (plan, stage) -> seconds the all-reduce takes
+        emulated = emulate_allreduce(self.plan, self.stage) if emulate_allreduce is not None else None
+        return GradSync(
+            params,
+            dp_group,
+            tied,
+            self.comm,
+            int(bucket_cap_mb * 2**20),
+            self.rec,
+            emulate_seconds=emulated,
+            overlap=overlap,
+        )
+
+    def _make_executor(self, loss_fn, loss_reduction: str, lookahead: int, seed: int) -> StageExecutor:
+        """The executor of this rank's actions of the plan's schedule."""
+        return StageExecutor(
+            self.setup.program,
+            self.stage,
+            self.setup.replica,
+            self.rank,
+            self.setup.actions[self.rank],
+            self.setup.meta,
+            loss_fn,
+            self.plan.mini_batch_size,
+            self.device,
+            self.comm,
+            self.rec,
+            loss_reduction=loss_reduction,
+            lookahead=lookahead,
+            seed=seed,
+            grad_sync=self.grad_sync,
+        )
 
     # -- the user's API ------------------------------------------------------------------------
     def step(self, *inputs, target=None):
@@ -278,48 +295,7 @@ class GraphPipeline:
     def eval(self) -> GraphPipeline:
         return self.train(False)
 
-    def close(self) -> None:
-        """Remove the optimizer hooks (the pipeline stays usable)."""
-        self._hook.remove()
-        self._pre_hook.remove()
-
     # -- memory -------------------------------------------------------------------------------------
-    @property
-    def plan_state_factor(self) -> float:
-        """The optimizer_state_factor the plan was priced with (the constructor's, else the plan's record)."""
-        return float(self.optimizer_state_factor)
-
-    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
-        """Declare the optimizer that steps this stage; states at once (warns when larger, raises
-        with ``strict_optimizer_state``) when its state factor differs from the plan's."""
-        if any(r() is optimizer for r in self._optimizers):
-            return self.used_state_factor
-        self._optimizers.append(weakref.ref(optimizer))
-        factor = state_factor_of(optimizer)
-        if factor is None:
-            return None
-        self.used_state_factor = factor
-        planned = self.plan_state_factor
-        if factor > planned * 1.01:
-            msg = (
-                f"{type(optimizer).__name__} holds {factor:g} bytes of weights, gradients and state per "
-                f"weight byte but the plan was priced with optimizer_state_factor={planned:g}: the plan "
-                f"may not fit device memory; plan again with optimizer_state_factor {factor:g}"
-            )
-            if self.strict_optimizer_state:
-                raise InvalidInputError(msg)
-            if self.rank == 0:
-                logger.warning("%s", msg)
-        elif factor < planned * 0.99 and self.rank == 0:
-            logger.info(
-                "%s holds %g bytes of weights, gradients and state per weight byte, the plan "
-                "assumed optimizer_state_factor %g: its memory figures are conservative",
-                type(optimizer).__name__,
-                factor,
-                planned,
-            )
-        return factor
-
     def _resident(self):
         """The tensors this stage keeps between steps: parameters, buffers, gradients, optimizer state."""
         params = list(self.module.parameters())
@@ -361,70 +337,3 @@ class GraphPipeline:
             "peak_memory_bytes": self.memory.peak,
             "predicted_peak_memory_bytes": self.predicted_peak_memory(),
         }
-
-    # -- the optimizer-state check ------------------------------------------------------------------
-    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
-        """Bytes of weights + gradients + optimizer state per weight byte on this stage; warns
-        (or raises, strict) when above the factor the plan assumed. None without parameters."""
-        mine = {id(p): p for p in self.parameters()}
-        weights = sum(_tensor_bytes(p) for p in mine.values())
-        if not weights:
-            return None
-        state = 0
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if id(p) in mine:
-                    state += sum(
-                        _tensor_bytes(v)
-                        for v in optimizer.state.get(p, {}).values()
-                        if isinstance(v, torch.Tensor) and v.dim() > 0
-                    )
-        grads = sum(_tensor_bytes(p) for p in mine.values())
-        factor = (weights + grads + state) / weights
-        self.measured_state_factor = factor
-        if self.used_state_factor is not None and abs(factor - self.used_state_factor) <= 0.01 * factor:
-            return factor  # as stated before the first step (use_optimizer)
-        if factor > self.plan_state_factor * 1.01:
-            msg = (
-                f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
-                f"gradients and state per weight byte, but the plan's memory model assumed "
-                f"optimizer_state_factor={self.plan_state_factor:g} (4.0 = fp32 Adam); the plan "
-                f"may not fit device memory: plan again with a cluster whose "
-                f"optimizer_state_factor is {factor:.2f}"
-            )
-            if self.strict_optimizer_state:
-                raise InvalidInputError(msg)
-            logger.warning("%s", msg)
-        elif factor < self.plan_state_factor * 0.99:
-            logger.info(
-                "%s holds %.2f bytes per weight byte, less than the plan's "
-                "optimizer_state_factor %.2f: the plan's memory figures are conservative",
-                type(optimizer).__name__,
-                factor,
-                self.plan_state_factor,
-            )
-        return factor
-
-
-def _make_first_use(ref):
-    def hook(optimizer, _args, _kwargs):
-        pipe = ref()
-        if pipe is None or any(r() is optimizer for r in pipe._optimizers):
-            return
-        mine = {id(p) for p in pipe.parameters()}
-        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
-            pipe.use_optimizer(optimizer)
-
-    return hook
-
-
-def _make_state_check(ref):
-    def hook(optimizer, _args, _kwargs):
-        pipe = ref()
-        if pipe is None or pipe.measured_state_factor is not None:
-            return
-        mine = {id(p) for p in pipe.parameters()}
-        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
-            pipe.check_optimizer(optimizer)
-
-    return hook

@@ -12,10 +12,10 @@ sharper, the stage's first forward waits for the longest forward path above it (
 after its last backward every stage above it still runs its last backward and its all-reduce
 (``tail``), so the makespan is at least ``head(S) + n (F + B) + max(A, tail(S))``.  For every
 (partition, ``b``) pair the bound with each stage's best memory-feasible degree orders the pairs;
-the search stops when the bound reaches the incumbent.  Inside a pair a depth-first search over the
-stages' degrees (stages in topological order, so ``head`` and ``tail`` are known exactly from the
-assigned predecessors) prunes with the same bound, the devices the remaining stages need at least,
-and memory.  Every surviving leaf is priced by the cost model (``cost.stage_costs``) and simulated.
+the search stops when the bound reaches the incumbent.  Inside a pair (:mod:`.pair_search`) a
+depth-first search over the stages' degrees (stages in topological order, so ``head`` and ``tail``
+are known exactly from the assigned predecessors) prunes with the same bound, the devices the
+remaining stages need at least, and memory.  Every surviving leaf is priced by the cost model (``cost.stage_costs``) and simulated.
 Where placement can change a bandwidth the bounds use the fastest link (still valid); the leaf
 uses the real ranges.
 
@@ -33,16 +33,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpp_solver.cost.micro_batch import check_micro_batch_sizes
-from gpp_solver.cost.model import interp_time, stage_costs, stage_transfers
+from gpp_solver.cost.model import interp_time, stage_transfers
 from gpp_solver.cost.network import constant_bandwidth, link_bandwidths
 from gpp_solver.cost.time_terms import TimeTerms
-from gpp_solver.errors import DeadlockError, SearchSpaceTooLargeError
-from gpp_solver.plan.build import StageSpec, stage_graph_edges
-from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
-from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.errors import SearchSpaceTooLargeError
+from gpp_solver.plan.build import stage_graph_edges
+from gpp_solver.planners.exact.pair_search import Candidate, PairBounds, search_pair
 from gpp_solver.planners.milp.space import (
     MEMORY_REL_TOL,
-    contiguous_ranges,
     device_options,
     in_flight_samples,
     ordered_partitions,
@@ -58,21 +56,6 @@ MAX_DEVICES = 16
 MAX_PARTITIONS = 50_000
 """Refuse when the graph has more ordered convex partitions (into at most ``min(nodes, devices)``
 stages) than this."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the space: stage node sets in placement order, ``b``, per-stage degrees."""
-
-    stages: tuple[tuple[str, ...], ...]
-    micro_batch_size: int
-    devices: tuple[int, ...]
-
-    def specs(self) -> list[StageSpec]:
-        return [
-            StageSpec(nodes=p, devices=r, micro_batch_size=self.micro_batch_size, k=1)
-            for p, r in zip(self.stages, contiguous_ranges(self.devices))
-        ]
 
 
 @dataclass(frozen=True)
@@ -99,22 +82,6 @@ class ExactResult:
 
 class _Timeout(Exception):
     pass
-
-
-@dataclass
-class _Pair:
-    """Per (partition, b) lower-bound tables for degree ``opts[i]`` of stage ``s``: ``work[s][i]`` =
-    ``n (F + B)``, ``ar[s][i]`` = ``A``, ``fwd`` / ``bwd`` one forward / backward; ``mem`` exact."""
-
-    part: int
-    b: int
-    opts: tuple[int, ...]
-    work: list[list[float]]
-    ar: list[list[float]]
-    fwd: list[list[float]]
-    bwd: list[list[float]]
-    mem: list[list[float]]
-    bound: float
 
 
 def _check_size(graph: Graph, usable: int) -> None:
@@ -185,7 +152,7 @@ class _ExactSearch:
         self.slots = min(self.usable, n_nodes, max_stages or n_nodes)
         self.state = {"best": None, "time": upper_bound, "simulated": 0, "searched": 0}
         self.parts: list[tuple[tuple[str, ...], ...]] = []
-        self.pairs: list[_Pair] = []
+        self.pairs: list[PairBounds] = []
         self.structure: list[tuple] = []
         self.mem_need = math.inf
         self.opts_of = {b: device_options(b, self.usable) for b in self.sizes}
@@ -300,7 +267,7 @@ class _ExactSearch:
             head[c] = max(head[c], head[a] + min(fwd[a][j] for j in fits[a]))
             tail[c] = max(tail[c], min(bwd[a][j] + max(ar[a][j], tail[a]) for j in fits[a]))
         bound = max(head[s] + min(work[s][j] + max(ar[s][j], tail[s]) for j in fits[s]) for s in range(len(p)))
-        self.pairs.append(_Pair(i, b, opts, work, ar, fwd, bwd, mem, bound))
+        self.pairs.append(PairBounds(i, b, opts, work, ar, fwd, bwd, mem, bound))
 
     def search_pairs(self) -> None:
         for q in self.pairs:
@@ -308,7 +275,7 @@ class _ExactSearch:
             if q.bound >= self.state["time"]:
                 break
             self.state["searched"] += 1
-            _search_pair(
+            search_pair(
                 self.graph,
                 self.cluster,
                 self.B,
@@ -335,79 +302,3 @@ def _least_peak_memory(mem: list[list[float]], opts: Sequence[int], devices: int
             if total <= devices:
                 return T
     return math.inf
-
-
-def _search_pair(
-    graph: Graph,
-    cluster: Cluster,
-    B: int,
-    q: _Pair,
-    part: tuple[tuple[str, ...], ...],
-    structure: tuple,
-    usable: int,
-    limit: float,
-    state: dict,
-    tick,
-) -> None:
-    """Depth-first search over the stages' degrees of one (partition, b) pair."""
-    edges, succ = structure
-    k, b, n = len(part), q.b, B // q.b
-    preds: list[list[int]] = [[] for _ in range(k)]
-    for a, c in edges:
-        preds[c].append(a)
-    bsz = {s: b for s in range(k)}
-    orders: dict[int, tuple[tuple[str, int], ...]] = {}  # Algorithm 2 + kFkB, as build_plan, on first use
-    choices = []
-    for s in range(k):
-        js = [j for j in range(len(q.opts)) if q.mem[s][j] <= limit]
-        choices.append(sorted(js, key=lambda j: (q.work[s][j] + q.ar[s][j], q.opts[j])))
-    need_after = [0] * (k + 1)  # devices the stages s.. need at least
-    for s in reversed(range(k)):
-        need_after[s] = need_after[s + 1] + min(q.opts[j] for j in choices[s])
-    pick = [0] * k
-    head, tail = [0.0] * k, [0.0] * k
-
-    def leaf() -> None:
-        counts = tuple(q.opts[j] for j in pick)
-        cand = Candidate(part, b, counts)
-        costs = stage_costs(graph, cluster, cand.specs(), B)
-        if max(n * (c.forward + c.backward) + c.tail for c in costs) >= state["time"]:
-            return
-        state["simulated"] += 1
-        if not orders:
-            inflight = schedule_stage_graph({s: succ[s] for s in range(k)}, bsz)
-            orders.update({s: kfkb_order(n, warmup_micro_batches(inflight[s][1], b, n)) for s in range(k)})
-        try:
-            makespan, _ = simulate_orders(
-                orders,
-                bsz,
-                {s: c.forward for s, c in enumerate(costs)},
-                {s: c.backward for s, c in enumerate(costs)},
-                {s: c.tail for s, c in enumerate(costs)},
-                edges,
-                B,
-            )
-        except DeadlockError:  # not expected for uniform b and k = 1; such a plan leaves the space
-            logger.debug("exact: 1F1B orders deadlock for %s", cand)
-            return
-        if makespan < state["time"]:
-            state["best"], state["time"] = cand, makespan
-
-    def rec(s: int, used: int, bound: float) -> None:
-        tick()
-        if s == k:
-            leaf()
-            return
-        h = max((head[p] + q.fwd[p][pick[p]] for p in preds[s]), default=0.0)
-        t = max((q.bwd[p][pick[p]] + max(q.ar[p][pick[p]], tail[p]) for p in preds[s]), default=0.0)
-        for j in choices[s]:
-            d = q.opts[j]
-            if used + d + need_after[s + 1] > usable:
-                continue
-            bnd = max(bound, h + q.work[s][j] + max(q.ar[s][j], t))
-            if bnd >= state["time"]:
-                continue
-            pick[s], head[s], tail[s] = j, h, t
-            rec(s + 1, used + d, bnd)
-
-    rec(0, 0, 0.0)

@@ -1,14 +1,18 @@
 """What a plan of GraphPipe's stage DP would need where none fits: the least memory per device
-(:func:`min_memory`), for the infeasibility message."""
+(:func:`min_memory`), and the infeasibility error that says so (:func:`infeasible_error`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from gpp_solver.errors import InfeasibleError
 from gpp_solver.planners.graphpipe.dp_kernel import run_dp
 from gpp_solver.planners.graphpipe.dp_stage import decode, encode
 from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth
 from gpp_solver.planners.graphpipe.dp_tree import SegDev
+from gpp_solver.types import Cluster
 
 
 def min_memory(dp, b: int) -> float | None:
@@ -38,3 +42,45 @@ def min_memory(dp, b: int) -> float | None:
         else:
             lo = mid + 1
     return float(cands[lo])
+
+
+def infeasible_error(dp, sizes: Sequence[int], cluster: Cluster) -> InfeasibleError:
+    """No micro-batch size fits *within GraphPipe's search space*: say how much memory (or how many
+    devices) would.
+
+    The search space is series-parallel-tree partitions (:mod:`gpp_solver.planners.graphpipe.sp_tree`; non-SP graphs
+    are SP-ized, which forbids some convex partitions), one micro-batch size for all stages from
+    ``sizes``, 1F1B in-flight counts, power-of-two data-parallel degrees (``degree_options``).  A
+    plan outside it may still fit: the exact MILP (:mod:`gpp_solver.planners.milp.planner`) finds plans in
+    memory-tight cases where this planner reports infeasible (``benchmarks/optimality_gap.py
+    --tight``).  So ``required_memory_bytes`` is the smallest memory per device with which *this
+    search space* holds a plan on these devices, not the least any plan needs.
+    """
+    mems = [m for m in (min_memory(dp, b) for b in sizes) if m is not None]
+    need_mem = min(mems) if mems else None
+    devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
+    need_dev = min(devs) if devs else None
+    space = (
+        f"GraphPipe's search space (series-parallel-tree partitions"
+        f"{f', long series coarsened into blocks, at most {dp.E} stages deep' if dp.coarsened else ''}"
+        f"{' with shared sinks' if dp.shared_sinks else ''}, one micro-batch size per plan "
+        f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})"
+    )
+    parts = [
+        f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
+        f"{cluster.devices} devices; plans outside this search space (e.g. found by the exact MILP "
+        f"planner) may still fit"
+    ]
+    if need_mem is not None:
+        parts.append(
+            f"the smallest memory per device with which this search space holds a plan is {need_mem:.6g} bytes"
+        )
+    else:
+        parts.append("no stage split of this search space fits at any memory these devices can hold")
+    if need_dev is not None and need_dev > cluster.devices:
+        parts.append(f"or {need_dev} devices")
+    return InfeasibleError(
+        "; ".join(parts),
+        required_memory_bytes=need_mem,
+        required_devices=need_dev if need_dev is not None and need_dev > cluster.devices else None,
+    )

@@ -30,7 +30,7 @@ least-TPS search's best staging (``B * StageDP.lower_bound(b)`` above its simula
 not swept.  On large trees a quick search bounded to a shallow depth first gives every size a
 staging; the best by estimate, simulated, is a *seed* (kept as a candidate), and sizes where the
 lower-bound DP finds no staging that could beat it are not searched at all
-(``search.extra["micro_batch_sizes_pruned"]``; :func:`gpp_solver.planners.graphpipe.uniform._prune_sizes`).
+(``search.extra["micro_batch_sizes_pruned"]``; :func:`gpp_solver.planners.graphpipe.lower_bound_pruning.prune_sizes`).
 
 **Shared sinks** (on by default; ``shared_sinks=False`` for the strict vertex-SP space): GraphPipe's
 decompositions share terminals — a series split's halves share the boundary node, a parallel

@@ -1,6 +1,6 @@
 """What GraphPipe's two planners (one micro-batch size, :mod:`gpp_solver.planners.graphpipe.uniform`; one per
 stage, :mod:`gpp_solver.planners.graphpipe.per_stage`) share: DP stages -> device ranges -> stage specs, the
-fast pricing of a staging and the leftover-device pass."""
+fast pricing of a staging, the leftover-device pass and the priced plan of a staging."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import numpy as np
 from gpp_solver.cost.model import iteration_time_estimate, stage_costs, stage_transfers
 from gpp_solver.cost.tables import CostTables
 from gpp_solver.cost.time_terms import TimeTerms
-from gpp_solver.plan.build import StageSpec, stage_graph_edges
+from gpp_solver.plan.build import StageSpec, build_plan, stage_graph_edges
+from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
-from gpp_solver.types import Cluster, Graph
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 PLANNER = "graphpipe"
 #: the kFkB ``k`` a stage may take with ``search_k`` (GraphPipe A.1)
@@ -201,3 +202,32 @@ def raise_degrees(
         best, cur, used = step
         free -= used
     return cur
+
+
+def build_staging_plan(
+    graph: Graph,
+    cluster: Cluster,
+    stages: Sequence[DPStage],
+    b: int,
+    B: int,
+    dp: StageDP,
+    search_k: bool,
+    leftover: bool = True,
+    deadline: float | None = None,
+    schedule: str = "1f1b",
+) -> Plan:
+    """The priced plan of DP stages at ``b`` (devices by :func:`assign_devices`; with ``leftover``
+    the unused devices first go through :func:`spend_leftover_devices`)."""
+    if leftover and sum(s.degree for s in stages) < cluster.devices:
+        stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs, deadline)
+    specs = stage_specs(stages, b, cluster.devices_per_node, None if search_k else 1)
+    return build_plan(
+        graph,
+        cluster,
+        specs,
+        B,
+        planner=PLANNER,
+        search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),
+        k_options=K_OPTIONS if search_k else (1,),
+        schedule=schedule,
+    )

@@ -9,37 +9,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-import numpy as np
-
 from gpp_solver._backend.progress import ProgressBar
-from gpp_solver.errors import InfeasibleError, TimeLimitError
-from gpp_solver.plan.build import build_plan
-from gpp_solver.planners.graphpipe.binary_search import TpsSearch, search_bounded, search_depths, search_many, trace
+from gpp_solver.errors import TimeLimitError
+from gpp_solver.planners.graphpipe.binary_search import TpsSearch, search_depths, search_many, trace
 from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_needs import min_memory
+from gpp_solver.planners.graphpipe.dp_needs import infeasible_error
 from gpp_solver.planners.graphpipe.dp_stage import DPStage
+from gpp_solver.planners.graphpipe.lower_bound_pruning import least_useful_depths, prune_sizes
 from gpp_solver.planners.graphpipe.optimistic import optimistic_proposals
 from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
 from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition
-from gpp_solver.planners.graphpipe.staging import (
-    K_OPTIONS,
-    PLANNER,
-    price_staging,
-    spend_leftover_devices,
-    stage_specs,
-)
-from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
+from gpp_solver.planners.graphpipe.staging import build_staging_plan, price_staging, spend_leftover_devices
+from gpp_solver.types import Cluster, Graph, Plan, Status
 
 logger = logging.getLogger(__name__)
 
-#: search only the sizes that may beat a quick seed staging (:func:`_prune_sizes`; large trees)
+#: search only the sizes that may beat a quick seed staging (:func:`prune_sizes`; large trees)
 PRUNE_SIZES = True
-#: the depth bound of the quick search giving :func:`_prune_sizes` its seed, and how close to the
-#: least TPS at that bound its stagings get (any staging is a valid seed)
-SEED_DEPTH, SEED_TOL = 4, 0.02
-#: best-first: the quick search runs on this many sizes at a time, those with the least lower bound
-#: on an iteration (``B * StageDP.lower_bound``) first, until one has a staging that shallow
-SEED_SIZES = 4
 
 #: the stagings, best by iteration estimate, that also get a second opinion (the optimistic-transfer
 #: DP's proposal, the traceback with separate sink-side stages): each costs DP passes
@@ -127,7 +113,7 @@ class _UniformSearch:
         bar = _Progress(None, progress)
         try:
             if PRUNE_SIZES and simulate_top is None and dp.large() and len(sizes) > 1:
-                self.searched, self.pruned, self.seeds, self.lbdp, self.quick = _prune_sizes(
+                self.searched, self.pruned, self.seeds, self.lbdp, self.quick = prune_sizes(
                     self.graph,
                     self.cluster,
                     self.B,
@@ -161,7 +147,7 @@ class _UniformSearch:
         if not results:
             if deadline is not None and time.perf_counter() > deadline:  # some sizes may not have been searched
                 raise TimeLimitError("graphpipe: time limit reached before the stage DP found a plan")
-            raise _infeasible(dp, sizes, self.cluster)
+            raise infeasible_error(dp, sizes, self.cluster)
         self.results = results
         self.timed_out = any(not r.exact for r in results)  # then a size without a plan may be unsearched
         self.min_tps: dict[
@@ -180,12 +166,12 @@ class _UniformSearch:
         r = min(
             first.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b)
         )
-        inc = _build(
+        inc = build_staging_plan(
             graph, cluster, r.stages, r.b, B, dp, self.search_k, deadline=self.deadline, schedule=self.schedule
         ).predicted.iteration_time
         inc = min([inc] + [s[1] for s in self.seeds])  # the seed stays a candidate
         sizes_left = [b for b in first if B * dp.lower_bound(b) < inc * (1 - 1e-12)]
-        return _least_useful_depths(
+        return least_useful_depths(
             graph, cluster, B, self.dec, dp, sizes_left, inc, self.max_depth_bound, self.deadline, self.lbdp
         )
 
@@ -261,7 +247,9 @@ class _UniformSearch:
             if best is not None and bound > best[0].predicted.iteration_time * (1 + 1e-12):
                 entry["not_simulated_lower_bound"] = bound  # cannot beat the best simulated plan
                 continue
-            plan = _build(graph, cluster, st, r.b, B, dp, self.search_k, leftover=False, schedule=self.schedule)
+            plan = build_staging_plan(
+                graph, cluster, st, r.b, B, dp, self.search_k, leftover=False, schedule=self.schedule
+            )
             entry.update(
                 depth=plan.depth, stages=len(plan.stages), simulated_iteration_time=plan.predicted.iteration_time
             )
@@ -317,7 +305,7 @@ class _UniformSearch:
                 f"staging, not the optimum of the full space)"
             )
         if self.pruned:
-            extra["micro_batch_sizes_pruned"] = self.pruned  # no staging of theirs beats a simulated one (_prune_sizes)
+            extra["micro_batch_sizes_pruned"] = self.pruned  # no staging of theirs beats a simulated one (prune_sizes)
         if self.depth_tradeoff:
             extra["depth_tradeoff"] = True
             extra["depth_bound"] = chosen.depth_bound
@@ -333,144 +321,6 @@ class _UniformSearch:
         return plan
 
 
-def _prune_sizes(
-    graph: Graph,
-    cluster: Cluster,
-    B: int,
-    dec: SPDecomposition,
-    dp: StageDP,
-    sizes: Sequence[int],
-    search_k: bool,
-    deadline: float | None,
-    on_pass,
-    schedule: str = "1f1b",
-) -> tuple[list[int], list[int], list, StageDP | None]:
-    """The sizes worth searching, on large trees: a quick search bounded to depth ``SEED_DEPTH``
-    (small tables) gives stagings, best-first: the ``SEED_SIZES`` sizes with the least lower bound
-    (:meth:`StageDP.lower_bound`, ties to the larger size) first, the next ones only when none of
-    those has a staging that shallow; the best of them by estimate, simulated, is an
-    incumbent (the *seed*, kept as a candidate); one pass of the lower-bound DP
-    (:func:`_least_useful_depths`) at ``incumbent / B``, at any depth, tells the sizes with no
-    staging whose exact TPS gets there: every plan of theirs takes longer than the seed (an
-    iteration is at least ``B`` times its busiest stage's TPS), so they are not searched.  The
-    plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
-    seed ``[(search result, simulated iteration)]``, the lower-bound DP (``[]``/``None``: no pruning)
-    and the quick search's answers by size (their targets are feasible: the searches start below)."""
-    order = sorted(sizes, key=lambda b: (dp.lower_bound(b), -b))
-    quick: dict[int, TpsSearch] = {}
-    for i in range(0, len(order), SEED_SIZES):
-        quick = search_bounded(
-            dp, order[i : i + SEED_SIZES], SEED_DEPTH, deadline=deadline, on_pass=on_pass, tol=SEED_TOL
-        )
-        if quick or (deadline is not None and time.perf_counter() > deadline):
-            break
-    if not quick:
-        return list(sizes), [], [], None, {}
-    r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
-    inc = _build(
-        graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline, schedule=schedule
-    ).predicted.iteration_time
-    lb = StageDP(
-        graph,
-        cluster,
-        B,
-        decomposition=dec,
-        degree_options=dp.degree_options,
-        shared_sinks=dp.shared_sinks,
-        lower_bound_pricing=True,
-    )
-    t = inc / B * (1 + 1e-9)
-    try:  # a size kept at depth <= SEED_DEPTH (a cheap pass) needs no pass at any depth
-        shallow = lb.probe([(b, t) for b in sizes], keep=False, E=SEED_DEPTH, deadline=deadline).devices[:, -1]
-        rest = [b for b, n in zip(sizes, shallow) if n > dp.D]
-        deep = (
-            lb.probe([(b, t) for b in rest], keep=False, saturate=1, deadline=deadline).devices[:, -1] if rest else []
-        )
-    except TimeLimitError:
-        return list(sizes), [], [(r, inc)], lb, quick
-    out = [b for b, n in zip(rest, deep) if n > dp.D]
-    logger.debug("sizes pruned by the seed (b=%d, iteration %.6g): %s", r.b, inc, out)
-    return [b for b in sizes if b not in out], out, [(r, inc)], lb, {b: x for b, x in quick.items() if b not in out}
-
-
-def _least_useful_depths(
-    graph: Graph,
-    cluster: Cluster,
-    B: int,
-    dec: SPDecomposition,
-    dp: StageDP,
-    sizes: Sequence[int],
-    incumbent: float,
-    max_bound: int | None,
-    deadline: float | None,
-    lb: StageDP | None = None,
-) -> dict[int, int]:
-    """For each size the least bound on the stage graph's depth at which a staging could still
-    beat ``incumbent`` (a simulated iteration time); sizes where none could are left out.
-
-    A plan's iteration takes at least ``B * TPS`` of its busiest stage (every stage is busy that
-    long), so a staging that beats the incumbent has every stage's exact TPS below
-    ``incumbent / B``.  One pass of the lower-bound DP (:class:`StageDP` with
-    ``lower_bound_pricing``: no transfers, the all-reduce at the faster bandwidth, memory as
-    always) at that target tells, for every size and depth bound at once, whether any staging of
-    the DP's space (at any degrees: the leftover-device pass only raises them) gets there; where
-    it does not, searching that depth bound cannot change the pick.  Feasibility only grows with
-    the bound, so each size's useful bounds are those from the least feasible one up."""
-    if not sizes:
-        return {}
-    cap = dp.E if max_bound is None else max(1, min(int(max_bound), dp.E))
-    lb = lb or StageDP(
-        graph,
-        cluster,
-        B,
-        decomposition=dec,
-        degree_options=dp.degree_options,
-        shared_sinks=dp.shared_sinks,
-        lower_bound_pricing=True,
-    )
-    t = incumbent / B * (1 + 1e-9)
-    try:
-        devices = lb.probe([(b, t) for b in sizes], keep=False, E=cap, deadline=deadline).devices
-    except TimeLimitError:
-        return {b: 1 for b in sizes}
-    out = {}
-    for b, row in zip(sizes, devices):
-        ok = np.nonzero(row[1:] <= dp.D)[0]
-        if len(ok):
-            out[b] = int(ok[0]) + 1
-    logger.debug("depth sweep: least useful depth bound per size %s (of %s)", out, list(sizes))
-    return out
-
-
-def _build(
-    graph: Graph,
-    cluster: Cluster,
-    stages: Sequence[DPStage],
-    b: int,
-    B: int,
-    dp: StageDP,
-    search_k: bool,
-    leftover: bool = True,
-    deadline: float | None = None,
-    schedule: str = "1f1b",
-) -> Plan:
-    """The priced plan of DP stages at ``b`` (devices by :func:`assign_devices`; with ``leftover``
-    the unused devices first go through :func:`spend_leftover_devices`)."""
-    if leftover and sum(s.degree for s in stages) < cluster.devices:
-        stages = spend_leftover_devices(graph, cluster, stages, b, B, dp.degree_options, dp._costs, deadline)
-    specs = stage_specs(stages, b, cluster.devices_per_node, None if search_k else 1)
-    return build_plan(
-        graph,
-        cluster,
-        specs,
-        B,
-        planner=PLANNER,
-        search=SearchInfo(seconds=0.0, status=Status.TIME_LIMIT, epsilon=None, extra={}),
-        k_options=K_OPTIONS if search_k else (1,),
-        schedule=schedule,
-    )
-
-
 def _better(plan: Plan, than: Plan) -> bool:
     """Least simulated iteration time; ties (relative 1e-12) by the smaller TPS, then the larger ``b``."""
     a, b = plan.predicted.iteration_time, than.predicted.iteration_time
@@ -480,45 +330,3 @@ def _better(plan: Plan, than: Plan) -> bool:
     if abs(ta - tb) > 1e-12 * max(abs(ta), abs(tb)):
         return ta < tb
     return plan.stages[0].micro_batch_size > than.stages[0].micro_batch_size
-
-
-def _infeasible(dp: StageDP, sizes: Sequence[int], cluster: Cluster) -> InfeasibleError:
-    """No micro-batch size fits *within GraphPipe's search space*: say how much memory (or how many
-    devices) would.
-
-    The search space is series-parallel-tree partitions (:mod:`gpp_solver.planners.graphpipe.sp_tree`; non-SP graphs
-    are SP-ized, which forbids some convex partitions), one micro-batch size for all stages from
-    ``sizes``, 1F1B in-flight counts, power-of-two data-parallel degrees (``degree_options``).  A
-    plan outside it may still fit: the exact MILP (:mod:`gpp_solver.planners.milp.planner`) finds plans in
-    memory-tight cases where this planner reports infeasible (``benchmarks/optimality_gap.py
-    --tight``).  So ``required_memory_bytes`` is the smallest memory per device with which *this
-    search space* holds a plan on these devices, not the least any plan needs.
-    """
-    mems = [m for m in (min_memory(dp, b) for b in sizes) if m is not None]
-    need_mem = min(mems) if mems else None
-    devs = [d for d in (dp.min_devices_any_tps(b) for b in sizes) if d is not None]
-    need_dev = min(devs) if devs else None
-    space = (
-        f"GraphPipe's search space (series-parallel-tree partitions"
-        f"{f', long series coarsened into blocks, at most {dp.E} stages deep' if dp.coarsened else ''}"
-        f"{' with shared sinks' if dp.shared_sinks else ''}, one micro-batch size per plan "
-        f"from {list(sizes)}, 1F1B, data-parallel degrees {list(dp.degree_options)})"
-    )
-    parts = [
-        f"no plan within {space} fits in {cluster.memory_bytes:.6g} bytes per device on "
-        f"{cluster.devices} devices; plans outside this search space (e.g. found by the exact MILP "
-        f"planner) may still fit"
-    ]
-    if need_mem is not None:
-        parts.append(
-            f"the smallest memory per device with which this search space holds a plan is {need_mem:.6g} bytes"
-        )
-    else:
-        parts.append("no stage split of this search space fits at any memory these devices can hold")
-    if need_dev is not None and need_dev > cluster.devices:
-        parts.append(f"or {need_dev} devices")
-    return InfeasibleError(
-        "; ".join(parts),
-        required_memory_bytes=need_mem,
-        required_devices=need_dev if need_dev is not None and need_dev > cluster.devices else None,
-    )

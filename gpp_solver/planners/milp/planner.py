@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NoReturn
 
 from gpp_solver._backend import load_order as _load_order  # noqa: F401  (OR-Tools before PuLP, see that module)
 
@@ -212,65 +212,12 @@ def plan_milp(
     slots = min(len(graph.nodes), cluster.devices, max_stages or len(graph.nodes))
     _check_size(graph, cluster, slots, sizes)
     deadline = None if time_limit is None else t0 + time_limit
-
-    # one MILP per b, largest first; once a plan is known, later MILPs only look for better ones
-    results: list[_Solved] = []
-    best: float | None = None
-    bar = ProgressBar(len(sizes), "milp: micro-batch sizes", "MILP", progress)
-    for i, b in enumerate(sorted(sizes, reverse=True)):
-        bar.set_postfix_str(f"b={b}")
-        left = None if deadline is None else max(0.0, deadline - time.perf_counter()) / (len(sizes) - i)
-        cutoff = None if best is None else best * (1 + 1e-9)
-        r = _solve(build_model(graph, cluster, B, b, slots, cutoff=cutoff), left, solver, progress)
-        if r.status == "infeasible" and cutoff is not None:
-            r = replace(r, status="no-better")  # proven: nothing with this b beats the best plan so far
-        results.append(r)
-        if r.stages is not None:
-            tps = build_plan(
-                graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)
-            ).predicted.time_per_sample
-            best = tps if best is None else min(best, tps)
-        bar.update(1)
-    bar.close()
+    results = _solve_every_b(graph, cluster, B, sizes, slots, deadline, solver, progress)
     found = [r for r in results if r.stages is not None]
     unfinished = [r.b for r in results if r.status in ("no-solution", "time-limit")]
     if not found:
-        if unfinished:
-            raise SolverError(
-                f"milp: time limit ({time_limit} s) reached before any plan was found or "
-                f"infeasibility proven (unfinished b: {unfinished})"
-            )
-        need, proven = _min_memory(graph, cluster, B, sizes, slots, deadline, solver, progress)
-        if math.isinf(need):
-            raise InfeasibleError(
-                f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; the time "
-                "limit stopped the search for the memory a plan would need"
-            )
-        what = "at least" if proven else "(not proven smallest) a plan exists with"
-        raise InfeasibleError(
-            f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; it needs {what} "
-            f"{need:.6g} bytes per device",
-            required_memory_bytes=need,
-        )
-
-    plans, mismatch = [], []
-    for r in found:
-        plan = build_plan(
-            graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)
-        )
-        tps = plan.predicted.time_per_sample
-        # an incumbent stopped by the time limit may carry slack (objective above its true TPS);
-        # a proven optimum must agree with the cost model, else (solver tolerances) it is not proven
-        if r.status == "optimal" and (r.objective is None or not math.isclose(tps, r.objective, rel_tol=1e-6)):
-            logger.warning(
-                "milp b=%d: model objective %.9g differs from the cost model's %.9g; not claiming optimality",
-                r.b,
-                r.objective,
-                tps,
-            )
-            mismatch.append(r.b)
-        plans.append((tps, plan.predicted.iteration_time, r.b, plan))
-    tps, _, b, plan = min(plans, key=lambda p: p[:3])
+        _raise_no_plan(graph, cluster, B, sizes, slots, deadline, solver, progress, unfinished, time_limit)
+    b, plan, mismatch = _least_tps_plan(graph, cluster, B, found)
     status = Status.TIME_LIMIT if unfinished else Status.FEASIBLE if mismatch else Status.OPTIMAL_TIME_PER_SAMPLE
     extra = {
         "solver_seconds": {r.b: round(r.seconds, 4) for r in results},
@@ -291,3 +238,92 @@ def plan_milp(
     )
     validate(plan, graph, cluster)
     return plan
+
+
+def _solve_every_b(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    sizes: Sequence[int],
+    slots: int,
+    deadline: float | None,
+    solver: str | None,
+    progress: bool,
+) -> list[_Solved]:
+    """One MILP per ``b``, largest first, each with an even share of the time left; once a plan is
+    known, later MILPs only look for better ones (cut off at its TPS)."""
+    results: list[_Solved] = []
+    best: float | None = None
+    bar = ProgressBar(len(sizes), "milp: micro-batch sizes", "MILP", progress)
+    for i, b in enumerate(sorted(sizes, reverse=True)):
+        bar.set_postfix_str(f"b={b}")
+        left = None if deadline is None else max(0.0, deadline - time.perf_counter()) / (len(sizes) - i)
+        cutoff = None if best is None else best * (1 + 1e-9)
+        r = _solve(build_model(graph, cluster, B, b, slots, cutoff=cutoff), left, solver, progress)
+        if r.status == "infeasible" and cutoff is not None:
+            r = replace(r, status="no-better")  # proven: nothing with this b beats the best plan so far
+        results.append(r)
+        if r.stages is not None:
+            tps = build_plan(
+                graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)
+            ).predicted.time_per_sample
+            best = tps if best is None else min(best, tps)
+        bar.update(1)
+    bar.close()
+    return results
+
+
+def _raise_no_plan(
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    sizes: Sequence[int],
+    slots: int,
+    deadline: float | None,
+    solver: str | None,
+    progress: bool,
+    unfinished: list[int],
+    time_limit: float | None,
+) -> NoReturn:
+    """No MILP found a plan: the time limit when some did not finish, else the memory a plan needs."""
+    if unfinished:
+        raise SolverError(
+            f"milp: time limit ({time_limit} s) reached before any plan was found or "
+            f"infeasibility proven (unfinished b: {unfinished})"
+        )
+    need, proven = _min_memory(graph, cluster, B, sizes, slots, deadline, solver, progress)
+    if math.isinf(need):
+        raise InfeasibleError(
+            f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; the time "
+            "limit stopped the search for the memory a plan would need"
+        )
+    what = "at least" if proven else "(not proven smallest) a plan exists with"
+    raise InfeasibleError(
+        f"milp: no plan fits in {cluster.memory_bytes:.6g} bytes per device; it needs {what} "
+        f"{need:.6g} bytes per device",
+        required_memory_bytes=need,
+    )
+
+
+def _least_tps_plan(graph: Graph, cluster: Cluster, B: int, found: list[_Solved]) -> tuple[int, Plan, list[int]]:
+    """The plan of least (TPS, iteration time, ``b``) among the MILPs' answers, its ``b``, and the
+    ``b`` whose proven optimum the cost model does not confirm."""
+    plans, mismatch = [], []
+    for r in found:
+        plan = build_plan(
+            graph, cluster, _specs(r), B, planner="milp", search=SearchInfo(seconds=0.0, status=Status.FEASIBLE)
+        )
+        tps = plan.predicted.time_per_sample
+        # an incumbent stopped by the time limit may carry slack (objective above its true TPS);
+        # a proven optimum must agree with the cost model, else (solver tolerances) it is not proven
+        if r.status == "optimal" and (r.objective is None or not math.isclose(tps, r.objective, rel_tol=1e-6)):
+            logger.warning(
+                "milp b=%d: model objective %.9g differs from the cost model's %.9g; not claiming optimality",
+                r.b,
+                r.objective,
+                tps,
+            )
+            mismatch.append(r.b)
+        plans.append((tps, plan.predicted.iteration_time, r.b, plan))
+    _, _, b, plan = min(plans, key=lambda p: p[:3])
+    return b, plan, mismatch

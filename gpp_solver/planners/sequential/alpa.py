@@ -2,8 +2,9 @@
 
 - Layers: the graph's nodes in topological order (PipeDream's pre-processing of inputs and
   dangling sinks, :mod:`.sequential`); a stage is a contiguous range of that order.
-- Device groups ("submeshes"): powers of two up to a node's size, then whole nodes
-  (``1, 2, 4, ..., devices_per_node, 2*devices_per_node, ...``); on a flat network powers of two.
+- Device groups ("submeshes", :mod:`.alpa_submeshes`): powers of two up to a node's size, then
+  whole nodes (``1, 2, 4, ..., devices_per_node, 2*devices_per_node, ...``); on a flat network
+  powers of two.
   A stage on ``s`` devices runs ``s``-way data parallel (``b % s == 0``); Alpa's intra-operator
   sharding is not modelled.  Groups are packed into nodes largest first, so a group no larger
   than a node sits inside one node when the sizes allow it.
@@ -44,6 +45,7 @@ from gpp_solver.errors import InfeasibleError, SearchSpaceTooLargeError, TimeLim
 from gpp_solver.plan.build import build_plan
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import parse_options
+from gpp_solver.planners.sequential.alpa_submeshes import group_sizes, place_groups
 from gpp_solver.planners.sequential.common import (
     attach_detached,
     candidate_micro_batches,
@@ -58,20 +60,6 @@ from gpp_solver.planners.sequential.seq_eval import SequentialPricer, select_by_
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 logger = logging.getLogger(__name__)
-
-
-def group_sizes(cluster: Cluster) -> list[int]:
-    """Alpa's submesh sizes for ``cluster`` (powers of two within a node, then whole nodes)."""
-    K, dpn = cluster.devices, cluster.devices_per_node
-    if dpn is None or dpn >= K:
-        dpn = K
-    out, s = [], 1
-    while s < dpn:
-        out.append(s)
-        s *= 2
-    out.append(dpn)
-    out += [dpn * k for k in range(2, K // dpn + 1)]
-    return sorted(set(out))
 
 
 def _latency_tables(
@@ -245,29 +233,6 @@ def _solve(
     return best[0], chain, complete, eps
 
 
-def _place(cluster: Cluster, sizes: list[int]) -> list[tuple[int, ...]]:
-    """Device ranges for groups (in pipeline order): largest first, each inside one node if it fits."""
-    dpn = cluster.devices_per_node or cluster.devices
-    free = {
-        node: list(range(node * dpn, min((node + 1) * dpn, cluster.devices)))
-        for node in range(math.ceil(cluster.devices / dpn))
-    }
-    out: dict[int, tuple[int, ...]] = {}
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        s = sizes[i]
-        if s <= dpn:
-            node = next((nd for nd in sorted(free) if len(free[nd]) >= s), None)
-            if node is not None:
-                out[i], free[node] = tuple(free[node][:s]), free[node][s:]
-                continue
-        pool = [d for nd in sorted(free) for d in free[nd]]
-        take = pool[:s]
-        out[i] = tuple(take)
-        for nd in free:
-            free[nd] = [d for d in free[nd] if d not in take]
-    return [tuple(sorted(out[i])) for i in range(len(sizes))]
-
-
 def plan_alpa(
     graph: Graph,
     cluster: Cluster,
@@ -380,7 +345,7 @@ def _stage_chains(
         objective, chain, done, eps = res
         complete &= done
         max_eps = max(max_eps, eps)
-        devs = _place(cluster, [s for _, _, s in chain])
+        devs = place_groups(cluster, [s for _, _, s in chain])
         core_stage = np.empty(len(lin.order), dtype=np.int64)
         for i, (k, j, _) in enumerate(chain):  # topological prefixes: positions k..j-1
             core_stage[k:j] = i

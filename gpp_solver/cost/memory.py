@@ -1,0 +1,109 @@
+"""The memory of one device of a stage (``docs/cost-model.md``, *Memory of one device*):
+
+* ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``
+  (:func:`~gpp_solver.cost.model.memory_per_device`, the pricing core's formula);
+* with the cluster's ``memory_overheads``, beside it what the runtime measurably holds: the
+  received buffers, the gradient buckets and the temporaries (:func:`memory_with_overheads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpp_solver.cost.model import (
+    StageLike,
+    data_parallel,
+    memory_per_device,
+    stage_activation_bytes,
+    stage_configs,
+    stage_weight_bytes,
+)
+from gpp_solver.types import Cluster, Graph
+
+
+def stage_memory(
+    graph: Graph,
+    cluster: Cluster,
+    stage: StageLike,
+    in_flight_samples: float,
+    stages: Sequence[StageLike] | None = None,
+) -> float:
+    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``;
+    with ``cluster.memory_overheads``, :func:`memory_with_overheads` (the received buffers need the
+    plan's ``stages``)."""
+    if cluster.memory_overheads:
+        boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
+        return memory_with_overheads(graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary)
+    return memory_per_device(
+        cluster.optimizer_state_factor,
+        stage_weight_bytes(graph, stage),
+        in_flight_samples,
+        data_parallel(stage),
+        stage_activation_bytes(graph, stage),
+    )
+
+
+#: tensors of one micro-batch's rows, each the size of the stage's largest node output, that a
+#: backward holds beside the saved activations: the gradient flowing into a node and the one it
+#: produces (at the sink: the loss's temporaries and gradient)
+TEMPORARY_OUTPUTS = 2
+#: micro-batches whose messages the runtime posts before the compute that needs them
+#: (``GraphPipeline``'s default ``lookahead``)
+POSTED_AHEAD = 2
+#: tensors of the largest parameter's size an Adam-class optimizer step allocates at once
+OPTIMIZER_STEP_SCRATCH = 3
+
+
+def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) -> tuple[float, float]:
+    """Bytes per sample ``stage`` receives from and sends to other stages: its incoming and its
+    outgoing transfers (one per producer node and consumer stage, as in :func:`stage_transfers`)."""
+    stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
+    mine = stage_of[stage.nodes[0]] if stage.nodes else -1
+    pairs: dict[tuple[str, int], float] = {}
+    for (u, v), nbytes in graph.edge_bytes_map.items():
+        su, sv = stage_of[u], stage_of[v]
+        if su != sv and mine in (su, sv):
+            pairs[(u, sv)] = max(pairs.get((u, sv), 0.0), nbytes)
+    received = sum(b for (u, sv), b in pairs.items() if sv == mine)
+    return received, sum(pairs.values()) - received
+
+
+def memory_with_overheads(
+    graph: Graph,
+    osf: float,
+    stage: StageLike,
+    in_flight_samples: float,
+    received_per_sample: float,
+    sent_per_sample: float = 0.0,
+) -> float:
+    """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
+
+    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets, step)`` where
+
+    * ``received``: bytes per sample of the values received from other stages (their copies stay
+      until the backward of their micro-batch);
+    * ``temporaries = max_v weight_bytes_v + TEMPORARY_OUTPUTS * b / d * max_v output_bytes_v +
+      POSTED_AHEAD * b / d * (received + sent)``: a node's weight gradient before it is added into
+      ``.grad``, the gradients of one micro-batch's activations during a backward, and the buffers
+      of the messages the runtime posts ahead of the compute that reads them (activations to
+      receive, gradients of the values it sent);
+    * ``buckets = W_S`` when ``d > 1``: the data-parallel all-reduce's flat copy of the gradients,
+      alive after the last backward, when the activations are gone (so the largest of the phases);
+    * ``step = OPTIMIZER_STEP_SCRATCH * max_v weight_bytes_v`` when ``osf >= 4`` (Adam's class):
+      the optimizer step's temporaries (``sqrt`` of the second moment, the quotient, the previous
+      parameter's quotient not yet freed); SGD, with or without momentum, updates in place.
+    """
+    d = data_parallel(stage)
+    configs = stage_configs(graph, stage)
+    weights = sum(c.weight_bytes for c in configs)
+    largest_weight = max((c.weight_bytes for c in configs), default=0.0)
+    largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
+    rows = stage.micro_batch_size / d
+    temporaries = (
+        largest_weight
+        + TEMPORARY_OUTPUTS * rows * largest_output
+        + POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
+    )
+    activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
+    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
+    return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)

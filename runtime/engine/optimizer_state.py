@@ -1,0 +1,156 @@
+"""The optimizer-state check of a ``GraphPipeline`` stage.
+
+The plan's memory figures assume ``optimizer_state_factor`` bytes of weights + gradients +
+optimizer state per weight byte. The optimizer that really steps the stage is compared with that
+factor twice: when it is declared (``use_optimizer``, else just before its first step), from its
+class and settings (``memory.state_factor_of``); and after its first step (``check_optimizer``),
+from the state it really holds. A larger factor warns, or raises ``InvalidInputError`` with
+``strict_optimizer_state``; a smaller one says the plan's memory figures are conservative.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from gpp_solver.errors import InvalidInputError
+
+from .memory import state_factor_of
+
+logger = logging.getLogger(__name__)
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class OptimizerStateCheck:
+    """The optimizer-state accounting ``GraphPipeline`` inherits: the class provides ``rank`` and
+    ``parameters()`` (this rank's stage), and calls ``_init_optimizer_state`` in its constructor
+    and ``_register_optimizer_hooks`` at the end of it."""
+
+    rank: int
+
+    def _init_optimizer_state(self, optimizer_state_factor: float, strict: bool) -> None:
+        # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
+        self.optimizer_state_factor = optimizer_state_factor
+        self.strict_optimizer_state = strict
+        self.measured_state_factor: float | None = None
+        self.used_state_factor: float | None = None  # of the optimizer in use, once known
+        self._optimizers: list = []  # weak references to the optimizers that step this stage
+
+    def _register_optimizer_hooks(self) -> None:
+        """Every optimizer that steps this stage's parameters is declared before its first step and
+        measured after it (hooks holding a weak reference: the pipeline can be collected)."""
+        self._hook = register_optimizer_step_post_hook(_make_state_check(weakref.ref(self)))
+        self._pre_hook = register_optimizer_step_pre_hook(_make_first_use(weakref.ref(self)))
+
+    def close(self) -> None:
+        """Remove the optimizer hooks (the pipeline stays usable)."""
+        self._hook.remove()
+        self._pre_hook.remove()
+
+    @property
+    def plan_state_factor(self) -> float:
+        """The optimizer_state_factor the plan was priced with (the constructor's, else the plan's record)."""
+        return float(self.optimizer_state_factor)
+
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
+        """Declare the optimizer that steps this stage; states at once (warns when larger, raises
+        with ``strict_optimizer_state``) when its state factor differs from the plan's."""
+        if any(r() is optimizer for r in self._optimizers):
+            return self.used_state_factor
+        self._optimizers.append(weakref.ref(optimizer))
+        factor = state_factor_of(optimizer)
+        if factor is None:
+            return None
+        self.used_state_factor = factor
+        planned = self.plan_state_factor
+        if factor > planned * 1.01:
+            msg = (
+                f"{type(optimizer).__name__} holds {factor:g} bytes of weights, gradients and state per "
+                f"weight byte but the plan was priced with optimizer_state_factor={planned:g}: the plan "
+                f"may not fit device memory; plan again with optimizer_state_factor {factor:g}"
+            )
+            if self.strict_optimizer_state:
+                raise InvalidInputError(msg)
+            if self.rank == 0:
+                logger.warning("%s", msg)
+        elif factor < planned * 0.99 and self.rank == 0:
+            logger.info(
+                "%s holds %g bytes of weights, gradients and state per weight byte, the plan "
+                "assumed optimizer_state_factor %g: its memory figures are conservative",
+                type(optimizer).__name__,
+                factor,
+                planned,
+            )
+        return factor
+
+    def check_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
+        """Bytes of weights + gradients + optimizer state per weight byte on this stage; warns
+        (or raises, strict) when above the factor the plan assumed. None without parameters."""
+        mine = {id(p): p for p in self.parameters()}
+        weights = sum(_tensor_bytes(p) for p in mine.values())
+        if not weights:
+            return None
+        state = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) in mine:
+                    state += sum(
+                        _tensor_bytes(v)
+                        for v in optimizer.state.get(p, {}).values()
+                        if isinstance(v, torch.Tensor) and v.dim() > 0
+                    )
+        grads = sum(_tensor_bytes(p) for p in mine.values())
+        factor = (weights + grads + state) / weights
+        self.measured_state_factor = factor
+        if self.used_state_factor is not None and abs(factor - self.used_state_factor) <= 0.01 * factor:
+            return factor  # as stated before the first step (use_optimizer)
+        if factor > self.plan_state_factor * 1.01:
+            msg = (
+                f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
+                f"gradients and state per weight byte, but the plan's memory model assumed "
+                f"optimizer_state_factor={self.plan_state_factor:g} (4.0 = fp32 Adam); the plan "
+                f"may not fit device memory: plan again with a cluster whose "
+                f"optimizer_state_factor is {factor:.2f}"
+            )
+            if self.strict_optimizer_state:
+                raise InvalidInputError(msg)
+            logger.warning("%s", msg)
+        elif factor < self.plan_state_factor * 0.99:
+            logger.info(
+                "%s holds %.2f bytes per weight byte, less than the plan's "
+                "optimizer_state_factor %.2f: the plan's memory figures are conservative",
+                type(optimizer).__name__,
+                factor,
+                self.plan_state_factor,
+            )
+        return factor
+
+
+def _make_first_use(ref):
+    def hook(optimizer, _args, _kwargs):
+        pipe = ref()
+        if pipe is None or any(r() is optimizer for r in pipe._optimizers):
+            return
+        mine = {id(p) for p in pipe.parameters()}
+        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+            pipe.use_optimizer(optimizer)
+
+    return hook
+
+
+def _make_state_check(ref):
+    def hook(optimizer, _args, _kwargs):
+        pipe = ref()
+        if pipe is None or pipe.measured_state_factor is not None:
+            return
+        mine = {id(p) for p in pipe.parameters()}
+        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+            pipe.check_optimizer(optimizer)
+
+    return hook
