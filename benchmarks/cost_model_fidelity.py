@@ -182,7 +182,7 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
             "--sizes",
             sizes,
             "--repeats",
-            "3" if quick else "7",
+            "3" if quick else "21",  # messages after work vary by several times (runtime.probe)
             "--details",
             str(work / "probe.json"),
         ]

@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_SIZES,
         help="message sizes in bytes, comma-separated, at least two (default %(default)s)",
     )
-    ap.add_argument("--repeats", type=int, default=5, help="timed round trips per size and pair")
+    ap.add_argument(
+        "--repeats", type=int, default=15, help="timed round trips (and all-reduces) per size and pair (default 15)"
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed round trips per size and pair")
     ap.add_argument(
         "--compute-seconds",
