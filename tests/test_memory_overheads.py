@@ -73,7 +73,7 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
         with pytest.raises(gs.InfeasibleError):
             gs.solve(g, c, mini_batch_size=2, planner=planner, time_limit=10)
         return
-    over = [s for s in plain.stages if stage_memory(g, c, s, s.in_flight_samples, plain.stages) > c.memory_bytes]
+    over = [s for s in plain.stages if stage_memory(g, c, s, s.in_flight_samples, plain.stages, 2) > c.memory_bytes]
     if planner == "graphpipe":
         assert over, "the instance must need the second planning round"
     try:
@@ -82,7 +82,7 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
         assert "memory overheads" in str(exc)
         return
     for s in plan.stages:
-        assert s.predicted.memory_bytes == pytest.approx(stage_memory(g, c, s, s.in_flight_samples, plan.stages))
+        assert s.predicted.memory_bytes == pytest.approx(stage_memory(g, c, s, s.in_flight_samples, plan.stages, 2))
         assert s.predicted.memory_bytes <= c.memory_bytes
     if over:
         assert plan.search.status == "feasible"
@@ -90,3 +90,40 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
         assert [s.nodes for s in plan.stages] == [s.nodes for s in plain.stages]
         assert plan.search.status == plain.search.status
     gs.validate(plan, g, c)
+
+
+def test_a_stage_that_runs_every_forward_first_is_priced_by_phase():
+    """Weights 100 (node a), 300 (b), 0 (c); activations per sample 50, 20, 10; one replica, b = 2."""
+    doc = {
+        "format": "gpp-graph/1",
+        "micro_batch_sizes": [1],
+        "nodes": [
+            {"id": "a", "fw_time": [1], "bw_time": [1], "weight_bytes": 100, "activation_bytes": 50, "output_bytes": 5},
+            {"id": "b", "fw_time": [1], "bw_time": [1], "weight_bytes": 300, "activation_bytes": 20, "output_bytes": 5},
+            {"id": "c", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 10, "output_bytes": 5},
+        ],
+        "edges": [["a", "b"], ["b", "c"]],
+    }
+    g = gs.graph_from_dict(doc)
+    c = gs.cluster_from_dict(
+        {
+            "format": "gpp-cluster/1",
+            "devices": 1,
+            "memory_bytes": 1e9,
+            "inter_node_bandwidth": 1e9,
+            "optimizer_state_factor": 2.0,
+            "memory_overheads": True,
+        }
+    )
+    spec = gs.StageSpec(nodes=("a", "b", "c"), devices=(0,), micro_batch_size=2)
+    temporaries = 300 + 2 * 2 * 5  # the largest weight gradient, two outputs' gradients of 2 rows
+    # one micro-batch (B = 2): the forward holds 2 * 80 = 160; in the backward (c, b, a) the most is
+    # after b: a's activations 2 * 50 plus b's and c's weight gradients 300 -> 400; after it W = 400
+    one = 1 * 400 + max(160 + temporaries, 400 + temporaries, 400)
+    assert stage_memory(g, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(one)
+    # two micro-batches, both in flight before the first backward (B = 4): one more micro-batch of 160
+    assert stage_memory(g, c, spec, 4, [spec], mini_batch_size=4) == pytest.approx(400 + 160 + 400 + temporaries)
+    # a forward after a backward (B = 4, one in flight): the gradients and the activations together
+    whole = 2 * 400 + 160 + temporaries
+    assert stage_memory(g, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(whole)
+    assert stage_memory(g, c, spec, 2, [spec]) == pytest.approx(whole)  # no mini-batch given: the same

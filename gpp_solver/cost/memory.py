@@ -27,13 +27,18 @@ def stage_memory(
     stage: StageLike,
     in_flight_samples: float,
     stages: Sequence[StageLike] | None = None,
+    mini_batch_size: int | None = None,
 ) -> float:
     """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``;
     with ``cluster.memory_overheads``, :func:`memory_with_overheads` (the received buffers need the
-    plan's ``stages``)."""
+    plan's ``stages``; the plan's ``mini_batch_size`` tells whether every micro-batch's forward runs
+    before the stage's first backward)."""
     if cluster.memory_overheads:
         boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
-        return memory_with_overheads(graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary)
+        n = mini_batch_size // stage.micro_batch_size if mini_batch_size else None
+        return memory_with_overheads(
+            graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary, micro_batches=n
+        )
     return memory_per_device(
         cluster.optimizer_state_factor,
         stage_weight_bytes(graph, stage),
@@ -75,6 +80,7 @@ def memory_with_overheads(
     in_flight_samples: float,
     received_per_sample: float,
     sent_per_sample: float = 0.0,
+    micro_batches: int | None = None,
 ) -> float:
     """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
 
@@ -92,7 +98,15 @@ def memory_with_overheads(
     * ``step = OPTIMIZER_STEP_SCRATCH * max_v weight_bytes_v`` when ``osf >= 4`` (Adam's class):
       the optimizer step's temporaries (``sqrt`` of the second moment, the quotient, the previous
       parameter's quotient not yet freed); SGD, with or without momentum, updates in place.
+
+    When every micro-batch of the step is in flight at once (``micro_batches`` given and
+    ``in_flight = micro_batches * b``: no forward follows a backward, e.g. a single micro-batch),
+    the gradients, freed between steps (``zero_grad``'s default ``set_to_none``, as
+    ``runtime.train`` runs), never coexist with all the activations, and
+    :func:`_all_forwards_first` prices the step phase by phase.
     """
+    if micro_batches is not None and in_flight_samples >= micro_batches * stage.micro_batch_size:
+        return _all_forwards_first(graph, osf, stage, micro_batches, received_per_sample, sent_per_sample)
     d = data_parallel(stage)
     configs = stage_configs(graph, stage)
     weights = sum(c.weight_bytes for c in configs)
@@ -107,3 +121,45 @@ def memory_with_overheads(
     activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
     return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
+
+
+def _all_forwards_first(
+    graph: Graph, osf: float, stage: StageLike, n: int, received_per_sample: float, sent_per_sample: float
+) -> float:
+    """The memory of a stage that runs all ``n`` forwards of a step before its first backward:
+    ``(osf - 1) * W_S`` (weights and optimizer state) plus the largest of
+
+    * the forwards: ``n`` micro-batches of activations and received values, and the temporaries;
+    * the first backward: the other ``n - 1`` micro-batches, and of this one's the largest over
+      the backward (the stage's nodes in reverse graph order, as autograd runs them) of the
+      activations of the nodes not yet run plus the weight gradients of those that have (the
+      received values held throughout), with the temporaries;
+    * after it: the gradients ``W_S``, with the data-parallel flat copy (``W_S`` when ``d > 1``)
+      or the optimizer step's temporaries. The later backwards hold at most ``n - 1``
+      micro-batches beside the gradients, which the first backward's figure covers.
+
+    The temporaries are those of :func:`memory_with_overheads`, with the messages posted ahead
+    for ``min(POSTED_AHEAD, n)`` micro-batches (there are no more in a step)."""
+    d = data_parallel(stage)
+    rows = stage.micro_batch_size / d
+    config = dict(zip(stage.nodes, stage_configs(graph, stage)))
+    position = {v: i for i, v in enumerate(graph.topo_order)}  # file order where it is topological
+    order = sorted(stage.nodes, key=position.__getitem__)
+    weights = [config[v].weight_bytes for v in order]
+    acts = [config[v].activation_bytes for v in order]
+    total_w = sum(weights)
+    largest_output = max((graph.node(v).output_bytes for v in order), default=0.0)
+    temporaries = (
+        max(weights, default=0.0)
+        + TEMPORARY_OUTPUTS * rows * largest_output
+        + min(POSTED_AHEAD, n) * rows * (received_per_sample + sent_per_sample)
+    )
+    per_micro_batch = rows * (sum(acts) + received_per_sample)
+    first_backward = max(rows * (sum(acts[:k]) + received_per_sample) + sum(weights[k:]) for k in range(len(order) + 1))
+    step = OPTIMIZER_STEP_SCRATCH * max(weights, default=0.0) if osf >= 4 else 0.0
+    return (osf - 1) * total_w + max(
+        n * per_micro_batch + temporaries,
+        (n - 1) * per_micro_batch + first_backward + temporaries,
+        total_w + (total_w if d > 1 else 0.0),
+        total_w + step,
+    )

@@ -139,6 +139,7 @@ def _stages(
     orders: Mapping[int, tuple[Action, ...]],
     inflight: Mapping[int, tuple[int, int]],
     kind: str,
+    mini_batch_size: int,
 ) -> list[Stage]:
     """The plan's stages: each with its order (``kind`` for kFkB or GPipe ones), in-flight samples
     (the order's peak) and predicted time per sample and memory."""
@@ -158,7 +159,8 @@ def _stages(
                 ),
                 in_flight_samples=peak,
                 predicted=StagePrediction(
-                    time_per_sample=c.time_per_sample, memory_bytes=stage_memory(graph, cluster, s, peak, specs)
+                    time_per_sample=c.time_per_sample,
+                    memory_bytes=stage_memory(graph, cluster, s, peak, specs, mini_batch_size),
                 ),
                 tensor_parallel=s.tensor_parallel,
                 tmpc=dict(s.tmpc) if s.tmpc else None,
@@ -219,7 +221,7 @@ def build_plan(
             ),
         )
         search = replace(search, extra={**dict(search.extra), "schedule": record})
-    stages = _stages(graph, cluster, specs, costs, orders, inflight, kind)
+    stages = _stages(graph, cluster, specs, costs, orders, inflight, kind, mini_batch_size)
     estimate = iteration_time_estimate(costs, edges, mini_batch_size)
     pred = PlanPrediction(
         time_per_sample=max(c.time_per_sample for c in costs),

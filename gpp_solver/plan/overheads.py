@@ -32,7 +32,8 @@ def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
         replace(
             s,
             predicted=replace(
-                s.predicted, memory_bytes=stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages)
+                s.predicted,
+                memory_bytes=stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages, plan.mini_batch_size),
             ),
         )
         for s in plan.stages

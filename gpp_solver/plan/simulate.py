@@ -300,7 +300,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
                 busy,
                 1.0 - busy / makespan if makespan > 0 else 0.0,
                 peak,
-                stage_memory(graph, cluster, s, peak, plan.stages),
+                stage_memory(graph, cluster, s, peak, plan.stages, plan.mini_batch_size),
                 idle=makespan - busy,
                 allreduce=c.allreduce,
                 optimizer=c.optimizer,

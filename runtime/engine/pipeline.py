@@ -320,7 +320,9 @@ class GraphPipeline(OptimizerStateCheck):
         used = self.used_state_factor or self.measured_state_factor or self.plan_state_factor
         if self._graph is not None and self._cluster is not None:
             cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
-            return stage_memory(self._graph, cluster, stage, stage.in_flight_samples, self.plan.stages)
+            return stage_memory(
+                self._graph, cluster, stage, stage.in_flight_samples, self.plan.stages, self.plan.mini_batch_size
+            )
         if self._graph is not None:
             weights = stage_weight_bytes(self._graph, stage)
         else:
