@@ -183,6 +183,8 @@ class StageExecutor:
                 loss = self._forward(st, c, bufs, inputs, target, state, step, out_tensors)
                 if loss is not None:
                     loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                # the graph a split backward retains lives while anything refers to it: not here
+                del loss
             else:
                 if index[id(st)] == self.last_backward and self.grad_sync is not None:
                     self.grad_sync.arm()
@@ -374,6 +376,9 @@ class StageExecutor:
                 self._saved[mb] = self._saved.get(mb, 0) + n
                 self.saved_now += n
                 self.saved_peak = max(self.saved_peak, self.saved_now)
-            return t
+            # the same storage without its autograd history: a saved output returned as itself would
+            # refer to the node that saves it, a cycle that only a backward without retain_graph
+            # breaks, so a split backward's graph (retained for W) would outlive its micro-batch
+            return t.detach()
 
         return pack
