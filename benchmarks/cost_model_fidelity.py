@@ -13,7 +13,10 @@ For each model, device count and planner: plan (``gpp_solver.solve``), predict t
 with the simulator (``gpp_solver.simulate``) on the *measured* cluster (``runtime.probe`` run first
 on the largest device count, or ``--cluster``), train the plan for ``--steps`` steps under torchrun
 (``runtime.train``; ``--warmup-steps`` excluded) and take its measured seconds per step. Identical
-plans (same stages, devices, micro-batches and orders) are trained once. Prints one row per plan
+plans (same stages, devices, micro-batches and orders) are trained once per round: every plan is
+made first, then trained ``--repeats`` times in rounds over all plans (default 3 in cpu mode), and
+its measured time is the median run, so that a stretch of seconds in which the machine runs slower
+(the host, another process) spoils one run of a plan rather than its figure. Prints one row per plan
 and the summary: Pearson correlation of predicted vs measured, mean absolute error and mean
 absolute percentage error, the share of plans within 10% of the prediction, and whether the
 ranking of plans holds (Kendall tau and pairwise agreement over pairs of plans of one model and
@@ -109,6 +112,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup-steps", type=int, default=2)
     ap.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of each distinct plan, in rounds over all plans; its measured time is the median run "
+        "(default cpu 3, emulated 1; --quick 1)",
+    )
+    ap.add_argument(
         "--seq-seconds",
         type=float,
         default=0.6,
@@ -132,6 +142,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.devices = args.devices or "2"
         args.planners = args.planners or "graphpipe,pipedream"
         args.steps, args.warmup_steps, args.batch, args.seq_seconds = 3, 1, 8, 0.1
+    if args.repeats is None:
+        args.repeats = 1 if args.quick or args.mode == "emulated" else 3
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     args.planners = args.planners or PLANNERS
     args.batch = args.batch or (32 if args.mode == "emulated" else None)
     if args.mode == "cpu":
@@ -168,7 +182,7 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
             "--sizes",
             sizes,
             "--repeats",
-            "3" if quick else "7",
+            "3" if quick else "21",  # messages after work vary by several times (runtime.probe)
             "--details",
             str(work / "probe.json"),
         ]
@@ -408,6 +422,8 @@ def run(args) -> tuple[list[dict], dict]:
     models = emulated_models(args, work, cpath) if args.mode == "emulated" else fidelity_cpu.cpu_models(args, work)
     rows: list[dict] = []
     done: dict[str, dict] = {}
+    jobs: list[dict] = []  # the distinct plans, trained after every plan is made
+    copies: list[tuple[dict, dict]] = []  # (row, the row of the identical plan trained)
     for label, g, model_spec, env, batch in models:
         graph = as_graph(g)
         for n in args.device_counts:
@@ -436,14 +452,8 @@ def run(args) -> tuple[list[dict], dict]:
                 )
                 sig = signature(plan)
                 if sig in done:
-                    row.update(
-                        {
-                            k: done[sig][k]
-                            for k in ("measured", "diagnostics", "data_parallel", "memory")
-                            if k in done[sig]
-                        },
-                        same_as=done[sig]["id"],
-                    )
+                    row["same_as"] = done[sig]["id"]
+                    copies.append((row, done[sig]))
                     continue
                 row["id"] = f"{label}-{n}-{planner}"
                 ppath = work / f"plan-{row['id']}.json"
@@ -455,20 +465,17 @@ def run(args) -> tuple[list[dict], dict]:
                         gpath.write_text(json.dumps(graph_to_dict(graph)))
                     cpath_n.write_text(json.dumps(cdoc))
                     priced = ["--graph", str(gpath), "--cluster", str(cpath_n)]
-                try:
-                    with fidelity_cpu.fillers(args, model_spec, row["used"], max(row["micro_batch"])):
-                        period, ranks, memory = train(
-                            ppath, row["used"], model_spec, env, args, work / f"metrics-{row['id']}.json", priced
-                        )
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    row["error"] = f"training failed: {str(exc)[:200]}"
-                    continue
-                row["measured"] = period
-                if priced:
-                    row["memory"] = memory
-                row["diagnostics"] = stage_diagnostics(plan, sim, ranks)
                 row["data_parallel"] = any(len(s.devices) > 1 for s in plan.stages)
                 done[sig] = row
+                jobs.append(dict(row=row, plan=plan, sim=sim, path=ppath, spec=model_spec, env=env, priced=priced))
+    for repeat in range(args.repeats):  # every plan once per round: a slow stretch of the machine hits one run
+        for job in jobs:
+            if "error" not in job["row"]:
+                _train_job(job, args, work, repeat)
+    for job in jobs:
+        _measured(job)
+    for row, first in copies:
+        row.update({k: first[k] for k in ("measured", "measured_runs", "diagnostics", "memory", "error") if k in first})
     info = {
         "mode": args.mode,
         "backend": args.backend,
@@ -477,11 +484,47 @@ def run(args) -> tuple[list[dict], dict]:
         "fill_cores": args.fill_cores if args.mode == "cpu" else None,
         "steps": args.steps,
         "warmup_steps": args.warmup_steps,
+        "repeats": args.repeats,
         "workdir": str(work),
         "seconds": time.time() - t0,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     return rows, info
+
+
+def _train_job(job: dict, args, work: Path, repeat: int) -> None:
+    """Train one distinct plan once more; its runs are kept in ``job["runs"]``."""
+    row = job["row"]
+    try:
+        with fidelity_cpu.fillers(args, job["spec"], row["used"], max(row["micro_batch"])):
+            period, ranks, memory = train(
+                job["path"],
+                row["used"],
+                job["spec"],
+                job["env"],
+                args,
+                work / f"metrics-{row['id']}-run{repeat}.json",
+                job["priced"],
+            )
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        row["error"] = f"training failed: {str(exc)[:200]}"
+        return
+    job.setdefault("runs", []).append((period, ranks, memory))
+
+
+def _measured(job: dict) -> None:
+    """The plan's measured iteration time: the median over its runs (``--repeats``), with the
+    per-stage timings and memory of that run (the lower middle one for an even count)."""
+    row, runs = job["row"], job.get("runs")
+    if not runs or "error" in row:
+        return
+    runs = sorted(runs, key=lambda r: r[0])
+    period, ranks, memory = runs[(len(runs) - 1) // 2]
+    row["measured"] = period
+    row["measured_runs"] = [r[0] for r in job["runs"]]
+    if job["priced"]:
+        row["memory"] = memory
+    row["diagnostics"] = stage_diagnostics(job["plan"], job["sim"], ranks)
 
 
 def _worst(r: dict) -> tuple[str, str]:
@@ -511,8 +554,8 @@ def _summary_lines(name: str, s: dict) -> list[str]:
 def table(rows: list[dict], s: dict, info: dict) -> str:
     lines = [
         f"cost-model fidelity, mode {info['mode']}, backend {info['backend']}, mini-batch {info['batch']}, "
-        f"{info['steps']} steps ({info['warmup_steps']} warm-up), {info['date']}"
-        + (f", --fill-cores {info['fill_cores']}" if info.get("fill_cores") else ""),
+        f"{info['steps']} steps ({info['warmup_steps']} warm-up), the median of {info.get('repeats', 1)} runs per "
+        f"plan, {info['date']}" + (f", --fill-cores {info['fill_cores']}" if info.get("fill_cores") else ""),
         *NOTES.get(info["mode"], []),
         "",
         "| model | devices | planner | stages | used | micro-batch | predicted ms | measured ms | error "

@@ -9,19 +9,26 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   ``LOCAL_WORLD_SIZE``). Hosts with different rank counts: the field is left out (flat network,
   the inter-node figure everywhere) and the log says so.
 - **point-to-point latency and bandwidth**, for every pair of ranks in turn (the others wait at a
-  barrier): ping-pong with blocking ``send``/``recv`` at each of ``--sizes`` bytes, ``--repeats``
-  round trips after ``--warmup``; the one-way time is half the median round trip. ``latency`` =
+  barrier): ping-pong with ``isend``/``irecv`` (as the runtime posts its messages) at each of
+  ``--sizes`` bytes, ``--repeats`` round trips after ``--warmup``, each after ``--compute-seconds``
+  of work on both ranks (below); the one-way time is half the median round trip. ``latency`` =
   one-way time of the smallest size, bandwidth = ``(largest - smallest) / (t(largest) -
   t(smallest))`` (the slope of the affine model ``latency + bytes / bandwidth``). A pair is
   intra-node when both ranks share a host. The cluster gets the median over the pairs of each kind
   (the log gives min/max); a single host has no inter-node pair, so ``inter_node_bandwidth`` is
   then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
-- **all-reduce**: median time of ``all_reduce`` (sum) over all ranks at each of ``--sizes``,
+- **all-reduce**: median time of an asynchronous ``all_reduce`` (sum) and its wait over all ranks
+  at each of ``--sizes``, each after ``--compute-seconds`` of work on every rank,
   fitted to the ring algorithm the cost model prices, ``2 (n-1) latency + 2 (n-1)/n * bytes /
   bandwidth`` (:func:`ring_fit`: least squares of the relative error over the sizes; the slope gives the bandwidth,
   the intercept the latency). The cluster gets them as ``allreduce_bandwidth``
   and ``allreduce_latency`` (with one rank there is nothing to measure: both are left out, and the
   cost model prices an all-reduce at the point-to-point bandwidth).
+- **work between messages** (``--compute-seconds``, default 5 ms): before each timed round trip and
+  all-reduce every rank computes (a matmul loop, untimed), as a training step computes between its
+  messages. Back to back, messages find the ranks' cores awake; after work, as in training, they
+  do not: on this project's 2-vCPU virtual machine the one-way latency measured 101 us back to
+  back and 1030 us after 5 ms of work, and the ring all-reduce's latency per step 174 and 396 us.
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides. The cluster
   gets the minimum over ranks.
@@ -65,8 +72,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=DEFAULT_SIZES,
         help="message sizes in bytes, comma-separated, at least two (default %(default)s)",
     )
-    ap.add_argument("--repeats", type=int, default=5, help="timed round trips per size and pair")
+    ap.add_argument(
+        "--repeats", type=int, default=15, help="timed round trips (and all-reduces) per size and pair (default 15)"
+    )
     ap.add_argument("--warmup", type=int, default=2, help="untimed round trips per size and pair")
+    ap.add_argument(
+        "--compute-seconds",
+        dest="compute",
+        type=float,
+        default=0.005,
+        help="seconds every rank computes (untimed) before each timed round trip and all-reduce, as a "
+        "training step computes between its messages (default 0.005; 0: back to back)",
+    )
     ap.add_argument("--memory", type=float, default=None, help="usable bytes per device (skip measuring)")
     ap.add_argument(
         "--optimizer-state-factor",
@@ -90,6 +107,8 @@ def check_args(args: argparse.Namespace) -> list[int]:
         raise ValueError(f"--sizes needs at least two distinct sizes of at least 4 bytes, got {args.sizes!r}")
     if args.repeats < 1 or args.warmup < 0:
         raise ValueError("--repeats must be >= 1 and --warmup >= 0")
+    if not args.compute >= 0:
+        raise ValueError(f"--compute-seconds must be >= 0, got {args.compute}")
     if args.memory is not None and not args.memory > 0:
         raise ValueError(f"--memory must be a positive number of bytes, got {args.memory:g}")
     if not args.optimizer_state_factor > 0:
@@ -148,32 +167,55 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def ping_pong(rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int, device: torch.device) -> float:
-    """Median one-way time (half a round trip) of ``nbytes`` between ranks ``a`` and ``b``."""
+_BUSY: dict = {}  # the matmul operand of compute_for
+
+
+def compute_for(seconds: float) -> None:
+    """Keep this rank's core busy for ``seconds`` (small CPU matmuls, untimed), as a training step
+    computes between its messages."""
+    if seconds <= 0:
+        return
+    a = _BUSY.get("a")
+    if a is None:
+        a = _BUSY["a"] = torch.ones(64, 64)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ a
+
+
+def ping_pong(
+    rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int, device: torch.device, compute: float = 0.0
+) -> float:
+    """Median one-way time (half a round trip) of ``nbytes`` between ranks ``a`` and ``b``, each
+    round trip after ``compute`` seconds of work on both ranks (:func:`compute_for`)."""
     buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
     times = []
     for i in range(warmup + repeats):
+        compute_for(compute)
         _sync(device)
         t0 = time.perf_counter()
-        if rank == a:
-            dist.send(buf, b)
-            dist.recv(buf, b)
+        if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait
+            dist.isend(buf, b).wait()
+            dist.irecv(buf, b).wait()
         else:
-            dist.recv(buf, a)
-            dist.send(buf, a)
+            dist.irecv(buf, a).wait()
+            dist.isend(buf, a).wait()
         _sync(device)
         if i >= warmup:
             times.append((time.perf_counter() - t0) / 2)
     return statistics.median(times)
 
 
-def allreduce_time(nbytes: int, warmup: int, repeats: int, device: torch.device) -> float:
+def allreduce_time(nbytes: int, warmup: int, repeats: int, device: torch.device, compute: float = 0.0) -> float:
+    """Median time of an all-reduce of ``nbytes`` over all ranks, each after ``compute`` seconds of
+    work on every rank (:func:`compute_for`)."""
     buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
     times = []
     for i in range(warmup + repeats):
+        compute_for(compute)
         _sync(device)
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        dist.all_reduce(buf, async_op=True).wait()  # as runtime.engine.grad_sync launches a bucket
         _sync(device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
@@ -188,7 +230,7 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
     for a in range(world):
         for b in range(a + 1, world):
             if rank in (a, b):
-                one_way = [ping_pong(rank, a, b, s, args.warmup, args.repeats, device) for s in sizes]
+                one_way = [ping_pong(rank, a, b, s, args.warmup, args.repeats, device, args.compute) for s in sizes]
                 if rank == a:
                     lat, bw = affine_fit(sizes, one_way)
                     pairs.append(
@@ -201,7 +243,7 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
                         }
                     )
             dist.barrier()
-    ar = [allreduce_time(s, args.warmup, args.repeats, device) for s in sizes] if world > 1 else []
+    ar = [allreduce_time(s, args.warmup, args.repeats, device, args.compute) for s in sizes] if world > 1 else []
     if args.memory is not None:
         mem = float(args.memory)
     elif device.type == "cuda":

@@ -34,40 +34,7 @@ logger = logging.getLogger(__name__)
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad input)."""
-    ap = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
-    ap.add_argument(
-        "--micro-batch-sizes",
-        "--batch-sizes",
-        dest="micro_batch_sizes",
-        default="1,2,4,8",
-        help="comma-separated micro-batch sizes (default 1,2,4,8; --batch-sizes is the deprecated spelling)",
-    )
-    ap.add_argument("--warmup", type=int, default=2, help="untimed runs before timing (default 2)")
-    ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")
-    ap.add_argument(
-        "--threads", type=int, default=1, help="intra-op threads, as each trainer rank uses (default 1, like torchrun)"
-    )
-    ap.add_argument(
-        "--concurrent",
-        type=int,
-        default=1,
-        help="N profilers at once, each pinned to its own core; the median is kept "
-        "(default 1: one unpinned process; see runtime/cores.py)",
-    )
-    ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
-    ap.add_argument(
-        "--optimizer",
-        choices=("sgd", "adam"),
-        default="sgd",
-        help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)",
-    )
-    ap.add_argument(
-        "--no-time-terms",
-        action="store_true",
-        help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)",
-    )
-    ap.add_argument("-o", "--output", required=True)
+    ap = _parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if any(a == "--batch-sizes" or a.startswith("--batch-sizes=") for a in (sys.argv[1:] if argv is None else argv)):
@@ -97,10 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(0)
         wl = load_workload(args.model)
         if args.no_time_terms:
-            doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model)
+            doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model, rounds=args.rounds)
         else:
             doc = profile_with_terms(
-                wl, sizes, args.warmup, args.repeats, name=args.name or args.model, optimizer=args.optimizer
+                wl,
+                sizes,
+                args.warmup,
+                args.repeats,
+                name=args.name or args.model,
+                optimizer=args.optimizer,
+                rounds=args.rounds,
             )
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
@@ -112,6 +85,52 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         torch.set_num_threads(threads)
     return _write(doc, args.output)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
+    ap.add_argument(
+        "--micro-batch-sizes",
+        "--batch-sizes",
+        dest="micro_batch_sizes",
+        default="1,2,4,8",
+        help="comma-separated micro-batch sizes (default 1,2,4,8; --batch-sizes is the deprecated spelling)",
+    )
+    ap.add_argument("--warmup", type=int, default=2, help="untimed runs before timing (default 2)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="sweeps over every size and node, one after the other; each node keeps the median of "
+        "its rounds' medians (default 3: a slow stretch of the machine lands in one round of a node, "
+        "not in a whole range of nodes)",
+    )
+    ap.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads, as each trainer rank uses (default 1, like torchrun)"
+    )
+    ap.add_argument(
+        "--concurrent",
+        type=int,
+        default=1,
+        help="N profilers at once, each pinned to its own core; the median is kept "
+        "(default 1: one unpinned process; see runtime/cores.py)",
+    )
+    ap.add_argument("--name", default=None, help="graph name (default: the FUNCTION spec)")
+    ap.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam"),
+        default="sgd",
+        help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)",
+    )
+    ap.add_argument(
+        "--no-time-terms",
+        action="store_true",
+        help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)",
+    )
+    ap.add_argument("-o", "--output", required=True)
+    return ap
 
 
 def _write(doc: dict, output: str) -> int:

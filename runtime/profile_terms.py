@@ -203,10 +203,13 @@ def profile_with_terms(
     repeats: int = 5,
     name: str = "model",
     optimizer: str = "sgd",
+    rounds: int = 1,
 ) -> dict:
-    """The profiler's gpp-graph/1 document with the time-model terms (module docstring)."""
-    doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name)
-    add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats, optimizer)
+    """The profiler's gpp-graph/1 document with the time-model terms (module docstring); with
+    ``rounds`` the whole model's fastest run is taken over ``rounds * repeats`` runs, as many as
+    each node's."""
+    doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name, rounds=rounds)
+    add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
     return doc
 
 

@@ -154,3 +154,29 @@ def test_planning_cluster_carries_the_probed_allreduce_fit():
         b.planning_cluster(probed.with_(allreduce_bandwidth=None, allreduce_latency=0.0), 2, "cpu")
     )
     assert plain.allreduce_bandwidth is None and plain.allreduce_latency == 0.0
+
+
+def test_a_plan_measures_its_median_run_with_that_runs_timings():
+    bench = _bench()
+    plan_ranks = {0: {"compute": 0.0, "wait": 0.0, "allreduce": 0.0}}
+    job = {
+        "row": {"id": "p"},
+        "priced": ["--graph", "g"],
+        "runs": [(0.30, plan_ranks, ["slow"]), (0.10, plan_ranks, ["fast"]), (0.12, plan_ranks, ["middle"])],
+        "plan": None,
+        "sim": None,
+    }
+    bench.stage_diagnostics = lambda plan, sim, ranks: ["diag"]
+    bench._measured(job)
+    assert job["row"]["measured"] == 0.12 and job["row"]["memory"] == ["middle"]
+    assert job["row"]["measured_runs"] == [0.30, 0.10, 0.12]
+
+
+def test_repeats_default_to_three_on_cpu_and_are_refused_below_one(capsys):
+    bench = _bench()
+    assert bench.parse_args(["--mode", "cpu"]).repeats == 3
+    assert bench.parse_args(["--mode", "emulated"]).repeats == 1
+    assert bench.parse_args(["--quick"]).repeats == 1
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--mode", "cpu", "--repeats", "0"])
+    assert exc.value.code == 2 and "--repeats" in capsys.readouterr().err

@@ -8,7 +8,11 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
 (default 1: what each torchrun rank of ``runtime.train`` uses):
 
 - ``fw_time[i]``: median over ``--repeats`` runs (after ``--warmup`` runs) of the forward at
-  micro-batch ``micro_batch_sizes[i]``, summed over the graph node's fx nodes;
+  micro-batch ``micro_batch_sizes[i]``, summed over the graph node's fx nodes. With ``--rounds R``
+  every size and node is swept R times, one sweep after the other, and each node keeps the median
+  of its R medians: a stretch of seconds in which the machine runs slower (another process, the
+  host) then lands in one round of a node rather than in every run of a contiguous range of
+  nodes, which would shift time from one stage of a plan to another;
 - ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
   ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
   leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
@@ -155,10 +159,14 @@ def device_info(device: torch.device) -> dict:
     return {"device": device.type, "device_name": name, "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
-def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5, name: str = "model") -> dict:
+def profile(
+    workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5, name: str = "model", rounds: int = 1
+) -> dict:
     """Profile ``workload`` at each micro-batch size and return the gpp-graph/1 document (a dict).
 
-    Runs with the current ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
+    ``rounds``: sweeps over every size and node, one after the other; each node keeps the median
+    over the rounds of its per-round medians (module docstring). Runs with the current
+    ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
     if (
         not micro_batch_sizes
         or any(b <= 0 for b in micro_batch_sizes)
@@ -167,8 +175,10 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
         raise InvalidInputError(
             f"--micro-batch-sizes must be strictly increasing positive integers, but got {micro_batch_sizes}"
         )
-    if warmup < 0 or repeats < 1:
-        raise InvalidInputError(f"--warmup must be >= 0 and --repeats >= 1, got {warmup}, {repeats}")
+    if warmup < 0 or repeats < 1 or rounds < 1:
+        raise InvalidInputError(
+            f"--warmup must be >= 0, --repeats >= 1 and --rounds >= 1, got {warmup}, {repeats}, {rounds}"
+        )
     mg = trace_workload(workload)
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
     bns = _batchnorms(mg.gm)
@@ -182,22 +192,7 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
             ", ".join(bns[:3]),
             ", ..." if len(bns) > 3 else "",
         )
-    timing = {n: {"fw": [], "bw": [], "bw_weight": []} for n in mg.nodes}
-    act_bytes: dict = {}
-    out_bytes: dict = {}
-    for micro_batch_size in micro_batch_sizes:
-        inputs, _ = workload.sample(micro_batch_size, 0)
-        inputs = tuple(x.to(device) for x in inputs)
-        env = _forward_all(mg, inputs, micro_batch_size)
-        for node in mg.nodes:
-            timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
-            timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
-            timing[node]["bw_weight"].append(_time_backward_weight(mg, node, env, warmup, repeats, device))
-        if micro_batch_size == micro_batch_sizes[-1]:
-            kept = saved_bytes(mg, inputs)
-            for gid, members in mg.groups:
-                act_bytes[gid] = kept[gid] / micro_batch_size
-                out_bytes[gid] = _output_bytes(mg, members, env, micro_batch_size)
+    timing, act_bytes, out_bytes = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
     nodes = []
     for gid, members in mg.groups:
         nd = {"id": gid}
@@ -223,7 +218,13 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
     for nd in nodes:
         for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
-    info = {**device_info(device), "warmup": warmup, "repeats": repeats, "statistic": "median"}
+    info = {
+        **device_info(device),
+        "warmup": warmup,
+        "repeats": repeats,
+        "rounds": rounds,
+        "statistic": "median" if rounds == 1 else "median over rounds of each round's median",
+    }
     return {
         "format": "gpp-graph/1",
         "name": name,
@@ -232,6 +233,46 @@ def profile(workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: in
         "edges": [{"src": s, "dst": d} for s, d in mg.edges()],
         "extra": {"profile": info},
     }
+
+
+def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: int, rounds: int, device):
+    """Per fx node and kind, ``(median, min, max)`` per size over ``rounds`` sweeps; per graph node,
+    the activation and output bytes per sample (measured at the largest size)."""
+    act_bytes: dict = {}
+    out_bytes: dict = {}
+    sweeps = []  # per round: node -> kind -> [(median, min, max) per size]
+    for r in range(rounds):
+        timing = {n: {"fw": [], "bw": [], "bw_weight": []} for n in mg.nodes}
+        for micro_batch_size in micro_batch_sizes:
+            inputs, _ = workload.sample(micro_batch_size, 0)
+            inputs = tuple(x.to(device) for x in inputs)
+            env = _forward_all(mg, inputs, micro_batch_size)
+            for node in mg.nodes:
+                timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
+                timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
+                timing[node]["bw_weight"].append(_time_backward_weight(mg, node, env, warmup, repeats, device))
+            if r == 0 and micro_batch_size == micro_batch_sizes[-1]:
+                kept = saved_bytes(mg, inputs)
+                for gid, members in mg.groups:
+                    act_bytes[gid] = kept[gid] / micro_batch_size
+                    out_bytes[gid] = _output_bytes(mg, members, env, micro_batch_size)
+            del env
+        sweeps.append(timing)
+    return combine_rounds(sweeps), act_bytes, out_bytes
+
+
+def combine_rounds(sweeps: list[dict]) -> dict:
+    """One timing per node, kind and size from several rounds' ``(median, min, max)``: the median
+    of the rounds' medians, the fastest and the slowest run of any round."""
+    out: dict = {}
+    for node in sweeps[0]:
+        out[node] = {}
+        for kind in sweeps[0][node]:
+            per_size = zip(*[sweep[node][kind] for sweep in sweeps])  # per size: one tuple per round
+            out[node][kind] = [
+                (statistics.median(t[0] for t in ts), min(t[1] for t in ts), max(t[2] for t in ts)) for ts in per_size
+            ]
+    return out
 
 
 def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:

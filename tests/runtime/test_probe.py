@@ -96,6 +96,8 @@ def test_memory_flag_and_bad_arguments(tmp_path):
         (["--sizes", "4096"], "at least two distinct sizes"),
         (["--memory", "-1"], "--memory"),
         (["--sizes", "4,x"], "comma-separated integers"),
+        (["--compute-seconds", "-0.1"], "--compute-seconds"),
+        (["--compute-seconds", "nan"], "--compute-seconds"),
     ):
         with pytest.raises(ValueError, match=msg):
             check_args(parse_args(["-o", "x.json", *bad]))
@@ -176,3 +178,18 @@ def test_ring_fit_holds_the_small_sizes():
     lat, bw = ring_fit(sizes, secs, 2)
     assert abs(priced(sizes[0], 2, bw, lat) / secs[0] - 1) < 0.15
     assert all(abs(priced(s, 2, bw, lat) / t - 1) < 0.35 for s, t in zip(sizes, secs))
+
+
+def test_work_between_messages_keeps_the_core_busy_for_the_time_asked():
+    import time
+
+    from runtime.probe import compute_for
+
+    assert parse_args(["-o", "x.json"]).compute == 0.005  # the default: as a training step between messages
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    compute_for(0.05)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    assert wall >= 0.05 and cpu > 0.01  # computed, not slept (a sleep uses no CPU time)
+    t0 = time.perf_counter()
+    compute_for(0.0)
+    assert time.perf_counter() - t0 < 0.01
