@@ -73,7 +73,11 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
         with pytest.raises(gs.InfeasibleError):
             gs.solve(g, c, mini_batch_size=2, planner=planner, time_limit=10)
         return
-    over = [s for s in plain.stages if stage_memory(g, c, s, s.in_flight_samples, plain.stages, 2) > c.memory_bytes]
+    over = [
+        s
+        for s in plain.stages
+        if stage_memory(g, c, s, s.in_flight_samples, plain.stages, mini_batch_size=2) > c.memory_bytes
+    ]
     if planner == "graphpipe":
         assert over, "the instance must need the second planning round"
     try:
@@ -82,7 +86,9 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
         assert "memory overheads" in str(exc)
         return
     for s in plan.stages:
-        assert s.predicted.memory_bytes == pytest.approx(stage_memory(g, c, s, s.in_flight_samples, plan.stages, 2))
+        assert s.predicted.memory_bytes == pytest.approx(
+            stage_memory(g, c, s, s.in_flight_samples, plan.stages, mini_batch_size=2)
+        )
         assert s.predicted.memory_bytes <= c.memory_bytes
     if over:
         assert plan.search.status == "feasible"

@@ -7,7 +7,7 @@ same pricing core (:func:`comm_time`, :func:`allreduce_time`, :func:`time_per_sa
 by ``tests/test_pricers.py``.
 """
 
-from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.memory import kept_gradient_bytes, order_memory, stage_memory
 from gpp_solver.cost.model import (
     NodeConfig,
     StageCost,
@@ -21,6 +21,7 @@ from gpp_solver.cost.model import (
     memory_per_device,
     node_compute,
     node_config,
+    pending_weight_samples,
     stage_activation_bytes,
     stage_compute,
     stage_compute_parts,
@@ -46,9 +47,12 @@ __all__ = [
     "interp_time",
     "interpolate",
     "iteration_time_estimate",
+    "kept_gradient_bytes",
     "memory_per_device",
     "node_compute",
     "node_config",
+    "order_memory",
+    "pending_weight_samples",
     "stage_activation_bytes",
     "stage_compute",
     "stage_compute_parts",

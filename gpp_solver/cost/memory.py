@@ -2,6 +2,8 @@
 
 * ``M(S) = optimizer_state_factor * W_S + in_flight(S)/d * sum_v activation_bytes_v``
   (:func:`~gpp_solver.cost.model.memory_per_device`, the pricing core's formula);
+* in a stage whose order holds ``W`` (split backward), plus ``pending_w(S)/d * kept(S)``: the
+  gradients ``B`` keeps for ``W`` (:func:`kept_gradient_bytes`, ``docs/zero-bubble.md``);
 * with the cluster's ``memory_overheads``, beside it what the runtime measurably holds: the
   received buffers, the gradient buckets and the temporaries (:func:`memory_with_overheads`).
 """
@@ -13,7 +15,9 @@ from collections.abc import Sequence
 from gpp_solver.cost.model import (
     StageLike,
     data_parallel,
+    in_flight_from_order,
     memory_per_device,
+    pending_weight_samples,
     stage_activation_bytes,
     stage_configs,
     stage_weight_bytes,
@@ -27,25 +31,74 @@ def stage_memory(
     stage: StageLike,
     in_flight_samples: float,
     stages: Sequence[StageLike] | None = None,
+    pending_w_samples: float = 0.0,
     mini_batch_size: int | None = None,
 ) -> float:
-    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``;
-    with ``cluster.memory_overheads``, :func:`memory_with_overheads` (the received buffers need the
-    plan's ``stages``; the plan's ``mini_batch_size`` tells whether every micro-batch's forward runs
-    before the stage's first backward)."""
+    """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``,
+    and with ``pending_w_samples`` (samples whose ``W`` is pending, :func:`pending_weight_samples`)
+    the gradients kept for them, ``pending_w / d * kept(S)``; with ``cluster.memory_overheads``,
+    :func:`memory_with_overheads` (the received buffers need the plan's ``stages``; the plan's
+    ``mini_batch_size`` tells whether every micro-batch's forward runs before the stage's first
+    backward)."""
     if cluster.memory_overheads:
         boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
         n = mini_batch_size // stage.micro_batch_size if mini_batch_size else None
         return memory_with_overheads(
-            graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary, micro_batches=n
+            graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary, pending_w_samples, n
         )
-    return memory_per_device(
+    kept = pending_w_samples / data_parallel(stage) * kept_gradient_bytes(graph, stage) if pending_w_samples else 0.0
+    return kept + memory_per_device(
         cluster.optimizer_state_factor,
         stage_weight_bytes(graph, stage),
         in_flight_samples,
         data_parallel(stage),
         stage_activation_bytes(graph, stage),
     )
+
+
+def order_memory(
+    graph: Graph,
+    cluster: Cluster,
+    stage: StageLike,
+    order: Sequence[tuple[str, int]],
+    stages: Sequence[StageLike] | None = None,
+) -> float:
+    """:func:`stage_memory` of ``stage`` under ``order``: its in-flight peak and, in an order with
+    ``W``, its pending weight gradients (both of the order, times the stage's micro-batch size)."""
+    b = stage.micro_batch_size
+    forwards = sum(1 for kind, _ in order if kind == "F")  # the step's micro-batches
+    return stage_memory(
+        graph,
+        cluster,
+        stage,
+        in_flight_from_order(order, b),
+        stages,
+        pending_weight_samples(order, b),
+        mini_batch_size=forwards * b if forwards else None,
+    )
+
+
+def kept_gradient_bytes(graph: Graph, stage: StageLike) -> float:
+    """``kept(S)``: bytes per sample that ``B`` keeps until ``W`` in a split backward — the gradient
+    flowing into each weighted operator that ``B`` reaches, i.e. of the stage's nodes with weights
+    downstream (within the stage) of a value received from another stage; a stage fed by the
+    model's inputs alone keeps nothing (its ``W`` runs the whole backward).  Per node
+    ``max(output_bytes_v, activation_bytes_v)``: exact for a node of one weighted operator (its
+    output's size), an estimate for a node of several, whose weighted operators' outputs the
+    operators after them mostly save (``docs/zero-bubble.md``, *Memory rule*)."""
+    mine = set(stage.nodes)
+    region = [v for v in stage.nodes if any(u not in mine for u in graph.preds(v))]
+    seen = set(region)
+    while region:
+        for v in graph.succs(region.pop()):
+            if v in mine and v not in seen:
+                seen.add(v)
+                region.append(v)
+    total = 0.0
+    for v, c in zip(stage.nodes, stage_configs(graph, stage)):
+        if v in seen and c.weight_bytes > 0:
+            total += max(graph.node(v).output_bytes, c.activation_bytes)
+    return total
 
 
 #: tensors of one micro-batch's rows, each the size of the stage's largest node output, that a
@@ -80,11 +133,16 @@ def memory_with_overheads(
     in_flight_samples: float,
     received_per_sample: float,
     sent_per_sample: float = 0.0,
+    pending_w_samples: float = 0.0,
     micro_batches: int | None = None,
 ) -> float:
     """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
 
-    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + temporaries, buckets, step)`` where
+    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + pending_w / d * kept +
+    temporaries, buckets, step)`` where
+
+    * ``kept``: :func:`kept_gradient_bytes`, the gradients ``B`` keeps for the ``pending_w`` samples
+      whose ``W`` is pending (0 in an order without ``W``);
 
     * ``received``: bytes per sample of the values received from other stages (their copies stay
       until the backward of their micro-batch);
@@ -105,7 +163,11 @@ def memory_with_overheads(
     ``runtime.train`` runs), never coexist with all the activations, and
     :func:`_all_forwards_first` prices the step phase by phase.
     """
-    if micro_batches is not None and in_flight_samples >= micro_batches * stage.micro_batch_size:
+    if (
+        not pending_w_samples
+        and micro_batches is not None
+        and in_flight_samples >= micro_batches * stage.micro_batch_size
+    ):
         return _all_forwards_first(graph, osf, stage, micro_batches, received_per_sample, sent_per_sample)
     d = data_parallel(stage)
     configs = stage_configs(graph, stage)
@@ -119,6 +181,8 @@ def memory_with_overheads(
         + POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
     )
     activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
+    if pending_w_samples:
+        activations += pending_w_samples / d * kept_gradient_bytes(graph, stage)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
     return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
 

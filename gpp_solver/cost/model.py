@@ -311,6 +311,19 @@ def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
     return peak * b
 
 
+def pending_weight_samples(order: Iterable[tuple[str, int]], b: int) -> int:
+    """Peak samples whose weight gradient is pending under ``order``: max of (input gradients done
+    - weight gradients done) * b; 0 in an order without ``W`` (its backward is whole)."""
+    live = peak = 0
+    for kind, _ in order:
+        if kind == "B":
+            live += 1
+        elif kind == "W":
+            peak = max(peak, live)
+            live -= 1
+    return peak * b
+
+
 def iteration_time_estimate(
     costs: Sequence[StageCost], edges: Iterable[tuple[int, int]], mini_batch_size: int
 ) -> float:

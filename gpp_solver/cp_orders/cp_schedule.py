@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpp_solver.action import has_weight_actions
 from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.cp_orders.order_model import (
     MEMORY_RESOLUTION,
@@ -201,13 +202,18 @@ def _lighter(plan: Plan, graph: Graph, cluster: Cluster, new: Plan, orders: Mapp
     return new
 
 
-def _keep_if_better(out: TightenResult, new: Plan, data: ScheduleData, t0: float) -> TightenResult:
+def _keep_if_better(out: TightenResult, new: Plan, data: ScheduleData, t0: float, memory_bytes: float) -> TightenResult:
     """``out`` (its plan the input, ``t0`` the start of the search) with ``new`` in it when ``new``
     simulates faster, or as fast with a lower peak memory, or when the input's own orders break the
-    memory limit (the solver's always respect it); logs the choice."""
+    memory limit (the solver's always respect it; a stage with ``W`` fits when its own memory does,
+    as ``K_S`` bounds its kept gradients from above); logs the choice."""
     before, mem_before = out.makespan_before, out.peak_memory_before
     after, mem_after = new.predicted.iteration_time, new.predicted.peak_memory_bytes
-    before_fits = all(s.in_flight_samples <= data.max_in_flight[s.id] * s.micro_batch_size for s in out.plan.stages)
+    before_fits = all(
+        s.in_flight_samples <= data.max_in_flight[s.id] * s.micro_batch_size
+        or (has_weight_actions(s.schedule.order) and s.predicted.memory_bytes <= memory_bytes * (1 + 1e-9))
+        for s in out.plan.stages
+    )
     better = (
         (not before_fits)
         or after < before * (1 - 1e-9)
@@ -306,7 +312,7 @@ def tighten(
         out = replace(out, memory_status=res2.status, wall_guard=out.wall_guard or res2.wall_guard)
         new = _lighter(plan, graph, cluster, new, res2.orders)
     validate(new, graph, cluster)
-    return _keep_if_better(out, new, d, t0)
+    return _keep_if_better(out, new, d, t0, cluster.memory_bytes)
 
 
 def tighten_plan_if_fits(

@@ -4,7 +4,8 @@
 Per stage ``S``: ``n_S = B / b_S`` micro-batches, durations ``F(S)`` (forward compute + forward
 halves of its transfers), ``B(S)`` (backward halves), all-reduce tail ``A(S)`` from
 :func:`gpp_solver.cost.model.stage_costs`, the largest number of micro-batches ``K_S`` the memory
-limit lets it hold (``M(S) <= memory_bytes`` with ``in_flight = K_S * b_S``).
+limit lets it hold (``M(S) <= memory_bytes`` with ``in_flight = K_S * b_S``, and in a stage whose
+order holds ``W`` as many pending weight gradients: ``docs/zero-bubble.md``, *Memory rule*).
 
 **Ticks.** CP-SAT needs integers: one tick is ``unit`` seconds, by default the serial horizon
 (every action of every stage one after another, plus the largest all-reduce) divided by
@@ -25,7 +26,7 @@ from gpp_solver.action import has_weight_actions
 from gpp_solver.cost.memory import stage_memory
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InvalidInputError
-from gpp_solver.types import Cluster, Graph, Plan
+from gpp_solver.types import Cluster, Graph, Plan, Stage
 
 DEFAULT_RESOLUTION = 1_000_000  # ticks in the serial horizon
 
@@ -66,17 +67,25 @@ def _ticks(seconds: float, unit: float) -> int:
     return max(1, int(round(seconds / unit)))
 
 
+def _held_memory(graph: Graph, cluster: Cluster, stage: Stage, samples: int) -> float:
+    """``M(S)`` with ``samples`` in flight; in a stage whose order holds ``W`` also as many pending
+    weight gradients (their bound: ``B j`` runs after ``F j``), the gradients ``B`` keeps included."""
+    pending = samples if has_weight_actions(stage.schedule.order) else 0
+    return stage_memory(graph, cluster, stage, samples, None, pending)
+
+
 def max_in_flight_micro_batches(plan: Plan, graph: Graph, cluster: Cluster) -> dict[int, int]:
     """``K_S``: most micro-batches stage ``S`` may hold with ``M(S) <= memory_bytes`` (0: none fits).
 
     Uses :func:`gpp_solver.cost.memory.stage_memory` and the validator's tolerance, so an order passes
-    the memory check exactly when its peak is at most ``K_S``.
+    the memory check when its peak is at most ``K_S`` (exactly when, in an order without ``W``; with
+    ``W`` the bound counts ``K_S`` micro-batches' kept gradients, at least what the order keeps).
     """
     out = {}
     for s in plan.stages:
         n = plan.mini_batch_size // s.micro_batch_size
         k = 0
-        while k < n and stage_memory(graph, cluster, s, (k + 1) * s.micro_batch_size) <= cluster.memory_bytes * (
+        while k < n and _held_memory(graph, cluster, s, (k + 1) * s.micro_batch_size) <= cluster.memory_bytes * (
             1 + 1e-9
         ):
             k += 1
@@ -114,7 +123,7 @@ def schedule_data(
         k[sid] = samples // plan.stage(sid).micro_batch_size
     horizon = sum(n[i] * (fw[i] + bw[i] + wt.get(i, 0)) for i in ids) + max(ar.values())
     base = {s.id: stage_memory(graph, cluster, s, 0) for s in plan.stages}
-    per_mb = {s.id: stage_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
+    per_mb = {s.id: _held_memory(graph, cluster, s, s.micro_batch_size) - base[s.id] for s in plan.stages}
     return ScheduleData(
         ids,
         n,

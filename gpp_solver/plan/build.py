@@ -18,12 +18,19 @@ from dataclasses import dataclass, field, replace
 import networkx as nx
 
 from gpp_solver.action import Action, Kind, as_order, has_weight_actions
-from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.memory import order_memory
 from gpp_solver.cost.model import StageCost, in_flight_from_order, iteration_time_estimate, stage_costs
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders
-from gpp_solver.plan.zero_bubble import ZB_KIND, Durations, apply_schedule, check_schedule, memory_caps
+from gpp_solver.plan.zero_bubble import (
+    ZB_KIND,
+    Durations,
+    apply_schedule,
+    check_schedule,
+    memory_caps,
+    memory_fits,
+)
 from gpp_solver.types import Cluster, Graph, Plan, PlanPrediction, Schedule, SearchInfo, Stage, StagePrediction
 
 logger = logging.getLogger(__name__)
@@ -139,7 +146,6 @@ def _stages(
     orders: Mapping[int, tuple[Action, ...]],
     inflight: Mapping[int, tuple[int, int]],
     kind: str,
-    mini_batch_size: int,
 ) -> list[Stage]:
     """The plan's stages: each with its order (``kind`` for kFkB or GPipe ones), in-flight samples
     (the order's peak) and predicted time per sample and memory."""
@@ -159,8 +165,7 @@ def _stages(
                 ),
                 in_flight_samples=peak,
                 predicted=StagePrediction(
-                    time_per_sample=c.time_per_sample,
-                    memory_bytes=stage_memory(graph, cluster, s, peak, specs, mini_batch_size),
+                    time_per_sample=c.time_per_sample, memory_bytes=order_memory(graph, cluster, s, orders[i], specs)
                 ),
                 tensor_parallel=s.tensor_parallel,
                 tmpc=dict(s.tmpc) if s.tmpc else None,
@@ -218,10 +223,11 @@ def build_plan(
                 sim_args[3],
                 tuple(edges),
                 memory_caps(graph, cluster, specs, orders, mini_batch_size),
+                memory_fits(graph, cluster, specs, orders),
             ),
         )
         search = replace(search, extra={**dict(search.extra), "schedule": record})
-    stages = _stages(graph, cluster, specs, costs, orders, inflight, kind, mini_batch_size)
+    stages = _stages(graph, cluster, specs, costs, orders, inflight, kind)
     estimate = iteration_time_estimate(costs, edges, mini_batch_size)
     pred = PlanPrediction(
         time_per_sample=max(c.time_per_sample for c in costs),

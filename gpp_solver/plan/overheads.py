@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.memory import order_memory
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.types import Cluster, Graph, Plan, Status
 
@@ -31,10 +31,7 @@ def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
     stages = tuple(
         replace(
             s,
-            predicted=replace(
-                s.predicted,
-                memory_bytes=stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages, plan.mini_batch_size),
-            ),
+            predicted=replace(s.predicted, memory_bytes=order_memory(graph, cluster, s, s.schedule.order, plan.stages)),
         )
         for s in plan.stages
     )

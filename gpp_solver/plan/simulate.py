@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.memory import order_memory
 from gpp_solver.cost.model import StageCost, in_flight_from_order, stage_costs
 from gpp_solver.errors import DeadlockError, SolverError, check_types
 from gpp_solver.plan.grid import order_grid
@@ -300,7 +300,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
                 busy,
                 1.0 - busy / makespan if makespan > 0 else 0.0,
                 peak,
-                stage_memory(graph, cluster, s, peak, plan.stages, plan.mini_batch_size),
+                order_memory(graph, cluster, s, s.schedule.order, plan.stages),
                 idle=makespan - busy,
                 allreduce=c.allreduce,
                 optimizer=c.optimizer,

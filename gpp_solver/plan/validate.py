@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import networkx as nx
 
-from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.memory import order_memory
 from gpp_solver.cost.model import in_flight_from_order, stage_costs
 from gpp_solver.errors import InvalidPlanError, check_types
 from gpp_solver.plan.build import stage_graph_edges
@@ -112,7 +112,7 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
             raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
     _check_optimizer_state_factor(plan, cluster)
     for s in plan.stages:  # memory (Eq. 2)
-        m = stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages, plan.mini_batch_size)
+        m = order_memory(graph, cluster, s, s.schedule.order, plan.stages)
         if m > cluster.memory_bytes * (1 + 1e-9):
             raise E(
                 f"stage {s.id} needs {m:.6g} bytes per device but the cluster has {cluster.memory_bytes:.6g} "
@@ -234,7 +234,7 @@ def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResul
                 f"stage {s.id}: predicted time_per_sample {s.predicted.time_per_sample:.9g} differs from the "
                 f"cost model's {c.time_per_sample:.9g}"
             )
-        m = stage_memory(graph, cluster, s, s.in_flight_samples, plan.stages, plan.mini_batch_size)
+        m = order_memory(graph, cluster, s, s.schedule.order, plan.stages)
         if not _close(s.predicted.memory_bytes, m):
             raise E(
                 f"stage {s.id}: predicted memory_bytes {s.predicted.memory_bytes:.9g} differs from the cost "

@@ -7,8 +7,11 @@ Parallelism (Qi et al., ICLR 2024) does for chains; here for any stage DAG (``do
 Every order this module makes keeps each stage's in-flight micro-batches (forwards done minus
 weight gradients done, the memory rule of an order with ``W``) at most ``cap[S]``: the peak of the
 stage's 1F1B (kFkB) order, or (``Durations.memory_cap``, ZB-H1's rule) the most the stage may hold
-without its memory exceeding the largest stage memory of the kFkB orders — either way the plan's
-peak memory does not grow.  Candidates:
+without its memory, the gradients ``B`` keeps for the pending ``W`` included, exceeding the largest
+stage memory of the kFkB orders.  With ``Durations.fits`` (the memory of a stage's order within
+that limit), a stage whose order with ``W`` right after each ``B`` does not fit keeps its kFkB
+order, and a candidate with a stage that does not fit is dropped: the plan's peak memory does not
+grow.  Candidates:
 
 * **eager** — the kFkB order with ``W j`` right after ``B j``: never slower than the kFkB order (the
   simulated start of every action is a max-plus expression of the durations and a ``B`` only gets
@@ -28,11 +31,11 @@ Stages whose weight-gradient time is zero keep their order without ``W``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpp_solver.action import Action, Kind
-from gpp_solver.cost.memory import stage_memory
+from gpp_solver.cost.memory import order_memory, stage_memory
 from gpp_solver.cost.model import StageLike, in_flight_from_order
 from gpp_solver.errors import DeadlockError, InvalidInputError, show
 from gpp_solver.plan.simulate import simulate_orders
@@ -57,6 +60,9 @@ class Durations:
     #: per stage, the most micro-batches it may hold without its memory exceeding the largest stage
     #: memory of the kFkB orders (ZB-H1's rule: the pipeline's peak memory does not grow); absent: its own peak
     memory_cap: Mapping[int, int] | None = None
+    #: whether stage ``s``'s memory under an order with ``W`` stays within the limit (the kept
+    #: gradients included); absent: every order fits
+    fits: Callable[[int, Sequence[Action]], bool] | None = None
 
     def makespan(self, orders: Orders) -> float:
         return simulate_orders(
@@ -229,7 +235,8 @@ def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Ac
     that of their given order."""
     n = {s: sum(1 for a in o if a[0] == "F") for s, o in orders.items()}
     cap = {s: max(1, in_flight_from_order(o, 1)) for s, o in orders.items()}
-    split = {s: d.weight.get(s, 0.0) > 0 for s in orders}
+    fits = d.fits or (lambda s, o: True)
+    split = {s: d.weight.get(s, 0.0) > 0 and fits(s, eager_w(o)) for s, o in orders.items()}
     eager = {s: eager_w(o) if split[s] else tuple(o) for s, o in orders.items()}
     best, best_t = eager, d.makespan(eager)
     cands = [{s: deferred_w(o, cap[s]) if split[s] else tuple(o) for s, o in orders.items()}]
@@ -248,6 +255,8 @@ def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Ac
             except DeadlockError:  # pragma: no cover - the precedences are acyclic (docs/zero-bubble.md)
                 continue
     for c in cands:
+        if not all(fits(s, o) for s, o in c.items() if split[s]):
+            continue
         try:
             t = d.makespan(c)
         except DeadlockError:
@@ -302,23 +311,46 @@ def final_record(plan: Plan, requested: str) -> dict[str, object]:
     }
 
 
+def _memory_limit(
+    graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders
+) -> tuple[dict[int, float], float]:
+    """Each stage's memory under ``orders`` and the limit of the W placement: the largest of them,
+    at most the cluster's memory."""
+    mem = {i: order_memory(graph, cluster, s, orders[i], specs) for i, s in enumerate(specs)}
+    return mem, min(max(mem.values()), cluster.memory_bytes) * (1 + 1e-12)
+
+
 def memory_caps(
     graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders, mini_batch_size: int
 ) -> dict[int, int]:
-    """Per stage ``i`` (``specs[i]``, ``orders[i]``): the most micro-batches it may hold with its
-    memory at most the largest stage memory of ``orders`` and within the cluster's memory."""
-    mem = {
-        i: stage_memory(graph, cluster, s, in_flight_from_order(orders[i], s.micro_batch_size))
-        for i, s in enumerate(specs)
-    }
-    limit = min(max(mem.values()), cluster.memory_bytes) * (1 + 1e-12)
+    """Per stage ``i`` (``specs[i]``, ``orders[i]``): the most micro-batches ``K`` it may hold with
+    its memory at most the largest stage memory of ``orders`` and within the cluster's memory, its
+    pending weight gradients counted at their bound ``K`` (at least its own peak under ``orders``)."""
+    _, limit = _memory_limit(graph, cluster, specs, orders)
     out = {}
     for i, s in enumerate(specs):
         n = mini_batch_size // s.micro_batch_size
-        base = stage_memory(graph, cluster, s, 0)
-        per = stage_memory(graph, cluster, s, s.micro_batch_size) - base
+
+        def mem(k: int, s: StageLike = s) -> float:
+            return stage_memory(graph, cluster, s, k * s.micro_batch_size, specs, k * s.micro_batch_size)
+
+        base = mem(0)
+        per = mem(1) - base
         k = n if per <= 0 else int(min(n, max(0.0, (limit - base) / per)))
-        while k > 0 and stage_memory(graph, cluster, s, k * s.micro_batch_size) > limit:
+        while k > 0 and mem(k) > limit:
             k -= 1
         out[i] = max(k, in_flight_from_order(orders[i], 1))
     return out
+
+
+def memory_fits(
+    graph: Graph, cluster: Cluster, specs: Sequence[StageLike], orders: Orders
+) -> Callable[[int, Sequence[Action]], bool]:
+    """``Durations.fits``: whether stage ``i``'s memory under an order (its kept gradients
+    included) is at most the largest stage memory of the kFkB ``orders`` and the cluster's."""
+    _, limit = _memory_limit(graph, cluster, specs, orders)
+
+    def fits(i: int, order: Sequence[Action]) -> bool:
+        return order_memory(graph, cluster, specs[i], order, specs) <= limit
+
+    return fits

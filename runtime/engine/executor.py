@@ -36,7 +36,7 @@ from ..lowering.fx_split import StageProgram
 from ..lowering.posting import Post, posting
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
-from .split_backward import backward_input, backward_weight
+from .split_backward import PendingWeight, backward_input, backward_weight
 
 _INPLACE_FUNCS = {
     operator.iadd,
@@ -125,7 +125,7 @@ class StageExecutor:
         last = "W" if self.split else "B"
         self.last_backward = max((i for i, s in enumerate(self.steps) if s.act.kind == last), default=-1)
         self.params = [p for p in program.module.parameters() if p.requires_grad]
-        self._pending_w: dict[int, tuple[list, list]] = {}  # micro-batch -> (roots, grads) kept for W
+        self._pending_w: dict[int, PendingWeight] = {}  # micro-batch -> what its W needs
         self.meta = meta
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
@@ -183,6 +183,8 @@ class StageExecutor:
                 loss = self._forward(st, c, bufs, inputs, target, state, step, out_tensors)
                 if loss is not None:
                     loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+                # the graph a split backward retains lives while anything refers to it: not here
+                del loss
             else:
                 if index[id(st)] == self.last_backward and self.grad_sync is not None:
                     self.grad_sync.arm()
@@ -341,8 +343,8 @@ class StageExecutor:
         input_grad: dict[int, torch.Tensor | None] = {}
         if self.split:  # the input gradients now, the weight gradients at W (split_backward)
             wanted = [t for ts in leaves.values() for t in ts if t.requires_grad]
-            input_grad = {id(t): g for t, g in zip(wanted, backward_input(roots, grads, wanted))}
-            self._pending_w[c.mb] = (roots, grads)
+            got, self._pending_w[c.mb] = backward_input(roots, grads, wanted, self.params)
+            input_grad = {id(t): g for t, g in zip(wanted, got)}
         else:
             if roots:
                 torch.autograd.backward(roots, grads)
@@ -364,8 +366,7 @@ class StageExecutor:
 
     def _weight(self, c: Chunk) -> None:
         """``W j``: the weight gradients of micro-batch ``j``; its activations are freed after it."""
-        roots, grads = self._pending_w.pop(c.mb)
-        backward_weight(roots, grads, self.params)
+        backward_weight(self._pending_w.pop(c.mb))
         self.saved_now -= self._saved.pop(c.mb, 0)
 
     def _make_pack(self, mb: int):
@@ -375,6 +376,9 @@ class StageExecutor:
                 self._saved[mb] = self._saved.get(mb, 0) + n
                 self.saved_now += n
                 self.saved_peak = max(self.saved_peak, self.saved_now)
-            return t
+            # the same storage without its autograd history: a saved output returned as itself would
+            # refer to the node that saves it, a cycle that only a backward without retain_graph
+            # breaks, so a split backward's graph (retained for W) would outlive its micro-batch
+            return t.detach()
 
         return pack

@@ -55,7 +55,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from gpp_solver.cost import stage_memory, stage_weight_bytes
+from gpp_solver.cost import order_memory, stage_weight_bytes
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
@@ -313,16 +313,14 @@ class GraphPipeline(OptimizerStateCheck):
 
     def predicted_peak_memory(self) -> float:
         """The cost model's memory of this rank's stage for the optimizer in use: with the
-        constructor's ``graph`` and ``cluster``, ``stage_memory`` of the plan's stage on that cluster
+        constructor's ``graph`` and ``cluster``, ``order_memory`` of the plan's stage on that cluster
         with the optimizer's state factor; else the plan's ``memory_bytes + (used - planned factor) *
         W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and buffers)."""
         stage = self.plan.stage(self.stage.id)
         used = self.used_state_factor or self.measured_state_factor or self.plan_state_factor
         if self._graph is not None and self._cluster is not None:
             cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
-            return stage_memory(
-                self._graph, cluster, stage, stage.in_flight_samples, self.plan.stages, self.plan.mini_batch_size
-            )
+            return order_memory(self._graph, cluster, stage, stage.schedule.order, self.plan.stages)
         if self._graph is not None:
             weights = stage_weight_bytes(self._graph, stage)
         else:

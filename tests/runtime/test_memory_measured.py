@@ -154,3 +154,49 @@ def test_one_micro_batch_is_priced_by_phase_within_targets(tmp_path):
     plan, g, c = _planned(tmp_path, spec, 8, [8], 1)
     assert len(plan.stages) == 1 and plan.devices_used == 1 and plan.stages[0].micro_batch_size == 8
     _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, "sgd"))
+
+
+def test_zero_bubble_stage_within_targets_with_kept_gradients(tmp_path):
+    """bert tiny on 2 ranks, its last stage's W put off until both B ran (2 micro-batches' kept
+    gradients at once): measured within the targets of the prediction that prices them, and the
+    prediction without them (the in-flight activations alone) too low."""
+    from gpp_solver import cluster_from_dict, graph_from_dict, validate
+    from gpp_solver.action import parse_order
+    from gpp_solver.cost import kept_gradient_bytes, stage_memory
+    from gpp_solver.plan.build import StageSpec, build_plan
+    from gpp_solver.types import SearchInfo
+
+    spec = "examples.real_models:bert_tiny"
+    doc = profile(load_workload(spec), [4, 8], warmup=0, repeats=1, name=spec)
+    (tmp_path / "graph.json").write_text(json.dumps(doc))
+    ids = [n["id"] for n in doc["nodes"]]
+    cut = ids.index("encoder.encoder.layer.1")
+    cdoc = {
+        "format": "gpp-cluster/1",
+        "devices": 2,
+        "memory_bytes": 1e12,
+        "inter_node_bandwidth": 1e9,
+        "latency": 1e-5,
+        "optimizer_state_factor": 4.0,
+        "memory_overheads": True,
+    }
+    (tmp_path / "cluster.json").write_text(json.dumps(cdoc))
+    graph, cluster = graph_from_dict(doc), cluster_from_dict(cdoc)
+    specs = [
+        StageSpec(tuple(ids[:cut]), (0,), 8, order=parse_order("F0 F1 B0 W0 B1 W1")),
+        StageSpec(tuple(ids[cut:]), (1,), 8, order=parse_order("F0 B0 F1 B1 W0 W1")),
+    ]
+    plan = build_plan(graph, cluster, specs, 16, planner="manual", search=SearchInfo(0.0, "feasible"))
+    validate(plan, graph, cluster)
+    last = plan.stages[1]
+    assert len(plan.stages) == 2 and plan.devices_used == 2 and last.in_flight_samples == 16  # the shape
+    assert kept_gradient_bytes(graph, plan.stages[0]) == 0  # fed by the model's inputs alone
+    kept = kept_gradient_bytes(graph, last)
+    assert kept > 0
+    without = stage_memory(graph, cluster, last, 16, plan.stages)
+    assert last.predicted.memory_bytes == pytest.approx(without + 16 * kept)
+    save_plan(plan, tmp_path / "plan.json")
+    ranks = _train_ranks(tmp_path, spec, plan, tmp_path / "graph.json", tmp_path / "cluster.json", "adam")
+    _assert_targets(ranks)
+    measured = next(r["peak_memory_bytes"] for r in ranks if r["stage"] == 1)
+    assert measured > 1.05 * without  # the kept gradients are real: the rule without them misses
