@@ -55,6 +55,9 @@ class Node:
     #: the part of ``bw_time`` spent on weight gradients, per micro-batch size (``None``: the cost
     #: model's estimate, ``docs/zero-bubble.md``)
     bw_weight_time: tuple[float, ...] | None = None
+    #: bytes per sample the operator allocates for the moment of its call beyond what it keeps (its
+    #: workspace; in its backward, with the gradients it produces); ``None``: not measured
+    workspace_bytes: float | None = None
 
 
 @dataclass(frozen=True)

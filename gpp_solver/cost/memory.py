@@ -126,6 +126,16 @@ def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) 
     return received, sum(pairs.values()) - received
 
 
+def workspace_temporaries(graph: Graph, stage: StageLike, rows: float, largest_output: float, posted: float) -> float:
+    """The temporaries measured per operator: ``rows * max_v workspace_bytes_v + rows *
+    largest_output + posted`` (the largest operator's transient, the gradient flowing into it, the
+    messages posted ahead) when a node of ``stage`` has ``workspace_bytes``; else 0."""
+    measured = [w for v in stage.nodes if (w := graph.node(v).workspace_bytes) is not None]
+    if not measured:
+        return 0.0
+    return rows * max(measured) + rows * largest_output + posted
+
+
 def memory_with_overheads(
     graph: Graph,
     osf: float,
@@ -175,10 +185,10 @@ def memory_with_overheads(
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
     largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
     rows = stage.micro_batch_size / d
-    temporaries = (
-        largest_weight
-        + TEMPORARY_OUTPUTS * rows * largest_output
-        + POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
+    posted = POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
+    temporaries = max(
+        largest_weight + TEMPORARY_OUTPUTS * rows * largest_output + posted,
+        workspace_temporaries(graph, stage, rows, largest_output, posted),
     )
     activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
     if pending_w_samples:
@@ -213,10 +223,10 @@ def _all_forwards_first(
     acts = [config[v].activation_bytes for v in order]
     total_w = sum(weights)
     largest_output = max((graph.node(v).output_bytes for v in order), default=0.0)
-    temporaries = (
-        max(weights, default=0.0)
-        + TEMPORARY_OUTPUTS * rows * largest_output
-        + min(POSTED_AHEAD, n) * rows * (received_per_sample + sent_per_sample)
+    posted = min(POSTED_AHEAD, n) * rows * (received_per_sample + sent_per_sample)
+    temporaries = max(
+        max(weights, default=0.0) + TEMPORARY_OUTPUTS * rows * largest_output + posted,
+        workspace_temporaries(graph, stage, rows, largest_output, posted),
     )
     per_micro_batch = rows * (sum(acts) + received_per_sample)
     first_backward = max(rows * (sum(acts[:k]) + received_per_sample) + sum(weights[k:]) for k in range(len(order) + 1))

@@ -23,7 +23,18 @@ _GRAPH_FIELDS = frozenset(
     {"format", "name", "micro_batch_sizes", "nodes", "edges", "extra", "op_overhead", "optimizer_time_per_byte"}
 )
 _NODE_FIELDS = frozenset(
-    {"id", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes", "output_bytes", "tmpc", "extra"}
+    {
+        "id",
+        "fw_time",
+        "bw_time",
+        "bw_weight_time",
+        "weight_bytes",
+        "activation_bytes",
+        "output_bytes",
+        "workspace_bytes",
+        "tmpc",
+        "extra",
+    }
 )
 _TMPC_FIELDS = frozenset(
     {"t", "recompute", "fw_time", "bw_time", "bw_weight_time", "weight_bytes", "activation_bytes", "extra"}
@@ -159,6 +170,9 @@ def graph_from_dict(d: Any) -> Graph:
                 weight_bytes=_bytes(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes"),
                 activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
                 output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
+                workspace_bytes=(
+                    _bytes(nd["workspace_bytes"], f"{where}.workspace_bytes") if "workspace_bytes" in nd else None
+                ),
                 tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
                 extra=extra(nd, where, E),
             )
@@ -228,6 +242,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         }
         if n.bw_weight_time is not None:
             nd["bw_weight_time"] = list(n.bw_weight_time)
+        if n.workspace_bytes is not None:
+            nd["workspace_bytes"] = n.workspace_bytes
         if n.tmpc:
             nd["tmpc"] = [
                 {

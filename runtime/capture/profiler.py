@@ -29,7 +29,11 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
 - ``activation_bytes``: bytes per sample that autograd keeps from the forward to the backward
   pass, measured: the storages saved for backward (``saved_tensors_hooks``) in one training-mode
   forward at the largest micro-batch size, each storage once, charged to the node that produced it
-  (``runtime.capture.saved`` says why; parameters and buffers excluded).
+  (``runtime.capture.saved`` says why; parameters and buffers excluded);
+- ``workspace_bytes``: bytes per sample an operator allocates for the moment of its call beyond
+  what it keeps (its forward's transient above its output and saved tensors; its backward's peak,
+  the gradients it produces included), the largest over the node's fx nodes, measured at the
+  largest micro-batch size (``runtime.capture.workspace``).
 
 Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
@@ -60,21 +64,12 @@ import torch
 
 from gpp_solver.errors import InvalidInputError
 
-from .fx_graph import COMPUTE_OPS, ModelGraph, run_node, trace_workload
+from .fx_graph import COMPUTE_OPS, ModelGraph, propagate, run_node, trace_workload
+from .node_calls import backward_setup, forward_setup, leaf_inputs, node_params, tensors_in
 from .saved import saved_bytes
+from .workspace import workspace_bytes
 
 logger = logging.getLogger(__name__)
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    """The tensors inside a value (a tensor, or nested tuples/lists/dicts of them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def _nbytes(tensors) -> int:
@@ -113,7 +108,7 @@ def _weight_bytes(mg: ModelGraph, members) -> int:
             mod = mg.gm.get_submodule(node.target)
             tensors += list(mod.parameters()) + list(mod.buffers())
         attrs = [m for m in node.all_input_nodes if m.op == "get_attr"]
-        tensors += [t for a in attrs for t in _tensors(run_node(mg.gm, a, {}))]
+        tensors += [t for a in attrs for t in tensors_in(run_node(mg.gm, a, {}))]
     return _nbytes(tensors)
 
 
@@ -147,7 +142,7 @@ def _forward_all(mg: ModelGraph, inputs: tuple, micro_batch_size: int) -> dict:
 def _output_bytes(mg: ModelGraph, members, env: dict, micro_batch_size: int) -> float:
     inside = set(members)
     sent = [n for n in members if n is mg.sink or any(u.op in COMPUTE_OPS and u not in inside for u in n.users)]
-    return _nbytes([t for n in sent for t in _tensors(env[n])]) / micro_batch_size
+    return _nbytes([t for n in sent for t in tensors_in(env[n])]) / micro_batch_size
 
 
 def device_info(device: torch.device) -> dict:
@@ -192,7 +187,7 @@ def profile(
             ", ".join(bns[:3]),
             ", ..." if len(bns) > 3 else "",
         )
-    timing, act_bytes, out_bytes = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
+    timing, sizes = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
     nodes = []
     for gid, members in mg.groups:
         nd = {"id": gid}
@@ -207,8 +202,7 @@ def profile(
         nd.update(
             {
                 "weight_bytes": int(_weight_bytes(mg, members)),
-                "activation_bytes": float(act_bytes[gid]),
-                "output_bytes": float(out_bytes[gid]),
+                **sizes[gid],
                 "extra": {"time_spread": spread},
             }
         )  # gpp-graph/1 extensions go under "extra"
@@ -216,7 +210,7 @@ def profile(
             nd["extra"]["fx_nodes"] = [mg.ids[n] for n in members]
         nodes.append(nd)
     for nd in nodes:
-        for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"]]:
+        for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"], nd["workspace_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
     info = {
         **device_info(device),
@@ -237,9 +231,8 @@ def profile(
 
 def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: int, rounds: int, device):
     """Per fx node and kind, ``(median, min, max)`` per size over ``rounds`` sweeps; per graph node,
-    the activation and output bytes per sample (measured at the largest size)."""
-    act_bytes: dict = {}
-    out_bytes: dict = {}
+    its ``activation_bytes``, ``output_bytes`` and ``workspace_bytes`` (measured at the largest size)."""
+    sizes: dict = {}
     sweeps = []  # per round: node -> kind -> [(median, min, max) per size]
     for r in range(rounds):
         timing = {n: {"fw": [], "bw": [], "bw_weight": []} for n in mg.nodes}
@@ -253,12 +246,17 @@ def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: 
                 timing[node]["bw_weight"].append(_time_backward_weight(mg, node, env, warmup, repeats, device))
             if r == 0 and micro_batch_size == micro_batch_sizes[-1]:
                 kept = saved_bytes(mg, inputs)
+                with torch.enable_grad():
+                    workspace = workspace_bytes(mg, env, propagate(mg, inputs), micro_batch_size, device)
                 for gid, members in mg.groups:
-                    act_bytes[gid] = kept[gid] / micro_batch_size
-                    out_bytes[gid] = _output_bytes(mg, members, env, micro_batch_size)
+                    sizes[gid] = {
+                        "activation_bytes": float(kept[gid] / micro_batch_size),
+                        "output_bytes": float(_output_bytes(mg, members, env, micro_batch_size)),
+                        "workspace_bytes": float(workspace[gid]),
+                    }
             del env
         sweeps.append(timing)
-    return combine_rounds(sweeps), act_bytes, out_bytes
+    return combine_rounds(sweeps), sizes
 
 
 def combine_rounds(sweeps: list[dict]) -> dict:
@@ -275,55 +273,22 @@ def combine_rounds(sweeps: list[dict]) -> dict:
     return out
 
 
-def _leaf_inputs(node, env: dict, requires_grad: bool) -> tuple[dict, list[torch.Tensor]]:
-    """A fresh environment for ``node``'s inputs: copies of its tensor inputs (floating ones
-    cloned from a leaf that needs grad, so an in-place operator may modify them) and the leaves."""
-    local: dict = {}
-    leaves: list[torch.Tensor] = []
-    for m in node.all_input_nodes:
-        v = env[m]
-        if m.op == "get_attr":
-            local[m] = v
-        elif isinstance(v, torch.Tensor):
-            t = v.detach().clone()
-            if requires_grad and t.is_floating_point():
-                t.requires_grad_(True)
-                leaves.append(t)
-                t = t.clone()  # not a leaf: in-place operators are allowed on it
-            local[m] = t
-        else:
-            local[m] = v
-    return local, leaves
-
-
-def _params(mg: ModelGraph, node, env: dict) -> list[torch.Tensor]:
-    params = []
-    if node.op == "call_module":
-        params = [p for p in mg.gm.get_submodule(node.target).parameters() if p.requires_grad]
-    return params + [t for m in node.all_input_nodes if m.op == "get_attr" for t in _tensors(env[m]) if t.requires_grad]
-
-
 def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
     """The forward as the trainer runs it: autograd records it (inputs that need grad)."""
-
-    def setup():
-        local, _ = _leaf_inputs(node, env, requires_grad=True)
-        return lambda: run_node(mg.gm, node, local)
-
-    return _timings(setup, warmup, repeats, device)
+    return _timings(forward_setup(mg, node, env), warmup, repeats, device)
 
 
 def _time_backward_weight(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
     """The weight gradient alone, as a split backward runs it (``runtime.engine.split_backward``):
     the input gradients first (untimed, graph kept), then ``torch.autograd.grad`` of the outputs
     with respect to the parameters, timed.  A node without parameters takes no time."""
-    params = _params(mg, node, env)
+    params = node_params(mg, node, env)
     if not params:
         return 0.0, 0.0, 0.0
 
     def setup():
-        local, leaves = _leaf_inputs(node, env, requires_grad=True)
-        outs = [t for t in _tensors(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
+        local, leaves = leaf_inputs(node, env, requires_grad=True)
+        outs = [t for t in tensors_in(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
         if not outs:
             return lambda: None
         grads = [torch.ones_like(t) for t in outs]
@@ -335,15 +300,4 @@ def _time_backward_weight(mg: ModelGraph, node, env: dict, warmup: int, repeats:
 
 
 def _time_backward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
-    params = _params(mg, node, env)
-
-    def setup():
-        local, leaves = _leaf_inputs(node, env, requires_grad=True)
-        outs = [t for t in _tensors(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
-        wrt = leaves + params
-        if not outs or not wrt:
-            return lambda: None
-        grads = [torch.ones_like(t) for t in outs]
-        return lambda: torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-
-    return _timings(setup, warmup, repeats, device)
+    return _timings(backward_setup(mg, node, env), warmup, repeats, device)

@@ -28,13 +28,12 @@ it has stepped (None for another optimizer: then only the measurement after its 
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable, Iterable
 
 import torch
-from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
+
+from ..capture.workspace import cpu_allocations, quiet_stderr, running_bytes
 
 _FACTORS = {
     torch.optim.SGD: lambda g: 3.0 if g.get("momentum", 0.0) else 2.0,
@@ -60,39 +59,6 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
             s = t.untyped_storage()
             seen[s.data_ptr()] = s.nbytes()
     return sum(seen.values())
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """Silence the profiler's own start/stop lines (written to fd 2 by its C++ side)."""
-    try:
-        saved = os.dup(2)
-    except OSError:
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def _running_peak(prof) -> int:
-    """The largest running sum of the CPU allocator's allocation (+) and free (-) bytes, in time order."""
-    events = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
-        e = stack.pop()
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == torch.device("cpu").type:
-            events.append((e.start_time_ns, e.extra_fields.alloc_size))
-        stack.extend(e.children)
-    run = peak = 0
-    for _t, n in sorted(events):
-        run += n
-        peak = max(peak, run)
-    return peak
 
 
 def default_memory_step(warmup_steps: int) -> int:
@@ -135,7 +101,7 @@ class MemoryMeter:
         self._base = storage_bytes(resident())
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
         older = torch.empty(1)
-        with _quiet_stderr():
+        with quiet_stderr():
             self._prof.__enter__()
             # freeing a block allocated before the window (not counted: its size is unknown to the
             # profiler) prints the allocator's one-time notice about such blocks here, not mid-step
@@ -150,7 +116,7 @@ class MemoryMeter:
             torch.cuda.synchronize(self.device)
             self.peak = int(torch.cuda.max_memory_allocated(self.device))
             return
-        with _quiet_stderr():
+        with quiet_stderr():
             self._prof.__exit__(None, None, None)
-        self.peak = self._base + _running_peak(self._prof)
+        self.peak = self._base + running_bytes(cpu_allocations(self._prof))[0]
         self._prof = None
