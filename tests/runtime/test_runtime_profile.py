@@ -51,8 +51,10 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
             "weight_bytes",
             "activation_bytes",
             "output_bytes",
+            "workspace_bytes",
             "extra",
         }
+        assert n["workspace_bytes"] >= 0
         # the sink also keeps the loss's times, which its own include (runtime.profile_terms)
         assert set(n["extra"]) == ({"time_spread", "loss_time"} if n["id"] == "head" else {"time_spread"})
         assert len(n["fw_time"]) == len(n["bw_time"]) == len(n["bw_weight_time"]) == 2
