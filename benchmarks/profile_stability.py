@@ -64,9 +64,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--runs: at least 2 profiles are needed to compare")
     try:
         args.specs = fidelity_cpu.model_specs(args.models or MODELS, None, False)
-        args.device_counts = [int(x) for x in args.devices.split(",")]
     except ValueError as exc:
         ap.error(str(exc))
+    try:
+        args.device_counts = [int(x) for x in args.devices.split(",")]
+    except ValueError:
+        ap.error(f"--devices must be comma-separated integers, got {args.devices!r}")
+    if any(n < 1 for n in args.device_counts):
+        ap.error(f"--devices must be positive, got {args.devices!r}")
     # cpu_models reads these (the fidelity benchmark's arguments)
     args.fill_cores, args.backend, args.batch = "unused", "gloo", None
     return args

@@ -21,6 +21,7 @@ from gpp_solver.errors import (
     SearchSpaceTooLargeError,
     SolverError,
     TimeLimitError,
+    VizUnavailableError,
 )
 from gpp_solver.formats.cluster import (
     as_cluster,
@@ -76,6 +77,7 @@ __all__ = [
     "SearchSpaceTooLargeError",
     "SolverError",
     "TimeLimitError",
+    "VizUnavailableError",
     "as_graph",
     "graph_from_dict",
     "graph_from_networkx",

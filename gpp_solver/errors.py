@@ -69,6 +69,10 @@ class DeadlockError(InvalidPlanError):
     """Stage orders that wait on each other forever."""
 
 
+class VizUnavailableError(GppError):
+    """matplotlib is not installed (``pip install 'gpp_solver[viz]'``)."""
+
+
 def exit_status(exc: BaseException) -> tuple[int, str]:
     """The ``gpp`` command's exit code and one-line message for ``exc``: 2 bad input (also a file it
     cannot read, input too deep or too large), 1 no feasible plan, solver failure, interruption or a

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpp_solver.cost.model import stage_costs
-from gpp_solver.errors import GppError, InvalidInputError
+from gpp_solver.errors import InvalidInputError, VizUnavailableError
 from gpp_solver.formats.units import plural
 from gpp_solver.plan.simulate import SimResult, simulate
 from gpp_solver.plan.stage_layout import stage_label, stage_layout
@@ -42,10 +42,6 @@ F_COLOR = "#4C72B0"  # forward passes
 B_COLOR = "#DD8452"  # backward passes (the input gradient alone in an order with W actions)
 W_COLOR = "#55A868"  # weight gradients (W actions, split backward)
 A_COLOR = "#8C8C8C"  # all-reduce tail (hatched)
-
-
-class VizUnavailableError(GppError):
-    """matplotlib is not installed (``pip install 'gpp_solver[viz]'``)."""
 
 
 def _matplotlib() -> Any:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "profile_stability.py"
 
@@ -86,3 +88,11 @@ def test_one_run_is_refused():
         [sys.executable, str(SCRIPT), "--runs", "1"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert res.returncode == 2 and "at least 2" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("devices", ["x", "2,y", "0"])
+def test_bad_device_counts_are_refused_by_name(devices):
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--devices", devices], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2 and "--devices" in res.stderr and "Traceback" not in res.stderr

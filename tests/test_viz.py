@@ -171,3 +171,9 @@ def test_metric_vs_devices_skips_missing_figures():
     line_b = next(ln for ln in ax2.lines if ln.get_label() == "b")
     bars_b = [p for p in ax.patches if p.get_height() == 15.0][0]
     assert line_b.get_color() == "C1" and tuple(bars_b.get_facecolor()) == pytest.approx(to_rgba("C1"))
+
+
+def test_viz_unavailable_error_is_in_the_one_exception_tree():
+    from gpp_solver import errors
+
+    assert viz.VizUnavailableError is errors.VizUnavailableError is gs.VizUnavailableError
