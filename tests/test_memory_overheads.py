@@ -4,6 +4,7 @@ planning under them: every plan ``solve`` returns fits the whole model."""
 from __future__ import annotations
 
 import pytest
+from three_node_stage import CLUSTER, DOC
 
 import gpp_solver as gs
 from gpp_solver.cost.memory import OPTIMIZER_STEP_SCRATCH, POSTED_AHEAD, TEMPORARY_OUTPUTS, boundary_bytes, stage_memory
@@ -100,27 +101,7 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
 
 def test_a_stage_that_runs_every_forward_first_is_priced_by_phase():
     """Weights 100 (node a), 300 (b), 0 (c); activations per sample 50, 20, 10; one replica, b = 2."""
-    doc = {
-        "format": "gpp-graph/1",
-        "micro_batch_sizes": [1],
-        "nodes": [
-            {"id": "a", "fw_time": [1], "bw_time": [1], "weight_bytes": 100, "activation_bytes": 50, "output_bytes": 5},
-            {"id": "b", "fw_time": [1], "bw_time": [1], "weight_bytes": 300, "activation_bytes": 20, "output_bytes": 5},
-            {"id": "c", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 10, "output_bytes": 5},
-        ],
-        "edges": [["a", "b"], ["b", "c"]],
-    }
-    g = gs.graph_from_dict(doc)
-    c = gs.cluster_from_dict(
-        {
-            "format": "gpp-cluster/1",
-            "devices": 1,
-            "memory_bytes": 1e9,
-            "inter_node_bandwidth": 1e9,
-            "optimizer_state_factor": 2.0,
-            "memory_overheads": True,
-        }
-    )
+    g, c = gs.graph_from_dict(DOC), gs.cluster_from_dict(CLUSTER)
     spec = gs.StageSpec(nodes=("a", "b", "c"), devices=(0,), micro_batch_size=2)
     temporaries = 300 + 2 * 2 * 5  # the largest weight gradient, two outputs' gradients of 2 rows
     # one micro-batch (B = 2): the forward holds 2 * 80 = 160; in the backward (c, b, a) the most is

@@ -68,6 +68,22 @@ def write(tmp_path: Path, doc: dict, name: str = "plan.json") -> str:
     return str(p)
 
 
+def write_cluster(tmp_path: Path, devices: int, optimizer_state_factor: float) -> dict:
+    """A CPU cluster of ``devices`` with unbounded memory and the runtime's memory overheads,
+    written to ``tmp_path / "cluster.json"``; returns the document."""
+    doc = {
+        "format": "gpp-cluster/1",
+        "devices": devices,
+        "memory_bytes": 1e12,
+        "inter_node_bandwidth": 1e9,
+        "latency": 1e-5,
+        "optimizer_state_factor": optimizer_state_factor,
+        "memory_overheads": True,
+    }
+    (tmp_path / "cluster.json").write_text(json.dumps(doc))
+    return doc
+
+
 def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None = None):
     """Run ``python -m torch.distributed.run --standalone ... -m runtime.train ARGS``."""
     cmd = [

@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from runtime_plans import torchrun
+from runtime_plans import torchrun, write_cluster
 
 from gpp_solver import save_plan, solve
 from runtime.capture.fx_graph import load_workload
@@ -183,16 +183,7 @@ def test_zero_bubble_stage_within_targets_with_kept_gradients(tmp_path):
     (tmp_path / "graph.json").write_text(json.dumps(doc))
     ids = [n["id"] for n in doc["nodes"]]
     cut = ids.index("encoder.encoder.layer.1")
-    cdoc = {
-        "format": "gpp-cluster/1",
-        "devices": 2,
-        "memory_bytes": 1e12,
-        "inter_node_bandwidth": 1e9,
-        "latency": 1e-5,
-        "optimizer_state_factor": 4.0,
-        "memory_overheads": True,
-    }
-    (tmp_path / "cluster.json").write_text(json.dumps(cdoc))
+    cdoc = write_cluster(tmp_path, 2, 4.0)
     graph, cluster = graph_from_dict(doc), cluster_from_dict(cdoc)
     specs = [
         StageSpec(tuple(ids[:cut]), (0,), 8, order=parse_order("F0 F1 B0 W0 B1 W1")),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import torch
+from runtime_plans import write_cluster
 from test_memory_measured import _assert_targets, _train_ranks
 
 from gpp_solver import cluster_from_dict, graph_from_dict, save_plan, validate
@@ -61,16 +62,7 @@ def test_two_tower_two_stages_within_targets(tmp_path):
     (the field removed) falls short on the image tower's rank."""
     doc = profile(load_workload(SPEC), [B], warmup=0, repeats=1, name=SPEC)
     (tmp_path / "graph.json").write_text(json.dumps(doc))
-    cdoc = {
-        "format": "gpp-cluster/1",
-        "devices": 2,
-        "memory_bytes": 1e12,
-        "inter_node_bandwidth": 1e9,
-        "latency": 1e-5,
-        "optimizer_state_factor": 2.0,
-        "memory_overheads": True,
-    }
-    (tmp_path / "cluster.json").write_text(json.dumps(cdoc))
+    cdoc = write_cluster(tmp_path, 2, 2.0)
     graph, cluster = graph_from_dict(doc), cluster_from_dict(cdoc)
     rest = tuple(v for v in graph.ids if v not in IMAGE)
     order = parse_order("F0 B0")
