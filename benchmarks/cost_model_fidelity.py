@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import math
 import os
 import subprocess
@@ -109,8 +110,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="unused",
         help="cpu: keep every core busy in profile and training (benchmarks/fidelity_cpu.py)",
     )
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=6, help="steps per run, warm-up included (at least; --min-seconds)")
     ap.add_argument("--warmup-steps", type=int, default=2)
+    ap.add_argument(
+        "--min-seconds",
+        type=float,
+        default=None,
+        help="timed seconds per run at least: a plan predicted at T seconds per step runs "
+        "max(--steps - --warmup-steps, ceil(S / T)) timed steps after max(--warmup-steps, ceil(S / 4T)) "
+        "warm-up steps (default cpu 2, emulated 0: --steps as given)",
+    )
     ap.add_argument(
         "--repeats",
         type=int,
@@ -146,6 +155,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.repeats = 1 if args.quick or args.mode == "emulated" else 3
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.min_seconds is None:
+        args.min_seconds = 0.0 if args.quick or args.mode == "emulated" else 2.0
+    if args.min_seconds < 0:
+        ap.error(f"--min-seconds must be >= 0, got {args.min_seconds}")
     args.planners = args.planners or PLANNERS
     args.batch = args.batch or (32 if args.mode == "emulated" else None)
     if args.mode == "cpu":
@@ -191,12 +204,33 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
     return out
 
 
+def run_steps(args, predicted: float) -> tuple[int, int]:
+    """(steps, warm-up steps) of one run of a plan predicted at ``predicted`` seconds per step:
+    at least ``--min-seconds`` timed and a quarter of that warming up (a 3 ms plan's 7 timed steps
+    measure 20 ms of a machine whose speed moves over seconds), within ``--steps``/``--warmup-steps``
+    as the least and 2000 timed steps as the most."""
+    timed, warmup = max(1, args.steps - args.warmup_steps), args.warmup_steps
+    if args.min_seconds > 0 and predicted > 0:
+        timed = max(timed, min(2000, math.ceil(args.min_seconds / predicted)))
+        warmup = max(warmup, min(500, math.ceil(args.min_seconds / 4 / predicted)))
+    return warmup + timed, warmup
+
+
 def train(
-    plan_path: Path, nproc: int, model: str, env: dict, args, metrics: Path, priced: list[str] = ()
-) -> tuple[float, dict, list[dict]]:
-    """The measured iteration time (:func:`steady_period`), per-rank timings (:func:`rank_times`)
-    and per-rank peak memory beside the prediction (``runtime.train``'s ``ranks``; ``priced``:
-    ``--graph G --cluster C`` of the plan, so the prediction is the cost model's for the optimizer used)."""
+    plan_path: Path,
+    nproc: int,
+    model: str,
+    env: dict,
+    args,
+    metrics: Path,
+    priced: list[str] = (),
+    steps: tuple[int, int] | None = None,
+) -> tuple[float, dict, list[dict], float]:
+    """The measured iteration time (:func:`steady_period`), per-rank timings (:func:`rank_times`),
+    per-rank peak memory beside the prediction (``runtime.train``'s ``ranks``; ``priced``:
+    ``--graph G --cluster C`` of the plan, so the prediction is the cost model's for the optimizer
+    used) and the mean period (:func:`mean_period`). ``steps``: (steps, warm-up steps), default ``--steps``/``--warmup-steps``."""
+    n_steps, warmup = steps or (args.steps, args.warmup_steps)
     trace_path = metrics.with_suffix(".trace.json")
     torchrun(
         nproc,
@@ -208,9 +242,9 @@ def train(
             "--model",
             model,
             "--steps",
-            str(args.steps),
+            str(n_steps),
             "--warmup-steps",
-            str(args.warmup_steps),
+            str(warmup),
             "--lr",
             "1e-4",
             "--metrics",
@@ -230,7 +264,7 @@ def train(
     )
     trace = json.loads(trace_path.read_text())
     ranks = json.loads(metrics.read_text()).get("ranks", [])
-    return steady_period(trace, args.warmup_steps), rank_times(trace, args.warmup_steps), ranks
+    return steady_period(trace, warmup), rank_times(trace, warmup), ranks, mean_period(trace, warmup)
 
 
 def _step_ends(trace: dict) -> dict[int, list[float]]:
@@ -243,15 +277,24 @@ def _step_ends(trace: dict) -> dict[int, list[float]]:
 
 
 def steady_period(trace: dict, warmup: int) -> float:
-    """Seconds per iteration: the span between the ends of the last warm-up step and the last step.
+    """Seconds per iteration: the median over the timed steps of the time between the ends of
+    consecutive steps.
 
-    The iteration ends when the last rank's step does. Taking ends only (not ``min start .. max
-    end`` over ranks, which also counts the offset between the ranks' step boundaries once)
-    measures the steady-state period.
+    A step ends when the last rank's step does. Taking ends only (not ``min start .. max end`` over
+    ranks, which also counts the offset between the ranks' step boundaries once) measures the
+    steady-state period; the median, not the mean (:func:`mean_period`), so that a step another
+    process delayed (this machine's cores are shared) does not move the figure.
     """
     per_step = [max(x) for x in zip(*_step_ends(trace).values())]
     if len(per_step) <= warmup or warmup < 1:
         raise RuntimeError(f"need more steps than --warmup-steps >= 1 (got {len(per_step)} steps)")
+    return statistics.median(b - a for a, b in zip(per_step[warmup - 1 :], per_step[warmup:])) / 1e6
+
+
+def mean_period(trace: dict, warmup: int) -> float:
+    """Seconds per iteration as the mean: the span between the ends of the last warm-up step and
+    the last step over the timed steps."""
+    per_step = [max(x) for x in zip(*_step_ends(trace).values())]
     return (per_step[-1] - per_step[warmup - 1]) / (len(per_step) - warmup) / 1e6
 
 
@@ -475,7 +518,13 @@ def run(args) -> tuple[list[dict], dict]:
     for job in jobs:
         _measured(job)
     for row, first in copies:
-        row.update({k: first[k] for k in ("measured", "measured_runs", "diagnostics", "memory", "error") if k in first})
+        row.update(
+            {
+                k: first[k]
+                for k in ("measured", "measured_runs", "measured_mean_runs", "diagnostics", "memory", "error")
+                if k in first
+            }
+        )
     info = {
         "mode": args.mode,
         "backend": args.backend,
@@ -484,6 +533,8 @@ def run(args) -> tuple[list[dict], dict]:
         "fill_cores": args.fill_cores if args.mode == "cpu" else None,
         "steps": args.steps,
         "warmup_steps": args.warmup_steps,
+        "min_seconds": args.min_seconds,
+        "statistic": "median step period of a run; median run",
         "repeats": args.repeats,
         "workdir": str(work),
         "seconds": time.time() - t0,
@@ -497,7 +548,7 @@ def _train_job(job: dict, args, work: Path, repeat: int) -> None:
     row = job["row"]
     try:
         with fidelity_cpu.fillers(args, job["spec"], row["used"], max(row["micro_batch"])):
-            period, ranks, memory = train(
+            period, ranks, memory, mean = train(
                 job["path"],
                 row["used"],
                 job["spec"],
@@ -505,11 +556,12 @@ def _train_job(job: dict, args, work: Path, repeat: int) -> None:
                 args,
                 work / f"metrics-{row['id']}-run{repeat}.json",
                 job["priced"],
+                run_steps(args, row["predicted"]),
             )
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         row["error"] = f"training failed: {str(exc)[:200]}"
         return
-    job.setdefault("runs", []).append((period, ranks, memory))
+    job.setdefault("runs", []).append((period, ranks, memory, mean))
 
 
 def _measured(job: dict) -> None:
@@ -519,9 +571,10 @@ def _measured(job: dict) -> None:
     if not runs or "error" in row:
         return
     runs = sorted(runs, key=lambda r: r[0])
-    period, ranks, memory = runs[(len(runs) - 1) // 2]
+    period, ranks, memory, _ = runs[(len(runs) - 1) // 2]
     row["measured"] = period
     row["measured_runs"] = [r[0] for r in job["runs"]]
+    row["measured_mean_runs"] = [r[3] for r in job["runs"]]
     if job["priced"]:
         row["memory"] = memory
     row["diagnostics"] = stage_diagnostics(job["plan"], job["sim"], ranks)

@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 name=args.name or args.model,
                 optimizer=args.optimizer,
                 rounds=args.rounds,
+                in_situ=not args.no_in_situ,
             )
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
@@ -128,6 +129,12 @@ def _parser() -> argparse.ArgumentParser:
         "--no-time-terms",
         action="store_true",
         help="leave out op_overhead, optimizer_time_per_byte and the loss (node times only)",
+    )
+    ap.add_argument(
+        "--no-in-situ",
+        action="store_true",
+        help="keep the node times as profiled: no calibration to a one-stage plan as the runtime runs it "
+        "(runtime/profile_insitu.py)",
     )
     ap.add_argument("-o", "--output", required=True)
     return ap

@@ -38,6 +38,7 @@ from gpp_solver.errors import InvalidInputError
 from .capture.fx_graph import propagate, trace_workload
 from .capture.profiler import profile
 from .engine.verify import make_optimizer
+from .profile_insitu import add_in_situ
 
 
 def _sync(device: torch.device) -> None:
@@ -204,12 +205,16 @@ def profile_with_terms(
     name: str = "model",
     optimizer: str = "sgd",
     rounds: int = 1,
+    in_situ: bool = True,
 ) -> dict:
     """The profiler's gpp-graph/1 document with the time-model terms (module docstring); with
     ``rounds`` the whole model's fastest run is taken over ``rounds * repeats`` runs, as many as
-    each node's."""
+    each node's. ``in_situ``: then calibrate the node times to a one-stage plan as the runtime
+    runs it (``runtime.profile_insitu``)."""
     doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name, rounds=rounds)
     add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
+    if in_situ:
+        add_in_situ(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
     return doc
 
 

@@ -107,13 +107,30 @@ def test_steady_period_uses_step_ends_of_the_last_rank():
             opt(1, 150),
             opt(1, 330),
             opt(1, 560),
+            opt(0, 700),
+            opt(1, 1160),  # a step another process delayed
             {"ph": "X", "name": "all-reduce", "cat": "comm", "pid": 1, "ts": 400, "dur": 40},
             {"ph": "X", "name": "wait", "cat": "wait", "pid": 1, "ts": 50, "dur": 40},
         ]
     }
-    assert b.steady_period(trace, 1) == pytest.approx((560 - 150) / 2 / 1e6)
+    # the last rank's step ends 150, 330, 560, 1160: timed periods 180, 230, 600 us
+    assert b.steady_period(trace, 1) == pytest.approx(230e-6)  # the median: the delayed step does not count
+    assert b.mean_period(trace, 1) == pytest.approx((1160 - 150) / 3 / 1e6)
     t = b.rank_times(trace, 1)
-    assert t[1]["allreduce"] == pytest.approx(20e-6) and t[1]["wait"] == 0.0  # the wait was in warm-up
+    assert t[1]["allreduce"] == pytest.approx(40e-6 / 3) and t[1]["wait"] == 0.0  # the wait was in warm-up
+
+
+def test_run_steps_time_at_least_min_seconds():
+    b = _bench()
+    args = b.parse_args(["--mode", "cpu", "--steps", "10", "--warmup-steps", "3"])
+    assert args.min_seconds == 2.0
+    assert b.run_steps(args, 0.003) == (167 + 667, 167)  # 2 s timed, 0.5 s warm-up
+    assert b.run_steps(args, 0.5) == (3 + 7, 3)  # --steps already time more than 2 s
+    assert b.run_steps(args, 1e-6) == (500 + 2000, 500)  # capped
+    emu = b.parse_args(["--mode", "emulated", "--steps", "10", "--warmup-steps", "3"])
+    assert emu.min_seconds == 0.0 and b.run_steps(emu, 0.003) == (10, 3)
+    with pytest.raises(SystemExit):
+        b.parse_args(["--mode", "cpu", "--min-seconds", "-1"])
 
 
 def test_cpu_model_specs_and_bad_models_exit_2():

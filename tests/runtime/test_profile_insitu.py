@@ -1,0 +1,93 @@
+"""``runtime.profile_insitu``: node times scaled to a one-stage plan as the runtime runs it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch.distributed as dist
+
+from gpp_solver import load_graph
+from runtime.profile import main
+from runtime.profile_insitu import add_in_situ, calibrate, one_stage_plan
+
+
+def _doc() -> dict:
+    def node(i, fw, bw, w):
+        spread = {"fw": [[f * 0.9, f * 1.2] for f in fw], "bw": [[g * 0.9, g * 1.2] for g in bw]}
+        return {
+            "id": f"n{i}",
+            "fw_time": list(fw),
+            "bw_time": list(bw),
+            "bw_weight_time": [g / 2 for g in bw],
+            "weight_bytes": w,
+            "extra": {"time_spread": spread},
+        }
+
+    return {
+        "micro_batch_sizes": [1, 2],
+        "nodes": [node(0, [1e-3, 2e-3], [2e-3, 4e-3], 100), node(1, [3e-3, 4e-3], [1e-3, 2e-3], 300)],
+        "op_overhead": {"fw": 1e-4, "bw": 0.0},
+        "extra": {"profile": {}},
+    }
+
+
+def test_calibrate_makes_the_one_stage_sums_the_measured_times():
+    doc = _doc()
+    measured = [
+        {"size": 1, "fw": 2.2e-3, "bw": 3.3e-3, "step": 6.0e-3, "rest": 0.5e-3},
+        {"size": 2, "fw": 9.2e-3, "bw": 6.0e-3, "step": 16.0e-3, "rest": 0.8e-3},
+    ]
+    rec = calibrate(doc, measured)
+    nodes = doc["nodes"]
+    # forward: (measured - 2 nodes x 0.1 ms) / (1 + 3 ms) at size 1, / (2 + 4 ms) at size 2
+    assert rec["scale"]["fw"] == pytest.approx([2.0e-3 / 4e-3, 9.0e-3 / 6e-3])
+    assert rec["scale"]["bw"] == pytest.approx([3.3e-3 / 3e-3, 6.0e-3 / 6e-3])
+    for i, m in enumerate(measured):
+        assert sum(nd["fw_time"][i] for nd in nodes) + 2 * 1e-4 == pytest.approx(m["fw"])
+        assert sum(nd["bw_time"][i] for nd in nodes) == pytest.approx(m["bw"])
+    assert nodes[0]["fw_time"] == pytest.approx([0.5e-3, 3e-3])  # each node keeps its share
+    assert nodes[0]["extra"]["time_spread"]["fw"][0] == pytest.approx([0.45e-3, 0.6e-3])
+    assert all(w <= b for nd in nodes for w, b in zip(nd["bw_weight_time"], nd["bw_time"]))
+    # the step's rest, median over sizes (0.65 ms), per weight byte
+    assert doc["optimizer_time_per_byte"] == pytest.approx(0.65e-3 / 400)
+
+
+def test_calibrate_leaves_a_kind_it_cannot_scale():
+    doc = _doc()
+    # a measured forward below the per-node overhead alone: nothing to scale to
+    rec = calibrate(doc, [{"size": 1, "fw": 1e-4, "bw": 3e-3, "step": 4e-3, "rest": 0.0}])
+    assert rec["scale"]["fw"] == [1.0] and doc["nodes"][0]["fw_time"][0] == 1e-3
+
+
+def test_the_profile_is_calibrated_in_situ(tmp_path):
+    out, raw = tmp_path / "g.json", tmp_path / "raw.json"
+    argv = ["--model", "examples.two_branch:workload", "--micro-batch-sizes", "1,4", "--warmup", "1"]
+    assert main([*argv, "--repeats", "3", "--rounds", "1", "-o", str(out)]) == 0
+    assert main([*argv, "--repeats", "3", "--rounds", "1", "--no-in-situ", "-o", str(raw)]) == 0
+    g = json.loads(out.read_text())
+    rec = g["extra"]["profile"]["in_situ"]
+    assert [m["size"] for m in rec["measured"]] == [1, 4]
+    n = len(g["nodes"])
+    for i, m in enumerate(rec["measured"]):
+        assert m["fw"] > 0 and m["bw"] > 0 and m["step"] >= m["fw"] + m["bw"] - 1e-9
+        for kind in ("fw", "bw"):
+            total = sum(nd[f"{kind}_time"][i] for nd in g["nodes"]) + n * g["op_overhead"][kind]
+            if rec["scale"][kind][i] != 1.0:
+                assert total == pytest.approx(m[kind], rel=1e-9)
+    assert "in_situ" not in json.loads(raw.read_text())["extra"]["profile"]
+    # the one-stage plan it ran prices as measured at a profiled size
+    plan = one_stage_plan(g, 4)
+    assert [len(s.nodes) for s in plan.stages] == [n] and plan.stages[0].micro_batch_size == 4
+    assert load_graph(str(out)).op_overhead is not None
+
+
+def test_an_initialised_process_group_skips_the_calibration(tmp_path):
+    doc = _doc()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        add_in_situ(doc, object(), [1], 0, 1, "sgd")
+    finally:
+        dist.destroy_process_group()
+    assert "skipped" in doc["extra"]["profile"]["in_situ"]
+    assert doc["nodes"][0]["fw_time"] == [1e-3, 2e-3]
