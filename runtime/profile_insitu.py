@@ -82,14 +82,17 @@ def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, opti
     """Per size: ``{"size", "fw", "bw", "step", "rest"}`` medians (seconds) over ``steps`` timed
     steps of the one-stage plan as ``runtime.train`` runs it."""
     out = []
-    quiet = logging.getLogger("runtime.engine")  # the plan's memory figures say nothing here
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    # the plan's memory figures and the tracing's fallbacks were said (or mean nothing) here
+    quiet = [logging.getLogger(n) for n in ("runtime.engine", "runtime.capture", "runtime.lowering")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
     try:
         for b in sizes:
             out.append(_measure_size(workload, doc, b, warmup, steps, optimizer))
     finally:
-        quiet.setLevel(level)
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
     return out
 
 
@@ -99,7 +102,7 @@ def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimize
 
     """One size of :func:`measure`."""
     wl = _Workload(workload, None, b)
-    example, _ = wl.sample(b, 0)
+    example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
     pipe = GraphPipeline(
         wl.model,
         one_stage_plan(doc, b),
