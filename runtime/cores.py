@@ -137,6 +137,9 @@ def merge(docs: list[dict], used: list[int]) -> dict:
                 if isinstance(vals[0], dict)
                 else float(statistics.median(vals))
             )
+    in_situ = [d["extra"]["profile"].get("in_situ") for d in docs]
+    if any(in_situ):  # each worker's calibration (runtime.profile_insitu): their scaled node times were merged
+        out["extra"]["profile"]["in_situ"] = {"workers": in_situ}
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",
         concurrent={

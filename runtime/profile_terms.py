@@ -24,6 +24,9 @@ line's default; ``--no-time-terms`` leaves them out).
   every trainable parameter (gradients set), divided by the graph's weight bytes (what the cost
   model multiplies it by), for the optimizer ``runtime.train`` uses (``--optimizer``, SGD by
   default; named in ``extra.profile.optimizer``).
+
+Then, by default, ``runtime.profile_insitu`` calibrates the node times (and replaces
+``optimizer_time_per_byte``) to a one-stage plan as the runtime trains it.
 """
 
 from __future__ import annotations

@@ -179,7 +179,11 @@ def test_a_plan_measures_its_median_run_with_that_runs_timings():
     job = {
         "row": {"id": "p"},
         "priced": ["--graph", "g"],
-        "runs": [(0.30, plan_ranks, ["slow"]), (0.10, plan_ranks, ["fast"]), (0.12, plan_ranks, ["middle"])],
+        "runs": [
+            (0.30, plan_ranks, ["slow"], 0.31),
+            (0.10, plan_ranks, ["fast"], 0.11),
+            (0.12, plan_ranks, ["middle"], 0.13),
+        ],
         "plan": None,
         "sim": None,
     }
@@ -187,6 +191,7 @@ def test_a_plan_measures_its_median_run_with_that_runs_timings():
     bench._measured(job)
     assert job["row"]["measured"] == 0.12 and job["row"]["memory"] == ["middle"]
     assert job["row"]["measured_runs"] == [0.30, 0.10, 0.12]
+    assert job["row"]["measured_mean_runs"] == [0.31, 0.11, 0.13]  # each run's mean period beside its median
 
 
 def test_repeats_default_to_three_on_cpu_and_are_refused_below_one(capsys):

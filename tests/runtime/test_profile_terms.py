@@ -22,7 +22,7 @@ from runtime.profile_terms import (
 def test_profile_records_overhead_optimizer_and_loss():
     torch.manual_seed(0)
     wl = load_workload("examples.sequential:workload")
-    doc = profile_with_terms(wl, [1, 2], warmup=1, repeats=3, name="seq")
+    doc = profile_with_terms(wl, [1, 2], warmup=1, repeats=3, name="seq", in_situ=False)  # test_profile_insitu
     g = graph_from_dict(doc)  # the fields are the format's
     assert min(g.op_overhead) >= 0.0 and g.optimizer_time_per_byte > 0
     info = doc["extra"]["profile"]
