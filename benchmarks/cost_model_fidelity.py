@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
