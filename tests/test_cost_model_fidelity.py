@@ -202,3 +202,16 @@ def test_repeats_default_to_five_on_cpu_and_are_refused_below_one(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.parse_args(["--mode", "cpu", "--repeats", "0"])
     assert exc.value.code == 2 and "--repeats" in capsys.readouterr().err
+
+
+def test_summaries_also_measure_each_plan_by_its_fastest_run():
+    b = _bench()
+    rows = [
+        {"group": "g", "predicted": 1.0, "measured": 1.3, "measured_runs": [1.3, 1.02, 1.4]},
+        {"group": "g", "predicted": 2.0, "measured": 2.1, "measured_runs": [2.1, 2.5, 2.05]},
+        {"group": "g", "predicted": 2.0, "measured": 2.1, "measured_runs": [2.1], "same_as": "x"},  # a copy
+    ]
+    s = b.summaries(rows)
+    assert s["all"]["plans"] == 2 and s["all"]["within_10pct"] == 1  # the median runs: +30%, +5%
+    assert s["fastest_run"]["plans"] == 2 and s["fastest_run"]["within_10pct"] == 2  # +2%, +2.5%
+    assert rows[0]["measured"] == 1.3  # the rows keep their median run
