@@ -11,7 +11,7 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
 - **point-to-point latency and bandwidth**, for every pair of ranks in turn (the others wait at a
   barrier): ping-pong with ``isend``/``irecv`` (as the runtime posts its messages) at each of
   ``--sizes`` bytes, ``--repeats`` round trips after ``--warmup``, each after ``--compute-seconds``
-  of work on both ranks (below); the one-way time is half the median round trip. ``latency`` =
+  of work on the rank that starts it (below); the one-way time is half the median round trip. ``latency`` =
   one-way time of the smallest size, bandwidth = ``(largest - smallest) / (t(largest) -
   t(smallest))`` (the slope of the affine model ``latency + bytes / bandwidth``). A pair is
   intra-node when both ranks share a host. The cluster gets the median over the pairs of each kind
@@ -24,7 +24,8 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   the intercept the latency). The cluster gets them as ``allreduce_bandwidth``
   and ``allreduce_latency`` (with one rank there is nothing to measure: both are left out, and the
   cost model prices an all-reduce at the point-to-point bandwidth).
-- **work between messages** (``--compute-seconds``, default 5 ms): before each timed round trip and
+- **work between messages** (``--compute-seconds``, default 5 ms): before each timed round trip
+  the rank that starts it computes while the other waits for its message, and before each
   all-reduce every rank computes (a matmul loop, untimed), as a training step computes between its
   messages. Back to back, messages find the ranks' cores awake; after work, as in training, they
   do not: on this project's 2-vCPU virtual machine the one-way latency measured 101 us back to
@@ -187,11 +188,16 @@ def ping_pong(
     rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int, device: torch.device, compute: float = 0.0
 ) -> float:
     """Median one-way time (half a round trip) of ``nbytes`` between ranks ``a`` and ``b``, each
-    round trip after ``compute`` seconds of work on both ranks (:func:`compute_for`)."""
+    round trip after ``compute`` seconds of work on rank ``a`` (:func:`compute_for`) while ``b``
+    waits for the message, as a pipeline's next stage waits for the activation its predecessor
+    computes. Only ``a`` works: were both to, ``a``'s round trip would also time whatever part of
+    ``b``'s work was left when ``a`` finished its own (a skew that made the same probe measure 0.1
+    and 5.5 ms)."""
     buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
     times = []
     for i in range(warmup + repeats):
-        compute_for(compute)
+        if rank == a:
+            compute_for(compute)
         _sync(device)
         t0 = time.perf_counter()
         if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait

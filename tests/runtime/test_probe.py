@@ -193,3 +193,27 @@ def test_work_between_messages_keeps_the_core_busy_for_the_time_asked():
     t0 = time.perf_counter()
     compute_for(0.0)
     assert time.perf_counter() - t0 < 0.01
+
+
+def test_only_the_rank_that_starts_a_round_trip_works_before_it(monkeypatch):
+    """The other rank waits for the message (as a pipeline's next stage does): were it to work too,
+    the round trip would time whatever part of its work was left (a skew, not a latency)."""
+    import torch
+
+    import runtime.probe as probe
+
+    worked = []
+    monkeypatch.setattr(probe, "compute_for", lambda s: worked.append(s))
+
+    class Done:
+        def wait(self):
+            return True
+
+    monkeypatch.setattr(probe.dist, "isend", lambda buf, peer: Done())
+    monkeypatch.setattr(probe.dist, "irecv", lambda buf, peer: Done())
+    cpu = torch.device("cpu")
+    assert probe.ping_pong(0, 0, 1, 64, 1, 3, cpu, compute=0.005) >= 0
+    assert worked == [0.005] * 4  # rank a: before each of warm-up + repeats
+    worked.clear()
+    probe.ping_pong(1, 0, 1, 64, 1, 3, cpu, compute=0.005)
+    assert worked == []  # rank b only waits
