@@ -243,15 +243,16 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
     step's first backward and in a later one: over the stage's nodes ``v_1 .. v_m`` in graph order
     (the backward runs them in reverse), at ``v_k``
 
-    ``rows * (sum_{i <= k} act_i + ws_k + out_k + live_k)`` plus ``sum_{i > k} weight_bytes_i``
-    (the weight gradients the first backward has produced) or ``W_S + weight_bytes_k`` (a later
-    one: every gradient, and ``v_k``'s new one before it is added into ``.grad``), where
+    ``rows * (sum_{i <= k} act_i + out_k + live_k) + T_k`` plus ``sum_{i > k} weight_bytes_i``
+    (the weight gradients the first backward has produced) or ``W_S`` (a later one: every
+    gradient; ``v_k``'s new one, in ``T_k``, is added into ``.grad`` after), where
 
     * ``act_i``: the activations of the nodes not yet reached;
-    * ``ws_k``: ``v_k``'s ``workspace_bytes`` (its transient, with the gradients it produces), or
-      without it the gradients it produces: its incoming edges' bytes plus
-      ``weight_bytes_k / rows``;
     * ``out_k``: the gradient flowing into ``v_k``;
+    * ``T_k = max(weight_bytes_k + rows * in_k, rows * ws_k)``: what ``v_k``'s backward
+      allocates: at least the gradients it produces (of its weights, and of its inputs, ``in_k``
+      bytes per sample on its incoming edges), and its ``workspace_bytes`` ``ws_k`` where measured
+      (the transient with those gradients, per sample of the size it was measured at);
     * ``live_k``: the gradients of the values produced before ``v_k`` (by a node of the stage, or
       received) that a node after it consumes, already flowing back."""
     config = dict(zip(stage.nodes, stage_configs(graph, stage)))
@@ -283,10 +284,9 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         flowing += live[k]
         later_w -= weights[k]
         node = graph.node(v)
-        ws = node.workspace_bytes
-        if ws is None:
-            ws = sum(graph.edge_bytes(u, v) for u in graph.preds(v)) + weights[k] / rows
-        here = rows * (reached + ws + node.output_bytes + flowing)
+        produces = weights[k] + rows * sum(graph.edge_bytes(u, v) for u in graph.preds(v))
+        transient = produces if node.workspace_bytes is None else max(produces, rows * node.workspace_bytes)
+        here = rows * (reached + node.output_bytes + flowing) + transient
         first = max(first, here + later_w)
-        second = max(second, here + total_w + weights[k])
+        second = max(second, here + total_w)
     return first, second
