@@ -125,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=None,
         help="runs of each distinct plan, in rounds over all plans; its measured time is the median run "
-        "(default cpu 3, emulated 1; --quick 1)",
+        "(default cpu 5, emulated 1; --quick 1)",
     )
     ap.add_argument(
         "--seq-seconds",
@@ -152,7 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.planners = args.planners or "graphpipe,pipedream"
         args.steps, args.warmup_steps, args.batch, args.seq_seconds = 3, 1, 8, 0.1
     if args.repeats is None:
-        args.repeats = 1 if args.quick or args.mode == "emulated" else 3
+        args.repeats = 1 if args.quick or args.mode == "emulated" else 5
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.min_seconds is None:

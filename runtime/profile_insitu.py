@@ -11,9 +11,9 @@ which the executor's run matches, and a small model pays a fixed cost per action
 
 So the profiler ends by training the model itself: at each profiled size ``b`` a one-stage plan of
 every node (mini-batch ``b``, one micro-batch, one device) runs in ``runtime.GraphPipeline`` on a
-process group of one rank, ``warmup`` steps and then ``rounds * repeats`` timed steps as
-``runtime.train`` runs them (zero the gradients, sample the batch, ``step``, ``optimizer.step()``).
-Per size, from the step's recorded actions (medians over the timed steps):
+process group of one rank, ``warmup`` steps and then ``rounds * repeats`` timed steps (more
+while they have lasted less than ``MIN_SECONDS``) as ``runtime.train`` runs them (zero the
+gradients, sample the batch, ``step``, ``optimizer.step()``). Per size, from the step's recorded actions (medians over the timed steps):
 
 - ``k_fw(b) = (F(b) - N * op_overhead.fw) / sum_v fw_time_v(b)`` and every node's ``fw_time`` at
   ``b`` (its ``time_spread`` too) is multiplied by it; the same for the backward (and a measured
@@ -45,6 +45,11 @@ from .capture.tracing import workload_hooks
 from .engine.verify import make_optimizer
 
 logger = logging.getLogger(__name__)
+
+#: timed steps per size run for this long at least (a 2 ms step's 15 runs would time 30 ms of a
+#: machine whose speed moves over seconds), and no more steps than this
+MIN_SECONDS = 0.5
+MAX_STEPS = 2000
 
 
 def one_stage_plan(doc: dict, b: int):
@@ -115,7 +120,9 @@ def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimize
     )
     opt = make_optimizer(pipe.parameters(), optimizer, 1e-4, 0.0)
     fw, bw, step_t = [], [], []
-    for step in range(warmup + steps):
+    began = time.perf_counter()  # of the timed steps: the end of the last warm-up step
+    step = 0
+    while step < warmup + steps or (time.perf_counter() - began < MIN_SECONDS and step < warmup + MAX_STEPS):
         n0 = len(pipe.rec.events)
         _sync(pipe.device)
         t0 = time.perf_counter()
@@ -127,7 +134,9 @@ def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimize
             opt.step()
         _sync(pipe.device)
         t1 = time.perf_counter()
-        if step < warmup:
+        step += 1
+        if step <= warmup:
+            began = t1
             continue
         ev = pipe.rec.events[n0:]
         fw.append(sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("F")))
@@ -135,7 +144,7 @@ def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimize
         step_t.append(t1 - t0)
     f, g, s = (statistics.median(x) for x in (fw, bw, step_t))
     pipe.close()
-    return {"size": b, "fw": f, "bw": g, "step": s, "rest": max(0.0, s - f - g)}
+    return {"size": b, "fw": f, "bw": g, "step": s, "rest": max(0.0, s - f - g), "steps": len(step_t)}
 
 
 def _scale(nd: dict, kind: str, i: int, k: float) -> None:

@@ -194,9 +194,9 @@ def test_a_plan_measures_its_median_run_with_that_runs_timings():
     assert job["row"]["measured_mean_runs"] == [0.31, 0.11, 0.13]  # each run's mean period beside its median
 
 
-def test_repeats_default_to_three_on_cpu_and_are_refused_below_one(capsys):
+def test_repeats_default_to_five_on_cpu_and_are_refused_below_one(capsys):
     bench = _bench()
-    assert bench.parse_args(["--mode", "cpu"]).repeats == 3
+    assert bench.parse_args(["--mode", "cpu"]).repeats == 5
     assert bench.parse_args(["--mode", "emulated"]).repeats == 1
     assert bench.parse_args(["--quick"]).repeats == 1
     with pytest.raises(SystemExit) as exc:
