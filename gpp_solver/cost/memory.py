@@ -171,7 +171,8 @@ def memory_with_overheads(
     ``in_flight = micro_batches * b``: no forward follows a backward, e.g. a single micro-batch),
     the gradients, freed between steps (``zero_grad``'s default ``set_to_none``, as
     ``runtime.train`` runs), never coexist with all the activations, and
-    :func:`_all_forwards_first` prices the step phase by phase.
+    :func:`_all_forwards_first` prices each backward at each node, with the transients and the
+    message buffers where they occur.
     """
     if (
         not pending_w_samples
