@@ -100,17 +100,77 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
 
 
 def test_a_stage_that_runs_every_forward_first_is_priced_by_phase():
-    """Weights 100 (node a), 300 (b), 0 (c); activations per sample 50, 20, 10; one replica, b = 2."""
+    """Weights 100 (node a), 300 (b), 0 (c); activations per sample 50, 20, 10; outputs 5; one
+    replica, b = 2, no messages. Each node's backward allocates the gradients it produces:
+    T_a = 100 (a reads the model's input), T_b = 300 + 2 * 5 = 310, T_c = 0 + 2 * 5 = 10."""
     g, c = gs.graph_from_dict(DOC), gs.cluster_from_dict(CLUSTER)
     spec = gs.StageSpec(nodes=("a", "b", "c"), devices=(0,), micro_batch_size=2)
-    temporaries = 300 + 2 * 2 * 5  # the largest weight gradient, two outputs' gradients of 2 rows
-    # one micro-batch (B = 2): the forward holds 2 * 80 = 160; in the backward (c, b, a) the most is
-    # after b: a's activations 2 * 50 plus b's and c's weight gradients 300 -> 400; after it W = 400
-    one = 1 * 400 + max(160 + temporaries, 400 + temporaries, 400)
-    assert stage_memory(g, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(one)
-    # two micro-batches, both in flight before the first backward (B = 4): one more micro-batch of 160
-    assert stage_memory(g, c, spec, 4, [spec], mini_batch_size=4) == pytest.approx(400 + 160 + 400 + temporaries)
+    # at v_k: 2 * (activations of v_1 .. v_k + the gradient flowing in, 5) + T_k, beside the weight
+    # gradients already produced (first backward: of the nodes after v_k; a later one: all 400)
+    at_a, at_b, at_c = 2 * (50 + 5) + 100, 2 * (70 + 5) + 310, 2 * (80 + 5) + 10  # 210, 460, 180
+    first = max(at_a + 300, at_b + 0, at_c + 0)  # 510: a's backward, b's gradients of 300 there
+    later = max(at_a, at_b, at_c) + 400  # 860: b's backward with every gradient
+    # one micro-batch (B = 2): W + max(first backward, after it W = 400)
+    assert first == 510 and later == 860
+    assert stage_memory(g, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + max(first, 400))
+    # two micro-batches, both in flight before the first backward (B = 4): the first backward beside
+    # the other's 2 * 80 = 160, and the second backward with every gradient
+    two = 400 + max(160 + first, later, 400)
+    assert two == 1260
+    assert stage_memory(g, c, spec, 4, [spec], mini_batch_size=4) == pytest.approx(two)
     # a forward after a backward (B = 4, one in flight): the gradients and the activations together
-    whole = 2 * 400 + 160 + temporaries
+    whole = 2 * 400 + 160 + 300 + 2 * 2 * 5
     assert stage_memory(g, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(whole)
     assert stage_memory(g, c, spec, 2, [spec]) == pytest.approx(whole)  # no mini-batch given: the same
+
+
+#: x (stage 0) -> q, x -> s, q -> s (stage 1) -> y (stage 2): stage 1 receives x (8 bytes per
+#: sample; s consumes it after q, so x's gradient waits while q's backward runs) and sends s's output
+MESSAGES = {
+    "format": "gpp-graph/1",
+    "micro_batch_sizes": [1],
+    "nodes": [
+        {"id": "x", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 1, "output_bytes": 8},
+        {"id": "q", "fw_time": [1], "bw_time": [1], "weight_bytes": 40, "activation_bytes": 6, "output_bytes": 4},
+        {"id": "s", "fw_time": [1], "bw_time": [1], "weight_bytes": 20, "activation_bytes": 10, "output_bytes": 2},
+        {"id": "y", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 1, "output_bytes": 1},
+    ],
+    "edges": [["x", "q"], ["x", "s"], ["q", "s"], ["s", "y"]],
+}
+
+
+def test_every_forward_first_prices_each_node_and_the_messages_where_they_live():
+    """Stage {q, s}, b = 2, one replica, SGD: received 8 and sent 2 bytes per sample."""
+    g, c = gs.graph_from_dict(MESSAGES), gs.cluster_from_dict({**CLUSTER, "devices": 3})
+    stages = [gs.StageSpec(("x",), (0,), 2), gs.StageSpec(("q", "s"), (1,), 2), gs.StageSpec(("y",), (2,), 2)]
+    spec = stages[1]
+    assert boundary_bytes(g, stages, spec) == (8.0, 2.0)
+    # backward of s, then q; T_k = weight_bytes + 2 * (bytes in): T_q = 40 + 16, T_s = 20 + 2 * 12
+    at_s = 2 * (16 + 2) + 44  # activations of q and s, s's incoming gradient: 80
+    at_q = 2 * (6 + 4 + 8) + 56  # q's activations and incoming gradient, x's gradient from s: 92
+    first, later = max(at_s, at_q + 20), max(at_s, at_q) + 60  # 112, 152
+    # one micro-batch: its received values 16, its sent activations 4 (held until the step ends) and
+    # the gradient buffer for them 4 (posted before the forward)
+    assert stage_memory(g, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(60 + 16 + 4 + 4 + first)
+    # three micro-batches in flight at once: a waiting one holds 2 * 16 + 16 + 4 = 52, a finished one
+    # 16 + 4 (the gradients it sent back, the activations it sent); the first backward posts 2
+    # more gradient buffers, the second 1
+    first_bw = 2 * 52 + 16 + 4 + 3 * 4 + first  # 248
+    second_bw = 20 + 52 + 16 + 4 + 2 * 4 + later  # 252
+    assert stage_memory(g, c, spec, 6, stages, mini_batch_size=6) == pytest.approx(60 + max(first_bw, second_bw))
+    # a workspace is priced at its node: 100 bytes per sample on s (reached with every activation
+    # alive) against the same on q (reached with s's activations freed and its gradients there)
+    big_s = gs.graph_from_dict(
+        {**MESSAGES, "nodes": [dict(n, workspace_bytes=100 * (n["id"] == "s")) for n in MESSAGES["nodes"]]}
+    )
+    big_q = gs.graph_from_dict(
+        {**MESSAGES, "nodes": [dict(n, workspace_bytes=100 * (n["id"] == "q")) for n in MESSAGES["nodes"]]}
+    )
+    assert stage_memory(g, c, spec, 2, stages, mini_batch_size=2) < stage_memory(
+        big_q, c, spec, 2, stages, mini_batch_size=2
+    )
+    on_s = 60 + 24 + max(2 * (16 + 2) + 200, at_q + 20)  # 2 * 100 > T_s = 44
+    on_q = 60 + 24 + max(at_s, 2 * (6 + 4 + 8) + 200 + 20)  # 2 * 100 > T_q = 56
+    assert stage_memory(big_s, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_s)
+    assert stage_memory(big_q, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_q)
+    assert on_s == 320 and on_q == 340

@@ -1,7 +1,8 @@
 """A node's optional ``workspace_bytes`` (an operator's measured transient memory): read, written and
-refused like the other node fields, and priced by the memory model with ``memory_overheads`` as
-the larger of today's temporaries and the largest operator's transient plus the gradient flowing
-into it (never below today's figure)."""
+refused like the other node fields, and priced by the memory model with ``memory_overheads``: in
+the general rule as the larger of the temporaries without it and the largest operator's transient
+plus the gradient flowing into it (never below the figure without it); for a stage that runs every
+forward first, at the node where it occurs."""
 
 from __future__ import annotations
 
@@ -54,10 +55,14 @@ def test_temporaries_with_and_without_the_field():
     # small transients (2 * 10 + 2 * 5 = 30 < 320): today's figure, never less
     small = _graph(a=10, b=10, c=10)
     assert gs.cost.stage_memory(small, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 160 + 320)
-    # one micro-batch (every forward first, priced by phase): W + max(160 + T, 400 + T, 400)
-    assert gs.cost.stage_memory(without, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + 400 + 320)
-    assert gs.cost.stage_memory(big, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + 400 + 810)
-    assert gs.cost.stage_memory(small, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + 400 + 320)
+    # one micro-batch (every forward first, priced at each node of its backward, W = 400 beside):
+    # at v_k 2 * (activations of v_1 .. v_k + 5) + T_k with T_k = max(weight_bytes_k + 2 * 5 per input
+    # edge, 2 * ws_k) and the later nodes' weight gradients: a 210 + 300, b 460, c 180 without the field
+    assert gs.cost.stage_memory(without, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + 510)
+    # a's transient 2 * 400 = 800 > T_a = 100, where b's gradients (300) are there: 110 + 800 + 300
+    assert gs.cost.stage_memory(big, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + 1210)
+    # small transients: c's 2 * 10 = 20 > T_c = 10 (c's figure 190), the largest still a's 510
+    assert gs.cost.stage_memory(small, c, spec, 2, [spec], mini_batch_size=2) == pytest.approx(400 + 510)
 
 
 def test_the_model_without_overheads_ignores_the_field():

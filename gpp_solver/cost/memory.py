@@ -171,7 +171,8 @@ def memory_with_overheads(
     ``in_flight = micro_batches * b``: no forward follows a backward, e.g. a single micro-batch),
     the gradients, freed between steps (``zero_grad``'s default ``set_to_none``, as
     ``runtime.train`` runs), never coexist with all the activations, and
-    :func:`_all_forwards_first` prices the step phase by phase.
+    :func:`_all_forwards_first` prices each backward at each node, with the transients and the
+    message buffers where they occur.
     """
     if (
         not pending_w_samples
@@ -200,40 +201,93 @@ def memory_with_overheads(
 def _all_forwards_first(
     graph: Graph, osf: float, stage: StageLike, n: int, received_per_sample: float, sent_per_sample: float
 ) -> float:
-    """The memory of a stage that runs all ``n`` forwards of a step before its first backward:
-    ``(osf - 1) * W_S`` (weights and optimizer state) plus the largest of
+    """The memory of a stage that runs all ``n`` forwards of a step before its first backward,
+    priced where each term occurs (``docs/cost-model.md``, *A stage that runs every forward first*):
+    ``(osf - 1) * W_S`` (weights and optimizer state; the gradients are freed between steps) plus
+    the largest of
 
-    * the forwards: ``n`` micro-batches of activations and received values, and the temporaries;
-    * the first backward: the other ``n - 1`` micro-batches, and of this one's the largest over
-      the backward (the stage's nodes in reverse graph order, as autograd runs them) of the
-      activations of the nodes not yet run plus the weight gradients of those that have (the
-      received values held throughout), with the temporaries;
-    * after it: the gradients ``W_S``, with the data-parallel flat copy (``W_S`` when ``d > 1``)
-      or the optimizer step's temporaries. The later backwards hold at most ``n - 1``
-      micro-batches beside the gradients, which the first backward's figure covers.
+    * the backward of the first micro-batch and of the second (if ``n > 1``), at their largest
+      node (:func:`_backward_at_nodes`), with the other micro-batches and the messages; a later
+      backward holds no more than the second, a forward no more than the first's backward at the
+      same node;
+    * after the last backward: the gradients ``W_S``, the messages held until the step ends, and
+      the data-parallel flat copy (``W_S`` when ``d > 1``);
+    * the optimizer step: ``W_S`` and its temporaries (:data:`OPTIMIZER_STEP_SCRATCH`).
 
-    The temporaries are those of :func:`memory_with_overheads`, with the messages posted ahead
-    for ``min(POSTED_AHEAD, n)`` micro-batches (there are no more in a step)."""
+    Per micro-batch of ``rows = b / d`` the runtime holds its received values (``received``) from
+    its forward to the end of its backward, the activations it sends (``sent``) and the gradients
+    it sends back (``received``) until the step ends, and the buffer of each gradient it receives
+    (``sent``) from up to ``POSTED_AHEAD`` compute actions before its backward to its end."""
     d = data_parallel(stage)
     rows = stage.micro_batch_size / d
+    configs = stage_configs(graph, stage)
+    weights = sum(c.weight_bytes for c in configs)
+    received, sent = rows * received_per_sample, rows * sent_per_sample
+    first, second = _backward_at_nodes(graph, stage, rows)
+    waiting = rows * sum(c.activation_bytes for c in configs) + received + sent  # before its backward
+    done = received + sent  # a micro-batch after its backward, until the step ends
+
+    def backward(j: int, at_nodes: float) -> float:
+        """Backward ``j`` (0-based): ``j`` micro-batches done, ``n - 1 - j`` waiting, its own
+        messages, its gradient buffer and up to ``POSTED_AHEAD`` more posted, and ``at_nodes``."""
+        posted = (1 + min(POSTED_AHEAD, n - 1 - j)) * sent
+        return j * done + (n - 1 - j) * waiting + received + sent + posted + at_nodes
+
+    phases = [backward(0, first)] + ([backward(1, second)] if n > 1 else [])
+    largest_weight = max((c.weight_bytes for c in configs), default=0.0)
+    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
+    return (osf - 1) * weights + max(*phases, weights + n * done + (weights if d > 1 else 0.0), weights + step)
+
+
+def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[float, float]:
+    """The most one micro-batch's backward holds at a node of ``stage`` beside the messages, in the
+    step's first backward and in a later one: over the stage's nodes ``v_1 .. v_m`` in graph order
+    (the backward runs them in reverse), at ``v_k``
+
+    ``rows * (sum_{i <= k} act_i + out_k + live_k) + T_k`` plus ``sum_{i > k} weight_bytes_i``
+    (the weight gradients the first backward has produced) or ``W_S`` (a later one: every
+    gradient; ``v_k``'s new one, in ``T_k``, is added into ``.grad`` after), where
+
+    * ``act_i``: the activations of the nodes not yet reached;
+    * ``out_k``: the gradient flowing into ``v_k``;
+    * ``T_k = max(weight_bytes_k + rows * in_k, rows * ws_k)``: what ``v_k``'s backward
+      allocates: at least the gradients it produces (of its weights, and of its inputs, ``in_k``
+      bytes per sample on its incoming edges), and its ``workspace_bytes`` ``ws_k`` where measured
+      (the transient with those gradients, per sample of the size it was measured at);
+    * ``live_k``: the gradients of the values produced before ``v_k`` (by a node of the stage, or
+      received) that a node after it consumes, already flowing back."""
     config = dict(zip(stage.nodes, stage_configs(graph, stage)))
     position = {v: i for i, v in enumerate(graph.topo_order)}  # file order where it is topological
     order = sorted(stage.nodes, key=position.__getitem__)
+    at = {v: k for k, v in enumerate(order)}
+    # live_k by differences: a value produced at p (-1: received) and last consumed at q is live
+    # for p < k < q
+    live = [0.0] * (len(order) + 1)
+    produced: dict[str, tuple[int, float]] = {}  # value -> (position, gradient bytes per sample)
+    last: dict[str, int] = {}
+    for (u, v), nbytes in graph.edge_bytes_map.items():
+        if v in at:
+            p = at.get(u, -1)
+            size = graph.node(u).output_bytes if p >= 0 else nbytes
+            produced[u] = (p, max(produced.get(u, (p, 0.0))[1], size))
+            last[u] = max(last.get(u, -1), at[v])
+    for u, (p, size) in produced.items():
+        if last[u] > p + 1:
+            live[p + 1] += size
+            live[last[u]] -= size
     weights = [config[v].weight_bytes for v in order]
-    acts = [config[v].activation_bytes for v in order]
     total_w = sum(weights)
-    largest_output = max((graph.node(v).output_bytes for v in order), default=0.0)
-    posted = min(POSTED_AHEAD, n) * rows * (received_per_sample + sent_per_sample)
-    temporaries = max(
-        max(weights, default=0.0) + TEMPORARY_OUTPUTS * rows * largest_output + posted,
-        workspace_temporaries(graph, stage, rows, largest_output, posted),
-    )
-    per_micro_batch = rows * (sum(acts) + received_per_sample)
-    first_backward = max(rows * (sum(acts[:k]) + received_per_sample) + sum(weights[k:]) for k in range(len(order) + 1))
-    step = OPTIMIZER_STEP_SCRATCH * max(weights, default=0.0) if osf >= 4 else 0.0
-    return (osf - 1) * total_w + max(
-        n * per_micro_batch + temporaries,
-        (n - 1) * per_micro_batch + first_backward + temporaries,
-        total_w + (total_w if d > 1 else 0.0),
-        total_w + step,
-    )
+    first = second = 0.0
+    reached = flowing = 0.0  # activations of v_1 .. v_k; live_k
+    later_w = total_w  # weight gradients of v_{k+1} .. v_m
+    for k, v in enumerate(order):
+        reached += config[v].activation_bytes
+        flowing += live[k]
+        later_w -= weights[k]
+        node = graph.node(v)
+        produces = weights[k] + rows * sum(graph.edge_bytes(u, v) for u in graph.preds(v))
+        transient = produces if node.workspace_bytes is None else max(produces, rows * node.workspace_bytes)
+        here = rows * (reached + node.output_bytes + flowing) + transient
+        first = max(first, here + later_w)
+        second = max(second, here + total_w)
+    return first, second
