@@ -63,7 +63,7 @@ from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
 from runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
 
-PLANNERS = "graphpipe,pipedream,gpp,piper"
+PLANNERS = "graphpipe,pipedream,gpp,piper,alpa"
 EMULATED_MODELS = {
     "mmt": dict(branches=2, layers=2, seq=128, hidden=512, heads=8, ffn=2048, vocab=8000, max_micro_batch=32),
     "dlrm": dict(
