@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -42,7 +43,9 @@ from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo, Status
 
 from .capture.tracing import workload_hooks
+from .engine.pipeline import GraphPipeline
 from .engine.verify import make_optimizer
+from .train import TrainWorkload
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +57,6 @@ MAX_STEPS = 2000
 
 def one_stage_plan(doc: dict, b: int):
     """The one-device, one-stage plan of every node of ``doc`` at mini-batch ``b`` (one micro-batch)."""
-    from dataclasses import replace
-
     graph = as_graph(doc)
     cluster = replace(v100_cluster(1), memory_bytes=float(2**62))
     spec = StageSpec(nodes=tuple(n.id for n in graph.nodes), devices=(0,), micro_batch_size=b)
@@ -102,11 +103,8 @@ def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, opti
 
 
 def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimizer: str) -> dict:
-    from .engine.pipeline import GraphPipeline
-    from .train import _Workload
-
     """One size of :func:`measure`."""
-    wl = _Workload(workload, None, b)
+    wl = TrainWorkload(workload, None, b)
     example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
     pipe = GraphPipeline(
         wl.model,

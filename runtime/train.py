@@ -100,7 +100,7 @@ def _fatal(rank: int, msg: str) -> None:
     print(f"{head} {msg}", file=sys.stderr, flush=True)
 
 
-class _Workload:
+class TrainWorkload:
     """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
     summed loss divided by the mini-batch size (so gradients are those of the mean)."""
 
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
         plan, raw = prepare(args.plan, args.model)
-        wl = _Workload(raw, DTYPES.get(args.dtype), plan.mini_batch_size)
+        wl = TrainWorkload(raw, DTYPES.get(args.dtype), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
         if bool(args.graph) != bool(args.cluster):
             raise InvalidInputError("--graph and --cluster go together")
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _train(args, setup, wl: _Workload, rank: int, device: torch.device, p2p: str) -> int:
+def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p: str) -> int:
     plan = setup.plan
     example, _ = wl.sample(plan.mini_batch_size, 0)
     mem_step = args.memory_step if args.memory_step is not None else default_memory_step(args.warmup_steps)
@@ -285,7 +285,7 @@ def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
 def _verify(args, params: dict[str, torch.Tensor], plan, device: torch.device) -> bool:
     """``--verify``: every stage's final parameters against one-process training of the same
     steps, within ``--rtol``/``--atol`` (default by dtype and optimizer); says which differ."""
-    ref = _Workload(seeded_workload(args.model), DTYPES.get(args.dtype), plan.mini_batch_size)
+    ref = TrainWorkload(seeded_workload(args.model), DTYPES.get(args.dtype), plan.mini_batch_size)
     want = reference_params(
         ref.model,
         ref.sample,
