@@ -13,7 +13,8 @@ So the profiler ends by training the model itself: at each profiled size ``b`` a
 every node (mini-batch ``b``, one micro-batch, one device) runs in ``runtime.GraphPipeline`` on a
 process group of one rank, ``warmup`` steps and then ``rounds * repeats`` timed steps (more
 while they have lasted less than ``MIN_SECONDS``) as ``runtime.train`` runs them (zero the
-gradients, sample the batch, ``step``, ``optimizer.step()``). Per size, from the step's recorded actions (medians over the timed steps):
+gradients, sample the batch, ``step``, ``optimizer.step()``). Per size, from the step's recorded
+actions (medians over the timed steps):
 
 - ``k_fw(b) = (F(b) - N * op_overhead.fw) / sum_v fw_time_v(b)`` and every node's ``fw_time`` at
   ``b`` (its ``time_spread`` too) is multiplied by it; the same for the backward (and a measured
@@ -24,7 +25,9 @@ gradients, sample the batch, ``step``, ``optimizer.step()``). Per size, from the
 
 The factors, the measured times and the step's rest are kept in ``extra.profile.in_situ``.
 Calibration needs a process group of its own (gloo, one rank, an in-memory store); where one is
-already initialised (a profile under torchrun) it is skipped with a warning and recorded so.
+already initialised (a profile under torchrun), or where the runtime refuses to train the model
+(a loss over the whole batch, which it cannot split into micro-batches), it is skipped with a
+warning and ``extra.profile.in_situ.skipped`` says why: the node times stay as profiled.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
+from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -186,5 +190,11 @@ def add_in_situ(doc: dict, workload, sizes: list[int], warmup: int, steps: int, 
             logger.warning("a process group is already initialised: the in-situ calibration is skipped")
             info["in_situ"] = {"skipped": "a process group was already initialised"}
             return
-        measured = measure(workload, doc, sizes, warmup, steps, optimizer)
+        try:
+            measured = measure(workload, doc, sizes, warmup, steps, optimizer)
+        except (InvalidInputError, RuntimeError) as exc:  # e.g. a loss over the whole batch, refused per chunk
+            why = (str(exc).splitlines() or [type(exc).__name__])[0]
+            logger.warning("the in-situ calibration could not train the model (%s): node times kept as profiled", why)
+            info["in_situ"] = {"skipped": f"the one-stage plan did not train: {why}"}
+            return
     info["in_situ"] = calibrate(doc, measured)

@@ -91,3 +91,25 @@ def test_an_initialised_process_group_skips_the_calibration(tmp_path):
         dist.destroy_process_group()
     assert "skipped" in doc["extra"]["profile"]["in_situ"]
     assert doc["nodes"][0]["fw_time"] == [1e-3, 2e-3]
+
+
+def test_a_model_the_runtime_refuses_to_train_keeps_its_profiled_times():
+    """A loss over the whole batch (neither a mean nor a sum over samples) cannot be split into
+    micro-batches: the runtime refuses it, so the calibration is skipped, saying why."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from runtime.profile_terms import profile_with_terms
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    wl = SimpleNamespace(
+        model=model,
+        sample=lambda b, step: ((torch.randn(b, 4),), torch.randn(b, 1)),
+        loss=lambda out, target: ((out - target) ** 2).std(),
+    )
+    doc = profile_with_terms(wl, [2, 4], warmup=0, repeats=1)
+    skipped = doc["extra"]["profile"]["in_situ"]["skipped"]
+    assert "did not train" in skipped and "loss_fn" in skipped
+    assert "op_overhead" in doc  # the other time terms are there
