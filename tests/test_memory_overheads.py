@@ -4,7 +4,7 @@ planning under them: every plan ``solve`` returns fits the whole model."""
 from __future__ import annotations
 
 import pytest
-from three_node_stage import CLUSTER, DOC
+from three_node_stage import CLUSTER, DOC, memory_graph
 
 import gpp_solver as gs
 from gpp_solver.cost.memory import OPTIMIZER_STEP_SCRATCH, POSTED_AHEAD, TEMPORARY_OUTPUTS, boundary_bytes, stage_memory
@@ -126,17 +126,10 @@ def test_a_stage_that_runs_every_forward_first_is_priced_by_phase():
 
 #: x (stage 0) -> q, x -> s, q -> s (stage 1) -> y (stage 2): stage 1 receives x (8 bytes per
 #: sample; s consumes it after q, so x's gradient waits while q's backward runs) and sends s's output
-MESSAGES = {
-    "format": "gpp-graph/1",
-    "micro_batch_sizes": [1],
-    "nodes": [
-        {"id": "x", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 1, "output_bytes": 8},
-        {"id": "q", "fw_time": [1], "bw_time": [1], "weight_bytes": 40, "activation_bytes": 6, "output_bytes": 4},
-        {"id": "s", "fw_time": [1], "bw_time": [1], "weight_bytes": 20, "activation_bytes": 10, "output_bytes": 2},
-        {"id": "y", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 1, "output_bytes": 1},
-    ],
-    "edges": [["x", "q"], ["x", "s"], ["q", "s"], ["s", "y"]],
-}
+MESSAGES = memory_graph(
+    [("x", 0, 1, 8), ("q", 40, 6, 4), ("s", 20, 10, 2), ("y", 0, 1, 1)],
+    [["x", "q"], ["x", "s"], ["q", "s"], ["s", "y"]],
+)
 
 
 def test_every_forward_first_prices_each_node_and_the_messages_where_they_live():

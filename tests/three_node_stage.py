@@ -4,16 +4,22 @@ by the memory-rule tests: weights 100 (a), 300 (b), 0 (c) bytes; activations 50,
 
 from __future__ import annotations
 
-DOC = {
-    "format": "gpp-graph/1",
-    "micro_batch_sizes": [1],
-    "nodes": [
-        {"id": "a", "fw_time": [1], "bw_time": [1], "weight_bytes": 100, "activation_bytes": 50, "output_bytes": 5},
-        {"id": "b", "fw_time": [1], "bw_time": [1], "weight_bytes": 300, "activation_bytes": 20, "output_bytes": 5},
-        {"id": "c", "fw_time": [1], "bw_time": [1], "weight_bytes": 0, "activation_bytes": 10, "output_bytes": 5},
-    ],
-    "edges": [["a", "b"], ["b", "c"]],
-}
+
+def memory_graph(nodes: list[tuple[str, float, float, float]], edges: list[list[str]]) -> dict:
+    """A gpp-graph/1 document of ``(id, weight_bytes, activation_bytes, output_bytes)`` nodes, every
+    time 1 at micro-batch size 1 (the memory rules read no time)."""
+    return {
+        "format": "gpp-graph/1",
+        "micro_batch_sizes": [1],
+        "nodes": [
+            {"id": v, "fw_time": [1], "bw_time": [1], "weight_bytes": w, "activation_bytes": a, "output_bytes": o}
+            for v, w, a, o in nodes
+        ],
+        "edges": edges,
+    }
+
+
+DOC = memory_graph([("a", 100, 50, 5), ("b", 300, 20, 5), ("c", 0, 10, 5)], [["a", "b"], ["b", "c"]])
 CLUSTER = {
     "format": "gpp-cluster/1",
     "devices": 1,
