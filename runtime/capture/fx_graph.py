@@ -44,6 +44,7 @@ import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
 
+from ..lowering.device_move import move_module
 from .third_party import prepare_third_party
 from .tracing import trace_module, workload_graph_module
 
@@ -299,11 +300,20 @@ def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) 
 
 def trace_workload(workload) -> ModelGraph:
     """Trace ``workload.model`` with the workload's hooks, grouping by the values of
-    ``workload.sample(2, 0)`` (eval mode, no grad)."""
+    ``workload.sample(2, 0)`` (eval mode, no grad). A model on a GPU is traced on the CPU, as
+    ``runtime.train`` traces it, and the graph moved back (``runtime.lowering.device_move``)."""
     inputs, _ = workload.sample(2, 0)
     inputs = tuple(inputs)
-    gm = workload_graph_module(workload, inputs)
-    device = next((p.device for p in gm.parameters()), torch.device("cpu"))
+    device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
+    if device.type == "cpu":
+        gm = workload_graph_module(workload, inputs)
+    else:  # traced on the CPU as runtime.train traces it (torch.export's graph depends on the device)
+        workload.model.to("cpu")
+        try:
+            gm = workload_graph_module(workload, inputs)
+        finally:
+            workload.model.to(device)
+        gm = move_module(gm, device)
     return model_graph(gm, tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs))
 
 

@@ -60,6 +60,7 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 
+from ..lowering.device_move import move_module
 from .executor import StageExecutor
 from .grad_sync import GradSync
 from .memory import MemoryMeter, storage_bytes
@@ -145,7 +146,7 @@ class GraphPipeline(OptimizerStateCheck):
         self.setup = setup
         self.plan = setup.plan
         self.stage = setup.stage
-        self.module = setup.program.module.to(self.device)
+        self.module = move_module(setup.program.module, self.device)  # its graph's baked-in devices too
         self.module.train()
         self._init_optimizer_state(
             optimizer_state_factor if optimizer_state_factor is not None else setup.optimizer_state_factor,
