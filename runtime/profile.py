@@ -4,6 +4,10 @@
     # N profilers at once, each pinned to its own core (runtime/cores.py says why)
     python -m runtime.profile --model examples.sequential:bench --concurrent 2 -o graph.json
 
+Device: ``cuda:LOCAL_RANK`` (``cuda:0`` outside torchrun) when CUDA is available, as
+``runtime.train`` runs the ranks, unless ``--cpu``; the model is moved there before anything is
+measured, and the graph's ``extra.profile.device`` says which it was.
+
 What is measured, and how, is the profiler's (``runtime.capture.profiler``), and the time-model
 terms ``runtime.profile_terms`` adds (the graph's ``op_overhead`` and ``optimizer_time_per_byte``
 for ``--optimizer``, the loss in the sink node; ``--no-time-terms`` leaves them out); this module
@@ -47,6 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         print(f"error: --threads must be >= 1, got {args.threads}", file=sys.stderr)
         return 2
+    device = profile_device(args.cpu)
+    if args.concurrent != 1 and device.type != "cpu":
+        print(
+            f"error: --concurrent runs profilers on CPU cores, but this profile runs on {device} "
+            "(add --cpu to profile on the CPU, or drop --concurrent)",
+            file=sys.stderr,
+        )
+        return 2
     worker = cores.worker_index()
     if args.concurrent != 1 and worker is None:
         try:
@@ -57,12 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         return _write(doc, args.output)
     if worker is not None:
         cores.pin(worker[0])
-    keep_freed_memory()  # as the ranks run (runtime.engine.allocator)
+    if device.type == "cpu":
+        keep_freed_memory()  # as the ranks run (runtime.engine.allocator)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
         torch.manual_seed(0)
         wl = load_workload(args.model)
+        wl.model.to(device)
         if args.no_time_terms:
             doc = profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model, rounds=args.rounds)
         else:
@@ -86,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         torch.set_num_threads(threads)
     return _write(doc, args.output)
+
+
+def profile_device(cpu: bool) -> torch.device:
+    """Where the model is profiled: the device ``runtime.train`` gives this rank (module docstring)."""
+    if cpu or not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    torch.cuda.set_device(device)
+    return device
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -135,6 +158,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep the node times as profiled: no calibration to a one-stage plan as the runtime runs it "
         "(runtime/profile_insitu.py)",
+    )
+    ap.add_argument(
+        "--cpu",
+        action="store_true",
+        help="profile on the CPU even where CUDA is available (runtime.train's --cpu; default: the GPU)",
     )
     ap.add_argument("-o", "--output", required=True)
     return ap

@@ -110,12 +110,14 @@ def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimize
     """One size of :func:`measure`."""
     wl = TrainWorkload(workload, None, b)
     example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
+    device = next((p.device for p in wl.model.parameters()), torch.device("cpu"))
+    wl.model.to("cpu")  # built as runtime.train builds it: traced on the CPU, moved by the pipeline
     pipe = GraphPipeline(
         wl.model,
         one_stage_plan(doc, b),
         wl.loss,
         example,
-        next((p.device for p in wl.model.parameters()), torch.device("cpu")),
+        device,
         loss_reduction=wl.reduction,
         memory_step=None,
         tracing=workload_hooks(workload),

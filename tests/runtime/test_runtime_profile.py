@@ -125,3 +125,24 @@ def test_the_old_batch_sizes_spelling_still_works_and_is_called_deprecated(tmp_p
     new_doc, old_doc = json.loads(out.read_text()), json.loads(old.read_text())
     assert new_doc["micro_batch_sizes"] == old_doc["micro_batch_sizes"] == [2, 4]
     assert [n["id"] for n in new_doc["nodes"]] == [n["id"] for n in old_doc["nodes"]]
+
+
+def test_profile_device_is_the_ranks_and_cpu_forces_the_cpu(tmp_path, monkeypatch):
+    """The profile runs where runtime.train puts the rank (the GPU when CUDA is available, unless
+    --cpu); --concurrent (profilers on CPU cores) is refused on a GPU."""
+    import torch
+
+    from runtime.profile import profile_device
+
+    out = tmp_path / "graph.json"
+    args = ["--model", "examples.two_branch:workload", "--micro-batch-sizes", "2", "--repeats", "1"]
+    assert main([*args, "--warmup", "0", "--no-in-situ", "--cpu", "-o", str(out)]) == 0
+    assert json.loads(out.read_text())["extra"]["profile"]["device"] == "cpu"
+    assert profile_device(cpu=True) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert profile_device(cpu=False) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert profile_device(cpu=False) == torch.device("cuda:3")
+    assert main([*args, "--concurrent", "2", "-o", str(out)]) == 2
