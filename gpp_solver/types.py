@@ -165,6 +165,9 @@ class Cluster:
     #: price the runtime's memory beyond weights, state and saved activations (cost model:
     #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
     memory_overheads: bool = False
+    #: bytes each device's runtime holds beside any stage's (the libraries' workspaces: cuBLAS's,
+    #: per thread that multiplies, on CUDA; ``runtime.probe``); priced with ``memory_overheads``
+    runtime_memory_bytes: float = 0.0
 
     def node_of(self, device: int) -> int:
         return 0 if self.devices_per_node is None else device // self.devices_per_node

@@ -33,6 +33,11 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides. The cluster
   gets the minimum over ranks.
+- **runtime memory** (``runtime_memory_bytes``, CUDA only): what the libraries keep allocated once
+  a model has trained, whatever the model: cuBLAS's workspaces, one per thread that multiplies
+  (:func:`runtime_memory`). On an H200 with PyTorch 2.11 a one-stage plan's rank held about 65 MiB
+  beyond what the cost model priced (the benchmark's six models, 2026-11-26). The cluster gets the
+  largest over ranks; absent on the CPU.
 - ``optimizer_state_factor`` is not measured: ``--optimizer-state-factor`` (default 4.0, fp32 Adam).
 - ``memory_overheads``: true, the cluster is this runtime's: the cost model prices its received
   buffers, gradient buckets and temporaries (``docs/cost-model.md``).
@@ -256,7 +261,13 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
         mem = float(torch.cuda.mem_get_info(device)[0])
     else:
         mem = host_available_memory() / max(1, hosts.count(hosts[rank]))
-    mine = {"rank": rank, "host": hosts[rank], "memory_bytes": mem, "pairs": pairs}
+    mine = {
+        "rank": rank,
+        "host": hosts[rank],
+        "memory_bytes": mem,
+        "runtime_memory_bytes": runtime_memory(device),
+        "pairs": pairs,
+    }
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(mine, gathered, dst=0)
     if rank != 0:
@@ -270,6 +281,28 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
         "backend": dist.get_backend(),
         "device": device.type,
     }
+
+
+def runtime_memory(device: torch.device) -> float:
+    """Bytes the libraries keep allocated on ``device`` once a model has trained, whatever the model:
+    on CUDA, cuBLAS's workspaces (one per thread that multiplies: the training loop's and autograd's
+    backward thread; PyTorch allocates them through its caching allocator, so a rank's
+    ``max_memory_allocated`` counts them). Measured as what a linear layer's forward and backward
+    leave allocated after ``torch._C._cuda_clearCublasWorkspaces()``; 0 on the CPU."""
+    if device.type != "cuda":
+        return 0.0
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    torch.cuda.synchronize(device)
+    if clear is not None:
+        clear()
+    before = torch.cuda.memory_allocated(device)
+    lin = torch.nn.Linear(256, 256, device=device)
+    x = torch.randn(64, 256, device=device, requires_grad=True)
+    for _ in range(2):
+        (lin(x) @ lin.weight).sum().backward()  # addmm and mm forward, mm in the backward thread
+    del lin, x
+    torch.cuda.synchronize(device)
+    return float(max(0, torch.cuda.memory_allocated(device) - before))
 
 
 def _allreduce_details(sizes: list[int], seconds: list[float], world: int) -> dict:
@@ -323,6 +356,9 @@ def cluster_doc(details: dict, world: int, osf: float) -> dict:
             "memory_overheads": True,
         }
     )  # the runtime's buffers and temporaries are priced
+    runtime_memory_bytes = max((r.get("runtime_memory_bytes", 0.0) for r in details["ranks"]), default=0.0)
+    if runtime_memory_bytes:
+        doc["runtime_memory_bytes"] = runtime_memory_bytes
     ar = details.get("allreduce", {})
     if ar.get("bandwidth") not in (None, float("inf")):
         doc.update({"allreduce_bandwidth": ar["bandwidth"], "allreduce_latency": ar["latency"]})
@@ -352,6 +388,8 @@ def _summary(details: dict, doc: dict) -> str:
     if "devices_per_node" not in doc:
         lines.append("hosts have different rank counts: devices_per_node left out (flat network)")
     lines.append(f"memory per device: {doc['memory_bytes'] / 2**30:.2f} GiB")
+    if doc.get("runtime_memory_bytes"):
+        lines.append(f"held by the runtime's libraries: {doc['runtime_memory_bytes'] / 2**20:.1f} MiB per device")
     return "\n".join(lines)
 
 

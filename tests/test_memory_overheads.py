@@ -167,3 +167,47 @@ def test_every_forward_first_prices_each_node_and_the_messages_where_they_live()
     assert stage_memory(big_s, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_s)
     assert stage_memory(big_q, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_q)
     assert on_s == 320 and on_q == 340
+
+
+def test_runtime_memory_is_added_to_every_stage_with_the_overheads(diamond, cluster_dict):
+    """``runtime_memory_bytes`` (the libraries' workspaces a rank holds whatever its stage, measured
+    by runtime.probe on CUDA) is one more term of the runtime's overheads: added to every stage's
+    memory with ``memory_overheads``, read by nothing without it, written back when set."""
+    g = gs.graph_from_dict(diamond)
+    spec = StageSpec(("b", "c"), (2, 3), 4)
+    stages = [StageSpec(("a",), (0,), 4), spec, StageSpec(("d",), (1,), 4)]
+    on = _cluster(cluster_dict, memory_overheads=True)
+    held = _cluster(cluster_dict, memory_overheads=True, runtime_memory_bytes=65 * 2**20)
+    assert held.runtime_memory_bytes == 65 * 2**20 and on.runtime_memory_bytes == 0.0
+    for s in stages:
+        assert stage_memory(g, held, s, 12, stages) == pytest.approx(stage_memory(g, on, s, 12, stages) + 65 * 2**20)
+    off = _cluster(cluster_dict, runtime_memory_bytes=65 * 2**20)
+    assert stage_memory(g, off, spec, 12, stages) == stage_memory(g, _cluster(cluster_dict), spec, 12, stages)
+    assert gs.cluster_to_dict(held)["runtime_memory_bytes"] == 65 * 2**20
+    assert "runtime_memory_bytes" not in gs.cluster_to_dict(on)
+    for bad in (-1, "64MiB", True):
+        with pytest.raises(InvalidClusterError, match="runtime_memory_bytes"):
+            _cluster(cluster_dict, runtime_memory_bytes=bad)
+
+
+@pytest.mark.parametrize("planner", ["graphpipe", "pipedream", "gpp", "piper", "alpa"])
+def test_plans_fit_with_the_runtime_memory(planner, chain, cluster_dict):
+    """A device whose memory the stages fill without the runtime's own bytes: the plan returned
+    fits with them (its stages priced with them; validate agrees), or none is returned."""
+    g = gs.graph_from_dict(chain)
+    base = {**cluster_dict, "devices": 4, "memory_overheads": True}
+    plain = gs.solve(g, base, mini_batch_size=4, planner=planner, time_limit=10)
+    reserve = 0.5 * plain.predicted.peak_memory_bytes
+    c = gs.cluster_from_dict(
+        {**base, "runtime_memory_bytes": reserve, "memory_bytes": plain.predicted.peak_memory_bytes}
+    )
+    try:
+        plan = gs.solve(g, c, mini_batch_size=4, planner=planner, time_limit=10)
+    except gs.InfeasibleError:
+        return
+    for s in plan.stages:
+        assert s.predicted.memory_bytes == pytest.approx(
+            stage_memory(g, c, s, s.in_flight_samples, plan.stages, mini_batch_size=4)
+        )
+        assert reserve < s.predicted.memory_bytes <= c.memory_bytes * (1 + 1e-9)
+    gs.validate(plan, g, c)

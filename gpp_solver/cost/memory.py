@@ -5,7 +5,8 @@
 * in a stage whose order holds ``W`` (split backward), plus ``pending_w(S)/d * kept(S)``: the
   gradients ``B`` keeps for ``W`` (:func:`kept_gradient_bytes`, ``docs/zero-bubble.md``);
 * with the cluster's ``memory_overheads``, beside it what the runtime measurably holds: the
-  received buffers, the gradient buckets and the temporaries (:func:`memory_with_overheads`).
+  received buffers, the gradient buckets and the temporaries (:func:`memory_with_overheads`), and
+  the cluster's ``runtime_memory_bytes`` (the libraries' workspaces, whatever the stage).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def stage_memory(
     if cluster.memory_overheads:
         boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
         n = mini_batch_size // stage.micro_batch_size if mini_batch_size else None
-        return memory_with_overheads(
+        return cluster.runtime_memory_bytes + memory_with_overheads(
             graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary, pending_w_samples, n
         )
     kept = pending_w_samples / data_parallel(stage) * kept_gradient_bytes(graph, stage) if pending_w_samples else 0.0

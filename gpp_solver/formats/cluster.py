@@ -4,7 +4,7 @@ Required: ``devices`` (>= 1), ``memory_bytes`` (> 0), ``inter_node_bandwidth`` (
 Defaults when absent: ``intra_node_bandwidth`` = the inter-node one, ``devices_per_node`` absent
 (flat network: the inter-node bandwidth everywhere), ``latency`` = 0, ``optimizer_state_factor`` = 4.0,
 ``allreduce_bandwidth`` absent (the all-reduce priced at the point-to-point bandwidth), ``allreduce_latency`` = 0,
-``memory_overheads`` = false (the cost model's runtime memory terms off).
+``memory_overheads`` = false (the cost model's runtime memory terms off), ``runtime_memory_bytes`` = 0.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ _FIELDS = frozenset(
         "allreduce_bandwidth",
         "allreduce_latency",
         "memory_overheads",
+        "runtime_memory_bytes",
         "extra",
     }
 )
@@ -75,6 +76,7 @@ def cluster_from_dict(d: Any) -> Cluster:
     overheads = d.get("memory_overheads", False)
     if not isinstance(overheads, bool):
         raise E(f"cluster: memory_overheads must be true or false, got {overheads!r}")
+    runtime_memory = number(d.get("runtime_memory_bytes", 0.0), "cluster: runtime_memory_bytes", E, maximum=MAX_BYTES)
     return Cluster(
         devices=devices,
         memory_bytes=memory,
@@ -86,6 +88,7 @@ def cluster_from_dict(d: Any) -> Cluster:
         allreduce_bandwidth=ar_bw,
         allreduce_latency=ar_lat,
         memory_overheads=overheads,
+        runtime_memory_bytes=runtime_memory,
     )
 
 
@@ -107,6 +110,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
         d["allreduce_latency"] = c.allreduce_latency
     if c.memory_overheads:
         d["memory_overheads"] = True
+    if c.runtime_memory_bytes:
+        d["runtime_memory_bytes"] = c.runtime_memory_bytes
     return d
 
 

@@ -7,7 +7,9 @@ planner returns, by the same cost core that ``validate`` and ``simulate`` use.
 Where a stage then exceeds the device memory, the planner runs again with the device memory it
 sees lowered to the real one less the plan's largest overhead, so the plan returned fits under the
 whole model; its status then claims no more than ``feasible`` (the optimum was proven for the
-lowered memory, not the real one). When ``ROUNDS`` more tries find no plan that fits, it raises
+lowered memory, not the real one). The cluster's ``runtime_memory_bytes``, the same on every
+device, is taken off the memory the planners see from the start (a plan optimal for the rest is
+optimal with it). When ``ROUNDS`` more tries find no plan that fits, it raises
 ``InfeasibleError``.
 """
 
@@ -43,11 +45,23 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
     """``run`` (a planner on a cluster) under the whole memory model of ``cluster`` (module docstring)."""
     if not cluster.memory_overheads:
         return run(cluster)
-    seen = replace(cluster, memory_overheads=False)
+    held = cluster.runtime_memory_bytes  # the same on every device: the planners plan without it
+    if held >= cluster.memory_bytes:
+        raise InfeasibleError(
+            f"the runtime holds {held:.6g} bytes of each device (runtime_memory_bytes) and the devices "
+            f"have {cluster.memory_bytes:.6g}: nothing is left for a stage"
+        )
+    seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
+    base = seen.memory_bytes
     for round_ in range(ROUNDS + 1):
         try:
             found = run(seen)
         except InfeasibleError as exc:
+            if round_ == 0 and held:
+                raise InfeasibleError(
+                    f"{exc} (the devices' {cluster.memory_bytes:.6g} bytes less the {held:.6g} the runtime "
+                    "holds on each: runtime_memory_bytes)"
+                ) from None
             if round_ == 0:
                 raise
             raise InfeasibleError(
@@ -57,7 +71,7 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
             ) from None
         plan = priced(found, graph, cluster)
         if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
-            if seen.memory_bytes < cluster.memory_bytes and plan.search.status != Status.FEASIBLE:
+            if seen.memory_bytes < base and plan.search.status != Status.FEASIBLE:
                 plan = replace(plan, search=replace(plan.search, status=Status.FEASIBLE))
             return plan
         overhead = max(a.predicted.memory_bytes - b.predicted.memory_bytes for a, b in zip(plan.stages, found.stages))

@@ -217,3 +217,23 @@ def test_only_the_rank_that_starts_a_round_trip_works_before_it(monkeypatch):
     worked.clear()
     probe.ping_pong(1, 0, 1, 64, 1, 3, cpu, compute=0.005)
     assert worked == []  # rank b only waits
+
+
+def test_runtime_memory_is_the_largest_rank_s_and_absent_on_the_cpu():
+    """The libraries' workspaces (``runtime_memory``: cuBLAS's on CUDA) go into the cluster as the
+    largest over ranks; a CPU rank measures none and the field is left out."""
+    import torch
+
+    from gpp_solver.formats.cluster import cluster_from_dict
+    from runtime.probe import runtime_memory
+
+    assert runtime_memory(torch.device("cpu")) == 0.0
+    ranks = [
+        {"memory_bytes": 2e9, "runtime_memory_bytes": 65 * 2**20},
+        {"memory_bytes": 3e9, "runtime_memory_bytes": 64 * 2**20},
+    ]
+    doc = cluster_doc({"hosts": ["a", "a"], "pairs": [], "ranks": ranks}, 2, 4.0)
+    assert doc["runtime_memory_bytes"] == 65 * 2**20
+    assert cluster_from_dict(doc).runtime_memory_bytes == 65 * 2**20
+    cpu = [{"memory_bytes": 2e9, "runtime_memory_bytes": 0.0}]
+    assert "runtime_memory_bytes" not in cluster_doc({"hosts": ["a"], "pairs": [], "ranks": cpu}, 1, 4.0)
