@@ -173,7 +173,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 # -- launching ------------------------------------------------------------------------------
 def torchrun(nproc: int, module_args: list[str], env: dict | None = None, timeout: float = 900):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *module_args]
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
+    full = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        **(env or {}),
+    }
     res = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(
@@ -202,6 +207,23 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
         + (["--cpu"] if backend == "gloo" else []),
     )
     return out
+
+
+def probe_ranks(args) -> int:
+    """Ranks the probe runs on: the largest device count, at least 2 (a point-to-point pair to
+    measure); with NCCL one per GPU (NCCL refuses two ranks on one GPU), so a host with one GPU
+    probes one rank (its memory; nothing to send)."""
+    n = max(args.device_counts + [2])
+    if args.backend == "nccl":
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if max(args.device_counts) > gpus:
+            raise SystemExit(
+                f"error: --backend nccl --devices {','.join(map(str, args.device_counts))} needs {max(args.device_counts)} GPUs, this host has {gpus}"
+            )
+        n = min(n, gpus)
+    return n
 
 
 def run_steps(args, predicted: float) -> tuple[int, int]:
@@ -453,6 +475,8 @@ def planning_cluster(measured, devices: int, mode: str) -> dict:
         cdoc.update(allreduce_bandwidth=measured.allreduce_bandwidth, allreduce_latency=measured.allreduce_latency)
     if measured.devices_per_node:
         cdoc["devices_per_node"] = measured.devices_per_node
+    if measured.runtime_memory_bytes:
+        cdoc["runtime_memory_bytes"] = measured.runtime_memory_bytes
     return cdoc
 
 
@@ -464,7 +488,7 @@ def run(args) -> tuple[list[dict], dict]:
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    cpath = Path(args.cluster) if args.cluster else probe(max(args.device_counts + [2]), args.backend, work, args.quick)
+    cpath = Path(args.cluster) if args.cluster else probe(probe_ranks(args), args.backend, work, args.quick)
     measured_cluster = load_cluster(cpath)
     models = emulated_models(args, work, cpath) if args.mode == "emulated" else fidelity_cpu.cpu_models(args, work)
     rows: list[dict] = []
@@ -564,8 +588,14 @@ def _train_job(job: dict, args, work: Path, repeat: int) -> None:
             )
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         row["error"] = f"training failed: {str(exc)[:200]}"
+        print(f"[fidelity] {row['id']} run {repeat + 1}: {row['error']}", file=sys.stderr, flush=True)
         return
     job.setdefault("runs", []).append((period, ranks, memory, mean))
+    print(
+        f"[fidelity] {row['id']} run {repeat + 1}: {period * 1e3:.3f} ms (predicted {row['predicted'] * 1e3:.3f})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _measured(job: dict) -> None:

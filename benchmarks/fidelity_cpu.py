@@ -73,7 +73,11 @@ def model_specs(models: str | None, batch: int | None, quick: bool) -> list[tupl
 
 
 def env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def n_cores() -> int:
@@ -102,7 +106,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
             "1",
             "--concurrent",
             str(concurrent),
-        ]
+        ] + (["--cpu"] if args.backend == "gloo" else [])  # nccl: profiled on the GPU the ranks train on
         res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"profiling {spec} failed: {res.stderr.strip()[-300:]}")
