@@ -26,21 +26,15 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   cost model prices an all-reduce at the point-to-point bandwidth).
 - **work between messages** (``--compute-seconds``, default 5 ms): before each timed round trip
   the rank that starts it computes while the other waits for its message, and before each
-  all-reduce every rank computes (a matmul loop, untimed), as a training step computes between its
-  messages. Back to back, messages find the ranks' cores awake; after work, as in training, they
-  do not: on this project's 2-vCPU virtual machine the one-way latency measured 101 us back to
-  back and 1030 us after 5 ms of work, and the ring all-reduce's latency per step 174 and 396 us.
+  all-reduce every rank computes (a matmul loop, untimed), as training does. Back to back,
+  messages find the cores awake; after work they do not: on a 2-vCPU VM the one-way latency
+  measured 101 us back to back and 1030 us after 5 ms of work (all-reduce: 174 and 396 us a step).
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
-  ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides. The cluster
-  gets the minimum over ranks.
-- **runtime memory** (``runtime_memory_bytes``, CUDA only): what the libraries keep allocated once
-  a model has trained, whatever the model: cuBLAS's workspaces, one per thread that multiplies
-  (:func:`runtime_memory`). On an H200 with PyTorch 2.11 a one-stage plan's rank held about 65 MiB
-  beyond what the cost model priced (the benchmark's six models, 2026-11-26). The cluster gets the
-  largest over ranks; absent on the CPU.
-- ``optimizer_state_factor`` is not measured: ``--optimizer-state-factor`` (default 4.0, fp32 Adam).
-- ``memory_overheads``: true, the cluster is this runtime's: the cost model prices its received
-  buffers, gradient buckets and temporaries (``docs/cost-model.md``).
+  ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides; the minimum
+  over ranks. ``runtime_memory_bytes`` (CUDA): cuBLAS's workspaces, held whatever the model
+  (``runtime.engine.memory.runtime_memory``), the largest over ranks.
+- ``optimizer_state_factor`` is not measured: ``--optimizer-state-factor`` (default 4.0, fp32 Adam);
+  ``memory_overheads`` is true: the cost model prices the runtime's buffers (``docs/cost-model.md``).
 
 Backend: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available (unless ``--cpu``), else gloo. Exit
 codes: 0 ok, 2 bad arguments (one message from rank 0), 1 a communication failure.
@@ -62,6 +56,8 @@ import torch
 import torch.distributed as dist
 
 from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
+
+from .engine.memory import host_available_memory, runtime_memory
 
 logger = logging.getLogger("runtime.probe")
 
@@ -154,18 +150,6 @@ def ring_fit(sizes: list[int], seconds: list[float], n: int) -> tuple[float, flo
         return max(0.0, my - slope * mx) / steps, share / slope
     bw = share * sizes[-1] / seconds[-1] if seconds[-1] > 0 else float("inf")
     return max(0.0, seconds[0] - share * sizes[0] / bw) / steps, bw
-
-
-def host_available_memory() -> float:
-    """``MemAvailable`` of /proc/meminfo in bytes (0 where unavailable)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def _sync(device: torch.device) -> None:
@@ -281,28 +265,6 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
         "backend": dist.get_backend(),
         "device": device.type,
     }
-
-
-def runtime_memory(device: torch.device) -> float:
-    """Bytes the libraries keep allocated on ``device`` once a model has trained, whatever the model:
-    on CUDA, cuBLAS's workspaces (one per thread that multiplies: the training loop's and autograd's
-    backward thread; PyTorch allocates them through its caching allocator, so a rank's
-    ``max_memory_allocated`` counts them). Measured as what a linear layer's forward and backward
-    leave allocated after ``torch._C._cuda_clearCublasWorkspaces()``; 0 on the CPU."""
-    if device.type != "cuda":
-        return 0.0
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    torch.cuda.synchronize(device)
-    if clear is not None:
-        clear()
-    before = torch.cuda.memory_allocated(device)
-    lin = torch.nn.Linear(256, 256, device=device)
-    x = torch.randn(64, 256, device=device, requires_grad=True)
-    for _ in range(2):
-        (lin(x) @ lin.weight).sum().backward()  # addmm and mm forward, mm in the backward thread
-    del lin, x
-    torch.cuda.synchronize(device)
-    return float(max(0, torch.cuda.memory_allocated(device) - before))
 
 
 def _allreduce_details(sizes: list[int], seconds: list[float], world: int) -> dict:

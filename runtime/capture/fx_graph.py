@@ -44,7 +44,7 @@ import torch.fx as fx
 
 from gpp_solver.errors import InvalidInputError
 
-from ..lowering.device_move import move_module
+from .device_move import move_module
 from .third_party import prepare_third_party
 from .tracing import trace_module, workload_graph_module
 
@@ -301,7 +301,7 @@ def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) 
 def trace_workload(workload) -> ModelGraph:
     """Trace ``workload.model`` with the workload's hooks, grouping by the values of
     ``workload.sample(2, 0)`` (eval mode, no grad). A model on a GPU is traced on the CPU, as
-    ``runtime.train`` traces it, and the graph moved back (``runtime.lowering.device_move``)."""
+    ``runtime.train`` traces it, and the graph moved back (``runtime.capture.device_move``)."""
     inputs, _ = workload.sample(2, 0)
     inputs = tuple(inputs)
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))

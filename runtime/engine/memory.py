@@ -120,3 +120,37 @@ class MemoryMeter:
             self._prof.__exit__(None, None, None)
         self.peak = self._base + running_bytes(cpu_allocations(self._prof))[0]
         self._prof = None
+
+
+def runtime_memory(device: torch.device) -> float:
+    """Bytes the libraries keep allocated on ``device`` once a model has trained, whatever the model:
+    on CUDA, cuBLAS's workspaces (one per thread that multiplies: the training loop's and autograd's
+    backward thread; PyTorch allocates them through its caching allocator, so a rank's
+    ``max_memory_allocated`` counts them). Measured as what a linear layer's forward and backward
+    leave allocated after ``torch._C._cuda_clearCublasWorkspaces()``; 0 on the CPU."""
+    if device.type != "cuda":
+        return 0.0
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    torch.cuda.synchronize(device)
+    if clear is not None:
+        clear()
+    before = torch.cuda.memory_allocated(device)
+    lin = torch.nn.Linear(256, 256, device=device)
+    x = torch.randn(64, 256, device=device, requires_grad=True)
+    for _ in range(2):
+        (lin(x) @ lin.weight).sum().backward()  # addmm and mm forward, mm in the backward thread
+    del lin, x
+    torch.cuda.synchronize(device)
+    return float(max(0, torch.cuda.memory_allocated(device) - before))
+
+
+def host_available_memory() -> float:
+    """``MemAvailable`` of /proc/meminfo in bytes (0 where unavailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0.0

@@ -60,7 +60,7 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 
-from ..lowering.device_move import move_module
+from ..capture.device_move import move_module
 from .executor import StageExecutor
 from .grad_sync import GradSync
 from .memory import MemoryMeter, storage_bytes

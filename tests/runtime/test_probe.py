@@ -225,7 +225,7 @@ def test_runtime_memory_is_the_largest_rank_s_and_absent_on_the_cpu():
     import torch
 
     from gpp_solver.formats.cluster import cluster_from_dict
-    from runtime.probe import runtime_memory
+    from runtime.engine.memory import runtime_memory
 
     assert runtime_memory(torch.device("cpu")) == 0.0
     ranks = [
