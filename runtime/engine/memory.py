@@ -1,4 +1,5 @@
-"""One rank's peak memory in measured steps, and the optimizer's state factor.
+"""One rank's peak memory in measured steps, the optimizer's state factor, and what a device
+holds beside any stage (``runtime_memory``: the libraries' workspaces; ``host_available_memory``).
 
 What is measured (never re-computed from the cost model):
 
