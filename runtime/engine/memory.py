@@ -145,13 +145,19 @@ def runtime_memory(device: torch.device) -> float:
     return float(max(0, torch.cuda.memory_allocated(device) - before))
 
 
-def host_available_memory() -> float:
-    """``MemAvailable`` of /proc/meminfo in bytes (0 where unavailable)."""
+def proc_kib(path: str, field: str) -> float:
+    """The ``field:`` line of a /proc file in KiB (``MemAvailable`` of /proc/meminfo, ``VmHWM`` of
+    /proc/self/status), 0 where unavailable."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
+                if line.startswith(field + ":"):
+                    return float(line.split()[1])
     except OSError:
         pass
     return 0.0
+
+
+def host_available_memory() -> float:
+    """``MemAvailable`` of /proc/meminfo in bytes (0 where unavailable)."""
+    return proc_kib("/proc/meminfo", "MemAvailable") * 1024

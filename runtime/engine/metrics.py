@@ -30,6 +30,8 @@ import json
 import statistics
 from dataclasses import dataclass, field
 
+from .memory import proc_kib
+
 
 @dataclass
 class Recorder:
@@ -54,14 +56,7 @@ class Recorder:
 
 def peak_rss_bytes() -> int:
     """The process's peak resident set size (VmHWM), 0 where /proc is unavailable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return int(proc_kib("/proc/self/status", "VmHWM")) * 1024
 
 
 def summarize(records: list[dict], stages: list[dict], mini_batch_size: int, warmup: int) -> dict:
