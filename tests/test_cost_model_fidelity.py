@@ -215,3 +215,25 @@ def test_summaries_also_measure_each_plan_by_its_fastest_run():
     assert s["all"]["plans"] == 2 and s["all"]["within_10pct"] == 1  # the median runs: +30%, +5%
     assert s["fastest_run"]["plans"] == 2 and s["fastest_run"]["within_10pct"] == 2  # +2%, +2.5%
     assert rows[0]["measured"] == 1.3  # the rows keep their median run
+
+
+def test_nccl_probes_one_rank_per_gpu_and_carries_the_runtime_memory(monkeypatch):
+    """With NCCL the probe runs one rank per GPU (two ranks on one GPU are refused by NCCL), and a
+    device count above the host's GPUs is refused; the probed runtime_memory_bytes (cuBLAS's
+    workspaces) reaches the planning cluster."""
+    import torch
+
+    from gpp_solver.formats.cluster import cluster_from_dict
+
+    b = _bench()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert b.probe_ranks(b.parse_args(["--mode", "cpu", "--backend", "nccl", "--devices", "1"])) == 1
+    assert b.probe_ranks(b.parse_args(["--mode", "cpu", "--devices", "1"])) == 2  # gloo: a pair to measure
+    with pytest.raises(SystemExit, match="needs 2 GPUs, this host has 1"):
+        b.probe_ranks(b.parse_args(["--mode", "cpu", "--backend", "nccl", "--devices", "1,2"]))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert b.probe_ranks(b.parse_args(["--mode", "cpu", "--backend", "nccl", "--devices", "2,4"])) == 4
+    probed = cluster_from_dict(
+        {"devices": 1, "memory_bytes": 8e10, "inter_node_bandwidth": 1e12, "runtime_memory_bytes": 68157440.0}
+    )
+    assert cluster_from_dict(b.planning_cluster(probed, 1, "cpu")).runtime_memory_bytes == 68157440.0
