@@ -81,6 +81,9 @@ class Graph:
     op_overhead: tuple[float, float] = (0.0, 0.0)
     #: seconds of the optimizer step per weight byte (the optimizer profiled); 0 when absent
     optimizer_time_per_byte: float = 0.0
+    #: seconds per sample of the mini-batch that every rank spends each step beside its stage's
+    #: actions (``runtime.train`` samples the whole mini-batch on every rank); 0 when absent
+    step_time_per_sample: float = 0.0
 
     @cached_property
     def ids(self) -> tuple[str, ...]:

@@ -137,6 +137,10 @@ def merge(docs: list[dict], used: list[int]) -> dict:
                 if isinstance(vals[0], dict)
                 else float(statistics.median(vals))
             )
+    per_sample = float(statistics.median(d.get("step_time_per_sample", 0.0) for d in docs))  # 0: not fitted
+    out.pop("step_time_per_sample", None)
+    if per_sample > 0:
+        out["step_time_per_sample"] = per_sample
     in_situ = [d["extra"]["profile"].get("in_situ") for d in docs]
     if any(in_situ):  # each worker's calibration (runtime.profile_insitu): their scaled node times were merged
         out["extra"]["profile"]["in_situ"] = {"workers": in_situ}

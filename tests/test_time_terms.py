@@ -1,4 +1,5 @@
-"""The calibrated terms of the time model (graph ``op_overhead``, ``optimizer_time_per_byte``; cluster
+"""The calibrated terms of the time model (graph ``op_overhead``, ``optimizer_time_per_byte``,
+``step_time_per_sample``; cluster
 ``allreduce_bandwidth``, ``allreduce_latency``): read and written, priced by the reference pricing,
 the simulator, and every fast pricer alike; absent, nothing changes."""
 
@@ -26,6 +27,7 @@ def calibrated(g: Graph, c: Cluster, rng: random.Random) -> tuple[Graph, Cluster
         g,
         op_overhead=(rng.uniform(1e-5, 1e-4), rng.uniform(1e-5, 2e-4)),
         optimizer_time_per_byte=rng.uniform(1e-11, 1e-9),
+        step_time_per_sample=rng.uniform(1e-6, 1e-4),
     )
     c = c.with_(allreduce_bandwidth=rng.uniform(1e8, 1e10), allreduce_latency=rng.uniform(1e-6, 1e-4))
     return g, c
@@ -65,7 +67,9 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
     plain = graph_from_dict(_doc())
     assert plain.op_overhead == (0.0, 0.0) and plain.optimizer_time_per_byte == 0.0
     d = graph_to_dict(plain)
-    assert "op_overhead" not in d and "optimizer_time_per_byte" not in d
+    assert "op_overhead" not in d and "optimizer_time_per_byte" not in d and "step_time_per_sample" not in d
+    s = graph_from_dict(_doc(step_time_per_sample=2e-6))
+    assert s.step_time_per_sample == 2e-6 and graph_from_dict(graph_to_dict(s)) == s
     cdoc = {"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e9, "inter_node_bandwidth": 1e9}
     c = cluster_from_dict({**cdoc, "allreduce_bandwidth": 5e8, "allreduce_latency": 1e-4})
     assert (c.allreduce_bandwidth, c.allreduce_latency) == (5e8, 1e-4)
@@ -82,6 +86,8 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
         {"op_overhead": {"fw": -1e-5, "bw": 0}},
         {"optimizer_time_per_byte": -1},
         {"optimizer_time_per_byte": "x"},
+        {"step_time_per_sample": -1e-6},
+        {"step_time_per_sample": True},
     ],
 )
 def test_bad_graph_fields_are_named(bad: dict) -> None:
@@ -145,6 +151,26 @@ def test_stage_costs_and_simulator_price_every_term() -> None:
         graph_from_dict(_doc()), c.with_(allreduce_bandwidth=None, allreduce_latency=0.0), plan.stages, 8
     )[0]
     assert math.isclose(plain.allreduce, W / 1e9) and plain.optimizer == 0.0
+
+
+def test_the_steps_own_work_is_paid_by_every_stage_once_per_step() -> None:
+    """``step_time_per_sample`` (runtime.train samples the whole mini-batch on every rank): every
+    stage's tail gains ``B * per_sample``, one- and two-stage plans alike, so the simulated
+    iteration of a one-stage plan grows by exactly that, and TimeTerms without the mini-batch
+    leaves it out."""
+    g0 = graph_from_dict(_doc(optimizer_time_per_byte=1e-10))
+    g = graph_from_dict(_doc(optimizer_time_per_byte=1e-10, step_time_per_sample=5e-6))
+    c = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12, "inter_node_bandwidth": 1e9})
+    one = [StageSpec(("a", "b"), (0,), 8)]
+    two = [StageSpec(("a",), (0,), 4), StageSpec(("b",), (1,), 4)]
+    for specs in (one, two):
+        for with_, without in zip(stage_costs(g, c, specs, 8), stage_costs(g0, c, specs, 8)):
+            assert math.isclose(with_.optimizer, without.optimizer + 8 * 5e-6)
+            assert math.isclose(with_.time_per_sample, without.time_per_sample + 5e-6)
+    plan = build_plan(g, c, one, 8, planner="manual", search=SearchInfo(0.0, "feasible"))
+    plan0 = build_plan(g0, c, one, 8, planner="manual", search=SearchInfo(0.0, "feasible"))
+    assert math.isclose(simulate(plan, g, c).iteration_time, simulate(plan0, g0, c).iteration_time + 8 * 5e-6)
+    assert TimeTerms.of(g, c).per_step == 0.0 and TimeTerms.of(g, c, 8).per_step == 8 * 5e-6
 
 
 def test_absent_terms_price_as_before() -> None:

@@ -265,7 +265,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], min
     """The cost of every stage of a partition (``stages[i]`` is stage ``i`` of the result)."""
     stage_of = {v: i for i, s in enumerate(stages) for v in s.nodes}
     transfers = stage_transfers(graph, stage_of)
-    terms = TimeTerms.of(graph, cluster)
+    terms = TimeTerms.of(graph, cluster, mini_batch_size)
     out = []
     for i, s in enumerate(stages):
         b, d = s.micro_batch_size, data_parallel(s)

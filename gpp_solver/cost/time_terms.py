@@ -1,6 +1,7 @@
 """The calibrated terms of the time model beside the profiled node times (``docs/time-terms.md``):
-each node's ``op_overhead``, the optimizer step per weight byte, and the ring all-reduce at its own
-bandwidth and per-step latency; :func:`allreduce_time` is the all-reduce's formula."""
+each node's ``op_overhead``, the optimizer step per weight byte, the step's own work per sample of
+the mini-batch, and the ring all-reduce at its own bandwidth and per-step latency;
+:func:`allreduce_time` is the all-reduce's formula."""
 
 from __future__ import annotations
 
@@ -38,16 +39,25 @@ class TimeTerms:
     optimizer_per_byte: float = 0.0
     allreduce_bandwidth: float | None = None
     allreduce_latency: float = 0.0
+    #: seconds every stage spends each step beside its actions: the graph's
+    #: ``step_time_per_sample`` times the mini-batch (0 when either is absent)
+    per_step: float = 0.0
 
     @classmethod
-    def of(cls, graph: Graph | None = None, cluster: Cluster | None = None) -> TimeTerms:
+    def of(
+        cls, graph: Graph | None = None, cluster: Cluster | None = None, mini_batch_size: int | None = None
+    ) -> TimeTerms:
+        """The terms of ``graph`` and ``cluster``; ``mini_batch_size`` prices the graph's
+        ``step_time_per_sample`` (without it, that term is left out)."""
         fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
+        per_sample = graph.step_time_per_sample if graph is not None else 0.0
         return cls(
             fw,
             bw,
             graph.optimizer_time_per_byte if graph is not None else 0.0,
             cluster.allreduce_bandwidth if cluster is not None else None,
             cluster.allreduce_latency if cluster is not None else 0.0,
+            per_sample * mini_batch_size if per_sample and mini_batch_size else 0.0,
         )
 
     @property
@@ -62,10 +72,13 @@ class TimeTerms:
         return allreduce_time(weight_bytes, d, bw, self.allreduce_latency)
 
     def optimizer(self, weight_bytes):
-        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``."""
-        return self.optimizer_per_byte * weight_bytes
+        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``, and the step's own
+        work beside the actions (``per_step``, the same on every stage)."""
+        return self.optimizer_per_byte * weight_bytes + self.per_step
 
     def tail(self, weight_bytes, d, bandwidth):
         """``A(S) + O(S)``: what a stage runs after its last backward (elementwise on arrays)."""
         a = self.allreduce(weight_bytes, d, bandwidth)
-        return a + self.optimizer_per_byte * weight_bytes if self.optimizer_per_byte else a
+        if self.optimizer_per_byte:
+            a = a + self.optimizer_per_byte * weight_bytes
+        return a + self.per_step if self.per_step else a

@@ -20,7 +20,17 @@ from gpp_solver.types import GRAPH_FORMAT, Edge, Graph, Node, Tmpc
 
 E = InvalidGraphError
 _GRAPH_FIELDS = frozenset(
-    {"format", "name", "micro_batch_sizes", "nodes", "edges", "extra", "op_overhead", "optimizer_time_per_byte"}
+    {
+        "format",
+        "name",
+        "micro_batch_sizes",
+        "nodes",
+        "edges",
+        "extra",
+        "op_overhead",
+        "optimizer_time_per_byte",
+        "step_time_per_sample",
+    }
 )
 _NODE_FIELDS = frozenset(
     {
@@ -191,7 +201,8 @@ def graph_from_dict(d: Any) -> Graph:
 
 
 def _calibration(d: dict) -> dict[str, Any]:
-    """The optional time-model terms of a graph (``op_overhead``, ``optimizer_time_per_byte``) as
+    """The optional time-model terms of a graph (``op_overhead``, ``optimizer_time_per_byte``,
+    ``step_time_per_sample``) as
     :class:`Graph` keyword arguments; absent fields are left to the defaults (no term)."""
     out: dict[str, Any] = {}
     if "op_overhead" in d:
@@ -204,6 +215,10 @@ def _calibration(d: dict) -> dict[str, Any]:
     if "optimizer_time_per_byte" in d:
         out["optimizer_time_per_byte"] = number(
             d["optimizer_time_per_byte"], "graph: optimizer_time_per_byte", E, maximum=MAX_SECONDS
+        )
+    if "step_time_per_sample" in d:
+        out["step_time_per_sample"] = number(
+            d["step_time_per_sample"], "graph: step_time_per_sample", E, maximum=MAX_SECONDS
         )
     return out
 
@@ -278,6 +293,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         out["op_overhead"] = {"fw": g.op_overhead[0], "bw": g.op_overhead[1]}
     if g.optimizer_time_per_byte:
         out["optimizer_time_per_byte"] = g.optimizer_time_per_byte
+    if g.step_time_per_sample:
+        out["step_time_per_sample"] = g.step_time_per_sample
     if g.extra:
         out["extra"] = dict(g.extra)
     return out

@@ -120,7 +120,7 @@ def candidates(
     lat, osf = cluster.latency, cluster.optimizer_state_factor
     gs = graph.micro_batch_sizes
     comp: dict[tuple[str, float], float] = {}
-    terms = TimeTerms.of(graph, cluster)
+    terms = TimeTerms.of(graph, cluster, B)
 
     def c(v: str, x: float) -> float:
         r = comp.get((v, x))

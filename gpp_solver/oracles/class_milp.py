@@ -99,7 +99,8 @@ class _ClassMilp:
         self.n_edges = max(1, len(graph.edge_bytes_map))
         osf, limit = cluster.optimizer_state_factor, cluster.memory_bytes * (1 + MEMORY_REL_TOL)
         comp = {d: tab.compute_at(b / d) for d in ds}
-        # per node: the all-reduce's per-stage latency is not a node's share (left out: still a lower bound)
+        # per node: the all-reduce's per-stage latency and the step's own work (step_time_per_sample)
+        # are not a node's share (left out: still a lower bound)
         per_node = replace(TimeTerms.of(graph, cluster), allreduce_latency=0.0)
         self.u = {
             (c, d): (

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from gpp_solver import load_graph
 from runtime.profile import main
-from runtime.profile_insitu import add_in_situ, calibrate, one_stage_plan
+from runtime.profile_insitu import add_in_situ, calibrate, one_stage_plan, rest_fit
 
 
 def _doc() -> dict:
@@ -49,8 +49,27 @@ def test_calibrate_makes_the_one_stage_sums_the_measured_times():
     assert nodes[0]["fw_time"] == pytest.approx([0.5e-3, 3e-3])  # each node keeps its share
     assert nodes[0]["extra"]["time_spread"]["fw"][0] == pytest.approx([0.45e-3, 0.6e-3])
     assert all(w <= b for nd in nodes for w, b in zip(nd["bw_weight_time"], nd["bw_time"]))
-    # the step's rest, median over sizes (0.65 ms), per weight byte
-    assert doc["optimizer_time_per_byte"] == pytest.approx(0.65e-3 / 400)
+    # the step's rest, 0.5 ms at 1 sample and 0.8 at 2: 0.2 ms fixed (per weight byte) + 0.3 ms a sample
+    assert rec["rest_fit"] == pytest.approx({"fixed": 0.2e-3, "per_sample": 0.3e-3})
+    assert doc["optimizer_time_per_byte"] == pytest.approx(0.2e-3 / 400)
+    assert doc["step_time_per_sample"] == pytest.approx(0.3e-3)
+
+
+def test_the_steps_rest_is_fitted_robustly_fixed_plus_per_sample():
+    """rest(b) = fixed + per_sample * b by the median of pairwise slopes: one slow step moves a few
+    pairs, not the fit; a rest that falls with the size is all fixed; one size, all fixed."""
+    sizes = [1, 2, 4, 8, 16]
+    clean = [1e-3 + 2e-5 * b for b in sizes]
+    assert rest_fit(sizes, clean) == pytest.approx((1e-3, 2e-5))
+    spoiled = list(clean)
+    spoiled[2] += 5e-3  # one slow measurement
+    fixed, per_sample = rest_fit(sizes, spoiled)
+    assert fixed == pytest.approx(1e-3, rel=0.05) and per_sample == pytest.approx(2e-5, rel=0.05)
+    assert rest_fit(sizes, [2e-3 - 1e-5 * b for b in sizes]) == pytest.approx((2e-3 - 1e-5 * 4, 0.0))
+    assert rest_fit([4], [3e-3]) == (3e-3, 0.0)
+    doc = _doc()
+    calibrate(doc, [{"size": 1, "fw": 2.2e-3, "bw": 3.3e-3, "step": 6e-3, "rest": 0.5e-3}])
+    assert "step_time_per_sample" not in doc and doc["optimizer_time_per_byte"] == pytest.approx(0.5e-3 / 400)
 
 
 def test_calibrate_leaves_a_kind_it_cannot_scale():

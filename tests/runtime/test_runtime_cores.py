@@ -40,6 +40,10 @@ def test_merge_takes_the_median_per_node_and_size_and_the_widest_spread():
     conc = out["extra"]["profile"]["concurrent"]
     assert conc["processes"] == 3 and conc["cores"] == [0, 1, 2]
     assert docs[0]["nodes"][0]["fw_time"] == [1.0, 2.0]  # the inputs are left alone
+    assert "step_time_per_sample" not in out  # no worker fitted one
+    fitted = [dict(d, step_time_per_sample=x) for d, x in zip(docs, (3e-6, 1e-6))] + [docs[2]]
+    assert merge(fitted, [0, 1, 2])["step_time_per_sample"] == 1e-6  # the median, a worker without it 0
+    assert "step_time_per_sample" not in merge([fitted[0], docs[1], docs[2]], [0, 1, 2])
 
 
 @TWO_CORES

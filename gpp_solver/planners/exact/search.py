@@ -147,7 +147,7 @@ class _ExactSearch:
         _check_size(graph, self.usable)
         self.const_bw = constant_bandwidth(cluster)
         self.fastest = self.const_bw if self.const_bw is not None else link_bandwidths(cluster)[1]
-        self.terms = TimeTerms.of(graph, cluster)
+        self.terms = TimeTerms.of(graph, cluster, mini_batch_size)
         self.limit = cluster.memory_bytes * (1 + MEMORY_REL_TOL)
         self.slots = min(self.usable, n_nodes, max_stages or n_nodes)
         self.state = {"best": None, "time": upper_bound, "simulated": 0, "searched": 0}

@@ -86,7 +86,7 @@ class Problem:
         by_estimate: bool = False,
     ) -> None:
         self.graph, self.cluster, self.B, self.b = graph, cluster, mini_batch_size, b
-        self.terms = TimeTerms.of(graph, cluster)
+        self.terms = TimeTerms.of(graph, cluster, mini_batch_size)
         self.by_estimate = by_estimate  # key: iteration-time estimate before the TPS vector
         self.num_micro_batches = mini_batch_size // b
         self.N = len(graph.nodes)

@@ -152,7 +152,7 @@ class StageDP(DPPasses):
                 latency=self.cluster.latency,
                 comm_bandwidth=self.comm_bandwidth,
                 allreduce_bandwidth=[self._allreduce_bandwidth(d) for d in degs],
-                terms=TimeTerms.of(self.graph, self.cluster),
+                terms=TimeTerms.of(self.graph, self.cluster, self.B),
             )
             md = self._max_depths(b, degs, self.memory)
             tb = SizeTables(degs, tps, md, best_at_sink(tps, md))

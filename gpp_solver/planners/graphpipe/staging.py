@@ -92,7 +92,7 @@ class StagingPricer:
                     order.append(i)
         self.order = order
         self._comp: dict[int, np.ndarray] = {}
-        self.terms = TimeTerms.of(graph, cluster)
+        self.terms = TimeTerms.of(graph, cluster, B)
 
     def _compute(self, d: int) -> np.ndarray:
         """Every stage's compute per micro-batch at degree ``d`` (``compute_at(b / d)`` summed)."""

@@ -90,7 +90,7 @@ class RangeCosts:
     def __init__(self, graph: Graph, cluster: Cluster, lin: Linearization, B: int, b: int) -> None:
         self.graph, self.cluster, self.lin, self.B, self.b = graph, cluster, lin, B, b
         self.num_micro_batches = B // b
-        self.terms = TimeTerms.of(graph, cluster)
+        self.terms = TimeTerms.of(graph, cluster, B)
         nodes = [graph.node(v) for v in lin.order]
         W = lin.state_sums([n.weight_bytes for n in nodes])
         act = lin.state_sums([n.activation_bytes for n in nodes])

@@ -76,7 +76,7 @@ class SequentialPricer:
         sinks: Sequence[str],
     ) -> None:
         self.graph, self.cluster, self.B = graph, cluster, mini_batch_size
-        self.terms = TimeTerms.of(graph, cluster)
+        self.terms = TimeTerms.of(graph, cluster, mini_batch_size)
         idx = graph.index
         self.core_idx = np.asarray([idx[v] for v in core_order], dtype=np.int64)
         self.n_nodes = len(graph.nodes)
