@@ -110,8 +110,6 @@ def _construct(exc: BaseException) -> str:
 def _export(model: torch.nn.Module, example_inputs: tuple) -> fx.GraphModule:
     """``torch.export`` (non-strict) with a dynamic batch dimension; the unlifted GraphModule."""
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))  # sample() gives CPU tensors
-    example_inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in example_inputs)
     shapes = tuple({0: batch} if isinstance(x, torch.Tensor) and x.dim() else None for x in example_inputs)
     ep = torch.export.export(model, tuple(example_inputs), strict=False, dynamic_shapes=shapes)
     return ep.module()
