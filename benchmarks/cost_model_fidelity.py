@@ -200,7 +200,7 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
             "--sizes",
             sizes,
             "--repeats",
-            "3" if quick else "21",  # messages after work vary by several times (runtime.probe)
+            "3" if quick else "41",  # messages after work vary by several times (runtime.probe)
             "--details",
             str(work / "probe.json"),
         ]

@@ -11,13 +11,14 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
 - **point-to-point latency and bandwidth**, for every pair of ranks in turn (the others wait at a
   barrier): ping-pong with ``isend``/``irecv`` (as the runtime posts its messages) at each of
   ``--sizes`` bytes, ``--repeats`` round trips after ``--warmup``, each after ``--compute-seconds``
-  of work on the rank that starts it (below); the one-way time is half the median round trip. ``latency`` =
+  of work on the rank that starts it (below); the one-way time is half the typical round trip (the
+  mean of the middle 80%: :func:`typical`). ``latency`` =
   one-way time of the smallest size, bandwidth = ``(largest - smallest) / (t(largest) -
   t(smallest))`` (the slope of the affine model ``latency + bytes / bandwidth``). A pair is
   intra-node when both ranks share a host. The cluster gets the median over the pairs of each kind
   (the log gives min/max); a single host has no inter-node pair, so ``inter_node_bandwidth`` is
   then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
-- **all-reduce**: median time of an asynchronous ``all_reduce`` (sum) and its wait over all ranks
+- **all-reduce**: typical time of an asynchronous ``all_reduce`` (sum) and its wait over all ranks
   at each of ``--sizes``, each after ``--compute-seconds`` of work on every rank,
   fitted to the ring algorithm the cost model prices, ``2 (n-1) latency + 2 (n-1)/n * bytes /
   bandwidth`` (:func:`ring_fit`: least squares of the relative error over the sizes; the slope gives the bandwidth,
@@ -29,6 +30,12 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   all-reduce every rank computes (a matmul loop, untimed), as training does. Back to back,
   messages find the cores awake; after work they do not: on a 2-vCPU VM the one-way latency
   measured 101 us back to back and 1030 us after 5 ms of work (all-reduce: 174 and 396 us a step).
+- **the typical time is a mean, not a median**: a step's time is a mean over steps, and on a
+  2-vCPU VM a gloo all-reduce after work took either about 0.2 ms or about 3 ms (a rank that
+  blocks is sometimes woken late): median 0.44 ms and mean 1.36 ms at 24 kB, median 2.97 and mean
+  2.26 at 64 kB. The median of such a mixture jumps between its modes from one probe to the next
+  and prices the slow mode at 0 or always; the mean of the middle 80% prices it at its share and
+  still drops a one-off stall of the host.
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides; the minimum
   over ranks. ``runtime_memory_bytes`` (CUDA): cuBLAS's workspaces, held whatever the model
@@ -58,6 +65,9 @@ import torch.distributed as dist
 from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
 
 from .engine.memory import host_available_memory, runtime_memory
+from .probe_fit import affine_fit, ring_fit, typical
+
+__all__ = ["affine_fit", "ring_fit", "typical", "main"]
 
 logger = logging.getLogger("runtime.probe")
 
@@ -75,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="message sizes in bytes, comma-separated, at least two (default %(default)s)",
     )
     ap.add_argument(
-        "--repeats", type=int, default=15, help="timed round trips (and all-reduces) per size and pair (default 15)"
+        "--repeats", type=int, default=31, help="timed round trips (and all-reduces) per size and pair (default 31)"
     )
     ap.add_argument("--warmup", type=int, default=2, help="untimed round trips per size and pair")
     ap.add_argument(
@@ -118,40 +128,6 @@ def check_args(args: argparse.Namespace) -> list[int]:
     return sizes
 
 
-def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
-    """``(latency, bandwidth)`` from one-way times: latency at the smallest size, slope to the largest.
-
-    A noisy measurement (a loaded machine) can make the largest transfer look no slower than the
-    smallest; the bandwidth is then the largest size over its whole one-way time, a conservative
-    figure (it charges the latency as transfer time), never an unbounded one."""
-    lat = max(one_way[0], 0.0)
-    dt = one_way[-1] - one_way[0]
-    if dt > 0:
-        return lat, (sizes[-1] - sizes[0]) / dt
-    return lat, sizes[-1] / one_way[-1] if one_way[-1] > 0 else float("inf")
-
-
-def ring_fit(sizes: list[int], seconds: list[float], n: int) -> tuple[float, float]:
-    """``(latency per step, bandwidth)`` of the ring all-reduce among ``n`` ranks from its times at
-    ``sizes`` bytes: ``t = 2 (n-1) latency + 2 (n-1)/n * bytes / bandwidth``, fitted by least
-    squares of the *relative* error over every size (each residual divided by its time), so that
-    the small all-reduces of small stages hold as well as the large ones: a plain fit, ruled by the
-    largest sizes, put gloo's 4-byte all-reduce on two CPU ranks at 0.18 ms against 0.32 ms measured.
-    When noise makes the fitted slope non-positive, the bandwidth is the largest size over its whole
-    time (conservative, never unbounded); the latency is never negative."""
-    steps, share = 2 * (n - 1), 2 * (n - 1) / n
-    w = [1.0 / (y * y) if y > 0 else 0.0 for y in seconds]
-    sw = sum(w)
-    mx = sum(wi * x for wi, x in zip(w, sizes)) / sw if sw > 0 else 0.0
-    my = sum(wi * y for wi, y in zip(w, seconds)) / sw if sw > 0 else 0.0
-    sxx = sum(wi * (x - mx) ** 2 for wi, x in zip(w, sizes))
-    slope = sum(wi * (x - mx) * (y - my) for wi, x, y in zip(w, sizes, seconds)) / sxx if sxx > 0 else 0.0
-    if slope > 0:
-        return max(0.0, my - slope * mx) / steps, share / slope
-    bw = share * sizes[-1] / seconds[-1] if seconds[-1] > 0 else float("inf")
-    return max(0.0, seconds[0] - share * sizes[0] / bw) / steps, bw
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -174,47 +150,55 @@ def compute_for(seconds: float) -> None:
 
 
 def ping_pong(
-    rank: int, a: int, b: int, nbytes: int, warmup: int, repeats: int, device: torch.device, compute: float = 0.0
-) -> float:
-    """Median one-way time (half a round trip) of ``nbytes`` between ranks ``a`` and ``b``, each
-    round trip after ``compute`` seconds of work on rank ``a`` (:func:`compute_for`) while ``b``
-    waits for the message, as a pipeline's next stage waits for the activation its predecessor
-    computes. Only ``a`` works: were both to, ``a``'s round trip would also time whatever part of
-    ``b``'s work was left when ``a`` finished its own (a skew that made the same probe measure 0.1
-    and 5.5 ms)."""
-    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    times = []
+    rank: int, a: int, b: int, sizes, warmup: int, repeats: int, device: torch.device, compute: float = 0.0
+) -> list[float]:
+    """Typical one-way time (half a round trip) of each of ``sizes`` bytes between ranks ``a`` and
+    ``b`` (one int: that size alone, one float back), each round trip after ``compute`` seconds of
+    work on rank ``a`` (:func:`compute_for`) while ``b`` waits for the message, as a pipeline's next
+    stage waits for the activation its predecessor computes. Only ``a`` works: were both to, ``a``'s
+    round trip would also time whatever part of ``b``'s work was left when ``a`` finished its own (a
+    skew that made the same probe measure 0.1 and 5.5 ms). The sizes take turns within each repeat,
+    so that a slow minute of the machine weighs on every size alike, not on the fit's slope."""
+    one = isinstance(sizes, int)
+    bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in ([sizes] if one else sizes)]
+    times: list[list[float]] = [[] for _ in bufs]
     for i in range(warmup + repeats):
-        if rank == a:
+        for buf, ts in zip(bufs, times):
+            if rank == a:
+                compute_for(compute)
+            _sync(device)
+            t0 = time.perf_counter()
+            if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait
+                dist.isend(buf, b).wait()
+                dist.irecv(buf, b).wait()
+            else:
+                dist.irecv(buf, a).wait()
+                dist.isend(buf, a).wait()
+            _sync(device)
+            if i >= warmup:
+                ts.append((time.perf_counter() - t0) / 2)
+    out = [typical(ts) for ts in times]
+    return out[0] if one else out
+
+
+def allreduce_time(sizes, warmup: int, repeats: int, device: torch.device, compute: float = 0.0) -> list[float]:
+    """Typical time of an all-reduce of each of ``sizes`` bytes over all ranks (one int: one float
+    back), each after ``compute`` seconds of work on every rank (:func:`compute_for`); the sizes
+    take turns within each repeat, as in :func:`ping_pong`."""
+    one = isinstance(sizes, int)
+    bufs = [torch.ones(max(1, n // 4), dtype=torch.float32, device=device) for n in ([sizes] if one else sizes)]
+    times: list[list[float]] = [[] for _ in bufs]
+    for i in range(warmup + repeats):
+        for buf, ts in zip(bufs, times):
             compute_for(compute)
-        _sync(device)
-        t0 = time.perf_counter()
-        if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait
-            dist.isend(buf, b).wait()
-            dist.irecv(buf, b).wait()
-        else:
-            dist.irecv(buf, a).wait()
-            dist.isend(buf, a).wait()
-        _sync(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) / 2)
-    return statistics.median(times)
-
-
-def allreduce_time(nbytes: int, warmup: int, repeats: int, device: torch.device, compute: float = 0.0) -> float:
-    """Median time of an all-reduce of ``nbytes`` over all ranks, each after ``compute`` seconds of
-    work on every rank (:func:`compute_for`)."""
-    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-    times = []
-    for i in range(warmup + repeats):
-        compute_for(compute)
-        _sync(device)
-        t0 = time.perf_counter()
-        dist.all_reduce(buf, async_op=True).wait()  # as runtime.engine.grad_sync launches a bucket
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+            _sync(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, async_op=True).wait()  # as runtime.engine.grad_sync launches a bucket
+            _sync(device)
+            if i >= warmup:
+                ts.append(time.perf_counter() - t0)
+    out = [typical(ts) for ts in times]
+    return out[0] if one else out
 
 
 def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, device: torch.device) -> dict | None:
@@ -225,7 +209,7 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
     for a in range(world):
         for b in range(a + 1, world):
             if rank in (a, b):
-                one_way = [ping_pong(rank, a, b, s, args.warmup, args.repeats, device, args.compute) for s in sizes]
+                one_way = ping_pong(rank, a, b, sizes, args.warmup, args.repeats, device, args.compute)
                 if rank == a:
                     lat, bw = affine_fit(sizes, one_way)
                     pairs.append(
@@ -238,7 +222,7 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
                         }
                     )
             dist.barrier()
-    ar = [allreduce_time(s, args.warmup, args.repeats, device, args.compute) for s in sizes] if world > 1 else []
+    ar = allreduce_time(sizes, args.warmup, args.repeats, device, args.compute) if world > 1 else []
     if args.memory is not None:
         mem = float(args.memory)
     elif device.type == "cuda":

@@ -213,6 +213,7 @@ class GraphPipeline(OptimizerStateCheck):
             self.rec,
             emulate_seconds=emulated,
             overlap=overlap,
+            fold_last=self.setup.program.holds_sink,
         )
 
     def _make_executor(self, loss_fn, loss_reduction: str, lookahead: int, seed: int) -> StageExecutor:
@@ -248,11 +249,14 @@ class GraphPipeline(OptimizerStateCheck):
             raise InvalidInputError(f"rank {self.rank} holds the model's output: step() needs target=")
         self.memory.step_starts(self._steps_run, self._resident)
         loss = self.executor.run_step(inputs, target, self.rng_step)
-        self.grad_sync.finish(self.stage.id)
+        # each replica holds its samples' part of the loss: summed in the gradients' last
+        # all-reduce where it can ride there, else on its own
+        fold = loss is not None and self.sink_group is not None and self.grad_sync.can_fold(loss)
+        self.grad_sync.finish(self.stage.id, extra=loss if fold else None)
         self.rng_step += 1
         self._steps_run += 1
-        if loss is not None and self.sink_group is not None:
-            dist.all_reduce(loss, group=self.sink_group)  # each replica holds its samples' part
+        if loss is not None and self.sink_group is not None and not fold:
+            dist.all_reduce(loss, group=self.sink_group)
         return loss
 
     def named_parameters(self):

@@ -87,3 +87,76 @@ def test_emulated_all_reduce_sleeps_the_modelled_time_after_the_last_backward(gr
     real = GradSync(list(nn.Linear(4, 2).parameters()), group, [], P2P(torch.device("cpu"), 30))
     real.finish(0)  # the default stays the real all-reduce: missing gradients are zero-filled
     assert all(p.grad is not None for b in real.buckets for p in b)
+
+
+def test_loss_rides_in_the_last_bucket_held_for_finish(group, monkeypatch):
+    """The sink's replicas sum their parts of the loss in the gradients' last all-reduce: with
+    ``fold_last`` the last bucket is not launched during the armed backward (even with overlap),
+    ``finish(sid, extra=loss)`` launches it with the loss appended, one collective per bucket and
+    none more; a tensor that can't ride (another dtype) is refused by ``finish`` and reported by
+    ``can_fold``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    params = list(model.parameters())
+    sync = GradSync(params, group, [], P2P(torch.device("cpu"), 30), bucket_cap_bytes=40, fold_last=True)
+    n = len(sync.buckets)
+    assert n >= 3
+    sync.arm()
+    loss = model(torch.randn(3, 4)).sum()
+    loss.backward()
+    assert sync.launched == n - 1  # every bucket but the last is in flight
+    calls = []
+    real = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda t, **kw: calls.append(t.numel()) or real(t, **kw))
+    value = loss.detach().clone()
+    assert sync.can_fold(value) and not sync.can_fold(value.double())
+    with pytest.raises(ValueError, match="can't ride"):
+        sync.finish(0, extra=value.double())
+    grads = [p.grad.clone() for p in params]
+    sync.finish(0, extra=value)
+    last = sum(p.numel() for p in sync.buckets[-1])
+    assert calls == [last + 1]  # the last bucket and the loss, in one all-reduce
+    assert torch.equal(value, loss.detach())  # world 1: the sum is itself, written back in place
+    assert all(torch.equal(g, p.grad) for g, p in zip(grads, params)) and sync.launched == 0
+
+
+def _fold_worker(rank: int, store_path: str, out) -> None:
+    store = dist.FileStore(store_path, 2)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2)
+        sync = GradSync(
+            list(model.parameters()), dist.new_group([0, 1]), [], P2P(torch.device("cpu"), 60), fold_last=True
+        )
+        sync.arm()
+        loss = model(torch.full((2, 3), float(rank + 1))).sum()
+        loss.backward()
+        value = loss.detach().clone()
+        sync.finish(0, extra=value)
+        out.put((rank, float(value), model.weight.grad.tolist()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_folded_loss_is_the_sum_over_two_replicas(tmp_path):
+    """Two gloo replicas: the folded loss comes back as the sum of both parts, the gradients as the
+    sum of both replicas' gradients."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_fold_worker, args=(r, str(tmp_path / "store"), out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((r, (v, g)) for r, v, g in (out.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(60)
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    parts = [model(torch.full((2, 3), float(r + 1))).sum() for r in range(2)]
+    total = float(sum(p.detach() for p in parts))
+    (parts[0] + parts[1]).backward()
+    for r in range(2):
+        assert got[r][0] == pytest.approx(total)
+        assert torch.allclose(torch.tensor(got[r][1]), model.weight.grad)

@@ -219,6 +219,46 @@ def test_only_the_rank_that_starts_a_round_trip_works_before_it(monkeypatch):
     assert worked == []  # rank b only waits
 
 
+def test_typical_time_is_the_mean_of_the_middle_80_percent():
+    """A step's time is a mean over steps, so a message's is priced at its mean: a mixture of fast
+    and slow messages (a rank woken late) at its share of slow ones, where a median jumps between
+    the modes; the fastest and slowest tenth are left out (a one-off stall of the host)."""
+    from runtime.probe_fit import typical
+
+    fast, slow = 0.2e-3, 3e-3
+    mixture = [fast] * 12 + [slow] * 8  # 40% slow: the median is the fast mode
+    assert typical(mixture) == pytest.approx((10 * fast + 6 * slow) / 16)
+    assert typical([1.0] * 18 + [100.0, 0.0]) == pytest.approx(1.0)  # one stall, one glitch: dropped
+    assert typical([2.0]) == 2.0
+    with pytest.raises(ValueError):
+        typical([])
+
+
+def test_sizes_take_turns_within_each_repeat(monkeypatch):
+    """Every repeat times each size once, so a slow stretch of the machine weighs on all sizes alike
+    (the ring fit's slope is a difference between sizes); one size gives one float back."""
+    import torch
+
+    import runtime.probe as probe
+
+    order = []
+    monkeypatch.setattr(probe, "compute_for", lambda s: None)
+
+    class Done:
+        def wait(self):
+            return True
+
+    monkeypatch.setattr(probe.dist, "all_reduce", lambda buf, async_op: order.append(buf.numel() * 4) or Done())
+    monkeypatch.setattr(probe.dist, "isend", lambda buf, peer: order.append(buf.numel() * 4) or Done())
+    monkeypatch.setattr(probe.dist, "irecv", lambda buf, peer: Done())
+    cpu = torch.device("cpu")
+    times = probe.allreduce_time([4, 64, 1024], 1, 2, cpu)
+    assert len(times) == 3 and order == [4, 64, 1024] * 3
+    order.clear()
+    assert len(probe.ping_pong(0, 0, 1, [4, 64], 0, 2, cpu)) == 2 and order == [4, 64, 4, 64]
+    assert isinstance(probe.allreduce_time(64, 0, 1, cpu), float)
+
+
 def test_runtime_memory_is_the_largest_rank_s_and_absent_on_the_cpu():
     """The libraries' workspaces (``runtime_memory``: cuBLAS's on CUDA) go into the cluster as the
     largest over ranks; a CPU rank measures none and the field is left out."""
