@@ -139,6 +139,9 @@ def test_cpu_model_specs_and_bad_models_exit_2():
     assert specs == [("examples.sequential:bench", 16), ("examples.two_branch:bench", 128)]
     assert b.fidelity_cpu.model_specs("examples.sequential:bench@16", 4, False) == [("examples.sequential:bench", 4)]
     assert {batch for _, batch in b.fidelity_cpu.model_specs(None, None, False)} != {128}  # per-model batches
+    # profiled up to the mini-batch itself (above the largest size the format extrapolates)
+    assert b.fidelity_cpu.profile_sizes(512) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert b.fidelity_cpu.profile_sizes(96)[-2:] == [64, 96] and b.fidelity_cpu.profile_sizes(1) == [1]
     assert b.fidelity_cpu.train_flags(b.parse_args(["--mode", "cpu"])) == ["--pin-cores"]
     assert b.fidelity_cpu.train_flags(b.parse_args(["--mode", "cpu", "--fill-cores", "none"])) == []
     assert b.fidelity_cpu.train_flags(b.parse_args(["--mode", "emulated"])) == []  # emulated: unchanged
