@@ -189,7 +189,7 @@ def torchrun(nproc: int, module_args: list[str], env: dict | None = None, timeou
 
 def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
     out = work / "cluster.json"
-    sizes = "4,16384,262144" if quick else "4,65536,1048576,4194304"
+    sizes = "4,16384,262144" if quick else "4,65536,1048576,4194304,26214400"  # up to a full bucket
     torchrun(
         nproc,
         [

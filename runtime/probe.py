@@ -11,31 +11,26 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
 - **point-to-point latency and bandwidth**, for every pair of ranks in turn (the others wait at a
   barrier): ping-pong with ``isend``/``irecv`` (as the runtime posts its messages) at each of
   ``--sizes`` bytes, ``--repeats`` round trips after ``--warmup``, each after ``--compute-seconds``
-  of work on the rank that starts it (below); the one-way time is half the typical round trip (the
-  mean of the middle 80%: :func:`typical`). ``latency`` =
-  one-way time of the smallest size, bandwidth = ``(largest - smallest) / (t(largest) -
-  t(smallest))`` (the slope of the affine model ``latency + bytes / bandwidth``). A pair is
-  intra-node when both ranks share a host. The cluster gets the median over the pairs of each kind
-  (the log gives min/max); a single host has no inter-node pair, so ``inter_node_bandwidth`` is
-  then the intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
-- **all-reduce**: typical time of an asynchronous ``all_reduce`` (sum) and its wait over all ranks
-  at each of ``--sizes``, each after ``--compute-seconds`` of work on every rank,
-  fitted to the ring algorithm the cost model prices, ``2 (n-1) latency + 2 (n-1)/n * bytes /
-  bandwidth`` (:func:`ring_fit`: least squares of the relative error over the sizes; the slope gives the bandwidth,
-  the intercept the latency). The cluster gets them as ``allreduce_bandwidth``
-  and ``allreduce_latency`` (with one rank there is nothing to measure: both are left out, and the
-  cost model prices an all-reduce at the point-to-point bandwidth).
+  of work on the rank that starts it (below); the one-way time is half the typical round trip.
+  ``latency`` = one-way time of the smallest size, bandwidth = ``(largest - smallest) /
+  (t(largest) - t(smallest))`` (the slope of the affine model ``latency + bytes / bandwidth``). A
+  pair is intra-node when both ranks share a host. The cluster gets the median over the pairs of
+  each kind; a single host has no inter-node pair, so ``inter_node_bandwidth`` is then the
+  intra-node figure (the planner needs a positive value; nothing crosses nodes anyway).
+- **all-reduce**: typical time of the runtime's data-parallel gradient all-reduce (``GradSync``:
+  each bucket copied, all-reduced, copied back) over all ranks at each of ``--sizes``, each after
+  ``--compute-seconds`` of work on every rank, fitted to the ring algorithm the cost model prices,
+  ``2 (n-1) latency + 2 (n-1)/n * bytes / bandwidth`` (:func:`ring_fit`: least squares of the
+  relative error; the slope gives ``allreduce_bandwidth``, the intercept ``allreduce_latency``;
+  with one rank both are left out and an all-reduce is priced at the point-to-point bandwidth).
 - **work between messages** (``--compute-seconds``, default 5 ms): before each timed round trip
   the rank that starts it computes while the other waits for its message, and before each
-  all-reduce every rank computes (a matmul loop, untimed), as training does. Back to back,
-  messages find the cores awake; after work they do not: on a 2-vCPU VM the one-way latency
-  measured 101 us back to back and 1030 us after 5 ms of work (all-reduce: 174 and 396 us a step).
-- **the typical time is a mean, not a median**: a step's time is a mean over steps, and on a
-  2-vCPU VM a gloo all-reduce after work took either about 0.2 ms or about 3 ms (a rank that
-  blocks is sometimes woken late): median 0.44 ms and mean 1.36 ms at 24 kB, median 2.97 and mean
-  2.26 at 64 kB. The median of such a mixture jumps between its modes from one probe to the next
-  and prices the slow mode at 0 or always; the mean of the middle 80% prices it at its share and
-  still drops a one-off stall of the host.
+  all-reduce every rank computes (a matmul loop, untimed), as training does (on a 2-vCPU VM the
+  one-way latency measured 101 us back to back and 1030 us after 5 ms of work).
+- **typical time** (:func:`typical`): the mean of the middle 80% of the repeats, the sizes taking
+  turns within each repeat. A step's time is a mean; on a 2-vCPU VM a gloo all-reduce after work
+  took about 0.2 ms or about 3 ms (a blocked rank is sometimes woken late), and a median picks a
+  mode (24 kB: median 0.44, mean 1.36 ms).
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides; the minimum
   over ranks. ``runtime_memory_bytes`` (CUDA): cuBLAS's workspaces, held whatever the model
@@ -64,14 +59,16 @@ import torch.distributed as dist
 
 from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
 
+from .engine.grad_sync import GradSync
 from .engine.memory import host_available_memory, runtime_memory
+from .engine.p2p import P2P
 from .probe_fit import affine_fit, ring_fit, typical
 
 __all__ = ["affine_fit", "ring_fit", "typical", "main"]
 
 logger = logging.getLogger("runtime.probe")
 
-DEFAULT_SIZES = "4,65536,1048576,8388608"
+DEFAULT_SIZES = "4,65536,1048576,8388608,26214400"  # up to one full 25 MiB gradient bucket
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -181,24 +178,42 @@ def ping_pong(
     return out[0] if one else out
 
 
-def allreduce_time(sizes, warmup: int, repeats: int, device: torch.device, compute: float = 0.0) -> list[float]:
-    """Typical time of an all-reduce of each of ``sizes`` bytes over all ranks (one int: one float
-    back), each after ``compute`` seconds of work on every rank (:func:`compute_for`); the sizes
-    take turns within each repeat, as in :func:`ping_pong`."""
+def allreduce_time(
+    sizes, warmup: int, repeats: int, device: torch.device, compute: float = 0.0, timeout: float = 120.0
+) -> list[float]:
+    """Typical time of the data-parallel gradient all-reduce of each of ``sizes`` bytes over all
+    ranks (one int: one float back), run as the runtime runs it: ``runtime.engine.grad_sync``'s
+    ``finish`` over gradients of that many bytes (4 MiB tensors, 25 MiB buckets: each bucket copied
+    into a flat buffer, all-reduced, copied back), each after ``compute`` seconds of work on every
+    rank (:func:`compute_for`); the sizes take turns within each repeat, as in :func:`ping_pong`.
+    A bare ``all_reduce`` of a ready buffer leaves out the copies: on a 2-vCPU VM they took 17-53
+    ms of a 100 ms all-reduce of resnet18's 93 MB of float64 gradients."""
     one = isinstance(sizes, int)
-    bufs = [torch.ones(max(1, n // 4), dtype=torch.float32, device=device) for n in ([sizes] if one else sizes)]
-    times: list[list[float]] = [[] for _ in bufs]
+    group = dist.new_group(list(range(dist.get_world_size())))
+    syncs = [_gradients(n, group, device, timeout) for n in ([sizes] if one else sizes)]
+    times: list[list[float]] = [[] for _ in syncs]
     for i in range(warmup + repeats):
-        for buf, ts in zip(bufs, times):
+        for sync, ts in zip(syncs, times):
             compute_for(compute)
             _sync(device)
             t0 = time.perf_counter()
-            dist.all_reduce(buf, async_op=True).wait()  # as runtime.engine.grad_sync launches a bucket
+            sync.finish(0)
             _sync(device)
             if i >= warmup:
                 ts.append(time.perf_counter() - t0)
     out = [typical(ts) for ts in times]
     return out[0] if one else out
+
+
+def _gradients(nbytes: int, group, device: torch.device, timeout: float) -> GradSync:
+    """A ``GradSync`` (after the backward, as on gloo) over float32 gradients of ``nbytes`` in all."""
+    left, params = max(1, nbytes // 4), []
+    while left > 0:
+        p = torch.nn.Parameter(torch.zeros(min(left, 2**20), device=device))
+        p.grad = torch.ones_like(p)
+        params.append(p)
+        left -= p.numel()
+    return GradSync(params, group, [], P2P(device, timeout), overlap=False)
 
 
 def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, device: torch.device) -> dict | None:
@@ -222,7 +237,7 @@ def measure(args: argparse.Namespace, sizes: list[int], rank: int, world: int, d
                         }
                     )
             dist.barrier()
-    ar = allreduce_time(sizes, args.warmup, args.repeats, device, args.compute) if world > 1 else []
+    ar = allreduce_time(sizes, args.warmup, args.repeats, device, args.compute, args.timeout) if world > 1 else []
     if args.memory is not None:
         mem = float(args.memory)
     elif device.type == "cuda":

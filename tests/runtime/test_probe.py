@@ -234,10 +234,15 @@ def test_typical_time_is_the_mean_of_the_middle_80_percent():
         typical([])
 
 
-def test_sizes_take_turns_within_each_repeat(monkeypatch):
+def test_sizes_take_turns_within_each_repeat(monkeypatch, tmp_path):
     """Every repeat times each size once, so a slow stretch of the machine weighs on all sizes alike
-    (the ring fit's slope is a difference between sizes); one size gives one float back."""
+    (the ring fit's slope is a difference between sizes); one size gives one float back. The
+    all-reduce is the runtime's own (``GradSync.finish``: a flat copy per bucket, summed, copied
+    back), so its figure includes the copies."""
+    import datetime
+
     import torch
+    import torch.distributed as dist
 
     import runtime.probe as probe
 
@@ -245,18 +250,26 @@ def test_sizes_take_turns_within_each_repeat(monkeypatch):
     monkeypatch.setattr(probe, "compute_for", lambda s: None)
 
     class Done:
-        def wait(self):
+        def wait(self, timeout=None):
             return True
 
-    monkeypatch.setattr(probe.dist, "all_reduce", lambda buf, async_op: order.append(buf.numel() * 4) or Done())
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        real = dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda t, **kw: order.append(t.numel() * 4) or real(t, **kw))
+        cpu = torch.device("cpu")
+        times = probe.allreduce_time([4, 64, 1024], 1, 2, cpu)
+        assert len(times) == 3 and order == [4, 64, 1024] * 3
+        assert isinstance(probe.allreduce_time(64, 0, 1, cpu), float)
+        big = probe._gradients(5 * 2**20 * 4, dist.new_group([0]), cpu, 30)  # 5 Mi floats: 5 tensors of 4 MiB
+        assert len(big.buckets) == 1 and sum(p.numel() for p in big.buckets[0]) == 5 * 2**20
+    finally:
+        dist.destroy_process_group()
+    order.clear()
     monkeypatch.setattr(probe.dist, "isend", lambda buf, peer: order.append(buf.numel() * 4) or Done())
     monkeypatch.setattr(probe.dist, "irecv", lambda buf, peer: Done())
-    cpu = torch.device("cpu")
-    times = probe.allreduce_time([4, 64, 1024], 1, 2, cpu)
-    assert len(times) == 3 and order == [4, 64, 1024] * 3
-    order.clear()
-    assert len(probe.ping_pong(0, 0, 1, [4, 64], 0, 2, cpu)) == 2 and order == [4, 64, 4, 64]
-    assert isinstance(probe.allreduce_time(64, 0, 1, cpu), float)
+    assert len(probe.ping_pong(0, 0, 1, [4, 64], 0, 2, torch.device("cpu"))) == 2 and order == [4, 64, 4, 64]
 
 
 def test_runtime_memory_is_the_largest_rank_s_and_absent_on_the_cpu():
