@@ -62,9 +62,9 @@ from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
 from .engine.grad_sync import GradSync
 from .engine.memory import host_available_memory, runtime_memory
 from .engine.p2p import P2P
-from .probe_fit import affine_fit, ring_fit, typical
+from .probe_fit import affine_fit, in_turns, ring_fit, typical
 
-__all__ = ["affine_fit", "ring_fit", "typical", "main"]
+__all__ = ["affine_fit", "in_turns", "ring_fit", "typical", "main"]
 
 logger = logging.getLogger("runtime.probe")
 
@@ -147,62 +147,53 @@ def compute_for(seconds: float) -> None:
 
 
 def ping_pong(
-    rank: int, a: int, b: int, sizes, warmup: int, repeats: int, device: torch.device, compute: float = 0.0
+    rank: int, a: int, b: int, sizes: list[int], warmup: int, repeats: int, device: torch.device, compute: float = 0.0
 ) -> list[float]:
     """Typical one-way time (half a round trip) of each of ``sizes`` bytes between ranks ``a`` and
-    ``b`` (one int: that size alone, one float back), each round trip after ``compute`` seconds of
-    work on rank ``a`` (:func:`compute_for`) while ``b`` waits for the message, as a pipeline's next
-    stage waits for the activation its predecessor computes. Only ``a`` works: were both to, ``a``'s
-    round trip would also time whatever part of ``b``'s work was left when ``a`` finished its own (a
-    skew that made the same probe measure 0.1 and 5.5 ms). The sizes take turns within each repeat,
-    so that a slow minute of the machine weighs on every size alike, not on the fit's slope."""
-    one = isinstance(sizes, int)
-    bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in ([sizes] if one else sizes)]
-    times: list[list[float]] = [[] for _ in bufs]
-    for i in range(warmup + repeats):
-        for buf, ts in zip(bufs, times):
-            if rank == a:
-                compute_for(compute)
-            _sync(device)
-            t0 = time.perf_counter()
-            if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait
-                dist.isend(buf, b).wait()
-                dist.irecv(buf, b).wait()
-            else:
-                dist.irecv(buf, a).wait()
-                dist.isend(buf, a).wait()
-            _sync(device)
-            if i >= warmup:
-                ts.append((time.perf_counter() - t0) / 2)
-    out = [typical(ts) for ts in times]
-    return out[0] if one else out
+    ``b`` (:func:`in_turns`), each round trip after ``compute`` seconds of work on rank ``a``
+    (:func:`compute_for`) while ``b`` waits for the message, as a pipeline's next stage waits for
+    the activation its predecessor computes. Only ``a`` works: were both to, ``a``'s round trip
+    would also time whatever part of ``b``'s work was left when ``a`` finished its own (a skew that
+    made the same probe measure 0.1 and 5.5 ms)."""
+
+    def once(buf: torch.Tensor) -> float:
+        if rank == a:
+            compute_for(compute)
+        _sync(device)
+        t0 = time.perf_counter()
+        if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait
+            dist.isend(buf, b).wait()
+            dist.irecv(buf, b).wait()
+        else:
+            dist.irecv(buf, a).wait()
+            dist.isend(buf, a).wait()
+        _sync(device)
+        return (time.perf_counter() - t0) / 2
+
+    bufs = [torch.zeros(max(1, n // 4), dtype=torch.float32, device=device) for n in sizes]
+    return in_turns(bufs, warmup, repeats, once)
 
 
 def allreduce_time(
-    sizes, warmup: int, repeats: int, device: torch.device, compute: float = 0.0, timeout: float = 120.0
+    sizes: list[int], warmup: int, repeats: int, device: torch.device, compute: float = 0.0, timeout: float = 120.0
 ) -> list[float]:
     """Typical time of the data-parallel gradient all-reduce of each of ``sizes`` bytes over all
-    ranks (one int: one float back), run as the runtime runs it: ``runtime.engine.grad_sync``'s
-    ``finish`` over gradients of that many bytes (4 MiB tensors, 25 MiB buckets: each bucket copied
-    into a flat buffer, all-reduced, copied back), each after ``compute`` seconds of work on every
-    rank (:func:`compute_for`); the sizes take turns within each repeat, as in :func:`ping_pong`.
-    A bare ``all_reduce`` of a ready buffer leaves out the copies: on a 2-vCPU VM they took 17-53
-    ms of a 100 ms all-reduce of resnet18's 93 MB of float64 gradients."""
-    one = isinstance(sizes, int)
+    ranks (:func:`in_turns`), run as the runtime runs it: ``runtime.engine.grad_sync``'s ``finish``
+    over gradients of that many bytes (4 MiB tensors, 25 MiB buckets: each bucket copied into a
+    flat buffer, all-reduced, copied back), each after ``compute`` seconds of work on every rank
+    (:func:`compute_for`). A bare ``all_reduce`` of a ready buffer leaves out the copies: on a
+    2-vCPU VM they took 17-53 ms of a 100 ms all-reduce of resnet18's 93 MB of float64 gradients."""
+
+    def once(sync: GradSync) -> float:
+        compute_for(compute)
+        _sync(device)
+        t0 = time.perf_counter()
+        sync.finish(0)
+        _sync(device)
+        return time.perf_counter() - t0
+
     group = dist.new_group(list(range(dist.get_world_size())))
-    syncs = [_gradients(n, group, device, timeout) for n in ([sizes] if one else sizes)]
-    times: list[list[float]] = [[] for _ in syncs]
-    for i in range(warmup + repeats):
-        for sync, ts in zip(syncs, times):
-            compute_for(compute)
-            _sync(device)
-            t0 = time.perf_counter()
-            sync.finish(0)
-            _sync(device)
-            if i >= warmup:
-                ts.append(time.perf_counter() - t0)
-    out = [typical(ts) for ts in times]
-    return out[0] if one else out
+    return in_turns([_gradients(n, group, device, timeout) for n in sizes], warmup, repeats, once)
 
 
 def _gradients(nbytes: int, group, device: torch.device, timeout: float) -> GradSync:

@@ -1,5 +1,6 @@
-"""The statistics ``runtime.probe`` reduces its timings with: the typical time of a message, and the
-fits of the point-to-point (affine) and all-reduce (ring) models to the times per size."""
+"""How ``runtime.probe`` takes and reduces its timings: the sizes in turns, the typical time of a
+message, and the fits of the point-to-point (affine) and all-reduce (ring) models to the times per
+size."""
 
 from __future__ import annotations
 
@@ -14,6 +15,19 @@ def typical(times: list[float]) -> float:
     v = sorted(times)
     k = len(v) // 10
     return statistics.fmean(v[k : len(v) - k])
+
+
+def in_turns(items: list, warmup: int, repeats: int, once) -> list[float]:
+    """The typical time (:func:`typical`) of ``once(item)`` (which returns seconds) for each item,
+    the items taking turns within each repeat, so that a slow minute of the machine weighs on every
+    size alike, not on a fit's slope; the first ``warmup`` repeats are left out."""
+    times: list[list[float]] = [[] for _ in items]
+    for i in range(warmup + repeats):
+        for item, ts in zip(items, times):
+            t = once(item)
+            if i >= warmup:
+                ts.append(t)
+    return [typical(ts) for ts in times]
 
 
 def affine_fit(sizes: list[int], one_way: list[float]) -> tuple[float, float]:
