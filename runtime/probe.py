@@ -39,7 +39,7 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
   ``memory_overheads`` is true: the cost model prices the runtime's buffers (``docs/cost-model.md``).
 
 Backend: NCCL on ``cuda:LOCAL_RANK`` when CUDA is available (unless ``--cpu``), else gloo. Exit
-codes: 0 ok, 2 bad arguments (one message from rank 0), 1 a communication failure.
+codes: 0 ok, 2 bad arguments (one line from each rank), 1 a communication failure.
 """
 
 from __future__ import annotations
@@ -353,9 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[probe] %(message)s")
     try:
         sizes = check_args(args)
-    except ValueError as exc:
-        if rank == 0:
-            print(f"error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # every rank says it (as runtime.train does): torchrun may stop rank 0 first
+        print(f"{'error:' if rank == 0 else f'[probe] rank {rank}: error:'} {exc}", file=sys.stderr, flush=True)
         return 2
     use_cuda = torch.cuda.is_available() and not args.cpu
     device = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")

@@ -101,7 +101,7 @@ def test_memory_flag_and_bad_arguments(tmp_path):
     ):
         with pytest.raises(ValueError, match=msg):
             check_args(parse_args(["-o", "x.json", *bad]))
-    # rank 0 alone says what is wrong and exits 2 before joining a process group
+    # rank 0 says what is wrong in one line and exits 2 before joining a process group
     res = subprocess.run(
         [sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
         cwd=REPO,
@@ -111,6 +111,17 @@ def test_memory_flag_and_bad_arguments(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2 and "error: --sizes needs at least two distinct sizes" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    # another rank says it too (torchrun may stop rank 0 before it prints), naming itself
+    res = subprocess.run(
+        [sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "RANK": "1", "WORLD_SIZE": "2"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and res.stderr.strip().startswith("[probe] rank 1: error: --sizes")
 
 
 def test_affine_fit_and_cluster_doc_by_host():
