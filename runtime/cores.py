@@ -129,7 +129,7 @@ def merge(docs: list[dict], used: list[int]) -> dict:
         if "bw_weight_time" in nd:  # its median too, at most the merged backward (medians may cross)
             w = [float(statistics.median(v)) for v in zip(*[p["bw_weight_time"] for p in per])]
             nd["bw_weight_time"] = [min(a, b) for a, b in zip(w, nd["bw_time"])]
-    for key in ("op_overhead", "optimizer_time_per_byte"):  # the graph's time-model terms: medians too
+    for key in ("op_overhead", "optimizer_time_per_byte", "grad_accumulation_time_per_byte"):  # medians too
         if all(key in d for d in docs):
             vals = [d[key] for d in docs]
             out[key] = (

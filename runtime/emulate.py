@@ -239,12 +239,14 @@ def realised_graph(
     graph: Any, max_output_bytes: float = DEFAULT_MAX_OUTPUT_BYTES, max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES
 ) -> dict:
     """The graph as the emulated model realises it (gpp-graph/1 dict): bytes as actually sent; no
-    ``op_overhead`` or ``optimizer_time_per_byte`` (an emulated operator sleeps its own times, to a
-    deadline that absorbs the runtime's dispatch, and nothing emulates an optimizer step)."""
+    ``op_overhead``, ``optimizer_time_per_byte`` or ``grad_accumulation_time_per_byte`` (an emulated
+    operator sleeps its own times, to a deadline that absorbs the runtime's dispatch, and nothing
+    emulates an optimizer step or the profiled weights' gradient sums)."""
     g = graph_to_dict(as_graph(graph))
     g = copy.deepcopy(g)
     g.pop("op_overhead", None)
     g.pop("optimizer_time_per_byte", None)
+    g.pop("grad_accumulation_time_per_byte", None)
     for n in g["nodes"]:
         if n["weight_bytes"] <= 0 and "bw_weight_time" not in n:  # keep: no weight gradient to split off
             n["bw_weight_time"] = [0.0] * len(n["bw_time"])

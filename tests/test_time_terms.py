@@ -1,5 +1,5 @@
 """The calibrated terms of the time model (graph ``op_overhead``, ``optimizer_time_per_byte``,
-``step_time_per_sample``; cluster
+``step_time_per_sample``, ``grad_accumulation_time_per_byte``; cluster
 ``allreduce_bandwidth``, ``allreduce_latency``): read and written, priced by the reference pricing,
 the simulator, and every fast pricer alike; absent, nothing changes."""
 
@@ -28,6 +28,7 @@ def calibrated(g: Graph, c: Cluster, rng: random.Random) -> tuple[Graph, Cluster
         op_overhead=(rng.uniform(1e-5, 1e-4), rng.uniform(1e-5, 2e-4)),
         optimizer_time_per_byte=rng.uniform(1e-11, 1e-9),
         step_time_per_sample=rng.uniform(1e-6, 1e-4),
+        grad_accumulation_time_per_byte=rng.uniform(1e-11, 1e-10),
     )
     c = c.with_(allreduce_bandwidth=rng.uniform(1e8, 1e10), allreduce_latency=rng.uniform(1e-6, 1e-4))
     return g, c
@@ -70,6 +71,9 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
     assert "op_overhead" not in d and "optimizer_time_per_byte" not in d and "step_time_per_sample" not in d
     s = graph_from_dict(_doc(step_time_per_sample=2e-6))
     assert s.step_time_per_sample == 2e-6 and graph_from_dict(graph_to_dict(s)) == s
+    a = graph_from_dict(_doc(grad_accumulation_time_per_byte=5e-11))
+    assert a.grad_accumulation_time_per_byte == 5e-11 and graph_from_dict(graph_to_dict(a)) == a
+    assert "grad_accumulation_time_per_byte" not in d
     cdoc = {"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e9, "inter_node_bandwidth": 1e9}
     c = cluster_from_dict({**cdoc, "allreduce_bandwidth": 5e8, "allreduce_latency": 1e-4})
     assert (c.allreduce_bandwidth, c.allreduce_latency) == (5e8, 1e-4)
@@ -88,6 +92,8 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
         {"optimizer_time_per_byte": "x"},
         {"step_time_per_sample": -1e-6},
         {"step_time_per_sample": True},
+        {"grad_accumulation_time_per_byte": -1e-11},
+        {"grad_accumulation_time_per_byte": "fast"},
     ],
 )
 def test_bad_graph_fields_are_named(bad: dict) -> None:
@@ -171,6 +177,41 @@ def test_the_steps_own_work_is_paid_by_every_stage_once_per_step() -> None:
     plan0 = build_plan(g0, c, one, 8, planner="manual", search=SearchInfo(0.0, "feasible"))
     assert math.isclose(simulate(plan, g, c).iteration_time, simulate(plan0, g0, c).iteration_time + 8 * 5e-6)
     assert TimeTerms.of(g, c).per_step == 0.0 and TimeTerms.of(g, c, 8).per_step == 8 * 5e-6
+
+
+def test_every_micro_batch_after_the_first_pays_its_gradient_sum() -> None:
+    """``grad_accumulation_time_per_byte``: each replica sums ``B/b - 1`` micro-batches' weight
+    gradients into ``.grad`` a step; its tail gains ``g * W_S * (B/b - 1)``, so one micro-batch pays
+    nothing, a stage's TPS grows by ``g * W_S * (1/b - 1/B)`` and the simulated one-stage iteration by
+    exactly the sum; replicas each pay for their whole stage; TimeTerms without the mini-batch
+    leaves it out."""
+    g_acc = 5e-11
+    g0 = graph_from_dict(_doc(optimizer_time_per_byte=1e-10))
+    g = graph_from_dict(_doc(optimizer_time_per_byte=1e-10, grad_accumulation_time_per_byte=g_acc))
+    c = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12, "inter_node_bandwidth": 1e9})
+    B = 8
+    cases = {
+        "one micro-batch": [StageSpec(("a", "b"), (0,), 8)],
+        "four micro-batches": [StageSpec(("a", "b"), (0,), 2)],
+        "two replicas": [StageSpec(("a", "b"), (0, 1), 4)],
+        "two stages": [StageSpec(("a",), (0,), 2), StageSpec(("b",), (1,), 4)],
+    }
+    for name, specs in cases.items():
+        for s, with_, without in zip(specs, stage_costs(g, c, specs, B), stage_costs(g0, c, specs, B)):
+            W = sum(graph_from_dict(_doc()).node(v).weight_bytes for v in s.nodes)
+            extra = g_acc * W * (B / s.micro_batch_size - 1)
+            assert math.isclose(with_.optimizer, without.optimizer + extra), name
+            assert math.isclose(with_.time_per_sample, without.time_per_sample + extra / B), name
+            if s.micro_batch_size == B:
+                assert with_.optimizer == without.optimizer, name
+        if len(specs) == 1:
+            plan = build_plan(g, c, specs, B, planner="manual", search=SearchInfo(0.0, "feasible"))
+            plan0 = build_plan(g0, c, specs, B, planner="manual", search=SearchInfo(0.0, "feasible"))
+            W = 12e6
+            extra = g_acc * W * (B / specs[0].micro_batch_size - 1)
+            assert math.isclose(simulate(plan, g, c).iteration_time, simulate(plan0, g0, c).iteration_time + extra)
+    assert TimeTerms.of(g, c).accumulate_per_byte == 0.0 and TimeTerms.of(g, c, B).accumulate_per_byte == g_acc
+    assert TimeTerms.of(g, c).tail(12e6, 1, 1e9, 2) == TimeTerms.of(g0, c).tail(12e6, 1, 1e9, 2)
 
 
 def test_absent_terms_price_as_before() -> None:

@@ -13,7 +13,9 @@ Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-paral
   bandwidth when both stages' devices sit in one node, else the inter-node one);
 * ring all-reduce once per iteration: ``A(S) = 2 (d-1) allreduce_latency + 2 (d-1)/d * W_S / bandwidth``
   (the cluster's ``allreduce_bandwidth`` when it has one, else the point-to-point bandwidth);
-* the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S`` (the graph's, 0 when absent);
+* the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S + step_time_per_sample * B +
+  grad_accumulation_time_per_byte * W_S * (n - 1)`` (the graph's terms, each 0 when absent: the step's
+  own work, and the gradient accumulation of the micro-batches after the first);
 * a graph's ``op_overhead`` adds ``|V_S| * op_overhead.fw`` to ``C(S)``'s forward and
   ``|V_S| * op_overhead.bw`` to its backward (:class:`TimeTerms` holds the three terms);
 * ``TPS(S) = (C(S) + comm(S)) / b + (A(S) + O(S)) / B``; the plan's TPS is the max over stages;
@@ -276,7 +278,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], min
             comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
         w = stage_weight_bytes(graph, s)
         a = terms.allreduce(w, d, cluster.bandwidth(s.devices))
-        o = terms.optimizer(w)
+        o = terms.optimizer(w, b)
         tps = time_per_sample(cf + cb + 2 * comm_half, b, a + o if o else a, mini_batch_size)
         out.append(
             StageCost(

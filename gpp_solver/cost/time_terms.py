@@ -1,6 +1,7 @@
 """The calibrated terms of the time model beside the profiled node times (``docs/time-terms.md``):
 each node's ``op_overhead``, the optimizer step per weight byte, the step's own work per sample of
-the mini-batch, and the ring all-reduce at its own bandwidth and per-step latency;
+the mini-batch, the gradient accumulation of every micro-batch after a step's first, and the ring
+all-reduce at its own bandwidth and per-step latency;
 :func:`allreduce_time` is the all-reduce's formula."""
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class TimeTerms:
     #: seconds every stage spends each step beside its actions: the graph's
     #: ``step_time_per_sample`` times the mini-batch (0 when either is absent)
     per_step: float = 0.0
+    #: the graph's ``grad_accumulation_time_per_byte`` (0 when absent or without a mini-batch)
+    accumulate_per_byte: float = 0.0
+    #: the mini-batch ``B`` that prices the accumulation (0: unknown)
+    mini_batch: int = 0
 
     @classmethod
     def of(
@@ -51,6 +56,7 @@ class TimeTerms:
         ``step_time_per_sample`` (without it, that term is left out)."""
         fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
         per_sample = graph.step_time_per_sample if graph is not None else 0.0
+        accumulate = graph.grad_accumulation_time_per_byte if graph is not None and mini_batch_size else 0.0
         return cls(
             fw,
             bw,
@@ -58,6 +64,8 @@ class TimeTerms:
             cluster.allreduce_bandwidth if cluster is not None else None,
             cluster.allreduce_latency if cluster is not None else 0.0,
             per_sample * mini_batch_size if per_sample and mini_batch_size else 0.0,
+            accumulate,
+            int(mini_batch_size or 0) if accumulate else 0,
         )
 
     @property
@@ -71,14 +79,28 @@ class TimeTerms:
         bw = bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
         return allreduce_time(weight_bytes, d, bw, self.allreduce_latency)
 
-    def optimizer(self, weight_bytes):
-        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``, and the step's own
-        work beside the actions (``per_step``, the same on every stage)."""
-        return self.optimizer_per_byte * weight_bytes + self.per_step
+    def accumulation(self, weight_bytes, micro_batch_size):
+        """What a replica holding ``weight_bytes`` spends in a step summing each micro-batch's weight
+        gradients into those of the step's earlier ones: ``(B/b - 1)`` accumulations (the first
+        micro-batch's gradients become ``.grad`` as they are) of ``grad_accumulation_time_per_byte``
+        per byte (elementwise on arrays; 0 without the term)."""
+        if not self.accumulate_per_byte:
+            return 0.0
+        return self.accumulate_per_byte * weight_bytes * (self.mini_batch / micro_batch_size - 1.0)
 
-    def tail(self, weight_bytes, d, bandwidth):
-        """``A(S) + O(S)``: what a stage runs after its last backward (elementwise on arrays)."""
+    def optimizer(self, weight_bytes, micro_batch_size):
+        """``O(S)``: the optimizer step of a replica holding ``weight_bytes``, the step's own work
+        beside the actions (``per_step``, the same on every stage) and the gradient accumulation of
+        its micro-batches of ``micro_batch_size`` (:meth:`accumulation`)."""
+        o = self.optimizer_per_byte * weight_bytes + self.per_step
+        return o + self.accumulation(weight_bytes, micro_batch_size) if self.accumulate_per_byte else o
+
+    def tail(self, weight_bytes, d, bandwidth, micro_batch_size):
+        """``A(S) + O(S)``: what a stage of micro-batch ``micro_batch_size`` runs after its last
+        backward (elementwise on arrays)."""
         a = self.allreduce(weight_bytes, d, bandwidth)
         if self.optimizer_per_byte:
             a = a + self.optimizer_per_byte * weight_bytes
+        if self.accumulate_per_byte:
+            a = a + self.accumulation(weight_bytes, micro_batch_size)
         return a + self.per_step if self.per_step else a

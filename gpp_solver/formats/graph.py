@@ -30,6 +30,7 @@ _GRAPH_FIELDS = frozenset(
         "op_overhead",
         "optimizer_time_per_byte",
         "step_time_per_sample",
+        "grad_accumulation_time_per_byte",
     }
 )
 _NODE_FIELDS = frozenset(
@@ -202,7 +203,7 @@ def graph_from_dict(d: Any) -> Graph:
 
 def _calibration(d: dict) -> dict[str, Any]:
     """The optional time-model terms of a graph (``op_overhead``, ``optimizer_time_per_byte``,
-    ``step_time_per_sample``) as
+    ``step_time_per_sample``, ``grad_accumulation_time_per_byte``) as
     :class:`Graph` keyword arguments; absent fields are left to the defaults (no term)."""
     out: dict[str, Any] = {}
     if "op_overhead" in d:
@@ -219,6 +220,10 @@ def _calibration(d: dict) -> dict[str, Any]:
     if "step_time_per_sample" in d:
         out["step_time_per_sample"] = number(
             d["step_time_per_sample"], "graph: step_time_per_sample", E, maximum=MAX_SECONDS
+        )
+    if "grad_accumulation_time_per_byte" in d:
+        out["grad_accumulation_time_per_byte"] = number(
+            d["grad_accumulation_time_per_byte"], "graph: grad_accumulation_time_per_byte", E, maximum=MAX_SECONDS
         )
     return out
 
@@ -295,6 +300,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         out["optimizer_time_per_byte"] = g.optimizer_time_per_byte
     if g.step_time_per_sample:
         out["step_time_per_sample"] = g.step_time_per_sample
+    if g.grad_accumulation_time_per_byte:
+        out["grad_accumulation_time_per_byte"] = g.grad_accumulation_time_per_byte
     if g.extra:
         out["extra"] = dict(g.extra)
     return out

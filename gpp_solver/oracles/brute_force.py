@@ -163,7 +163,7 @@ def candidates(
                             comm += comm_time(nb, x, bw, lat)
                     bw_self = const_bw if const_bw is not None else cluster.bandwidth(ranges[s])
                     t = time_per_sample(
-                        sum(c(v, x) for v in parts[s]) + 2 * comm, b, terms.tail(weight[s], d, bw_self), B
+                        sum(c(v, x) for v in parts[s]) + 2 * comm, b, terms.tail(weight[s], d, bw_self, b), B
                     )
                     m = memory_per_device(osf, weight[s], in_flight_samples(depth[s], b, B), d, act[s])
                     tps, mem = max(tps, t), max(mem, m)

@@ -105,7 +105,7 @@ class _ClassMilp:
         self.u = {
             (c, d): (
                 float(comp[d][m[0]]) / b
-                + per_node.tail(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d)) / B
+                + per_node.tail(float(tab.weight[m[0]]), d, allreduce_bandwidth_ub(cluster, d), b) / B
             )
             / scale
             for c, m in enumerate(classes)

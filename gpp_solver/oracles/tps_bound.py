@@ -131,7 +131,7 @@ def single_stage_tps(graph: Graph, cluster: Cluster, b: int, mini_batch_size: in
             continue
         tps = (
             float(t.compute_at(b / d).sum()) / b
-            + TimeTerms.of(graph, cluster, B).tail(W, d, allreduce_bandwidth_ub(cluster, d)) / B
+            + TimeTerms.of(graph, cluster, B).tail(W, d, allreduce_bandwidth_ub(cluster, d), b) / B
         )
         best = min(best, tps)
     return best

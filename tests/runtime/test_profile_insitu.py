@@ -72,6 +72,27 @@ def test_the_steps_rest_is_fitted_robustly_fixed_plus_per_sample():
     assert "step_time_per_sample" not in doc and doc["optimizer_time_per_byte"] == pytest.approx(0.5e-3 / 400)
 
 
+def test_the_gradient_sum_is_the_median_pair_over_the_weight_bytes():
+    """Each step that sums into ``.grad`` less the step before it, over every size: the median,
+    per weight byte (400 here); one slow pair moves nothing; a sum that costs nothing (or less) sets
+    no term, and a model without the pairs (no optimizer: no weights) keeps none."""
+    base = [
+        {"size": 1, "fw": 2.2e-3, "bw": 3.3e-3, "step": 6.0e-3, "rest": 0.5e-3},
+        {"size": 2, "fw": 9.2e-3, "bw": 6.0e-3, "step": 16.0e-3, "rest": 0.8e-3},
+    ]
+    doc = _doc()
+    pairs = [[1e-4, 2e-4, 9e-3], [1.5e-4, 2.5e-4, 1.8e-4]]  # one pair slow (9 ms)
+    rec = calibrate(doc, [dict(m, accumulation_pairs=p) for m, p in zip(base, pairs)])
+    assert rec["accumulation"] == {"pairs": 6, "seconds": pytest.approx(1.9e-4)}
+    assert doc["grad_accumulation_time_per_byte"] == pytest.approx(1.9e-4 / 400)
+    none = _doc()
+    none["grad_accumulation_time_per_byte"] = 1.0  # an earlier figure is replaced, not kept
+    calibrate(none, [dict(m, accumulation_pairs=[-1e-4, 0.0, -2e-4]) for m in base])
+    assert "grad_accumulation_time_per_byte" not in none
+    plain = _doc()
+    assert "accumulation" not in calibrate(plain, base) and "grad_accumulation_time_per_byte" not in plain
+
+
 def test_calibrate_leaves_a_kind_it_cannot_scale():
     doc = _doc()
     # a measured forward below the per-node overhead alone: nothing to scale to
@@ -95,6 +116,12 @@ def test_the_profile_is_calibrated_in_situ(tmp_path):
             if rec["scale"][kind][i] != 1.0:
                 assert total == pytest.approx(m[kind], rel=1e-9)
     assert "in_situ" not in json.loads(raw.read_text())["extra"]["profile"]
+    # every other timed step summed into .grad: one pair per plain step at each size
+    assert rec["accumulation"]["pairs"] == sum(m["steps"] for m in rec["measured"])
+    assert all(len(m["accumulation_pairs"]) == m["steps"] for m in rec["measured"])
+    assert g.get("grad_accumulation_time_per_byte", 0.0) == pytest.approx(
+        rec["accumulation"]["seconds"] / sum(nd["weight_bytes"] for nd in g["nodes"])
+    )
     # the one-stage plan it ran prices as measured at a profiled size
     plan = one_stage_plan(g, 4)
     assert [len(s.nodes) for s in plan.stages] == [n] and plan.stages[0].micro_batch_size == 4

@@ -44,7 +44,7 @@ def test_profile_records_overhead_optimizer_and_loss():
     # a one-stage plan's iteration is priced with the optimizer step after the last backward
     c = Cluster(devices=1, memory_bytes=1e12, inter_node_bandwidth=1e9)
     (cost,) = stage_costs(g, c, [StageSpec(g.ids, (0,), 2)], 2)
-    assert cost.optimizer == TimeTerms.of(g, c).optimizer(weight) > 0
+    assert cost.optimizer == TimeTerms.of(g, c, 2).optimizer(weight, 2) > 0
     plain = profile(wl, [1, 2], warmup=1, repeats=3, name="seq")
     assert "op_overhead" not in plain and "optimizer_time_per_byte" not in plain
     assert not any("loss_time" in nd["extra"] for nd in plain["nodes"])

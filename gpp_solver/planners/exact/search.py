@@ -254,7 +254,7 @@ class _ExactSearch:
             held = in_flight_samples(depth[s], b, B)
             halves = [n_tr[s] * lat + bytes_tr[s] * (b / d) / fastest for d in opts]
             work.append([n * (cs[j] + 2 * halves[j]) for j in range(len(opts))])
-            ar.append([self.terms.tail(weight, d, fastest) for d in opts])
+            ar.append([self.terms.tail(weight, d, fastest, b) for d in opts])
             fwd.append([fs[j] + halves[j] for j in range(len(opts))])
             bwd.append([cs[j] - fs[j] + halves[j] for j in range(len(opts))])
             mem.append([osf * weight + held / d * act for d in opts])

@@ -252,7 +252,7 @@ class Problem:
         comm = np.bincount(t_prod, weights=comm_time(nb, b / dv[t_prod], bw_t, lat), minlength=k) + np.bincount(
             t_cons, weights=comm_time(nb, b / dv[t_cons], bw_t, lat), minlength=k
         )
-        ar = self.terms.tail(W, dv, bw_s)
+        ar = self.terms.tail(W, dv, bw_s, b)
         per = C + 2.0 * comm
         tps = time_per_sample(per, b, ar, B)
         perl = per.tolist()
@@ -317,7 +317,7 @@ class Problem:
             bw_ar = np.full(len(deg), self.const_bw)
         else:
             bw_ar = np.where((deg <= self.dpn) & (self.dpn % deg == 0), self.intra, self.inter)
-        ar = self.terms.tail(W[None, :], degf, bw_ar[:, None])
+        ar = self.terms.tail(W[None, :], degf, bw_ar[:, None], self.b)
         T = time_per_sample(C + 2 * comm, self.b, ar, self.B).T  # k x |deg|
         in_flight = np.minimum(np.asarray(depth), self.num_micro_batches) * self.b
         mem = memory_per_device(self.osf, W[:, None], in_flight[:, None], degf.T, Act[:, None])

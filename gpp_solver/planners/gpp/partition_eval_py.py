@@ -101,7 +101,7 @@ def _price_py(self: Any, devs, order, qs, assign, tlist, C, W, mem, excess, offs
     for s in range(k):
         d = devs[s]
         bw = const if const is not None else (intra if home[s] >= 0 else inter)
-        ar[s] = tail(W[s], d, bw)
+        ar[s] = tail(W[s], d, bw, b)
         per[s] = C[s] + 2.0 * (cp[s] + cc[s])
         tps[s] = per[s] / b + ar[s] / B
     longest = [0.0] * k

@@ -51,7 +51,7 @@ def stage_tps(
     for j, d in enumerate(degrees):
         C = segment_sums(idx, compute[j])
         comm_half = comm_time(comm.nbytes, b / d, comm_bandwidth, latency, comm.count)
-        ar = terms.tail(W, d, allreduce_bandwidth[j])
+        ar = terms.tail(W, d, allreduce_bandwidth[j], b)
         tps[:, j] = time_per_sample(C + 2.0 * comm_half, b, ar, mini_batch_size)
     return tps
 

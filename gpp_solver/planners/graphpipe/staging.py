@@ -131,7 +131,7 @@ class StagingPricer:
             bw_st = np.full(S, inter)
         else:
             bw_st = np.where((deg <= 1) | (start // dpn == end // dpn), intra, inter)
-        allreduce = self.terms.tail(self.weight, deg, bw_st)  # A(S) + O(S)
+        allreduce = self.terms.tail(self.weight, deg, bw_st, b)  # A(S) + O(S)
         comp = np.empty(S)
         for d in np.unique(deg).tolist():
             m = deg == d

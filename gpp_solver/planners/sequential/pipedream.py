@@ -118,7 +118,7 @@ class RangeCosts:
             return np.full(self.W.shape, INF)
         x = b / d
         comm = 2.0 * comm_time(self.in_b + self.out_b, x, bw, self.cluster.latency, self.in_c + self.out_c)
-        tps = time_per_sample(self.compute(x) + comm, b, self.terms.tail(self.W, d, bw), self.B)
+        tps = time_per_sample(self.compute(x) + comm, b, self.terms.tail(self.W, d, bw, b), self.B)
         f = min(self.num_micro_batches, max(1, in_flight_stages)) * b
         mem = memory_per_device(self.cluster.optimizer_state_factor, self.W, f, d, self.act)
         return np.where(mem <= self.cluster.memory_bytes, tps, INF)

@@ -289,6 +289,7 @@ class LazySearch:
                 np.add.reduceat(self.core_weight, cuts[:-1]),
                 np.full(w, float(d)),
                 self.pricer.stage_bandwidths(self.layout(w, d)),
+                b,
             )
             l1 = float(np.max(per + ar)) - _CHEAP_SLACK * float(np.max(ar))
         else:

@@ -240,7 +240,7 @@ class SequentialPricer:
             comm += np.bincount(pv, weights=comm_time(nb, x[pv], bw, lat), minlength=S)
         memory, W = self._memory(st, S, d, b, edges_a, edges_c)
         # A(S) + O(S) in the array form: the scalar form's operations, element-wise
-        ar = self.terms.tail(W, d, lay.stage_bw)
+        ar = self.terms.tail(W, d, lay.stage_bw, b)
         fwd, bwd = cf + comm, cb + comm
         # the longest-path recurrences over the stage edges, on Python floats (the same IEEE
         # operations as on numpy scalars): edges in increasing source order finish every stage's
