@@ -13,8 +13,12 @@ So the profiler ends by training the model itself: at each profiled size ``b`` a
 every node (mini-batch ``b``, one micro-batch, one device) runs in ``runtime.GraphPipeline`` on a
 process group of one rank, ``warmup`` steps and then ``rounds * repeats`` timed steps (more
 while they have lasted less than ``MIN_SECONDS``) as ``runtime.train`` runs them (zero the
-gradients, sample the batch, ``step``, ``optimizer.step()``). Per size, from the step's recorded
-actions (medians over the timed steps):
+gradients, sample the batch, ``step``, ``optimizer.step()``). The sizes take ``TURNS`` turns,
+each running a third of every size's steps: a slow stretch of the machine (a few seconds on this
+project's 2-vCPU host, one core at a time) lands in one turn of one size, and the median over the
+size's steps outvotes it; run size after size, it made one concurrent profiler's size 1.5x slower
+than the other's, and the merged node times (the mean of two) 25% slower. Per size, from the
+step's recorded actions (medians over the timed steps):
 
 - ``k_fw(b) = (F(b) - N * op_overhead.fw) / sum_v fw_time_v(b)`` and every node's ``fw_time`` at
   ``b`` (its ``time_spread`` too) is multiplied by it; the same for the backward (and a measured
@@ -30,8 +34,8 @@ actions (medians over the timed steps):
   runtime step after the first does: the median, over every such step of every size, of its
   backward less the backward of the step just before it (at least 0), over the model's weight
   bytes, is the graph's ``grad_accumulation_time_per_byte``
-  (resnet18 in float64 on one core of this project's 2-vCPU host: 8.5-10 ms on a 56-66 ms backward
-  of 4 samples, for 89 MB of weights).
+  (resnet18 in float64 on one core of this project's 2-vCPU host: 4-5 ms a step for 89 MB of
+  weights, as the runtime's two-micro-batch steps showed in their traces).
 
 The factors, the measured times and the step's rest are kept in ``extra.profile.in_situ``.
 Calibration needs a process group of its own (gloo, one rank, an in-memory store); where one is
@@ -67,6 +71,8 @@ logger = logging.getLogger(__name__)
 #: machine whose speed moves over seconds), and no more steps than this
 MIN_SECONDS = 0.5
 MAX_STEPS = 2000
+#: turns over the sizes (each runs a share of the steps and of ``MIN_SECONDS``)
+TURNS = 3
 
 
 def one_stage_plan(doc: dict, b: int):
@@ -100,80 +106,103 @@ def _sync(device: torch.device) -> None:
 
 def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, optimizer: str) -> list[dict]:
     """Per size: ``{"size", "fw", "bw", "step", "rest"}`` medians (seconds) over ``steps`` timed
-    steps of the one-stage plan as ``runtime.train`` runs it."""
-    out = []
+    steps of the one-stage plan as ``runtime.train`` runs it (more while they have lasted under
+    ``MIN_SECONDS``), in ``TURNS`` turns over the sizes: a slow stretch of the machine lands in
+    one turn of a size, which the median over the size's steps outvotes."""
     # the plan's memory figures and the tracing's fallbacks were said (or mean nothing) here
     quiet = [logging.getLogger(n) for n in ("runtime.engine", "runtime.capture", "runtime.lowering")]
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.ERROR)
+    runs: list[_SizeRun] = []
     try:
-        for b in sizes:
-            out.append(_measure_size(workload, doc, b, warmup, steps, optimizer))
+        runs = [_SizeRun(workload, doc, b, optimizer) for b in sizes]
+        per_turn = -(-steps // TURNS)
+        for turn in range(TURNS):
+            for run in runs:
+                run.steps(warmup if turn == 0 else 1, per_turn, MIN_SECONDS / TURNS)
+        return [run.result() for run in runs]
     finally:
+        for run in runs:
+            run.pipe.close()
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-    return out
 
 
-def _measure_size(workload, doc: dict, b: int, warmup: int, steps: int, optimizer: str) -> dict:
-    """One size of :func:`measure`."""
-    wl = TrainWorkload(workload, None, b)
-    example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
-    device = next((p.device for p in wl.model.parameters()), torch.device("cpu"))
-    wl.model.to("cpu")  # built as runtime.train builds it: traced on the CPU, moved by the pipeline
-    pipe = GraphPipeline(
-        wl.model,
-        one_stage_plan(doc, b),
-        wl.loss,
-        example,
-        device,
-        loss_reduction=wl.reduction,
-        memory_step=None,
-        tracing=workload_hooks(workload),
-    )
-    opt = make_optimizer(pipe.parameters(), optimizer, 1e-4, 0.0)
-    fw, bw, step_t, bw_acc, pairs = [], [], [], [], []
-    began = time.perf_counter()  # of the timed steps: the end of the last warm-up step
-    step = timed = 0
-    # the timed steps take turns: a step as runtime.train runs one micro-batch (gradients set to
-    # None: the backward's gradients become .grad), then one whose backward sums into gradients
-    # already there (zeroed in place), as every micro-batch of a step after its first does
-    accumulate = opt is not None
-    while timed % 2 or timed < 2 * steps or (time.perf_counter() - began < MIN_SECONDS and timed < 2 * MAX_STEPS):
-        summed = accumulate and step >= warmup and timed % 2 == 1
-        n0 = len(pipe.rec.events)
-        _sync(pipe.device)
-        t0 = time.perf_counter()
-        if opt is not None:
-            opt.zero_grad(set_to_none=not summed)
-        inputs, target = wl.sample(b, step)
-        pipe.step(*inputs, target=target)
-        if opt is not None:
-            opt.step()
-        _sync(pipe.device)
-        t1 = time.perf_counter()
-        step += 1
-        if step <= warmup:
-            began = t1
-            continue
-        timed += 1 if accumulate else 2
-        ev = pipe.rec.events[n0:]
-        backward = sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("B"))
-        if summed:
-            bw_acc.append(backward)
-            pairs.append(backward - bw[-1])  # beside the step just before it: the machine as it was
-            continue
-        fw.append(sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("F")))
-        bw.append(backward)
-        step_t.append(t1 - t0)
-    f, g, s = (statistics.median(x) for x in (fw, bw, step_t))
-    pipe.close()
-    out = {"size": b, "fw": f, "bw": g, "step": s, "rest": max(0.0, s - f - g), "steps": len(step_t)}
-    if bw_acc:  # the backward summing into .grad, and each one less the backward before it
-        out["bw_accumulating"] = statistics.median(bw_acc)
-        out["accumulation_pairs"] = pairs
-    return out
+class _SizeRun:
+    """The one-stage plan of one size of :func:`measure`, and its timed steps so far."""
+
+    def __init__(self, workload, doc: dict, b: int, optimizer: str) -> None:
+        self.b = b
+        self.wl = wl = TrainWorkload(workload, None, b)
+        example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
+        device = next((p.device for p in wl.model.parameters()), torch.device("cpu"))
+        wl.model.to("cpu")  # built as runtime.train builds it: traced on the CPU, moved by the pipeline
+        self.pipe = GraphPipeline(
+            wl.model,
+            one_stage_plan(doc, b),
+            wl.loss,
+            example,
+            device,
+            loss_reduction=wl.reduction,
+            memory_step=None,
+            tracing=workload_hooks(workload),
+        )
+        self.opt = make_optimizer(self.pipe.parameters(), optimizer, 1e-4, 0.0)
+        self.fw: list[float] = []
+        self.bw: list[float] = []
+        self.step_t: list[float] = []
+        self.bw_acc: list[float] = []
+        self.pairs: list[float] = []
+        self.step = 0
+
+    def steps(self, warmup: int, steps: int, min_seconds: float) -> None:
+        """``warmup`` untimed steps, then ``steps`` timed ones (more while under ``min_seconds``).
+
+        The timed steps take turns: one as runtime.train runs a single micro-batch (gradients set
+        to None: the backward's gradients become .grad), then one whose backward sums into
+        gradients already there (zeroed in place), as every micro-batch of a step after its first
+        does."""
+        pipe, opt, wl, b = self.pipe, self.opt, self.wl, self.b
+        accumulate = opt is not None
+        began = time.perf_counter()  # of the timed steps: the end of the last warm-up step
+        done = timed = 0
+        while timed % 2 or timed < 2 * steps or (time.perf_counter() - began < min_seconds and timed < 2 * MAX_STEPS):
+            summed = accumulate and done >= warmup and timed % 2 == 1
+            n0 = len(pipe.rec.events)
+            _sync(pipe.device)
+            t0 = time.perf_counter()
+            if opt is not None:
+                opt.zero_grad(set_to_none=not summed)
+            inputs, target = wl.sample(b, self.step)
+            pipe.step(*inputs, target=target)
+            if opt is not None:
+                opt.step()
+            _sync(pipe.device)
+            t1 = time.perf_counter()
+            done += 1
+            self.step += 1
+            if done <= warmup:
+                began = t1
+                continue
+            timed += 1 if accumulate else 2
+            ev = pipe.rec.events[n0:]
+            backward = sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("B"))
+            if summed:
+                self.bw_acc.append(backward)
+                self.pairs.append(backward - self.bw[-1])  # beside the step just before it: the machine as it was
+                continue
+            self.fw.append(sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("F")))
+            self.bw.append(backward)
+            self.step_t.append(t1 - t0)
+
+    def result(self) -> dict:
+        f, g, s = (statistics.median(x) for x in (self.fw, self.bw, self.step_t))
+        out = {"size": self.b, "fw": f, "bw": g, "step": s, "rest": max(0.0, s - f - g), "steps": len(self.step_t)}
+        if self.bw_acc:  # the backward summing into .grad, and each one less the backward before it
+            out["bw_accumulating"] = statistics.median(self.bw_acc)
+            out["accumulation_pairs"] = self.pairs
+        return out
 
 
 def _scale(nd: dict, kind: str, i: int, k: float) -> None:

@@ -93,6 +93,32 @@ def test_the_gradient_sum_is_the_median_pair_over_the_weight_bytes():
     assert "accumulation" not in calibrate(plain, base) and "grad_accumulation_time_per_byte" not in plain
 
 
+def test_the_sizes_take_turns(monkeypatch):
+    """Each size's steps run in TURNS turns over the sizes (warm-up in the first turn only, one
+    step after), and each size's pipeline is closed at the end."""
+    from runtime import profile_insitu as pi
+
+    calls, closed = [], []
+
+    class Fake:
+        def __init__(self, workload, doc, b, optimizer):
+            self.b = b
+            self.pipe = type("P", (), {"close": lambda _: closed.append(b)})()
+
+        def steps(self, warmup, steps, min_seconds):
+            calls.append((self.b, warmup, steps, min_seconds))
+
+        def result(self):
+            return {"size": self.b}
+
+    monkeypatch.setattr(pi, "_SizeRun", Fake)
+    assert [m["size"] for m in pi.measure(None, {}, [1, 4], 2, 7, "sgd")] == [1, 4]
+    per = -(-7 // pi.TURNS)
+    want = [(1, 2, per), (4, 2, per)] + [(b, 1, per) for _ in range(pi.TURNS - 1) for b in (1, 4)]
+    assert [c[:3] for c in calls] == want and all(c[3] == pi.MIN_SECONDS / pi.TURNS for c in calls)
+    assert sorted(closed) == [1, 4]
+
+
 def test_calibrate_leaves_a_kind_it_cannot_scale():
     doc = _doc()
     # a measured forward below the per-node overhead alone: nothing to scale to
