@@ -13,8 +13,8 @@ So the profiler ends by training the model itself: at each profiled size ``b`` a
 every node (mini-batch ``b``, one micro-batch, one device) runs in ``runtime.GraphPipeline`` on a
 process group of one rank, ``warmup`` steps and then ``rounds * repeats`` timed steps (more
 while they have lasted less than ``MIN_SECONDS``) as ``runtime.train`` runs them (zero the
-gradients, sample the batch, ``step``, ``optimizer.step()``). The sizes take ``TURNS`` turns,
-each running a third of every size's steps: a slow stretch of the machine (a few seconds on this
+gradients, sample the batch, ``step``, ``optimizer.step()``). On a CPU the sizes take ``TURNS``
+turns, each running a third of every size's steps: a slow stretch of the machine (a few seconds on this
 project's 2-vCPU host, one core at a time) lands in one turn of one size, and the median over the
 size's steps outvotes it; run size after size, it made one concurrent profiler's size 1.5x slower
 than the other's, and the merged node times (the mean of two) 25% slower. Per size, from the
@@ -107,8 +107,8 @@ def _sync(device: torch.device) -> None:
 def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, optimizer: str) -> list[dict]:
     """Per size: ``{"size", "fw", "bw", "step", "rest"}`` medians (seconds) over ``steps`` timed
     steps of the one-stage plan as ``runtime.train`` runs it (more while they have lasted under
-    ``MIN_SECONDS``), in ``TURNS`` turns over the sizes: a slow stretch of the machine lands in
-    one turn of a size, which the median over the size's steps outvotes."""
+    ``MIN_SECONDS``), in ``TURNS`` turns over the sizes on a CPU: a slow stretch of the machine
+    lands in one turn of a size, which the median over the size's steps outvotes."""
     # the plan's memory figures and the tracing's fallbacks were said (or mean nothing) here
     quiet = [logging.getLogger(n) for n in ("runtime.engine", "runtime.capture", "runtime.lowering")]
     levels = [q.level for q in quiet]
@@ -117,10 +117,13 @@ def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, opti
     runs: list[_SizeRun] = []
     try:
         runs = [_SizeRun(workload, doc, b, optimizer) for b in sizes]
-        per_turn = -(-steps // TURNS)
-        for turn in range(TURNS):
+        # turns were measured on CPU ranks only; a GPU keeps one block per size (the only GPU
+        # profile with turns, CLIP on an H200, came out 40% slower than the lease before it)
+        turns = TURNS if all(run.pipe.device.type == "cpu" for run in runs) else 1
+        per_turn = -(-steps // turns)
+        for turn in range(turns):
             for run in runs:
-                run.steps(warmup if turn == 0 else 1, per_turn, MIN_SECONDS / TURNS)
+                run.steps(warmup if turn == 0 else 1, per_turn, MIN_SECONDS / turns)
         return [run.result() for run in runs]
     finally:
         for run in runs:

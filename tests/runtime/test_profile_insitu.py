@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from gpp_solver import load_graph
@@ -99,11 +100,12 @@ def test_the_sizes_take_turns(monkeypatch):
     from runtime import profile_insitu as pi
 
     calls, closed = [], []
+    device = torch.device("cpu")
 
     class Fake:
         def __init__(self, workload, doc, b, optimizer):
             self.b = b
-            self.pipe = type("P", (), {"close": lambda _: closed.append(b)})()
+            self.pipe = type("P", (), {"close": lambda _: closed.append(b), "device": device})()
 
         def steps(self, warmup, steps, min_seconds):
             calls.append((self.b, warmup, steps, min_seconds))
@@ -117,6 +119,11 @@ def test_the_sizes_take_turns(monkeypatch):
     want = [(1, 2, per), (4, 2, per)] + [(b, 1, per) for _ in range(pi.TURNS - 1) for b in (1, 4)]
     assert [c[:3] for c in calls] == want and all(c[3] == pi.MIN_SECONDS / pi.TURNS for c in calls)
     assert sorted(closed) == [1, 4]
+    # a GPU (the device the pipelines sit on) keeps one block of steps per size
+    calls.clear()
+    device = torch.device("cuda", 0)
+    pi.measure(None, {}, [1, 4], 2, 7, "sgd")
+    assert [c[:3] for c in calls] == [(1, 2, 7), (4, 2, 7)] and all(c[3] == pi.MIN_SECONDS for c in calls)
 
 
 def test_calibrate_leaves_a_kind_it_cannot_scale():
