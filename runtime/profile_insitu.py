@@ -116,7 +116,8 @@ def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, opti
         q.setLevel(logging.ERROR)
     runs: list[_SizeRun] = []
     try:
-        runs = [_SizeRun(workload, doc, b, optimizer) for b in sizes]
+        for b in sizes:  # one at a time: a size that fails to build still closes the ones before it
+            runs.append(_SizeRun(workload, doc, b, optimizer))
         # turns were measured on CPU ranks only; a GPU keeps one block per size (the only GPU
         # profile with turns, CLIP on an H200, came out 40% slower than the lease before it)
         turns = TURNS if all(run.pipe.device.type == "cpu" for run in runs) else 1

@@ -124,6 +124,20 @@ def test_the_sizes_take_turns(monkeypatch):
     device = torch.device("cuda", 0)
     pi.measure(None, {}, [1, 4], 2, 7, "sgd")
     assert [c[:3] for c in calls] == [(1, 2, 7), (4, 2, 7)] and all(c[3] == pi.MIN_SECONDS for c in calls)
+    # a size whose pipeline cannot be built: the sizes built before it are closed, the error raised
+    closed.clear()
+    device = torch.device("cpu")
+
+    class Breaks(Fake):
+        def __init__(self, workload, doc, b, optimizer):
+            if b == 4:
+                raise RuntimeError("no pipeline at 4")
+            super().__init__(workload, doc, b, optimizer)
+
+    monkeypatch.setattr(pi, "_SizeRun", Breaks)
+    with pytest.raises(RuntimeError, match="no pipeline at 4"):
+        pi.measure(None, {}, [1, 4, 8], 2, 7, "sgd")
+    assert closed == [1]
 
 
 def test_calibrate_leaves_a_kind_it_cannot_scale():
