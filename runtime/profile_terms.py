@@ -15,7 +15,10 @@ line's default; ``--no-time-terms`` leaves them out).
   call, e.g. a ``torch.autograd.grad`` call per node, costs more than the node adds inside the
   whole stage: about -25 us per node for the backward on this project's 2-vCPU host) it is taken
   off every node's time at that size (never below 0: the format's times are non-negative); the
-  graph's ``op_overhead`` is the median over sizes of the positive parts.
+  graph's ``op_overhead`` is the median over sizes of the positive parts. On a CPU the nodes'
+  forward times are first replaced by their times inside whole forwards
+  (``runtime.profile_context``), so ``op_overhead.fw`` is what the trainer's generated module adds
+  to those.
 - **Loss** (``loss_fw``/``loss_bw`` per size): the workload's ``loss`` on the model's output and
   target, forward and backward. The trainer runs it on the stage that holds the model's output,
   and a per-node profile never sees it; the profiler adds it to the sink node's times (and keeps
@@ -41,6 +44,7 @@ from gpp_solver.errors import InvalidInputError
 from .capture.fx_graph import propagate, trace_workload
 from .capture.profiler import profile
 from .engine.verify import make_optimizer
+from .profile_context import forward_in_context, use_in_context_forward
 from .profile_insitu import add_in_situ
 
 
@@ -228,12 +232,15 @@ def add_time_terms(
     the sink node of ``doc`` (the profile of ``workload`` at ``micro_batch_sizes``)."""
     mg = trace_workload(workload)
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
-    whole, losses = [], []
+    whole, losses, in_context = [], [], []
+    ptrs = {p.untyped_storage().data_ptr() for p in mg.gm.parameters()}
     for b in micro_batch_sizes:
         inputs, target = workload.sample(b, 0)
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         with torch.no_grad():
             out = propagate(mg, inputs)[mg.sink]
+        if device.type == "cpu":  # each node's forward where it runs (runtime/profile_context.py)
+            in_context.append(forward_in_context(mg, inputs, warmup, repeats, _pack_hook(ptrs)))
         whole.append(whole_model_times(mg.gm, inputs, warmup, repeats, device))
         tgt = target.to(device) if isinstance(target, torch.Tensor) else target
         try:
@@ -244,6 +251,9 @@ def add_time_terms(
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); --no-time-terms profiles without it"
             ) from exc
     nodes, info = doc["nodes"], doc["extra"]["profile"]
+    if in_context:
+        use_in_context_forward(nodes, in_context)
+    info["forward_times"] = "in-context" if in_context else "isolated"
     per = {}
     for k, kind in enumerate(("fw", "bw")):
         # fastest runs on both sides (whole_model_times)
