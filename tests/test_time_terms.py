@@ -19,6 +19,7 @@ from gpp_solver.formats.cluster import cluster_from_dict, cluster_to_dict
 from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
 from gpp_solver.oracles.brute_force import random_cluster, random_graph
 from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.types import Cluster, Graph, SearchInfo
 
 
@@ -212,6 +213,46 @@ def test_every_micro_batch_after_the_first_pays_its_gradient_sum() -> None:
             assert math.isclose(simulate(plan, g, c).iteration_time, simulate(plan0, g0, c).iteration_time + extra)
     assert TimeTerms.of(g, c).accumulate_per_byte == 0.0 and TimeTerms.of(g, c, B).accumulate_per_byte == g_acc
     assert TimeTerms.of(g, c).tail(12e6, 1, 1e9, 2) == TimeTerms.of(g0, c).tail(12e6, 1, 1e9, 2)
+
+
+def test_the_gradient_sums_run_inside_the_later_backwards() -> None:
+    """The simulator runs a stage's sums inside its backwards after the first (``B``, or ``W`` in a
+    split order), where a stage before it waits for them: a two-stage 1F1B pipeline whose second
+    stage sums pays for them on its critical path, not hidden in that stage's tail behind the first
+    stage's last backward; the busy time and the plan's predicted figures stay the model's."""
+    g_acc = 2e-10
+    g0 = graph_from_dict(_doc())
+    g = graph_from_dict(_doc(grad_accumulation_time_per_byte=g_acc))
+    c = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12, "inter_node_bandwidth": 1e9})
+    B, b = 8, 2
+    specs = [StageSpec(("a",), (0,), b), StageSpec(("b",), (1,), b)]
+    for schedule in ("1f1b", "zb"):
+        plan = build_plan(g, c, specs, B, planner="manual", search=SearchInfo(0.0, "feasible"), schedule=schedule)
+        plan0 = build_plan(g0, c, specs, B, planner="manual", search=SearchInfo(0.0, "feasible"), schedule=schedule)
+        sim, sim0 = simulate(plan, g, c), simulate(plan0, g0, c)
+        assert math.isclose(plan.predicted.iteration_time, sim.iteration_time)  # the plan states what runs
+        one = g_acc * graph_from_dict(_doc()).node("b").weight_bytes
+        summing = "W" if any(a[0] == "W" for a in plan.stages[1].schedule.order) else "B"
+        lengths = [t.end - t.start for t in sim.stage_tasks(1) if t.kind == summing]
+        lengths0 = [t.end - t.start for t in sim0.stage_tasks(1) if t.kind == summing]
+        assert math.isclose(lengths[0], lengths0[0]) and len(lengths) == B // b
+        assert all(math.isclose(x, x0 + one) for x, x0 in zip(lengths[1:], lengths0[1:])), schedule
+        for st, st0, cost in zip(sim.stages, sim0.stages, stage_costs(g, c, specs, B)):
+            assert math.isclose(st.busy - st0.busy, cost.accumulation)  # the same total as priced
+        # the first stage's backwards wait for the second's: three sums on the critical path
+        costs = stage_costs(g, c, specs, B)
+        in_tails, _ = simulate_orders(
+            {s.id: s.schedule.order for s in plan.stages},
+            {s.id: b for s in plan.stages},
+            {s.id: k.forward for s, k in zip(plan.stages, costs)},
+            {s.id: k.backward for s, k in zip(plan.stages, costs)},
+            {s.id: k.tail for s, k in zip(plan.stages, costs)},  # the sums in the tails, as before
+            plan.edges,
+            B,
+            weight={s.id: k.backward_weight for s, k in zip(plan.stages, costs)},
+        )
+        assert sim.iteration_time > in_tails + 0.5 * one, schedule
+        assert sim.iteration_time <= sim0.iteration_time + sum(k.accumulation for k in costs) + 1e-12
 
 
 def test_absent_terms_price_as_before() -> None:

@@ -223,6 +223,7 @@ class StageCost:
     data_parallel: int
     compute_bw_weight: float = 0.0  # W(S): the part of compute_bw spent on weight gradients
     optimizer: float = 0.0  # O(S), after the all-reduce
+    accumulation: float = 0.0  # the part of O(S) that sums each later micro-batch's weight gradients
 
     @property
     def tail(self) -> float:
@@ -292,6 +293,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], min
                 d,
                 compute_bw_weight=min(cb, stage_weight_grad_time(graph, s)),
                 optimizer=o,
+                accumulation=terms.accumulation(w, b),
             )
         )
     return out

@@ -22,7 +22,7 @@ from gpp_solver.cost.memory import order_memory
 from gpp_solver.cost.model import StageCost, in_flight_from_order, iteration_time_estimate, stage_costs
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
-from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.plan.simulate import simulate_orders, sums_in_backwards
 from gpp_solver.plan.zero_bubble import (
     ZB_KIND,
     Durations,
@@ -121,19 +121,22 @@ def _kfkb_orders(
 
 
 def _simulated(
-    orders: dict[int, tuple[Action, ...]], sim_args: tuple, weight: Mapping[int, float]
+    orders: dict[int, tuple[Action, ...]],
+    sim_args: tuple,
+    weight: Mapping[int, float],
+    accumulate: Mapping[int, float] | None = None,
 ) -> tuple[dict[int, tuple[Action, ...]], float, str]:
     """``(orders, makespan, schedule kind)``: the kFkB ``orders`` and their simulated makespan, or,
     when they deadlock, all forwards then all backwards (GPipe) and theirs."""
     try:
-        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
+        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight, accumulate=accumulate)
     except DeadlockError as exc:
         logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
         orders = {
             i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)] + [Action(Kind.B, j) for j in range(len(o) // 2)])
             for i, o in orders.items()
         }
-        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight)
+        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight, accumulate=accumulate)
         return orders, makespan, "GPipe"
     return orders, makespan, "kFkB"
 
@@ -199,16 +202,18 @@ def build_plan(
     bsz = {i: s.micro_batch_size for i, s in enumerate(specs)}
     inflight, orders = _kfkb_orders(specs, edges, bsz, mini_batch_size, k_options)
     costs = stage_costs(graph, cluster, specs, mini_batch_size)
+    tails, sums = sums_in_backwards(costs, mini_batch_size)  # as simulate() runs them
     sim_args = (
         bsz,
         {i: c.forward for i, c in enumerate(costs)},
         {i: c.backward for i, c in enumerate(costs)},
-        {i: c.tail for i, c in enumerate(costs)},
+        dict(enumerate(tails)),
         edges,
         mini_batch_size,
     )
     weight = {i: c.backward_weight for i, c in enumerate(costs)}
-    orders, makespan, kind = _simulated(orders, sim_args, weight)
+    accumulate = dict(enumerate(sums))
+    orders, makespan, kind = _simulated(orders, sim_args, weight, accumulate)
     if schedule != "1f1b" and all(s.order is None for s in specs):
         orders, makespan, _, record = apply_schedule(
             schedule,
@@ -224,6 +229,7 @@ def build_plan(
                 tuple(edges),
                 memory_caps(graph, cluster, specs, orders, mini_batch_size),
                 memory_fits(graph, cluster, specs, orders),
+                accumulate,
             ),
         )
         search = replace(search, extra={**dict(search.extra), "schedule": record})

@@ -122,13 +122,15 @@ def simulate_orders(
     *,
     record: bool = True,
     weight: Mapping[int, float] | None = None,
+    accumulate: Mapping[int, float] | None = None,
 ) -> tuple[float, list[Task]]:
     """The makespan and the timed tasks of the given per-stage orders (pure, no cost model);
     ``record=False``: the makespan alone (the task list comes back empty, the figures are the same).
 
     ``weight[S]``: the weight-gradient part of ``backward[S]``.  In a stage whose order holds ``W``
     actions, ``B(S, j)`` lasts ``backward - weight`` and ``W(S, j)`` lasts ``weight``, waiting on
-    nothing but the stage's own order (``weight`` absent: 0)."""
+    nothing but the stage's own order (``weight`` absent: 0).  ``accumulate[S]``: one gradient sum,
+    in each weight-gradient action after the stage's first (:func:`sums_in_backwards`; absent: 0)."""
     stages = list(orders)
     preds: dict[int, list[int]] = {s: [] for s in stages}
     succs: dict[int, list[int]] = {s: [] for s in stages}
@@ -136,9 +138,9 @@ def simulate_orders(
         succs[a].append(b)
         preds[b].append(a)
     fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}, "W": {}} for s in stages}
-    acts = _timed_actions(orders, micro_batch, forward, backward, weight, preds, succs, fin)
+    acts = _timed_actions(orders, micro_batch, forward, backward, weight, preds, succs, fin, accumulate)
     if acts is None:  # an action kind this loop does not know
-        return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record)
+        return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record, accumulate)
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
     tasks: list[Task] = []
@@ -200,6 +202,7 @@ def _timed_actions(
     preds: dict[int, list[int]],
     succs: dict[int, list[int]],
     fin: dict[int, dict[str, dict[int, float]]],
+    accumulate: Mapping[int, float] | None = None,
 ) -> dict | None:
     """Per stage its actions in order as ``(kind, j, what it waits on, its finish-time dict, duration)``;
     ``None`` when an order holds a kind other than F, B and W.  Per stage and kind, the neighbours an
@@ -215,10 +218,16 @@ def _timed_actions(
         w = (weight or {}).get(s, 0.0) if split else 0.0
         dur = {"F": forward[s], "B": backward[s] - w, "W": w}
         deps = {"F": deps_f[s], "B": deps_b[s], "W": []}
+        summing, extra, seen = ("W" if split else "B"), (accumulate or {}).get(s, 0.0), False
         for kind, j in orders[s]:
             if kind not in dur:
                 return None
-            acts[s].append((kind, j, deps[kind], fin[s][kind], dur[kind]))
+            length = dur[kind]
+            if kind == summing:
+                if seen:
+                    length += extra
+                seen = True
+            acts[s].append((kind, j, deps[kind], fin[s][kind], length))
     return acts
 
 
@@ -231,6 +240,7 @@ def _simulate_any_kind(
     preds: Mapping[int, list[int]],
     succs: Mapping[int, list[int]],
     record: bool,
+    accumulate: Mapping[int, float] | None = None,
 ) -> tuple[float, list[Task]]:
     """:func:`simulate_orders` for orders with a kind other than ``F``/``B`` (timed as a backward,
     waiting on the same kind of the successors): the general loop, keyed by kind."""
@@ -239,6 +249,7 @@ def _simulate_any_kind(
     ptr = {s: 0 for s in stages}
     free = {s: 0.0 for s in stages}
     tasks: list[Task] = []
+    summed = {s: False for s in stages}  # a backward done: later ones sum into its gradients
     remaining = sum(len(o) for o in orders.values())
     while remaining:
         progress = False
@@ -261,6 +272,10 @@ def _simulate_any_kind(
                 if not ok:
                     break
                 end = ready + (forward[s] if kind == "F" else backward[s])
+                if kind == "B":
+                    if summed[s]:
+                        end += (accumulate or {}).get(s, 0.0)
+                    summed[s] = True
                 done[(s, kind, j)] = end
                 if record:
                     tasks.append(Task(s, kind, j, ready, end))
@@ -273,21 +288,37 @@ def _simulate_any_kind(
     return max(free[s] + allreduce[s] for s in stages), tasks
 
 
+def sums_in_backwards(costs: Sequence[StageCost], mini_batch_size: int) -> tuple[list[float], list[float]]:
+    """Per stage (in ``costs``' order), its tail without the gradient sums and one sum: the stage
+    costs price a step's sums in ``O(S)``, the tail; they run inside the backwards after a stage's
+    first (``accumulate`` of :func:`simulate_orders`), on the step's critical path where a later
+    stage waits for them. The same total: a stage's busy time is unchanged."""
+    tails, sums = [], []
+    for c in costs:
+        n = mini_batch_size // c.micro_batch_size - 1  # the sums: every micro-batch after the first
+        total = c.accumulation if n > 0 else 0.0
+        tails.append(max(0.0, c.tail - total) if total else c.tail)
+        sums.append(total / n if total else 0.0)
+    return tails, sums
+
+
 def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
     """Simulate ``plan`` (its own orders) and report iteration time, throughput, bubbles, memory."""
     check_types(plan=(plan, Plan), graph=(graph, Graph), cluster=(cluster, Cluster))
     costs: list[StageCost] = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     by_id = {s.id: (s, c) for s, c in zip(plan.stages, costs)}
     orders = {s.id: s.schedule.order for s in plan.stages}
+    tails, sums = sums_in_backwards(costs, plan.mini_batch_size)
     makespan, tasks = simulate_orders(
         orders,
         {i: s.micro_batch_size for i, (s, _) in by_id.items()},
         {i: c.forward for i, (_, c) in by_id.items()},
         {i: c.backward for i, (_, c) in by_id.items()},
-        {i: c.tail for i, (_, c) in by_id.items()},
+        {i: tails[k] for k, i in enumerate(by_id)},
         plan.edges,
         plan.mini_batch_size,
         weight={i: c.backward_weight for i, (_, c) in by_id.items()},
+        accumulate={i: sums[k] for k, i in enumerate(by_id)},
     )
     stats = []
     for i, (s, c) in by_id.items():

@@ -63,6 +63,9 @@ class Durations:
     #: whether stage ``s``'s memory under an order with ``W`` stays within the limit (the kept
     #: gradients included); absent: every order fits
     fits: Callable[[int, Sequence[Action]], bool] | None = None
+    #: per stage, one gradient sum, run inside each weight-gradient action after the first
+    #: (``accumulate`` of :func:`simulate_orders`; then ``allreduce`` leaves the sums out)
+    accumulate: Mapping[int, float] | None = None
 
     def makespan(self, orders: Orders) -> float:
         return simulate_orders(
@@ -75,6 +78,7 @@ class Durations:
             0,
             record=False,
             weight=self.weight,
+            accumulate=self.accumulate,
         )[0]
 
 
