@@ -24,11 +24,14 @@ step's recorded actions (medians over the timed steps):
   ``b`` (its ``time_spread`` too) is multiplied by it; the same for the backward (and a measured
   ``bw_weight_time``). The one-stage plan's forward at ``b`` is then exactly ``F(b)``; a stage of a
   larger plan gets the nodes' share of it;
-- the rest of the step (the median step less ``F + B``: the optimizer step and the step's own
-  work) is fitted over the sizes as ``fixed + per_sample * b`` (:func:`rest_fit`): the batch is
-  sampled whole on every rank, a cost that grows with the mini-batch (a two-stage MLP at 128
-  samples: 0.8 ms of rest at 1 sample, 1.8 ms at 128); ``fixed`` per weight byte becomes
-  ``optimizer_time_per_byte``, ``per_sample`` the graph's ``step_time_per_sample``;
+- ``optimizer.step()`` is timed on its own in each step (the median over the sizes: the same
+  weight bytes at each); the rest of the step (the median step less ``F + B`` and the optimizer
+  step: the step's own work) is fitted over the sizes as ``fixed + per_sample * b``
+  (:func:`rest_fit`): the batch is sampled whole on every rank, a cost that grows with the
+  mini-batch (a two-stage MLP at 128 samples: 0.8 ms of rest at 1 sample, 1.8 ms at 128). The
+  optimizer step plus ``fixed``, per weight byte, becomes ``optimizer_time_per_byte``,
+  ``per_sample`` the graph's ``step_time_per_sample``. (Fitted with the optimizer inside the
+  rest, two noisy sizes could put all of it in the slope and leave 0 for the optimizer.)
 - the timed steps take turns between the step above and one whose gradients are zeroed in place
   rather than set to None, so that its backward sums into ``.grad`` as every micro-batch of a
   runtime step after the first does: the median, over every such step of every size, of its
@@ -156,6 +159,7 @@ class _SizeRun:
         self.fw: list[float] = []
         self.bw: list[float] = []
         self.step_t: list[float] = []
+        self.opt_t: list[float] = []
         self.bw_acc: list[float] = []
         self.pairs: list[float] = []
         self.step = 0
@@ -180,6 +184,8 @@ class _SizeRun:
                 opt.zero_grad(set_to_none=not summed)
             inputs, target = wl.sample(b, self.step)
             pipe.step(*inputs, target=target)
+            _sync(pipe.device)
+            t_opt = time.perf_counter()
             if opt is not None:
                 opt.step()
             _sync(pipe.device)
@@ -199,10 +205,12 @@ class _SizeRun:
             self.fw.append(sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("F")))
             self.bw.append(backward)
             self.step_t.append(t1 - t0)
+            self.opt_t.append(t1 - t_opt)
 
     def result(self) -> dict:
         f, g, s = (statistics.median(x) for x in (self.fw, self.bw, self.step_t))
         out = {"size": self.b, "fw": f, "bw": g, "step": s, "rest": max(0.0, s - f - g), "steps": len(self.step_t)}
+        out["optimizer"] = statistics.median(self.opt_t)  # optimizer.step() alone, timed in the step
         if self.bw_acc:  # the backward summing into .grad, and each one less the backward before it
             out["bw_accumulating"] = statistics.median(self.bw_acc)
             out["accumulation_pairs"] = self.pairs
@@ -236,16 +244,20 @@ def calibrate(doc: dict, measured: list[dict]) -> dict:
             for nd in nodes:
                 _scale(nd, kind, i, k)
             factors[kind].append(k)
-    fixed, per_sample = rest_fit([m["size"] for m in measured], [m["rest"] for m in measured])
+    # optimizer.step() is timed on its own (the same weight bytes at every size: the median over the
+    # sizes); the rest of the step less it is fitted, its fixed part added to the optimizer's
+    optimizer = statistics.median(m.get("optimizer", 0.0) for m in measured)
+    other = [max(0.0, m["rest"] - m.get("optimizer", 0.0)) for m in measured]
+    fixed, per_sample = rest_fit([m["size"] for m in measured], other)
     weight = sum(nd["weight_bytes"] for nd in nodes)
     if weight > 0:
-        doc["optimizer_time_per_byte"] = fixed / weight
+        doc["optimizer_time_per_byte"] = (optimizer + fixed) / weight
     if per_sample > 0:
         doc["step_time_per_sample"] = per_sample
     record = {
         "measured": measured,
         "scale": factors,
-        "rest_fit": {"fixed": fixed, "per_sample": per_sample},
+        "rest_fit": {"fixed": fixed, "per_sample": per_sample, "optimizer": optimizer},
         "what": "runtime.profile_insitu",
     }
     pairs = [x for m in measured for x in m.get("accumulation_pairs", ())]

@@ -51,9 +51,26 @@ def test_calibrate_makes_the_one_stage_sums_the_measured_times():
     assert nodes[0]["extra"]["time_spread"]["fw"][0] == pytest.approx([0.45e-3, 0.6e-3])
     assert all(w <= b for nd in nodes for w, b in zip(nd["bw_weight_time"], nd["bw_time"]))
     # the step's rest, 0.5 ms at 1 sample and 0.8 at 2: 0.2 ms fixed (per weight byte) + 0.3 ms a sample
-    assert rec["rest_fit"] == pytest.approx({"fixed": 0.2e-3, "per_sample": 0.3e-3})
+    assert rec["rest_fit"] == pytest.approx({"fixed": 0.2e-3, "per_sample": 0.3e-3, "optimizer": 0.0})
     assert doc["optimizer_time_per_byte"] == pytest.approx(0.2e-3 / 400)
     assert doc["step_time_per_sample"] == pytest.approx(0.3e-3)
+
+
+def test_the_optimizer_step_timed_alone_survives_a_rest_all_in_the_slope():
+    """Two sizes whose rest grows faster than the size (noise): fitted with the optimizer inside, the
+    fixed part was 0 and so was optimizer_time_per_byte. Timed on its own (median over the sizes),
+    the optimizer step stays; only the rest beyond it is fitted."""
+    doc = _doc()
+    measured = [
+        {"size": 1, "fw": 2e-3, "bw": 3e-3, "step": 6.0e-3, "rest": 1.0e-3, "optimizer": 0.6e-3},
+        {"size": 2, "fw": 4e-3, "bw": 6e-3, "step": 13.0e-3, "rest": 3.0e-3, "optimizer": 0.8e-3},
+    ]
+    assert rest_fit([1, 2], [1.0e-3, 3.0e-3])[0] == 0.0  # the old fit: no fixed part at all
+    rec = calibrate(doc, measured)
+    # the rest less the optimizer: 0.4 ms at 1, 2.2 ms at 2 -> 1.8 ms a sample, nothing fixed
+    assert rec["rest_fit"] == pytest.approx({"fixed": 0.0, "per_sample": 1.8e-3, "optimizer": 0.7e-3})
+    assert doc["optimizer_time_per_byte"] == pytest.approx(0.7e-3 / 400)
+    assert doc["step_time_per_sample"] == pytest.approx(1.8e-3)
 
 
 def test_the_steps_rest_is_fitted_robustly_fixed_plus_per_sample():
