@@ -139,17 +139,20 @@ def test_every_forward_first_prices_each_node_and_the_messages_where_they_live()
     spec = stages[1]
     assert boundary_bytes(g, stages, spec) == (8.0, 2.0)
     # backward of s, then q; T_k = weight_bytes + 2 * (bytes in): T_q = 40 + 16, T_s = 20 + 2 * 12
-    at_s = 2 * (16 + 2) + 44  # activations of q and s, s's incoming gradient: 80
+    # s's one consumer (y) is in another stage: the gradient flowing into s is the received buffer,
+    # priced with the messages, not again at s
+    at_s = 2 * 16 + 44  # activations of q and s: 76
     at_q = 2 * (6 + 4 + 8) + 56  # q's activations and incoming gradient, x's gradient from s: 92
     first, later = max(at_s, at_q + 20), max(at_s, at_q) + 60  # 112, 152
-    # one micro-batch: its received values 16, its sent activations 4 (held until the step ends) and
-    # the gradient buffer for them 4 (posted before the forward)
-    assert stage_memory(g, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(60 + 16 + 4 + 4 + first)
-    # three micro-batches in flight at once: a waiting one holds 2 * 16 + 16 + 4 = 52, a finished one
-    # 16 + 4 (the gradients it sent back, the activations it sent); the first backward posts 2
-    # more gradient buffers, the second 1
-    first_bw = 2 * 52 + 16 + 4 + 3 * 4 + first  # 248
-    second_bw = 20 + 52 + 16 + 4 + 2 * 4 + later  # 252
+    # one micro-batch: its received values 16 and the gradient buffer for what it sent 4 (posted
+    # before the forward); the activation it sends (s's output, 2 bytes a sample) is saved by a
+    # consumer (s's activation_bytes 10 >= 2), so already in the activations
+    assert stage_memory(g, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(60 + 16 + 4 + first)
+    # three micro-batches in flight at once: a waiting one holds 2 * 16 + 16 = 48, a finished one
+    # 16 + 4 (the gradients it sent back, the activations it sent, held until the step ends); the
+    # first backward posts 2 more gradient buffers, the second 1
+    first_bw = 2 * 48 + 16 + 3 * 4 + first  # 236
+    second_bw = 20 + 48 + 16 + 2 * 4 + later  # 244
     assert stage_memory(g, c, spec, 6, stages, mini_batch_size=6) == pytest.approx(60 + max(first_bw, second_bw))
     # a workspace is priced at its node: 100 bytes per sample on s (reached with every activation
     # alive) against the same on q (reached with s's activations freed and its gradients there)
@@ -162,11 +165,28 @@ def test_every_forward_first_prices_each_node_and_the_messages_where_they_live()
     assert stage_memory(g, c, spec, 2, stages, mini_batch_size=2) < stage_memory(
         big_q, c, spec, 2, stages, mini_batch_size=2
     )
-    on_s = 60 + 24 + max(2 * (16 + 2) + 200, at_q + 20)  # 2 * 100 > T_s = 44
-    on_q = 60 + 24 + max(at_s, 2 * (6 + 4 + 8) + 200 + 20)  # 2 * 100 > T_q = 56
+    on_s = 60 + 20 + max(2 * 16 + 200, at_q + 20)  # 2 * 100 > T_s = 44
+    on_q = 60 + 20 + max(at_s, 2 * (6 + 4 + 8) + 200 + 20)  # 2 * 100 > T_q = 56
     assert stage_memory(big_s, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_s)
     assert stage_memory(big_q, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_q)
-    assert on_s == 320 and on_q == 340
+    assert on_s == 312 and on_q == 336
+
+
+def test_a_sent_value_no_consumer_saves_is_held_beside_the_activations():
+    """s's output, sent to y, is saved by no consumer when s's activation_bytes (1) is below its
+    output (3 bytes a sample): the stage holds the 2 bytes beyond its activations while they live."""
+    doc = memory_graph(
+        [("x", 0, 1, 8), ("q", 40, 6, 4), ("s", 20, 1, 3), ("y", 0, 1, 1)],
+        [["x", "q"], ["x", "s"], ["q", "s"], ["s", "y"]],
+    )
+    g, c = gs.graph_from_dict(doc), gs.cluster_from_dict({**CLUSTER, "devices": 3})
+    stages = [gs.StageSpec(("x",), (0,), 2), gs.StageSpec(("q", "s"), (1,), 2), gs.StageSpec(("y",), (2,), 2)]
+    at_s = 2 * (6 + 1) + 20 + 2 * 12  # 58
+    at_q = 2 * (6 + 4 + 8) + 56  # 92
+    unsaved, buffer = 2 * (3 - 1), 2 * 3
+    assert stage_memory(g, c, stages[1], 2, stages, mini_batch_size=2) == pytest.approx(
+        60 + 16 + unsaved + buffer + max(at_s, at_q + 20)
+    )
 
 
 def test_runtime_memory_is_added_to_every_stage_with_the_overheads(diamond, cluster_dict):

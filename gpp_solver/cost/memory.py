@@ -225,14 +225,21 @@ def _all_forwards_first(
     weights = sum(c.weight_bytes for c in configs)
     received, sent = rows * received_per_sample, rows * sent_per_sample
     first, second = _backward_at_nodes(graph, stage, rows)
-    waiting = rows * sum(c.activation_bytes for c in configs) + received + sent  # before its backward
-    done = received + sent  # a micro-batch after its backward, until the step ends
+    # the values it sends, each once: in act_S where a consumer saves them (charged to their
+    # producer), beyond it (unsaved) while the activations live; whole after the backward
+    mine = set(stage.nodes)
+    act = {v: c.activation_bytes for v, c in zip(stage.nodes, configs)}
+    outgoing = [v for v in stage.nodes if any(w not in mine for w in graph.succs(v))]
+    unsaved = rows * sum(max(0.0, graph.node(v).output_bytes - act[v]) for v in outgoing)
+    values = rows * sum(graph.node(v).output_bytes for v in outgoing)
+    waiting = rows * sum(act.values()) + received + unsaved  # before its backward
+    done = received + values  # a micro-batch after its backward, until the step ends
 
     def backward(j: int, at_nodes: float) -> float:
         """Backward ``j`` (0-based): ``j`` micro-batches done, ``n - 1 - j`` waiting, its own
         messages, its gradient buffer and up to ``POSTED_AHEAD`` more posted, and ``at_nodes``."""
         posted = (1 + min(POSTED_AHEAD, n - 1 - j)) * sent
-        return j * done + (n - 1 - j) * waiting + received + sent + posted + at_nodes
+        return j * done + (n - 1 - j) * waiting + received + unsaved + posted + at_nodes
 
     phases = [backward(0, first)] + ([backward(1, second)] if n > 1 else [])
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
@@ -250,7 +257,8 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
     gradient; ``v_k``'s new one, in ``T_k``, is added into ``.grad`` after), where
 
     * ``act_i``: the activations of the nodes not yet reached;
-    * ``out_k``: the gradient flowing into ``v_k``;
+    * ``out_k``: the gradient flowing into ``v_k`` (0 when every consumer of ``v_k`` is in another
+      stage: the received gradient buffer, priced with the messages, is the gradient itself);
     * ``T_k = max(weight_bytes_k + rows * in_k, rows * ws_k)``: what ``v_k``'s backward
       allocates: at least the gradients it produces (of its weights, and of its inputs, ``in_k``
       bytes per sample on its incoming edges), and its ``workspace_bytes`` ``ws_k`` where measured
@@ -288,7 +296,9 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         node = graph.node(v)
         produces = weights[k] + rows * sum(graph.edge_bytes(u, v) for u in graph.preds(v))
         transient = produces if node.workspace_bytes is None else max(produces, rows * node.workspace_bytes)
-        here = rows * (reached + node.output_bytes + flowing) + transient
+        consumers = graph.succs(v)
+        into = 0.0 if consumers and all(w not in at for w in consumers) else node.output_bytes
+        here = rows * (reached + into + flowing) + transient
         first = max(first, here + later_w)
         second = max(second, here + total_w)
     return first, second

@@ -2,8 +2,9 @@
 
 Forward ``F j`` slices the model inputs it reads to its chunk, assembles each remote value from
 the received pieces (per tensor leaf: a received piece is a leaf that requires grad, so each
-piece gets its own gradient; one piece is cloned when the stage holds an in-place operation, so
-``ReLU(inplace=True)`` as the first op never modifies a leaf), runs the stage module and, if it
+piece gets its own gradient; a value an in-place operator of the stage may modify is copied, so
+``ReLU(inplace=True)`` as the first op never modifies a leaf; the pieces of a copied or
+concatenated value are then freed), runs the stage module and, if it
 holds the sink, the loss: ``loss_fn(output, target) * rows / mini_batch_size`` for a loss that is the mean over
 the samples it is given (``loss_reduction="mean"``), ``loss_fn(output, target)`` for a sum.
 Either way the gradients summed over all chunks equal those of ``loss_fn`` on the whole
@@ -21,7 +22,6 @@ events read once at the end of the step.
 
 from __future__ import annotations
 
-import operator
 import time
 
 import torch
@@ -38,30 +38,13 @@ from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
 from .split_backward import PendingWeight, backward_input, backward_weight
 
-_INPLACE_FUNCS = {
-    operator.iadd,
-    operator.isub,
-    operator.imul,
-    operator.itruediv,
-    operator.iand,
-    operator.ior,
-    operator.ixor,
-    operator.setitem,
-}
 
-
-def has_inplace(module: torch.fx.GraphModule) -> bool:
-    """Whether the stage's graph may modify a tensor in place (conservative)."""
-    for n in module.graph.nodes:
-        if n.kwargs.get("inplace") is True:
-            return True
-        if n.op == "call_module" and getattr(module.get_submodule(n.target), "inplace", False):
-            return True
-        if n.op == "call_method" and str(n.target).endswith("_") and not str(n.target).endswith("__"):
-            return True
-        if n.op == "call_function" and (n.target in _INPLACE_FUNCS or getattr(n.target, "__name__", "").endswith("_")):
-            return True
-    return False
+def _free(received: list[torch.Tensor]) -> None:
+    """Release the memory of received pieces once copied (their copy or concatenation is what the
+    stage computes on): each stays a leaf whose ``.grad`` the backward sends back, which needs its
+    shape, not its data (as FSDP frees a gathered parameter's storage)."""
+    for t in received:
+        t.untyped_storage().resize_(0)
 
 
 def _rows(tree, lo: int, hi: int):
@@ -136,7 +119,6 @@ class StageExecutor:
         self.rec = rec
         self.seed = seed
         self.grad_sync = grad_sync
-        self.clone_inputs = has_inplace(program.module)
         self.out_index = {key: i for i, (kind, key) in enumerate(program.outputs) if kind == "act"}
         self.param_ptrs = {p.untyped_storage().data_ptr() for p in program.module.parameters()}
         self._saved: dict[int, int] = {}  # micro-batch -> saved-activation bytes
@@ -242,10 +224,14 @@ class StageExecutor:
                             t.requires_grad_(True)
                     leaves[(m.value, m.src, m.dst)] = ts
                     pieces.append(ts)
-            if len(pieces) == 1:
-                joined = [t.clone() if self.clone_inputs and t.requires_grad else t for t in pieces[0]]
+            if len(pieces) == 1 and key in self.program.copied_inputs:
+                joined = [t.clone() if t.requires_grad else t for t in pieces[0]]
+                _free([t for t in pieces[0] if t.requires_grad])
+            elif len(pieces) == 1:
+                joined = pieces[0]
             else:
                 joined = [torch.cat(col) for col in zip(*pieces)]
+                _free([t for ts in pieces for t in ts])
             args.append(unflatten(joined, meta))
         self._saved[c.mb] = 0
         set_context(Context(seed=self.seed, step=step, lo=c.lo))

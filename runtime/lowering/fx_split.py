@@ -7,11 +7,13 @@ stage holds the sink. The modules share their parameters with the full model the
 parameter used by several stages (tied weights) is kept equal by ``runtime.engine.grad_sync``.
 A value computed from the model inputs alone (``input_derived``: an attention mask, positions) is
 recomputed by every stage that reads it, from the model inputs, instead of being sent; a
-received value that an in-place operator modifies is copied first.
+received value that an in-place operator may modify is listed in ``copied_inputs``: the executor
+copies it first (a received value is a leaf that needs grad, which no in-place op may modify).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch.fx as fx
@@ -45,6 +47,9 @@ class StageProgram:
     module: fx.GraphModule
     inputs: tuple[tuple[str, object], ...]
     outputs: tuple[tuple[str, str], ...]
+    #: ids of the received values an in-place operator of the stage may modify
+    #: (:func:`modified_in_place`): the executor passes the module a copy of each
+    copied_inputs: frozenset[str] = frozenset()
 
     @property
     def holds_sink(self) -> bool:
@@ -95,17 +100,62 @@ def transfers(mg: ModelGraph, assign: dict[fx.Node, int], plan: Plan) -> list[Tr
     return out
 
 
+_INPLACE_FUNCS = {
+    operator.iadd,
+    operator.isub,
+    operator.imul,
+    operator.itruediv,
+    operator.iand,
+    operator.ior,
+    operator.ixor,
+    operator.setitem,
+}
+
+
 def _in_place(mg: ModelGraph, node: fx.Node) -> bool:
-    """Whether ``node`` may modify an input in place (``ReLU(inplace=True)``, ``F.relu(x,
-    inplace=True)``, ``x.add_(y)``)."""
+    """Whether ``node`` may modify its first input in place (``ReLU(inplace=True)``, ``F.relu(x,
+    inplace=True)``, ``x.add_(y)``, ``x += y``, ``x[i] = y``, an ATen overload that writes its first
+    argument)."""
     if node.kwargs.get("inplace") is True:
         return True
     if node.op == "call_module":
         return getattr(mg.gm.get_submodule(node.target), "inplace", False) is True
     if node.op == "call_method":
         return str(node.target).endswith("_") and not str(node.target).startswith("_")
+    if node.op != "call_function":
+        return False
+    if node.target in _INPLACE_FUNCS:
+        return True
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and schema.arguments:
+        alias = schema.arguments[0].alias_info
+        return bool(alias is not None and alias.is_write)
     name = getattr(node.target, "__name__", "")
     return name.endswith("_") and not name.startswith("_") or name.startswith("__i")
+
+
+def _fresh(mg: ModelGraph, node: fx.Node) -> bool:
+    """Whether ``node``'s output is surely a new tensor, never a view of its inputs: a call of a
+    module with parameters of its own (a convolution, a linear layer, a norm)."""
+    if node.op != "call_module":
+        return False
+    return any(True for _ in mg.gm.get_submodule(node.target).parameters(recurse=False))
+
+
+def modified_in_place(mg: ModelGraph, value: fx.Node, local: set[fx.Node]) -> bool:
+    """Whether a node of ``local`` may modify ``value`` in place: an in-place operator whose first
+    input is ``value`` or may be a view of it (anything computed from it by a node that is not
+    :func:`_fresh`). Conservative: ``x + 1`` counts as a possible view."""
+    alias = {value}
+    for n in mg.nodes:  # topological
+        if n not in local or n is value or not any(a in alias for a in n.all_input_nodes):
+            continue
+        first = n.args[0] if n.args else None
+        if _in_place(mg, n) and (first in alias or (first is None and n.all_input_nodes[0] in alias)):
+            return True
+        if not _fresh(mg, n):
+            alias.add(n)
+    return False
 
 
 def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StageProgram:
@@ -131,12 +181,13 @@ def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StagePr
     for n in mg.nodes:
         if n not in local and any(u in local for u in n.users):
             external.append(n)
+    copied = []
     for n in external:
         env[n] = g.placeholder(f"act_{n.name}")
         inputs.append(("act", mg.ids[n]))
-        if any(u in mine_set and _in_place(mg, u) for u in n.users):
-            # a received value is a leaf that needs grad: an in-place op may not modify it
-            env[n] = g.call_method("clone", (env[n],))
+        if modified_in_place(mg, n, local):
+            # a received value is a leaf that needs grad: the executor hands the module a copy
+            copied.append(mg.ids[n])
     for n in mg.gm.graph.nodes:
         if n.op == "get_attr" and any(u in local for u in n.users):
             env[n] = g.node_copy(n, lambda x: env[x])
@@ -153,4 +204,6 @@ def build_stage(mg: ModelGraph, assign: dict[fx.Node, int], sid: int) -> StagePr
         out_vals.append(env[mg.sink])
     g.output(tuple(out_vals))
     module = fx.GraphModule(mg.gm, g, class_name=f"Stage{sid}")
-    return StageProgram(stage_id=sid, module=module, inputs=tuple(inputs), outputs=tuple(outputs))
+    return StageProgram(
+        stage_id=sid, module=module, inputs=tuple(inputs), outputs=tuple(outputs), copied_inputs=frozenset(copied)
+    )
