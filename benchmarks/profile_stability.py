@@ -79,11 +79,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def one_device_time(g: dict, batch: int) -> float:
     """The cost model's iteration time of the whole model on one device at ``batch`` samples, one
-    micro-batch: every node's forward and backward, their overheads and the optimizer step."""
+    micro-batch: every node's forward and backward, their overheads, the optimizer step and the
+    step's fixed work."""
     sizes, over = g["micro_batch_sizes"], g.get("op_overhead", {"fw": 0.0, "bw": 0.0})
     compute = sum(interp_time(n["fw_time"], sizes, batch) + interp_time(n["bw_time"], sizes, batch) for n in g["nodes"])
     weights = sum(n["weight_bytes"] for n in g["nodes"])
-    return compute + len(g["nodes"]) * (over["fw"] + over["bw"]) + g.get("optimizer_time_per_byte", 0.0) * weights
+    step = g.get("optimizer_time_per_byte", 0.0) * weights + g.get("step_time_fixed", 0.0)
+    return compute + len(g["nodes"]) * (over["fw"] + over["bw"]) + step
 
 
 def node_deviation(graphs: list[dict], batch: int) -> float:

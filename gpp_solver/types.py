@@ -84,6 +84,9 @@ class Graph:
     #: seconds per sample of the mini-batch that every rank spends each step beside its stage's
     #: actions (``runtime.train`` samples the whole mini-batch on every rank); 0 when absent
     step_time_per_sample: float = 0.0
+    #: seconds every rank spends each step beside its stage's actions whatever the mini-batch and
+    #: the weights (the training loop, ``zero_grad``, the calls around the optimizer); 0 when absent
+    step_time_fixed: float = 0.0
     #: seconds per weight byte that a replica's backward of a micro-batch adds when its weights'
     #: gradients already hold an earlier micro-batch's (every micro-batch of the step after the
     #: first is summed into ``.grad``); 0 when absent

@@ -137,10 +137,11 @@ def merge(docs: list[dict], used: list[int]) -> dict:
                 if isinstance(vals[0], dict)
                 else float(statistics.median(vals))
             )
-    per_sample = float(statistics.median(d.get("step_time_per_sample", 0.0) for d in docs))  # 0: not fitted
-    out.pop("step_time_per_sample", None)
-    if per_sample > 0:
-        out["step_time_per_sample"] = per_sample
+    for key in ("step_time_per_sample", "step_time_fixed"):  # 0: not fitted
+        value = float(statistics.median(d.get(key, 0.0) for d in docs))
+        out.pop(key, None)
+        if value > 0:
+            out[key] = value
     in_situ = [d["extra"]["profile"].get("in_situ") for d in docs]
     if any(in_situ):  # each worker's calibration (runtime.profile_insitu): their scaled node times were merged
         out["extra"]["profile"]["in_situ"] = {"workers": in_situ}

@@ -29,6 +29,7 @@ def calibrated(g: Graph, c: Cluster, rng: random.Random) -> tuple[Graph, Cluster
         op_overhead=(rng.uniform(1e-5, 1e-4), rng.uniform(1e-5, 2e-4)),
         optimizer_time_per_byte=rng.uniform(1e-11, 1e-9),
         step_time_per_sample=rng.uniform(1e-6, 1e-4),
+        step_time_fixed=rng.uniform(1e-5, 1e-3),
         grad_accumulation_time_per_byte=rng.uniform(1e-11, 1e-10),
     )
     c = c.with_(allreduce_bandwidth=rng.uniform(1e8, 1e10), allreduce_latency=rng.uniform(1e-6, 1e-4))
@@ -72,6 +73,9 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
     assert "op_overhead" not in d and "optimizer_time_per_byte" not in d and "step_time_per_sample" not in d
     s = graph_from_dict(_doc(step_time_per_sample=2e-6))
     assert s.step_time_per_sample == 2e-6 and graph_from_dict(graph_to_dict(s)) == s
+    f = graph_from_dict(_doc(step_time_fixed=3e-4))
+    assert f.step_time_fixed == 3e-4 and graph_from_dict(graph_to_dict(f)) == f
+    assert "step_time_fixed" not in d
     a = graph_from_dict(_doc(grad_accumulation_time_per_byte=5e-11))
     assert a.grad_accumulation_time_per_byte == 5e-11 and graph_from_dict(graph_to_dict(a)) == a
     assert "grad_accumulation_time_per_byte" not in d
@@ -93,6 +97,8 @@ def test_fields_round_trip_and_absent_fields_are_not_written() -> None:
         {"optimizer_time_per_byte": "x"},
         {"step_time_per_sample": -1e-6},
         {"step_time_per_sample": True},
+        {"step_time_fixed": -1e-4},
+        {"step_time_fixed": "slow"},
         {"grad_accumulation_time_per_byte": -1e-11},
         {"grad_accumulation_time_per_byte": "fast"},
     ],
@@ -178,6 +184,27 @@ def test_the_steps_own_work_is_paid_by_every_stage_once_per_step() -> None:
     plan0 = build_plan(g0, c, one, 8, planner="manual", search=SearchInfo(0.0, "feasible"))
     assert math.isclose(simulate(plan, g, c).iteration_time, simulate(plan0, g0, c).iteration_time + 8 * 5e-6)
     assert TimeTerms.of(g, c).per_step == 0.0 and TimeTerms.of(g, c, 8).per_step == 8 * 5e-6
+
+
+def test_the_steps_fixed_work_is_paid_by_every_stage_whatever_its_weights() -> None:
+    """``step_time_fixed`` (the training loop around a rank's actions): every stage's tail gains the
+    same seconds, whatever its share of the weights (a term per weight byte gave each of two
+    stages a part), so a one-stage plan's iteration grows by exactly it and each stage of a
+    two-stage plan by it too; TimeTerms without the mini-batch leaves it out, as the term per
+    sample."""
+    g0 = graph_from_dict(_doc(optimizer_time_per_byte=1e-10, step_time_per_sample=5e-6))
+    g = graph_from_dict(_doc(optimizer_time_per_byte=1e-10, step_time_per_sample=5e-6, step_time_fixed=2e-4))
+    c = cluster_from_dict({"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12, "inter_node_bandwidth": 1e9})
+    one = [StageSpec(("a", "b"), (0,), 8)]
+    two = [StageSpec(("a",), (0,), 4), StageSpec(("b",), (1,), 4)]
+    for specs in (one, two):
+        for with_, without in zip(stage_costs(g, c, specs, 8), stage_costs(g0, c, specs, 8)):
+            assert math.isclose(with_.optimizer, without.optimizer + 2e-4)
+            assert math.isclose(with_.time_per_sample, without.time_per_sample + 2e-4 / 8)
+    plan = build_plan(g, c, one, 8, planner="manual", search=SearchInfo(0.0, "feasible"))
+    plan0 = build_plan(g0, c, one, 8, planner="manual", search=SearchInfo(0.0, "feasible"))
+    assert math.isclose(simulate(plan, g, c).iteration_time, simulate(plan0, g0, c).iteration_time + 2e-4)
+    assert TimeTerms.of(g, c).per_step == 0.0 and math.isclose(TimeTerms.of(g, c, 8).per_step, 2e-4 + 8 * 5e-6)
 
 
 def test_every_micro_batch_after_the_first_pays_its_gradient_sum() -> None:

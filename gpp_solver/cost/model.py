@@ -13,9 +13,10 @@ Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-paral
   bandwidth when both stages' devices sit in one node, else the inter-node one);
 * ring all-reduce once per iteration: ``A(S) = 2 (d-1) allreduce_latency + 2 (d-1)/d * W_S / bandwidth``
   (the cluster's ``allreduce_bandwidth`` when it has one, else the point-to-point bandwidth);
-* the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S + step_time_per_sample * B +
-  grad_accumulation_time_per_byte * W_S * (n - 1)`` (the graph's terms, each 0 when absent: the step's
-  own work, and the gradient accumulation of the micro-batches after the first);
+* the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S + step_time_fixed +
+  step_time_per_sample * B + grad_accumulation_time_per_byte * W_S * (n - 1)`` (the graph's terms,
+  each 0 when absent: the step's own work, and the gradient accumulation of the micro-batches
+  after the first);
 * a graph's ``op_overhead`` adds ``|V_S| * op_overhead.fw`` to ``C(S)``'s forward and
   ``|V_S| * op_overhead.bw`` to its backward (:class:`TimeTerms` holds the three terms);
 * ``TPS(S) = (C(S) + comm(S)) / b + (A(S) + O(S)) / B``; the plan's TPS is the max over stages;

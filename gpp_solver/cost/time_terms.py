@@ -40,8 +40,8 @@ class TimeTerms:
     optimizer_per_byte: float = 0.0
     allreduce_bandwidth: float | None = None
     allreduce_latency: float = 0.0
-    #: seconds every stage spends each step beside its actions: the graph's
-    #: ``step_time_per_sample`` times the mini-batch (0 when either is absent)
+    #: seconds every stage spends each step beside its actions: the graph's ``step_time_fixed``
+    #: plus its ``step_time_per_sample`` times the mini-batch (0 without the mini-batch)
     per_step: float = 0.0
     #: the graph's ``grad_accumulation_time_per_byte`` (0 when absent or without a mini-batch)
     accumulate_per_byte: float = 0.0
@@ -53,9 +53,11 @@ class TimeTerms:
         cls, graph: Graph | None = None, cluster: Cluster | None = None, mini_batch_size: int | None = None
     ) -> TimeTerms:
         """The terms of ``graph`` and ``cluster``; ``mini_batch_size`` prices the graph's
-        ``step_time_per_sample`` (without it, that term is left out)."""
+        ``step_time_per_sample`` and comes with ``step_time_fixed`` (without it, both are left out:
+        a bound that holds for any mini-batch)."""
         fw, bw = graph.op_overhead if graph is not None else (0.0, 0.0)
         per_sample = graph.step_time_per_sample if graph is not None else 0.0
+        fixed = graph.step_time_fixed if graph is not None else 0.0
         accumulate = graph.grad_accumulation_time_per_byte if graph is not None and mini_batch_size else 0.0
         return cls(
             fw,
@@ -63,7 +65,7 @@ class TimeTerms:
             graph.optimizer_time_per_byte if graph is not None else 0.0,
             cluster.allreduce_bandwidth if cluster is not None else None,
             cluster.allreduce_latency if cluster is not None else 0.0,
-            per_sample * mini_batch_size if per_sample and mini_batch_size else 0.0,
+            fixed + per_sample * mini_batch_size if mini_batch_size else 0.0,
             accumulate,
             int(mini_batch_size or 0) if accumulate else 0,
         )

@@ -30,6 +30,7 @@ _GRAPH_FIELDS = frozenset(
         "op_overhead",
         "optimizer_time_per_byte",
         "step_time_per_sample",
+        "step_time_fixed",
         "grad_accumulation_time_per_byte",
     }
 )
@@ -203,7 +204,7 @@ def graph_from_dict(d: Any) -> Graph:
 
 def _calibration(d: dict) -> dict[str, Any]:
     """The optional time-model terms of a graph (``op_overhead``, ``optimizer_time_per_byte``,
-    ``step_time_per_sample``, ``grad_accumulation_time_per_byte``) as
+    ``step_time_per_sample``, ``step_time_fixed``, ``grad_accumulation_time_per_byte``) as
     :class:`Graph` keyword arguments; absent fields are left to the defaults (no term)."""
     out: dict[str, Any] = {}
     if "op_overhead" in d:
@@ -221,6 +222,8 @@ def _calibration(d: dict) -> dict[str, Any]:
         out["step_time_per_sample"] = number(
             d["step_time_per_sample"], "graph: step_time_per_sample", E, maximum=MAX_SECONDS
         )
+    if "step_time_fixed" in d:
+        out["step_time_fixed"] = number(d["step_time_fixed"], "graph: step_time_fixed", E, maximum=MAX_SECONDS)
     if "grad_accumulation_time_per_byte" in d:
         out["grad_accumulation_time_per_byte"] = number(
             d["grad_accumulation_time_per_byte"], "graph: grad_accumulation_time_per_byte", E, maximum=MAX_SECONDS
@@ -300,6 +303,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         out["optimizer_time_per_byte"] = g.optimizer_time_per_byte
     if g.step_time_per_sample:
         out["step_time_per_sample"] = g.step_time_per_sample
+    if g.step_time_fixed:
+        out["step_time_fixed"] = g.step_time_fixed
     if g.grad_accumulation_time_per_byte:
         out["grad_accumulation_time_per_byte"] = g.grad_accumulation_time_per_byte
     if g.extra:

@@ -50,17 +50,20 @@ def test_calibrate_makes_the_one_stage_sums_the_measured_times():
     assert nodes[0]["fw_time"] == pytest.approx([0.5e-3, 3e-3])  # each node keeps its share
     assert nodes[0]["extra"]["time_spread"]["fw"][0] == pytest.approx([0.45e-3, 0.6e-3])
     assert all(w <= b for nd in nodes for w, b in zip(nd["bw_weight_time"], nd["bw_time"]))
-    # the step's rest, 0.5 ms at 1 sample and 0.8 at 2: 0.2 ms fixed (per weight byte) + 0.3 ms a sample
+    # the step's rest, 0.5 ms at 1 sample and 0.8 at 2 (no optimizer timed): 0.2 ms a step + 0.3 ms a sample
     assert rec["rest_fit"] == pytest.approx({"fixed": 0.2e-3, "per_sample": 0.3e-3, "optimizer": 0.0})
-    assert doc["optimizer_time_per_byte"] == pytest.approx(0.2e-3 / 400)
+    assert doc["optimizer_time_per_byte"] == 0.0
+    assert doc["step_time_fixed"] == pytest.approx(0.2e-3)
     assert doc["step_time_per_sample"] == pytest.approx(0.3e-3)
 
 
 def test_the_optimizer_step_timed_alone_survives_a_rest_all_in_the_slope():
     """Two sizes whose rest grows faster than the size (noise): fitted with the optimizer inside, the
     fixed part was 0 and so was optimizer_time_per_byte. Timed on its own (median over the sizes),
-    the optimizer step stays; only the rest beyond it is fitted."""
+    the optimizer step stays (per weight byte); only the rest beyond it is fitted, its fixed part
+    per step (none here: no step_time_fixed written, an earlier one dropped)."""
     doc = _doc()
+    doc["step_time_fixed"] = 1.0
     measured = [
         {"size": 1, "fw": 2e-3, "bw": 3e-3, "step": 6.0e-3, "rest": 1.0e-3, "optimizer": 0.6e-3},
         {"size": 2, "fw": 4e-3, "bw": 6e-3, "step": 13.0e-3, "rest": 3.0e-3, "optimizer": 0.8e-3},
@@ -70,7 +73,7 @@ def test_the_optimizer_step_timed_alone_survives_a_rest_all_in_the_slope():
     # the rest less the optimizer: 0.4 ms at 1, 2.2 ms at 2 -> 1.8 ms a sample, nothing fixed
     assert rec["rest_fit"] == pytest.approx({"fixed": 0.0, "per_sample": 1.8e-3, "optimizer": 0.7e-3})
     assert doc["optimizer_time_per_byte"] == pytest.approx(0.7e-3 / 400)
-    assert doc["step_time_per_sample"] == pytest.approx(1.8e-3)
+    assert doc["step_time_per_sample"] == pytest.approx(1.8e-3) and "step_time_fixed" not in doc
 
 
 def test_the_steps_rest_is_fitted_robustly_fixed_plus_per_sample():
@@ -86,8 +89,9 @@ def test_the_steps_rest_is_fitted_robustly_fixed_plus_per_sample():
     assert rest_fit(sizes, [2e-3 - 1e-5 * b for b in sizes]) == pytest.approx((2e-3 - 1e-5 * 4, 0.0))
     assert rest_fit([4], [3e-3]) == (3e-3, 0.0)
     doc = _doc()
-    calibrate(doc, [{"size": 1, "fw": 2.2e-3, "bw": 3.3e-3, "step": 6e-3, "rest": 0.5e-3}])
-    assert "step_time_per_sample" not in doc and doc["optimizer_time_per_byte"] == pytest.approx(0.5e-3 / 400)
+    calibrate(doc, [{"size": 1, "fw": 2.2e-3, "bw": 3.3e-3, "step": 6e-3, "rest": 0.5e-3, "optimizer": 0.1e-3}])
+    assert "step_time_per_sample" not in doc and doc["optimizer_time_per_byte"] == pytest.approx(0.1e-3 / 400)
+    assert doc["step_time_fixed"] == pytest.approx(0.4e-3)
 
 
 def test_the_gradient_sum_is_the_median_pair_over_the_weight_bytes():

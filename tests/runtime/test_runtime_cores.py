@@ -44,6 +44,8 @@ def test_merge_takes_the_median_per_node_and_size_and_the_widest_spread():
     fitted = [dict(d, step_time_per_sample=x) for d, x in zip(docs, (3e-6, 1e-6))] + [docs[2]]
     assert merge(fitted, [0, 1, 2])["step_time_per_sample"] == 1e-6  # the median, a worker without it 0
     assert "step_time_per_sample" not in merge([fitted[0], docs[1], docs[2]], [0, 1, 2])
+    fixed = [dict(d, step_time_fixed=x) for d, x in zip(docs, (3e-4, 1e-4, 2e-4))]
+    assert merge(fixed, [0, 1, 2])["step_time_fixed"] == 2e-4 and "step_time_fixed" not in out
 
 
 @TWO_CORES

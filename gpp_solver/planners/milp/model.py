@@ -269,6 +269,8 @@ class _Builder:
                 expr += (self.graph.optimizer_time_per_byte / B / tau0) * weight
             if self.graph.step_time_per_sample:  # the step's own work, B * per sample, on every stage
                 expr += self.graph.step_time_per_sample / tau0
+            if self.graph.step_time_fixed:  # and its fixed part, per step
+                expr += self.graph.step_time_fixed / B / tau0
             if self.graph.grad_accumulation_time_per_byte:  # O(S): the micro-batches after the first
                 expr += (self.graph.grad_accumulation_time_per_byte * (B / b - 1) / B / tau0) * weight
             # every coefficient is >= 0; the constant (all-reduce latency) is relaxed with the rest
