@@ -24,10 +24,11 @@ step's recorded actions (medians over the timed steps):
   ``b`` (its ``time_spread`` too) is multiplied by it; the same for the backward (and a measured
   ``bw_weight_time``). The one-stage plan's forward at ``b`` is then exactly ``F(b)``; a stage of a
   larger plan gets the nodes' share of it;
-- ``optimizer.step()`` is timed on its own in each step (the median over the sizes: the same
-  weight bytes at each); the rest of the step (the median step less ``F + B`` and the optimizer
-  step: the step's own work) is fitted over the sizes as ``fixed + per_sample * b``
-  (:func:`rest_fit`): the batch is sampled whole on every rank, a cost that grows with the
+- ``optimizer.step()`` is timed on its own in each step (on CUDA between two events on the
+  stream, with no synchronisation before it that ``runtime.train`` would not do), the median
+  over the sizes (the same weight bytes at each); the rest of the step (the median step less
+  ``F + B`` and the optimizer step: the step's own work) is fitted over the sizes as
+  ``fixed + per_sample * b`` (:func:`rest_fit`): the batch is sampled whole on every rank, a cost that grows with the
   mini-batch (a two-stage MLP at 128 samples: 0.8 ms of rest at 1 sample, 1.8 ms at 128). The
   optimizer step per weight byte becomes ``optimizer_time_per_byte``, ``per_sample`` the graph's
   ``step_time_per_sample`` and ``fixed`` its ``step_time_fixed``: every rank runs the loop
@@ -110,6 +111,31 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class _OptimizerClock:
+    """The optimizer step's time from where it starts: on CUDA between two events on the stream (its
+    kernels, after the backward's, with no synchronisation that ``runtime.train`` does not do); on
+    a CPU the wall clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.events = None
+        self.t0 = self.t1 = time.perf_counter()
+        if device.type == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+
+    def stop(self) -> None:
+        """Right after the optimizer step (its kernels queued)."""
+        self.t1 = time.perf_counter()
+        if self.events is not None:
+            self.events[1].record()
+
+    def seconds(self) -> float:
+        """After the step's synchronisation."""
+        if self.events is None:
+            return self.t1 - self.t0
+        return self.events[0].elapsed_time(self.events[1]) / 1e3
+
+
 def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, optimizer: str) -> list[dict]:
     """Per size: ``{"size", "fw", "bw", "step", "rest"}`` medians (seconds) over ``steps`` timed
     steps of the one-stage plan as ``runtime.train`` runs it (more while they have lasted under
@@ -187,10 +213,10 @@ class _SizeRun:
                 opt.zero_grad(set_to_none=not summed)
             inputs, target = wl.sample(b, self.step)
             pipe.step(*inputs, target=target)
-            _sync(pipe.device)
-            t_opt = time.perf_counter()
+            clock = _OptimizerClock(pipe.device)  # no synchronisation before it: the step runs as trained
             if opt is not None:
                 opt.step()
+            clock.stop()
             _sync(pipe.device)
             t1 = time.perf_counter()
             done += 1
@@ -208,7 +234,7 @@ class _SizeRun:
             self.fw.append(sum(e[2] - e[1] for e in ev if e[3] == "compute" and e[0].startswith("F")))
             self.bw.append(backward)
             self.step_t.append(t1 - t0)
-            self.opt_t.append(t1 - t_opt)
+            self.opt_t.append(clock.seconds())
 
     def result(self) -> dict:
         f, g, s = (statistics.median(x) for x in (self.fw, self.bw, self.step_t))

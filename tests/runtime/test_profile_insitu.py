@@ -227,3 +227,26 @@ def test_a_model_the_runtime_refuses_to_train_keeps_its_profiled_times():
     skipped = doc["extra"]["profile"]["in_situ"]["skipped"]
     assert "did not train" in skipped and "loss_fn" in skipped
     assert "op_overhead" in doc  # the other time terms are there
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_the_optimizer_clock_times_what_runs_between_its_start_and_stop(kind):
+    """On a CPU the wall clock; on CUDA two events on the stream (no synchronisation before the
+    optimizer step, as runtime.train runs it)."""
+    import time
+
+    import torch
+
+    from runtime.profile_insitu import _OptimizerClock
+
+    if kind == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    clock = _OptimizerClock(torch.device(kind))
+    if kind == "cuda":
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU cycles on the stream
+    else:
+        time.sleep(0.02)
+    clock.stop()
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    assert 0.001 < clock.seconds() < 5.0
