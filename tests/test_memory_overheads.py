@@ -231,3 +231,31 @@ def test_plans_fit_with_the_runtime_memory(planner, chain, cluster_dict):
         )
         assert reserve < s.predicted.memory_bytes <= c.memory_bytes * (1 + 1e-9)
     gs.validate(plan, g, c)
+
+
+def test_one_micro_batch_a_step_has_no_weight_gradient_waiting_beside_grad():
+    """With W in the order (the general rule) and one micro-batch a step, a weight gradient becomes
+    ``.grad`` itself (gradients set to None between steps): the largest weight's temporary is not
+    priced; with two micro-batches it is (the second one's gradients are summed into the first's)."""
+    from gpp_solver.cost.memory import memory_with_overheads
+
+    g = gs.graph_from_dict(MESSAGES)
+    stage = gs.StageSpec(("q", "s"), (1,), 2)
+    one = memory_with_overheads(g, 2.0, stage, 2, 8.0, 2.0, pending_w_samples=2, micro_batches=1)
+    two = memory_with_overheads(g, 2.0, stage, 2, 8.0, 2.0, pending_w_samples=2, micro_batches=2)
+    assert two - one == pytest.approx(40.0)  # q's weight bytes, the largest
+
+
+def test_one_micro_batch_a_step_does_not_count_an_operators_weight_gradient_twice():
+    """A measured ``workspace_bytes`` holds the weight gradient the operator produces: with one
+    micro-batch a step that gradient is ``.grad`` (in ``osf * W_S``), so the transient is priced
+    less the node's weight bytes; with two micro-batches whole."""
+    from gpp_solver.cost.memory import memory_with_overheads
+
+    doc = {**MESSAGES, "nodes": [dict(n, workspace_bytes=100 * (n["id"] == "q")) for n in MESSAGES["nodes"]]}
+    g = gs.graph_from_dict(doc)
+    stage = gs.StageSpec(("q", "s"), (1,), 2)
+    one = memory_with_overheads(g, 2.0, stage, 2, 8.0, 2.0, pending_w_samples=2, micro_batches=1)
+    two = memory_with_overheads(g, 2.0, stage, 2, 8.0, 2.0, pending_w_samples=2, micro_batches=2)
+    # 2 rows x 100 = 200 with two micro-batches; less q's 40 weight bytes with one
+    assert two - one == pytest.approx(40.0)

@@ -127,14 +127,22 @@ def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) 
     return received, sum(pairs.values()) - received
 
 
-def workspace_temporaries(graph: Graph, stage: StageLike, rows: float, largest_output: float, posted: float) -> float:
+def workspace_temporaries(
+    graph: Graph, stage: StageLike, rows: float, largest_output: float, posted: float, own_gradients: bool = False
+) -> float:
     """The temporaries measured per operator: ``rows * max_v workspace_bytes_v + rows *
     largest_output + posted`` (the largest operator's transient, the gradient flowing into it, the
-    messages posted ahead) when a node of ``stage`` has ``workspace_bytes``; else 0."""
-    measured = [w for v in stage.nodes if (w := graph.node(v).workspace_bytes) is not None]
+    messages posted ahead) when a node of ``stage`` has ``workspace_bytes``; else 0. With
+    ``own_gradients`` (one micro-batch a step: the weight gradient an operator produces becomes
+    ``.grad``, already priced with the weights) each operator's transient is less its weight bytes."""
+    measured = [
+        max(0.0, rows * w - (graph.node(v).weight_bytes if own_gradients else 0.0))
+        for v in stage.nodes
+        if (w := graph.node(v).workspace_bytes) is not None
+    ]
     if not measured:
         return 0.0
-    return rows * max(measured) + rows * largest_output + posted
+    return max(measured) + rows * largest_output + posted
 
 
 def memory_with_overheads(
@@ -159,7 +167,8 @@ def memory_with_overheads(
       until the backward of their micro-batch);
     * ``temporaries = max_v weight_bytes_v + TEMPORARY_OUTPUTS * b / d * max_v output_bytes_v +
       POSTED_AHEAD * b / d * (received + sent)``: a node's weight gradient before it is added into
-      ``.grad``, the gradients of one micro-batch's activations during a backward, and the buffers
+      ``.grad`` (not with one micro-batch a step, ``micro_batches == 1``: it becomes ``.grad``
+      itself), the gradients of one micro-batch's activations during a backward, and the buffers
       of the messages the runtime posts ahead of the compute that reads them (activations to
       receive, gradients of the values it sent);
     * ``buckets = W_S`` when ``d > 1``: the data-parallel all-reduce's flat copy of the gradients,
@@ -188,9 +197,12 @@ def memory_with_overheads(
     largest_output = max((graph.node(v).output_bytes for v in stage.nodes), default=0.0)
     rows = stage.micro_batch_size / d
     posted = POSTED_AHEAD * rows * (received_per_sample + sent_per_sample)
+    # a weight gradient waits beside .grad only to be summed into an earlier micro-batch's: with one
+    # micro-batch a step (gradients set to None between steps) it becomes .grad as it is
+    summed = 0.0 if micro_batches == 1 else largest_weight
     temporaries = max(
-        largest_weight + TEMPORARY_OUTPUTS * rows * largest_output + posted,
-        workspace_temporaries(graph, stage, rows, largest_output, posted),
+        summed + TEMPORARY_OUTPUTS * rows * largest_output + posted,
+        workspace_temporaries(graph, stage, rows, largest_output, posted, own_gradients=micro_batches == 1),
     )
     activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
     if pending_w_samples:
