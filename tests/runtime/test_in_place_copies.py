@@ -1,6 +1,6 @@
 """Which received values a stage copies before an in-place operator may modify them
-(``runtime.lowering.fx_split.modified_in_place``), and that the executor frees the received piece
-once copied."""
+(``runtime.lowering.fx_split.modified_in_place``), and that a received piece the executor frees
+once copied still gets its gradient."""
 
 from __future__ import annotations
 
@@ -45,3 +45,18 @@ def test_in_place_on_a_received_value_or_a_view_of_it_needs_a_copy():
     # past a layer with weights, the in-place ReLU on its output modifies a new tensor
     assert not modified_in_place(mg, by["act"], {by["lin2"], by["relu_"]})
     assert modified_in_place(mg, by["lin2"], {by["relu_"]})
+
+
+def test_a_freed_received_piece_still_receives_its_gradient():
+    """``executor._free``: the received leaf's memory is released after the copy; the backward
+    still gives the leaf its gradient (shape, not data, is what it needs)."""
+    from runtime.engine.executor import _free
+
+    leaf = torch.randn(3, 4, requires_grad=True)
+    copy = leaf.clone()
+    _free([leaf])
+    assert leaf.untyped_storage().nbytes() == 0
+    torch.relu_(copy)
+    (copy * 2.0).sum().backward()
+    assert leaf.grad is not None and leaf.grad.shape == (3, 4)
+    assert torch.equal(leaf.grad, 2.0 * (copy > 0).to(leaf.grad.dtype))
