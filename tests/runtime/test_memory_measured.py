@@ -148,6 +148,31 @@ def test_real_models_within_targets(tmp_path, spec, batch, sizes, devices, optim
     _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, optimizer))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_tied_gpt2_across_two_stages_within_targets(tmp_path, optimizer):
+    """HuggingFace GPT-2 with its head tied to the embedding, memory forcing two stages of micro-batch
+    2 with the embedding and the head on different stages: each stage holds the tied weight, its
+    gradient and its optimizer state, and the measured peaks hold the targets on both ranks."""
+    spec = "examples.real_models:gpt2_tiny_tied"
+    plan, g, c = _planned(tmp_path, spec, 4, [2], 2, fraction=0.65)
+    assert len(plan.stages) == 2 and plan.devices_used == 2  # the shape, before training
+    stage_of = {v: s.id for s in plan.stages for v in s.nodes}
+    assert stage_of["embedding"] != stage_of["linear"]  # the tied weight on both stages
+    _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, optimizer))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_googlenet_pipeline_within_targets(tmp_path, optimizer):
+    """torchvision googlenet (inception blocks: four parallel branches concatenated), memory forcing a
+    two-stage pipeline on 2 ranks."""
+    spec = "examples.real_models:googlenet"
+    plan, g, c = _planned(tmp_path, spec, 4, [1, 2], 2, fraction=0.7)
+    assert len(plan.stages) == 2 and plan.devices_used == 2  # the shape, before training
+    _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, optimizer))
+
+
 def test_one_micro_batch_is_priced_by_phase_within_targets(tmp_path):
     """torchvision mobilenet_v3_small, one device, one micro-batch of 8 (SGD): the gradients, freed
     between steps, never coexist with all the activations; pricing both for the whole step put the
