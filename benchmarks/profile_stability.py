@@ -17,6 +17,9 @@ cpu`` does (``runtime.profile --concurrent C``, one pinned profiler per core, on
   timed run of each node), summed over the nodes, relative to the summed median;
 - the plan of every ``--planners`` on every ``--devices`` count, planned on the same measured cluster:
   whether every run's profile gives the same plan (stages, devices, micro-batches and orders).
+- where a cell's plan changed, what planning from another profile costs: each profile's plan priced
+  by the simulator under every other profile, against that profile's own plan, the largest excess
+  (``cross_regret``; a near-tie between plans shows as a few tenths of a percent).
 
 Run it alone on a quiet machine: a profile taken beside other work measures the other work.
 """
@@ -36,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import fidelity_cpu  # noqa: E402
 from benchmarks.cost_model_fidelity import planning_cluster, probe, signature  # noqa: E402
-from gpp_solver import GppError, load_cluster, solve  # noqa: E402
+from gpp_solver import GppError, cluster_from_dict, load_cluster, simulate, solve  # noqa: E402
 from gpp_solver.cost.model import interp_time  # noqa: E402
 from gpp_solver.formats.graph import as_graph  # noqa: E402
 
@@ -114,18 +117,36 @@ def within_run_spread(g: dict) -> float:
     return spread / med if med else 0.0
 
 
-def plan_signatures(g: dict, cluster, batch: int, args) -> dict[str, str]:
-    out = {}
+def plans_of(g: dict, cluster, batch: int, args) -> dict[str, object]:
+    """Each (planner, devices) cell's plan from one profile, or the one-line reason it has none."""
+    out: dict[str, object] = {}
     graph = as_graph(g)
     for n in args.device_counts:
         cdoc = planning_cluster(cluster, n, "cpu")
         for planner in args.planners.split(","):
             try:
-                plan = solve(graph, cdoc, mini_batch_size=batch, planner=planner, time_limit=args.time_limit)
-                out[f"{planner}@{n}"] = signature(plan)
+                out[f"{planner}@{n}"] = solve(
+                    graph, cdoc, mini_batch_size=batch, planner=planner, time_limit=args.time_limit
+                )
             except GppError as exc:
                 out[f"{planner}@{n}"] = f"no plan: {str(exc).splitlines()[0]}"
     return out
+
+
+def cross_regret(graphs: list[dict], plans: list[object], cluster_doc: dict) -> float | None:
+    """What planning from another profile costs: the largest ``T_r(plan_s) / T_r(plan_r) - 1`` over
+    the profiles ``r`` and ``s`` of one cell, each plan priced by the simulator under profile ``r``
+    (0 when every profile gave the same plan; None when a profile gave none)."""
+    if any(isinstance(p, str) for p in plans):
+        return None
+    cluster, worst = cluster_from_dict(cluster_doc), 0.0
+    for g, own in zip(graphs, plans):
+        graph = as_graph(g)
+        base = simulate(own, graph, cluster).iteration_time
+        for other in plans:
+            if other is not own and signature(other) != signature(own):
+                worst = max(worst, simulate(other, graph, cluster).iteration_time / base - 1)
+    return worst
 
 
 def run(args) -> list[dict]:
@@ -141,8 +162,13 @@ def run(args) -> list[dict]:
             run_dir.mkdir(exist_ok=True)
             graphs.append(fidelity_cpu.cpu_models(args, run_dir)[0][1])
         times = [one_device_time(g, batch) for g in graphs]
-        sigs = [plan_signatures(g, cluster, batch, args) for g in graphs]
+        plans = [plans_of(g, cluster, batch, args) for g in graphs]
+        sigs = [{k: v if isinstance(v, str) else signature(v) for k, v in p.items()} for p in plans]
         same = {k: all(s[k] == sigs[0][k] for s in sigs) for k in sigs[0]}
+        regret = {
+            k: cross_regret(graphs, [p[k] for p in plans], planning_cluster(cluster, int(k.split("@")[1]), "cpu"))
+            for k in sigs[0]
+        }
         rows.append(
             {
                 "model": f"{spec}@{batch}",
@@ -152,6 +178,7 @@ def run(args) -> list[dict]:
                 "node_deviation": node_deviation(graphs, batch),
                 "within_run_spread": statistics.median(within_run_spread(g) for g in graphs),
                 "same_plan": same,
+                "cross_regret": regret,
             }
         )
     return rows
@@ -162,23 +189,33 @@ def table(rows: list[dict], args) -> str:
         f"profile stability: {args.runs} profiles per model, planners {args.planners} on "
         f"{args.devices} devices, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
-        "| model | one-device predicted ms (each run) | spread | worst node | within-run spread | same plan |",
+        "| model | one-device predicted ms (each run) | spread | worst node | within-run spread | "
+        "same plan (if not: cost of another profile's plan) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         times = " / ".join(f"{t * 1e3:.2f}" for t in r["one_device_seconds"])
-        same = ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in r["same_plan"].items())
+        same = ", ".join(
+            f"{k} {'yes' if v else 'NO' + _regret(r['cross_regret'].get(k))}" for k, v in r["same_plan"].items()
+        )
         lines.append(
             f"| {r['model']} | {times} | {r['spread']:.1%} | {r['node_deviation']:.1%} | "
             f"{r['within_run_spread']:.1%} | {same} |"
         )
     pairs = [v for r in rows for v in r["same_plan"].values()]
+    regrets = [x for r in rows for x in r["cross_regret"].values() if x is not None]
     lines += [
         "",
         f"same plan from every profile: {sum(pairs)}/{len(pairs)} (model, planner, devices) cells; "
-        f"largest one-device spread {max(r['spread'] for r in rows):.1%}",
+        f"largest one-device spread {max(r['spread'] for r in rows):.1%}; "
+        f"largest cost of planning from another profile {max(regrets, default=0.0):+.1%}",
     ]
     return "\n".join(lines)
+
+
+def _regret(x: float | None) -> str:
+    """A changed cell's cost of planning from another profile, as the table shows it."""
+    return "" if x is None else f" ({x:+.1%})"
 
 
 def main(argv=None) -> int:

@@ -52,6 +52,38 @@ def test_figures_of_two_profiles():
     assert math.isclose(b.within_run_spread(g1), (1e-3 + 1e-3 + 2e-3 + 2e-3) / (6e-3 + 12e-3))
 
 
+def test_cost_of_planning_from_another_profile():
+    """Two profiles of a 4-node chain that disagree on where the time is, and the 2-stage plan each
+    would pick: each plan priced under the other profile costs what the simulator says it does, the
+    worse of the two is the cell's figure, one profile alone costs nothing, a missing plan None."""
+    from tiny_graphs import chain_dict
+
+    import gpp_solver as gs
+    from gpp_solver.plan.build import StageSpec
+
+    b = _bench()
+    cdoc = {"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e9, "inter_node_bandwidth": 1e9, "latency": 0.0}
+    cluster = gs.cluster_from_dict(cdoc)
+    g_front, g_back = chain_dict(4, [3.0, 1.0, 1.0, 1.0]), chain_dict(4, [1.0, 1.0, 1.0, 3.0])
+
+    def plan(cut: int):
+        specs = [StageSpec(("n0", "n1", "n2", "n3")[:cut], (0,), 2), StageSpec(("n0", "n1", "n2", "n3")[cut:], (1,), 2)]
+        return gs.build_plan(
+            gs.graph_from_dict(g_front), cluster, specs, 4, planner="manual", search=gs.SearchInfo(0.0, "feasible")
+        )
+
+    p_front, p_back = plan(1), plan(3)  # each balances its own profile: 3 | 1+1+1 and 1+1+1 | 3
+
+    def t(p, g):
+        return gs.simulate(p, gs.graph_from_dict(g), cluster).iteration_time
+
+    expected = max(t(p_back, g_front) / t(p_front, g_front), t(p_front, g_back) / t(p_back, g_back)) - 1
+    assert expected > 0.1  # the other profile's plan is clearly worse under each
+    assert math.isclose(b.cross_regret([g_front, g_back], [p_front, p_back], cdoc), expected)
+    assert b.cross_regret([g_front, g_front], [p_front, plan(1)], cdoc) == 0.0  # the same plan
+    assert b.cross_regret([g_front, g_back], [p_front, "no plan: time limit"], cdoc) is None
+
+
 def test_quick_run(tmp_path):
     cluster = tmp_path / "cluster.json"  # given, so the run skips the probe (tested on its own)
     cluster.write_text(
