@@ -157,6 +157,7 @@ def test_tied_gpt2_across_two_stages_within_targets(tmp_path, optimizer):
     spec = "examples.real_models:gpt2_tiny_tied"
     plan, g, c = _planned(tmp_path, spec, 4, [2], 2, fraction=0.65)
     assert len(plan.stages) == 2 and plan.devices_used == 2  # the shape, before training
+    assert [s.micro_batch_size for s in plan.stages] == [2, 2]
     stage_of = {v: s.id for s in plan.stages for v in s.nodes}
     assert stage_of["embedding"] != stage_of["linear"]  # the tied weight on both stages
     _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, optimizer))
