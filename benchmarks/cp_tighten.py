@@ -2,7 +2,7 @@
 
 For each workload (``gpp_solver.workloads.build_model``) on a V100 cluster, the GraphPipe planner's
 plan (``gpp_solver.planners.graphpipe.planner.plan_graphpipe``, equal micro-batch sizes, Algorithm 2 kFkB
-orders) is tightened with :func:`gpp_solver.cp_orders.cp_schedule.tighten`; a second row re-prices the same
+orders) is tightened with :func:`gpp_solver.cp_schedule.tighten`; a second row re-prices the same
 partition with every other stage's micro-batch size halved (where ``b % d`` allows), the setting
 where Algorithm 2's orders leave the most room.  Iteration times are the simulator's (exact under
 the cost model), before and after; "bound" is CP-SAT's lower bound for tick-rounded durations.
@@ -17,7 +17,7 @@ import argparse
 import sys
 import time
 
-from gpp_solver.cp_orders.cp_schedule import MAX_ACTIONS, tighten
+from gpp_solver.cp_schedule import MAX_ACTIONS, tighten
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.validate import validate

@@ -46,7 +46,7 @@ from gpp_solver.oracles.brute_force import (
     random_cluster,
     random_graph,
 )
-from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.sp_tree import decompose
 from gpp_solver.planners.milp.planner import plan_milp
 from gpp_solver.planners.registry import available_planners, get_planner
 from gpp_solver.types import Status

@@ -116,7 +116,7 @@ def solve(
         lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c
     )
     if tighten and name != "gpp":
-        from gpp_solver.cp_orders.cp_schedule import tighten_plan_if_fits
+        from gpp_solver.cp_schedule import tighten_plan_if_fits
 
         plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit, progress=progress)
         logger.info(

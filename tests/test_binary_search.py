@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpp_solver.planners.graphpipe.binary_search import search_tps
+from gpp_solver.binary_search import search_tps
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.types import Cluster
 from gpp_solver.workloads import build_model
@@ -50,7 +50,7 @@ def test_expired_deadline_still_returns_a_feasible_answer(mmt_dp: StageDP) -> No
 
 
 def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:
-    from gpp_solver.planners.graphpipe.binary_search import search_many
+    from gpp_solver.binary_search import search_many
 
     sizes = [1, 2, 8, 32]
     together = search_many(mmt_dp, sizes)
@@ -60,7 +60,7 @@ def test_batched_search_equals_one_size_at_a_time(mmt_dp: StageDP) -> None:
 
 
 def test_search_depths_gives_the_least_target_at_every_depth_bound(mmt_dp: StageDP) -> None:
-    from gpp_solver.planners.graphpipe.binary_search import search_depths, search_many
+    from gpp_solver.binary_search import search_depths, search_many
 
     sizes = [2, 8, 32]
     pareto = search_depths(mmt_dp, sizes)

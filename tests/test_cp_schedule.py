@@ -7,7 +7,7 @@ import random
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cp_orders.cp_schedule import (
+from gpp_solver.cp_schedule import (
     build_schedule_model,
     max_in_flight_micro_batches,
     solve_model,

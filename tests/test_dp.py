@@ -17,10 +17,10 @@ from tiny_graphs import random_dag_edges
 
 from gpp_solver.cost.model import interp_time
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.planners.graphpipe.binary_search import search_tps
+from gpp_solver.binary_search import search_tps
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_stage import assign_devices, power_of_two_degrees
-from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
+from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
 from gpp_solver.types import Cluster
 
 

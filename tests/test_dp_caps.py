@@ -20,8 +20,8 @@ import pytest
 from tiny_graphs import random_dag_edges
 
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.planners.graphpipe import binary_search
-from gpp_solver.planners.graphpipe.binary_search import search_depths, search_many
+from gpp_solver import binary_search
+from gpp_solver.binary_search import search_depths, search_many
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_kernel import run_dp
 from gpp_solver.planners.graphpipe.dp_stage import decode, encode

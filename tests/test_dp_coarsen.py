@@ -11,7 +11,7 @@ from gpp_solver.plan.validate import validate
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_tree import index_tree, tree_segments
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
-from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.sp_tree import decompose
 from gpp_solver.types import Status
 from gpp_solver.workloads import build_model
 

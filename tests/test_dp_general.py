@@ -23,12 +23,12 @@ from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.plan.schedule import compute_in_flight, schedule_stage_graph
 from gpp_solver.plan.validate import validate
-from gpp_solver.planners.graphpipe.binary_search import search_tps
+from gpp_solver.binary_search import search_tps
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP, in_flight_delta
 from gpp_solver.planners.graphpipe.dp_stage import power_of_two_degrees
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
-from gpp_solver.planners.graphpipe.sp_tree import decompose, order_pairs
+from gpp_solver.sp_tree import decompose, order_pairs
 from gpp_solver.types import Cluster
 
 B = 8

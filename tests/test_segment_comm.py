@@ -11,7 +11,7 @@ from tiny_graphs import random_dag_edges
 
 from gpp_solver.planners.graphpipe.dp_segment_comm import segment_comm
 from gpp_solver.planners.graphpipe.dp_tree import TreeIndex, index_tree
-from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.sp_tree import decompose
 
 
 def reference_segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> tuple[np.ndarray, np.ndarray]:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpp_solver.errors import InvalidGraphError
-from gpp_solver.planners.graphpipe.sp_tree import (
+from gpp_solver.sp_tree import (
     Leaf,
     Parallel,
     Series,

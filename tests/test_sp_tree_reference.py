@@ -10,7 +10,7 @@ from pathlib import Path
 import networkx as nx
 from tiny_graphs import random_dag_edges
 
-from gpp_solver.planners.graphpipe.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
+from gpp_solver.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
 

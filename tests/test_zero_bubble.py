@@ -155,7 +155,7 @@ def test_simulator_times_b_and_w_by_hand():
 
 
 def test_cp_sat_agrees_with_simulator_on_w_orders(chain, cluster_dict):
-    from gpp_solver.cp_orders.cp_schedule import tighten, verify_orders
+    from gpp_solver.cp_schedule import tighten, verify_orders
 
     g, c, p = _chain_plan(chain, cluster_dict, "zb")
     assert any(a.kind == "W" for s in p.stages for a in s.schedule.order)

@@ -10,7 +10,7 @@ import pytest
 import gpp_solver as gs
 from gpp_solver.action import parse_order
 from gpp_solver.cost import kept_gradient_bytes, memory_per_device, order_memory, pending_weight_samples, stage_memory
-from gpp_solver.cp_orders.schedule_data import max_in_flight_micro_batches
+from gpp_solver.cp_schedule import max_in_flight_micro_batches
 from gpp_solver.errors import InvalidPlanError
 from gpp_solver.plan.build import StageSpec, build_plan
 

@@ -1,5 +1,5 @@
 """``plan_gpp``'s last step: CP-SAT tightening of the chosen plan's micro-batch orders
-(:func:`gpp_solver.cp_orders.cp_schedule.tighten`) under a deterministic-time budget."""
+(:func:`gpp_solver.cp_schedule.tighten`) under a deterministic-time budget."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def tighten_orders(
     if tighten is None and cut:  # before importing CP-SAT (a second on a loaded machine)
         return plan, {"status": "skipped", "reason": "time limit reached"}, False
     try:
-        from gpp_solver.cp_orders import cp_schedule
+        from gpp_solver import cp_schedule
     except Exception as exc:  # noqa: BLE001
         return plan, {"status": f"unavailable: {type(exc).__name__}"}, False
     actions = sum(len(s.schedule.order) for s in plan.stages)

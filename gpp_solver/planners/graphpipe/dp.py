@@ -33,7 +33,7 @@ from gpp_solver.planners.graphpipe.dp_segment_comm import SegmentComm, segment_c
 from gpp_solver.planners.graphpipe.dp_stage import SizeTables, power_of_two_degrees
 from gpp_solver.planners.graphpipe.dp_stage_tables import best_at_sink, max_depths, segment_sums, stage_tps
 from gpp_solver.planners.graphpipe.dp_tree import TreeIndex, index_tree, tree_segments
-from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition, decompose
+from gpp_solver.sp_tree import SPDecomposition, decompose
 from gpp_solver.types import Cluster, Graph
 
 

@@ -33,7 +33,7 @@ stage's own ``b`` and ``d`` (``TPS(S) = (C+comm)/b_S + A/B``); memory ``osf*W + 
 ``peak = clamp(ceil(i/b), 1, B/b) * b`` — exactly the peak of the kFkB order ``plan_build`` derives
 from ``i``.  Search space: SP-tree segments, ``b`` from ``micro_batch_sizes`` (``B % b == 0``), ``k``
 from ``k_options``, degrees with ``b % d == 0``.  The bottleneck TPS is found by binary search over
-the sorted distinct stage TPS values (as :mod:`gpp_solver.planners.graphpipe.binary_search`).
+the sorted distinct stage TPS values (as :mod:`gpp_solver.binary_search`).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from gpp_solver.errors import TimeLimitError
 from gpp_solver.plan.schedule import compute_in_flight
 from gpp_solver.planners.graphpipe.dp import StageDP
 from gpp_solver.planners.graphpipe.dp_kernel import check_deadline
-from gpp_solver.planners.graphpipe.sp_tree import SPDecomposition
+from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)

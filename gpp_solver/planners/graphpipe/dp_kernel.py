@@ -1,7 +1,7 @@
 """Numeric kernel of GraphPipe's stage DP (Algorithm 1, lines 23-48) for one micro-batch size.
 
 Everything here is arrays; :mod:`gpp_solver.planners.graphpipe.dp` does the orchestration (which micro-batch size,
-which target, building stages).  The search space is the SP tree's (:mod:`gpp_solver.planners.graphpipe.sp_tree`):
+which target, building stages).  The search space is the SP tree's (:mod:`gpp_solver.sp_tree`):
 
 * a **segment** is a contiguous range ``[i..j]`` of the children of one internal tree node; its
   operators are a contiguous range of the tree's leaf order (a topological order), so compute,

@@ -48,7 +48,7 @@ def infeasible_error(dp, sizes: Sequence[int], cluster: Cluster) -> InfeasibleEr
     """No micro-batch size fits *within GraphPipe's search space*: say how much memory (or how many
     devices) would.
 
-    The search space is series-parallel-tree partitions (:mod:`gpp_solver.planners.graphpipe.sp_tree`; non-SP graphs
+    The search space is series-parallel-tree partitions (:mod:`gpp_solver.sp_tree`; non-SP graphs
     are SP-ized, which forbids some convex partitions), one micro-batch size for all stages from
     ``sizes``, 1F1B in-flight counts, power-of-two data-parallel degrees (``degree_options``).  A
     plan outside it may still fit: the exact MILP (:mod:`gpp_solver.planners.milp.planner`) finds plans in

@@ -207,7 +207,7 @@ class DPPasses:
     def large(self) -> bool:
         """Whether a pass is large per target: segments x (depth bound + 2)^2 (its kernel's tables
         per segment are depth^2) of at least :data:`LARGE_TABLE`.  Only then do the searches gallop,
-        cap depths and prune sizes by a seed staging (:mod:`gpp_solver.planners.graphpipe.binary_search`); below it the
+        cap depths and prune sizes by a seed staging (:mod:`gpp_solver.binary_search`); below it the
         extra passes cost more Python overhead than they save."""
         return len(self.idx.seg_lo) * (self.E + 2) ** 2 >= self.LARGE_TABLE
 

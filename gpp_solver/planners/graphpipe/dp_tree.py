@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpp_solver.planners.graphpipe.sp_tree import Leaf, Series, SPNode
+from gpp_solver.sp_tree import Leaf, Series, SPNode
 
 INF = 1 << 40  # "impossible" device count; sums of two stay far from int64 overflow
 BIG_DEPTH = 1 << 30  # memory never binds

@@ -4,9 +4,9 @@
 :mod:`gpp_solver.planners.registry`; ``gpp_solver.solve(graph, budget, planner="graphpipe", ...)`` is
 the library's one front door to it.
 
-Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.planners.graphpipe.sp_tree`; non-SP graphs
+Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.sp_tree`; non-SP graphs
 are SP-ized by adding dependencies); for every micro-batch size find the smallest bottleneck TPS
-the stage DP reaches (:mod:`gpp_solver.planners.graphpipe.binary_search`, :mod:`gpp_solver.planners.graphpipe.dp`); give every stage a
+the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.planners.graphpipe.dp`); give every stage a
 contiguous device range (:func:`gpp_solver.planners.graphpipe.dp_stage.assign_devices`, then the leftover-device pass); let
 ``plan_build`` derive stage edges, Algorithm 2 in-flight counts, kFkB orders, the cost model's
 exact figures and the simulated iteration time; keep the staging whose plan has the least
@@ -21,7 +21,7 @@ the least TPS per ``b``): the paper's DP returns, for every target TPS, the fewe
 micro-batches at the source (the stage graph's depth), and its binary search keeps only the least
 target.  The sweep also keeps, for every ``b`` and every bound ``e`` on the depth below that
 staging's depth (up to ``max_depth_bound``, default 8), the least TPS the DP reaches
-(:func:`gpp_solver.planners.graphpipe.binary_search.search_depths`), so a shallower staging at a slightly larger
+(:func:`gpp_solver.binary_search.search_depths`), so a shallower staging at a slightly larger
 bottleneck — fewer warm-up/cool-down bubbles, e.g. one data-parallel stage instead of a 4-stage
 chain, or 3 stages instead of 4 when a mini-batch holds two micro-batches — can win the simulated
 comparison.  This is how the baselines pick too (PipeDream-2BW, for one, keeps the least simulated
@@ -79,7 +79,7 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.graphpipe.options import GraphPipeOptions
 from gpp_solver.planners.graphpipe.per_stage import plan_per_stage
-from gpp_solver.planners.graphpipe.sp_tree import decompose
+from gpp_solver.sp_tree import decompose
 from gpp_solver.planners.graphpipe.staging import PLANNER
 from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.planners.registry import parse_options
