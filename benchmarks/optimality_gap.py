@@ -46,9 +46,9 @@ from gpp_solver.oracles.brute_force import (
     random_cluster,
     random_graph,
 )
-from gpp_solver.sp_tree import decompose
 from gpp_solver.planners.milp.planner import plan_milp
 from gpp_solver.planners.registry import available_planners, get_planner
+from gpp_solver.sp_tree import decompose
 from gpp_solver.types import Status
 
 CLASSES = {"chain": ("chain",), "SP": ("diamond", "sp"), "non-SP": ("dag",)}

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from gpp_solver.binary_search import search_tps
-from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.types import Cluster
 from gpp_solver.workloads import build_model
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.planners.graphpipe import lower_bound_pruning, uniform
-from gpp_solver.planners.graphpipe.dp import StageDP
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.workloads import build_model
 

@@ -15,11 +15,11 @@ import random
 import pytest
 from tiny_graphs import random_dag_edges
 
+from gpp_solver.binary_search import search_tps
 from gpp_solver.cost.model import interp_time
 from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.binary_search import search_tps
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_stage import assign_devices, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp.stage import assign_devices, power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
 from gpp_solver.types import Cluster
 
@@ -226,7 +226,7 @@ def test_min_devices_is_monotone_in_target() -> None:
 
 
 def test_assign_devices_aligns_power_of_two_groups() -> None:
-    from gpp_solver.planners.graphpipe.dp_stage import DPStage
+    from gpp_solver.planners.graphpipe.dp.stage import DPStage
 
     stages = [
         DPStage(("a",), 1, 1, 0.0, 0),
@@ -311,7 +311,7 @@ def test_a_group_of_whole_branches_keeps_the_shared_sink() -> None:
 def test_threshold_lookup_equals_the_per_degree_pass(seed: int) -> None:
     import numpy as np
 
-    from gpp_solver.planners.graphpipe.dp_stage_tables import (
+    from gpp_solver.planners.graphpipe.dp.stage_tables import (
         degree_thresholds,
         devices_by_depth,
         devices_from_thresholds,

@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 from tiny_graphs import random_dag_edges
 
-from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver import binary_search
 from gpp_solver.binary_search import search_depths, search_many
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_kernel import run_dp
-from gpp_solver.planners.graphpipe.dp_stage import decode, encode
-from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth
-from gpp_solver.planners.graphpipe.dp_tree import SegDev
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.planners.graphpipe.dp.kernel import run_dp
+from gpp_solver.planners.graphpipe.dp.stage import decode, encode
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
+from gpp_solver.planners.graphpipe.dp.stage_tables import devices_by_depth
+from gpp_solver.planners.graphpipe.dp.tree import SegDev
 from gpp_solver.types import Cluster
 
 

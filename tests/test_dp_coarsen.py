@@ -8,8 +8,8 @@ import pytest
 
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.validate import validate
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_tree import index_tree, tree_segments
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
+from gpp_solver.planners.graphpipe.dp.tree import index_tree, tree_segments
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.sp_tree import decompose
 from gpp_solver.types import Status

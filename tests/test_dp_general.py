@@ -1,4 +1,4 @@
-"""The per-stage micro-batch DP (:mod:`gpp_solver.planners.graphpipe.dp_general`) and ``plan_graphpipe(...,
+"""The per-stage micro-batch DP (:mod:`gpp_solver.planners.graphpipe.dp.general`) and ``plan_graphpipe(...,
 per_stage_micro_batch=True)``.
 
 The brute force shares only the SP tree with the DP: it lists every partition that follows the tree
@@ -19,14 +19,14 @@ import pytest
 from test_dp import partitions, stage_estimate
 from tiny_graphs import random_dag_edges
 
+from gpp_solver.binary_search import search_tps
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.plan.schedule import compute_in_flight, schedule_stage_graph
 from gpp_solver.plan.validate import validate
-from gpp_solver.binary_search import search_tps
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP, in_flight_delta
-from gpp_solver.planners.graphpipe.dp_stage import power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp.general import GeneralStageDP, in_flight_delta
+from gpp_solver.planners.graphpipe.dp.stage import power_of_two_degrees
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.sp_tree import decompose, order_pairs
 from gpp_solver.types import Cluster

@@ -16,10 +16,11 @@ import pytest
 from test_dp_caps import deep_instance
 
 from gpp_solver.formats.cluster import v100_cluster
-from gpp_solver.planners.graphpipe import dp_kernel, uniform
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_kernel import run_dp
-from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth, devices_for_segments, segment_fits
+from gpp_solver.planners.graphpipe import uniform
+from gpp_solver.planners.graphpipe.dp import kernel
+from gpp_solver.planners.graphpipe.dp.kernel import run_dp
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
+from gpp_solver.planners.graphpipe.dp.stage_tables import devices_by_depth, devices_for_segments, segment_fits
 from gpp_solver.planners.graphpipe.planner import plan_graphpipe
 from gpp_solver.workloads import build_model
 
@@ -95,7 +96,7 @@ def test_run_dp_in_chunks_equals_one_batch(seed: int, monkeypatch) -> None:
     ts = [float(x) for x in np.quantile(c, [0.0, 0.3, 0.6, 1.0])] if len(c) else [float("inf")]
     dev = dp._dev([(b, t) for t in ts], dp.E)
     whole = run_dp(dp.idx, dev, dp.E, keep=True)
-    monkeypatch.setattr(dp_kernel, "CHUNK_BYTES", 1)  # one target per chunk
+    monkeypatch.setattr(kernel, "CHUNK_BYTES", 1)  # one target per chunk
     parts = run_dp(dp.idx, dev, dp.E, keep=True)
     assert np.array_equal(whole[0], parts[0])
     for x, y in zip(whole[1] + whole[2], parts[1] + parts[2]):

@@ -23,9 +23,9 @@ from gpp_solver.oracles.brute_force import (
     random_cluster,
     random_graph,
 )
-from gpp_solver.sp_tree import decompose
 from gpp_solver.planners.milp import space as milp_space
 from gpp_solver.planners.milp.space import contiguous_ranges, layouts
+from gpp_solver.sp_tree import decompose
 
 
 def _set_partitions(items):

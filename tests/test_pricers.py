@@ -18,8 +18,8 @@ from gpp_solver.cost import CostTables, iteration_time_estimate, stage_costs, st
 from gpp_solver.oracles.brute_force import GRAPH_KINDS, random_cluster, random_graph
 from gpp_solver.plan.build import StageSpec, stage_graph_edges
 from gpp_solver.planners.gpp.partition_eval import Problem
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
+from gpp_solver.planners.graphpipe.dp.stage import DPStage, assign_devices
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.planners.graphpipe.staging import price_staging
 from gpp_solver.planners.sequential.linearize import topological_states
 from gpp_solver.planners.sequential.pipedream import RangeCosts

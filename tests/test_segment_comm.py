@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tiny_graphs import random_dag_edges
 
-from gpp_solver.planners.graphpipe.dp_segment_comm import segment_comm
-from gpp_solver.planners.graphpipe.dp_tree import TreeIndex, index_tree
+from gpp_solver.planners.graphpipe.dp.segment_comm import segment_comm
+from gpp_solver.planners.graphpipe.dp.tree import TreeIndex, index_tree
 from gpp_solver.sp_tree import decompose
 
 

@@ -281,7 +281,7 @@ def test_micro_batch_size_is_chosen_by_simulated_iteration_time() -> None:
     """With every size simulated, the plan is the fastest per-b DP plan in simulation (the paper's
     sweep "to maximize training throughput"), and each b's staging is still the DP's optimum."""
     from gpp_solver.binary_search import search_many
-    from gpp_solver.planners.graphpipe.dp import StageDP
+    from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 
     g = build_model("mmt", branches=2, layers=2)
     c = Cluster(
@@ -356,9 +356,9 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
 
     from test_dp import random_instance
 
-    from gpp_solver.cost.tables import CostTables
     from gpp_solver.binary_search import search_many
-    from gpp_solver.planners.graphpipe.dp import StageDP
+    from gpp_solver.cost.tables import CostTables
+    from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
     from gpp_solver.planners.graphpipe.staging import estimate_iteration, price_staging, stage_specs
 
     graph, cluster, B, _ = random_instance(random.Random(500 + seed))

@@ -12,7 +12,7 @@ from gpp_solver.cost.tables import CostTables
 from gpp_solver.cost.time_terms import allreduce_time
 from gpp_solver.formats.cluster import v100_cluster
 from gpp_solver.plan.build import stage_graph_edges
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
+from gpp_solver.planners.graphpipe.dp.stage import DPStage, assign_devices
 from gpp_solver.planners.graphpipe.staging import StagingPricer, spend_leftover_devices
 from gpp_solver.types import Cluster
 from gpp_solver.workloads import build_model

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpp_solver.errors import TimeLimitError
 from gpp_solver.binary_search import TpsSearch, search_bounded
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.sp_tree import SPDecomposition
+from gpp_solver.errors import TimeLimitError
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.planners.graphpipe.staging import build_staging_plan, price_staging
+from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)

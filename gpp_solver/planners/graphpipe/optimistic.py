@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from gpp_solver.cost.model import stage_costs
 from gpp_solver.binary_search import TpsSearch, search_many, trace
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_stage import DPStage
+from gpp_solver.cost.model import stage_costs
+from gpp_solver.planners.graphpipe.dp.stage import DPStage
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.planners.graphpipe.staging import estimate_iteration, spend_leftover_devices, stage_specs
 from gpp_solver.types import Cluster, Graph
 

@@ -22,7 +22,7 @@ class GraphPipeOptions:
 
     # candidate micro-batch sizes (default: the powers of two dividing B)
     micro_batch_sizes: Sequence[int] | None = None
-    # each stage its own micro-batch size (and with search_k its own k): the DP of dp_general
+    # each stage its own micro-batch size (and with search_k its own k): the DP of dp/general.py
     per_stage_micro_batch: bool = False
     # each stage's kFkB k from K_OPTIONS by A.1's rule (Algorithm 2 in plan_build)
     search_k: bool = False

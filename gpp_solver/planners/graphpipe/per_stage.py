@@ -1,6 +1,6 @@
 """GraphPipe with a micro-batch size per stage (``plan_graphpipe(..., per_stage_micro_batch=True)``).
 
-The DP of :mod:`gpp_solver.planners.graphpipe.dp_general` (its state carries the successor side's Table 2 summary),
+The DP of :mod:`gpp_solver.planners.graphpipe.dp.general` (its state carries the successor side's Table 2 summary),
 then the leftover-device pass with each stage's own ``b``, then ``build_plan``; the uniform-b
 sweep's plan is kept as a candidate when it meets the per-stage DP's target.
 """
@@ -16,8 +16,8 @@ from typing import Any
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.plan.build import StageSpec, build_plan
-from gpp_solver.planners.graphpipe.dp_general import GeneralStageDP
-from gpp_solver.planners.graphpipe.dp_stage import assign_devices
+from gpp_solver.planners.graphpipe.dp.general import GeneralStageDP
+from gpp_solver.planners.graphpipe.dp.stage import assign_devices
 from gpp_solver.planners.graphpipe.staging import K_OPTIONS, PLANNER, estimate_iteration, raise_degrees
 from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
@@ -65,7 +65,7 @@ def plan_per_stage(
     deadline: float | None,
     schedule: str = "1f1b",
 ) -> Plan:
-    """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, then the leftover-device
+    """``per_stage_micro_batch=True``: the DP of :mod:`gpp_solver.planners.graphpipe.dp.general`, then the leftover-device
     pass (degree raises keep each stage's ``b``, ``k`` and the stage graph, so in-flight counts stay
     and memory only drops), then ``build_plan`` with every stage's own ``b`` and ``k``."""
     B = mini_batch_size  # the paper's B

@@ -6,8 +6,8 @@ the library's one front door to it.
 
 Steps: decompose the graph into a series-parallel tree (:mod:`gpp_solver.sp_tree`; non-SP graphs
 are SP-ized by adding dependencies); for every micro-batch size find the smallest bottleneck TPS
-the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.planners.graphpipe.dp`); give every stage a
-contiguous device range (:func:`gpp_solver.planners.graphpipe.dp_stage.assign_devices`, then the leftover-device pass); let
+the stage DP reaches (:mod:`gpp_solver.binary_search`, :mod:`gpp_solver.planners.graphpipe.dp.stage_dp`); give every stage a
+contiguous device range (:func:`gpp_solver.planners.graphpipe.dp.stage.assign_devices`, then the leftover-device pass); let
 ``plan_build`` derive stage edges, Algorithm 2 in-flight counts, kFkB orders, the cost model's
 exact figures and the simulated iteration time; keep the staging whose plan has the least
 *simulated* iteration time (the paper's sweep "to maximize training throughput", A.2; ties: smaller
@@ -38,7 +38,7 @@ split's branches share source and sink — so the stage holding a parallel block
 CANDLE-Uno's concat, DLRM's interaction) may also hold the last operators of one branch, or a
 group of whole branches (the parallel split's group that keeps the sink); §7.5's
 plan is of that kind ("one stage necessarily contains the concatenation operator").  The DP adds
-those stages (:func:`gpp_solver.planners.graphpipe.dp_tree.add_shared_sinks`); where the optimum is reached both
+those stages (:func:`gpp_solver.planners.graphpipe.dp.tree.add_shared_sinks`); where the optimum is reached both
 with and without one, both tracebacks are simulated.  The per-stage micro-batch DP
 (``per_stage_micro_batch``) does not have them.
 
@@ -48,7 +48,7 @@ from ``K_OPTIONS`` by A.1's rule ``argmin_k max_y ComputeInFlight``, applied by 
 ``plan_build``; TPS does not depend on ``k`` in the cost model and ``k = 1`` is among the options,
 so the DP's memory check at ``k = 1`` stays an upper bound), ``per_stage_micro_batch`` (each
 stage its own micro-batch size from ``micro_batch_sizes`` — and with ``search_k`` its own ``k`` — by
-the DP of :mod:`gpp_solver.planners.graphpipe.dp_general`, whose state carries the successor side's schedule
+the DP of :mod:`gpp_solver.planners.graphpipe.dp.general`, whose state carries the successor side's schedule
 configuration; its in-flight figures are Algorithm 2 on the SP stage order, an upper bound of
 ``plan_build``'s; status ``optimal-within-search-space`` only when the DP's bottleneck equals the
 plan's exact TPS, else ``feasible``), ``degree_options``
@@ -79,10 +79,10 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.graphpipe.options import GraphPipeOptions
 from gpp_solver.planners.graphpipe.per_stage import plan_per_stage
-from gpp_solver.sp_tree import decompose
 from gpp_solver.planners.graphpipe.staging import PLANNER
 from gpp_solver.planners.graphpipe.uniform import plan_uniform
 from gpp_solver.planners.registry import parse_options
+from gpp_solver.sp_tree import decompose
 from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from gpp_solver.cost.model import iteration_time_estimate, stage_costs, stage_tr
 from gpp_solver.cost.tables import CostTables
 from gpp_solver.cost.time_terms import TimeTerms
 from gpp_solver.plan.build import StageSpec, build_plan, stage_graph_edges
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, assign_devices
+from gpp_solver.planners.graphpipe.dp.stage import DPStage, assign_devices
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 
 PLANNER = "graphpipe"

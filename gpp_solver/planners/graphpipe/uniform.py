@@ -10,16 +10,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from gpp_solver._backend.progress import ProgressBar
-from gpp_solver.errors import TimeLimitError
 from gpp_solver.binary_search import TpsSearch, search_depths, search_many, trace
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_needs import infeasible_error
-from gpp_solver.planners.graphpipe.dp_stage import DPStage
+from gpp_solver.errors import TimeLimitError
+from gpp_solver.planners.graphpipe.dp.needs import infeasible_error
+from gpp_solver.planners.graphpipe.dp.stage import DPStage
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.planners.graphpipe.lower_bound_pruning import least_useful_depths, prune_sizes
 from gpp_solver.planners.graphpipe.optimistic import optimistic_proposals
 from gpp_solver.planners.graphpipe.options import MAX_DEPTH_BOUND, SIMULATE_TOP
-from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.planners.graphpipe.staging import build_staging_plan, price_staging, spend_leftover_devices
+from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph, Plan, Status
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """GraphPipe's stage DP with per-stage micro-batch sizes and kFkB ``k`` (§5 "DP subproblem", §6).
 
-The uniform-``b`` kernel (:mod:`gpp_solver.planners.graphpipe.dp_kernel`) carries only a stage *depth*, which is exact
+The uniform-``b`` kernel (:mod:`gpp_solver.planners.graphpipe.dp.kernel`) carries only a stage *depth*, which is exact
 for one micro-batch size and 1F1B.  With a micro-batch size ``b`` and a ``k`` per stage, Table 2
 (:func:`gpp_solver.plan.schedule.compute_in_flight`) needs the successor side's schedule configuration
 — the paper's ``c_b = (i_b, b_b, k_b)`` — and a DP subproblem returns its source stage's
@@ -28,7 +28,7 @@ successor" is ``G[c] = k b``).  For tree node ``T`` and successor summary ``G``,
 Pareto set of ``(devices, source summary)`` over stagings of ``T`` meeting the target TPS and memory
 (a smaller summary is never worse for the stages before: Table 2 is monotone in ``i_y``).
 
-**Stage figures** (as :mod:`gpp_solver.planners.graphpipe.dp`): TPS is the uniform DP's upper-bound estimate at the
+**Stage figures** (as :mod:`gpp_solver.planners.graphpipe.dp.stage_dp`): TPS is the uniform DP's upper-bound estimate at the
 stage's own ``b`` and ``d`` (``TPS(S) = (C+comm)/b_S + A/B``); memory ``osf*W + peak/d * A`` with
 ``peak = clamp(ceil(i/b), 1, B/b) * b`` — exactly the peak of the kFkB order ``plan_build`` derives
 from ``i``.  Search space: SP-tree segments, ``b`` from ``micro_batch_sizes`` (``B % b == 0``), ``k``
@@ -48,8 +48,8 @@ import numpy as np
 
 from gpp_solver.errors import TimeLimitError
 from gpp_solver.plan.schedule import compute_in_flight
-from gpp_solver.planners.graphpipe.dp import StageDP
-from gpp_solver.planners.graphpipe.dp_kernel import check_deadline
+from gpp_solver.planners.graphpipe.dp.kernel import check_deadline
+from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.sp_tree import SPDecomposition
 from gpp_solver.types import Cluster, Graph
 

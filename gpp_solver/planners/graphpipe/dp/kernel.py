@@ -1,6 +1,6 @@
 """Numeric kernel of GraphPipe's stage DP (Algorithm 1, lines 23-48) for one micro-batch size.
 
-Everything here is arrays; :mod:`gpp_solver.planners.graphpipe.dp` does the orchestration (which micro-batch size,
+Everything here is arrays; :mod:`gpp_solver.planners.graphpipe.dp.stage_dp` does the orchestration (which micro-batch size,
 which target, building stages).  The search space is the SP tree's (:mod:`gpp_solver.sp_tree`):
 
 * a **segment** is a contiguous range ``[i..j]`` of the children of one internal tree node; its
@@ -37,7 +37,7 @@ outside producer, its largest edge); outgoing transfers one per *edge* leaving t
 cost model counts one per (producer, consumer stage) ≤ that); transfer bandwidth the intra-node
 one only when the whole cluster is one node, else ``min(intra, inter)``; the all-reduce uses the
 intra-node bandwidth only when the replicas are guaranteed one node (power-of-two ``d`` dividing
-``devices_per_node``: device ranges are then aligned, see :func:`gpp_solver.planners.graphpipe.dp_stage.assign_devices`).
+``devices_per_node``: device ranges are then aligned, see :func:`gpp_solver.planners.graphpipe.dp.stage.assign_devices`).
 Memory: ``osf * W + min(depth, n) * b / d * A`` (the plan's 1F1B order never holds more than ``n``
 micro-batches).
 """
@@ -49,8 +49,8 @@ import time
 import numpy as np
 
 from gpp_solver.errors import TimeLimitError
-from gpp_solver.planners.graphpipe.dp_shared_sinks import attach_values
-from gpp_solver.planners.graphpipe.dp_tree import INF, SegDev, TreeIndex, node_groups
+from gpp_solver.planners.graphpipe.dp.shared_sinks import attach_values
+from gpp_solver.planners.graphpipe.dp.tree import INF, SegDev, TreeIndex, node_groups
 
 
 def check_deadline(deadline: float | None) -> None:
@@ -74,7 +74,7 @@ def run_dp(
 
     With ``sat`` the depths saturate at ``E`` (a stage after one at depth ``E`` has depth ``E``
     too; ``dev[..., E + 1]`` must equal ``dev[..., E]``): exact when no stage's figures change
-    beyond depth ``E`` (:meth:`gpp_solver.planners.graphpipe.dp.StageDP.depth_cap`), and column ``E``
+    beyond depth ``E`` (:meth:`gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.depth_cap`), and column ``E``
     then means any depth.
     """
     if not isinstance(dev, SegDev):

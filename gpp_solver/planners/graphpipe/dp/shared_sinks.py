@@ -1,7 +1,7 @@
 """The stage DP's shared-sink tables (GraphPipe §5, §7.5): a stage that joins the tail of one branch
 (or a group of whole branches) of a parallel block with the series children after it.  The mirrored
 prefix DPs (:func:`prefix_series`, :func:`prefix_parallel`) price what comes before such a stage;
-:func:`attach_values` gives :func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp` its values and
+:func:`attach_values` gives :func:`gpp_solver.planners.graphpipe.dp.kernel.run_dp` its values and
 :func:`attach_parts` the traceback its pieces."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.planners.graphpipe.dp_tree import INF, AttachSite, TreeIndex
+from gpp_solver.planners.graphpipe.dp.tree import INF, AttachSite, TreeIndex
 
 
 def _head_base(T: int, size: int) -> np.ndarray:
@@ -23,7 +23,7 @@ def _head_base(T: int, size: int) -> np.ndarray:
 def prefix_series(idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int, sat: bool = False) -> np.ndarray:
     """``pre[:, u, m, e]`` for ``u = 0..upto``: fewest devices staging the first ``u`` children of
     series node ``t`` when the stage after them has depth ``m`` and every stage has depth ``<= e``
-    (the mirror image of :func:`~gpp_solver.planners.graphpipe.dp_kernel.run_dp`'s series suffix)."""
+    (the mirror image of :func:`~gpp_solver.planners.graphpipe.dp.kernel.run_dp`'s series suffix)."""
     T, size = dev.shape[0], E + 1
     kids, segs = idx.nodes[t][1], idx.seg[t]
     pre = np.empty((T, upto + 1, size, size), dtype=np.int64)
@@ -76,7 +76,7 @@ def prefix_parallel(
     idx: TreeIndex, t: int, dev: np.ndarray, R: list, E: int, upto: int, sat: bool = False
 ) -> list[np.ndarray]:
     """``pre[i][., s, e]`` for ``i = 0..upto``: fewest devices staging the first ``i`` branches of
-    parallel node ``t`` in consecutive groups (the mirror image of :func:`~gpp_solver.planners.graphpipe.dp_kernel.run_dp`'s parallel suffix)."""
+    parallel node ``t`` in consecutive groups (the mirror image of :func:`~gpp_solver.planners.graphpipe.dp.kernel.run_dp`'s parallel suffix)."""
     T, size = dev.shape[0], E + 1
     kids, segs = idx.nodes[t][1], idx.seg[t]
     s_idx, e_idx = np.arange(size)[:, None], np.arange(size)[None, :]

@@ -1,7 +1,7 @@
 """Per-segment tables of the stage DP for one micro-batch size: sums by prefix differences, the
 estimated TPS of every segment at every data-parallel degree (its boundary transfers from
-:mod:`gpp_solver.planners.graphpipe.dp_segment_comm`), the deepest in-flight count memory allows,
-and the fewest devices that meet a target TPS (see :mod:`gpp_solver.planners.graphpipe.dp_kernel`'s
+:mod:`gpp_solver.planners.graphpipe.dp.segment_comm`), the deepest in-flight count memory allows,
+and the fewest devices that meet a target TPS (see :mod:`gpp_solver.planners.graphpipe.dp.kernel`'s
 docstring for the stage estimate)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpp_solver.cost import TimeTerms, comm_time, time_per_sample
-from gpp_solver.planners.graphpipe.dp_segment_comm import SegmentComm
-from gpp_solver.planners.graphpipe.dp_tree import BIG_DEPTH, INF, TreeIndex
+from gpp_solver.planners.graphpipe.dp.segment_comm import SegmentComm
+from gpp_solver.planners.graphpipe.dp.tree import BIG_DEPTH, INF, TreeIndex
 
 
 def segment_sums(idx: TreeIndex, per_leaf: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """The SP tree flattened for the stage DP's array work (:class:`TreeIndex`): internal nodes in
 post-order, every segment (a contiguous range of one node's children, hence a contiguous range of
 the leaf order) with an id, and with ``shared_sinks`` GraphPipe's shared-sink stages
-(:func:`add_shared_sinks`).  See :mod:`gpp_solver.planners.graphpipe.dp_kernel` for the DP itself."""
+(:func:`add_shared_sinks`).  See :mod:`gpp_solver.planners.graphpipe.dp.kernel` for the DP itself."""
 
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ def add_shared_sinks(idx: TreeIndex) -> None:
 
 
 def node_groups(idx: TreeIndex) -> list[list[int]]:
-    """Internal tree nodes in groups that :func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp` solves
+    """Internal tree nodes in groups that :func:`gpp_solver.planners.graphpipe.dp.kernel.run_dp` solves
     together: same kind, same number of children, the same children internal, and the same level
     (1 + the deepest internal child's; so no member is an ancestor of another).  Groups come children-first.  The branches of a
     multi-branch model (MMT's, CANDLE-Uno's) share one group, which turns their per-child Python

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.planners.graphpipe.dp_tree import INF
+from gpp_solver.planners.graphpipe.dp.tree import INF
 
 #: The DP's value is lexicographic: fewest devices, then fewest stages — each stage counts
 #: ``devices << STAGE_BITS | 1`` (:func:`encode`), so among stagings with equal devices the sums
@@ -79,4 +79,4 @@ class SizeTables:
     degrees: tuple[int, ...]
     tps: np.ndarray
     maxdepth: np.ndarray
-    best: np.ndarray  # dp_stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF
+    best: np.ndarray  # stage_tables.best_at_sink(tps, maxdepth): a target below leaves a segment INF

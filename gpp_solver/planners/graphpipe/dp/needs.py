@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from gpp_solver.errors import InfeasibleError
-from gpp_solver.planners.graphpipe.dp_kernel import run_dp
-from gpp_solver.planners.graphpipe.dp_stage import decode, encode
-from gpp_solver.planners.graphpipe.dp_stage_tables import devices_by_depth
-from gpp_solver.planners.graphpipe.dp_tree import SegDev
+from gpp_solver.planners.graphpipe.dp.kernel import run_dp
+from gpp_solver.planners.graphpipe.dp.stage import decode, encode
+from gpp_solver.planners.graphpipe.dp.stage_tables import devices_by_depth
+from gpp_solver.planners.graphpipe.dp.tree import SegDev
 from gpp_solver.types import Cluster
 
 

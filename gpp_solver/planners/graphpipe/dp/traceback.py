@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpp_solver.planners.graphpipe.dp_shared_sinks import attach_parts
-from gpp_solver.planners.graphpipe.dp_stage import DPStage, decode
-from gpp_solver.planners.graphpipe.dp_tree import INF, TreeIndex
+from gpp_solver.planners.graphpipe.dp.shared_sinks import attach_parts
+from gpp_solver.planners.graphpipe.dp.stage import DPStage, decode
+from gpp_solver.planners.graphpipe.dp.tree import INF, TreeIndex
 
 
 def trace_stages(
@@ -28,7 +28,7 @@ def trace_stages(
     sat: bool = False,
 ) -> list[DPStage]:
     """The stages of one feasible DP pass (target ``t`` at ``b`` within ``D`` devices): ``dev``,
-    ``Rroot``, ``tables`` and ``R`` are that pass's arrays (:func:`gpp_solver.planners.graphpipe.dp_kernel.run_dp`
+    ``Rroot``, ``tables`` and ``R`` are that pass's arrays (:func:`gpp_solver.planners.graphpipe.dp.kernel.run_dp`
     with ``keep``), ``tps[g, j]`` the segment estimates at ``degrees[j]``.  Where a shared-sink stage and
     separate stages reach the same value, ``prefer_shared`` picks the former.  ``sat``: the pass
     saturated its depths at ``E`` (a stage's depth is then ``min(depth, E)``)."""

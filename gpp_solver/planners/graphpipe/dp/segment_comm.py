@@ -1,6 +1,6 @@
 """The boundary transfers of every segment of the stage DP's SP tree (:func:`segment_comm`): per
 segment the transfers in and out and their bytes per sample, the figures
-:func:`gpp_solver.planners.graphpipe.dp_stage_tables.stage_tps` prices."""
+:func:`gpp_solver.planners.graphpipe.dp.stage_tables.stage_tps` prices."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpp_solver.planners.graphpipe.dp_tree import TreeIndex
+from gpp_solver.planners.graphpipe.dp.tree import TreeIndex
 
 
 @dataclass(frozen=True)
