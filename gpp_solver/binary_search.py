@@ -2,20 +2,21 @@
 
 The paper bisects ``[0, MAXTPS]`` until the interval is below ``epsilon``.  The optimum is always
 the TPS of one stage the DP can form, so — as Alpa's stage DP does — we enumerate those values
-(:meth:`gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.candidates`: every segment at every degree), sort them and
-binary-search the sorted list: the search ends *exactly* at the smallest feasible value, with no epsilon.  Each DP pass tests
-several targets at once (a k-ary search, :meth:`gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.batch_size`), which shares
-the Python overhead of the recursion; with one target per pass it is the plain binary search.  On
-large trees (:meth:`~gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.large`), until
-a target is proven feasible the probes gallop up from the lower bound (targets from ``cands[lo]`` to
-``2 ** 2 ** g`` times it in the ``g``-th pass) instead of spreading over every candidate: a
-target's DP only stores the segments it can use (:meth:`StageDP._dev`), so low targets keep the
-passes small on long series, and feasibility is monotone in the target, so the answer is the same
-(at the deadline, a key with no feasible target yet gets one last pass at its largest candidate);
-there the first phase also saturates depths at each size's cap
-(:meth:`~gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.depth_cap`, exact).  On small trees the first
-pass spreads over every candidate and, with a deadline, includes the largest.  The result is optimal within the DP's search
-space and with respect to its (conservative) stage estimates.
+(:meth:`gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.candidates`: every segment at every
+degree), sort them and binary-search the sorted list: the search ends *exactly* at the smallest
+feasible value, with no epsilon.  Each DP pass tests several targets at once (a k-ary search,
+:meth:`gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.batch_size`), which shares the Python
+overhead of the recursion; with one target per pass it is the plain binary search.  On large trees
+(:meth:`~gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.large`), until a target is proven
+feasible the probes gallop up from the lower bound (targets from ``cands[lo]`` to ``2 ** 2 ** g``
+times it in the ``g``-th pass) instead of spreading over every candidate: a target's DP only stores
+the segments it can use (:meth:`StageDP._dev`), so low targets keep the passes small on long series,
+and feasibility is monotone in the target, so the answer is the same (at the deadline, a key with no
+feasible target yet gets one last pass at its largest candidate); there the first phase also
+saturates depths at each size's cap
+(:meth:`~gpp_solver.planners.graphpipe.dp.stage_dp.StageDP.depth_cap`, exact).  On small trees the
+first pass spreads over every candidate and, with a deadline, includes the largest.  The result is
+optimal within the DP's search space and with respect to its (conservative) stage estimates.
 
 Known bounds narrow the intervals without a probe: targets known feasible (the planner's quick
 search bounded to a shallow depth, :func:`search_bounded`) and, for the depth sweep's second
