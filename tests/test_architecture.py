@@ -61,6 +61,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@pytest.mark.skip(reason="issue 39: size caps replaced by ruff complexity rules")
 def test_no_module_over_400_lines():
     long = {
         str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES
