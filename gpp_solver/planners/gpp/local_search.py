@@ -1,4 +1,4 @@
-"""Local search over all convex partitions for one micro-batch size (the engine of ``gpp_planner``).
+"""Local search over all convex partitions for one micro-batch size (the engine of ``plan_gpp``).
 
 States and their exact pricing are :mod:`gpp_solver.planners.gpp.partition_eval`'s.  :func:`search` repeatedly
 takes the best improving move (smaller key) among, in this fixed order: a global device re-split;
