@@ -110,9 +110,8 @@ def _record_b(run: GppRun, b: int, P: Problem, best: tuple[SearchResult, str, Ev
     pool = run.pool
     for s_, e_, m_ in ((res.state, res.ev, meta), (st, e0, {**meta, "moves": 0, "tps_after": e0.max_tps})):
         if e_.key[0] == 0:
-            pool.add_state(P, s_, e_, m_)
-            if not pool.lazy:
-                plan = pool.items[-1][0]
+            plan = pool.add_state(P, s_, e_, m_)
+            if plan is not None:
                 run.best_score[b] = min(run.best_score.get(b, run.score(plan)), run.score(plan))
     run.log(
         "gpp: b=%d start %s TPS %.6g -> %.6g (%d moves, %s)",
