@@ -14,7 +14,7 @@ from gpp_solver.planners.gpp.partition_eval import Problem, State
 ALL_CHAIN_LENGTHS = 64  # balanced chains of every stage count up to this many (then a geometric ladder)
 
 
-def _branch_order(P: Problem, nodes: Sequence[int]) -> list[int]:
+def branch_order(P: Problem, nodes: Sequence[int]) -> list[int]:
     """A topological order of ``nodes`` that finishes one branch before starting the next (DFS-like)."""
     inside = set(nodes)
     indeg = {u: 0 for u in nodes}
@@ -41,7 +41,7 @@ def topological_orders(P: Problem) -> list[list[int]]:
     """The graph's own topological order and a branch-by-branch one."""
     idx = P.graph.index
     a = [idx[v] for v in P.graph.topo_order]
-    b = _branch_order(P, list(range(P.N)))
+    b = branch_order(P, list(range(P.N)))
     return [a] if a == b else [a, b]
 
 

@@ -1,4 +1,4 @@
-"""Local search over all convex partitions for one micro-batch size (the engine of ``gpp_planner``).
+"""Local search over all convex partitions for one micro-batch size (the engine of ``plan_gpp``).
 
 States and their exact pricing are :mod:`gpp_solver.planners.gpp.partition_eval`'s.  :func:`search` repeatedly
 takes the best improving move (smaller key) among, in this fixed order: a global device re-split;
@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from gpp_solver.planners.gpp.chains import _branch_order
+from gpp_solver.planners.gpp.chains import branch_order
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State, canonical
 
 MERGE_LIGHTEST = 3  # merges considered: pairs with the loaded stage or one of this many lightest stages
@@ -144,7 +144,7 @@ def _splits(P: Problem, state: State, s: int, members: list) -> Iterator[tuple[s
             parts = [(x, [u for u in members[s] if u not in xs]) for x in exact for xs in (set(x),)]
         else:
             orders = [sorted(members[s], key=lambda u: P.topo_rank[P.graph.ids[u]])]
-            br = _branch_order(P, members[s])
+            br = branch_order(P, members[s])
             if br != orders[0]:
                 orders.append(br)
             parts = [(order[:c], order[c:]) for order in orders for c in range(1, len(order))]

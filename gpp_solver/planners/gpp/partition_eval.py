@@ -17,7 +17,8 @@ a state exactly as ``plan_build.build_plan`` + ``cost.stage_costs`` would (teste
 It exists beside ``cost.stage_costs`` because the local search prices millions of neighbouring
 states from a node->stage array (no stage objects, quotient graph and transfers vectorised, two
 placements tried per state); its formulas are the cost model's pricing core (``comm_time``,
-``TimeTerms.tail``, ``time_per_sample``).
+``TimeTerms.tail``, ``time_per_sample``).  Up to ``PY_EVAL_MAX_SIZE`` nodes + edges it prices in
+plain Python instead (:meth:`Problem._evaluate_py`, the same figures bit for bit).
 
 The key is ``(memory excess, bottleneck-first sorted TPS vector, iteration-time estimate)``
 (``by_estimate=True``: the estimate before the TPS vector, for the final polish), quantised (1e-9 of the perfect-balance TPS) so float noise never counts as an improvement.
@@ -36,7 +37,6 @@ from gpp_solver.cost.model import comm_time, memory_per_device, time_per_sample
 from gpp_solver.cost.network import constant_bandwidth, node_bandwidth, slowest_bandwidth
 from gpp_solver.cost.tables import CostTables
 from gpp_solver.cost.time_terms import TimeTerms
-from gpp_solver.planners.gpp.partition_eval_py import evaluate_py
 from gpp_solver.types import Cluster, Graph
 
 logger = logging.getLogger(__name__)
@@ -213,11 +213,6 @@ class Problem:
                 best = e
         return best
 
-    def _evaluate_py(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
-        """:meth:`_evaluate` in plain Python (:mod:`gpp_solver.planners.gpp.partition_eval_py`)."""
-        r = evaluate_py(self, assign, devs)
-        return None if r is None else Eval(*r)
-
     def _placements(self, order: Sequence[int], devs: Sequence[int]) -> Iterator[tuple[int, ...]]:
         """Contiguous device ranges in topological order; then (when placement matters) largest first."""
         k = len(devs)
@@ -270,6 +265,110 @@ class Problem:
         else:
             key = (int(excess / (self.cap * 1e-9)), vec, int(est / (q * B)))
         return Eval(key, tuple(tps.tolist()), tuple(mem.tolist()), tuple(order), offsets, est)
+
+    # ------------------------------------------------------------------ evaluation in plain Python
+    def _evaluate_py(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
+        """:meth:`_evaluate` in plain Python, for graphs up to ``PY_EVAL_MAX_SIZE`` nodes + edges: the
+        same figures, bit for bit (each sum in the order ``np.bincount`` adds, the element-wise
+        formulas of ``cost.model`` on floats; tests/test_gpp_speed.py checks it)."""
+        k = len(devs)
+        quotient: set[int] = set()
+        transfers: dict[int, float] = {}  # producer node * k + consumer stage -> largest bytes
+        for u, v, nbytes in self._edges:
+            su, sv = assign[u], assign[v]
+            if su != sv:
+                quotient.add(su * k + sv)
+                tkey = u * k + sv
+                old = transfers.get(tkey)
+                if old is None or nbytes > old:
+                    transfers[tkey] = nbytes
+        qs: list[list[int]] = [[] for _ in range(k)]
+        indeg = [0] * k
+        for key in sorted(quotient):
+            qs[key // k].append(key % k)
+            indeg[key % k] += 1
+        first = [self.N] * k
+        C, W, Act = [0.0] * k, [0.0] * k, [0.0] * k
+        comp, weight, act = self.comp, self.weight, self.act
+        for u, s in enumerate(assign):
+            if first[s] == self.N:
+                first[s] = u
+            C[s] += comp[devs[s]][u]
+            W[s] += weight[u]
+            Act[s] += act[u]
+        heap = [(first[s], s) for s in range(k) if indeg[s] == 0]
+        heapq.heapify(heap)
+        order: list[int] = []
+        while heap:
+            _, s = heapq.heappop(heap)
+            order.append(s)
+            for t in qs[s]:
+                indeg[t] -= 1
+                if indeg[t] == 0:
+                    heapq.heappush(heap, (first[t], t))
+        if len(order) < k:
+            return None
+        depth = [0] * k
+        for s in reversed(order):
+            depth[s] = 1 + max((depth[t] for t in qs[s]), default=0)
+        b, n, osf, cap = self.b, self.num_micro_batches, self.osf, self.cap
+        mem = [osf * W[s] + (min(depth[s], n) * b) / devs[s] * Act[s] for s in range(k)]
+        over = [m - cap for m in mem if m - cap > 0.0]
+        if len(over) <= 1:
+            excess = over[0] if over else 0.0
+        else:  # numpy's pairwise sum, as _evaluate adds
+            excess = float(np.maximum(np.asarray(mem) - cap, 0.0).sum())
+        tlist = [(tkey // k, tkey % k, transfers[tkey]) for tkey in sorted(transfers)]
+        best: Eval | None = None
+        for offsets in self._placements(order, devs):
+            e = self._price_py(devs, order, qs, assign, tlist, C, W, mem, excess, offsets)
+            if best is None or e.key < best.key:
+                best = e
+        return best
+
+    def _price_py(self, devs, order, qs, assign, tlist, C, W, mem, excess, offsets) -> Eval:
+        """:meth:`_price` in plain Python (the figures of :meth:`_evaluate_py`)."""
+        k = len(devs)
+        b, B, lat = self.b, self.B, self.lat
+        const = self.const_bw
+        if const is None:
+            dpn, intra, inter = self.dpn, self.intra, self.inter
+            home = []
+            for s in range(k):
+                lo, hi = offsets[s] // dpn, (offsets[s] + devs[s] - 1) // dpn
+                home.append(lo if lo == hi else -1)
+        cp, cc = [0.0] * k, [0.0] * k
+        for u, sv, nbytes in tlist:
+            sp = assign[u]
+            if const is None:
+                hp = home[sp]
+                bw = intra if (hp >= 0 and hp == home[sv]) else inter
+            else:
+                bw = const
+            cp[sp] += lat + nbytes * (b / devs[sp]) / bw
+            cc[sv] += lat + nbytes * (b / devs[sv]) / bw
+        per, ar, tps = [0.0] * k, [0.0] * k, [0.0] * k
+        tail = self.terms.tail  # A(S) + O(S): cost.model.TimeTerms, the scalar form
+        for s in range(k):
+            d = devs[s]
+            bw = const if const is not None else (intra if home[s] >= 0 else inter)
+            ar[s] = tail(W[s], d, bw, b)
+            per[s] = C[s] + 2.0 * (cp[s] + cc[s])
+            tps[s] = per[s] / b + ar[s] / B
+        longest = [0.0] * k
+        for s in order:
+            longest[s] += per[s]
+            for t in qs[s]:
+                if longest[s] > longest[t]:
+                    longest[t] = longest[s]
+        est = max(longest) + (self.num_micro_batches - 1) * max(per) + max(ar)
+        q = self.quantum
+        vec = tuple(sorted((int(x / q) for x in tps), reverse=True))
+        if self.by_estimate:
+            key = (int(excess / (self.cap * 1e-9)), int(est / (q * B)), vec)
+        else:
+            key = (int(excess / (self.cap * 1e-9)), vec, int(est / (q * B)))
+        return Eval(key, tuple(tps), tuple(mem), tuple(order), offsets, est)
 
     # ------------------------------------------------------------------ devices
     def rebalance(self, assign: Sequence[int], k: int) -> tuple[int, ...] | None:

@@ -22,9 +22,10 @@ planners only chains; both leave throughput on the table.  ``plan_gpp``:
    own and from the least-estimate start states of the ``POLISH_SIZES`` most promising sizes;
 4. builds full plans (``plan_build.build_plan``) only for the starts and results of the searches
    (with objective ``iteration_time`` and one start per size, only those whose iteration-time
-   lower bound does not exceed the best plan built so far: ``_Pool``, same pick), picks the best among them and every seed plan by ``objective`` — ``"iteration_time"`` (default:
-   the **simulated** iteration time, ties TPS) or ``"time_per_sample"`` (TPS, ties simulated
-   time) — so the answer is never worse than any seed in that objective; then tightens its
+   lower bound does not exceed the best plan built so far:
+   :class:`~gpp_solver.planners.gpp.pool.Pool`, same pick), picks the best among them and every
+   seed plan by ``objective`` — ``"iteration_time"`` (default: the **simulated** iteration time,
+   ties TPS) or ``"time_per_sample"`` (TPS, ties simulated time) — so the answer is never worse than any seed in that objective; then tightens its
    micro-batch orders with the CP-SAT schedule model when available (``tighten=None``: on when the
    model has at most ``TIGHTEN_MAX_ACTIONS`` actions and no safety stop was reached).
 
@@ -70,8 +71,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpp_solver.planners.gpp.answer import exact_searches, finish
 from gpp_solver.planners.gpp.options import DEFAULT_TIME_LIMIT, GppOptions, candidate_micro_batch_sizes
 from gpp_solver.planners.gpp.run import GppRun
+from gpp_solver.planners.gpp.searches import polish_best, pool_seeds, restart, search_sizes
+from gpp_solver.planners.gpp.starts import find_starts, run_seeds
 from gpp_solver.planners.registry import parse_options
 from gpp_solver.types import Cluster, Graph, Plan
 
@@ -88,14 +92,15 @@ def plan_gpp(
     **options: Any,
 ) -> Plan:
     """Plan with the best seed improved by local search over all convex partitions (module docstring);
-    ``options`` are the fields of :class:`GppOptions`.  The phases are :class:`GppRun`'s."""
+    ``options`` are the fields of :class:`GppOptions`.  The phases are functions of one
+    :class:`GppRun`."""
     o = parse_options("gpp", GppOptions, options)
-    run = GppRun(graph, cluster, mini_batch_size, o, time_limit, progress)
-    run.run_seeds()
-    run.find_starts()
-    run.make_pool()
-    run.search_sizes()  # phase 1
-    run.restart()  # phase 2
-    run.polish_best()  # phase 3
-    plan, meta = run.exact_searches()
-    return run.finish(plan, meta)
+    run = GppRun.create(graph, cluster, mini_batch_size, o, time_limit, progress)
+    run_seeds(run)
+    find_starts(run)
+    pool_seeds(run)
+    search_sizes(run)  # phase 1
+    restart(run)  # phase 2
+    polish_best(run)  # phase 3
+    plan, meta = exact_searches(run)
+    return finish(run, plan, meta)

@@ -34,7 +34,8 @@ class Pool:
     def add(self, plan: Plan, meta: dict[str, Any]) -> None:
         self.items.append([plan, meta, None, None])
 
-    def add_state(self, P: Problem, state: State, ev: Eval, meta: dict[str, Any]) -> None:
+    def add_state(self, P: Problem, state: State, ev: Eval, meta: dict[str, Any]) -> Plan | None:
+        """A search state as a candidate: its plan, built now (``None`` when ``lazy``: built when it may matter)."""
         if not self.lazy:
             item = [None, meta, (P, state, ev), None]
             self._build(item)
@@ -46,6 +47,7 @@ class Pool:
                 iteration_time_lower_bound(P, state, ev, split=self.schedule != "1f1b") * (1 - LAZY_BOUND_SLACK),
             ]
         self.items.append(item)
+        return item[0]
 
     def _build(self, item: list[Any]) -> Plan:
         if item[0] is None:
