@@ -36,6 +36,22 @@ def test_links_and_named_files_exist(doc):
     assert not missing, missing
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_link_anchors_are_headings(doc):
+    """A link to ``page.md#anchor`` names a heading of that page."""
+    bad = []
+    for page, anchor in re.findall(r"\]\(([^)#:]+\.md)#([^)]+)\)", doc.read_text()):
+        headings = re.findall(r"(?m)^#+ (.+)$", (doc.parent / page).read_text())
+        if anchor not in {_slug(h) for h in headings}:
+            bad.append(f"{page}#{anchor}")
+    assert not bad, bad
+
+
 def test_documents_exist():
     for name in ("formats.md", "cost-model.md", "planners.md", "runtime.md", "results.md", "fidelity.md"):
         assert (ROOT / "docs" / name).is_file(), name
