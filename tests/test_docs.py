@@ -111,7 +111,7 @@ NAMES = sorted(
     {
         n
         for doc in DOCS
-        for n in re.findall(r"`((?:gpp_solver|gpp_runtime|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())
+        for n in re.findall(r"`((?:gpp_solver|gpp_runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())
     }
 )
 
@@ -119,7 +119,7 @@ NAMES = sorted(
 @pytest.mark.parametrize("name", NAMES)
 def test_named_python_objects_exist(name):
     """Every ``gpp_solver.x.y`` / ``gpp_runtime.x.y`` a document names can be imported."""
-    if name.startswith(("gpp_runtime", "runtime")):
+    if name.startswith("gpp_runtime"):
         pytest.importorskip("torch")
     assert _resolve(name) is not None
 
