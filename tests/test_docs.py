@@ -108,11 +108,7 @@ def _resolve(dotted: str) -> object:
 
 
 NAMES = sorted(
-    {
-        n
-        for doc in DOCS
-        for n in re.findall(r"`((?:gpp_solver|gpp_runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())
-    }
+    {n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|gpp_runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())}
 )
 
 
