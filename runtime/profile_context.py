@@ -9,8 +9,8 @@ stages. Resnet18 (float64, 32x32 images, 2 samples), split by GraphPipe after ``
 
 - the nodes timed on their own: forward 8.9 and 7.0 ms (+ 3.2 and 1.6 ms of per-node overhead);
 - the same nodes timed one by one inside whole forwards: 11.7 and 9.8 ms;
-- the two-stage pipeline's traces (2026-11-26 08:29 run): stage forwards of 10.5-11.3 and
-  9.4-10.3 ms a micro-batch. The isolated profile put the second stage's forward 25% low and made
+- the two-stage pipeline's traces (docs/results.md, *Forward times in context*): stage forwards
+  of 10.5-11.3 and 9.4-10.3 ms a micro-batch. The isolated profile put the second stage's forward 25% low and made
   the pipeline's slower stage the faster one.
 
 So on a CPU the forward times of the profile are replaced by these: the model runs node by node

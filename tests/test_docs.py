@@ -36,6 +36,22 @@ def test_links_and_named_files_exist(doc):
     assert not missing, missing
 
 
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_link_anchors_are_headings(doc):
+    """A link to ``page.md#anchor`` names a heading of that page."""
+    bad = []
+    for page, anchor in re.findall(r"\]\(([^)#:]+\.md)#([^)]+)\)", doc.read_text()):
+        headings = re.findall(r"(?m)^#+ (.+)$", (doc.parent / page).read_text())
+        if anchor not in {_slug(h) for h in headings}:
+            bad.append(f"{page}#{anchor}")
+    assert not bad, bad
+
+
 def test_documents_exist():
     for name in ("formats.md", "cost-model.md", "planners.md", "runtime.md", "results.md", "fidelity.md"):
         assert (ROOT / "docs" / name).is_file(), name
@@ -92,13 +108,48 @@ def _resolve(dotted: str) -> object:
 
 
 NAMES = sorted(
-    {n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())}
+    {n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|gpp_runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())}
 )
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_named_python_objects_exist(name):
-    """Every ``gpp_solver.x.y`` / ``runtime.x.y`` a document names can be imported."""
-    if name.startswith("runtime"):
+    """Every ``gpp_solver.x.y`` / ``gpp_runtime.x.y`` a document names can be imported."""
+    if name.startswith("gpp_runtime"):
         pytest.importorskip("torch")
     assert _resolve(name) is not None
+
+
+SPECS = [
+    ROOT / "docs" / f"{name}.md"
+    for name in ("formats", "cost-model", "time-terms", "zero-bubble", "planners", "runtime", "fidelity")
+]
+RUN_LOG = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(?:-\d\d:\d\d)? UTC\b|\bUTC\b|\blease\b")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda p: p.name)
+def test_specs_hold_no_run_logs(spec):
+    """Specs state rules and worked examples; dated runs belong in docs/results.md."""
+    found = [m.group(0) for m in RUN_LOG.finditer(spec.read_text())]
+    assert not found, f"{spec.name}: {found} (measurements go to docs/results.md)"
+
+
+def test_module_docstrings_hold_no_run_logs():
+    """No module docstring of the solver or the runtime carries a dated run."""
+    import ast
+
+    bad = []
+    for path in sorted([*(ROOT / "gpp_solver").rglob("*.py"), *(ROOT / "runtime").rglob("*.py")]):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        found = [m.group(0) for m in RUN_LOG.finditer(doc)]
+        if found:
+            bad.append(f"{path.relative_to(ROOT)}: {found}")
+    assert not bad, bad
+
+
+def test_readme_is_a_guide():
+    """README stays a guide (at most 400 lines); its results summary links to the results page."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 400
+    assert not RUN_LOG.search(text), RUN_LOG.search(text)
+    assert "](docs/results.md)" in text
