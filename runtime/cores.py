@@ -143,7 +143,7 @@ def merge(docs: list[dict], used: list[int]) -> dict:
         if value > 0:
             out[key] = value
     in_situ = [d["extra"]["profile"].get("in_situ") for d in docs]
-    if any(in_situ):  # each worker's calibration (runtime.profile_insitu): their scaled node times were merged
+    if any(in_situ):  # each worker's calibration (runtime.calibration.insitu): their scaled node times were merged
         out["extra"]["profile"]["in_situ"] = {"workers": in_situ}
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",

@@ -62,7 +62,7 @@ from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
 from .engine.grad_sync import GradSync
 from .engine.memory import host_available_memory, runtime_memory
 from .engine.p2p import P2P
-from .probe_fit import affine_fit, in_turns, ring_fit, typical
+from .calibration.probe_fit import affine_fit, in_turns, ring_fit, typical
 
 __all__ = ["affine_fit", "in_turns", "ring_fit", "typical", "main"]
 

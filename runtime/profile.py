@@ -9,7 +9,7 @@ Device: ``cuda:LOCAL_RANK`` (``cuda:0`` outside torchrun) when CUDA is available
 measured, and the graph's ``extra.profile.device`` says which it was.
 
 What is measured, and how, is the profiler's (``runtime.capture.profiler``), and the time-model
-terms ``runtime.profile_terms`` adds (the graph's ``op_overhead`` and ``optimizer_time_per_byte``
+terms ``runtime.calibration.terms`` adds (the graph's ``op_overhead`` and ``optimizer_time_per_byte``
 for ``--optimizer``, the loss in the sink node; ``--no-time-terms`` leaves them out); this module
 is their command line. Exit codes: 0 ok, 2 bad input (one message, no traceback).
 """
@@ -31,7 +31,7 @@ from . import cores
 from .capture.fx_graph import load_workload
 from .capture.profiler import profile
 from .engine.allocator import keep_freed_memory
-from .profile_terms import profile_with_terms
+from .calibration.terms import profile_with_terms
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
         "--no-in-situ",
         action="store_true",
         help="keep the node times as profiled: no calibration to a one-stage plan as the runtime runs it "
-        "(runtime/profile_insitu.py)",
+        "(runtime/calibration/insitu.py)",
     )
     ap.add_argument(
         "--cpu",

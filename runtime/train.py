@@ -66,7 +66,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 
@@ -77,7 +76,7 @@ from .engine.allocator import keep_freed_memory
 from .engine.memory import default_memory_step
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
-from .engine.stage_setup import build, prepare, seeded_workload
+from .engine.stage_setup import TrainWorkload, build, prepare, seeded_workload
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
 from .train_args import DTYPES, parse_args
 
@@ -98,31 +97,6 @@ def _fatal(rank: int, msg: str) -> None:
     """Every rank writes its own fatal error (rank 0 as a plain ``error:`` line)."""
     head = "error:" if rank == 0 else f"[runtime] rank {rank}: error:"
     print(f"{head} {msg}", file=sys.stderr, flush=True)
-
-
-class TrainWorkload:
-    """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
-    summed loss divided by the mini-batch size (so gradients are those of the mean)."""
-
-    def __init__(self, wl, dtype, mini_batch_size: int) -> None:
-        self.model = wl.model.to(dtype) if dtype is not None else wl.model
-        self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
-        self.raw = wl
-        self.reduction = getattr(wl, "loss_reduction", "sum")
-        self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
-        if self.reduction not in ("sum", "mean"):
-            raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
-
-    def sample(self, rows: int, step: int):
-        inputs, target = self._wl.sample(rows, step)
-        if self._dtype is None:
-            return tuple(inputs), target
-        cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-        return tuple(cast(x) for x in inputs), pytree.tree_map(cast, target)
-
-    def loss(self, output, target):
-        loss = self._wl.loss(output, target)
-        return loss if self.reduction == "mean" else loss / self.mini_batch_size
 
 
 def main(argv: list[str] | None = None) -> int:

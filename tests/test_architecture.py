@@ -170,9 +170,10 @@ def test_solver_never_imports_torch(path):
         assert not any(n == "torch" or n.startswith("torch.") for n in names), path
 
 
-#: runtime/'s jobs, bottom first: a sub-package imports only the ones below it; the command-line
-#: entry points at the top level (train, profile, probe, cores, emulate) import any of them.
-RUNTIME_LAYERS = ("capture", "lowering", "engine")
+#: runtime/'s jobs, bottom first: a sub-package imports only the ones below it (calibration runs
+#: the engine's pipeline to calibrate the profile); the command-line entry points at the top level
+#: (train, profile, probe, cores, emulate) import any of them.
+RUNTIME_LAYERS = ("capture", "lowering", "engine", "calibration")
 
 
 def _runtime_imports(path: Path) -> set[str]:

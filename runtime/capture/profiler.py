@@ -14,7 +14,7 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   host) then lands in one round of a node rather than in every run of a contiguous range of
   nodes, which would shift time from one stage of a plan to another. With the time terms (the
   command line's default) a CPU profile replaces these by each node's forward timed inside whole
-  forwards (``runtime.profile_context``: a node run on its own keeps its weights in the caches);
+  forwards (``runtime.calibration.context``: a node run on its own keeps its weights in the caches);
 - ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
   ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
   leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;

@@ -14,7 +14,7 @@ from gpp_solver.formats.plan_json import save_plan
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, SearchInfo
 from runtime.capture.fx_graph import load_workload
-from runtime.profile_terms import profile_with_terms
+from runtime.calibration.terms import profile_with_terms
 
 
 def _profile(tmp_path, fn: str) -> dict:

@@ -234,7 +234,7 @@ def test_typical_time_is_the_mean_of_the_middle_80_percent():
     """A step's time is a mean over steps, so a message's is priced at its mean: a mixture of fast
     and slow messages (a rank woken late) at its share of slow ones, where a median jumps between
     the modes; the fastest and slowest tenth are left out (a one-off stall of the host)."""
-    from runtime.probe_fit import typical
+    from runtime.calibration.probe_fit import typical
 
     fast, slow = 0.2e-3, 3e-3
     mixture = [fast] * 12 + [slow] * 8  # 40% slow: the median is the fast mode

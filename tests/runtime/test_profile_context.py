@@ -1,4 +1,4 @@
-"""``runtime.profile_context``: on a CPU each node's forward is timed inside whole forwards."""
+"""``runtime.calibration.context``: on a CPU each node's forward is timed inside whole forwards."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from runtime.capture.fx_graph import trace_workload
-from runtime.profile_context import forward_in_context, use_in_context_forward
-from runtime.profile_terms import profile_with_terms
+from runtime.calibration.context import forward_in_context, use_in_context_forward
+from runtime.calibration.terms import profile_with_terms
 
 NAP = 0.004
 

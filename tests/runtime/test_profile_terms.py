@@ -10,7 +10,7 @@ from gpp_solver.plan.build import StageSpec
 from gpp_solver.types import Cluster
 from runtime.capture.fx_graph import load_workload
 from runtime.capture.profiler import profile
-from runtime.profile_terms import (
+from runtime.calibration.terms import (
     graph_overhead,
     optimizer_seconds,
     profile_with_terms,

@@ -73,7 +73,7 @@ def test_profile_concurrent_two_pinned_workers(tmp_path):
     assert [n["id"] for n in doc["nodes"]] == [n["id"] for n in one["nodes"]]
     assert all(len(n["fw_time"]) == 2 and min(n["fw_time"] + n["bw_time"]) >= 0 for n in doc["nodes"])
     assert "concurrent" not in one["extra"]["profile"]
-    workers = doc["extra"]["profile"]["in_situ"]["workers"]  # each worker calibrated (runtime.profile_insitu)
+    workers = doc["extra"]["profile"]["in_situ"]["workers"]  # each worker calibrated (runtime.calibration.insitu)
     assert len(workers) == 2 and all(len(w["measured"]) == 2 for w in workers)
     assert not list(tmp_path.glob("*.tmp*"))
 

@@ -55,7 +55,7 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
             "extra",
         }
         assert n["workspace_bytes"] >= 0
-        # the sink also keeps the loss's times, which its own include (runtime.profile_terms)
+        # the sink also keeps the loss's times, which its own include (runtime.calibration.terms)
         assert set(n["extra"]) == ({"time_spread", "loss_time"} if n["id"] == "head" else {"time_spread"})
         assert len(n["fw_time"]) == len(n["bw_time"]) == len(n["bw_weight_time"]) == 2
         # the weight gradient is a part of the backward; a node without parameters has none

@@ -1,7 +1,7 @@
 """In-situ calibration: the node times scaled so that a one-stage plan costs what the runtime runs.
 
 Each node is profiled on its own (``runtime.capture.profiler``), and the whole model's forward and
-backward through its fx module (``runtime.profile_terms``) give the per-node overhead. Neither is
+backward through its fx module (``runtime.calibration.terms``) give the per-node overhead. Neither is
 what ``runtime.train`` runs: the stage executor (saved-tensor hook, chunk slicing, the loss, the
 sends), the step around it (the batch sampled, gradients zeroed, the optimizer), and the machine as
 it is while a trainer holds a micro-batch's activations rather than a node's. Measured on this
@@ -67,10 +67,10 @@ from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo, Status
 
-from .capture.tracing import workload_hooks
-from .engine.pipeline import GraphPipeline
-from .engine.verify import make_optimizer
-from .train import TrainWorkload
+from ..capture.tracing import workload_hooks
+from ..engine.pipeline import GraphPipeline
+from ..engine.stage_setup import TrainWorkload
+from ..engine.verify import make_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ def calibrate(doc: dict, measured: list[dict]) -> dict:
         "measured": measured,
         "scale": factors,
         "rest_fit": {"fixed": fixed, "per_sample": per_sample, "optimizer": optimizer},
-        "what": "runtime.profile_insitu",
+        "what": "runtime.calibration.insitu",
     }
     pairs = [x for m in measured for x in m.get("accumulation_pairs", ())]
     if pairs and weight > 0:

@@ -17,7 +17,7 @@ line's default; ``--no-time-terms`` leaves them out).
   off every node's time at that size (never below 0: the format's times are non-negative); the
   graph's ``op_overhead`` is the median over sizes of the positive parts. On a CPU the nodes'
   forward times are first replaced by their times inside whole forwards
-  (``runtime.profile_context``), so ``op_overhead.fw`` is what the trainer's generated module adds
+  (``runtime.calibration.context``), so ``op_overhead.fw`` is what the trainer's generated module adds
   to those.
 - **Loss** (``loss_fw``/``loss_bw`` per size): the workload's ``loss`` on the model's output and
   target, forward and backward. The trainer runs it on the stage that holds the model's output,
@@ -28,7 +28,7 @@ line's default; ``--no-time-terms`` leaves them out).
   model multiplies it by), for the optimizer ``runtime.train`` uses (``--optimizer``, SGD by
   default; named in ``extra.profile.optimizer``).
 
-Then, by default, ``runtime.profile_insitu`` calibrates the node times (and replaces
+Then, by default, ``runtime.calibration.insitu`` calibrates the node times (and replaces
 ``optimizer_time_per_byte``) to a one-stage plan as the runtime trains it.
 """
 
@@ -41,11 +41,11 @@ import torch
 
 from gpp_solver.errors import InvalidInputError
 
-from .capture.fx_graph import propagate, trace_workload
-from .capture.profiler import profile
-from .engine.verify import make_optimizer
-from .profile_context import forward_in_context, use_in_context_forward
-from .profile_insitu import add_in_situ
+from ..capture.fx_graph import propagate, trace_workload
+from ..capture.profiler import profile
+from ..engine.verify import make_optimizer
+from .context import forward_in_context, use_in_context_forward
+from .insitu import add_in_situ
 
 
 def _sync(device: torch.device) -> None:
@@ -217,7 +217,7 @@ def profile_with_terms(
     """The profiler's gpp-graph/1 document with the time-model terms (module docstring); with
     ``rounds`` the whole model's fastest run is taken over ``rounds * repeats`` runs, as many as
     each node's. ``in_situ``: then calibrate the node times to a one-stage plan as the runtime
-    runs it (``runtime.profile_insitu``)."""
+    runs it (``runtime.calibration.insitu``)."""
     doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name, rounds=rounds)
     add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
     if in_situ:
@@ -239,7 +239,7 @@ def add_time_terms(
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         with torch.no_grad():
             out = propagate(mg, inputs)[mg.sink]
-        if device.type == "cpu":  # each node's forward where it runs (runtime/profile_context.py)
+        if device.type == "cpu":  # each node's forward where it runs (runtime/calibration/context.py)
             in_context.append(forward_in_context(mg, inputs, warmup, repeats, _pack_hook(ptrs)))
         whole.append(whole_model_times(mg.gm, inputs, warmup, repeats, device))
         tgt = target.to(device) if isinstance(target, torch.Tensor) else target

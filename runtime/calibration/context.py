@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from .capture.fx_graph import COMPUTE_OPS, ModelGraph, run_node
+from ..capture.fx_graph import COMPUTE_OPS, ModelGraph, run_node
 
 
 def forward_in_context(
