@@ -49,8 +49,11 @@ exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compa
 before the first step. Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
-The flags are ``runtime.train_args``'s; rank 0 gathers the ranks' records and assembles the summary
-and the ``--json`` line with ``runtime.train_report``.
+The command line (:func:`parse_args`, its flags in the order ``--help`` lists them) is a contract
+the benchmarks and users' scripts rely on. Rank 0 gathers every rank's record (step times, memory,
+trace events, losses) and the stages' parameters (:func:`gather`), assembles the metrics summary
+(:func:`summarize`) and the ``--json`` line (:func:`json_line`), whose names (``JSON_FIELDS``) are
+a contract read from outside.
 
 Test hooks (environment): ``GPP_RUNTIME_TEST_KILL_RANK=r`` makes rank r ``os._exit(17)`` at step
 ``GPP_RUNTIME_TEST_KILL_STEP`` (default 1); ``GPP_RUNTIME_TEST_HANG_RANK=r`` makes it sleep there.
@@ -58,7 +61,10 @@ Test hooks (environment): ``GPP_RUNTIME_TEST_KILL_RANK=r`` makes rank r ``os._ex
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import datetime
+import json
 import logging
 import os
 import sys
@@ -69,7 +75,7 @@ import torch.distributed as dist
 
 from gpp_solver.errors import InvalidInputError
 
-from . import cores, train_report
+from . import cores
 from .capture.tracing import workload_hooks
 from .engine import checkpoint, metrics
 from .engine.allocator import keep_freed_memory
@@ -78,9 +84,112 @@ from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
 from .engine.stage_setup import TrainWorkload, build, prepare, seeded_workload
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
-from .train_args import DTYPES, parse_args
+from .lowering.plan_io import predicted_time_per_sample
 
 logger = logging.getLogger("runtime.train")
+
+
+# The command line: its arguments, in the order ``--help`` lists them.
+
+#: ``--dtype`` choices -> the dtype the model and the floating inputs are cast to
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="torchrun ... -m runtime.train", description="Train a workload with a gpp-plan/1."
+    )
+    ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
+    ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
+    ap.add_argument(
+        "--graph",
+        default=None,
+        help="the profiled gpp-graph/1 the plan was made from "
+        "(with --cluster: the plan is validated exactly as `gpp validate` does)",
+    )
+    ap.add_argument("--cluster", default=None, help="the gpp-cluster/1 the plan was made for")
+    ap.add_argument("--steps", type=int, default=10, help="mini-batches to train (default 10)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="default sgd")
+    ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
+    ap.add_argument(
+        "--optimizer-state-factor",
+        type=float,
+        default=None,
+        help="the optimizer_state_factor the plan was made with (default: the plan's record, "
+        "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default=None,
+        help="cast the model and floating inputs (default: as the workload makes them)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
+    ap.add_argument(
+        "--p2p",
+        choices=("auto", "eager", "batched"),
+        default="auto",
+        help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)",
+    )
+    _add_verify_arguments(ap)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
+    ap.add_argument("--checkpoint-every", type=int, default=1)
+    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    _add_output_arguments(ap)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
+    ap.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)",
+    )
+    ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
+    ap.add_argument(
+        "--allreduce-overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="data-parallel all-reduce during the last backward (on) or after it (off, as the "
+        "cost model prices it); default auto: on with NCCL, off with gloo",
+    )
+    ap.add_argument("--quiet", action="store_true", help="no summary (benchmarks)")
+    return ap.parse_args(argv)
+
+
+def _add_verify_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--verify`` (compare with one-process training) and its tolerances."""
+    ap.add_argument("--verify", action="store_true", help="compare with one-process training")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)",
+    )
+    ap.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
+        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)",
+    )
+
+
+def _add_output_arguments(ap: argparse.ArgumentParser) -> None:
+    """What the run writes and measures: metrics, trace, ``--json``, the steps timed and measured,
+    the final parameters."""
+    ap.add_argument("--metrics", default=None, help="write the metrics summary JSON here")
+    ap.add_argument("--trace", default=None, help="write a Chrome trace of all ranks here")
+    ap.add_argument("--json", action="store_true", help="print a last JSON line with the step times")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
+    ap.add_argument(
+        "--memory-step",
+        type=int,
+        default=None,
+        help="the step (0-based) whose peak memory is measured (default: --warmup-steps - 2, at least 1; "
+        "on CPU it runs slower and the next step processes its profile, so with 3 or more warm-up steps "
+        "neither is timed)",
+    )
+    ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
 
 
 def _test_hooks(rank: int, step: int) -> None:
@@ -228,10 +337,10 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
 
 def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
     """Gather metrics/parameters on rank 0, print, write files, verify."""
-    run = train_report.gather(pipe, rank, device, losses, events=bool(args.trace))
+    run = gather(pipe, rank, device, losses, events=bool(args.trace))
     if run is None:
         return 0
-    m = train_report.summarize(run.records, pipe.setup.plan, args.warmup_steps, start)
+    m = summarize(run.records, pipe.setup.plan, args.warmup_steps, start)
     if m:
         if not args.quiet:
             logger.info("%s", metrics.format_summary(m))
@@ -252,7 +361,7 @@ def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
     if args.verify and not _verify(args, run.params, pipe.setup.plan, device):
         return 1
     if args.json and m:
-        print(train_report.json_line(m), flush=True)
+        print(json_line(m), flush=True)
     return code
 
 
@@ -292,6 +401,105 @@ def _verify(args, params: dict[str, torch.Tensor], plan, device: torch.device) -
         largest_difference(params, want),
     )
     return True
+
+
+# Rank 0's report of a finished run: every rank's record (step times, memory, trace events,
+# losses) and stage parameters gathered, the metrics summary, and the ``--json`` line.
+
+#: the fields of the ``{"gpp_runtime": {...}}`` line ``--json`` prints, in order
+JSON_FIELDS = (
+    "mini_batch_size",
+    "warmup_steps",
+    "timed_steps",
+    "seconds_per_step",
+    "samples_per_second",
+    "step_seconds",
+    "losses",
+    "predicted_iteration_seconds",
+    "ranks",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """What rank 0 holds after the gather."""
+
+    #: one record per rank, in rank order (``rank_record``)
+    records: list[dict]
+    #: every stage's parameters under the original model's names (replica 0 of each stage)
+    params: dict[str, torch.Tensor]
+    #: names of tied weights whose copies differ across stages
+    tied_mismatch: list[str]
+
+
+def rank_record(pipe: GraphPipeline, rank: int, device: torch.device, losses: list[float], events: bool) -> dict:
+    """This rank's steps, memory (measured and predicted), trace events (when ``events``) and,
+    on the sink's ranks, the per-step losses."""
+    setup, rec = pipe.setup, pipe.rec
+    stats = pipe.memory_stats()
+    mem = {"peak": stats["peak_memory_bytes"], "predicted": stats["predicted_peak_memory_bytes"]}
+    if device.type != "cuda":
+        mem.update(saved_activations=pipe.executor.saved_peak, rss=metrics.peak_rss_bytes())
+    return {
+        "rank": rank,
+        "stage": setup.stage.id,
+        "steps": rec.steps,
+        "memory": mem,
+        "memory_stats": stats,
+        "events": rec.events if events else [],
+        "losses": losses if setup.program.holds_sink else None,
+    }
+
+
+def gather(pipe: GraphPipeline, rank: int, device: torch.device, losses: list[float], events: bool) -> Gathered | None:
+    """Every rank's record and parameters on rank 0 (a collective: every rank calls it); None on
+    the other ranks."""
+    mine = rank_record(pipe, rank, device, losses, events)
+    params = {k: v.detach().cpu() for k, v in pipe.named_parameters()} if pipe.setup.replica == 0 else {}
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object((mine, params), gathered, dst=0)
+    dist.barrier()  # every transfer of the gather is done before any rank tears down its group
+    if rank != 0:
+        return None
+    all_params: dict[str, torch.Tensor] = {}
+    tied_bad = []
+    for g in gathered:
+        for k, v in g[1].items():
+            if k in all_params and not torch.equal(all_params[k], v):
+                tied_bad.append(k)
+            all_params.setdefault(k, v)
+    return Gathered(records=[g[0] for g in gathered], params=all_params, tied_mismatch=tied_bad)
+
+
+def summarize(records: list[dict], plan, warmup_steps: int, first_step: int) -> dict:
+    """The metrics summary (``runtime.engine.metrics.summarize``) with the losses, the first step
+    run, the plan's predicted iteration time, every rank's memory and each step's seconds; ``{}``
+    when no step ran."""
+    if not records[0]["steps"]:
+        return {}
+    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)} for s in plan.stages]
+    m = metrics.summarize(records, stages, plan.mini_batch_size, warmup_steps)
+    m["losses"] = next((r["losses"] for r in records if r["losses"] is not None), [])
+    m["first_step"] = first_step
+    m["predicted_iteration_seconds"] = plan.predicted.iteration_time
+    m["ranks"] = sorted((r["memory_stats"] for r in records), key=lambda x: x["rank"])
+    m["step_seconds"] = step_seconds(records)
+    return m
+
+
+def step_seconds(records: list[dict]) -> list[float]:
+    """Each step's span over all ranks, the first rank's start to the last rank's end; spans of
+    consecutive steps overlap (the module docstring)."""
+    by_step: dict[int, list] = {}
+    for r in records:
+        for st, t0, t1, _busy in r["steps"]:
+            by_step.setdefault(st, []).append((t0, t1))
+    return [max(e for _s, e in v) - min(s for s, _e in v) for _k, v in sorted(by_step.items())]
+
+
+def json_line(m: dict) -> str:
+    """The ``--json`` line: ``{"gpp_runtime": {...}}`` with the ``JSON_FIELDS`` of summary ``m``."""
+    return json.dumps({"gpp_runtime": {k: m.get(k) for k in JSON_FIELDS}})
 
 
 if __name__ == "__main__":

@@ -196,12 +196,3 @@ def test_runtime_jobs_import_only_the_jobs_below_them():
             if extra := _runtime_imports(path) - allowed:
                 bad.append(f"{path.relative_to(ROOT)} imports {sorted(extra)}")
     assert not bad, bad
-
-
-def test_runtime_modules_stay_under_400_lines():
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in (ROOT / "runtime").rglob("*.py")
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    assert not long, f"modules over {MAX_LINES} lines: {long}"
