@@ -4,28 +4,28 @@ Commands (from the repository root; plans are JSON written by ``gpp plan`` or by
 ones in ``examples/plans/``):
 
     # profile the model into a graph the planner reads
-    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
+    python -m gpp_runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
     # two-branch graph pipeline on 3 CPU ranks (branch 0 | branch 1 -> cat+head), checked
     # against one-process training
-    torchrun --standalone --nproc-per-node 3 -m runtime.train \\
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train \\
         --plan examples/plans/two_branch_3ranks.json --model examples.two_branch:workload --steps 5 --verify
     # a 2-stage 1F1B chain
-    torchrun --standalone --nproc-per-node 2 -m runtime.train \\
+    torchrun --standalone --nproc-per-node 2 -m gpp_runtime.train \\
         --plan examples/plans/sequential_2ranks.json --model examples.sequential:workload --steps 5 --verify
     # with metrics, a Chrome trace, and checkpoints every 2 steps
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --metrics m.json --trace t.json \\
         --checkpoint ckpt --checkpoint-every 2
     # continue after a crash from the newest complete checkpoint
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --checkpoint ckpt --resume
 
     # Adam, float64 and an explicit --verify tolerance; the NCCL posting order on gloo
-    torchrun --standalone --nproc-per-node 2 -m runtime.train --plan examples/plans/sequential_2ranks.json \
+    torchrun --standalone --nproc-per-node 2 -m gpp_runtime.train --plan examples/plans/sequential_2ranks.json \
         --model examples.sequential:workload --optimizer adam --lr 1e-3 --dtype float64 \
         --verify --rtol 1e-9 --atol 1e-12 --p2p batched
 
-This module is a thin user of ``runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
+This module is a thin user of ``gpp_runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
 the optimizer). The workload's ``loss`` is a sum over samples (divided here by the mini-batch
 size, so gradients are those of the mean) unless the workload sets ``loss_reduction = "mean"``;
 the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other.
@@ -38,9 +38,9 @@ warm-up included), and ``seconds_per_step`` and ``samples_per_second`` after the
 (the timed steps' wall time over all ranks divided by their count). The two differ: ranks are
 not synchronised between steps, so one step's span overlaps the next one's and the mean of
 ``step_seconds`` exceeds ``seconds_per_step`` (by 12-22% on the examples' CPU plans); throughput
-is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``); the plan's
+is ``seconds_per_step``, one step's latency ``step_seconds`` (``gpp_runtime.engine.metrics``); the plan's
 ``predicted_iteration_seconds``; and ``ranks``: per rank ``{"rank", "stage", "peak_memory_bytes",
-"predicted_peak_memory_bytes"}``, the peak measured over ``--memory-step`` (``runtime.engine.memory``:
+"predicted_peak_memory_bytes"}``, the peak measured over ``--memory-step`` (``gpp_runtime.engine.memory``:
 on CPU that step is profiled, slower, and its profile is processed when the next step starts, so
 by default it is step ``--warmup-steps`` - 2, at least 1: both stay out of the timed steps with 3
 warm-up steps or more)
@@ -86,7 +86,7 @@ from .engine.stage_setup import TrainWorkload, build, prepare, seeded_workload
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
 from .lowering.plan_io import predicted_time_per_sample
 
-logger = logging.getLogger("runtime.train")
+logger = logging.getLogger("gpp_runtime.train")
 
 
 # The command line: its arguments, in the order ``--help`` lists them.
@@ -97,7 +97,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="torchrun ... -m runtime.train", description="Train a workload with a gpp-plan/1."
+        prog="torchrun ... -m gpp_runtime.train", description="Train a workload with a gpp-plan/1."
     )
     ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
@@ -170,7 +170,7 @@ def _add_verify_arguments(ap: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
-        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see runtime.engine.verify.default_tolerance)",
+        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see gpp_runtime.engine.verify.default_tolerance)",
     )
 
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         _fatal(rank, "--steps >= 0, --checkpoint-every >= 1, --resume needs --checkpoint")
         return 2
     use_cuda = torch.cuda.is_available() and not args.cpu
-    if not use_cuda:  # as the profile ran (runtime.engine.allocator)
+    if not use_cuda:  # as the profile ran (gpp_runtime.engine.allocator)
         keep_freed_memory()
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
@@ -472,7 +472,7 @@ def gather(pipe: GraphPipeline, rank: int, device: torch.device, losses: list[fl
 
 
 def summarize(records: list[dict], plan, warmup_steps: int, first_step: int) -> dict:
-    """The metrics summary (``runtime.engine.metrics.summarize``) with the losses, the first step
+    """The metrics summary (``gpp_runtime.engine.metrics.summarize``) with the losses, the first step
     run, the plan's predicted iteration time, every rank's memory and each step's seconds; ``{}``
     when no step ran."""
     if not records[0]["steps"]:

@@ -92,13 +92,13 @@ def _resolve(dotted: str) -> object:
 
 
 NAMES = sorted(
-    {n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())}
+    {n for doc in DOCS for n in re.findall(r"`((?:gpp_solver|gpp_runtime)(?:\.[A-Za-z_]\w*)+)", doc.read_text())}
 )
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_named_python_objects_exist(name):
-    """Every ``gpp_solver.x.y`` / ``runtime.x.y`` a document names can be imported."""
-    if name.startswith("runtime"):
+    """Every ``gpp_solver.x.y`` / ``gpp_runtime.x.y`` a document names can be imported."""
+    if name.startswith("gpp_runtime"):
         pytest.importorskip("torch")
     assert _resolve(name) is not None

@@ -83,7 +83,7 @@ def test_planning_recipe(tmp_path):
     """README's profile -> probe -> plan -> train -> check recipe on CPU ranks: the last --json line
     has the prediction beside the measurement, time and memory, for every rank the plan uses."""
     pytest.importorskip("torch")
-    (block,) = [b for b in blocks("bash") if "runtime.probe" in b]
+    (block,) = [b for b in blocks("bash") if "gpp_runtime.probe" in b]
     r = subprocess.run(
         _runnable(block, tmp_path), shell=True, cwd=README.parent, capture_output=True, text=True, timeout=600
     )

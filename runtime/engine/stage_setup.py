@@ -1,7 +1,7 @@
 """Everything a rank prepares before its first message, identically on every rank.
 
-Read the plan, trace the model, rewrite its dropout nodes (``runtime.capture.dropout``), match the
-plan's node ids, validate the plan as ``gpp validate`` does (``runtime.lowering.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
+Read the plan, trace the model, rewrite its dropout nodes (``gpp_runtime.capture.dropout``), match the
+plan's node ids, validate the plan as ``gpp validate`` does (``gpp_runtime.lowering.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
 shapes and dtypes (one forward pass in eval mode, no grad, on the first rows of the example
 inputs), find parameters shared by several stages (by tensor identity), lower the orders to
 per-rank actions and prove them deadlock-free (``dry_run``, and ``check_rendezvous`` for the
@@ -101,7 +101,7 @@ def build(
     ``plan``: a path, a gpp-plan/1 document or a :class:`Plan`. The posting order is proved
     deadlock-free with rendezvous sends (``check_rendezvous``) in the ``batched`` mode and
     whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
-    :func:`runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
+    :func:`gpp_runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
     plan = read_plan(plan)
     check_world(plan, world)
     graph = load_graph(graph_path) if graph_path else None
@@ -191,7 +191,7 @@ class TrainWorkload:
         self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
         self.raw = wl
         self.reduction = getattr(wl, "loss_reduction", "sum")
-        self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
+        self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # gpp_runtime.emulate only
         if self.reduction not in ("sum", "mean"):
             raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
 
