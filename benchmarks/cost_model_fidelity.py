@@ -1,6 +1,6 @@
 """Benchmark: does a plan's predicted iteration time hold when it trains?
 
-    # emulated devices: operators sleep their profiled time (runtime.emulate), up to 8 ranks
+    # emulated devices: operators sleep their profiled time (gpp_runtime.emulate), up to 8 ranks
     python benchmarks/cost_model_fidelity.py --mode emulated --devices 2,4,8
     # real compute on CPU ranks (one thread each, at most as many ranks as cores)
     python benchmarks/cost_model_fidelity.py --mode cpu --devices 1,2 --time-limit 10 --steps 8 --warmup-steps 3
@@ -10,9 +10,9 @@
     python benchmarks/cost_model_fidelity.py --quick
 
 For each model, device count and planner: plan (``gpp_solver.solve``), predict the iteration time
-with the simulator (``gpp_solver.simulate``) on the *measured* cluster (``runtime.probe`` run first
+with the simulator (``gpp_solver.simulate``) on the *measured* cluster (``gpp_runtime.probe`` run first
 on the largest device count, or ``--cluster``), train the plan for ``--steps`` steps under torchrun
-(``runtime.train``; ``--warmup-steps`` excluded) and take its measured seconds per step. Identical
+(``gpp_runtime.train``; ``--warmup-steps`` excluded) and take its measured seconds per step. Identical
 plans (same stages, devices, micro-batches and orders) are trained once per round: every plan is
 made first, then trained ``--repeats`` times in rounds over all plans (default 3 in cpu mode), and
 its measured time is the median run, so that a stretch of seconds in which the machine runs slower
@@ -25,13 +25,13 @@ mini-batch, all pairs and those whose predictions differ by more than 10%).
 Models. ``emulated``: built-in workloads of ``gpp_solver.workloads`` (``mmt``, ``dlrm``, ``candle-uno``,
 ``transformer`` at small sizes; ``--graph FILE`` adds a profiled graph), every time scaled so that one device
 would take ``--seq-seconds`` for a mini-batch (the ranks then take ~50-300 ms per iteration), bytes as
-``runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated). Emulated:
+``gpp_runtime.emulate.realised_graph`` realises them, memory unbounded (activations are not emulated). Emulated:
 compute and the data-parallel all-reduce sleep the modelled time (``A(S)`` on the probed cluster, passed in
 ``$GPP_EMULATE_CLUSTER``); point-to-point transfers and the schedule are real. ``cpu``: real models
 (``benchmarks/fidelity_cpu.py``: torchvision resnet18, googlenet and mobilenet_v3_small at 32x32, HF BERT
 tiny and a tiny random CLIP, a two-tower model, and the two examples' ``bench`` MLPs), each at its own
 mini-batch, predicted from a few ms to a few
-hundred ms per iteration; profiled with ``runtime.profile --concurrent`` (one pinned profiler per core),
+hundred ms per iteration; profiled with ``gpp_runtime.profile --concurrent`` (one pinned profiler per core),
 trained with one thread per rank, each rank pinned to its own core and every other core kept busy
 (``--fill-cores``; the module says why: this machine's cores slow each other down).
 
@@ -57,11 +57,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import fidelity_cpu  # noqa: E402
+from gpp_runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
 from gpp_solver import GppError, load_cluster, save_plan, simulate, solve  # noqa: E402
 from gpp_solver.formats.cluster import cluster_from_dict  # noqa: E402
 from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 from gpp_solver.workloads import build_model  # noqa: E402
-from runtime.emulate import ENV_CLUSTER, ENV_GRAPH, realised_graph  # noqa: E402
 
 PLANNERS = "graphpipe,pipedream,gpp,piper,alpa"
 EMULATED_MODELS = {
@@ -194,13 +194,13 @@ def probe(nproc: int, backend: str, work: Path, quick: bool) -> Path:
         nproc,
         [
             "-m",
-            "runtime.probe",
+            "gpp_runtime.probe",
             "-o",
             str(out),
             "--sizes",
             sizes,
             "--repeats",
-            "3" if quick else "41",  # messages after work vary by several times (runtime.probe)
+            "3" if quick else "41",  # messages after work vary by several times (gpp_runtime.probe)
             "--details",
             str(work / "probe.json"),
         ]
@@ -249,7 +249,7 @@ def train(
     steps: tuple[int, int] | None = None,
 ) -> tuple[float, dict, list[dict], float]:
     """The measured iteration time (:func:`steady_period`), per-rank timings (:func:`rank_times`),
-    per-rank peak memory beside the prediction (``runtime.train``'s ``ranks``; ``priced``:
+    per-rank peak memory beside the prediction (``gpp_runtime.train``'s ``ranks``; ``priced``:
     ``--graph G --cluster C`` of the plan, so the prediction is the cost model's for the optimizer
     used) and the mean period (:func:`mean_period`). ``steps``: (steps, warm-up steps), default ``--steps``/``--warmup-steps``."""
     n_steps, warmup = steps or (args.steps, args.warmup_steps)
@@ -258,7 +258,7 @@ def train(
         nproc,
         [
             "-m",
-            "runtime.train",
+            "gpp_runtime.train",
             "--plan",
             str(plan_path),
             "--model",
@@ -368,7 +368,7 @@ def emulated_models(args, work: Path, cluster: Path) -> list[tuple[str, dict, st
         path = work / f"graph-{label}.json"
         path.write_text(json.dumps(g))
         out.append(
-            (label, g, "runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)}, args.batch)
+            (label, g, "gpp_runtime.emulate:workload", {ENV_GRAPH: str(path), ENV_CLUSTER: str(cluster)}, args.batch)
         )
     return out
 

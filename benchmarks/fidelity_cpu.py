@@ -1,7 +1,7 @@
 """``--mode cpu`` of ``benchmarks/cost_model_fidelity.py``: real models profiled and trained on CPU cores.
 
 Memory: each plan trains with ``--graph`` and ``--cluster``, so every rank reports its measured
-peak beside the cost model's prediction for the optimizer used (``runtime.train``'s ``ranks``);
+peak beside the cost model's prediction for the optimizer used (``gpp_runtime.train``'s ``ranks``);
 ``memory_summary`` gives the range of measured / predicted over the ranks and the ranks outside
 the targets (measured <= 1.05 x predicted, predicted <= 1.25 x measured).
 
@@ -12,10 +12,10 @@ every 1-rank plan held (-5..+10%) and every 2-rank plan ran +12..+102% slow (sta
 the profile described a faster device than each of two concurrent ranks gets. So, with
 ``--fill-cores unused`` (the default):
 
-- the profile is ``runtime.profile --concurrent C`` with C = every core this process may use:
+- the profile is ``gpp_runtime.profile --concurrent C`` with C = every core this process may use:
   C pinned profilers at once, one thread each, each node's median of their medians;
-- each rank is pinned to its own core (``runtime.train --pin-cores``), one thread;
-- every core the plan does not use runs a pinned filler (``python -m runtime.cores``: the
+- each rank is pinned to its own core (``gpp_runtime.train --pin-cores``), one thread;
+- every core the plan does not use runs a pinned filler (``python -m gpp_runtime.cores``: the
   model's forward and backward in a loop, one thread, at the plan's largest micro-batch).
   ``none`` profiles one process alone and fills nothing.
 
@@ -103,7 +103,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
         cmd = [
             sys.executable,
             "-m",
-            "runtime.profile",
+            "gpp_runtime.profile",
             "--model",
             spec,
             "--micro-batch-sizes",
@@ -123,7 +123,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
 
 
 def train_flags(args) -> list[str]:
-    """``runtime.train`` flags of cpu mode (none in emulated mode: its ranks sleep, 8 on 2 cores)."""
+    """``gpp_runtime.train`` flags of cpu mode (none in emulated mode: its ranks sleep, 8 on 2 cores)."""
     return ["--pin-cores"] if args.mode == "cpu" and args.fill_cores != "none" and args.backend == "gloo" else []
 
 
@@ -139,7 +139,7 @@ def fillers(args, spec: str, used: int, micro_batch: int):
             cmd = [
                 sys.executable,
                 "-m",
-                "runtime.cores",
+                "gpp_runtime.cores",
                 "--model",
                 spec,
                 "--core",

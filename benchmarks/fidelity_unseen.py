@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from examples.real_models import CLASSES, _classification, _freeze_batchnorm
-from runtime.capture.third_party import import_torchvision
+from gpp_runtime.capture.third_party import import_torchvision
 
 
 class ThreeBranch(nn.Module):

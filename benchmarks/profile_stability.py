@@ -5,7 +5,7 @@
     python benchmarks/profile_stability.py --quick               # smoke run (seconds)
 
 For each model, profile it ``--runs`` times exactly as ``benchmarks/cost_model_fidelity.py --mode
-cpu`` does (``runtime.profile --concurrent C``, one pinned profiler per core, one thread each: see
+cpu`` does (``gpp_runtime.profile --concurrent C``, one pinned profiler per core, one thread each: see
 ``benchmarks/fidelity_cpu.py``), then for every profile:
 
 - the one-device iteration time the cost model predicts for the mini-batch (every node's forward

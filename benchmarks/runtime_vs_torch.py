@@ -4,7 +4,7 @@
 
 1. Sequential model (``examples.sequential:bench``: 8 Linear(512)+ReLU blocks and a head), split
    into ``--stages`` equal stages, 1F1B, mini-batch 128 in micro-batches of 16: our runtime
-   (``runtime.train``) vs ``torch.distributed.pipelining.Schedule1F1B`` with manually split
+   (``gpp_runtime.train``) vs ``torch.distributed.pipelining.Schedule1F1B`` with manually split
    ``PipelineStage``s - same partition, same micro-batches, same data, SGD, gloo on CPU, one
    thread per rank. Time per iteration = wall span of the timed steps over all ranks / steps.
 2. Two-branch model (``examples.two_branch:bench``) on 3 ranks with our runtime: the graph
@@ -75,7 +75,7 @@ def launch(nproc: int, args: list[str], timeout: float = 600) -> subprocess.Comp
 
 
 def ours(tmp: Path, name: str, doc: dict, model: str, steps: int, warmup: int) -> float:
-    """Seconds per iteration of runtime.train with plan ``doc``."""
+    """Seconds per iteration of gpp_runtime.train with plan ``doc``."""
     plan = tmp / f"{name}.json"
     plan.write_text(json.dumps(doc))
     met = tmp / f"{name}-metrics.json"
@@ -83,7 +83,7 @@ def ours(tmp: Path, name: str, doc: dict, model: str, steps: int, warmup: int) -
         len(doc["stages"]),
         [
             "-m",
-            "runtime.train",
+            "gpp_runtime.train",
             "--plan",
             str(plan),
             "--model",
@@ -172,8 +172,8 @@ def best_chain(model_spec: str, mb: int, mini_batch_size: int, nstages: int) -> 
 
     import torch
 
-    from runtime.capture.fx_graph import load_workload
-    from runtime.capture.profiler import profile
+    from gpp_runtime.capture.fx_graph import load_workload
+    from gpp_runtime.capture.profiler import profile
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

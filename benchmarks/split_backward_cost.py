@@ -1,4 +1,4 @@
-"""What a split backward (B then W, ``runtime.engine.split_backward``) costs against one full
+"""What a split backward (B then W, ``gpp_runtime.engine.split_backward``) costs against one full
 backward, on a middle stage (its input needs a gradient) of small real models, and what the
 re-running split (W as ``torch.autograd.backward(roots, inputs=params)`` after B, which runs the
 input-gradient part of every operator between the roots and the weighted operators again) cost.
@@ -23,8 +23,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from runtime.capture.third_party import import_transformers  # noqa: E402
-from runtime.engine.split_backward import backward_input, backward_weight  # noqa: E402
+from gpp_runtime.capture.third_party import import_transformers  # noqa: E402
+from gpp_runtime.engine.split_backward import backward_input, backward_weight  # noqa: E402
 
 
 def mlp(width: int = 512, layers: int = 4, rows: int = 64):

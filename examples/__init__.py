@@ -1,1 +1,1 @@
-"""Example workloads for ``runtime.profile`` and ``runtime.train`` (``--model examples.NAME:FUNCTION``)."""
+"""Example workloads for ``gpp_runtime.profile`` and ``gpp_runtime.train`` (``--model examples.NAME:FUNCTION``)."""

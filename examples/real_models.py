@@ -1,6 +1,6 @@
-"""Workloads on models the project did not write, for ``runtime.profile`` and ``runtime.train``.
+"""Workloads on models the project did not write, for ``gpp_runtime.profile`` and ``gpp_runtime.train``.
 
-    python -m runtime.profile --model examples.real_models:googlenet --micro-batch-sizes 2,4 -o g.json
+    python -m gpp_runtime.profile --model examples.real_models:googlenet --micro-batch-sizes 2,4 -o g.json
 
 - ``googlenet`` / ``resnet18``: torchvision's definitions as shipped (in-place ReLUs, ``+=``),
   10 classes, 32x32 images, float64 (deep CNNs in fp32 differ from one process by rounding).
@@ -19,7 +19,7 @@
   ``CLIPConfig``, traced with ``torch.export`` (plain fx fails on its position-length check); the
   per-sample score of each image with its own text, binary cross-entropy against a random label.
 
-torchvision and transformers are imported through ``runtime.capture.third_party`` (see there why).
+torchvision and transformers are imported through ``gpp_runtime.capture.third_party`` (see there why).
 Dropout is 0 everywhere: ``--verify`` needs the pipeline and one process to draw equal masks.
 """
 
@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from runtime.capture.third_party import import_torchvision, import_transformers
+from gpp_runtime.capture.third_party import import_torchvision, import_transformers
 
 CLASSES = 10
 
@@ -211,7 +211,7 @@ def two_tower(dropout: float = 0.0, dtype=torch.float32):
 def two_tower_dropout():
     """The two-tower model with dropout 0.1, float32: the encoder layer's dropouts and the
     attention's dropout run inside modules traced whole, so ``--verify`` needs their draws per
-    chunk of samples too (``runtime.capture.dropout.ChunkSeeded``)."""
+    chunk of samples too (``gpp_runtime.capture.dropout.ChunkSeeded``)."""
     return two_tower(dropout=0.1, dtype=torch.float32)
 
 

@@ -1,6 +1,6 @@
 """A sequential MLP workload: ``blocks`` Linear+ReLU blocks and a Linear head.
 
-Node ids (``runtime.profile``): ``layers.0`` ... ``layers.{2*blocks-1}`` (Linear, ReLU alternating)
+Node ids (``gpp_runtime.profile``): ``layers.0`` ... ``layers.{2*blocks-1}`` (Linear, ReLU alternating)
 and ``head``.  ``workload()`` is tiny (CPU tests); ``bench()`` is width 512, 8 blocks.
 """
 

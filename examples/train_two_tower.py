@@ -1,4 +1,4 @@
-"""Train the two-tower model with ``runtime.GraphPipeline`` in a plain PyTorch loop.
+"""Train the two-tower model with ``gpp_runtime.GraphPipeline`` in a plain PyTorch loop.
 
 Your own loop, optimizer, scheduler and data loader; the pipeline runs one mini-batch of the
 plan's schedule per ``pipe.step``. From the repository root (gloo on CPU, NCCL when CUDA is
@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-import runtime
+import gpp_runtime
 from examples.two_tower import TwoTower, synthetic
 
 
@@ -55,7 +55,7 @@ def main() -> None:
         generator=torch.Generator().manual_seed(0),
     )
 
-    pipe = runtime.GraphPipeline(model, args.plan, F.mse_loss, example_inputs=(text[:batch], image[:batch]))
+    pipe = gpp_runtime.GraphPipeline(model, args.plan, F.mse_loss, example_inputs=(text[:batch], image[:batch]))
     params = list(pipe.parameters())  # this rank's stage, named as in `model`
     opt = torch.optim.Adam(params, lr=args.lr) if params else None
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader)) if opt else None

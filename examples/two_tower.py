@@ -6,7 +6,7 @@ and has a ``Dropout``, so plans that cut there exercise in-place first ops and p
 
 Node ids: ``text.0`` .. ``text.4`` (Linear, ReLU(inplace), Dropout, Linear, ReLU),
 ``image.0`` .. ``image.2`` (Linear, ReLU, Linear), ``cat``, ``head``.
-``workload()`` is tiny (CPU tests; loss summed over samples, as ``runtime.train`` expects).
+``workload()`` is tiny (CPU tests; loss summed over samples, as ``gpp_runtime.train`` expects).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def synthetic(n: int, seed: int = 0, text_dim: int = 12, image_dim: int = 10, ou
 
 
 def workload():
-    """The ``runtime.train`` interface: model, sample(batch_size, step), loss summed over samples."""
+    """The ``gpp_runtime.train`` interface: model, sample(batch_size, step), loss summed over samples."""
     model = TwoTower()
 
     def sample(batch_size: int, step: int):

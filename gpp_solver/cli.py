@@ -185,7 +185,7 @@ def _planning_arguments(sp: argparse.ArgumentParser) -> None:
     from gpp_solver.planners.gpp.planner import DEFAULT_TIME_LIMIT
 
     sp.add_argument(
-        "graph", help="gpp-graph/1 JSON to plan (from `gpp model`, `gpp import` or `python -m runtime.profile`)"
+        "graph", help="gpp-graph/1 JSON to plan (from `gpp model`, `gpp import` or `python -m gpp_runtime.profile`)"
     )
     sp.add_argument("--cluster", required=True, help=CLUSTER_HELP)
     sp.add_argument("--batch", type=_positive_int, required=True, metavar="B", help="mini-batch size B (samples)")

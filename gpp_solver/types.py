@@ -82,7 +82,7 @@ class Graph:
     #: seconds of the optimizer step per weight byte (the optimizer profiled); 0 when absent
     optimizer_time_per_byte: float = 0.0
     #: seconds per sample of the mini-batch that every rank spends each step beside its stage's
-    #: actions (``runtime.train`` samples the whole mini-batch on every rank); 0 when absent
+    #: actions (``gpp_runtime.train`` samples the whole mini-batch on every rank); 0 when absent
     step_time_per_sample: float = 0.0
     #: seconds every rank spends each step beside its stage's actions whatever the mini-batch and
     #: the weights (the training loop, ``zero_grad``, the calls around the optimizer); 0 when absent
@@ -168,7 +168,7 @@ class Cluster:
     devices_per_node: int | None = None
     latency: float = 0.0
     optimizer_state_factor: float = DEFAULT_OPTIMIZER_STATE_FACTOR
-    #: the ring all-reduce's measured bandwidth and per-step latency (``runtime.probe``); absent: the
+    #: the ring all-reduce's measured bandwidth and per-step latency (``gpp_runtime.probe``); absent: the
     #: point-to-point bandwidth of the group (``bandwidth``) and no latency
     allreduce_bandwidth: float | None = None
     allreduce_latency: float = 0.0
@@ -176,7 +176,7 @@ class Cluster:
     #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
     memory_overheads: bool = False
     #: bytes each device's runtime holds beside any stage's (the libraries' workspaces: cuBLAS's,
-    #: per thread that multiplies, on CUDA; ``runtime.probe``); priced with ``memory_overheads``
+    #: per thread that multiplies, on CUDA; ``gpp_runtime.probe``); priced with ``memory_overheads``
     runtime_memory_bytes: float = 0.0
 
     def node_of(self, device: int) -> int:

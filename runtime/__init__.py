@@ -1,6 +1,6 @@
 """Runtime: profile a PyTorch model into a gpp-graph/1 and train it with a gpp-plan/1 under torchrun.
 
-``runtime.GraphPipeline`` runs a plan inside the user's own training loop (``runtime/engine/pipeline.py``).
+``gpp_runtime.GraphPipeline`` runs a plan inside the user's own training loop (``runtime/engine/pipeline.py``).
 """
 
 from .engine.pipeline import GraphPipeline

@@ -1,6 +1,6 @@
 """CPU cores as devices: pinning, busy fillers and concurrent profiling.
 
-    python -m runtime.cores --model examples.sequential:bench --core 1 --batch 32   # a filler
+    python -m gpp_runtime.cores --model examples.sequential:bench --core 1 --batch 32   # a filler
 
 Why. On a CPU the cores of one machine are not independent devices: on the 2-vCPU VM this was
 written on, one single-threaded 256x256 float32 matmul loop took 344 us per matmul alone and
@@ -9,15 +9,15 @@ core or its caches and memory path). A profile taken by one process on an otherw
 therefore describes a faster device than each of two ranks training at once gets. Two tools make
 every measurement see the same device, "one core while every other core works":
 
-- ``runtime.profile --concurrent N`` (:func:`profile_concurrent`): N profilers of the same model
+- ``gpp_runtime.profile --concurrent N`` (:func:`profile_concurrent`): N profilers of the same model
   at once, each pinned to its own core with one thread; a profiler that finishes first keeps its
   core busy (:func:`busy_loop`) until all have finished, and the graph gets each node's median
   over the N processes' medians (``extra.profile.concurrent`` records N and the cores).
-- a *filler* (``python -m runtime.cores``): one pinned thread running the model's forward and
+- a *filler* (``python -m gpp_runtime.cores``): one pinned thread running the model's forward and
   backward in a loop, to keep a core the plan does not use as busy as a rank would. It prints
   ``ready`` after its first iteration.
 
-:func:`pin` is what ``runtime.train --pin-cores`` calls: rank ``LOCAL_RANK`` on the
+:func:`pin` is what ``gpp_runtime.train --pin-cores`` calls: rank ``LOCAL_RANK`` on the
 ``LOCAL_RANK``-th core of the process's affinity set.
 """
 
@@ -38,9 +38,8 @@ from gpp_solver.errors import InvalidInputError
 
 from .engine.allocator import keep_freed_memory
 
-ROOT = Path(__file__).resolve().parents[1]  # where this package is importable from
-# ``runtime`` in a checkout, ``gpp_runtime`` when installed: the workers run this package's profiler
-PROFILER = f"{__package__ or 'runtime'}.profile"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout (its examples), or site-packages when installed
+PROFILER = "gpp_runtime.profile"  # the workers run this package's profiler
 WORKER_ENV = "GPP_PROFILE_WORKER"  # "K/N": this profiler is worker K of N (set by profile_concurrent)
 
 
@@ -72,7 +71,7 @@ def busy_loop(workload, batch: int, stop=lambda: False, ready=lambda: None) -> i
 
 
 def profile_concurrent(argv: list[str], n: int, output: str) -> dict:
-    """Run this package's profiler (``python -m runtime.profile ARGV``) as ``n`` pinned concurrent workers; the merged graph."""
+    """Run this package's profiler (``python -m gpp_runtime.profile ARGV``) as ``n`` pinned concurrent workers; the merged graph."""
     cs = cores()
     if not 1 <= n <= len(cs):
         raise InvalidInputError(f"--concurrent must be between 1 and the {len(cs)} cores this process may use, got {n}")
@@ -143,7 +142,7 @@ def merge(docs: list[dict], used: list[int]) -> dict:
         if value > 0:
             out[key] = value
     in_situ = [d["extra"]["profile"].get("in_situ") for d in docs]
-    if any(in_situ):  # each worker's calibration (runtime.profile_insitu): their scaled node times were merged
+    if any(in_situ):  # each worker's calibration (gpp_runtime.calibration.insitu): their scaled node times were merged
         out["extra"]["profile"]["in_situ"] = {"workers": in_situ}
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",
@@ -168,7 +167,7 @@ def worker_index() -> tuple[int, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m runtime.cores", description="Keep one core busy with a model's forward and backward."
+        prog="python -m gpp_runtime.cores", description="Keep one core busy with a model's forward and backward."
     )
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
     ap.add_argument("--core", type=int, required=True, help="index into this process's cores")
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --seconds must be > 0, got {args.seconds}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    keep_freed_memory()  # as the ranks beside it run (runtime.engine.allocator)
+    keep_freed_memory()  # as the ranks beside it run (gpp_runtime.engine.allocator)
     pin(args.core)
     try:
         wl = load_workload(args.model)

@@ -1,7 +1,7 @@
 """Emulated devices: a model built from a ``gpp-graph/1`` whose operators *sleep* their profiled time.
 
     GPP_EMULATE_GRAPH=graph.json GPP_EMULATE_CLUSTER=cluster.json torchrun --standalone \\
-        --nproc-per-node 8 -m runtime.train --plan plan.json --model runtime.emulate:workload \\
+        --nproc-per-node 8 -m gpp_runtime.train --plan plan.json --model gpp_runtime.emulate:workload \\
         --steps 5 --cpu --threads 1
 
 **What is emulated and what is real.** Compute and collectives are emulated: every operator
@@ -31,7 +31,7 @@ so that predictions are made for exactly what runs):
   that it has a backward to run); gradients are never produced, so SGD leaves them unchanged;
 - the data-parallel gradient all-reduce: with a cluster (``GPP_EMULATE_CLUSTER``, or
   ``make_workload(..., cluster=)``) the workload carries ``emulate_allreduce``, which
-  ``runtime.train`` hands to :class:`runtime.GraphPipeline`: each replica all-reduces one number
+  ``gpp_runtime.train`` hands to :class:`gpp_runtime.GraphPipeline`: each replica all-reduces one number
   (the latest replica's end of its last backward, so the replicas still synchronise over the
   real group) and then sleeps until ``A(S)`` (:func:`gpp_solver.cost.stage_costs` on the
   realised graph) has passed since then, as the simulator starts ``A(S)`` right after the
@@ -54,7 +54,7 @@ gradients are not produced by the emulated backward (they stay ``None``); the re
 (no cluster given) zero-fills them first, inside the time it records for the all-reduce.
 ``workload()`` reads the graph path from ``GPP_EMULATE_GRAPH`` (and optional
 ``GPP_EMULATE_MAX_OUTPUT_BYTES`` / ``GPP_EMULATE_MAX_WEIGHT_BYTES``): the ``MODULE:FUNCTION`` that
-``runtime.train`` takes.
+``gpp_runtime.train`` takes.
 """
 
 from __future__ import annotations
@@ -299,7 +299,7 @@ def make_workload(
     max_weight_bytes: float = DEFAULT_MAX_WEIGHT_BYTES,
     cluster: Any = None,
 ) -> SimpleNamespace:
-    """A ``runtime.train`` workload: the emulated model, one-column zero inputs, loss = sum of the
+    """A ``gpp_runtime.train`` workload: the emulated model, one-column zero inputs, loss = sum of the
     output; with ``cluster`` also ``emulate_allreduce`` (:func:`allreduce_emulator`), which makes
     the data-parallel gradient all-reduce take the modelled time."""
     model = build_model(graph, max_output_bytes, max_weight_bytes)
@@ -317,11 +317,11 @@ def make_workload(
 
 
 def workload() -> SimpleNamespace:
-    """``runtime.emulate:workload``: the graph named by ``$GPP_EMULATE_GRAPH`` (the cluster of the
+    """``gpp_runtime.emulate:workload``: the graph named by ``$GPP_EMULATE_GRAPH`` (the cluster of the
     emulated all-reduce by ``$GPP_EMULATE_CLUSTER`` when set)."""
     path = os.environ.get(ENV_GRAPH)
     if not path:
-        raise InvalidInputError(f"runtime.emulate:workload needs the graph path in ${ENV_GRAPH}")
+        raise InvalidInputError(f"gpp_runtime.emulate:workload needs the graph path in ${ENV_GRAPH}")
     try:
         out_cap = float(os.environ.get("GPP_EMULATE_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES))
         w_cap = float(os.environ.get("GPP_EMULATE_MAX_WEIGHT_BYTES", DEFAULT_MAX_WEIGHT_BYTES))

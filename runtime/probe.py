@@ -1,7 +1,7 @@
 """Measure the cluster the ranks run on and write it as a ``gpp-cluster/1`` file for the planner.
 
-    torchrun --standalone --nproc-per-node 4 -m runtime.probe -o cluster.json
-    torchrun --nnodes 2 --nproc-per-node 8 ... -m runtime.probe -o cluster.json --details probe.json
+    torchrun --standalone --nproc-per-node 4 -m gpp_runtime.probe -o cluster.json
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m gpp_runtime.probe -o cluster.json --details probe.json
 
 What is measured (every rank takes part; rank 0 alone logs and writes):
 
@@ -34,7 +34,7 @@ What is measured (every rank takes part; rank 0 alone logs and writes):
 - **memory**: CUDA: ``torch.cuda.mem_get_info`` free bytes of each rank's device; CPU: the host's
   ``MemAvailable`` divided by the ranks on that host; ``--memory BYTES`` overrides; the minimum
   over ranks. ``runtime_memory_bytes`` (CUDA): cuBLAS's workspaces, held whatever the model
-  (``runtime.engine.memory.runtime_memory``), the largest over ranks.
+  (``gpp_runtime.engine.memory.runtime_memory``), the largest over ranks.
 - ``optimizer_state_factor`` is not measured: ``--optimizer-state-factor`` (default 4.0, fp32 Adam);
   ``memory_overheads`` is true: the cost model prices the runtime's buffers (``docs/cost-model.md``).
 
@@ -59,21 +59,22 @@ import torch.distributed as dist
 
 from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
 
+from .calibration.probe_fit import affine_fit, in_turns, ring_fit, typical
 from .engine.grad_sync import GradSync
 from .engine.memory import host_available_memory, runtime_memory
 from .engine.p2p import P2P
-from .probe_fit import affine_fit, in_turns, ring_fit, typical
 
 __all__ = ["affine_fit", "in_turns", "ring_fit", "typical", "main"]
 
-logger = logging.getLogger("runtime.probe")
+logger = logging.getLogger("gpp_runtime.probe")
 
 DEFAULT_SIZES = "4,65536,1048576,8388608,26214400"  # up to one full 25 MiB gradient bucket
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="torchrun ... -m runtime.probe", description="Measure the ranks' network and memory; write gpp-cluster/1."
+        prog="torchrun ... -m gpp_runtime.probe",
+        description="Measure the ranks' network and memory; write gpp-cluster/1.",
     )
     ap.add_argument("-o", "--output", required=True, help="cluster JSON to write (gpp-cluster/1)")
     ap.add_argument(
@@ -161,7 +162,7 @@ def ping_pong(
             compute_for(compute)
         _sync(device)
         t0 = time.perf_counter()
-        if rank == a:  # as the runtime posts its messages (runtime.engine.p2p): isend / irecv, then wait
+        if rank == a:  # as the runtime posts its messages (gpp_runtime.engine.p2p): isend / irecv, then wait
             dist.isend(buf, b).wait()
             dist.irecv(buf, b).wait()
         else:
@@ -178,7 +179,7 @@ def allreduce_time(
     sizes: list[int], warmup: int, repeats: int, device: torch.device, compute: float = 0.0, timeout: float = 120.0
 ) -> list[float]:
     """Typical time of the data-parallel gradient all-reduce of each of ``sizes`` bytes over all
-    ranks (:func:`in_turns`), run as the runtime runs it: ``runtime.engine.grad_sync``'s ``finish``
+    ranks (:func:`in_turns`), run as the runtime runs it: ``gpp_runtime.engine.grad_sync``'s ``finish``
     over gradients of that many bytes (4 MiB tensors, 25 MiB buckets: each bucket copied into a
     flat buffer, all-reduced, copied back), each after ``compute`` seconds of work on every rank
     (:func:`compute_for`). A bare ``all_reduce`` of a ready buffer leaves out the copies: on a
@@ -353,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="[probe] %(message)s")
     try:
         sizes = check_args(args)
-    except ValueError as exc:  # every rank says it (as runtime.train does): torchrun may stop rank 0 first
+    except ValueError as exc:  # every rank says it (as gpp_runtime.train does): torchrun may stop rank 0 first
         print(f"{'error:' if rank == 0 else f'[probe] rank {rank}: error:'} {exc}", file=sys.stderr, flush=True)
         return 2
     use_cuda = torch.cuda.is_available() and not args.cpu
@@ -386,4 +387,4 @@ if __name__ == "__main__":
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(_code)  # skip interpreter teardown of c10d objects (see runtime.train)
+    os._exit(_code)  # skip interpreter teardown of c10d objects (see gpp_runtime.train)

@@ -1,15 +1,15 @@
 """Profile a PyTorch workload into a ``gpp-graph/1`` JSON, measuring what the trainer runs.
 
-    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
+    python -m gpp_runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
     # N profilers at once, each pinned to its own core (runtime/cores.py says why)
-    python -m runtime.profile --model examples.sequential:bench --concurrent 2 -o graph.json
+    python -m gpp_runtime.profile --model examples.sequential:bench --concurrent 2 -o graph.json
 
 Device: ``cuda:LOCAL_RANK`` (``cuda:0`` outside torchrun) when CUDA is available, as
-``runtime.train`` runs the ranks, unless ``--cpu``; the model is moved there before anything is
+``gpp_runtime.train`` runs the ranks, unless ``--cpu``; the model is moved there before anything is
 measured, and the graph's ``extra.profile.device`` says which it was.
 
-What is measured, and how, is the profiler's (``runtime.capture.profiler``), and the time-model
-terms ``runtime.profile_terms`` adds (the graph's ``op_overhead`` and ``optimizer_time_per_byte``
+What is measured, and how, is the profiler's (``gpp_runtime.capture.profiler``), and the time-model
+terms ``gpp_runtime.calibration.terms`` adds (the graph's ``op_overhead`` and ``optimizer_time_per_byte``
 for ``--optimizer``, the loss in the sink node; ``--no-time-terms`` leaves them out); this module
 is their command line. Exit codes: 0 ok, 2 bad input (one message, no traceback).
 """
@@ -28,10 +28,10 @@ import torch
 from gpp_solver.errors import InvalidInputError
 
 from . import cores
+from .calibration.terms import profile_with_terms
 from .capture.fx_graph import load_workload
 from .capture.profiler import profile
 from .engine.allocator import keep_freed_memory
-from .profile_terms import profile_with_terms
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if worker is not None:
         cores.pin(worker[0])
     if device.type == "cpu":
-        keep_freed_memory()  # as the ranks run (runtime.engine.allocator)
+        keep_freed_memory()  # as the ranks run (gpp_runtime.engine.allocator)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def profile_device(cpu: bool) -> torch.device:
-    """Where the model is profiled: the device ``runtime.train`` gives this rank (module docstring)."""
+    """Where the model is profiled: the device ``gpp_runtime.train`` gives this rank (module docstring)."""
     if cpu or not torch.cuda.is_available():
         return torch.device("cpu")
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
@@ -112,7 +112,7 @@ def profile_device(cpu: bool) -> torch.device:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m runtime.profile", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m gpp_runtime.profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning a workload")
     ap.add_argument(
         "--micro-batch-sizes",
@@ -146,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
         "--optimizer",
         choices=("sgd", "adam"),
         default="sgd",
-        help="the optimizer whose step is timed (runtime.train's --optimizer; default sgd)",
+        help="the optimizer whose step is timed (gpp_runtime.train's --optimizer; default sgd)",
     )
     ap.add_argument(
         "--no-time-terms",
@@ -157,12 +157,12 @@ def _parser() -> argparse.ArgumentParser:
         "--no-in-situ",
         action="store_true",
         help="keep the node times as profiled: no calibration to a one-stage plan as the runtime runs it "
-        "(runtime/profile_insitu.py)",
+        "(runtime/calibration/insitu.py)",
     )
     ap.add_argument(
         "--cpu",
         action="store_true",
-        help="profile on the CPU even where CUDA is available (runtime.train's --cpu; default: the GPU)",
+        help="profile on the CPU even where CUDA is available (gpp_runtime.train's --cpu; default: the GPU)",
     )
     ap.add_argument("-o", "--output", required=True)
     return ap

@@ -4,28 +4,28 @@ Commands (from the repository root; plans are JSON written by ``gpp plan`` or by
 ones in ``examples/plans/``):
 
     # profile the model into a graph the planner reads
-    python -m runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
+    python -m gpp_runtime.profile --model examples.two_branch:workload --micro-batch-sizes 1,2,4,8 -o graph.json
     # two-branch graph pipeline on 3 CPU ranks (branch 0 | branch 1 -> cat+head), checked
     # against one-process training
-    torchrun --standalone --nproc-per-node 3 -m runtime.train \\
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train \\
         --plan examples/plans/two_branch_3ranks.json --model examples.two_branch:workload --steps 5 --verify
     # a 2-stage 1F1B chain
-    torchrun --standalone --nproc-per-node 2 -m runtime.train \\
+    torchrun --standalone --nproc-per-node 2 -m gpp_runtime.train \\
         --plan examples/plans/sequential_2ranks.json --model examples.sequential:workload --steps 5 --verify
     # with metrics, a Chrome trace, and checkpoints every 2 steps
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --metrics m.json --trace t.json \\
         --checkpoint ckpt --checkpoint-every 2
     # continue after a crash from the newest complete checkpoint
-    torchrun --standalone --nproc-per-node 3 -m runtime.train --plan examples/plans/two_branch_3ranks.json \\
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train --plan examples/plans/two_branch_3ranks.json \\
         --model examples.two_branch:workload --steps 20 --checkpoint ckpt --resume
 
     # Adam, float64 and an explicit --verify tolerance; the NCCL posting order on gloo
-    torchrun --standalone --nproc-per-node 2 -m runtime.train --plan examples/plans/sequential_2ranks.json \
+    torchrun --standalone --nproc-per-node 2 -m gpp_runtime.train --plan examples/plans/sequential_2ranks.json \
         --model examples.sequential:workload --optimizer adam --lr 1e-3 --dtype float64 \
         --verify --rtol 1e-9 --atol 1e-12 --p2p batched
 
-This module is a thin user of ``runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
+This module is a thin user of ``gpp_runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
 the optimizer). The workload's ``loss`` is a sum over samples (divided here by the mini-batch
 size, so gradients are those of the mean) unless the workload sets ``loss_reduction = "mean"``;
 the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other.
@@ -38,9 +38,9 @@ warm-up included), and ``seconds_per_step`` and ``samples_per_second`` after the
 (the timed steps' wall time over all ranks divided by their count). The two differ: ranks are
 not synchronised between steps, so one step's span overlaps the next one's and the mean of
 ``step_seconds`` exceeds ``seconds_per_step`` (by 12-22% on the examples' CPU plans); throughput
-is ``seconds_per_step``, one step's latency ``step_seconds`` (``runtime.engine.metrics``); the plan's
+is ``seconds_per_step``, one step's latency ``step_seconds`` (``gpp_runtime.engine.metrics``); the plan's
 ``predicted_iteration_seconds``; and ``ranks``: per rank ``{"rank", "stage", "peak_memory_bytes",
-"predicted_peak_memory_bytes"}``, the peak measured over ``--memory-step`` (``runtime.engine.memory``:
+"predicted_peak_memory_bytes"}``, the peak measured over ``--memory-step`` (``gpp_runtime.engine.memory``:
 on CPU that step is profiled, slower, and its profile is processed when the next step starts, so
 by default it is step ``--warmup-steps`` - 2, at least 1: both stay out of the timed steps with 3
 warm-up steps or more)
@@ -49,8 +49,11 @@ exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compa
 before the first step. Exit codes: 0 ok; 2 bad input (plan
 JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
 traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
-The flags are ``runtime.train_args``'s; rank 0 gathers the ranks' records and assembles the summary
-and the ``--json`` line with ``runtime.train_report``.
+The command line (:func:`parse_args`, its flags in the order ``--help`` lists them) is a contract
+the benchmarks and users' scripts rely on. Rank 0 gathers every rank's record (step times, memory,
+trace events, losses) and the stages' parameters (:func:`gather`), assembles the metrics summary
+(:func:`summarize`) and the ``--json`` line (:func:`json_line`), whose names (``JSON_FIELDS``) are
+a contract read from outside.
 
 Test hooks (environment): ``GPP_RUNTIME_TEST_KILL_RANK=r`` makes rank r ``os._exit(17)`` at step
 ``GPP_RUNTIME_TEST_KILL_STEP`` (default 1); ``GPP_RUNTIME_TEST_HANG_RANK=r`` makes it sleep there.
@@ -58,7 +61,10 @@ Test hooks (environment): ``GPP_RUNTIME_TEST_KILL_RANK=r`` makes rank r ``os._ex
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import datetime
+import json
 import logging
 import os
 import sys
@@ -66,22 +72,124 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.utils._pytree as pytree
 
 from gpp_solver.errors import InvalidInputError
 
-from . import cores, train_report
+from . import cores
 from .capture.tracing import workload_hooks
 from .engine import checkpoint, metrics
 from .engine.allocator import keep_freed_memory
 from .engine.memory import default_memory_step
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
-from .engine.stage_setup import build, prepare, seeded_workload
+from .engine.stage_setup import TrainWorkload, build, prepare, seeded_workload
 from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
-from .train_args import DTYPES, parse_args
+from .lowering.plan_io import predicted_time_per_sample
 
-logger = logging.getLogger("runtime.train")
+logger = logging.getLogger("gpp_runtime.train")
+
+
+# The command line: its arguments, in the order ``--help`` lists them.
+
+#: ``--dtype`` choices -> the dtype the model and the floating inputs are cast to
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="torchrun ... -m gpp_runtime.train", description="Train a workload with a gpp-plan/1."
+    )
+    ap.add_argument("--plan", required=True, help="plan JSON (gpp-plan/1)")
+    ap.add_argument("--model", required=True, help="MODULE:FUNCTION returning the workload")
+    ap.add_argument(
+        "--graph",
+        default=None,
+        help="the profiled gpp-graph/1 the plan was made from "
+        "(with --cluster: the plan is validated exactly as `gpp validate` does)",
+    )
+    ap.add_argument("--cluster", default=None, help="the gpp-cluster/1 the plan was made for")
+    ap.add_argument("--steps", type=int, default=10, help="mini-batches to train (default 10)")
+    ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="default sgd")
+    ap.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
+    ap.add_argument(
+        "--optimizer-state-factor",
+        type=float,
+        default=None,
+        help="the optimizer_state_factor the plan was made with (default: the plan's record, "
+        "else --cluster's, else 4.0 = fp32 Adam); a larger optimizer state is warned about",
+    )
+    ap.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default=None,
+        help="cast the model and floating inputs (default: as the workload makes them)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
+    ap.add_argument(
+        "--p2p",
+        choices=("auto", "eager", "batched"),
+        default="auto",
+        help="posting of sends/receives (default auto: batched on NCCL, eager on gloo)",
+    )
+    _add_verify_arguments(ap)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a silent peer is fatal")
+    ap.add_argument("--checkpoint", default=None, help="checkpoint directory")
+    ap.add_argument("--checkpoint-every", type=int, default=1)
+    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    _add_output_arguments(ap)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads per rank")
+    ap.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="pin rank LOCAL_RANK to its own core (the LOCAL_RANK-th of its affinity set)",
+    )
+    ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA is available")
+    ap.add_argument(
+        "--allreduce-overlap",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="data-parallel all-reduce during the last backward (on) or after it (off, as the "
+        "cost model prices it); default auto: on with NCCL, off with gloo",
+    )
+    ap.add_argument("--quiet", action="store_true", help="no summary (benchmarks)")
+    return ap.parse_args(argv)
+
+
+def _add_verify_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--verify`` (compare with one-process training) and its tolerances."""
+    ap.add_argument("--verify", action="store_true", help="compare with one-process training")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)",
+    )
+    ap.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
+        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see gpp_runtime.engine.verify.default_tolerance)",
+    )
+
+
+def _add_output_arguments(ap: argparse.ArgumentParser) -> None:
+    """What the run writes and measures: metrics, trace, ``--json``, the steps timed and measured,
+    the final parameters."""
+    ap.add_argument("--metrics", default=None, help="write the metrics summary JSON here")
+    ap.add_argument("--trace", default=None, help="write a Chrome trace of all ranks here")
+    ap.add_argument("--json", action="store_true", help="print a last JSON line with the step times")
+    ap.add_argument("--warmup-steps", type=int, default=1, help="steps excluded from throughput")
+    ap.add_argument(
+        "--memory-step",
+        type=int,
+        default=None,
+        help="the step (0-based) whose peak memory is measured (default: --warmup-steps - 2, at least 1; "
+        "on CPU it runs slower and the next step processes its profile, so with 3 or more warm-up steps "
+        "neither is timed)",
+    )
+    ap.add_argument("--save-params", default=None, help="rank 0 saves all final parameters (torch.save)")
 
 
 def _test_hooks(rank: int, step: int) -> None:
@@ -100,31 +208,6 @@ def _fatal(rank: int, msg: str) -> None:
     print(f"{head} {msg}", file=sys.stderr, flush=True)
 
 
-class TrainWorkload:
-    """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
-    summed loss divided by the mini-batch size (so gradients are those of the mean)."""
-
-    def __init__(self, wl, dtype, mini_batch_size: int) -> None:
-        self.model = wl.model.to(dtype) if dtype is not None else wl.model
-        self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
-        self.raw = wl
-        self.reduction = getattr(wl, "loss_reduction", "sum")
-        self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # runtime.emulate only
-        if self.reduction not in ("sum", "mean"):
-            raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
-
-    def sample(self, rows: int, step: int):
-        inputs, target = self._wl.sample(rows, step)
-        if self._dtype is None:
-            return tuple(inputs), target
-        cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
-        return tuple(cast(x) for x in inputs), pytree.tree_map(cast, target)
-
-    def loss(self, output, target):
-        loss = self._wl.loss(output, target)
-        return loss if self.reduction == "mean" else loss / self.mini_batch_size
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -139,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         _fatal(rank, "--steps >= 0, --checkpoint-every >= 1, --resume needs --checkpoint")
         return 2
     use_cuda = torch.cuda.is_available() and not args.cpu
-    if not use_cuda:  # as the profile ran (runtime.engine.allocator)
+    if not use_cuda:  # as the profile ran (gpp_runtime.engine.allocator)
         keep_freed_memory()
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
@@ -254,10 +337,10 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
 
 def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
     """Gather metrics/parameters on rank 0, print, write files, verify."""
-    run = train_report.gather(pipe, rank, device, losses, events=bool(args.trace))
+    run = gather(pipe, rank, device, losses, events=bool(args.trace))
     if run is None:
         return 0
-    m = train_report.summarize(run.records, pipe.setup.plan, args.warmup_steps, start)
+    m = summarize(run.records, pipe.setup.plan, args.warmup_steps, start)
     if m:
         if not args.quiet:
             logger.info("%s", metrics.format_summary(m))
@@ -278,7 +361,7 @@ def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
     if args.verify and not _verify(args, run.params, pipe.setup.plan, device):
         return 1
     if args.json and m:
-        print(train_report.json_line(m), flush=True)
+        print(json_line(m), flush=True)
     return code
 
 
@@ -318,6 +401,105 @@ def _verify(args, params: dict[str, torch.Tensor], plan, device: torch.device) -
         largest_difference(params, want),
     )
     return True
+
+
+# Rank 0's report of a finished run: every rank's record (step times, memory, trace events,
+# losses) and stage parameters gathered, the metrics summary, and the ``--json`` line.
+
+#: the fields of the ``{"gpp_runtime": {...}}`` line ``--json`` prints, in order
+JSON_FIELDS = (
+    "mini_batch_size",
+    "warmup_steps",
+    "timed_steps",
+    "seconds_per_step",
+    "samples_per_second",
+    "step_seconds",
+    "losses",
+    "predicted_iteration_seconds",
+    "ranks",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+    """What rank 0 holds after the gather."""
+
+    #: one record per rank, in rank order (``rank_record``)
+    records: list[dict]
+    #: every stage's parameters under the original model's names (replica 0 of each stage)
+    params: dict[str, torch.Tensor]
+    #: names of tied weights whose copies differ across stages
+    tied_mismatch: list[str]
+
+
+def rank_record(pipe: GraphPipeline, rank: int, device: torch.device, losses: list[float], events: bool) -> dict:
+    """This rank's steps, memory (measured and predicted), trace events (when ``events``) and,
+    on the sink's ranks, the per-step losses."""
+    setup, rec = pipe.setup, pipe.rec
+    stats = pipe.memory_stats()
+    mem = {"peak": stats["peak_memory_bytes"], "predicted": stats["predicted_peak_memory_bytes"]}
+    if device.type != "cuda":
+        mem.update(saved_activations=pipe.executor.saved_peak, rss=metrics.peak_rss_bytes())
+    return {
+        "rank": rank,
+        "stage": setup.stage.id,
+        "steps": rec.steps,
+        "memory": mem,
+        "memory_stats": stats,
+        "events": rec.events if events else [],
+        "losses": losses if setup.program.holds_sink else None,
+    }
+
+
+def gather(pipe: GraphPipeline, rank: int, device: torch.device, losses: list[float], events: bool) -> Gathered | None:
+    """Every rank's record and parameters on rank 0 (a collective: every rank calls it); None on
+    the other ranks."""
+    mine = rank_record(pipe, rank, device, losses, events)
+    params = {k: v.detach().cpu() for k, v in pipe.named_parameters()} if pipe.setup.replica == 0 else {}
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object((mine, params), gathered, dst=0)
+    dist.barrier()  # every transfer of the gather is done before any rank tears down its group
+    if rank != 0:
+        return None
+    all_params: dict[str, torch.Tensor] = {}
+    tied_bad = []
+    for g in gathered:
+        for k, v in g[1].items():
+            if k in all_params and not torch.equal(all_params[k], v):
+                tied_bad.append(k)
+            all_params.setdefault(k, v)
+    return Gathered(records=[g[0] for g in gathered], params=all_params, tied_mismatch=tied_bad)
+
+
+def summarize(records: list[dict], plan, warmup_steps: int, first_step: int) -> dict:
+    """The metrics summary (``gpp_runtime.engine.metrics.summarize``) with the losses, the first step
+    run, the plan's predicted iteration time, every rank's memory and each step's seconds; ``{}``
+    when no step ran."""
+    if not records[0]["steps"]:
+        return {}
+    stages = [{"id": s.id, "predicted_time_per_sample": predicted_time_per_sample(s)} for s in plan.stages]
+    m = metrics.summarize(records, stages, plan.mini_batch_size, warmup_steps)
+    m["losses"] = next((r["losses"] for r in records if r["losses"] is not None), [])
+    m["first_step"] = first_step
+    m["predicted_iteration_seconds"] = plan.predicted.iteration_time
+    m["ranks"] = sorted((r["memory_stats"] for r in records), key=lambda x: x["rank"])
+    m["step_seconds"] = step_seconds(records)
+    return m
+
+
+def step_seconds(records: list[dict]) -> list[float]:
+    """Each step's span over all ranks, the first rank's start to the last rank's end; spans of
+    consecutive steps overlap (the module docstring)."""
+    by_step: dict[int, list] = {}
+    for r in records:
+        for st, t0, t1, _busy in r["steps"]:
+            by_step.setdefault(st, []).append((t0, t1))
+    return [max(e for _s, e in v) - min(s for s, _e in v) for _k, v in sorted(by_step.items())]
+
+
+def json_line(m: dict) -> str:
+    """The ``--json`` line: ``{"gpp_runtime": {...}}`` with the ``JSON_FIELDS`` of summary ``m``."""
+    return json.dumps({"gpp_runtime": {k: m.get(k) for k in JSON_FIELDS}})
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ def test_a_sent_value_no_consumer_saves_is_held_beside_the_activations():
 
 def test_runtime_memory_is_added_to_every_stage_with_the_overheads(diamond, cluster_dict):
     """``runtime_memory_bytes`` (the libraries' workspaces a rank holds whatever its stage, measured
-    by runtime.probe on CUDA) is one more term of the runtime's overheads: added to every stage's
+    by gpp_runtime.probe on CUDA) is one more term of the runtime's overheads: added to every stage's
     memory with ``memory_overheads``, read by nothing without it, written back when set."""
     g = gs.graph_from_dict(diamond)
     spec = StageSpec(("b", "c"), (2, 3), 4)

@@ -1,6 +1,6 @@
-"""Packaging: every package directory is installed, and the runtime installs as ``gpp_runtime``
-(never as a top-level ``runtime``, a name many projects use), while ``-m runtime.train`` keeps
-working from a checkout."""
+"""Packaging: every package directory is installed, and the runtime/ directory installs as
+``gpp_runtime`` (never as a top-level ``runtime``, a name many projects use), the one name it is
+imported and run by (``python -m gpp_runtime.train``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_every_package_directory_is_listed():
 
 
 def test_runtime_modules_import_each_other_relatively():
-    """Absolute ``runtime.x`` imports would load a second copy (or fail) under ``gpp_runtime``."""
+    """The package's modules import each other relatively (an absolute ``runtime`` import fails once installed)."""
     bad = [
         f"{p.relative_to(ROOT)}:{i}"
         for p in (ROOT / "runtime").rglob("*.py")

@@ -167,7 +167,7 @@ def test_stage_costs_and_simulator_price_every_term() -> None:
 
 
 def test_the_steps_own_work_is_paid_by_every_stage_once_per_step() -> None:
-    """``step_time_per_sample`` (runtime.train samples the whole mini-batch on every rank): every
+    """``step_time_per_sample`` (gpp_runtime.train samples the whole mini-batch on every rank): every
     stage's tail gains ``B * per_sample``, one- and two-stage plans alike, so the simulated
     iteration of a one-stage plan grows by exactly that, and TimeTerms without the mini-batch
     leaves it out."""

@@ -180,7 +180,7 @@ def memory_with_overheads(
     When every micro-batch of the step is in flight at once (``micro_batches`` given and
     ``in_flight = micro_batches * b``: no forward follows a backward, e.g. a single micro-batch),
     the gradients, freed between steps (``zero_grad``'s default ``set_to_none``, as
-    ``runtime.train`` runs), never coexist with all the activations, and
+    ``gpp_runtime.train`` runs), never coexist with all the activations, and
     :func:`_all_forwards_first` prices each backward at each node, with the transients and the
     message buffers where they occur.
     """

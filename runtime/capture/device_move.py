@@ -8,7 +8,7 @@
 - fx keeps tensors the code creates at trace time as plain attributes (``_tensor_constant0``),
   neither parameter nor buffer.
 
-The runtime traces every model on the CPU (``runtime.train`` builds before it picks the device), so
+The runtime traces every model on the CPU (``gpp_runtime.train`` builds before it picks the device), so
 on a GPU both would run on the CPU or fail ("Expected all tensors to be on the same device").
 :func:`move_module` moves the module, rewrites every ``torch.device`` of the CPU in its graphs'
 calls to the target device (recompiling them) and moves the plain tensor attributes they read.

@@ -18,13 +18,13 @@ node ids against the model), so that both name the nodes the same way:
   embedding: after ``torch.export`` one ``get_attr`` read by the embedding lookup and by the
   head's matmul) is *shared*, not merged and not an edge: each node keeps its own reference, a
   plan may put them on different stages, and the runtime sums the parameter's gradient over the
-  stages holding a copy (``runtime.engine.grad_sync``). A group is named after its first module call,
+  stages holding a copy (``gpp_runtime.engine.grad_sync``). A group is named after its first module call,
   else its last tensor-valued node. Most groups hold one fx node;
 - placeholders (the model inputs), ``get_attr`` nodes and the output node are not graph nodes:
   placeholders feed their consumers, a ``get_attr`` belongs to the node that reads it, and the
   model output is the value of the output node's argument (the *sink*).
 
-Tracing (``runtime.capture.tracing``) uses ``torch.fx`` with the workload's optional hooks; modules of
+Tracing (``gpp_runtime.capture.tracing``) uses ``torch.fx`` with the workload's optional hooks; modules of
 ``torch.nn`` are leaves, user modules are traced through.
 """
 
@@ -117,7 +117,7 @@ def _is_tensor_valued(n: fx.Node, values: dict | None) -> bool:
 
 
 def _sendable(n: fx.Node, values: dict | None, rows: int | None) -> bool:
-    """A tensor whose leading dimension is the batch (what ``runtime.engine.p2p`` sends and slices):
+    """A tensor whose leading dimension is the batch (what ``gpp_runtime.engine.p2p`` sends and slices):
     not a ``(batch * sequence, width)`` view or a parameter's transpose."""
     if values is None or n not in values or rows is None:
         return _is_tensor_valued(n, values)
@@ -293,7 +293,7 @@ def restore_training(modes: dict) -> None:
 
 
 def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) -> ModelGraph:
-    """Trace ``model`` (hooks as in :func:`runtime.capture.tracing.trace_module`) and name its nodes."""
+    """Trace ``model`` (hooks as in :func:`gpp_runtime.capture.tracing.trace_module`) and name its nodes."""
     n_inputs = None if example_inputs is None else len(example_inputs)
     return model_graph(trace_module(model, n_inputs=n_inputs, example_inputs=example_inputs, **hooks), example_inputs)
 
@@ -301,13 +301,13 @@ def trace(model: torch.nn.Module, example_inputs: tuple | None = None, **hooks) 
 def trace_workload(workload) -> ModelGraph:
     """Trace ``workload.model`` with the workload's hooks, grouping by the values of
     ``workload.sample(2, 0)`` (eval mode, no grad). A model on a GPU is traced on the CPU, as
-    ``runtime.train`` traces it, and the graph moved back (``runtime.capture.device_move``)."""
+    ``gpp_runtime.train`` traces it, and the graph moved back (``gpp_runtime.capture.device_move``)."""
     inputs, _ = workload.sample(2, 0)
     inputs = tuple(inputs)
     device = next((p.device for p in workload.model.parameters()), torch.device("cpu"))
     if device.type == "cpu":
         gm = workload_graph_module(workload, inputs)
-    else:  # traced on the CPU as runtime.train traces it (torch.export's graph depends on the device)
+    else:  # traced on the CPU as gpp_runtime.train traces it (torch.export's graph depends on the device)
         workload.model.to("cpu")
         try:
             gm = workload_graph_module(workload, inputs)
@@ -321,7 +321,7 @@ def load_workload(spec: str):
     """Import ``MODULE:FUNCTION`` (or ``path/to/file.py:FUNCTION``, loaded from the file with its
     directory first on ``sys.path``, as torchrun runs a script) and call it; InvalidInputError
     naming what is wrong. torchvision, timm and transformers import next to a CPU-only torch
-    (``runtime.capture.third_party``) before the module is loaded."""
+    (``gpp_runtime.capture.third_party``) before the module is loaded."""
     if ":" not in spec:
         raise InvalidInputError(f"--model must be MODULE:FUNCTION (or path/to/file.py:FUNCTION), but got {spec!r}")
     mod_name, fn_name = spec.rsplit(":", 1)

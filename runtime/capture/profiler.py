@@ -1,11 +1,11 @@
 """The profiler: a PyTorch workload measured into a ``gpp-graph/1`` document, as the trainer runs it
-(``runtime.profile`` is its command line).
+(``gpp_runtime.profile`` is its command line).
 
 The model is traced with torch.fx and its nodes grouped into graph nodes (see
-``runtime.capture.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
+``gpp_runtime.capture.fx_graph``: values the runtime cannot send, tuples and shapes, never sit between two
 graph nodes). Each fx node is then run on its own, with the inputs it sees in a full forward
 pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with ``--threads`` intra-op threads
-(default 1: what each torchrun rank of ``runtime.train`` uses):
+(default 1: what each torchrun rank of ``gpp_runtime.train`` uses):
 
 - ``fw_time[i]``: median over ``--repeats`` runs (after ``--warmup`` runs) of the forward at
   micro-batch ``micro_batch_sizes[i]``, summed over the graph node's fx nodes. With ``--rounds R``
@@ -14,7 +14,7 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   host) then lands in one round of a node rather than in every run of a contiguous range of
   nodes, which would shift time from one stage of a plan to another. With the time terms (the
   command line's default) a CPU profile replaces these by each node's forward timed inside whole
-  forwards (``runtime.profile_context``: a node run on its own keeps its weights in the caches);
+  forwards (``gpp_runtime.calibration.context``: a node run on its own keeps its weights in the caches);
 - ``bw_time[i]``: the same for ``torch.autograd.grad`` of the node's floating outputs (grad of
   ones) with respect to its floating inputs and its parameters. Inputs are fresh copies of
   leaf tensors, so in-place operators (``ReLU(inplace=True)``, ``x += y``) run as in the model;
@@ -23,7 +23,7 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   ``torch.autograd.grad`` with respect to the parameters alone; 0 for a node without
   parameters; at most ``bw_time[i]``;
 - ``weight_bytes``: bytes of the parameters (and buffers) of the node's modules or attributes. A
-  parameter shared by several graph nodes (tied weights, ``runtime.capture.fx_graph``) is counted once
+  parameter shared by several graph nodes (tied weights, ``gpp_runtime.capture.fx_graph``) is counted once
   in each of them: every stage that holds a copy pays for its weights, gradients and optimizer
   state, which is what the runtime allocates; two users on one stage are counted twice (an
   overestimate of one copy);
@@ -31,11 +31,11 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
 - ``activation_bytes``: bytes per sample that autograd keeps from the forward to the backward
   pass, measured: the storages saved for backward (``saved_tensors_hooks``) in one training-mode
   forward at the largest micro-batch size, each storage once, charged to the node that produced it
-  (``runtime.capture.saved`` says why; parameters and buffers excluded);
+  (``gpp_runtime.capture.saved`` says why; parameters and buffers excluded);
 - ``workspace_bytes``: bytes per sample an operator allocates for the moment of its call beyond
   what it keeps (its forward's transient above its output and saved tensors; its backward's peak,
   the gradients it produces included), the largest over the node's fx nodes, measured at the
-  largest micro-batch size (``runtime.capture.workspace``).
+  largest micro-batch size (``gpp_runtime.capture.workspace``).
 
 Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
@@ -44,7 +44,7 @@ merges several fx nodes; the document has ``"profile"``: ``{"device", "device_na
 "warmup", "repeats", "statistic": "median", "torch"}``, and ``"concurrent": {"processes",
 "cores", ...}`` with ``--concurrent N``: N profilers at once, each pinned to its own core, the
 median of their medians kept; on a CPU whose cores slow each other down this measures the device
-each of N training ranks gets (``runtime/cores.py`` says why, with figures; ``runtime.profile``
+each of N training ranks gets (``runtime/cores.py`` says why, with figures; ``gpp_runtime.profile``
 runs them).
 
 A micro-batch size the model cannot run in training mode (BatchNorm at 1 sample per channel) is
@@ -281,7 +281,7 @@ def _time_forward(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, de
 
 
 def _time_backward_weight(mg: ModelGraph, node, env: dict, warmup: int, repeats: int, device):
-    """The weight gradient alone, as a split backward runs it (``runtime.engine.split_backward``):
+    """The weight gradient alone, as a split backward runs it (``gpp_runtime.engine.split_backward``):
     the input gradients first (untimed, graph kept), then ``torch.autograd.grad`` of the outputs
     with respect to the parameters, timed.  A node without parameters takes no time."""
     params = node_params(mg, node, env)

@@ -13,7 +13,7 @@ when it is installed and fails the same way, and so does ``import timm``.
 does it declare the two operator *schemas* (no kernels: calling ``nms`` still raises) and import
 again. Nothing is copied from torchvision; where its extension loads (a matching CUDA torch), the
 normal import succeeds and nothing is declared. :func:`prepare_third_party` (what
-``runtime.profile``, ``runtime.train`` and ``runtime.cores`` call before loading a ``--model``
+``gpp_runtime.profile``, ``gpp_runtime.train`` and ``gpp_runtime.cores`` call before loading a ``--model``
 module) does it whenever torchvision is installed. In your own scripts, call it before importing
 torchvision, timm or transformers::
 

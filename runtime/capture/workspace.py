@@ -1,7 +1,7 @@
 """Operators' transient memory (``workspace_bytes``, ``docs/formats.md``): what a node allocates
 beyond the activations it keeps and the output it sends, measured at one micro-batch size.
 
-Per fx node, run alone as the profiler times it (``runtime.capture.node_calls``), with only the
+Per fx node, run alone as the profiler times it (``gpp_runtime.capture.node_calls``), with only the
 inputs that need grad in the model as leaves that need grad:
 
 - its forward: the peak of live allocated bytes during the call above the bytes live at its start,
@@ -14,7 +14,7 @@ A graph node's figure is the largest over its fx nodes (they run one after the o
 larger of the two, per sample. Live bytes are those of the allocator: on CUDA
 ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU the running sum of
 the CPU allocator's allocation and free events that ``torch.profiler`` records (``profile_memory``,
-as ``runtime.engine.memory.MemoryMeter`` measures a rank), every call in one profiling session,
+as ``gpp_runtime.engine.memory.MemoryMeter`` measures a rank), every call in one profiling session,
 each delimited by a ``record_function`` range.
 """
 

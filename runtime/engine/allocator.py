@@ -12,8 +12,8 @@ freed memory kept (its profile: 31 ms), the iteration 235-325 ms against 197-205
 
 :func:`keep_freed_memory` sets ``M_MMAP_MAX`` to 0 (no block is served by ``mmap``) and
 ``M_TRIM_THRESHOLD`` to its maximum (the heap is never trimmed), so a step reuses the pages the
-previous step freed, as the profile's runs do. ``runtime.train``, ``runtime.profile`` and the
-core fillers (``runtime.cores``) call it at start on CPU; a process's resident memory then stays
+previous step freed, as the profile's runs do. ``gpp_runtime.train``, ``gpp_runtime.profile`` and the
+core fillers (``gpp_runtime.cores``) call it at start on CPU; a process's resident memory then stays
 at its peak. Elsewhere (no glibc, not Linux) it does nothing and says so.
 """
 

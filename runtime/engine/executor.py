@@ -13,10 +13,10 @@ Backward ``B j`` assembles each output's gradient from the pieces received from 
 stage (pieces of one stage tile the rows; different stages are summed), back-propagates, and
 sends each received piece's gradient back to its producer. In a plan whose order holds ``W``
 actions, ``B j`` computes the received pieces' gradients alone and ``W j`` the weight gradients
-(:mod:`runtime.engine.split_backward`); the data-parallel all-reduce follows the last ``W``.
+(:mod:`gpp_runtime.engine.split_backward`); the data-parallel all-reduce follows the last ``W``.
 
 Operations are posted in ``posting.posting``'s order (``eager`` or ``batched``, see
-``runtime.engine.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
+``gpp_runtime.engine.p2p``). On CUDA no synchronisation happens per action: compute times come from CUDA
 events read once at the end of the step.
 """
 
@@ -287,7 +287,7 @@ class StageExecutor:
             raise InvalidInputError(
                 f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
                 f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
-                f"GraphPipeline(loss_reduction={other!r}) (runtime.train: set the workload's "
+                f"GraphPipeline(loss_reduction={other!r}) (gpp_runtime.train: set the workload's "
                 f"loss_reduction = {other!r})"
             )
         got = "" if halves is None else f", {halves[0]:.6g} and {halves[1]:.6g} on its two halves"

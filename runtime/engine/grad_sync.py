@@ -24,7 +24,7 @@ one copy per stage; its gradient is summed over every rank that holds a copy (al
 all those stages, one process group per distinct set of ranks) after the step, so the copies
 stay equal under any deterministic optimizer. Such parameters are left out of the buckets.
 
-Emulated all-reduce (``emulate_seconds``, set by emulated workloads only, see ``runtime.emulate``):
+Emulated all-reduce (``emulate_seconds``, set by emulated workloads only, see ``gpp_runtime.emulate``):
 instead of the buckets, ``finish`` all-reduces one number over the data-parallel group (the
 latest replica's end of its last backward: replicas still synchronise) and sleeps until
 ``emulate_seconds`` have passed since then. The real all-reduce is the default.

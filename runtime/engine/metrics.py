@@ -7,7 +7,7 @@ records and derives:
 - samples/s after the warm-up steps: ``mini_batch_size * steps / (last step end - first timed
   step start)``, ends and starts taken over all ranks; ``seconds_per_step`` is that wall time divided by the
   timed steps: the throughput figure.
-- ``step_seconds`` (``runtime.train``, one per step, warm-up included): each step's own span,
+- ``step_seconds`` (``gpp_runtime.train``, one per step, warm-up included): each step's own span,
   from the first rank's start to the last rank's end. Ranks are not synchronised between steps:
   a rank whose stage finishes early starts the next step while others still finish this one, so
   consecutive spans overlap and their mean exceeds ``seconds_per_step`` by that overlap (12% and 22%
@@ -15,7 +15,7 @@ records and derives:
   its spread, ``seconds_per_step`` for throughput;
 - bubble fraction per stage: ``1 - compute time / step wall time`` per rank, averaged over the
   timed steps and the stage's replicas (waiting for messages counts as idle);
-- peak memory per rank: the measured peak (``runtime.engine.memory``: CUDA ``max_memory_allocated``,
+- peak memory per rank: the measured peak (``gpp_runtime.engine.memory``: CUDA ``max_memory_allocated``,
   CPU the peak of the stage's live tensor bytes) beside the plan's prediction; on CPU also the
   runtime's count of bytes saved for backward (``saved_tensors_hooks``, parameters excluded) and
   the process's peak RSS;

@@ -3,7 +3,7 @@
 Under torchrun, every rank builds the same model (same seed, so the same weights) and calls::
 
     dist.init_process_group("gloo")                      # or "nccl"
-    pipe = runtime.GraphPipeline(model, "plan.json", loss_fn, example_inputs=(x,))
+    pipe = gpp_runtime.GraphPipeline(model, "plan.json", loss_fn, example_inputs=(x,))
     opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)   # this rank's stage only
     for x, y in loader:                                  # the same mini-batches on every rank
         opt.zero_grad()
@@ -11,7 +11,7 @@ Under torchrun, every rank builds the same model (same seed, so the same weights
         opt.step()
 
 Models that plain ``torch.fx`` cannot trace: pass ``tracing={"leaf_modules": (Block,)}`` (or
-``concrete_args``, ``autowrap_functions``, ``tracer``, ``graph_module``; see ``runtime.capture.tracing``);
+``concrete_args``, ``autowrap_functions``, ``tracer``, ``graph_module``; see ``gpp_runtime.capture.tracing``);
 where fx fails, ``torch.export`` of ``example_inputs`` is tried.
 
 Conventions:
@@ -40,10 +40,10 @@ Conventions:
   without it the same check runs before the optimizer's first step, and after it the pipeline
   measures what the optimizer really holds.
 - ``memory_stats()``: this rank's measured peak memory over step ``memory_step`` (0-based, default
-  1; ``memory_steps`` steps from there; ``runtime.engine.memory`` says how CPU and CUDA measure)
+  1; ``memory_steps`` steps from there; ``gpp_runtime.engine.memory`` says how CPU and CUDA measure)
   beside the plan's prediction for its stage under the optimizer really used. Read it after the
   measured step's ``optimizer.step()``.
-- Dropout draws one reproducible stream per (seed, step, chunk, node) (``runtime.capture.dropout``).
+- Dropout draws one reproducible stream per (seed, step, chunk, node) (``gpp_runtime.capture.dropout``).
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ class GraphPipeline(OptimizerStateCheck):
         """The gradient sums of this stage: over its data-parallel replicas (bucketed) and over the
         stages that hold a copy of a tied weight."""
         params = [p for _n, p in self.named_parameters()]
-        # emulated devices only (runtime.emulate): (plan, stage) -> seconds the all-reduce takes
+        # emulated devices only (gpp_runtime.emulate): (plan, stage) -> seconds the all-reduce takes
         emulated = emulate_allreduce(self.plan, self.stage) if emulate_allreduce is not None else None
         return GradSync(
             params,

@@ -17,7 +17,7 @@ gradient) are backpropagated whole in ``W``. The gradients equal one full backwa
 Parameters whose weight nodes or outside roots are connected through the parameter side (a
 weight used by two operators, a parameter used in the region and by a parameter-only output) form
 one group, backpropagated in one engine call, so each parameter's gradient is accumulated once per
-``W`` (the data-parallel hooks of ``runtime.engine.grad_sync`` see it final). While a group runs, a
+``W`` (the data-parallel hooks of ``gpp_runtime.engine.grad_sync`` see it final). While a group runs, a
 pre-hook holds each of its weight nodes to its kept gradient, so a weight node that one of the
 group's roots reaches through the input region does not count twice (the engine does run the input
 region between them again: the price of a shared weight, as in torch's).
@@ -28,7 +28,7 @@ the inputs, detach the roots, and their merge of parameter groups can count a pa
 groups.
 
 :func:`phase` tells an operator which part runs (``"input"``, ``"weight"`` or ``"full"``); the
-emulated operators (``runtime.emulate``) sleep the matching share of their profiled backward.
+emulated operators (``gpp_runtime.emulate``) sleep the matching share of their profiled backward.
 """
 
 from __future__ import annotations

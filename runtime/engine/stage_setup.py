@@ -1,12 +1,13 @@
 """Everything a rank prepares before its first message, identically on every rank.
 
-Read the plan, trace the model, rewrite its dropout nodes (``runtime.capture.dropout``), match the
-plan's node ids, validate the plan as ``gpp validate`` does (``runtime.lowering.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
+Read the plan, trace the model, rewrite its dropout nodes (``gpp_runtime.capture.dropout``), match the
+plan's node ids, validate the plan as ``gpp validate`` does (``gpp_runtime.lowering.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
 shapes and dtypes (one forward pass in eval mode, no grad, on the first rows of the example
 inputs), find parameters shared by several stages (by tensor identity), lower the orders to
 per-rank actions and prove them deadlock-free (``dry_run``, and ``check_rendezvous`` for the
 posting NCCL uses). Any problem is an ``InvalidInputError`` (exit code 2) raised before a
-single message is sent.
+single message is sent. The workload as training runs it (:class:`TrainWorkload`: the dtype
+applied, the loss as the mean over the mini-batch) is prepared here too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils._pytree as pytree
 
 from gpp_solver.errors import DeadlockError, InvalidInputError
 from gpp_solver.formats.cluster import load_cluster
@@ -99,7 +101,7 @@ def build(
     ``plan``: a path, a gpp-plan/1 document or a :class:`Plan`. The posting order is proved
     deadlock-free with rendezvous sends (``check_rendezvous``) in the ``batched`` mode and
     whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
-    :func:`runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
+    :func:`gpp_runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
     plan = read_plan(plan)
     check_world(plan, world)
     graph = load_graph(graph_path) if graph_path else None
@@ -178,3 +180,28 @@ def seeded_workload(model_spec: str):
     one-process reference of ``--verify``) starts from the same weights."""
     torch.manual_seed(0)
     return load_workload(model_spec)
+
+
+class TrainWorkload:
+    """The workload with the dtype applied; ``loss`` is the workload's mean loss as is, or its
+    summed loss divided by the mini-batch size (so gradients are those of the mean)."""
+
+    def __init__(self, wl, dtype, mini_batch_size: int) -> None:
+        self.model = wl.model.to(dtype) if dtype is not None else wl.model
+        self._wl, self._dtype, self.mini_batch_size = wl, dtype, mini_batch_size
+        self.raw = wl
+        self.reduction = getattr(wl, "loss_reduction", "sum")
+        self.emulate_allreduce = getattr(wl, "emulate_allreduce", None)  # gpp_runtime.emulate only
+        if self.reduction not in ("sum", "mean"):
+            raise InvalidInputError(f"the workload's loss_reduction must be 'sum' or 'mean', got {self.reduction!r}")
+
+    def sample(self, rows: int, step: int):
+        inputs, target = self._wl.sample(rows, step)
+        if self._dtype is None:
+            return tuple(inputs), target
+        cast = lambda t: t.to(self._dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+        return tuple(cast(x) for x in inputs), pytree.tree_map(cast, target)
+
+    def loss(self, output, target):
+        loss = self._wl.loss(output, target)
+        return loss if self.reduction == "mean" else loss / self.mini_batch_size

@@ -3,7 +3,7 @@
 The reference starts from the same weights (``torch.manual_seed(0)`` then ``FUNCTION()``), sees
 the same data (``sample(mini_batch_size, step)``), runs the same traced graph with the same dropout masks (each
 dropout node's mini-batch is split into the chunks its stage computes, each drawn from
-``(seed, step, chunk's first sample, node)``, see ``runtime.capture.dropout``), uses the same loss
+``(seed, step, chunk's first sample, node)``, see ``gpp_runtime.capture.dropout``), uses the same loss
 and the same optimizer, for the same steps. The tolerance is the caller's (``--rtol/--atol``) or
 :func:`default_tolerance`'s, chosen by dtype and optimizer.
 """

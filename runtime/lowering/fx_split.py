@@ -4,7 +4,7 @@ A stage module's inputs are, in this order, the model inputs (placeholders) its 
 directly, then the values of producer nodes in other stages (topological order). Its outputs are
 the values of its nodes that other stages read (topological order), then the model output if the
 stage holds the sink. The modules share their parameters with the full model they came from; a
-parameter used by several stages (tied weights) is kept equal by ``runtime.engine.grad_sync``.
+parameter used by several stages (tied weights) is kept equal by ``gpp_runtime.engine.grad_sync``.
 A value computed from the model inputs alone (``input_derived``: an attention mask, positions) is
 recomputed by every stage that reads it, from the model inputs, instead of being sent; a
 received value that an in-place operator may modify is listed in ``copied_inputs``: the executor

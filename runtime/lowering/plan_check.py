@@ -1,6 +1,6 @@
 """The plan checked by ``gpp_solver``'s own validator, as ``gpp validate`` does, once per run.
 
-With the profiled graph and the cluster (``runtime.train --graph G --cluster C``) the runtime
+With the profiled graph and the cluster (``gpp_runtime.train --graph G --cluster C``) the runtime
 calls ``gpp_solver.plan.validate.validate`` exactly as ``gpp validate`` does (C1–C4, devices,
 divisibility, memory, predicted figures). Without them it still runs the same validator on the
 traced model's structure (node ids and edges, zero costs) and a cluster of the started ranks

@@ -6,7 +6,7 @@ A plan file goes through ``gpp_solver.formats.plan_json`` (the file itself throu
 unreadable files are refused exactly as ``gpp validate`` refuses them. One leniency for
 hand-written plans: a stage may leave ``in_flight_samples`` out; the peak of its own order is
 used (as the validator computes it). The meaning of the plan (C1-C4, devices, divisibility)
-is checked by ``gpp_solver``'s validator in :mod:`runtime.lowering.plan_check`. Every error is
+is checked by ``gpp_solver``'s validator in :mod:`gpp_runtime.lowering.plan_check`. Every error is
 an ``InvalidPlanError`` naming the stage and the field.
 """
 

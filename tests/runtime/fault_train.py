@@ -1,8 +1,8 @@
-"""``runtime.train`` with one deliberate gradient fault, for the ``--verify`` tolerance tests.
+"""``gpp_runtime.train`` with one deliberate gradient fault, for the ``--verify`` tolerance tests.
 
-    torchrun ... tests/runtime/fault_train.py FAULT [runtime.train arguments]
+    torchrun ... tests/runtime/fault_train.py FAULT [gpp_runtime.train arguments]
 
-FAULT is ``none`` (plain ``runtime.train``), ``drop-microbatch`` (the sink's last micro-batch
+FAULT is ``none`` (plain ``gpp_runtime.train``), ``drop-microbatch`` (the sink's last micro-batch
 contributes no gradient: its loss is multiplied by 0 before backward), ``no-allreduce`` (data-
 parallel replicas keep their own gradients) or ``no-tied-sync`` (a weight tied across stages is
 updated with each stage's own gradient). The faults are monkeypatched here, in the test's process,
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime import train
-from runtime.engine import pipeline
+from gpp_runtime import train
+from gpp_runtime.engine import pipeline
 
 
 class TinyTied(nn.Module):

@@ -1,7 +1,7 @@
 """A torchrun worker for the GraphPipeline tests: ``pipe_worker.py CASE PLAN.json``.
 
 Every rank builds the case's model (seeded), trains ``STEPS`` mini-batches through
-``runtime.GraphPipeline`` with Adam, and rank 0 gathers every stage's gradients (after the first
+``gpp_runtime.GraphPipeline`` with Adam, and rank 0 gathers every stage's gradients (after the first
 step) and parameters (after the last) under the original names and compares them with the same
 loop on one process, and the copies of a weight tied across stages with each other (bitwise).
 Prints ``PIPE-OK <details>`` on success; exits 1 with the differences otherwise.
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-import runtime
+import gpp_runtime
 from examples.two_tower import workload as two_tower_workload
 
 STEPS = 3
@@ -146,7 +146,7 @@ def main() -> int:
     model = CASES[case][0]()
     example, _ = data(case, 0)
     reduction = CASES[case][3] if len(CASES[case]) > 3 else "mean"
-    pipe = runtime.GraphPipeline(
+    pipe = gpp_runtime.GraphPipeline(
         model, plan_path, CASES[case][2], example_inputs=example, p2p=p2p, loss_reduction=reduction
     )
     opt = torch.optim.Adam(pipe.parameters(), lr=1e-2)
@@ -210,7 +210,7 @@ def main() -> int:
 
 
 def undeclared_mean_workload():
-    """For runtime.train: a mean-reduced loss that does not say so (must be refused)."""
+    """For gpp_runtime.train: a mean-reduced loss that does not say so (must be refused)."""
     wl = two_tower_workload()
     wl.loss = F.mse_loss
     return wl

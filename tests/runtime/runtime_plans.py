@@ -85,7 +85,7 @@ def write_cluster(tmp_path: Path, devices: int, optimizer_state_factor: float) -
 
 
 def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None = None):
-    """Run ``python -m torch.distributed.run --standalone ... -m runtime.train ARGS``."""
+    """Run ``python -m torch.distributed.run --standalone ... -m gpp_runtime.train ARGS``."""
     cmd = [
         sys.executable,
         "-m",
@@ -93,7 +93,7 @@ def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "runtime.train",
+        "gpp_runtime.train",
         "--threads",
         "1",
         *args,

@@ -1,4 +1,4 @@
-"""The CPU allocator keeps freed memory for reuse (runtime.engine.allocator), as the profile runs it."""
+"""The CPU allocator keeps freed memory for reuse (gpp_runtime.engine.allocator), as the profile runs it."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import textwrap
 
 import pytest
 
-from runtime.engine.memory import default_memory_step
+from gpp_runtime.engine.memory import default_memory_step
 
 #: a child process: optionally keep freed memory, then allocate and free 256 MiB in 1 MiB tensors
 #: (kept alive together, as a step's activations are) and print the resident memory after the free
 CHILD = textwrap.dedent(
     """
     import os, sys, torch
-    from runtime.engine.allocator import keep_freed_memory
+    from gpp_runtime.engine.allocator import keep_freed_memory
     ok = keep_freed_memory() if sys.argv[1] == "keep" else None
     def rss():
         with open("/proc/self/statm") as f:

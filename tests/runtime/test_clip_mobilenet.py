@@ -9,12 +9,12 @@ import json
 
 from test_real_models import _train_verify
 
+from gpp_runtime.calibration.terms import profile_with_terms
+from gpp_runtime.capture.fx_graph import load_workload
 from gpp_solver.formats.graph import graph_from_dict
 from gpp_solver.formats.plan_json import save_plan
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, SearchInfo
-from runtime.capture.fx_graph import load_workload
-from runtime.profile_terms import profile_with_terms
 
 
 def _profile(tmp_path, fn: str) -> dict:

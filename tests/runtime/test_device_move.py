@@ -1,13 +1,13 @@
 """A traced stage module moved to another device: the devices torch.export baked into its graph and
-fx's tensor constants move too (runtime.capture.device_move). Checked on the ``meta`` device,
+fx's tensor constants move too (gpp_runtime.capture.device_move). Checked on the ``meta`` device,
 which the CPU build has: a call mixing devices fails there as it does on a GPU."""
 
 import pytest
 import torch
 import torch.fx as fx
 
-from runtime.capture.device_move import move_module
-from runtime.capture.fx_graph import load_workload, trace_workload
+from gpp_runtime.capture.device_move import move_module
+from gpp_runtime.capture.fx_graph import load_workload, trace_workload
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

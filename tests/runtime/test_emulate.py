@@ -1,4 +1,4 @@
-"""runtime.emulate: the graph as an fx-traceable module whose operators sleep their profiled times."""
+"""gpp_runtime.emulate: the graph as an fx-traceable module whose operators sleep their profiled times."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import time
 import pytest
 import torch
 
+from gpp_runtime.capture.fx_graph import trace
+from gpp_runtime.emulate import Sleeper, build_model, make_workload, realised_graph
 from gpp_solver import SearchInfo, StageSpec, as_cluster, as_graph, build_plan
 from gpp_solver.cost.model import interp_time
 from gpp_solver.errors import InvalidInputError
-from runtime.capture.fx_graph import trace
-from runtime.emulate import Sleeper, build_model, make_workload, realised_graph
 
 
 def _node(nid, fw, bw, out=64.0, w=16.0):

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.engine.grad_sync import GradSync
-from runtime.engine.p2p import P2P
+from gpp_runtime.engine.grad_sync import GradSync
+from gpp_runtime.engine.p2p import P2P
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_without_overlap_every_bucket_waits_for_finish(group):
 
 
 def test_emulated_all_reduce_sleeps_the_modelled_time_after_the_last_backward(group):
-    from runtime.engine.metrics import Recorder
+    from gpp_runtime.engine.metrics import Recorder
 
     model = nn.Linear(4, 2)
     rec = Recorder(rank=0, stage=0)

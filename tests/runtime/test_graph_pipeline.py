@@ -1,4 +1,4 @@
-"""runtime.GraphPipeline in a user's own loop (Adam, an LR scheduler) under real torchrun (gloo).
+"""gpp_runtime.GraphPipeline in a user's own loop (Adam, an LR scheduler) under real torchrun (gloo).
 
 Each test runs ``pipe_worker.py`` on every rank; rank 0 compares the gradients after the first
 step and the parameters after three steps with the same loop on one process.
@@ -89,7 +89,7 @@ def test_tied_embedding_and_head_on_different_stages(tmp_path):
 
 def test_tuple_and_dict_values_stay_inside_graph_nodes(tmp_path):
     """MultiheadAttention's tuple and a dict value are grouped with the getitems that read them
-    (``runtime.capture.fx_graph``), so a plan cuts only where tensors flow: stage 0 ends with the attention
+    (``gpp_runtime.capture.fx_graph``), so a plan cuts only where tensors flow: stage 0 ends with the attention
     group (its two tensor parts cross), stage 1 ends with the dict's group (``lo`` and ``hi`` cross)."""
     doc = plan(
         8,

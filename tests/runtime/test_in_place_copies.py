@@ -1,5 +1,5 @@
 """Which received values a stage copies before an in-place operator may modify them
-(``runtime.lowering.fx_split.modified_in_place``), and that a received piece the executor frees
+(``gpp_runtime.lowering.fx_split.modified_in_place``), and that a received piece the executor frees
 once copied still gets its gradient."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from runtime.capture.fx_graph import trace
-from runtime.lowering.fx_split import modified_in_place
+from gpp_runtime.capture.fx_graph import trace
+from gpp_runtime.lowering.fx_split import modified_in_place
 
 
 class Blocks(nn.Module):
@@ -50,7 +50,7 @@ def test_in_place_on_a_received_value_or_a_view_of_it_needs_a_copy():
 def test_a_freed_received_piece_still_receives_its_gradient():
     """``executor._free``: the received leaf's memory is released after the copy; the backward
     still gives the leaf its gradient (shape, not data, is what it needs)."""
-    from runtime.engine.executor import _free
+    from gpp_runtime.engine.executor import _free
 
     leaf = torch.randn(3, 4, requires_grad=True)
     copy = leaf.clone()

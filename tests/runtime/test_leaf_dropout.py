@@ -8,8 +8,8 @@ import torch
 from runtime_plans import assert_shape, plan, stage, torchrun, write
 from torch import nn
 
-from runtime.capture.dropout import ChunkSeeded, Context, per_chunk, set_context
-from runtime.capture.fx_graph import set_training, trace
+from gpp_runtime.capture.dropout import ChunkSeeded, Context, per_chunk, set_context
+from gpp_runtime.capture.fx_graph import set_training, trace
 
 
 class Fused(nn.Module):

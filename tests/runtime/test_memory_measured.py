@@ -1,6 +1,6 @@
-"""Each rank's peak memory, measured, beside the cost model's prediction (``runtime.engine.memory``).
+"""Each rank's peak memory, measured, beside the cost model's prediction (``gpp_runtime.engine.memory``).
 
-The meter is checked on allocations of known size; ``runtime.train --json`` reports every rank with
+The meter is checked on allocations of known size; ``gpp_runtime.train --json`` reports every rank with
 the contract's field names; and on planned models trained on 1-2 CPU ranks (SGD and Adam) the
 measured peak of every rank is within the targets: measured <= 1.05 x predicted (no surprise out
 of memory) and predicted <= 1.25 x measured (no wasted devices).
@@ -14,10 +14,10 @@ import pytest
 import torch
 from runtime_plans import torchrun, write_cluster
 
+from gpp_runtime.capture.fx_graph import load_workload
+from gpp_runtime.capture.profiler import profile
+from gpp_runtime.engine.memory import MemoryMeter, state_factor_of, storage_bytes
 from gpp_solver import save_plan, solve
-from runtime.capture.fx_graph import load_workload
-from runtime.capture.profiler import profile
-from runtime.engine.memory import MemoryMeter, state_factor_of, storage_bytes
 
 RANK_FIELDS = {"rank", "stage", "peak_memory_bytes", "predicted_peak_memory_bytes"}
 

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from gpp_runtime.lowering.plan_io import read_plan, world_size  # noqa: E402
 from gpp_solver.errors import InvalidPlanError  # noqa: E402
-from runtime.lowering.plan_io import read_plan, world_size  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plans" / "two_tower_3ranks.json"
 

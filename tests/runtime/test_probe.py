@@ -1,4 +1,4 @@
-"""``runtime.probe`` under a real torchrun (2 gloo ranks, small messages): a valid gpp-cluster/1."""
+"""``gpp_runtime.probe`` under a real torchrun (2 gloo ranks, small messages): a valid gpp-cluster/1."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from gpp_runtime.probe import affine_fit, check_args, cluster_doc, host_available_memory, parse_args, ring_fit
 from gpp_solver import load_cluster
-from runtime.probe import affine_fit, check_args, cluster_doc, host_available_memory, parse_args, ring_fit
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_FIELDS = {
@@ -37,11 +37,11 @@ def _probe(nproc: int, args: list[str]):
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "runtime.probe",
+        "gpp_runtime.probe",
         "--cpu",
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -103,9 +103,9 @@ def test_memory_flag_and_bad_arguments(tmp_path):
             check_args(parse_args(["-o", "x.json", *bad]))
     # rank 0 says what is wrong in one line and exits 2 before joining a process group
     res = subprocess.run(
-        [sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
+        [sys.executable, "-m", "gpp_runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=dict(os.environ),
         capture_output=True,
         text=True,
         timeout=120,
@@ -114,9 +114,9 @@ def test_memory_flag_and_bad_arguments(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1
     # another rank says it too (torchrun may stop rank 0 before it prints), naming itself
     res = subprocess.run(
-        [sys.executable, "-m", "runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
+        [sys.executable, "-m", "gpp_runtime.probe", "-o", str(tmp_path / "c.json"), "--sizes", "4096"],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "RANK": "1", "WORLD_SIZE": "2"},
+        env={**os.environ, "RANK": "1", "WORLD_SIZE": "2"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -194,7 +194,7 @@ def test_ring_fit_holds_the_small_sizes():
 def test_work_between_messages_keeps_the_core_busy_for_the_time_asked():
     import time
 
-    from runtime.probe import compute_for
+    from gpp_runtime.probe import compute_for
 
     assert parse_args(["-o", "x.json"]).compute == 0.005  # the default: as a training step between messages
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -211,7 +211,7 @@ def test_only_the_rank_that_starts_a_round_trip_works_before_it(monkeypatch):
     the round trip would time whatever part of its work was left (a skew, not a latency)."""
     import torch
 
-    import runtime.probe as probe
+    import gpp_runtime.probe as probe
 
     worked = []
     monkeypatch.setattr(probe, "compute_for", lambda s: worked.append(s))
@@ -234,7 +234,7 @@ def test_typical_time_is_the_mean_of_the_middle_80_percent():
     """A step's time is a mean over steps, so a message's is priced at its mean: a mixture of fast
     and slow messages (a rank woken late) at its share of slow ones, where a median jumps between
     the modes; the fastest and slowest tenth are left out (a one-off stall of the host)."""
-    from runtime.probe_fit import typical
+    from gpp_runtime.calibration.probe_fit import typical
 
     fast, slow = 0.2e-3, 3e-3
     mixture = [fast] * 12 + [slow] * 8  # 40% slow: the median is the fast mode
@@ -255,7 +255,7 @@ def test_sizes_take_turns_within_each_repeat(monkeypatch, tmp_path):
     import torch
     import torch.distributed as dist
 
-    import runtime.probe as probe
+    import gpp_runtime.probe as probe
 
     order = []
     monkeypatch.setattr(probe, "compute_for", lambda s: None)
@@ -289,8 +289,8 @@ def test_runtime_memory_is_the_largest_rank_s_and_absent_on_the_cpu():
     largest over ranks; a CPU rank measures none and the field is left out."""
     import torch
 
+    from gpp_runtime.engine.memory import runtime_memory
     from gpp_solver.formats.cluster import cluster_from_dict
-    from runtime.engine.memory import runtime_memory
 
     assert runtime_memory(torch.device("cpu")) == 0.0
     ranks = [

@@ -1,4 +1,4 @@
-"""``runtime.profile_context``: on a CPU each node's forward is timed inside whole forwards."""
+"""``gpp_runtime.calibration.context``: on a CPU each node's forward is timed inside whole forwards."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from runtime.capture.fx_graph import trace_workload
-from runtime.profile_context import forward_in_context, use_in_context_forward
-from runtime.profile_terms import profile_with_terms
+from gpp_runtime.calibration.context import forward_in_context, use_in_context_forward
+from gpp_runtime.calibration.terms import profile_with_terms
+from gpp_runtime.capture.fx_graph import trace_workload
 
 NAP = 0.004
 

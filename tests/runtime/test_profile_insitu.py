@@ -1,4 +1,4 @@
-"""``runtime.profile_insitu``: node times scaled to a one-stage plan as the runtime runs it."""
+"""``gpp_runtime.calibration.insitu``: node times scaled to a one-stage plan as the runtime runs it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gpp_runtime.calibration.insitu import add_in_situ, calibrate, one_stage_plan, rest_fit
+from gpp_runtime.profile import main
 from gpp_solver import load_graph
-from runtime.profile import main
-from runtime.profile_insitu import add_in_situ, calibrate, one_stage_plan, rest_fit
 
 
 def _doc() -> dict:
@@ -118,7 +118,7 @@ def test_the_gradient_sum_is_the_median_pair_over_the_weight_bytes():
 def test_the_sizes_take_turns(monkeypatch):
     """Each size's steps run in TURNS turns over the sizes (warm-up in the first turn only, one
     step after), and each size's pipeline is closed at the end."""
-    from runtime import profile_insitu as pi
+    from gpp_runtime.calibration import insitu as pi
 
     calls, closed = [], []
     device = torch.device("cpu")
@@ -214,7 +214,7 @@ def test_a_model_the_runtime_refuses_to_train_keeps_its_profiled_times():
 
     import torch
 
-    from runtime.profile_terms import profile_with_terms
+    from gpp_runtime.calibration.terms import profile_with_terms
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
@@ -232,12 +232,12 @@ def test_a_model_the_runtime_refuses_to_train_keeps_its_profiled_times():
 @pytest.mark.parametrize("kind", ["cpu", "cuda"])
 def test_the_optimizer_clock_times_what_runs_between_its_start_and_stop(kind):
     """On a CPU the wall clock; on CUDA two events on the stream (no synchronisation before the
-    optimizer step, as runtime.train runs it)."""
+    optimizer step, as gpp_runtime.train runs it)."""
     import time
 
     import torch
 
-    from runtime.profile_insitu import _OptimizerClock
+    from gpp_runtime.calibration.insitu import _OptimizerClock
 
     if kind == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device")

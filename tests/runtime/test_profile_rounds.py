@@ -1,11 +1,11 @@
-"""``runtime.profile --rounds``: every size and node swept R times, each node's median of its rounds' medians."""
+"""``gpp_runtime.profile --rounds``: every size and node swept R times, each node's median of its rounds' medians."""
 
 from __future__ import annotations
 
 import json
 
-from runtime.capture.profiler import combine_rounds
-from runtime.profile import main
+from gpp_runtime.capture.profiler import combine_rounds
+from gpp_runtime.profile import main
 
 
 def test_combine_rounds_takes_the_median_of_the_medians_and_the_extremes():

@@ -1,22 +1,22 @@
-"""``runtime.profile`` records the time-model terms: op_overhead, the optimizer step, the loss."""
+"""``gpp_runtime.profile`` records the time-model terms: op_overhead, the optimizer step, the loss."""
 
 from __future__ import annotations
 
 import torch
 
-from gpp_solver.cost import TimeTerms, stage_costs
-from gpp_solver.formats.graph import graph_from_dict
-from gpp_solver.plan.build import StageSpec
-from gpp_solver.types import Cluster
-from runtime.capture.fx_graph import load_workload
-from runtime.capture.profiler import profile
-from runtime.profile_terms import (
+from gpp_runtime.calibration.terms import (
     graph_overhead,
     optimizer_seconds,
     profile_with_terms,
     remove_call_cost,
     whole_model_times,
 )
+from gpp_runtime.capture.fx_graph import load_workload
+from gpp_runtime.capture.profiler import profile
+from gpp_solver.cost import TimeTerms, stage_costs
+from gpp_solver.formats.graph import graph_from_dict
+from gpp_solver.plan.build import StageSpec
+from gpp_solver.types import Cluster
 
 
 def test_profile_records_overhead_optimizer_and_loss():

@@ -17,9 +17,9 @@ import sys
 import pytest
 from runtime_plans import REPO, assert_shape, torchrun
 
-from runtime.capture.fx_graph import load_workload
-from runtime.capture.profiler import profile
-from runtime.capture.third_party import import_torchvision, import_transformers
+from gpp_runtime.capture.fx_graph import load_workload
+from gpp_runtime.capture.profiler import profile
+from gpp_runtime.capture.third_party import import_torchvision, import_transformers
 
 try:
     import_torchvision()
@@ -157,7 +157,7 @@ def test_gpt2_head_tied_to_the_embedding(tmp_path):
     by the embedding lookup and by the head's matmul. It is shared, not a value between them: the
     two are separate graph nodes, each paying for the weight, a memory-forced plan puts them on
     different stages, and training sums the weight's gradient over both stages (--verify against
-    one process; runtime.train exits 1 when the two copies are not bitwise equal after a step).
+    one process; gpp_runtime.train exits 1 when the two copies are not bitwise equal after a step).
     The same plan through GraphPipeline (Adam, 3 steps): both copies bitwise equal, and equal to
     one-process training. Float64: the attention's key bias has a zero gradient up to rounding,
     which Adam magnifies to a step of the learning rate in float32."""

@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
+from gpp_runtime.capture.fx_graph import input_derived, load_workload, propagate, trace_workload
+from gpp_runtime.capture.profiler import profile
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.formats.graph import graph_from_dict
-from runtime.capture.fx_graph import input_derived, load_workload, propagate, trace_workload
-from runtime.capture.profiler import profile
 
 
 class Quirky(nn.Module):

@@ -1,4 +1,4 @@
-"""runtime.cores: concurrent profiling (--concurrent), the merge of the workers' graphs, the filler."""
+"""gpp_runtime.cores: concurrent profiling (--concurrent), the merge of the workers' graphs, the filler."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cores import merge
-from runtime.profile import main
+from gpp_runtime.cores import merge
+from gpp_runtime.profile import main
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_CORES = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
@@ -73,7 +73,7 @@ def test_profile_concurrent_two_pinned_workers(tmp_path):
     assert [n["id"] for n in doc["nodes"]] == [n["id"] for n in one["nodes"]]
     assert all(len(n["fw_time"]) == 2 and min(n["fw_time"] + n["bw_time"]) >= 0 for n in doc["nodes"])
     assert "concurrent" not in one["extra"]["profile"]
-    workers = doc["extra"]["profile"]["in_situ"]["workers"]  # each worker calibrated (runtime.profile_insitu)
+    workers = doc["extra"]["profile"]["in_situ"]["workers"]  # each worker calibrated (gpp_runtime.calibration.insitu)
     assert len(workers) == 2 and all(len(w["measured"]) == 2 for w in workers)
     assert not list(tmp_path.glob("*.tmp*"))
 
@@ -93,7 +93,7 @@ def test_filler_pins_itself_and_reports_ready():
         [
             sys.executable,
             "-m",
-            "runtime.cores",
+            "gpp_runtime.cores",
             "--model",
             "examples.sequential:workload",
             "--core",
@@ -109,7 +109,7 @@ def test_filler_pins_itself_and_reports_ready():
     )
     assert res.returncode == 0 and res.stdout.split() == ["ready"], res.stderr[-500:]
     bad = subprocess.run(
-        [sys.executable, "-m", "runtime.cores", "--model", "nope:x", "--core", "0"],
+        [sys.executable, "-m", "gpp_runtime.cores", "--model", "nope:x", "--core", "0"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -129,7 +129,7 @@ def test_filler_pins_itself_and_reports_ready():
 )
 def test_filler_refuses_a_core_it_cannot_have(args, needle):
     res = subprocess.run(
-        [sys.executable, "-m", "runtime.cores", "--model", "examples.sequential:workload", *args],
+        [sys.executable, "-m", "gpp_runtime.cores", "--model", "examples.sequential:workload", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -8,14 +8,14 @@ import pytest
 import torch
 from runtime_plans import SEQ, plan, stage, write
 
+from gpp_runtime.engine import checkpoint
+from gpp_runtime.profile import main as profile_main
+from gpp_runtime.train import main as train_main
 from gpp_solver.errors import InvalidInputError
-from runtime.engine import checkpoint
-from runtime.profile import main as profile_main
-from runtime.train import main as train_main
 
 
 def _run_direct(tmp_path, monkeypatch, capsys, doc, extra=(), world=2):
-    """runtime.train's main() as 'rank 0' without torchrun: every check runs before any process group."""
+    """gpp_runtime.train's main() as 'rank 0' without torchrun: every check runs before any process group."""
     for k, v in {"RANK": "0", "WORLD_SIZE": str(world), "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(k, v)
     code = train_main(["--plan", write(tmp_path, doc), "--model", "examples.sequential:workload", *extra])

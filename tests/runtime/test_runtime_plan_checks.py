@@ -10,19 +10,19 @@ import sys
 import pytest
 from runtime_plans import REPO, SEQ, plan, stage, write
 
+from gpp_runtime.capture.fx_graph import trace
+from gpp_runtime.engine.stage_setup import build, seeded_workload
+from gpp_runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
+from gpp_runtime.lowering.plan_check import check_plan, check_world
+from gpp_runtime.lowering.plan_io import read_plan
+from gpp_runtime.profile import main as profile_main
+from gpp_runtime.train import main as train_main
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.formats.cluster import load_cluster
 from gpp_solver.formats.graph import load_graph
 from gpp_solver.formats.plan_json import plan_to_dict
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo, Status
-from runtime.capture.fx_graph import trace
-from runtime.engine.stage_setup import build, seeded_workload
-from runtime.lowering.actions import MessageOp, TransferSpec, dry_run, lower
-from runtime.lowering.plan_check import check_plan, check_world
-from runtime.lowering.plan_io import read_plan
-from runtime.profile import main as profile_main
-from runtime.train import main as train_main
 
 
 def _two_stage(b0=2, b1=2, mini_batch_size=8, dev1=(1,)):
@@ -129,7 +129,7 @@ def test_a_missing_in_flight_count_is_taken_from_the_order():
 
 
 def _run_direct(tmp_path, monkeypatch, capsys, doc, model="examples.sequential:workload", world=2):
-    """runtime.train's main() as 'rank 0' without torchrun: the checks run before any process group."""
+    """gpp_runtime.train's main() as 'rank 0' without torchrun: the checks run before any process group."""
     for k, v in {"RANK": "0", "WORLD_SIZE": str(world), "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(k, v)
     path = write(tmp_path, doc) if isinstance(doc, dict) else doc
@@ -169,7 +169,7 @@ def test_cli_can_run_as_a_subprocess_and_exit_2(tmp_path):
         [
             sys.executable,
             "-m",
-            "runtime.train",
+            "gpp_runtime.train",
             "--plan",
             write(tmp_path, _deadlocking()),
             "--model",

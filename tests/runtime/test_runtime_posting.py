@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from runtime_plans import SEQ, plan, stage
 
+from gpp_runtime.lowering.actions import Step, TransferSpec, group_actions, lower
+from gpp_runtime.lowering.plan_io import read_plan
+from gpp_runtime.lowering.posting import Post, check_rendezvous, posting
 from gpp_solver.errors import DeadlockError
-from runtime.lowering.actions import Step, TransferSpec, group_actions, lower
-from runtime.lowering.plan_io import read_plan
-from runtime.lowering.posting import Post, check_rendezvous, posting
 
 
 def _chain(b0=2, b1=2, dev1=(1,)):

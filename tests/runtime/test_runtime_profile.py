@@ -1,4 +1,4 @@
-"""runtime.profile writes a gpp-graph/1 whose node ids are the model's fx nodes."""
+"""gpp_runtime.profile writes a gpp-graph/1 whose node ids are the model's fx nodes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import networkx as nx
 
-from runtime.profile import main
+from gpp_runtime.profile import main
 
 
 def test_profile_two_branch_at_two_batch_sizes(tmp_path):
@@ -55,7 +55,7 @@ def test_profile_two_branch_at_two_batch_sizes(tmp_path):
             "extra",
         }
         assert n["workspace_bytes"] >= 0
-        # the sink also keeps the loss's times, which its own include (runtime.profile_terms)
+        # the sink also keeps the loss's times, which its own include (gpp_runtime.calibration.terms)
         assert set(n["extra"]) == ({"time_spread", "loss_time"} if n["id"] == "head" else {"time_spread"})
         assert len(n["fw_time"]) == len(n["bw_time"]) == len(n["bw_weight_time"]) == 2
         # the weight gradient is a part of the backward; a node without parameters has none
@@ -128,11 +128,11 @@ def test_the_old_batch_sizes_spelling_still_works_and_is_called_deprecated(tmp_p
 
 
 def test_profile_device_is_the_ranks_and_cpu_forces_the_cpu(tmp_path, monkeypatch):
-    """The profile runs where runtime.train puts the rank (the GPU when CUDA is available, unless
+    """The profile runs where gpp_runtime.train puts the rank (the GPU when CUDA is available, unless
     --cpu); --concurrent (profilers on CPU cores) is refused on a GPU."""
     import torch
 
-    from runtime.profile import profile_device
+    from gpp_runtime.profile import profile_device
 
     out = tmp_path / "graph.json"
     args = ["--model", "examples.two_branch:workload", "--micro-batch-sizes", "2", "--repeats", "1"]

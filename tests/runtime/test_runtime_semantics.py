@@ -10,7 +10,7 @@ import pytest
 import torch
 from runtime_plans import REPO, assert_shape, plan, stage, torchrun, write
 
-from runtime.capture.dropout import Context, chunk_dropout, set_context
+from gpp_runtime.capture.dropout import Context, chunk_dropout, set_context
 
 TOWER = "examples.two_tower:workload"
 

@@ -1,4 +1,4 @@
-"""runtime.engine.split_backward: B computes the input gradients, W the weight gradients from the
+"""gpp_runtime.engine.split_backward: B computes the input gradients, W the weight gradients from the
 gradients B kept at the weight nodes; together they equal one full backward and no operator's
 input-gradient part runs twice."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.engine.split_backward import backward_input, backward_weight, phase
+from gpp_runtime.engine.split_backward import backward_input, backward_weight, phase
 
 
 class Count(torch.autograd.Function):
@@ -160,9 +160,9 @@ def test_stage_whose_inputs_need_no_gradient_gets_its_weights_in_w():
 
 
 def test_emulated_operators_sleep_input_share_in_b_and_weight_share_in_w():
-    """The ``phase()`` protocol of runtime.emulate: each operator sleeps ``g - w`` in B and ``w`` in W."""
+    """The ``phase()`` protocol of gpp_runtime.emulate: each operator sleeps ``g - w`` in B and ``w`` in W."""
+    from gpp_runtime.emulate import SLEEPER, EmulatedOp
     from gpp_solver.types import Node
-    from runtime.emulate import SLEEPER, EmulatedOp
 
     def op(i: int) -> EmulatedOp:
         node = Node(f"n{i}", (1e-4, 1e-4), (1e-3, 1e-3), 64.0, 8.0, 64.0, bw_weight_time=(4e-4, 4e-4))

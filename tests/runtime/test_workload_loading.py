@@ -11,8 +11,8 @@ import sys
 import pytest
 from runtime_plans import REPO
 
+from gpp_runtime.capture.fx_graph import load_workload
 from gpp_solver.errors import InvalidInputError
-from runtime.capture.fx_graph import load_workload
 
 
 def test_file_path_loads_like_the_dotted_name():
@@ -58,12 +58,12 @@ def test_profile_loads_a_module_that_imports_a_vision_or_text_library(tmp_path, 
     if importlib.util.find_spec(package) is None:
         pytest.skip(f"{package} is not installed (pip install -e .[models] timm)")
     (tmp_path / "uses_lib.py").write_text(MODULE.format(imports=f"import {package}"))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     res = subprocess.run(
         [
             sys.executable,
             "-m",
-            "runtime.profile",
+            "gpp_runtime.profile",
             "--model",
             "uses_lib.py:workload",
             "--micro-batch-sizes",
@@ -91,7 +91,7 @@ def test_one_rank_for_a_two_device_plan_is_refused_in_one_line():
         [
             sys.executable,
             "-m",
-            "runtime.train",
+            "gpp_runtime.train",
             "--plan",
             "examples/plans/sequential_2ranks.json",
             "--model",

@@ -1,4 +1,4 @@
-"""Operators' workspace (``runtime.capture.workspace``): the profiler's ``workspace_bytes`` covers the
+"""Operators' workspace (``gpp_runtime.capture.workspace``): the profiler's ``workspace_bytes`` covers the
 convolutions' transients measured on their own, and with it the two-tower model's two-stage plan
 (image tower | text tower, fusion and head) meets the memory targets on every rank."""
 
@@ -10,13 +10,13 @@ import torch
 from runtime_plans import write_cluster
 from test_memory_measured import _assert_targets, _train_ranks
 
+from gpp_runtime.capture.fx_graph import load_workload
+from gpp_runtime.capture.profiler import profile
+from gpp_runtime.engine.memory import MemoryMeter
 from gpp_solver import cluster_from_dict, graph_from_dict, save_plan, validate
 from gpp_solver.action import parse_order
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo
-from runtime.capture.fx_graph import load_workload
-from runtime.capture.profiler import profile
-from runtime.engine.memory import MemoryMeter
 
 SPEC = "examples.real_models:two_tower"
 B = 32

@@ -1,4 +1,4 @@
-"""How ``runtime.probe`` takes and reduces its timings: the sizes in turns, the typical time of a
+"""How ``gpp_runtime.probe`` takes and reduces its timings: the sizes in turns, the typical time of a
 message, and the fits of the point-to-point (affine) and all-reduce (ring) models to the times per
 size."""
 

@@ -1,6 +1,6 @@
-"""What ``runtime.profile`` measures beside each node's own times: the time-model terms of a graph.
+"""What ``gpp_runtime.profile`` measures beside each node's own times: the time-model terms of a graph.
 
-:func:`profile_with_terms` is ``runtime.capture.profiler.profile`` plus these terms (the command
+:func:`profile_with_terms` is ``gpp_runtime.capture.profiler.profile`` plus these terms (the command
 line's default; ``--no-time-terms`` leaves them out).
 
 - **Per-node overhead** (``op_overhead``, ``docs/time-terms.md``): the whole model's forward and
@@ -17,7 +17,7 @@ line's default; ``--no-time-terms`` leaves them out).
   off every node's time at that size (never below 0: the format's times are non-negative); the
   graph's ``op_overhead`` is the median over sizes of the positive parts. On a CPU the nodes'
   forward times are first replaced by their times inside whole forwards
-  (``runtime.profile_context``), so ``op_overhead.fw`` is what the trainer's generated module adds
+  (``gpp_runtime.calibration.context``), so ``op_overhead.fw`` is what the trainer's generated module adds
   to those.
 - **Loss** (``loss_fw``/``loss_bw`` per size): the workload's ``loss`` on the model's output and
   target, forward and backward. The trainer runs it on the stage that holds the model's output,
@@ -25,10 +25,10 @@ line's default; ``--no-time-terms`` leaves them out).
   it in that node's ``extra.loss_time``).
 - **Optimizer step** (``optimizer_time_per_byte``): the median time of ``optimizer.step()`` over
   every trainable parameter (gradients set), divided by the graph's weight bytes (what the cost
-  model multiplies it by), for the optimizer ``runtime.train`` uses (``--optimizer``, SGD by
+  model multiplies it by), for the optimizer ``gpp_runtime.train`` uses (``--optimizer``, SGD by
   default; named in ``extra.profile.optimizer``).
 
-Then, by default, ``runtime.profile_insitu`` calibrates the node times (and replaces
+Then, by default, ``gpp_runtime.calibration.insitu`` calibrates the node times (and replaces
 ``optimizer_time_per_byte``) to a one-stage plan as the runtime trains it.
 """
 
@@ -41,11 +41,11 @@ import torch
 
 from gpp_solver.errors import InvalidInputError
 
-from .capture.fx_graph import propagate, trace_workload
-from .capture.profiler import profile
-from .engine.verify import make_optimizer
-from .profile_context import forward_in_context, use_in_context_forward
-from .profile_insitu import add_in_situ
+from ..capture.fx_graph import propagate, trace_workload
+from ..capture.profiler import profile
+from ..engine.verify import make_optimizer
+from .context import forward_in_context, use_in_context_forward
+from .insitu import add_in_situ
 
 
 def _sync(device: torch.device) -> None:
@@ -79,7 +79,7 @@ def _floating(value) -> list[torch.Tensor]:
 
 
 def _pack_hook(params: set[int]):
-    """The trainer's saved-tensor hook (``runtime.engine.executor``): it counts what autograd saves."""
+    """The trainer's saved-tensor hook (``gpp_runtime.engine.executor``): it counts what autograd saves."""
     held = [0]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -217,7 +217,7 @@ def profile_with_terms(
     """The profiler's gpp-graph/1 document with the time-model terms (module docstring); with
     ``rounds`` the whole model's fastest run is taken over ``rounds * repeats`` runs, as many as
     each node's. ``in_situ``: then calibrate the node times to a one-stage plan as the runtime
-    runs it (``runtime.profile_insitu``)."""
+    runs it (``gpp_runtime.calibration.insitu``)."""
     doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name, rounds=rounds)
     add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
     if in_situ:
@@ -239,7 +239,7 @@ def add_time_terms(
         inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
         with torch.no_grad():
             out = propagate(mg, inputs)[mg.sink]
-        if device.type == "cpu":  # each node's forward where it runs (runtime/profile_context.py)
+        if device.type == "cpu":  # each node's forward where it runs (runtime/calibration/context.py)
             in_context.append(forward_in_context(mg, inputs, warmup, repeats, _pack_hook(ptrs)))
         whole.append(whole_model_times(mg.gm, inputs, warmup, repeats, device))
         tgt = target.to(device) if isinstance(target, torch.Tensor) else target

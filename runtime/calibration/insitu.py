@@ -1,8 +1,8 @@
 """In-situ calibration: the node times scaled so that a one-stage plan costs what the runtime runs.
 
-Each node is profiled on its own (``runtime.capture.profiler``), and the whole model's forward and
-backward through its fx module (``runtime.profile_terms``) give the per-node overhead. Neither is
-what ``runtime.train`` runs: the stage executor (saved-tensor hook, chunk slicing, the loss, the
+Each node is profiled on its own (``gpp_runtime.capture.profiler``), and the whole model's forward and
+backward through its fx module (``gpp_runtime.calibration.terms``) give the per-node overhead. Neither is
+what ``gpp_runtime.train`` runs: the stage executor (saved-tensor hook, chunk slicing, the loss, the
 sends), the step around it (the batch sampled, gradients zeroed, the optimizer), and the machine as
 it is while a trainer holds a micro-batch's activations rather than a node's. Measured on this
 project's 2-vCPU host, the node-by-node sum missed the one-device plans by -16% (googlenet) to +47%
@@ -10,9 +10,9 @@ project's 2-vCPU host, the node-by-node sum missed the one-device plans by -16% 
 which the executor's run matches, and a small model pays a fixed cost per action.
 
 So the profiler ends by training the model itself: at each profiled size ``b`` a one-stage plan of
-every node (mini-batch ``b``, one micro-batch, one device) runs in ``runtime.GraphPipeline`` on a
+every node (mini-batch ``b``, one micro-batch, one device) runs in ``gpp_runtime.GraphPipeline`` on a
 process group of one rank, ``warmup`` steps and then ``rounds * repeats`` timed steps (more
-while they have lasted less than ``MIN_SECONDS``) as ``runtime.train`` runs them (zero the
+while they have lasted less than ``MIN_SECONDS``) as ``gpp_runtime.train`` runs them (zero the
 gradients, sample the batch, ``step``, ``optimizer.step()``). On a CPU the sizes take ``TURNS``
 turns, each running a third of every size's steps: a slow stretch of the machine (a few seconds on this
 project's 2-vCPU host, one core at a time) lands in one turn of one size, and the median over the
@@ -25,7 +25,7 @@ step's recorded actions (medians over the timed steps):
   ``bw_weight_time``). The one-stage plan's forward at ``b`` is then exactly ``F(b)``; a stage of a
   larger plan gets the nodes' share of it;
 - ``optimizer.step()`` is timed on its own in each step (on CUDA between two events on the
-  stream, with no synchronisation before it that ``runtime.train`` would not do), the median
+  stream, with no synchronisation before it that ``gpp_runtime.train`` would not do), the median
   over the sizes (the same weight bytes at each); the rest of the step (the median step less
   ``F + B`` and the optimizer step: the step's own work) is fitted over the sizes as
   ``fixed + per_sample * b`` (:func:`rest_fit`): the batch is sampled whole on every rank, a cost that grows with the
@@ -67,10 +67,10 @@ from gpp_solver.formats.graph import as_graph
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import SearchInfo, Status
 
-from .capture.tracing import workload_hooks
-from .engine.pipeline import GraphPipeline
-from .engine.verify import make_optimizer
-from .train import TrainWorkload
+from ..capture.tracing import workload_hooks
+from ..engine.pipeline import GraphPipeline
+from ..engine.stage_setup import TrainWorkload
+from ..engine.verify import make_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def _sync(device: torch.device) -> None:
 
 class _OptimizerClock:
     """The optimizer step's time from where it starts: on CUDA between two events on the stream (its
-    kernels, after the backward's, with no synchronisation that ``runtime.train`` does not do); on
+    kernels, after the backward's, with no synchronisation that ``gpp_runtime.train`` does not do); on
     a CPU the wall clock."""
 
     def __init__(self, device: torch.device) -> None:
@@ -138,11 +138,11 @@ class _OptimizerClock:
 
 def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, optimizer: str) -> list[dict]:
     """Per size: ``{"size", "fw", "bw", "step", "rest"}`` medians (seconds) over ``steps`` timed
-    steps of the one-stage plan as ``runtime.train`` runs it (more while they have lasted under
+    steps of the one-stage plan as ``gpp_runtime.train`` runs it (more while they have lasted under
     ``MIN_SECONDS``), in ``TURNS`` turns over the sizes on a CPU: a slow stretch of the machine
     lands in one turn of a size, which the median over the size's steps outvotes."""
     # the plan's memory figures and the tracing's fallbacks were said (or mean nothing) here
-    quiet = [logging.getLogger(n) for n in ("runtime.engine", "runtime.capture", "runtime.lowering")]
+    quiet = [logging.getLogger(n) for n in ("gpp_runtime.engine", "gpp_runtime.capture", "gpp_runtime.lowering")]
     levels = [q.level for q in quiet]
     for q in quiet:
         q.setLevel(logging.ERROR)
@@ -173,7 +173,7 @@ class _SizeRun:
         self.wl = wl = TrainWorkload(workload, None, b)
         example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
         device = next((p.device for p in wl.model.parameters()), torch.device("cpu"))
-        wl.model.to("cpu")  # built as runtime.train builds it: traced on the CPU, moved by the pipeline
+        wl.model.to("cpu")  # built as gpp_runtime.train builds it: traced on the CPU, moved by the pipeline
         self.pipe = GraphPipeline(
             wl.model,
             one_stage_plan(doc, b),
@@ -196,7 +196,7 @@ class _SizeRun:
     def steps(self, warmup: int, steps: int, min_seconds: float) -> None:
         """``warmup`` untimed steps, then ``steps`` timed ones (more while under ``min_seconds``).
 
-        The timed steps take turns: one as runtime.train runs a single micro-batch (gradients set
+        The timed steps take turns: one as gpp_runtime.train runs a single micro-batch (gradients set
         to None: the backward's gradients become .grad), then one whose backward sums into
         gradients already there (zeroed in place), as every micro-batch of a step after its first
         does."""
@@ -289,7 +289,7 @@ def calibrate(doc: dict, measured: list[dict]) -> dict:
         "measured": measured,
         "scale": factors,
         "rest_fit": {"fixed": fixed, "per_sample": per_sample, "optimizer": optimizer},
-        "what": "runtime.profile_insitu",
+        "what": "gpp_runtime.calibration.insitu",
     }
     pairs = [x for m in measured for x in m.get("accumulation_pairs", ())]
     if pairs and weight > 0:

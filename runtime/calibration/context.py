@@ -1,6 +1,6 @@
-"""Each node's forward timed inside the whole model's forward, on a CPU (``runtime.profile``'s default).
+"""Each node's forward timed inside the whole model's forward, on a CPU (``gpp_runtime.profile``'s default).
 
-The profiler times every node on its own (``runtime.capture.profiler``): the node runs again and
+The profiler times every node on its own (``gpp_runtime.capture.profiler``): the node runs again and
 again on the same inputs, so its weights and inputs stay in the core's caches. Inside a training
 step they do not: every other node has run in between. On this project's 2-vCPU host (32 MiB of
 L3 shared by every tenant) the difference is not a constant per node, and it moves time between
@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from .capture.fx_graph import COMPUTE_OPS, ModelGraph, run_node
+from ..capture.fx_graph import COMPUTE_OPS, ModelGraph, run_node
 
 
 def forward_in_context(
