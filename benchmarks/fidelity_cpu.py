@@ -115,6 +115,7 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
             "--concurrent",
             str(concurrent),
         ] + (["--cpu"] if args.backend == "gloo" else [])  # nccl: profiled on the GPU the ranks train on
+        cmd += getattr(args, "profile_flags", [])
         res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"profiling {spec} failed: {res.stderr.strip()[-300:]}")

@@ -56,8 +56,9 @@ class Node:
     #: model's estimate, ``docs/zero-bubble.md``)
     bw_weight_time: tuple[float, ...] | None = None
     #: bytes per sample the operator allocates for the moment of its call beyond what it keeps (its
-    #: workspace; in its backward, with the gradients it produces); ``None``: not measured
-    workspace_bytes: float | None = None
+    #: workspace; in its backward, with the gradients it produces): one figure for every size, or
+    #: one per micro-batch size (``cost.memory.workspace_at`` reads either); ``None``: not measured
+    workspace_bytes: float | tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,9 @@ def test_overheads_by_hand(diamond, cluster_dict):
     sgd = _cluster(cluster_dict, memory_overheads=True, optimizer_state_factor=2.0)
     rows = 4 / 2
     temporaries = 100 + TEMPORARY_OUTPUTS * rows * 5 + POSTED_AHEAD * rows * (5 + 10)
-    activations = 12 / 2 * (20 + 5)
+    # in flight: activations and the received value (b and c save what they send: nothing unsaved);
+    # one gradient sent back to a's stage in transit
+    activations = 12 / 2 * (20 + 5) + rows * 5
     backward = activations + temporaries
     assert stage_memory(g, sgd, spec, 12, stages) == pytest.approx(2 * 200 + max(backward, 200))
     # a larger stage weight: the data-parallel all-reduce's buckets (W_S) are the larger phase

@@ -17,6 +17,7 @@ from gpp_solver.cost.model import (
     StageLike,
     data_parallel,
     in_flight_from_order,
+    interpolate,
     memory_per_device,
     pending_weight_samples,
     stage_activation_bytes,
@@ -127,6 +128,20 @@ def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) 
     return received, sum(pairs.values()) - received
 
 
+def workspace_at(graph: Graph, v: str, rows: float) -> float | None:
+    """Bytes node ``v``'s largest transient takes at a call of ``rows`` samples (None: not
+    measured): ``rows`` times its ``workspace_bytes`` when that is one figure; when it is one per
+    micro-batch size, the totals (per sample times size) interpolated by the graph format's rule
+    (:func:`~gpp_solver.cost.model.interpolate`: below the smallest size, the smallest's total,
+    since a transient of one call (a convolution's unfolded input on a CPU) need not shrink with
+    the rows; above the largest, constant per sample)."""
+    ws = graph.node(v).workspace_bytes
+    if ws is None or not isinstance(ws, tuple):
+        return None if ws is None else rows * ws
+    sizes = graph.micro_batch_sizes
+    return float(interpolate(lambda i: ws[i] * sizes[i], sizes, rows))
+
+
 def workspace_temporaries(
     graph: Graph, stage: StageLike, rows: float, largest_output: float, posted: float, own_gradients: bool = False
 ) -> float:
@@ -136,9 +151,9 @@ def workspace_temporaries(
     ``own_gradients`` (one micro-batch a step: the weight gradient an operator produces becomes
     ``.grad``, already priced with the weights) each operator's transient is less its weight bytes."""
     measured = [
-        max(0.0, rows * w - (graph.node(v).weight_bytes if own_gradients else 0.0))
+        max(0.0, w - (graph.node(v).weight_bytes if own_gradients else 0.0))
         for v in stage.nodes
-        if (w := graph.node(v).workspace_bytes) is not None
+        if (w := workspace_at(graph, v, rows)) is not None
     ]
     if not measured:
         return 0.0
@@ -204,11 +219,33 @@ def memory_with_overheads(
         summed + TEMPORARY_OUTPUTS * rows * largest_output + posted,
         workspace_temporaries(graph, stage, rows, largest_output, posted, own_gradients=micro_batches == 1),
     )
-    activations = in_flight_samples / d * (sum(c.activation_bytes for c in configs) + received_per_sample)
+    # per micro-batch in flight: its activations, its received values and the values it sends
+    # beyond what its activations hold; one gradient it sent back in transit (``send_releases``)
+    activations = (
+        in_flight_samples
+        / d
+        * (sum(c.activation_bytes for c in configs) + received_per_sample + unsaved_sent_bytes(graph, stage, configs))
+    )
+    if in_flight_samples:
+        activations += rows * received_per_sample
     if pending_w_samples:
         activations += pending_w_samples / d * kept_gradient_bytes(graph, stage)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
     return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
+
+
+def unsaved_sent_bytes(graph: Graph, stage: StageLike, configs=None) -> float:
+    """Bytes per sample of the values ``stage`` sends to other stages beyond what its own
+    activations hold: ``sum_u max(0, output_bytes_u - act_u)`` over its nodes ``u`` with a consumer
+    in another stage (a sent value is held from its forward until its send is waited for, at the
+    latest when the gradient for it comes back; a node that saves it already holds it)."""
+    configs = configs if configs is not None else stage_configs(graph, stage)
+    mine = set(stage.nodes)
+    return sum(
+        max(0.0, graph.node(v).output_bytes - c.activation_bytes)
+        for v, c in zip(stage.nodes, configs)
+        if any(w not in mine for w in graph.succs(v))
+    )
 
 
 def _all_forwards_first(
@@ -242,7 +279,7 @@ def _all_forwards_first(
     mine = set(stage.nodes)
     act = {v: c.activation_bytes for v, c in zip(stage.nodes, configs)}
     outgoing = [v for v in stage.nodes if any(w not in mine for w in graph.succs(v))]
-    unsaved = rows * sum(max(0.0, graph.node(v).output_bytes - act[v]) for v in outgoing)
+    unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
     values = rows * sum(graph.node(v).output_bytes for v in outgoing)
     waiting = rows * sum(act.values()) + received + unsaved  # before its backward
     done = received + values  # a micro-batch after its backward, until the step ends
@@ -307,7 +344,8 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         later_w -= weights[k]
         node = graph.node(v)
         produces = weights[k] + rows * sum(graph.edge_bytes(u, v) for u in graph.preds(v))
-        transient = produces if node.workspace_bytes is None else max(produces, rows * node.workspace_bytes)
+        ws = workspace_at(graph, v, rows)
+        transient = produces if ws is None else max(produces, ws)
         consumers = graph.succs(v)
         into = 0.0 if consumers and all(w not in at for w in consumers) else node.output_bytes
         here = rows * (reached + into + flowing) + transient

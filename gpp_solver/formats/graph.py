@@ -68,6 +68,19 @@ def _times(value: Any, where: str, n: int) -> tuple[float, ...]:
     )
 
 
+def _workspace(d: Mapping[str, Any], where: str, n: int) -> float | tuple[float, ...] | None:
+    """The optional ``workspace_bytes``: bytes per sample, one number for every size or a list of
+    one per micro-batch size."""
+    if "workspace_bytes" not in d:
+        return None
+    value, where = d["workspace_bytes"], f"{where}.workspace_bytes"
+    if not isinstance(value, list):
+        return _bytes(value, where)
+    if len(value) != n:
+        raise E(f"{where} has {len(value)} entries but micro_batch_sizes has {n}")
+    return tuple(_bytes(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
 def _weight_times(d: Mapping[str, Any], bw: tuple[float, ...], where: str, n: int) -> tuple[float, ...] | None:
     """The optional ``bw_weight_time`` list: same shape as ``bw_time``, each entry at most its ``bw_time``."""
     if "bw_weight_time" not in d:
@@ -182,9 +195,7 @@ def graph_from_dict(d: Any) -> Graph:
                 weight_bytes=_bytes(require(nd, "weight_bytes", where, E), f"{where}.weight_bytes"),
                 activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
                 output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
-                workspace_bytes=(
-                    _bytes(nd["workspace_bytes"], f"{where}.workspace_bytes") if "workspace_bytes" in nd else None
-                ),
+                workspace_bytes=_workspace(nd, where, n),
                 tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
                 extra=extra(nd, where, E),
             )
@@ -266,7 +277,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         if n.bw_weight_time is not None:
             nd["bw_weight_time"] = list(n.bw_weight_time)
         if n.workspace_bytes is not None:
-            nd["workspace_bytes"] = n.workspace_bytes
+            ws = n.workspace_bytes
+            nd["workspace_bytes"] = list(ws) if isinstance(ws, tuple) else ws
         if n.tmpc:
             nd["tmpc"] = [
                 {

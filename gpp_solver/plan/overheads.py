@@ -5,11 +5,11 @@ in_flight / d * sum act_v``); the runtime's overheads (received buffers, message
 gradient buckets, temporaries: ``cost.memory.memory_with_overheads``) are then priced on the plan a
 planner returns, by the same cost core that ``validate`` and ``simulate`` use.
 Where a stage then exceeds the device memory, the planner runs again with the device memory it
-sees lowered to the real one less the plan's largest overhead, so the plan returned fits under the
-whole model; its status then claims no more than ``feasible`` (the optimum was proven for the
-lowered memory, not the real one). The cluster's ``runtime_memory_bytes``, the same on every
-device, is taken off the memory the planners see from the start (a plan optimal for the rest is
-optimal with it). When ``ROUNDS`` more tries find no plan that fits, it raises
+sees lowered by what the plan needs beyond the real one (at least 1%), and bisected back up where a
+lowered memory gives no plan, so the plan returned fits under the whole model; its status then
+claims no more than ``feasible`` (the optimum was proven for the lowered memory, not the real one).
+The cluster's ``runtime_memory_bytes``, the same on every device, is taken off the memory the
+planners see from the start (a plan optimal for the rest is optimal with it). When ``ROUNDS`` more tries find no plan that fits, it raises
 ``InfeasibleError``.
 """
 
@@ -25,7 +25,8 @@ from gpp_solver.types import Cluster, Graph, Plan, Status
 
 logger = logging.getLogger(__name__)
 
-ROUNDS = 4
+#: plans tried after the first, lowering the memory the planner sees or bisecting it back
+ROUNDS = 8
 
 
 def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
@@ -42,7 +43,11 @@ def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
 
 
 def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster: Cluster) -> Plan:
-    """``run`` (a planner on a cluster) under the whole memory model of ``cluster`` (module docstring)."""
+    """``run`` (a planner on a cluster) under the whole memory model of ``cluster`` (module docstring).
+
+    The memory the planner sees is searched: a plan over the real limit by ``x`` bytes lowers it by
+    ``x`` (at least 1%); a lowered memory with no plan bisects back towards the last one that gave
+    a plan; the first plan that fits is returned."""
     if not cluster.memory_overheads:
         return run(cluster)
     held = cluster.runtime_memory_bytes  # the same on every device: the planners plan without it
@@ -53,29 +58,32 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
         )
     seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
     base = seen.memory_bytes
+    too_large: float | None = None  # the lowest memory seen whose plan did not fit
+    needs: float | None = None  # the least memory a plan found needs under the whole model
     for round_ in range(ROUNDS + 1):
         try:
             found = run(seen)
         except InfeasibleError as exc:
-            if round_ == 0 and held:
-                raise InfeasibleError(
-                    f"{exc} (the devices' {cluster.memory_bytes:.6g} bytes less the {held:.6g} the runtime "
-                    "holds on each: runtime_memory_bytes)"
-                ) from None
             if round_ == 0:
+                if held:
+                    raise InfeasibleError(
+                        f"{exc} (the devices' {cluster.memory_bytes:.6g} bytes less the {held:.6g} the runtime "
+                        "holds on each: runtime_memory_bytes)"
+                    ) from None
                 raise
-            raise InfeasibleError(
-                f"no plan fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
-                f"memory overheads: planning again with {seen.memory_bytes:.6g} bytes (less the "
-                f"largest overhead) found none: {exc}"
-            ) from None
+            if round_ == ROUNDS or too_large is None or too_large - seen.memory_bytes <= 1e-3 * base:
+                break
+            seen = replace(seen, memory_bytes=(seen.memory_bytes + too_large) / 2)
+            continue
         plan = priced(found, graph, cluster)
         if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
             if seen.memory_bytes < base and plan.search.status != Status.FEASIBLE:
                 plan = replace(plan, search=replace(plan.search, status=Status.FEASIBLE))
             return plan
-        overhead = max(a.predicted.memory_bytes - b.predicted.memory_bytes for a, b in zip(plan.stages, found.stages))
-        limit = min(seen.memory_bytes * (1 - 1e-6), cluster.memory_bytes - overhead)
+        needs = plan.predicted.peak_memory_bytes if needs is None else min(needs, plan.predicted.peak_memory_bytes)
+        too_large = seen.memory_bytes
+        excess = plan.predicted.peak_memory_bytes - cluster.memory_bytes
+        limit = seen.memory_bytes - max(excess, 0.01 * seen.memory_bytes)
         if round_ == ROUNDS or limit <= 1.0:
             break
         logger.info(
@@ -86,7 +94,8 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
         )
         seen = replace(seen, memory_bytes=limit)
     raise InfeasibleError(
-        f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's "
-        f"memory overheads (the last one needs {plan.predicted.peak_memory_bytes:.6g} bytes; "
-        f"memory_overheads in docs/cost-model.md)"
+        f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's memory overheads"
+        + (f": the least a plan found needs is {needs:.6g} bytes per device" if needs is not None else "")
+        + " (memory_overheads in docs/cost-model.md)",
+        required_memory_bytes=needs,
     )

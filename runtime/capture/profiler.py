@@ -34,8 +34,9 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   (``gpp_runtime.capture.saved`` says why; parameters and buffers excluded);
 - ``workspace_bytes``: bytes per sample an operator allocates for the moment of its call beyond
   what it keeps (its forward's transient above its output and saved tensors; its backward's peak,
-  the gradients it produces included), the largest over the node's fx nodes, measured at the
-  largest micro-batch size (``gpp_runtime.capture.workspace``).
+  the gradients it produces included), the largest over the node's fx nodes, measured at every
+  micro-batch size (a list, one per size: a transient can be per call, as a CPU convolution's
+  unfolded input, and then costs more per sample at a smaller size; ``gpp_runtime.capture.workspace``).
 
 Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
@@ -212,7 +213,7 @@ def profile(
             nd["extra"]["fx_nodes"] = [mg.ids[n] for n in members]
         nodes.append(nd)
     for nd in nodes:
-        for v in nd["fw_time"] + nd["bw_time"] + [nd["activation_bytes"], nd["output_bytes"], nd["workspace_bytes"]]:
+        for v in nd["fw_time"] + nd["bw_time"] + nd["workspace_bytes"] + [nd["activation_bytes"], nd["output_bytes"]]:
             assert math.isfinite(v) and v >= 0, (nd["id"], v)
     info = {
         **device_info(device),
@@ -233,7 +234,8 @@ def profile(
 
 def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: int, rounds: int, device):
     """Per fx node and kind, ``(median, min, max)`` per size over ``rounds`` sweeps; per graph node,
-    its ``activation_bytes``, ``output_bytes`` and ``workspace_bytes`` (measured at the largest size)."""
+    its ``activation_bytes`` and ``output_bytes`` (measured at the largest size) and ``workspace_bytes``
+    (at every size)."""
     sizes: dict = {}
     sweeps = []  # per round: node -> kind -> [(median, min, max) per size]
     for r in range(rounds):
@@ -246,16 +248,18 @@ def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: 
                 timing[node]["fw"].append(_time_forward(mg, node, env, warmup, repeats, device))
                 timing[node]["bw"].append(_time_backward(mg, node, env, warmup, repeats, device))
                 timing[node]["bw_weight"].append(_time_backward_weight(mg, node, env, warmup, repeats, device))
-            if r == 0 and micro_batch_size == micro_batch_sizes[-1]:
-                kept = saved_bytes(mg, inputs)
+            if r == 0:  # a transient can be per call (a CPU convolution's unfolded input): every size
                 with torch.enable_grad():
                     workspace = workspace_bytes(mg, env, propagate(mg, inputs), micro_batch_size, device)
+                for gid, _members in mg.groups:
+                    sizes.setdefault(gid, {"workspace_bytes": []})["workspace_bytes"].append(float(workspace[gid]))
+            if r == 0 and micro_batch_size == micro_batch_sizes[-1]:
+                kept = saved_bytes(mg, inputs)
                 for gid, members in mg.groups:
-                    sizes[gid] = {
-                        "activation_bytes": float(kept[gid] / micro_batch_size),
-                        "output_bytes": float(_output_bytes(mg, members, env, micro_batch_size)),
-                        "workspace_bytes": float(workspace[gid]),
-                    }
+                    sizes[gid].update(
+                        activation_bytes=float(kept[gid] / micro_batch_size),
+                        output_bytes=float(_output_bytes(mg, members, env, micro_batch_size)),
+                    )
             del env
         sweeps.append(timing)
     return combine_rounds(sweeps), sizes

@@ -96,6 +96,7 @@ class StageExecutor:
         lookahead: int = 2,
         seed: int = 0,
         grad_sync=None,
+        releases: dict[int, list] | None = None,
     ) -> None:
         self.program = program
         self.stage = stage
@@ -103,6 +104,8 @@ class StageExecutor:
         self.rank = rank
         self.steps = group_actions(actions)
         self.items = posting(self.steps, comm.mode, lookahead)
+        #: item index -> the sends waited for (their tensors freed) once its receives arrived
+        self.releases = {i: {str(m) for m in ms} for i, ms in (releases or {}).items()}
         # the data-parallel all-reduce is armed for the last action that accumulates weight gradients
         self.split = any(s.act.kind == "W" for s in self.steps)
         last = "W" if self.split else "B"
@@ -139,7 +142,7 @@ class StageExecutor:
             first = torch.cuda.Event(enable_timing=True)
             first.record()
         index = {id(st): i for i, st in enumerate(self.steps)}
-        for it in self.items:
+        for k, it in enumerate(self.items):
             if isinstance(it, Post):
                 sends = [(out_tensors.pop(m), self._peer(m, "dst"), str(m)) for m in it.sends]
                 recvs = [(self._leaves(m), m.hi - m.lo, self._peer(m, "src")) for m in it.recvs]
@@ -153,6 +156,8 @@ class StageExecutor:
                 buf, works = posted.pop(m)
                 self.comm.wait(works, f"receive of {m}")
                 bufs[m] = buf
+            if k in self.releases:
+                self.comm.release_sends(self.releases[k])
             t1 = time.time()
             if t1 - t0 > 1e-5:
                 self.rec.event("wait", t0, t1, "wait")

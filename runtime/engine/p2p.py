@@ -127,7 +127,7 @@ class P2P:
         """Post one group: ``sends`` = (tensors, dst, what), ``recvs`` = (leaf metas, rows, src).
 
         Returns, per receive, its fresh buffers and the works to wait for before reading them.
-        Send tensors are kept alive until ``wait_sends``.
+        Send tensors are kept alive until ``release_sends`` or ``wait_sends`` waits for them.
         """
         bufs = [
             [torch.empty((rows, *m.shape), dtype=m.dtype, device=self.device) for m in metas]
@@ -168,6 +168,18 @@ class P2P:
                     f"{what} failed or timed out after {self.timeout.total_seconds():g} s "
                     f"({type(exc).__name__}: {first})"
                 ) from exc
+
+    def release_sends(self, whats: set[str]) -> None:
+        """Wait for the posted sends named in ``whats`` (``posting.send_releases`` says which are due:
+        their receives are posted) and drop their tensors; a group whose sends are not all named
+        waits for the step's end."""
+        pending = []
+        for work, tensors, what in self._sends:
+            if all(w in whats for w in what.split("; ")):
+                self.wait(work, f"send of {what}")
+            else:
+                pending.append((work, tensors, what))
+        self._sends = pending
 
     def wait_sends(self) -> None:
         """Wait for every send posted since the last call."""

@@ -61,6 +61,8 @@ from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 
 from ..capture.device_move import move_module
+from ..lowering.actions import group_actions
+from ..lowering.posting import posting, send_releases
 from .executor import StageExecutor
 from .grad_sync import GradSync
 from .memory import MemoryMeter, storage_bytes
@@ -234,6 +236,10 @@ class GraphPipeline(OptimizerStateCheck):
             lookahead=lookahead,
             seed=seed,
             grad_sync=self.grad_sync,
+            releases=send_releases(
+                {r: posting(group_actions(a), self.comm.mode, lookahead) for r, a in self.setup.actions.items()},
+                self.rank,
+            ),
         )
 
     # -- the user's API ------------------------------------------------------------------------

@@ -52,6 +52,41 @@ def posting(steps: list[Step], mode: str, lookahead: int = 2) -> list[Post | Ste
     return items
 
 
+def send_releases(items: dict[int, list[Post | Step]], rank: int) -> dict[int, list[Message]]:
+    """Where ``rank`` may wait for each of its sends without waiting on its peer: index of a
+    ``Step`` in ``items[rank]`` -> the sends to wait for once that step's receives have arrived.
+
+    A send of ``m`` to rank ``t`` is waited for at the first step of ``rank`` that receives a
+    message ``t`` posted after it posted its receive of ``m``: by then ``t``'s receive of ``m`` is
+    posted (and, in one lane, done), so the wait ends without ``rank`` doing anything more, and the
+    sent tensors are freed there rather than when the step ends. A send no such message follows
+    is waited for when the step ends (``P2P.wait_sends``). Without it a stage holds every
+    micro-batch's sent activations and gradients until the step ends: 64 micro-batches of one
+    sample held 64 sent values (torch.distributed.pipelining's 1F1B likewise waits each send
+    before posting the next)."""
+    posted_at: dict[tuple[str, Message], int] = {}  # (op, message) -> index in its rank's items
+    for lst in items.values():
+        for i, it in enumerate(lst):
+            if isinstance(it, Post):
+                posted_at.update({("send", m): i for m in it.sends})
+                posted_at.update({("recv", m): i for m in it.recvs})
+    mine = items[rank]
+    steps = [(i, it) for i, it in enumerate(mine) if isinstance(it, Step)]
+    out: dict[int, list[Message]] = {}
+    for it in mine:
+        if not isinstance(it, Post):
+            continue
+        for m in it.sends:
+            peer, after = endpoint(m, "dst"), posted_at[("recv", m)]
+            for i, st in steps:
+                if posted_at[("send", m)] >= i:
+                    continue
+                if any(endpoint(r, "src") == peer and posted_at[("send", r)] > after for r in st.recvs):
+                    out.setdefault(i, []).append(m)
+                    break
+    return out
+
+
 def check_rendezvous(plan: Plan, acts: dict[int, list[RankAction]], mode: str, lookahead: int = 2) -> None:
     """Prove that the posting order completes when every operation is a rendezvous (NCCL).
 
