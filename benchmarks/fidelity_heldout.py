@@ -7,8 +7,8 @@ tightest a planner solves?
     python benchmarks/fidelity_heldout.py --set dev
 
 Models: ``benchmarks/model_suite.py``'s seeds (``--set``, or ``--seeds 3,1004``), each at its drawn
-mini-batch. As README's CPU recipe does: ``runtime.profile --concurrent <cores> --threads 1``, one
-``runtime.probe``, then per model and memory limit every planner of ``--planners`` plans on 1 and 2
+mini-batch. As README's CPU recipe does: ``gpp_runtime.profile --concurrent <cores> --threads 1``, one
+``gpp_runtime.probe``, then per model and memory limit every planner of ``--planners`` plans on 1 and 2
 devices, and each distinct plan trains ``--repeats`` times (rounds over all plans; its time is the
 median run) with ``--graph --cluster --optimizer adam`` (the optimizer the cluster's state factor
 4 prices), one pinned thread per rank.
@@ -298,7 +298,10 @@ def main(argv=None) -> int:
     print(table(rows, s, info))
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows]}, indent=1)
+            json.dumps(
+                {"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows]},
+                indent=1,
+            )
         )
     return 0 if any(r.get("measured") for r in rows) else 1
 

@@ -102,7 +102,9 @@ def _branch(rng: random.Random, family: str, heavy: str) -> BranchSpec:
         length = rng.choice((64, 128) if big else (256, 512))
         width = rng.choice((32, 64) if big else (16, 32))
         kernel = rng.choice((3, 5, 7))
-        return BranchSpec(family, rng.randint(2, 4), width, act, rng.random() < 0.5, dropout, residual, (4, length), kernel)
+        return BranchSpec(
+            family, rng.randint(2, 4), width, act, rng.random() < 0.5, dropout, residual, (4, length), kernel
+        )
     if family == "conv2d":
         side = rng.choice((8, 16) if big else (16, 32))
         width = rng.choice((32, 64) if big else (8, 16))
@@ -192,7 +194,9 @@ def _build_branch(b: BranchSpec) -> tuple[nn.Module, int]:
             nn.LayerNorm(b.width),
             _MeanTokens(),
         ), b.width
-    return nn.Sequential(_Embed(b.vocab, b.width, 0), _MeanTokens(), nn.Linear(b.width, b.width), ACTIVATIONS[b.act]()), b.width
+    return nn.Sequential(
+        _Embed(b.vocab, b.width, 0), _MeanTokens(), nn.Linear(b.width, b.width), ACTIVATIONS[b.act]()
+    ), b.width
 
 
 class _Embed(nn.Module):
@@ -256,7 +260,9 @@ def describe(seed: int) -> str:
     parts = []
     for b in s.branches:
         size = "x".join(str(x) for x in b.shape)
-        parts.append(f"{b.family}(d{b.depth} w{b.width} in {size}{' k' + str(b.kernel) if b.family == 'conv1d' else ''})")
+        parts.append(
+            f"{b.family}(d{b.depth} w{b.width} in {size}{' k' + str(b.kernel) if b.family == 'conv1d' else ''})"
+        )
     return f"seed {seed}: {s.heavy}-heavy, batch {s.batch}, " + " + ".join(parts) + f" -> head {s.head}"
 
 

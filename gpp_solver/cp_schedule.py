@@ -231,7 +231,8 @@ class ScheduleVars:
         return self.start[key] + (d.forward[s] if kind == "F" else d.backward[s] if kind == "B" else d.weight[s])
 
 
-def model_from_data(
+# complexity: one constraint family of the C4 rules per branch, in the order the module docstring states them
+def model_from_data(  # noqa: C901, PLR0912, PLR0915
     data: ScheduleData,
     *,
     orders: Mapping[int, Sequence[tuple[str, int]]] | None = None,

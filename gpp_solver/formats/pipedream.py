@@ -79,7 +79,8 @@ def _metrics(text: str, where: str) -> dict[str, float]:
     return values
 
 
-def pipedream_dict(
+# complexity: one check per field of PipeDream's profile format, each naming the field
+def pipedream_dict(  # noqa: C901, PLR0912, PLR0915
     text: str, *, batch_size: int, name: str = "pipedream", source: str = "<text>", batch_size_from: str = "batch_size"
 ) -> dict:
     """The gpp-graph/1 dict of the PipeDream profile ``text`` (see the module docstring)."""

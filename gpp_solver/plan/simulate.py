@@ -111,7 +111,8 @@ def _deadlock(
     return exc
 
 
-def simulate_orders(
+# complexity: the simulator's one event loop: each branch is one kind of action or message
+def simulate_orders(  # noqa: C901, PLR0912, PLR0915
     orders: Mapping[int, Sequence[tuple[str, int]]],
     micro_batch: Mapping[int, int],
     forward: Mapping[int, float],

@@ -159,7 +159,8 @@ def _trainable(gm: fx.GraphModule, attr: fx.Node) -> bool:
     return isinstance(val, torch.Tensor) and val.requires_grad
 
 
-def _groups(nodes, ids, sink, values, rows=None):
+# complexity: one branch per kind of fx value that cannot cross stages (tuples, sizes, asserts, tied weights)
+def _groups(nodes, ids, sink, values, rows=None):  # noqa: C901, PLR0912, PLR0915
     """Union of fx nodes into graph nodes (module docstring), cycles of groups contracted."""
     parent = {n: n for n in nodes}
 

@@ -150,17 +150,7 @@ class StageExecutor:
                     posted[m] = res
                 continue
             st: Step = it
-            t0 = time.time()
-            bufs = {}
-            for m in st.recvs:
-                buf, works = posted.pop(m)
-                self.comm.wait(works, f"receive of {m}")
-                bufs[m] = buf
-            if k in self.releases:
-                self.comm.release_sends(self.releases[k])
-            t1 = time.time()
-            if t1 - t0 > 1e-5:
-                self.rec.event("wait", t0, t1, "wait")
+            bufs, t1 = self._receive(k, st, posted)
             c = chunk(self.stage, st.act.micro_batch, self.replica)
             ev = None
             if cuda:
@@ -193,6 +183,22 @@ class StageExecutor:
                 start = t_step + first.elapsed_time(a) / 1e3
                 self.rec.event(name, start, start + a.elapsed_time(b) / 1e3, "compute")
         return loss_sum
+
+    def _receive(self, k: int, st: Step, posted: dict) -> tuple[dict, float]:
+        """Wait for the receives of step ``st`` (item ``k``), then for the sends due there
+        (``posting.send_releases``); its buffers and the time the waits ended (recorded as a wait)."""
+        t0 = time.time()
+        bufs = {}
+        for m in st.recvs:
+            buf, works = posted.pop(m)
+            self.comm.wait(works, f"receive of {m}")
+            bufs[m] = buf
+        if k in self.releases:
+            self.comm.release_sends(self.releases[k])
+        t1 = time.time()
+        if t1 - t0 > 1e-5:
+            self.rec.event("wait", t0, t1, "wait")
+        return bufs, t1
 
     def _peer(self, m: Message, side: str) -> int:
         if side == "dst":  # we send m

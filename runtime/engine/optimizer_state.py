@@ -1,11 +1,11 @@
-"""The optimizer-state check of a ``GraphPipeline`` stage.
+"""The optimizer-state check of a ``GraphPipeline`` stage (``GraphPipeline.optimizer_state``).
 
 The plan's memory figures assume ``optimizer_state_factor`` bytes of weights + gradients +
 optimizer state per weight byte. The optimizer that really steps the stage is compared with that
 factor twice: when it is declared (``use_optimizer``, else just before its first step), from its
 class and settings (``memory.state_factor_of``); and after its first step (``check_optimizer``),
 from the state it really holds. A larger factor warns, or raises ``InvalidInputError`` with
-``strict_optimizer_state``; a smaller one says the plan's memory figures are conservative.
+``strict_optimizer_state``; a smaller one says that the plan priced more optimizer state than this optimizer holds.
 """
 
 from __future__ import annotations
@@ -28,28 +28,29 @@ def _tensor_bytes(t: torch.Tensor) -> int:
 
 
 class OptimizerStateCheck:
-    """The optimizer-state accounting ``GraphPipeline`` inherits: the class provides ``rank`` and
-    ``parameters()`` (this rank's stage), and calls ``_init_optimizer_state`` in its constructor
-    and ``_register_optimizer_hooks`` at the end of it."""
+    """The optimizer-state accounting of one rank's stage (a ``GraphPipeline`` holds one):
+    ``parameters`` returns the stage's parameters; the hooks it registers hold it weakly."""
 
-    rank: int
-
-    def _init_optimizer_state(self, optimizer_state_factor: float, strict: bool) -> None:
+    def __init__(self, rank: int, parameters, optimizer_state_factor: float, strict: bool) -> None:
+        self.rank = rank
+        self.parameters = parameters
         # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
         self.optimizer_state_factor = optimizer_state_factor
         self.strict_optimizer_state = strict
         self.measured_state_factor: float | None = None
         self.used_state_factor: float | None = None  # of the optimizer in use, once known
         self._optimizers: list = []  # weak references to the optimizers that step this stage
-
-    def _register_optimizer_hooks(self) -> None:
-        """Every optimizer that steps this stage's parameters is declared before its first step and
-        measured after it (hooks holding a weak reference: the pipeline can be collected)."""
+        # every optimizer that steps this stage's parameters is declared before its first step and
+        # measured after it
         self._hook = register_optimizer_step_post_hook(_make_state_check(weakref.ref(self)))
         self._pre_hook = register_optimizer_step_pre_hook(_make_first_use(weakref.ref(self)))
 
+    def optimizers(self):
+        """The optimizers seen stepping this stage (still alive)."""
+        return [opt for ref in self._optimizers if (opt := ref()) is not None]
+
     def close(self) -> None:
-        """Remove the optimizer hooks (the pipeline stays usable)."""
+        """Remove the optimizer hooks."""
         self._hook.remove()
         self._pre_hook.remove()
 
@@ -82,7 +83,7 @@ class OptimizerStateCheck:
         elif factor < planned * 0.99 and self.rank == 0:
             logger.info(
                 "%s holds %g bytes of weights, gradients and state per weight byte, the plan "
-                "assumed optimizer_state_factor %g: its memory figures are conservative",
+                "assumed optimizer_state_factor %g: the plan priced more optimizer state than it holds",
                 type(optimizer).__name__,
                 factor,
                 planned,
@@ -124,7 +125,7 @@ class OptimizerStateCheck:
         elif factor < self.plan_state_factor * 0.99:
             logger.info(
                 "%s holds %.2f bytes per weight byte, less than the plan's "
-                "optimizer_state_factor %.2f: the plan's memory figures are conservative",
+                "optimizer_state_factor %.2f: the plan priced more optimizer state than it holds",
                 type(optimizer).__name__,
                 factor,
                 self.plan_state_factor,
@@ -134,23 +135,23 @@ class OptimizerStateCheck:
 
 def _make_first_use(ref):
     def hook(optimizer, _args, _kwargs):
-        pipe = ref()
-        if pipe is None or any(r() is optimizer for r in pipe._optimizers):
+        check = ref()
+        if check is None or any(r() is optimizer for r in check._optimizers):
             return
-        mine = {id(p) for p in pipe.parameters()}
+        mine = {id(p) for p in check.parameters()}
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
-            pipe.use_optimizer(optimizer)
+            check.use_optimizer(optimizer)
 
     return hook
 
 
 def _make_state_check(ref):
     def hook(optimizer, _args, _kwargs):
-        pipe = ref()
-        if pipe is None or pipe.measured_state_factor is not None:
+        check = ref()
+        if check is None or check.measured_state_factor is not None:
             return
-        mine = {id(p) for p in pipe.parameters()}
+        mine = {id(p) for p in check.parameters()}
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
-            pipe.check_optimizer(optimizer)
+            check.check_optimizer(optimizer)
 
     return hook

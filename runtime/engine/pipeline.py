@@ -101,7 +101,7 @@ def _p2p_mode(p2p: str, backend: str) -> str:
     return p2p
 
 
-class GraphPipeline(OptimizerStateCheck):
+class GraphPipeline:
     """This rank's stage of a planned graph pipeline (see the module docstring)."""
 
     def __init__(
@@ -150,7 +150,9 @@ class GraphPipeline(OptimizerStateCheck):
         self.stage = setup.stage
         self.module = move_module(setup.program.module, self.device)  # its graph's baked-in devices too
         self.module.train()
-        self._init_optimizer_state(
+        self.optimizer_state = OptimizerStateCheck(
+            self.rank,
+            self.module.parameters,
             optimizer_state_factor if optimizer_state_factor is not None else setup.optimizer_state_factor,
             strict_optimizer_state,
         )
@@ -167,7 +169,6 @@ class GraphPipeline(OptimizerStateCheck):
         self.grad_sync = self._make_grad_sync(dp_group, tied, bucket_cap_mb, emulate_allreduce, overlap)
         self.sink_group = dp_group if setup.program.holds_sink else None
         self.executor = self._make_executor(loss_fn, loss_reduction, lookahead, seed)
-        self._register_optimizer_hooks()
         dist.barrier()  # the first collective of the world group: every rank joins before any p2p
 
     def _original_names(self) -> dict[str, str]:
@@ -273,6 +274,19 @@ class GraphPipeline(OptimizerStateCheck):
                 seen.add(id(p))
                 yield self._local_to_name[n], p
 
+    def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
+        """Declare the optimizer that steps this stage (``OptimizerStateCheck.use_optimizer``)."""
+        return self.optimizer_state.use_optimizer(optimizer)
+
+    @property
+    def measured_state_factor(self) -> float | None:
+        """Weights + gradients + optimizer state per weight byte, measured after the first step."""
+        return self.optimizer_state.measured_state_factor
+
+    def close(self) -> None:
+        """Remove the optimizer hooks (the pipeline stays usable)."""
+        self.optimizer_state.close()
+
     def parameters(self):
         for _n, p in self.named_parameters():
             yield p
@@ -314,10 +328,7 @@ class GraphPipeline(OptimizerStateCheck):
         yield from self.module.buffers()
         yield from (p.grad for p in params if p.grad is not None)
         mine = {id(p) for p in params}
-        for ref in self._optimizers:
-            opt = ref()
-            if opt is None:
-                continue
+        for opt in self.optimizer_state.optimizers():
             for p, st in opt.state.items():
                 if id(p) in mine:
                     yield from (v for v in st.values() if isinstance(v, torch.Tensor))
@@ -328,7 +339,8 @@ class GraphPipeline(OptimizerStateCheck):
         with the optimizer's state factor; else the plan's ``memory_bytes + (used - planned factor) *
         W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and buffers)."""
         stage = self.plan.stage(self.stage.id)
-        used = self.used_state_factor or self.measured_state_factor or self.plan_state_factor
+        check = self.optimizer_state
+        used = check.used_state_factor or check.measured_state_factor or check.plan_state_factor
         if self._graph is not None and self._cluster is not None:
             cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
             return order_memory(self._graph, cluster, stage, stage.schedule.order, self.plan.stages)
@@ -336,7 +348,7 @@ class GraphPipeline(OptimizerStateCheck):
             weights = stage_weight_bytes(self._graph, stage)
         else:
             weights = storage_bytes(list(self.module.parameters()) + list(self.module.buffers()))
-        return stage.predicted.memory_bytes + (used - self.plan_state_factor) * weights
+        return stage.predicted.memory_bytes + (used - check.plan_state_factor) * weights
 
     def memory_stats(self) -> dict:
         """``{"rank", "stage", "peak_memory_bytes", "predicted_peak_memory_bytes"}`` of this rank; the

@@ -87,7 +87,8 @@ def send_releases(items: dict[int, list[Post | Step]], rank: int) -> dict[int, l
     return out
 
 
-def check_rendezvous(plan: Plan, acts: dict[int, list[RankAction]], mode: str, lookahead: int = 2) -> None:
+# complexity: the rendezvous simulation's one loop: lanes, matching and progress together
+def check_rendezvous(plan: Plan, acts: dict[int, list[RankAction]], mode: str, lookahead: int = 2) -> None:  # noqa: C901, PLR0912, PLR0915
     """Prove that the posting order completes when every operation is a rendezvous (NCCL).
 
     Model: a rank's groups run in posting order on one lane (``batched``: one lane for all peers,

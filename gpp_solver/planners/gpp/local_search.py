@@ -259,7 +259,8 @@ class SearchResult:
     evaluations: int = 0  # states priced by this search (cache hits included)
 
 
-def search(
+# complexity: the local search's one loop (moves, acceptance, budget, deadline) kept whole to read as the algorithm
+def search(  # noqa: C901, PLR0912, PLR0915
     P: Problem,
     state: State,
     *,
