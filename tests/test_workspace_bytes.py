@@ -69,3 +69,30 @@ def test_the_model_without_overheads_ignores_the_field():
     c = gs.cluster_from_dict({**CLUSTER, "memory_overheads": False})
     spec = gs.StageSpec(nodes=("a", "b", "c"), devices=(0,), micro_batch_size=2)
     assert gs.cost.stage_memory(_graph(a=1e6), c, spec, 2) == gs.cost.stage_memory(_graph(), c, spec, 2)
+
+
+def test_one_figure_per_size_is_read_and_interpolated():
+    """``workspace_bytes`` as a list, one per micro-batch size: the totals are interpolated by the
+    graph's rule (``docs/cost-model.md``, *Workspace at a micro-batch size*)."""
+    from gpp_solver.cost.memory import workspace_at
+
+    doc = copy.deepcopy(DOC)
+    doc["micro_batch_sizes"] = [1, 64]
+    for nd in doc["nodes"]:
+        nd["fw_time"], nd["bw_time"] = [nd["fw_time"][0]] * 2, [nd["bw_time"][0]] * 2
+    doc["nodes"][0]["workspace_bytes"] = [143488, 98498]
+    g = gs.graph_from_dict(doc)
+    assert g.nodes[0].workspace_bytes == (143488.0, 98498.0)
+    assert gs.graph_to_dict(g)["nodes"][0]["workspace_bytes"] == [143488.0, 98498.0]
+    a = g.nodes[0].id
+    assert workspace_at(g, a, 1) == 143488
+    assert workspace_at(g, a, 64) == 98498 * 64
+    assert workspace_at(g, a, 2) == pytest.approx(143488 + (98498 * 64 - 143488) / 63)
+    assert round(workspace_at(g, a, 2)) == 241272  # the worked example
+    assert workspace_at(g, a, 0.5) == 143488  # below the smallest size: its total
+    assert workspace_at(g, a, 128) == 98498 * 128  # above the largest: per sample
+    assert workspace_at(g, g.nodes[1].id, 4) is None
+    bad = copy.deepcopy(doc)
+    bad["nodes"][0]["workspace_bytes"] = [1.0]
+    with pytest.raises(InvalidGraphError, match="workspace_bytes has 1 entries"):
+        gs.graph_from_dict(bad)

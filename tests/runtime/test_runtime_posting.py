@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from runtime_plans import SEQ, plan, stage
 
-from gpp_runtime.lowering.actions import Step, TransferSpec, group_actions, lower
+from gpp_runtime.lowering.actions import Step, TransferSpec, endpoint, group_actions, lower
 from gpp_runtime.lowering.plan_io import read_plan
-from gpp_runtime.lowering.posting import Post, check_rendezvous, posting
+from gpp_runtime.lowering.posting import Post, check_rendezvous, posting, send_releases
 from gpp_solver.errors import DeadlockError
 
 
@@ -53,3 +53,31 @@ def test_batched_groups_hold_previous_sends_and_due_receives():
             nxt = items[i + 1] if i + 1 < len(items) else Post()
             assert isinstance(nxt, Post) and set(nxt.sends) == set(it.sends)
             assert set(items[i - 1].recvs) == set(it.recvs)  # no receive before it is due
+
+
+@pytest.mark.parametrize("mode", ["eager", "batched"])
+@pytest.mark.parametrize("b0,b1,dev1", [(2, 2, (1,)), (1, 1, (1,)), (2, 4, (1, 2))])
+def test_sends_are_released_after_their_receive_is_posted(mode, b0, b1, dev1):
+    """Each send is released (waited for) at most once, at a step after it was posted, and only where
+    the receiving rank posted a message to this one after posting the send's receive; the
+    activations a stage sends come free before the step ends (their gradients come back)."""
+    p, acts = _chain(b0, b1, dev1)
+    items = {r: posting(group_actions(a), mode, lookahead=2) for r, a in acts.items()}
+    posted = {}
+    for lst in items.values():
+        for i, it in enumerate(lst):
+            if isinstance(it, Post):
+                posted.update({("send", m): i for m in it.sends} | {("recv", m): i for m in it.recvs})
+    for rank, mine in items.items():
+        rel = send_releases(items, rank)
+        released = [m for ms in rel.values() for m in ms]
+        assert len(released) == len(set(released))
+        for i, ms in rel.items():
+            st = mine[i]
+            assert isinstance(st, Step)
+            for m in ms:
+                assert posted[("send", m)] < i  # sent before
+                peer = endpoint(m, "dst")
+                assert any(endpoint(r, "src") == peer and posted[("send", r)] > posted[("recv", m)] for r in st.recvs)
+        acts_sent = [m for it in mine if isinstance(it, Post) for m in it.sends if m.kind == "act"]
+        assert set(acts_sent) <= set(released), "every sent activation is freed when its gradient returns"
