@@ -123,6 +123,26 @@ class MemoryMeter:
         self._prof = None
 
 
+def memory_warnings(ranks: list[dict], limit: float | None) -> list[str]:
+    """One line per rank whose measured peak (``ranks``: ``memory_stats`` records) is above the
+    device memory its plan was made for (``limit``, the cluster's ``memory_bytes``; None: unknown)
+    or above 1.05x the cost model's prediction: which rank, and by how much."""
+    out = []
+    for r in sorted(ranks, key=lambda r: r["rank"]):
+        peak, pred = r.get("peak_memory_bytes"), r.get("predicted_peak_memory_bytes")
+        if not peak:
+            continue
+        where = f"rank {r['rank']} (stage {r['stage']}) measured a peak of {peak:,.0f} bytes"
+        if limit is not None and peak > limit:
+            out.append(
+                f"{where}, {peak - limit:,.0f} bytes ({peak / limit - 1:.1%}) over the {limit:,.0f} bytes of "
+                "device memory its plan was made for: on a device of that size this step runs out of memory"
+            )
+        elif pred and peak > 1.05 * pred:
+            out.append(f"{where}, {peak / pred:.2f}x the {pred:,.0f} bytes the cost model predicted for its stage")
+    return out
+
+
 def runtime_memory(device: torch.device) -> float:
     """Bytes the libraries keep allocated on ``device`` once a model has trained, whatever the model:
     on CUDA, cuBLAS's workspaces (one per thread that multiplies: the training loop's and autograd's

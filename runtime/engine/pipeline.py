@@ -42,7 +42,9 @@ Conventions:
 - ``memory_stats()``: this rank's measured peak memory over step ``memory_step`` (0-based, default
   1; ``memory_steps`` steps from there; ``gpp_runtime.engine.memory`` says how CPU and CUDA measure)
   beside the plan's prediction for its stage under the optimizer really used. Read it after the
-  measured step's ``optimizer.step()``.
+  measured step's ``optimizer.step()``. At the start of the step after the measured one every rank
+  sends its record to rank 0, which warns of each rank whose peak is above the device memory of
+  the constructor's ``cluster`` or above 1.05x its prediction, naming the rank and the excess.
 - Dropout draws one reproducible stream per (seed, step, chunk, node) (``gpp_runtime.capture.dropout``).
 """
 
@@ -65,7 +67,7 @@ from ..lowering.actions import group_actions
 from ..lowering.posting import posting, send_releases
 from .executor import StageExecutor
 from .grad_sync import GradSync
-from .memory import MemoryMeter, storage_bytes
+from .memory import MemoryMeter, memory_warnings, storage_bytes
 from .metrics import Recorder
 from .optimizer_state import OptimizerStateCheck
 from .p2p import MODES, P2P
@@ -159,6 +161,7 @@ class GraphPipeline:
         self._graph = as_graph(graph) if graph is not None else None
         self._cluster = as_cluster(cluster) if cluster is not None else None
         self._steps_run = 0
+        self._memory_checked = False
         self.memory = MemoryMeter(self.device, memory_step, memory_steps)
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
         self._local_to_name = self._original_names()
@@ -255,6 +258,8 @@ class GraphPipeline:
         if self.executor.program.holds_sink and target is None:
             raise InvalidInputError(f"rank {self.rank} holds the model's output: step() needs target=")
         self.memory.step_starts(self._steps_run, self._resident)
+        if self.memory.peak is not None and not self._memory_checked:
+            self._check_memory()
         loss = self.executor.run_step(inputs, target, self.rng_step)
         # each replica holds its samples' part of the loss: summed in the gradients' last
         # all-reduce where it can ride there, else on its own
@@ -349,6 +354,19 @@ class GraphPipeline:
         else:
             weights = storage_bytes(list(self.module.parameters()) + list(self.module.buffers()))
         return stage.predicted.memory_bytes + (used - check.plan_state_factor) * weights
+
+    def _check_memory(self) -> None:
+        """Once the measured step has run (every rank closes its window at the same step): every
+        rank's peak to rank 0, which warns of each rank above its plan's device memory (the
+        constructor's ``cluster``) or above 1.05x the prediction (``memory.memory_warnings``)."""
+        self._memory_checked = True
+        stats = self.memory_stats()
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, stats)
+        if self.rank == 0:
+            limit = self._cluster.memory_bytes if self._cluster is not None else None
+            for line in memory_warnings(everyone, limit):
+                logger.warning("memory: %s", line)
 
     def memory_stats(self) -> dict:
         """``{"rank", "stage", "peak_memory_bytes", "predicted_peak_memory_bytes"}`` of this rank; the

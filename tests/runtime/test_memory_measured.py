@@ -274,3 +274,20 @@ def test_many_micro_batches_of_one_hold_no_more_than_a_few(tmp_path):
         peaks[n] = {r["stage"]: r["peak_memory_bytes"] for r in ranks}
     for stage in (0, 1):
         assert peaks[12][stage] <= 1.1 * peaks[2][stage], peaks
+
+
+def test_memory_warnings_name_the_rank_and_the_excess():
+    from gpp_runtime.engine.memory import memory_warnings
+
+    ranks = [
+        {"rank": 1, "stage": 1, "peak_memory_bytes": 1_200_000, "predicted_peak_memory_bytes": 1_000_000},
+        {"rank": 0, "stage": 0, "peak_memory_bytes": 900_000, "predicted_peak_memory_bytes": 800_000},
+        {"rank": 2, "stage": 2, "peak_memory_bytes": 500_000, "predicted_peak_memory_bytes": 490_000},
+        {"rank": 3, "stage": 2, "peak_memory_bytes": None, "predicted_peak_memory_bytes": 490_000},
+    ]
+    lines = memory_warnings(ranks, limit=1_000_000)
+    assert len(lines) == 2
+    assert lines[0].startswith("rank 0 (stage 0)") and "1.12x the 800,000 bytes" in lines[0]
+    assert lines[1].startswith("rank 1 (stage 1)") and "200,000 bytes (20.0%) over the 1,000,000 bytes" in lines[1]
+    assert "conservative" not in " ".join(lines)
+    assert memory_warnings(ranks[2:], limit=None) == []
