@@ -161,3 +161,16 @@ def test_gpp_skips_exact_above_its_limits():
     graph = random_graph(rng, "chain", 14)
     gp = get_planner("gpp")(graph, random_cluster(rng, 4), B, seed_planners=("pipedream",), tighten=False)
     assert gp.search.extra["exact"]["status"] == "skipped" and gp.search.status != STATUS_OPTIMAL
+
+
+def test_exact_prices_the_gradient_sums_as_the_plan_does(chain, cluster_dict):
+    """A graph with ``grad_accumulation_time_per_byte``: the search simulates the sums inside the
+    backwards as ``build_plan`` does, so the plan it builds has the time it searched (the search
+    once left them in the tail, and its best candidate's built plan came out slower: a SolverError)."""
+    from gpp_solver import cluster_from_dict, graph_from_dict
+
+    g = graph_from_dict({**chain, "grad_accumulation_time_per_byte": 1e-9})
+    c = cluster_from_dict(cluster_dict)
+    plan = plan_exact(g, c, B, micro_batch_sizes=[1, 2])
+    assert plan.mini_batch_size // plan.stages[0].micro_batch_size > 1  # sums to price
+    assert plan.predicted.iteration_time == pytest.approx(simulate(plan, g, c).iteration_time, rel=1e-9)

@@ -18,7 +18,7 @@ from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import DeadlockError
 from gpp_solver.plan.build import StageSpec
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
-from gpp_solver.plan.simulate import simulate_orders
+from gpp_solver.plan.simulate import simulate_orders, sums_in_backwards
 from gpp_solver.planners.milp.space import contiguous_ranges
 from gpp_solver.types import Cluster, Graph
 
@@ -96,15 +96,17 @@ def search_pair(
         if not orders:
             inflight = schedule_stage_graph({s: succ[s] for s in range(k)}, bsz)
             orders.update({s: kfkb_order(n, warmup_micro_batches(inflight[s][1], b, n)) for s in range(k)})
+        tails, sums = sums_in_backwards(costs, B)  # the gradient sums inside the backwards, as build_plan
         try:
             makespan, _ = simulate_orders(
                 orders,
                 bsz,
                 {s: c.forward for s, c in enumerate(costs)},
                 {s: c.backward for s, c in enumerate(costs)},
-                {s: c.tail for s, c in enumerate(costs)},
+                dict(enumerate(tails)),
                 edges,
                 B,
+                accumulate=dict(enumerate(sums)),
             )
         except DeadlockError:  # not expected for uniform b and k = 1; such a plan leaves the space
             logger.debug("exact: 1F1B orders deadlock for %s", cand)
