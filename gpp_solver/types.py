@@ -174,8 +174,10 @@ class Cluster:
     allreduce_bandwidth: float | None = None
     allreduce_latency: float = 0.0
     #: price the runtime's memory beyond weights, state and saved activations (cost model:
-    #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries)
-    memory_overheads: bool = False
+    #: received buffers, the data-parallel all-reduce's gradient buckets, the step's temporaries);
+    #: None (not stated): on for a graph the runtime profiled, off for another
+    #: (``cost.memory.overheads_priced``)
+    memory_overheads: bool | None = None
     #: bytes each device's runtime holds beside any stage's (the libraries' workspaces: cuBLAS's,
     #: per thread that multiplies, on CUDA; ``gpp_runtime.probe``); priced with ``memory_overheads``
     runtime_memory_bytes: float = 0.0

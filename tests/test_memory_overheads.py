@@ -261,3 +261,28 @@ def test_one_micro_batch_a_step_does_not_count_an_operators_weight_gradient_twic
     two = memory_with_overheads(g, 2.0, stage, 2, 8.0, 2.0, pending_w_samples=2, micro_batches=2)
     # 2 rows x 100 = 200 with two micro-batches; less q's 40 weight bytes with one
     assert two - one == pytest.approx(40.0)
+
+
+def test_unstated_overheads_are_priced_for_a_profiled_graph(chain, cluster_dict):
+    """A cluster that does not state ``memory_overheads`` (``gpp cluster``, a file written by hand)
+    prices the runtime's overheads for a graph ``gpp_runtime.profile`` measured (``extra.profile``)
+    and not for another; a stated value holds either way."""
+    from gpp_solver.cost.memory import overheads_priced
+
+    plain = gs.graph_from_dict(chain)
+    profiled = gs.graph_from_dict({**chain, "extra": {"profile": {"device": "cpu"}}})
+    unstated = gs.cluster_from_dict(cluster_dict)
+    assert unstated.memory_overheads is None and "memory_overheads" not in gs.cluster_to_dict(unstated)
+    assert overheads_priced(unstated, profiled) and not overheads_priced(unstated, plain)
+    off, on = _cluster(cluster_dict, memory_overheads=False), _cluster(cluster_dict, memory_overheads=True)
+    assert not overheads_priced(off, profiled) and overheads_priced(on, plain)
+    assert gs.cluster_to_dict(off)["memory_overheads"] is False
+    spec = StageSpec(tuple(n["id"] for n in chain["nodes"]), (0,), 2)
+    assert stage_memory(profiled, unstated, spec, 4, [spec]) == stage_memory(profiled, on, spec, 4, [spec])
+    assert stage_memory(plain, unstated, spec, 4, [spec]) == stage_memory(plain, off, spec, 4, [spec])
+    assert stage_memory(profiled, on, spec, 4, [spec]) > stage_memory(profiled, off, spec, 4, [spec])
+    plan = gs.solve(profiled, unstated, mini_batch_size=8, planner="graphpipe")
+    gs.validate(plan, profiled, unstated)  # priced with the overheads, as the validator prices it
+    assert plan.predicted.peak_memory_bytes == max(
+        stage_memory(profiled, on, s, s.in_flight_samples, plan.stages) for s in plan.stages
+    )

@@ -42,7 +42,7 @@ def stage_memory(
     :func:`memory_with_overheads` (the received buffers need the plan's ``stages``; the plan's
     ``mini_batch_size`` tells whether every micro-batch's forward runs before the stage's first
     backward)."""
-    if cluster.memory_overheads:
+    if overheads_priced(cluster, graph):
         boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
         n = mini_batch_size // stage.micro_batch_size if mini_batch_size else None
         return cluster.runtime_memory_bytes + memory_with_overheads(
@@ -56,6 +56,17 @@ def stage_memory(
         data_parallel(stage),
         stage_activation_bytes(graph, stage),
     )
+
+
+def overheads_priced(cluster: Cluster, graph: Graph) -> bool:
+    """Whether the runtime's memory overheads are priced: the cluster's ``memory_overheads`` where
+    it states it; unstated (a cluster from ``gpp cluster`` or written by hand), on for a graph that
+    ``gpp_runtime.profile`` measured (its ``extra.profile``: a model the runtime trains, whose plan
+    must not under-predict), off for another (the paper's workloads, a hand-made graph: GraphPipe's
+    model)."""
+    if cluster.memory_overheads is not None:
+        return cluster.memory_overheads
+    return bool(graph.extra.get("profile"))
 
 
 def order_memory(

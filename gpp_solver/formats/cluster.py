@@ -4,7 +4,8 @@ Required: ``devices`` (>= 1), ``memory_bytes`` (> 0), ``inter_node_bandwidth`` (
 Defaults when absent: ``intra_node_bandwidth`` = the inter-node one, ``devices_per_node`` absent
 (flat network: the inter-node bandwidth everywhere), ``latency`` = 0, ``optimizer_state_factor`` = 4.0,
 ``allreduce_bandwidth`` absent (the all-reduce priced at the point-to-point bandwidth), ``allreduce_latency`` = 0,
-``memory_overheads`` = false (the cost model's runtime memory terms off), ``runtime_memory_bytes`` = 0.
+``memory_overheads`` unstated (the cost model's runtime memory terms priced for a graph the runtime
+profiled, ``extra.profile``, and not for another), ``runtime_memory_bytes`` = 0.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def cluster_from_dict(d: Any) -> Cluster:
     ar_raw = d.get("allreduce_bandwidth")
     ar_bw = None if ar_raw is None else bandwidth("allreduce_bandwidth", ar_raw)
     ar_lat = number(d.get("allreduce_latency", 0.0), "cluster: allreduce_latency", E, maximum=MAX_SECONDS)
-    overheads = d.get("memory_overheads", False)
-    if not isinstance(overheads, bool):
+    overheads = d.get("memory_overheads")
+    if overheads is not None and not isinstance(overheads, bool):
         raise E(f"cluster: memory_overheads must be true or false, got {overheads!r}")
     runtime_memory = number(d.get("runtime_memory_bytes", 0.0), "cluster: runtime_memory_bytes", E, maximum=MAX_BYTES)
     return Cluster(
@@ -108,8 +109,8 @@ def cluster_to_dict(c: Cluster) -> dict[str, Any]:
         d["allreduce_bandwidth"] = c.allreduce_bandwidth
     if c.allreduce_latency:
         d["allreduce_latency"] = c.allreduce_latency
-    if c.memory_overheads:
-        d["memory_overheads"] = True
+    if c.memory_overheads is not None:
+        d["memory_overheads"] = c.memory_overheads
     if c.runtime_memory_bytes:
         d["runtime_memory_bytes"] = c.runtime_memory_bytes
     return d

@@ -1,4 +1,5 @@
-"""Planning under the runtime's memory overheads (a cluster with ``memory_overheads``).
+"""Planning under the runtime's memory overheads (a cluster with ``memory_overheads``, or one that
+does not state it planning a profiled graph: ``cost.memory.overheads_priced``).
 
 The planners search (and check their plans) with the model without overheads (``osf * W_S +
 in_flight / d * sum act_v``); the runtime's overheads (received buffers, messages posted ahead,
@@ -19,7 +20,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpp_solver.cost.memory import order_memory
+from gpp_solver.cost.memory import order_memory, overheads_priced
 from gpp_solver.errors import InfeasibleError
 from gpp_solver.types import Cluster, Graph, Plan, Status
 
@@ -48,7 +49,7 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
     The memory the planner sees is searched: a plan over the real limit by ``x`` bytes lowers it by
     ``x`` (at least 1%); a lowered memory with no plan bisects back towards the last one that gave
     a plan; the first plan that fits is returned."""
-    if not cluster.memory_overheads:
+    if not overheads_priced(cluster, graph):
         return run(cluster)
     held = cluster.runtime_memory_bytes  # the same on every device: the planners plan without it
     if held >= cluster.memory_bytes:
