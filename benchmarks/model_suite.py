@@ -223,7 +223,8 @@ class SuiteModel(nn.Module):
         self.head_act = ACTIVATIONS[spec.head_act]()
         self.head2 = nn.Linear(spec.head, CLASSES)
 
-    def forward(self, *inputs):
+    def forward(self, x0, x1, x2=None, x3=None):  # named inputs, as fx traces them (2 to 4 branches)
+        inputs = (x0, x1, x2, x3)[: len(self.branches)]
         y = torch.cat([branch(x) for branch, x in zip(self.branches, inputs)], dim=1)
         return self.head2(self.head_act(self.head1(y)))
 

@@ -47,14 +47,22 @@ def test_temporaries_with_and_without_the_field():
     c = gs.cluster_from_dict(CLUSTER)
     spec = gs.StageSpec(nodes=("a", "b", "c"), devices=(0,), micro_batch_size=2)
     without = _graph()
-    # two micro-batches, one in flight at a time (a forward follows a backward): the whole step
-    assert gs.cost.stage_memory(without, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 160 + 320)
+    # no mini-batch given (a planner's check): the whole step, activations and temporaries together
+    assert gs.cost.stage_memory(without, c, spec, 2) == pytest.approx(800 + 160 + 320)
     # a's transient of 400 bytes per sample: 2 * 400 + 2 * 5 = 810 > 320
     big = _graph(a=400, b=10, c=0)
-    assert gs.cost.stage_memory(big, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 160 + 810)
+    assert gs.cost.stage_memory(big, c, spec, 2) == pytest.approx(800 + 160 + 810)
     # small transients (2 * 10 + 2 * 5 = 30 < 320): today's figure, never less
     small = _graph(a=10, b=10, c=10)
-    assert gs.cost.stage_memory(small, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 160 + 320)
+    assert gs.cost.stage_memory(small, c, spec, 2) == pytest.approx(800 + 160 + 320)
+    # two micro-batches, one in flight at a time (a forward follows a backward): a later backward at
+    # its largest node, every gradient beside it: 800 + max(H_a, H_b, H_c) with H_k = 2 * (activations
+    # of v_1 .. v_k + 5) + max(T_k, 2 * ws_k): 210, 460, 180 without the field
+    assert gs.cost.stage_memory(without, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 460)
+    # a's transient: H_a = 110 + 800 = 910
+    assert gs.cost.stage_memory(big, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 910)
+    # small transients: c's 2 * 10 = 20 > T_c = 10 (H_c = 190), the largest still b's 460
+    assert gs.cost.stage_memory(small, c, spec, 2, [spec], mini_batch_size=4) == pytest.approx(800 + 460)
     # one micro-batch (every forward first, priced at each node of its backward, W = 400 beside):
     # at v_k 2 * (activations of v_1 .. v_k + 5) + T_k with T_k = max(weight_bytes_k + 2 * 5 per input
     # edge, 2 * ws_k) and the later nodes' weight gradients: a 210 + 300, b 460, c 180 without the field

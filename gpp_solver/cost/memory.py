@@ -216,6 +216,8 @@ def memory_with_overheads(
         and in_flight_samples >= micro_batches * stage.micro_batch_size
     ):
         return _all_forwards_first(graph, osf, stage, micro_batches, received_per_sample, sent_per_sample)
+    if not pending_w_samples and micro_batches is not None and in_flight_samples > 0:
+        return _interleaved(graph, osf, stage, in_flight_samples, received_per_sample, sent_per_sample)
     d = data_parallel(stage)
     configs = stage_configs(graph, stage)
     weights = sum(c.weight_bytes for c in configs)
@@ -257,6 +259,42 @@ def unsaved_sent_bytes(graph: Graph, stage: StageLike, configs=None) -> float:
         for v, c in zip(stage.nodes, configs)
         if any(w not in mine for w in graph.succs(v))
     )
+
+
+def _interleaved(
+    graph: Graph,
+    osf: float,
+    stage: StageLike,
+    in_flight_samples: float,
+    received_per_sample: float,
+    sent_per_sample: float,
+) -> float:
+    """The memory of a stage whose forwards and backwards interleave (1F1B, kFkB) without ``W``,
+    priced where each term occurs (``docs/cost-model.md``, *A stage whose forwards and backwards
+    interleave*): ``osf * W_S`` plus the largest of
+
+    * a backward at its largest node (:func:`_backward_at_nodes`, a later backward: every weight
+      gradient exists, counted in ``osf * W_S``), beside the other micro-batches in flight (each
+      its activations, received values and unsaved sent values), its own received and unsaved sent
+      values, one gradient sent back in transit, and the messages posted ahead (``POSTED_AHEAD``
+      micro-batches' received values and gradient buffers); a forward holds no more than the
+      backward of the same micro-batch at the same node;
+    * the data-parallel flat copy (``W_S`` when ``d > 1``), after the last backward;
+    * the optimizer step's temporaries (:data:`OPTIMIZER_STEP_SCRATCH`)."""
+    d = data_parallel(stage)
+    rows = stage.micro_batch_size / d
+    configs = stage_configs(graph, stage)
+    weights = sum(c.weight_bytes for c in configs)
+    received, sent = rows * received_per_sample, rows * sent_per_sample
+    unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
+    waiting = rows * sum(c.activation_bytes for c in configs) + received + unsaved
+    others = max(0.0, in_flight_samples / stage.micro_batch_size - 1)  # micro-batches waiting beside it
+    _first, later = _backward_at_nodes(graph, stage, rows)
+    posted = POSTED_AHEAD * (received + sent)
+    backward = others * waiting + received + unsaved + received + posted + (later - weights)
+    largest_weight = max((c.weight_bytes for c in configs), default=0.0)
+    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
+    return osf * weights + max(backward, weights if d > 1 else 0.0, step)
 
 
 def _all_forwards_first(
