@@ -15,7 +15,7 @@ from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.formats.graph import load_graph, save_graph
 from gpp_solver.formats.plan_json import load_plan, save_plan
 from gpp_solver.formats.sniff import load_expecting
-from gpp_solver.formats.summary import describe_cluster, describe_plan, time_limit_note
+from gpp_solver.formats.summary import describe_cluster, describe_plan, describe_profile, time_limit_note
 from gpp_solver.formats.units import format_bytes, plural
 from gpp_solver.types import Cluster, Graph, Plan
 
@@ -187,13 +187,14 @@ def run_plan(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         **opts,
     )
+    profile = describe_profile(g)
     if args.output:
         save_plan(plan, args.output)
-        print(f"wrote {args.output}: " + _summary(plan, c))
+        print(f"wrote {args.output}: " + _summary(plan, c) + (f"\n  {profile}" if profile else ""))
     else:
         print(json.dumps(plan_to_dict(plan), indent=1))
         if not args.quiet:
-            print(_summary(plan, c), file=sys.stderr)
+            print(_summary(plan, c) + (f"\n  {profile}" if profile else ""), file=sys.stderr)
     if plan.search.status == "time-limit":
         print(time_limit_note([plan.planner], args.time_limit, _default_time_limit()), file=sys.stderr)
     return 0

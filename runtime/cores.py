@@ -144,6 +144,9 @@ def merge(docs: list[dict], used: list[int]) -> dict:
     in_situ = [d["extra"]["profile"].get("in_situ") for d in docs]
     if any(in_situ):  # each worker's calibration (gpp_runtime.calibration.insitu): their scaled node times were merged
         out["extra"]["profile"]["in_situ"] = {"workers": in_situ}
+    totals = [d["extra"]["profile"].get("round_totals") for d in docs]
+    if all(totals):  # every worker's rounds, per size: each an independent measurement
+        out["extra"]["profile"]["round_totals"] = [sum(per, []) for per in zip(*totals)]
     out["extra"]["profile"].update(
         statistic=f"median over {len(docs)} concurrent processes of each one's median",
         concurrent={

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpp_solver.formats.units import format_bandwidth, format_bytes, format_seconds, plural
-from gpp_solver.types import Cluster, Plan
+from gpp_solver.types import Cluster, Graph, Plan
 
 
 def describe_cluster(c: Cluster) -> str:
@@ -82,4 +82,21 @@ def time_limit_note(planners: Sequence[str], time_limit: float | None, default: 
         f"gpp: note: {', '.join(planners)} stopped at the time limit of {said} before the search finished "
         f"(status time-limit): the plan is valid, but a longer search may find a better one and the result "
         f"may change with the machine's load; raise it with --time-limit, e.g. --time-limit {4 * limit:g}"
+    )
+
+
+def describe_profile(graph: Graph) -> str | None:
+    """One line on how sure a profiled graph's figures are (its ``extra.profile.quality``, written by
+    ``gpp_runtime.profile``), None for a graph without it."""
+    quality = (graph.extra.get("profile") or {}).get("quality")
+    if not quality:
+        return None
+    head = f"profile: its rounds within {quality.get('round_spread', 0.0):.0%} of each other"
+    bad = quality.get("suspect_sizes") or []
+    if not bad:
+        return head + ", no size looks measured under interference"
+    why = "; ".join(quality.get("reasons", [])[:3])
+    return (
+        head
+        + f"; sizes {', '.join(map(str, bad))} look measured under interference ({why}): re-profile on a quiet machine"
     )

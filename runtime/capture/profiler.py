@@ -190,7 +190,7 @@ def profile(
             ", ".join(bns[:3]),
             ", ..." if len(bns) > 3 else "",
         )
-    timing, sizes = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
+    timing, sizes, round_totals = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
     nodes = []
     for gid, members in mg.groups:
         nd = {"id": gid}
@@ -221,6 +221,7 @@ def profile(
         "repeats": repeats,
         "rounds": rounds,
         "statistic": "median" if rounds == 1 else "median over rounds of each round's median",
+        "round_totals": round_totals,
     }
     return {
         "format": "gpp-graph/1",
@@ -233,7 +234,8 @@ def profile(
 
 
 def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: int, rounds: int, device):
-    """Per fx node and kind, ``(median, min, max)`` per size over ``rounds`` sweeps; per graph node,
+    """Per fx node and kind, ``(median, min, max)`` per size over ``rounds`` sweeps; per size, each
+    round's summed forward and backward times; per graph node,
     its ``activation_bytes`` and ``output_bytes`` (measured at the largest size) and ``workspace_bytes``
     (at every size)."""
     sizes: dict = {}
@@ -262,7 +264,13 @@ def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: 
                     )
             del env
         sweeps.append(timing)
-    return combine_rounds(sweeps), sizes
+    # per size, each round's forward + backward over every node: rounds that disagree were measured
+    # under interference (gpp_runtime.calibration.quality)
+    totals = [
+        [float(sum(sw[n][k][i][0] for n in mg.nodes for k in ("fw", "bw"))) for sw in sweeps]
+        for i in range(len(micro_batch_sizes))
+    ]
+    return combine_rounds(sweeps), sizes, totals
 
 
 def combine_rounds(sweeps: list[dict]) -> dict:
