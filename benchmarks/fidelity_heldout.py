@@ -7,7 +7,8 @@ tightest a planner solves?
     python benchmarks/fidelity_heldout.py --set dev
 
 Models: ``benchmarks/model_suite.py``'s seeds (``--set``, or ``--seeds 3,1004``), each at its drawn
-mini-batch. As README's CPU recipe does: ``gpp_runtime.profile --concurrent <cores> --threads 1``, one
+mini-batch, and with ``--set calibration`` or ``all`` the eight models the cost model was calibrated
+on (``benchmarks/fidelity_cpu.py``); each set is reported apart. As README's CPU recipe does: ``gpp_runtime.profile --concurrent <cores> --threads 1``, one
 ``gpp_runtime.probe``, then per model and memory limit every planner of ``--planners`` plans on 1 and 2
 devices, and each distinct plan trains ``--repeats`` times (rounds over all plans; its time is the
 median run) with ``--graph --cluster --optimizer adam`` (the optimizer the cluster's state factor
@@ -54,7 +55,13 @@ FRACTIONS = "0.6,0.35,0.2,0.12,0.07"
 
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=("dev", "held-out", "both"), default="held-out")
+    ap.add_argument(
+        "--set",
+        choices=("dev", "held-out", "both", "calibration", "all"),
+        default="held-out",
+        help="the suite's dev or held-out seeds, both, the eight models the cost model was calibrated on "
+        "(calibration), or all three (reported apart)",
+    )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds instead of --set")
     ap.add_argument("--planners", default=PLANNERS)
     ap.add_argument("--fractions", default=FRACTIONS, help="memory limits below roomy, as fractions of M1")
@@ -80,19 +87,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _seeds(args) -> list[tuple[str, int]]:
-    """``(set name, seed)`` pairs."""
+def _seeds(args) -> list[tuple[str, str, str, int]]:
+    """``(set name, label, MODULE:FUNCTION, mini-batch)`` per model."""
     if args.seeds:
-        out = []
+        seeds = []
         for s in args.seeds.split(","):
             if not s.strip().isdigit():
                 raise ValueError(f"--seeds: expected whole numbers, got {s!r}")
-            seed = int(s)
-            out.append(("held-out" if seed in model_suite.HELD_OUT_SEEDS else "dev", seed))
-        return out
-    sets = {"dev": model_suite.DEV_SEEDS, "held-out": model_suite.HELD_OUT_SEEDS}
-    names = ("dev", "held-out") if args.set == "both" else (args.set,)
-    return [(n, s) for n in names for s in sets[n]]
+            seeds.append(int(s))
+        return [_suite_entry("held-out" if s in model_suite.HELD_OUT_SEEDS else "dev", s) for s in seeds]
+    names = {"both": ("dev", "held-out"), "all": ("calibration", "dev", "held-out")}.get(args.set, (args.set,))
+    out = []
+    for name in names:
+        if name == "calibration":  # the eight models the cost model was calibrated on (fidelity_cpu)
+            out += [(name, f"{name}:{spec.split(':')[1]}", spec, b) for spec, b in fidelity_cpu.CPU_MODELS]
+        else:
+            seeds = model_suite.DEV_SEEDS if name == "dev" else model_suite.HELD_OUT_SEEDS
+            out += [_suite_entry(name, s) for s in seeds]
+    return out
+
+
+def _suite_entry(name: str, seed: int) -> tuple[str, str, str, int]:
+    ((spec, batch),) = model_suite.specs([seed])
+    return name, f"{name}:{seed}", spec, batch
 
 
 def _cluster(measured, devices: int, memory: float) -> dict:
@@ -157,12 +174,11 @@ def run(args) -> tuple[list[dict], dict]:
     t0 = time.time()
     cpath = Path(args.cluster) if args.cluster else cmf.probe(2, "gloo", work, False)
     measured = load_cluster(cpath)
-    args.models = ",".join(f"{s}@{b}" for s, b in model_suite.specs([seed for _, seed in args.seed_list]))
+    args.models = ",".join(f"{spec}@{b}" for _set, _label, spec, b in args.seed_list)
     profiled = fidelity_cpu.cpu_models(args, work)
     rows: list[dict] = []
     jobs: dict = {}
-    for (set_name, seed), (label, g, spec, _env, batch) in zip(args.seed_list, profiled):
-        label = f"{set_name}:{seed}"
+    for (_set, label, _spec, _b), (_label, g, spec, _env, batch) in zip(args.seed_list, profiled):
         plan_model(args, label, as_graph(g), spec, batch, measured, work, jobs, rows)
     for repeat in range(args.repeats):
         for job in jobs.values():
@@ -240,7 +256,7 @@ def default_pick(rows: list[dict]) -> list[dict]:
 
 def summaries(rows: list[dict]) -> dict:
     out = {}
-    for set_name in ("dev", "held-out"):
+    for set_name in ("calibration", "dev", "held-out"):
         mine = [r for r in rows if r["model"].startswith(set_name + ":")]
         if mine:
             picks = default_pick(mine)
