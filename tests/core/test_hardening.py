@@ -13,7 +13,7 @@ from tiny_graphs import diamond_dict
 
 import gpp_solver as gs
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def write(tmp: Path, name: str, doc=None, raw: bytes | str | None = None) -> str:

@@ -23,7 +23,7 @@ from gpp_solver.sp_tree import (
     reachability_pairs,
 )
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
+DATA = Path(__file__).resolve().parents[2] / "data" / "pipedream"
 
 
 def _check_shape(tree) -> None:

@@ -12,7 +12,7 @@ from tiny_graphs import random_dag_edges
 
 from gpp_solver.sp_tree import Leaf, Parallel, Series, SPNode, _adjacency, decompose
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "pipedream"
+DATA = Path(__file__).resolve().parents[2] / "data" / "pipedream"
 
 
 def reference_decompose(graph) -> tuple[SPNode, tuple]:

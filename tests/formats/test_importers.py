@@ -12,7 +12,7 @@ from gpp_solver.errors import InvalidGraphError
 from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
 from gpp_solver.formats.importers import import_pipedream, import_piper, pipedream_dict, piper_dict
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 PIPEDREAM = sorted((DATA / "pipedream").glob("*.graph.txt"))
 PIPER = sorted((DATA / "piper").glob("*.json"))
 

@@ -9,7 +9,7 @@ import pytest
 from gpp_solver.cost.model import in_flight_from_order
 from gpp_solver.formats.plan_json import load_plan
 
-PLANS = sorted((Path(__file__).resolve().parents[1] / "examples" / "plans").glob("*.json"))
+PLANS = sorted((Path(__file__).resolve().parents[2] / "examples" / "plans").glob("*.json"))
 
 
 @pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])

@@ -22,7 +22,7 @@ from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.plan.simulate import simulate_orders
 from gpp_solver.plan.zero_bubble import Durations, zero_bubble_orders
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INFO = gs.SearchInfo(0.0, "feasible")
 
 

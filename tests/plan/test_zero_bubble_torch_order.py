@@ -22,7 +22,7 @@ from gpp_solver.plan.validate import check_order
 
 pytest.importorskip("torch.distributed.pipelining")
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _bench(name: str):

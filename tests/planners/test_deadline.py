@@ -32,7 +32,7 @@ from gpp_solver.types import Cluster, Status
 from gpp_solver.workloads import build_model
 
 SLACK, SHARE = 1.5, 0.3
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cluster(devices: int, per_node: int | None = 8) -> Cluster:
@@ -126,7 +126,7 @@ def _probe(devices: int) -> dict:
 
 
 def test_a_million_devices_cost_what_a_thousand_do():
-    """graphpipe, pipedream-2bw and piper on 10**6 devices (pipedream: tests/test_pipedream.py): same statuses, the plan on
+    """graphpipe, pipedream-2bw and piper on 10**6 devices (pipedream: tests/planners/sequential/test_pipedream.py): same statuses, the plan on
     devices the graph can use, peak memory within 100 MB of the 1,024-device run (piper's table was (downsets,
     K+1, s) = 37 GiB), time within 3x + 1 s (pipedream-2bw looped d over 1..K/w)."""
     small, huge = _probe(1024), _probe(10**6)

@@ -30,7 +30,7 @@ from gpp_solver.planners.graphpipe.staging import K_OPTIONS
 from gpp_solver.planners.registry import REGISTRY, get_planner
 from gpp_solver.types import Cluster, Graph, Plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 B = 8
 SIZES = (1, 2, 4, 8)
 #: planners without a ``micro_batch_sizes`` option (they refuse it by name)

@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "gpp_solver"
 #: The top-level modules every package may import: records, actions, supported ranges, errors.
 BOTTOM = {"gpp_solver.types", "gpp_solver.action", "gpp_solver.limits", "gpp_solver.errors"}

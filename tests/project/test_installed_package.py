@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 WORKLOAD = '''
 from types import SimpleNamespace

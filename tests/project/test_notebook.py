@@ -27,7 +27,7 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "solver_comparison.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "solver_comparison.ipynb"
 
 STUBS = r'''
 import sys, time, types

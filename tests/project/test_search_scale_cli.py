@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "search_scale.py")
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "search_scale.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -435,7 +435,7 @@ def _bench(name: str):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

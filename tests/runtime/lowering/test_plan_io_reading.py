@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 from gpp_runtime.lowering.plan_io import read_plan, world_size  # noqa: E402
 from gpp_solver.errors import InvalidPlanError  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plans" / "two_tower_3ranks.json"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "plans" / "two_tower_3ranks.json"
 
 
 def _doc() -> dict:
