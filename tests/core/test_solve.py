@@ -260,7 +260,7 @@ def test_dlrm_on_8_devices_gets_the_real_bottleneck() -> None:
 def test_repricing_keeps_the_bound_on_multi_node_clusters(seed: int) -> None:
     import random
 
-    from test_dp import random_instance
+    from tiny_graphs import random_instance
 
     graph, cluster, B, _ = random_instance(random.Random(1000 + seed))
     cluster = cluster.with_(
@@ -354,7 +354,7 @@ def test_fast_pricing_equals_the_cost_model(seed: int) -> None:
     model's own TPS and iteration estimate."""
     import random
 
-    from test_dp import random_instance
+    from tiny_graphs import random_instance
 
     from gpp_solver.binary_search import search_many
     from gpp_solver.cost.tables import CostTables

@@ -13,7 +13,7 @@ import math
 import random
 
 import pytest
-from tiny_graphs import random_dag_edges
+from tiny_graphs import random_instance
 
 from gpp_solver.binary_search import search_tps
 from gpp_solver.cost.model import interp_time
@@ -22,51 +22,6 @@ from gpp_solver.planners.graphpipe.dp.stage import assign_devices, power_of_two_
 from gpp_solver.planners.graphpipe.dp.stage_dp import StageDP
 from gpp_solver.sp_tree import Leaf, Parallel, Series, decompose, order_pairs
 from gpp_solver.types import Cluster
-
-
-# ---------------------------------------------------------------- random tiny instances
-def random_instance(rng: random.Random):
-    n = rng.randint(1, 8)
-    names = [f"v{i}" for i in range(n)]
-    edges = random_dag_edges(rng, n, 0.5, 0.35)
-    sizes = [1, 2, 4]
-    nodes = []
-    for v in names:
-        f1 = rng.uniform(0.5, 3.0)
-        fw = [f1, f1 * rng.uniform(1.0, 2.0), 0.0]
-        fw[2] = fw[1] * rng.uniform(1.0, 2.0)
-        nodes.append(
-            {
-                "id": v,
-                "fw_time": fw,
-                "bw_time": [2 * x for x in fw],
-                "weight_bytes": rng.choice([0.0, rng.uniform(10, 200)]),
-                "activation_bytes": rng.uniform(0, 50),
-                "output_bytes": rng.uniform(1, 30),
-            }
-        )
-    graph = graph_from_dict(
-        {
-            "name": "rand",
-            "micro_batch_sizes": sizes,
-            "nodes": nodes,
-            "edges": [{"src": names[a], "dst": names[b]} for a, b in sorted(edges)],
-        }
-    )
-    D = rng.randint(1, 4)
-    dpn = rng.choice([None, 1, 2, 4])
-    cluster = Cluster(
-        devices=D,
-        memory_bytes=rng.uniform(300, 3000),
-        devices_per_node=dpn,
-        intra_node_bandwidth=rng.uniform(50, 200),
-        inter_node_bandwidth=rng.uniform(5, 50),
-        latency=rng.choice([0.0, 0.05]),
-        optimizer_state_factor=rng.choice([1.0, 4.0]),
-    )
-    B = rng.choice([4, 8])
-    b = rng.choice([x for x in (1, 2, 4) if B % x == 0])
-    return graph, cluster, B, b
 
 
 # ---------------------------------------------------------------- brute force
