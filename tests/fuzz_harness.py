@@ -1,6 +1,6 @@
 """Mutate valid graph / cluster / plan / importer inputs and check the contract of every command.
 
-Shared by ``tests/test_fuzz_inputs.py`` (hypothesis draws the mutations, a few dozen per command)
+Shared by ``tests/core/test_fuzz_inputs.py`` (hypothesis draws the mutations, a few dozen per command)
 and ``benchmarks/fuzz_inputs.py`` (a seeded random run of any size, printed as a table).
 
 The contract (``docs/formats.md``): every ``gpp`` command exits 0, 1 or 2, never prints a

@@ -4,7 +4,7 @@
 same pricing core (:func:`comm_time`, :func:`allreduce_time`, :func:`time_per_sample`,
 :func:`memory_per_device`), the one interpolation (:func:`interpolate`) and the one bandwidth rule
 (``Cluster.bandwidth``, with the bounds of :mod:`gpp_solver.cost.network`), and is held equal to it
-by ``tests/test_pricers.py``.
+by ``tests/cost/test_pricers.py``.
 """
 
 from gpp_solver.cost.memory import kept_gradient_bytes, order_memory, stage_memory

@@ -46,7 +46,7 @@ CACHE_ENTRIES_TIMES_NODES = 20_000_000  # evaluation cache: at most this many no
 # up to this many nodes + edges a state is priced in plain Python (``Problem._evaluate_py``): on the
 # paper's workloads (33-102 nodes) numpy's per-call overhead on arrays of a few stages was most of
 # the search time; the figures are bit-identical to the vectorised evaluator (same operations in
-# the same order; tests/test_gpp_speed.py checks it), which prices larger graphs: about
+# the same order; tests/planners/gpp/test_gpp_speed.py checks it), which prices larger graphs: about
 # even at 500-700 nodes + edges (MMT 8x8, Transformer-96), numpy 1.4x faster at 1,800 (MMT 16x16,
 # 8 devices), 2.9x at 2,700 (NASNet-A large, 1,024 devices)
 PY_EVAL_MAX_SIZE = 1024
@@ -270,7 +270,7 @@ class Problem:
     def _evaluate_py(self, assign: Sequence[int], devs: Sequence[int]) -> Eval | None:
         """:meth:`_evaluate` in plain Python, for graphs up to ``PY_EVAL_MAX_SIZE`` nodes + edges: the
         same figures, bit for bit (each sum in the order ``np.bincount`` adds, the element-wise
-        formulas of ``cost.model`` on floats; tests/test_gpp_speed.py checks it)."""
+        formulas of ``cost.model`` on floats; tests/planners/gpp/test_gpp_speed.py checks it)."""
         k = len(devs)
         quotient: set[int] = set()
         transfers: dict[int, float] = {}  # producer node * k + consumer stage -> largest bytes

@@ -27,7 +27,7 @@ def segment_comm(idx: TreeIndex, edges: dict[tuple, float]) -> SegmentComm:
     stage: its first range, then its second from its start) kept as running sums, so that all
     segments sharing a run's start are lookups at their ends.  A tree segment's sums are the
     running sums of a child-by-child loop (``reference_segment_comm`` in
-    ``tests/test_segment_comm.py``), term for term and in its order (so equal to it bit for bit): per leaf, its incoming edges (an outside producer's first edge adds its bytes,
+    ``tests/planners/graphpipe/test_segment_comm.py``), term for term and in its order (so equal to it bit for bit): per leaf, its incoming edges (an outside producer's first edge adds its bytes,
     a later larger one the difference; an inside producer's edge cancels an outgoing one), then
     its outgoing edges.  A shared-sink stage is summed the same way (a sum over its leaf set
     adds the same values in hash order, so there the two agree to rounding).  Runs of similar lengths are scanned together, one row

@@ -1,0 +1,82 @@
+"""The held-out model suite (``benchmarks/model_suite.py``) and its benchmark's arithmetic
+(``benchmarks/fidelity_heldout.py``); the benchmark itself runs outside the default suite."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+torch = pytest.importorskip("torch")
+
+from benchmarks import fidelity_heldout as fh  # noqa: E402
+from benchmarks import model_suite as ms  # noqa: E402
+
+
+def test_the_sets_are_disjoint_and_drawn_deterministically():
+    assert not set(ms.DEV_SEEDS) & set(ms.HELD_OUT_SEEDS)
+    assert ms.draw(1003) == ms.draw(1003) and ms.describe(3) == ms.describe(3)
+    families = {b.family for s in ms.DEV_SEEDS + ms.HELD_OUT_SEEDS for b in ms.draw(s).branches}
+    assert families == set(ms.FAMILIES)
+    heavy = {ms.draw(s).heavy for s in ms.HELD_OUT_SEEDS}
+    assert heavy == {"activations", "weights"}
+
+
+@pytest.mark.parametrize("seed", ms.DEV_SEEDS + ms.HELD_OUT_SEEDS)
+def test_every_seed_trains_one_step(seed):
+    w = ms.workload(seed)
+    x, y = w.sample(2, 0)
+    assert len(x) == len(w.spec.branches) and y.shape == (2,)
+    loss = w.loss(w.model(*x), y)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in w.model.parameters() if p.requires_grad)
+
+
+def test_seed_attributes_are_workloads():
+    assert ms.seed_3().spec == ms.draw(3)
+    with pytest.raises(AttributeError):
+        ms.not_a_seed  # noqa: B018
+
+
+def test_bad_arguments_exit_2():
+    with pytest.raises(SystemExit) as e:
+        fh.parse_args(["--seeds", "3,x"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        fh.parse_args(["--repeats", "0"])
+    args = fh.parse_args(["--set", "all"])
+    assert [e[0] for e in args.seed_list].count("calibration") == 8
+    assert [e[0] for e in args.seed_list].count("held-out") == len(ms.HELD_OUT_SEEDS)
+
+
+def _row(model, limit, planner, predicted, measured, peaks, limit_bytes=1e6, same_as=None):
+    r = {"model": model, "limit": limit, "limit_bytes": limit_bytes, "planner": planner, "id": f"{model}-{planner}"}
+    r.update(predicted=predicted, measured=measured, group=(model, 8))
+    r["memory"] = [
+        {"rank": i, "peak_memory_bytes": m, "predicted_peak_memory_bytes": p} for i, (m, p) in enumerate(peaks)
+    ]
+    if same_as:
+        r["same_as"] = same_as
+    return r
+
+
+def test_the_targets_arithmetic():
+    rows = [
+        _row("held-out:1", "roomy", "gpp", 1.0, 1.2, [(900, 1000)]),
+        _row("held-out:1", "roomy", "alpa", 2.0, 2.3, [(1200, 1000)], limit_bytes=1100),  # over 1.05 and the limit
+        _row("held-out:1", "0.5", "gpp", 3.0, 4.2, [(500, 700)]),  # predicted > 1.25 x measured
+        _row("held-out:1", "0.5", "pipedream", 4.0, 3.6, [(100, 100)]),
+        _row("dev:2", "roomy", "gpp", 1.0, 1.0, [(1, 1)]),
+    ]
+    s = fh.summaries(rows)
+    assert set(s) == {"dev", "held-out"}
+    m, t, p = s["held-out"]["memory"], s["held-out"]["time"], s["held-out"]["default_pick"]
+    assert m["ranks"] == 4 and m["over_1_05"] == 1 and m["under_0_8"] == 1 and len(m["over_limit"]) == 1
+    # ratios 1.2, 1.15, 1.4, 0.9: median 1.175; within 10% of it: 1.2 and 1.15
+    assert t["median_ratio"] == pytest.approx(1.175) and t["within_10pct_of_median"] == 2
+    # gpp's pick: 1.2 against the best 1.2 at roomy; 4.2 against 3.6 at 0.5
+    assert p["cells"] == 2 and p["within_1_10"] == 1 and p["worst"] == pytest.approx(4.2 / 3.6)
