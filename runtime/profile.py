@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrent != 1 and worker is None:
         argv_ = sys.argv[1:] if argv is None else list(argv)
         try:
-            doc = _assessed(lambda: cores.profile_concurrent(argv_, args.concurrent, args.output), args.once)
+            doc = _assessed(lambda: cores.profile_concurrent(argv_, args.concurrent, args.output), args.again)
         except InvalidInputError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if worker is not None:  # one of --concurrent's workers: the parent assesses the merged profile
             doc = _profile(args, wl, sizes)
         else:
-            doc = _assessed(lambda: _profile(args, wl, sizes), args.once)
+            doc = _assessed(lambda: _profile(args, wl, sizes), args.again)
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
@@ -111,29 +111,31 @@ def _profile(args, wl, sizes: list[int]) -> dict:
     )
 
 
-def _assessed(measure, once: bool) -> dict:
-    """``measure()``'s profile with its ``extra.profile.quality`` (``calibration.quality``); when a
-    size looks measured under interference, measured once more (not with ``once``) and the profile
-    with fewer such sizes kept; a warning naming the sizes that still do."""
+def _assessed(measure, again: bool) -> dict:
+    """``measure()``'s profile with its ``extra.profile.quality`` (``calibration.quality``) and a
+    one-line warning naming the sizes that look measured under interference; with ``again``
+    (``--again``), such a profile is measured once more and the one with fewer such sizes kept."""
     doc = measure()
     quality = assess(doc)
-    if quality["suspect_sizes"] and not once:
+    if quality["suspect_sizes"] and again:
         logger.warning(
             "profile: sizes %s look measured under interference (%s): measuring again",
             ", ".join(map(str, quality["suspect_sizes"])),
             "; ".join(quality["reasons"][:3]),
         )
-        again = measure()
-        second = assess(again)
-        if len(second["suspect_sizes"]) < len(quality["suspect_sizes"]):
-            doc, quality = again, second
+        second = measure()
+        assessed = assess(second)
+        if len(assessed["suspect_sizes"]) < len(quality["suspect_sizes"]):
+            doc, quality = second, assessed
     doc["extra"]["profile"]["quality"] = quality
     if quality["suspect_sizes"]:
         logger.warning(
-            "profile: sizes %s still look measured under interference (%s): plans made from it may be "
-            "wrong there; profile with nothing else running",
+            "profile: sizes %s %slook measured under interference (%s): plans made from it may be "
+            "wrong there; profile with nothing else running%s",
             ", ".join(map(str, quality["suspect_sizes"])),
+            "still " if again else "",
             "; ".join(quality["reasons"][:3]),
+            "" if again else " (--again measures once more)",
         )
     return doc
 
@@ -158,10 +160,11 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated micro-batch sizes (default 1,2,4,8; --batch-sizes is the deprecated spelling)",
     )
     ap.add_argument(
-        "--once",
+        "--again",
         action="store_true",
-        help="do not measure again when a size looks measured under interference (it is still recorded "
-        "in extra.profile.quality and warned of)",
+        help="when a size looks measured under interference, measure the whole profile once more and "
+        "keep the one with fewer such sizes (either way it is recorded in extra.profile.quality and "
+        "warned of)",
     )
     ap.add_argument("--warmup", type=int, default=2, help="untimed runs before timing (default 2)")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs; the median is kept (default 5)")

@@ -19,9 +19,9 @@ than one that fit). Three signs, each per micro-batch size:
   5.2 at one sample and 0.2 at 64 were seen beside a test run).
 
 :func:`assess` returns what ``extra.profile.quality`` records: the largest spread of the rounds,
-the sizes that look wrong and why. ``gpp_runtime.profile`` measures once more when a size looks
-wrong, keeps the profile with fewer such sizes, and warns in one line naming them if any remain;
-``gpp plan`` shows the record under the plan's summary.
+the sizes that look wrong and why. ``gpp_runtime.profile`` warns in one line naming them (with
+``--again`` it first measures once more and keeps the profile with fewer such sizes); ``gpp plan``
+shows the record under the plan's summary.
 """
 
 from __future__ import annotations

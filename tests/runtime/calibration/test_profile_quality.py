@@ -1,6 +1,6 @@
 """A profile's signs of interference (``gpp_runtime.calibration.quality``): rounds that disagree,
-per-sample time rising with the size, in-situ factors far from the others; measured again once,
-recorded, warned of, and shown under a plan's summary."""
+per-sample time rising with the size, in-situ factors far from the others; recorded, warned of
+(measured once more with ``--again``), and shown under a plan's summary."""
 
 from __future__ import annotations
 
@@ -55,20 +55,22 @@ def test_in_situ_factors_far_from_the_others():
     assert all("one-stage fw step" in r for r in q["reasons"])
 
 
-def test_measured_again_and_the_better_profile_kept(caplog):
+def test_warned_and_with_again_measured_once_more(caplog):
     bad = _doc(per_sample=(4.0, 3.7, 5.5, 3.5))
     good = _doc()
+    calls = []
+    doc = _assessed(lambda: calls.append(1) or copy.deepcopy(bad), again=False)
+    assert calls == [1] and doc["extra"]["profile"]["quality"]["suspect_sizes"] == [4]
+    assert "sizes 4 look measured under interference" in caplog.text and "--again" in caplog.text
+    caplog.clear()
     runs = iter([copy.deepcopy(bad), copy.deepcopy(good)])
-    doc = _assessed(lambda: next(runs), once=False)
-    assert doc["extra"]["profile"]["quality"]["suspect_sizes"] == []
-    assert "sizes 4 look measured under interference" in caplog.text and "still" not in caplog.text
+    doc = _assessed(lambda: next(runs), again=True)
+    assert doc["extra"]["profile"]["quality"]["suspect_sizes"] == []  # the better one kept
+    assert "measuring again" in caplog.text and "still" not in caplog.text
     runs = iter([copy.deepcopy(bad), copy.deepcopy(bad)])
-    doc = _assessed(lambda: next(runs), once=False)
+    doc = _assessed(lambda: next(runs), again=True)
     assert doc["extra"]["profile"]["quality"]["suspect_sizes"] == [4]
     assert "sizes 4 still look measured under interference" in caplog.text
-    calls = []
-    _assessed(lambda: calls.append(1) or copy.deepcopy(bad), once=True)
-    assert calls == [1]  # --once: no second measurement
 
 
 def test_profile_records_its_quality_and_the_plan_shows_it(tmp_path):
@@ -86,7 +88,6 @@ def test_profile_records_its_quality_and_the_plan_shows_it(tmp_path):
             "2",
             "--repeats",
             "2",
-            "--once",
             "-o",
             str(out),
         ],
