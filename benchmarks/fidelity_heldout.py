@@ -14,10 +14,11 @@ devices, and each distinct plan trains ``--repeats`` times (rounds over all plan
 median run) with ``--graph --cluster --optimizer adam`` (the optimizer the cluster's state factor
 4 prices), one pinned thread per rank.
 
-Memory limits: the probe's (roomy), then ``M1 * f`` for each ``f`` of ``--fractions``, ``M1`` the
-predicted peak of the cheapest one-device plan with roomy memory; the fractions stop at the first
-that no planner solves, so plans with one micro-batch and with many, pipelines and data
-parallelism are all measured.
+Memory limits: the probe's (roomy), then ``--levels`` limits from the tightest memory ``gpp``
+solves on 2 devices (a bisection) up to ``M1``, evenly on a log scale, ``M1`` the predicted peak of
+``gpp``'s one-device plan with roomy memory (or ``M1 * f`` for each ``f`` of ``--fractions``); the
+levels stop at the first that no planner solves, so plans with one micro-batch and with many,
+pipelines and data parallelism are all measured.
 
 Targets (per run, reported apart for each set):
 
@@ -50,7 +51,6 @@ from gpp_solver.formats.cluster import cluster_from_dict  # noqa: E402
 from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 
 PLANNERS = "gpp,graphpipe,pipedream,alpa"
-FRACTIONS = "0.6,0.35,0.2,0.12,0.07"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,7 +64,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds instead of --set")
     ap.add_argument("--planners", default=PLANNERS)
-    ap.add_argument("--fractions", default=FRACTIONS, help="memory limits below roomy, as fractions of M1")
+    ap.add_argument(
+        "--levels",
+        type=int,
+        default=4,
+        help="memory limits below roomy: from the tightest gpp solves up to M1, evenly on a log scale",
+    )
+    ap.add_argument("--fractions", default="", help="memory limits below roomy as fractions of M1 instead of --levels")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=1.5)
     ap.add_argument("--time-limit", type=float, default=10.0)
@@ -79,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error(str(exc))
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.levels < 1:
+        ap.error(f"--levels must be >= 1, got {args.levels}")
     # what cost_model_fidelity's helpers read
     args.mode, args.backend, args.fill_cores, args.quick = "cpu", "gloo", "unused", False
     args.steps, args.warmup_steps, args.batch = 6, 3, None
@@ -123,12 +131,32 @@ def _solve(graph, cdoc: dict, batch: int, planner: str, time_limit: float):
         return str(exc).splitlines()[0][:120]
 
 
+def tightest(graph, measured, devices: int, batch: int, m1: float, time_limit: float, steps: int = 8) -> float:
+    """The least memory (to within ``m1``'s 100th root of 100) at which ``gpp`` finds a plan on
+    ``devices``: a bisection on a log scale between ``m1 / 100`` and ``m1``."""
+    lo, hi = m1 / 100, m1  # lo: assumed infeasible until shown otherwise; hi: solved
+    if not isinstance(_solve(graph, _cluster(measured, devices, lo), batch, "gpp", time_limit), str):
+        return lo
+    for _ in range(steps):
+        mid = (lo * hi) ** 0.5
+        if isinstance(_solve(graph, _cluster(measured, devices, mid), batch, "gpp", time_limit), str):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def plan_model(args, label, graph, spec, batch, measured, work: Path, jobs: dict, rows: list) -> None:
     """Every planner's plans for one model at each memory limit; distinct plans go to ``jobs``."""
     roomy = measured.memory_bytes
-    one = [p for p in (_solve(graph, _cluster(measured, 1, roomy), batch, pl, args.time_limit) for pl in ("gpp",))]
-    m1 = one[0].predicted.peak_memory_bytes if not isinstance(one[0], str) else roomy
-    limits = [("roomy", roomy)] + [(f"{f:g}", m1 * f) for f in args.fraction_list]
+    one = _solve(graph, _cluster(measured, 1, roomy), batch, "gpp", args.time_limit)
+    m1 = one.predicted.peak_memory_bytes if not isinstance(one, str) else roomy
+    if args.fraction_list:
+        fractions = args.fraction_list
+    else:  # from the tightest memory gpp solves on the most devices up to M1, evenly on a log scale
+        least = tightest(graph, measured, max(args.device_counts), batch, m1, args.time_limit)
+        fractions = [(least / m1) ** (1 - k / args.levels) for k in range(args.levels)]
+    limits = [("roomy", roomy)] + [(f"{f:.2g}", m1 * f) for f in fractions]
     gpath = work / f"graph-{label}.json"
     gpath.write_text(json.dumps(graph_to_dict(graph)))
     for name, limit in limits:

@@ -36,6 +36,14 @@ def test_every_seed_trains_one_step(seed):
     assert torch.isfinite(loss) and all(p.grad is not None for p in w.model.parameters() if p.requires_grad)
 
 
+def test_the_issues_conv_towers_train_one_step():
+    w = ms.conv_towers()
+    x, y = w.sample(2, 0)
+    loss = w.loss(w.model(*x), y)
+    loss.backward()
+    assert torch.isfinite(loss) and w.batch == 64
+
+
 def test_seed_attributes_are_workloads():
     assert ms.seed_3().spec == ms.draw(3)
     with pytest.raises(AttributeError):
@@ -48,6 +56,8 @@ def test_bad_arguments_exit_2():
     assert e.value.code == 2
     with pytest.raises(SystemExit):
         fh.parse_args(["--repeats", "0"])
+    with pytest.raises(SystemExit):
+        fh.parse_args(["--levels", "0"])
     args = fh.parse_args(["--set", "all"])
     assert [e[0] for e in args.seed_list].count("calibration") == 8
     assert [e[0] for e in args.seed_list].count("held-out") == len(ms.HELD_OUT_SEEDS)
@@ -80,3 +90,16 @@ def test_the_targets_arithmetic():
     assert t["median_ratio"] == pytest.approx(1.175) and t["within_10pct_of_median"] == 2
     # gpp's pick: 1.2 against the best 1.2 at roomy; 4.2 against 3.6 at 0.5
     assert p["cells"] == 2 and p["within_1_10"] == 1 and p["worst"] == pytest.approx(4.2 / 3.6)
+
+
+def test_the_tightest_memory_is_solved_and_a_step_below_is_not(chain, cluster_dict):
+    import gpp_solver as gs
+
+    graph, measured = gs.graph_from_dict(chain), gs.cluster_from_dict({**cluster_dict, "memory_bytes": 1e12})
+    one = gs.solve(graph, fh._cluster(measured, 1, 1e12), mini_batch_size=8, planner="gpp", time_limit=5)
+    m1 = one.predicted.peak_memory_bytes
+    least = fh.tightest(graph, measured, 2, 8, m1, 5, steps=6)
+    assert m1 / 100 < least <= m1
+    assert not isinstance(fh._solve(graph, fh._cluster(measured, 2, least), 8, "gpp", 5), str)
+    below = least / (100 ** (1 / 2**6))  # one bisection step's width
+    assert isinstance(fh._solve(graph, fh._cluster(measured, 2, below * 0.999), 8, "gpp", 5), str)
