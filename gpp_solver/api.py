@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from gpp_solver.cost.memory import overheads_priced
 from gpp_solver.cost.micro_batch import check_mini_batch_size
 from gpp_solver.errors import InvalidInputError, show
 from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
@@ -112,9 +113,14 @@ def solve(
         planner_options["tighten"] = tighten
     fn = get_planner(name)
     # the planner checks its options itself (planners.registry.parse_options: unknown ones by name)
-    plan = plan_within_overheads(
-        lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c
-    )
+    if name == "gpp" and overheads_priced(c, g):
+        from gpp_solver.planners.gpp.overheads import plan_gpp_within_overheads
+
+        plan = plan_gpp_within_overheads(g, c, B, time_limit=time_limit, progress=progress, options=planner_options)
+    else:
+        plan = plan_within_overheads(
+            lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c
+        )
     if tighten and name != "gpp":
         from gpp_solver.cp_schedule import tighten_plan_if_fits
 

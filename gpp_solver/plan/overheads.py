@@ -6,8 +6,8 @@ in_flight / d * sum act_v``); the runtime's overheads (received buffers, message
 gradient buckets, temporaries: ``cost.memory.memory_with_overheads``) are then priced on the plan a
 planner returns, by the same cost core that ``validate`` and ``simulate`` use.
 Where a stage then exceeds the device memory, the planner runs again with the device memory it
-sees lowered by what the plan needs beyond the real one (at least 1%), and bisected back up where a
-lowered memory gives no plan, so the plan returned fits under the whole model; its status then
+sees lowered by what the plan needs beyond the real one (at least 1%) and below that plan's own
+peak without the overheads, and bisected back up where a lowered memory gives no plan, so the plan returned fits under the whole model; its status then
 claims no more than ``feasible`` (the optimum was proven for the lowered memory, not the real one).
 The cluster's ``runtime_memory_bytes``, the same on every device, is taken off the memory the
 planners see from the start (a plan optimal for the rest is optimal with it). When ``ROUNDS`` more tries find no plan that fits, it raises
@@ -17,8 +17,9 @@ planners see from the start (a plan optimal for the rest is optimal with it). Wh
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpp_solver.cost.memory import order_memory, overheads_priced
 from gpp_solver.errors import InfeasibleError
@@ -43,12 +44,23 @@ def priced(plan: Plan, graph: Graph, cluster: Cluster) -> Plan:
     return replace(plan, stages=stages, predicted=replace(plan.predicted, peak_memory_bytes=peak))
 
 
-def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster: Cluster) -> Plan:
+def plan_within_overheads(
+    run: Callable[[Cluster], Plan],
+    graph: Graph,
+    cluster: Cluster,
+    *,
+    refine: int = 0,
+    key: Callable[[Plan], tuple[float, ...]] | None = None,
+) -> Plan:
     """``run`` (a planner on a cluster) under the whole memory model of ``cluster`` (module docstring).
 
     The memory the planner sees is searched: a plan over the real limit by ``x`` bytes lowers it by
-    ``x`` (at least 1%); a lowered memory with no plan bisects back towards the last one that gave
-    a plan; the first plan that fits is returned."""
+    ``x`` (at least 1%), and below that plan's own peak without the overheads (a planner shown more
+    would return it again); a lowered memory with no plan bisects back towards the last one that gave
+    a plan; the first plan that fits is returned.  With ``refine=R`` the search goes on for up to
+    ``R`` more rounds after that, bisecting between the highest memory whose plan fitted and the
+    lowest whose plan did not, and returns the least ``key`` (default: iteration time, then time
+    per sample) of the plans that fit — a plan that uses the last of the memory is then in reach."""
     if not overheads_priced(cluster, graph):
         return run(cluster)
     held = cluster.runtime_memory_bytes  # the same on every device: the planners plan without it
@@ -58,45 +70,102 @@ def plan_within_overheads(run: Callable[[Cluster], Plan], graph: Graph, cluster:
             f"have {cluster.memory_bytes:.6g}: nothing is left for a stage"
         )
     seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
-    base = seen.memory_bytes
-    too_large: float | None = None  # the lowest memory seen whose plan did not fit
-    needs: float | None = None  # the least memory a plan found needs under the whole model
-    for round_ in range(ROUNDS + 1):
+    search = _LimitSearch(base=seen.memory_bytes)
+    fitted: list[Plan] = []
+    extra = 0
+    for round_ in range(ROUNDS + 1 + refine):
         try:
             found = run(seen)
         except InfeasibleError as exc:
             if round_ == 0:
-                if held:
-                    raise InfeasibleError(
-                        f"{exc} (the devices' {cluster.memory_bytes:.6g} bytes less the {held:.6g} the runtime "
-                        "holds on each: runtime_memory_bytes)"
-                    ) from None
-                raise
-            if round_ == ROUNDS or too_large is None or too_large - seen.memory_bytes <= 1e-3 * base:
-                break
-            seen = replace(seen, memory_bytes=(seen.memory_bytes + too_large) / 2)
-            continue
-        plan = priced(found, graph, cluster)
-        if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
-            if seen.memory_bytes < base and plan.search.status != Status.FEASIBLE:
-                plan = replace(plan, search=replace(plan.search, status=Status.FEASIBLE))
-            return plan
-        needs = plan.predicted.peak_memory_bytes if needs is None else min(needs, plan.predicted.peak_memory_bytes)
-        too_large = seen.memory_bytes
-        excess = plan.predicted.peak_memory_bytes - cluster.memory_bytes
-        limit = seen.memory_bytes - max(excess, 0.01 * seen.memory_bytes)
-        if round_ == ROUNDS or limit <= 1.0:
+                raise _with_held(exc, cluster, held) from None
+            nxt = search.after_no_plan(seen.memory_bytes)
+        else:
+            plan = priced(found, graph, cluster)
+            if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
+                fitted.append(_claimed(plan, seen.memory_bytes < search.base))
+                extra += 1
+                if extra > refine:
+                    break
+                nxt = search.after_fit(seen.memory_bytes)
+            else:
+                nxt = search.after_over(
+                    seen.memory_bytes,
+                    found.predicted.peak_memory_bytes,
+                    plan.predicted.peak_memory_bytes - cluster.memory_bytes,
+                )
+                nxt = nxt if round_ < ROUNDS + len(fitted) else None
+                if nxt is not None:
+                    logger.info(
+                        "with the runtime's overheads the plan's largest stage needs %.6g bytes; planning again "
+                        "with %.6g bytes per device",
+                        plan.predicted.peak_memory_bytes,
+                        nxt,
+                    )
+                search.needs = min(search.needs or math.inf, plan.predicted.peak_memory_bytes)
+        if nxt is None:
             break
-        logger.info(
-            "with the runtime's overheads the plan's largest stage needs %.6g bytes; planning again "
-            "with %.6g bytes per device",
-            plan.predicted.peak_memory_bytes,
-            limit,
-        )
-        seen = replace(seen, memory_bytes=limit)
+        seen = replace(seen, memory_bytes=nxt)
+    if fitted:
+        return min(fitted, key=key or _iteration_first)
     raise InfeasibleError(
         f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's memory overheads"
-        + (f": the least a plan found needs is {needs:.6g} bytes per device" if needs is not None else "")
+        + (f": the least a plan found needs is {search.needs:.6g} bytes per device" if search.needs else "")
         + " (memory_overheads in docs/cost-model.md)",
-        required_memory_bytes=needs,
+        required_memory_bytes=search.needs,
     )
+
+
+def _iteration_first(plan: Plan) -> tuple[float, float]:
+    return (plan.predicted.iteration_time, plan.predicted.time_per_sample)
+
+
+def _claimed(plan: Plan, lowered: bool) -> Plan:
+    """A plan made for a lowered memory claims no more than ``feasible`` (module docstring)."""
+    if lowered and plan.search.status != Status.FEASIBLE:
+        return replace(plan, search=replace(plan.search, status=Status.FEASIBLE))
+    return plan
+
+
+def _with_held(exc: InfeasibleError, cluster: Cluster, held: float) -> InfeasibleError:
+    if not held:
+        return exc
+    return InfeasibleError(
+        f"{exc} (the devices' {cluster.memory_bytes:.6g} bytes less the {held:.6g} the runtime "
+        "holds on each: runtime_memory_bytes)",
+        required_memory_bytes=exc.required_memory_bytes,
+    )
+
+
+@dataclass
+class _LimitSearch:
+    """The memory ``plan_within_overheads`` shows the planner next: the highest memory whose plan
+    fitted (``fits``), the lowest whose plan did not or that gave none (``too_large``)."""
+
+    base: float
+    fits: float | None = None
+    too_large: float | None = None
+    needs: float | None = None  # the least memory a plan found needs under the whole model
+
+    def _between(self, low: float) -> float | None:
+        if self.too_large is None or self.too_large - low <= 1e-3 * self.base:
+            return None
+        return (low + self.too_large) / 2
+
+    def after_no_plan(self, seen: float) -> float | None:
+        return self._between(max(seen, self.fits or 0.0))
+
+    def after_fit(self, seen: float) -> float | None:
+        self.fits = seen if self.fits is None else max(self.fits, seen)
+        return self._between(self.fits)
+
+    def after_over(self, seen: float, own_peak: float, excess: float) -> float | None:
+        """After a plan over the limit by ``excess``: a memory the plan does not fit without the
+        overheads (below its own peak ``own_peak``, which any memory above would give again), lower
+        by at least ``excess`` (and 1%)."""
+        top = min(seen, own_peak * (1 - 1e-3))
+        self.too_large = top if self.too_large is None else min(self.too_large, top)
+        if self.fits is not None:
+            return self._between(self.fits)
+        limit = min(seen - max(excess, 0.01 * seen), top)
+        return limit if limit > 1.0 else None

@@ -1,0 +1,152 @@
+"""``gpp`` under the runtime's memory overheads (``cost.memory.overheads_priced``: a profiled graph,
+or a cluster with ``memory_overheads``): the best plan that fits the whole memory model.
+
+The planners search with the model without overheads; :func:`gpp_solver.plan.overheads.plan_within_overheads`
+then searches the memory a planner is shown.  For ``gpp`` that search is not enough on its own:
+another planner, shown another lowered memory, may find a plan that fits and is faster (a plan
+that uses the last of the memory, say).  So :func:`plan_gpp_within_overheads`
+
+1. runs ``gpp`` under ``plan_within_overheads`` with ``REFINE_ROUNDS`` more rounds after the first
+   plan that fits (bisecting up towards the memory whose plan did not fit), keeping the best;
+2. runs each of ``PORTFOLIO`` (or the ``seed_planners`` given) the same way, each plan that fits
+   re-issued as a ``gpp`` plan under the schedule asked for (``rebuild_as_gpp``) and priced again;
+3. returns the least by ``objective`` (iteration time, ties time per sample; or the reverse) of
+   all that fit, so ``gpp`` is never slower than any of those planners on the same input, the
+   runtime's overheads included.  When none fits, the error states the least memory a plan found
+   needs.
+
+The plan's ``search.extra["overheads"]`` records each candidate's planner, predicted iteration
+time and peak.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError
+from gpp_solver.plan.overheads import plan_within_overheads, priced
+from gpp_solver.planners.gpp.options import DEFAULT_TIME_LIMIT
+from gpp_solver.planners.gpp.plans import rebuild_as_gpp
+from gpp_solver.planners.gpp.seeds import within_sizes
+from gpp_solver.planners.registry import get_planner
+from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
+
+logger = logging.getLogger(__name__)
+
+#: planners whose plans (under the overheads) join gpp's
+PORTFOLIO = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
+#: rounds of memory bisection after gpp's first plan that fits
+REFINE_ROUNDS = 3
+
+
+def plan_gpp_within_overheads(
+    graph: Graph,
+    cluster: Cluster,
+    mini_batch_size: int,
+    *,
+    time_limit: float | None,
+    progress: bool,
+    options: Mapping[str, Any],
+) -> Plan:
+    """The best plan that fits under the whole memory model (module docstring)."""
+    t0 = time.perf_counter()
+    gpp = get_planner("gpp")
+    key = _key(options.get("objective", "iteration_time"))
+    candidates: list[tuple[str, Plan]] = []
+    needs: list[float] = []
+    errors: list[InfeasibleError] = []
+    try:
+        candidates.append(
+            (
+                "gpp",
+                plan_within_overheads(
+                    lambda seen: gpp(graph, seen, mini_batch_size, time_limit=time_limit, progress=progress, **options),
+                    graph,
+                    cluster,
+                    refine=REFINE_ROUNDS,
+                    key=key,
+                ),
+            )
+        )
+    except InfeasibleError as exc:
+        errors.append(exc)
+    budget = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    for name in options.get("seed_planners") or PORTFOLIO:
+        left = budget - (time.perf_counter() - t0)
+        if left <= 0:
+            break
+        found = _other(name, graph, cluster, mini_batch_size, left, options, errors)
+        if found is not None:
+            candidates.append((name, found))
+    for exc in errors:
+        if exc.required_memory_bytes is not None:
+            needs.append(exc.required_memory_bytes)
+    if not candidates:
+        need = min(needs) if needs else None
+        raise InfeasibleError(
+            f"no plan fits {cluster.memory_bytes:.6g} bytes per device on {cluster.devices} devices with the "
+            "runtime's memory overheads (memory_overheads in docs/cost-model.md)"
+            + ("" if need is None else f": the least a plan found needs is {need:.6g} bytes per device"),
+            required_memory_bytes=need,
+        )
+    origin, best = min(candidates, key=lambda c: key(c[1]))
+    extra = dict(best.search.extra or {})
+    extra["overheads"] = {
+        "picked": origin,
+        "candidates": [
+            {
+                "planner": n,
+                "iteration_time": p.predicted.iteration_time,
+                "peak_memory_bytes": p.predicted.peak_memory_bytes,
+            }
+            for n, p in candidates
+        ],
+    }
+    return replace(best, search=replace(best.search, seconds=time.perf_counter() - t0, extra=extra))
+
+
+def _key(objective: str) -> Callable[[Plan], tuple[float, float]]:
+    if objective == "time_per_sample":
+        return lambda p: (p.predicted.time_per_sample, p.predicted.iteration_time)
+    return lambda p: (p.predicted.iteration_time, p.predicted.time_per_sample)
+
+
+def _other(
+    name: str,
+    graph: Graph,
+    cluster: Cluster,
+    B: int,
+    time_limit: float,
+    options: Mapping[str, Any],
+    errors: list[InfeasibleError],
+) -> Plan | None:
+    """``name``'s plan under the overheads, as a gpp plan that fits; None when there is none."""
+    try:
+        fn = get_planner(name)
+        plan = plan_within_overheads(lambda seen: fn(graph, seen, B, time_limit=time_limit), graph, cluster)
+    except InfeasibleError as exc:
+        errors.append(exc)
+        return None
+    except (GppError, RecursionError) as exc:  # a planner that cannot plan this input is left out
+        logger.info("gpp under overheads: %s gave no plan (%s)", name, exc)
+        return None
+    allowed = options.get("micro_batch_sizes")
+    if allowed is not None and not within_sizes(plan, tuple(allowed)):
+        return None
+    held = cluster.runtime_memory_bytes
+    seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
+    info = SearchInfo(plan.search.seconds, Status.FEASIBLE, None, {"seed_planner": name})
+    try:
+        out = priced(rebuild_as_gpp(plan, graph, seen, info, options.get("schedule", "auto")), graph, cluster)
+    except InvalidInputError:
+        return None
+    if out.predicted.peak_memory_bytes > cluster.memory_bytes * (1 + 1e-9) or not math.isfinite(
+        out.predicted.iteration_time
+    ):
+        return None
+    return out

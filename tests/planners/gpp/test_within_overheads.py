@@ -1,0 +1,71 @@
+"""``gpp`` under the runtime's memory overheads (``planners/gpp/overheads.py``): never slower
+(predicted) than any other planner's plan that fits the whole memory model, from roomy memory to
+the tightest that a planner solves; with no plan, the error states the memory a plan needs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import gpp_solver as gs
+from gpp_solver.errors import GppError, InfeasibleError
+from gpp_solver.formats.machines import machine_cluster
+from gpp_solver.workloads import build_model
+
+OTHERS = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
+
+
+def _plan(graph, cluster, B, planner):
+    try:
+        return gs.solve(graph, cluster, mini_batch_size=B, planner=planner)
+    except GppError:
+        return None
+
+
+def test_on_a_diamond_from_roomy_to_the_tightest(diamond, cluster_dict):
+    cluster = gs.cluster_from_dict({**cluster_dict, "memory_overheads": True})
+    _conformance(gs.graph_from_dict(diamond), cluster, 8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "params", "devices", "B"),
+    [("candle-uno", {"branches": 2, "layers": 2}, 4, 32), ("mmt", {"branches": 2, "layers": 1}, 4, 16)],
+)
+def test_on_paper_workloads_from_roomy_to_the_tightest(name, params, devices, B):
+    cluster = replace(machine_cluster("v100", devices), memory_overheads=True)
+    _conformance(build_model(name, **params), cluster, B)
+
+
+def _conformance(graph, cluster, B):
+    """gpp at five memories from roomy to the tightest it solves: a plan that fits, never slower than
+    another planner's; below the tightest no planner has one and the error names what a plan needs."""
+    roomy = gs.solve(graph, replace(cluster, memory_bytes=1e13), mini_batch_size=B).predicted.peak_memory_bytes
+    fits, fails = roomy, roomy / 2
+    while _plan(graph, replace(cluster, memory_bytes=fails), B, "gpp") is not None:
+        fits, fails = fails, fails / 2
+    for _ in range(5):  # the tightest memory gpp solves, within 3%
+        mid = (fits + fails) / 2
+        if _plan(graph, replace(cluster, memory_bytes=mid), B, "gpp") is None:
+            fails = mid
+        else:
+            fits = mid
+    for memory in [fits + (roomy * 1.05 - fits) * f for f in (1.0, 0.5, 0.2, 0.05, 0.0)]:
+        c = replace(cluster, memory_bytes=memory)
+        mine = _plan(graph, c, B, "gpp")
+        assert mine is not None, memory
+        gs.validate(mine, graph, c)
+        assert mine.planner == "gpp" and mine.predicted.peak_memory_bytes <= memory * (1 + 1e-9)
+        for n in OTHERS:
+            p = _plan(graph, c, B, n)
+            assert p is None or mine.predicted.iteration_time <= p.predicted.iteration_time * (1 + 1e-9), (memory, n)
+    below = replace(cluster, memory_bytes=fails)
+    for n in OTHERS:  # where gpp finds none, neither does another planner
+        assert _plan(graph, below, B, n) is None, n
+    with pytest.raises(InfeasibleError) as err:
+        gs.solve(graph, below, mini_batch_size=B)
+    need = err.value.required_memory_bytes
+    assert need is not None and need > fails and f"{need:.6g}" in str(err.value)
+    plan = gs.solve(graph, replace(cluster, memory_bytes=need), mini_batch_size=B)
+    assert plan.predicted.peak_memory_bytes <= need * (1 + 1e-9)
