@@ -66,6 +66,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -208,6 +209,56 @@ def _fatal(rank: int, msg: str) -> None:
     print(f"{head} {msg}", file=sys.stderr, flush=True)
 
 
+class NonFiniteLoss(Exception):
+    """The loss of a step is not finite (exit 1, one line naming the step and micro-batch)."""
+
+
+#: the process group's store key a rank that stops with its own one line counts itself in
+_REPORTED = "gpp_runtime/reported"
+
+
+def _store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # no store: every rank reports its own error
+        return None
+
+
+def _claim_report() -> bool:
+    """Whether this rank is the first to stop with its own error (it writes it; the others that
+    found the same stay silent, and peers that fail because it stopped do too)."""
+    store = _store()
+    try:
+        return store is None or store.add(_REPORTED, 1) == 1
+    except Exception:
+        return True
+
+
+def _reported() -> bool:
+    """Whether a rank already stopped with its own error (this rank's failure follows from it)."""
+    store = _store()
+    try:
+        return store is not None and store.add(_REPORTED, 0) > 0
+    except Exception:
+        return False
+
+
+def _check_finite(pipe: GraphPipeline, loss: float, step: int) -> None:
+    """Stop at a non-finite loss, naming the step and this rank's first micro-batch whose loss is
+    not finite. A replica of the sink whose own micro-batches are finite goes on: it stops when
+    the replica that has one does."""
+    if math.isfinite(loss):
+        return
+    for c, value in pipe.executor.chunk_losses:
+        v = float(value)
+        if not math.isfinite(v):
+            raise NonFiniteLoss(
+                f"the loss is not finite ({v}) at step {step}, micro-batch {c.mb} (samples {c.lo}:{c.hi} of "
+                f"the mini-batch): training stopped (loss_fn's value there; lower the learning rate or "
+                f"check the data)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -254,16 +305,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         code = _train(args, setup, wl, rank, device, p2p)
-    except InvalidInputError as exc:
-        _fatal(rank, str(exc))
+    except (InvalidInputError, NonFiniteLoss) as exc:
+        # the rank that found it writes the one line (the first of them, for replicas); every
+        # rank raised a LossRefused, so its origin alone does
+        if getattr(exc, "origin", rank) == rank and _claim_report():
+            _fatal(rank, str(exc))
         sys.stderr.flush()
-        os._exit(2)
+        os._exit(1 if isinstance(exc, NonFiniteLoss) else 2)
     except (CommTimeout, RuntimeError) as exc:
-        print(
-            f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if not _reported():  # else a peer stopped with its one line (a refusal, a non-finite loss)
+            print(
+                f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                file=sys.stderr,
+                flush=True,
+            )
         os._exit(1)  # peers may be gone: do not wait in process-group teardown
     dist.destroy_process_group()
     return code
@@ -318,6 +373,7 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
         loss = pipe.step(*inputs, target=target)
         if loss is not None:
             losses.append(float(loss))
+            _check_finite(pipe, losses[-1], step)
         t1 = time.time()
         if opt is not None:
             opt.step()
