@@ -28,7 +28,13 @@ ones in ``examples/plans/``):
 This module is a thin user of ``gpp_runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
 the optimizer). The workload's ``loss`` is a sum over samples (divided here by the mini-batch
 size, so gradients are those of the mean) unless the workload sets ``loss_reduction = "mean"``;
-the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other.
+the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other, and
+refuses a loss that is neither (a term over the batch's statistics, in-batch negatives; see
+``gpp_runtime.engine.loss_check``): every rank exits 2, the one line naming ``loss_fn``. The run stops
+at the first non-finite loss: exit 1, one line naming the step (0-based) and the micro-batch (there
+is no fp16 loss scaling here, so no step is skipped for an overflow). A rank that stops with its own
+line counts itself in the process group's store; a peer that then fails because it stopped stays
+silent.
 Rank r runs the stage whose ``devices`` list r (replica = position in the list). Backend: NCCL
 with device cuda:LOCAL_RANK when CUDA is available (unless ``--cpu``), else gloo on CPU. Only
 rank 0 logs; every rank that fails writes its own error to stderr (flushed) before exiting.
@@ -47,8 +53,9 @@ warm-up steps or more)
 and the cost model's memory of the rank's stage for the optimizer used (``GraphPipeline.memory_stats``;
 exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compared with the plan's
 before the first step. Exit codes: 0 ok; 2 bad input (plan
-JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
-traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
+JSON, unknown module, plan/model mismatch, deadlocking orders, a loss refused at the first step)
+with one message and no traceback; 1 runtime failure (peer timeout or death, a non-finite loss,
+``--verify`` mismatch).
 The command line (:func:`parse_args`, its flags in the order ``--help`` lists them) is a contract
 the benchmarks and users' scripts rely on. Rank 0 gathers every rank's record (step times, memory,
 trace events, losses) and the stages' parameters (:func:`gather`), assembles the metrics summary
