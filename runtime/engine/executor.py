@@ -93,6 +93,7 @@ class StageExecutor:
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
         self.check_loss = True
+        self._checks_left = 8  # chunks whose check proves nothing (a loss never finite) before giving up
         #: the first step's refusal of loss_fn, raised by every rank after the step (GraphPipeline.step)
         self.refusal: str | None = None
         self.defer_refusal = True
@@ -263,7 +264,8 @@ class StageExecutor:
         per-sample terms. A refusal at the first step waits for the step's end
         (``GraphPipeline.step`` raises it on every rank); later it is raised here."""
         msg, conclusive = check_loss(self.loss_fn, out, tgt, loss, self.loss_reduction, self.seed)
-        self.check_loss = not conclusive
+        self._checks_left -= 1
+        self.check_loss = not conclusive and self._checks_left > 0
         if msg is None:
             return
         if not self.defer_refusal:

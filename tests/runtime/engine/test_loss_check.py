@@ -73,3 +73,13 @@ def test_a_loss_that_proves_nothing_is_checked_on_the_next_chunk():
 
     out, tgt = _outputs(2), torch.randn(2, 8)
     assert check_loss(loss, out, tgt, loss(out, tgt), "mean") == (None, False)
+
+
+def test_a_per_sample_loss_that_fails_on_one_row_is_judged_on_two_parts():
+    def loss(o, t):  # written for several rows
+        if len(o) < 2:
+            raise RuntimeError("one row")
+        return F.mse_loss(o, t)
+
+    out, tgt = _outputs(2), torch.randn(2, 8)
+    assert check_loss(loss, out, tgt, loss(out, tgt), "mean") == (None, True)
