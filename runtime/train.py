@@ -256,7 +256,7 @@ def _check_finite(pipe: GraphPipeline, loss: float, step: int) -> None:
     the replica that has one does."""
     if math.isfinite(loss):
         return
-    for c, value in pipe.executor.chunk_losses:
+    for c, value in sorted(pipe.executor.chunk_losses, key=lambda cv: cv[0].mb):
         v = float(value)
         if not math.isfinite(v):
             raise NonFiniteLoss(
