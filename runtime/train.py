@@ -28,7 +28,13 @@ ones in ``examples/plans/``):
 This module is a thin user of ``gpp_runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
 the optimizer). The workload's ``loss`` is a sum over samples (divided here by the mini-batch
 size, so gradients are those of the mean) unless the workload sets ``loss_reduction = "mean"``;
-the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other.
+the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other, and
+refuses a loss that is neither (a term over the batch's statistics, in-batch negatives; see
+``gpp_runtime.engine.loss_check``): every rank exits 2, the one line naming ``loss_fn``. The run stops
+at the first non-finite loss: exit 1, one line naming the step (0-based) and the micro-batch (there
+is no fp16 loss scaling here, so no step is skipped for an overflow). A rank that stops with its own
+line counts itself in the process group's store; a peer that then fails because it stopped stays
+silent.
 Rank r runs the stage whose ``devices`` list r (replica = position in the list). Backend: NCCL
 with device cuda:LOCAL_RANK when CUDA is available (unless ``--cpu``), else gloo on CPU. Only
 rank 0 logs; every rank that fails writes its own error to stderr (flushed) before exiting.
@@ -47,8 +53,9 @@ warm-up steps or more)
 and the cost model's memory of the rank's stage for the optimizer used (``GraphPipeline.memory_stats``;
 exact with ``--graph`` and ``--cluster``). The optimizer's state factor is compared with the plan's
 before the first step. Exit codes: 0 ok; 2 bad input (plan
-JSON, unknown module, plan/model mismatch, deadlocking orders) with one message and no
-traceback; 1 runtime failure (peer timeout or death, ``--verify`` mismatch).
+JSON, unknown module, plan/model mismatch, deadlocking orders, a loss refused at the first step)
+with one message and no traceback; 1 runtime failure (peer timeout or death, a non-finite loss,
+``--verify`` mismatch).
 The command line (:func:`parse_args`, its flags in the order ``--help`` lists them) is a contract
 the benchmarks and users' scripts rely on. Rank 0 gathers every rank's record (step times, memory,
 trace events, losses) and the stages' parameters (:func:`gather`), assembles the metrics summary
@@ -66,6 +73,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -208,6 +216,56 @@ def _fatal(rank: int, msg: str) -> None:
     print(f"{head} {msg}", file=sys.stderr, flush=True)
 
 
+class NonFiniteLoss(Exception):
+    """The loss of a step is not finite (exit 1, one line naming the step and micro-batch)."""
+
+
+#: the process group's store key a rank that stops with its own one line counts itself in
+_REPORTED = "gpp_runtime/reported"
+
+
+def _store():
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # no store: every rank reports its own error
+        return None
+
+
+def _claim_report() -> bool:
+    """Whether this rank is the first to stop with its own error (it writes it; the others that
+    found the same stay silent, and peers that fail because it stopped do too)."""
+    store = _store()
+    try:
+        return store is None or store.add(_REPORTED, 1) == 1
+    except Exception:
+        return True
+
+
+def _reported() -> bool:
+    """Whether a rank already stopped with its own error (this rank's failure follows from it)."""
+    store = _store()
+    try:
+        return store is not None and store.add(_REPORTED, 0) > 0
+    except Exception:
+        return False
+
+
+def _check_finite(pipe: GraphPipeline, loss: float, step: int) -> None:
+    """Stop at a non-finite loss, naming the step and this rank's first micro-batch whose loss is
+    not finite. A replica of the sink whose own micro-batches are finite goes on: it stops when
+    the replica that has one does."""
+    if math.isfinite(loss):
+        return
+    for c, value in sorted(pipe.executor.chunk_losses, key=lambda cv: cv[0].mb):
+        v = float(value)
+        if not math.isfinite(v):
+            raise NonFiniteLoss(
+                f"the loss is not finite ({v}) at step {step}, micro-batch {c.mb} (samples {c.lo}:{c.hi} of "
+                f"the mini-batch): training stopped (loss_fn's value there; lower the learning rate or "
+                f"check the data)"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -254,16 +312,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         code = _train(args, setup, wl, rank, device, p2p)
-    except InvalidInputError as exc:
-        _fatal(rank, str(exc))
+    except (InvalidInputError, NonFiniteLoss) as exc:
+        # the rank that found it writes the one line (the first of them, for replicas); every
+        # rank raised a LossRefused, so its origin alone does
+        if getattr(exc, "origin", rank) == rank and _claim_report():
+            _fatal(rank, str(exc))
         sys.stderr.flush()
-        os._exit(2)
+        os._exit(1 if isinstance(exc, NonFiniteLoss) else 2)
     except (CommTimeout, RuntimeError) as exc:
-        print(
-            f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-            file=sys.stderr,
-            flush=True,
-        )
+        if not _reported():  # else a peer stopped with its one line (a refusal, a non-finite loss)
+            print(
+                f"[runtime] rank {rank}: error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                file=sys.stderr,
+                flush=True,
+            )
         os._exit(1)  # peers may be gone: do not wait in process-group teardown
     dist.destroy_process_group()
     return code
@@ -318,6 +380,7 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
         loss = pipe.step(*inputs, target=target)
         if loss is not None:
             losses.append(float(loss))
+            _check_finite(pipe, losses[-1], step)
         t1 = time.time()
         if opt is not None:
             opt.step()

@@ -34,6 +34,7 @@ from ..capture.dropout import Context, set_context
 from ..lowering.actions import Chunk, Message, RankAction, Step, chunk, group_actions
 from ..lowering.fx_split import StageProgram
 from ..lowering.posting import Post, posting
+from .loss_check import BATCH_LEVEL, check_loss, one_line
 from .metrics import Recorder
 from .p2p import P2P, ValueMeta, flatten, unflatten
 from .split_backward import PendingWeight, backward_input, backward_weight
@@ -49,30 +50,6 @@ def _free(received: list[torch.Tensor]) -> None:
 
 def _rows(tree, lo: int, hi: int):
     return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
-
-
-BATCH_LEVEL = (
-    "a pipeline computes the loss per micro-batch, so it must be a sum or mean of per-sample "
-    "terms; a loss over the whole batch (a contrastive loss such as CLIP's, where each sample's "
-    "term depends on every other sample) cannot be split: use a per-sample loss, or keep the "
-    "batch-level part (the all-pairs similarity and its loss) out of the pipelined model and "
-    "its loss_fn"
-)
-
-
-def _close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-4 * max(abs(a), abs(b), 1e-12)
-
-
-def _combine(halves: tuple[float, float, int, int], reduction: str) -> float:
-    """The loss of a chunk from its halves' losses, for a sum or a mean over samples."""
-    a, b, na, nb = halves
-    return a + b if reduction == "sum" else (a * na + b * nb) / (na + nb)
-
-
-def _one_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class StageExecutor:
@@ -116,6 +93,12 @@ class StageExecutor:
         self.loss_fn = loss_fn
         self.loss_reduction = loss_reduction
         self.check_loss = True
+        self._checks_left = 8  # chunks whose check proves nothing (a loss never finite) before giving up
+        #: the first step's refusal of loss_fn, raised by every rank after the step (GraphPipeline.step)
+        self.refusal: str | None = None
+        self.defer_refusal = True
+        #: this step's (chunk, loss_fn's value) on the sink's ranks, to name a non-finite one
+        self.chunk_losses: list[tuple[Chunk, torch.Tensor]] = []
         self.mini_batch_size = mini_batch_size
         self.device = device
         self.comm = comm
@@ -142,6 +125,7 @@ class StageExecutor:
             first = torch.cuda.Event(enable_timing=True)
             first.record()
         index = {id(st): i for i, st in enumerate(self.steps)}
+        self.chunk_losses = []
         for k, it in enumerate(self.items):
             if isinstance(it, Post):
                 sends = [(out_tensors.pop(m), self._peer(m, "dst"), str(m)) for m in it.sends]
@@ -248,20 +232,7 @@ class StageExecutor:
         set_context(Context(seed=self.seed, step=step, lo=c.lo))
         with torch.autograd.graph.saved_tensors_hooks(self._make_pack(c.mb), lambda t: t):
             outs = self.program.module(*args)
-            loss = None
-            if self.program.holds_sink:
-                tgt = _rows(target, c.lo, c.hi)
-                tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
-                try:
-                    loss = self.loss_fn(outs[-1], tgt)
-                except (IndexError, RuntimeError) as exc:  # e.g. labels of the whole batch
-                    raise InvalidInputError(
-                        f"loss_fn failed on samples {c.lo}:{c.hi} of the mini-batch ({_one_line(exc)}); {BATCH_LEVEL}"
-                    ) from exc
-                if self.check_loss:
-                    self._check_reduction(outs[-1], tgt, loss)
-                if self.loss_reduction == "mean":
-                    loss = loss * ((c.hi - c.lo) / self.mini_batch_size)
+            loss = self._loss(c, outs[-1], target) if self.program.holds_sink else None
         for m in st.sends:
             value = outs[self.out_index[m.value]]
             out_tensors[m] = [
@@ -270,52 +241,36 @@ class StageExecutor:
         state[c.mb] = (leaves, outs, loss)
         return loss
 
-    def _check_reduction(self, out, tgt, loss) -> None:
-        """On the first chunk: the loss must be the mean (or the sum) over the samples it gets."""
-        self.check_loss = False
-        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise InvalidInputError(
-                f"loss_fn must return a scalar tensor, got {type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}"
-            )
-        twice = lambda t: torch.cat([t, t]) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        l1 = float(loss.detach())
+    def _loss(self, c: Chunk, out, target):
+        """The sink's loss on chunk ``c``, scaled for a mean; checked until the check is conclusive."""
+        tgt = _rows(target, c.lo, c.hi)
+        tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
         try:
-            with torch.no_grad():
-                l2 = float(self.loss_fn(pytree.tree_map(twice, out), pytree.tree_map(twice, tgt)))
-                halves = self._halves(out, tgt)
-        except (IndexError, RuntimeError) as exc:
+            loss = self.loss_fn(out, tgt)
+        except (IndexError, RuntimeError) as exc:  # e.g. labels of the whole batch
             raise InvalidInputError(
-                f"loss_fn failed on a micro-batch repeated twice or cut in two ({_one_line(exc)}); {BATCH_LEVEL}"
+                f"loss_fn failed on samples {c.lo}:{c.hi} of the mini-batch ({one_line(exc)}); {BATCH_LEVEL}"
             ) from exc
-        fits = {
-            red: _close(l2, ratio * l1) and (halves is None or _close(_combine(halves, red), l1))
-            for red, ratio in (("mean", 1.0), ("sum", 2.0))
-        }
-        if fits[self.loss_reduction]:
-            return
-        other = {"mean": "sum", "sum": "mean"}[self.loss_reduction]
-        if fits[other]:
-            raise InvalidInputError(
-                f"loss_fn behaves as a {other} over samples (it gave {l1:.6g} on a chunk and {l2:.6g} "
-                f"on the chunk twice) but loss_reduction={self.loss_reduction!r}: pass "
-                f"GraphPipeline(loss_reduction={other!r}) (gpp_runtime.train: set the workload's "
-                f"loss_reduction = {other!r})"
-            )
-        got = "" if halves is None else f", {halves[0]:.6g} and {halves[1]:.6g} on its two halves"
-        raise InvalidInputError(
-            f"loss_fn is neither a mean nor a sum over samples (it gave {l1:.6g} on a chunk, {l2:.6g} "
-            f"on the chunk twice{got}); {BATCH_LEVEL}"
-        )
+        if self.check_loss:
+            self._check_reduction(out, tgt, loss)
+        if isinstance(loss, torch.Tensor):
+            self.chunk_losses.append((c, loss.detach()))
+        if self.loss_reduction == "mean":
+            loss = loss * ((c.hi - c.lo) / self.mini_batch_size)
+        return loss
 
-    def _halves(self, out, tgt) -> tuple[float, float, int, int] | None:
-        """The losses of the chunk's two halves and their rows (None below 2 rows)."""
-        rows = next((t.shape[0] for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), 0)
-        if rows < 2:
-            return None
-        h = rows // 2
-        a = float(self.loss_fn(_rows(out, 0, h), _rows(tgt, 0, h)))
-        b = float(self.loss_fn(_rows(out, h, rows), _rows(tgt, h, rows)))
-        return a, b, h, rows - h
+    def _check_reduction(self, out, tgt, loss) -> None:
+        """Until conclusive (``loss_check.check_loss``): the loss must be the mean (or the sum) of
+        per-sample terms. A refusal at the first step waits for the step's end
+        (``GraphPipeline.step`` raises it on every rank); later it is raised here."""
+        msg, conclusive = check_loss(self.loss_fn, out, tgt, loss, self.loss_reduction, self.seed)
+        self._checks_left -= 1
+        self.check_loss = not conclusive and self._checks_left > 0
+        if msg is None:
+            return
+        if not self.defer_refusal:
+            raise InvalidInputError(msg)
+        self.refusal = self.refusal or msg
 
     def _backward(self, st: Step, c: Chunk, bufs: dict, state: dict, out_tensors: dict) -> None:
         leaves, outs, loss = state.pop(c.mb)

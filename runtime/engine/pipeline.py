@@ -25,10 +25,15 @@ Conventions:
 - Loss: with ``loss_reduction="mean"`` (default) ``loss_fn(output, target)`` must return the mean
   over the samples it is given; with ``"sum"`` the sum. Either way the gradients after ``step``
   equal those of ``loss_fn(model(*inputs), target)`` on the whole mini-batch in one process. The
-  first step checks the claim (the loss of a chunk repeated twice must be equal for a mean,
-  double for a sum, and follow from the losses of the chunk's two halves) and raises
-  ``InvalidInputError`` naming the mismatch. A loss over the whole batch (CLIP's contrastive
-  loss) cannot be computed per micro-batch and is refused the same way.
+  first step checks the claim on the sink's first chunk (``gpp_runtime.engine.loss_check``: the
+  loss of the chunk repeated twice must be equal for a mean, double for a sum, and follow from
+  the losses of its two halves; on synthetic outputs of the same shape and dtype with a wide
+  spread across rows, the loss of the rows must follow from those of two parts and of every
+  single row) and, once the step is done, raises ``InvalidInputError`` on every rank naming
+  ``loss_fn`` and the mismatch. A loss over the whole batch (a centering by the batch mean, a
+  normalisation over the batch, in-batch negatives such as CLIP's contrastive loss) cannot be
+  computed per micro-batch and is refused the same way, also on one-row micro-batches.
+- A non-finite loss is returned as it is: the caller judges it (``gpp_runtime.train`` stops).
 - Gradients accumulate into ``.grad`` like plain autograd: zero them before each step.
 - ``parameters()`` / ``named_parameters()`` / ``state_dict()`` are this rank's stage under the
   original model's qualified names (``text.0.weight``); a weight tied across stages keeps its
@@ -67,6 +72,7 @@ from ..lowering.actions import group_actions
 from ..lowering.posting import posting, send_releases
 from .executor import StageExecutor
 from .grad_sync import GradSync
+from .loss_check import LossRefused
 from .memory import MemoryMeter, memory_warnings, storage_bytes
 from .metrics import Recorder
 from .optimizer_state import OptimizerStateCheck
@@ -132,6 +138,7 @@ class GraphPipeline:
         _setup=None,
     ) -> None:
         self.rank, world, backend = _process_group()
+        self._backend = backend
         if loss_reduction not in ("mean", "sum"):
             raise InvalidInputError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.device = _device_of(device, backend)
@@ -248,7 +255,13 @@ class GraphPipeline:
 
     # -- the user's API ------------------------------------------------------------------------
     def step(self, *inputs, target=None):
-        """Run one mini-batch of the plan's schedule; the loss on the sink's ranks, else None."""
+        """Run one mini-batch of the plan's schedule; the loss on the sink's ranks, else None.
+
+        The loss is returned as computed, also when it is not finite (NaN or inf): judging it is
+        the caller's (``gpp_runtime.train`` stops there). At the first step ``loss_fn`` is checked
+        (the module docstring); a refusal raises ``InvalidInputError`` (``LossRefused``) on every
+        rank once the step is done, the refusing rank's with the reason.
+        """
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor) and x.shape[0] != self.plan.mini_batch_size:
                 raise InvalidInputError(
@@ -269,7 +282,24 @@ class GraphPipeline:
         self._steps_run += 1
         if loss is not None and self.sink_group is not None and not fold:
             dist.all_reduce(loss, group=self.sink_group)
+        if self.executor.defer_refusal:
+            self._agree_on_loss()
         return loss
+
+    def _agree_on_loss(self) -> None:
+        """After the first step, every rank learns whether a rank of the sink refused ``loss_fn``
+        (one small all-reduce) and raises if one did: no rank waits on a peer that stopped."""
+        ex = self.executor
+        ex.defer_refusal = False  # a later refusal (a check not conclusive at the first step) raises at once
+        world = dist.get_world_size()
+        device = self.device if self._backend == "nccl" else torch.device("cpu")
+        flag = torch.tensor([self.rank if ex.refusal else world], dtype=torch.int64, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        origin = int(flag.item())
+        if origin < world:
+            msg = ex.refusal or f"loss_fn was refused by rank {origin} at the first step (its error says why)"
+            ex.refusal = None
+            raise LossRefused(msg, origin)
 
     def named_parameters(self):
         """(qualified name in the original model, parameter) of this rank's stage, each once."""
