@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -25,7 +27,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpp_runtime
-from examples.two_tower import TwoTower, synthetic
+
+# run as a file (`torchrun examples/train_two_tower.py`), Python puts examples/ on the path, not the
+# repository root that holds the `examples` package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.two_tower import TwoTower, synthetic  # noqa: E402
 
 
 def main() -> None:

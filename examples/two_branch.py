@@ -2,7 +2,7 @@
 
 Node ids: ``branch{i}.fc1``, ``branch{i}.act``, ``branch{i}.fc2`` for each branch, ``cat``, ``head``.
 ``workload()`` is tiny (2 branches, CPU tests); ``workload3()`` has three branches;
-``bench()`` is the benchmark size (2 branches, width 512, 4 layers each).
+``bench()`` is the benchmark size (2 branches, width 512, 4 layers each), also README's CPU recipe.
 """
 
 from __future__ import annotations

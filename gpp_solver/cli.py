@@ -145,8 +145,9 @@ def _add_cluster(sub: Any) -> None:
         "machine",
         nargs="?",
         default=None,
-        help="start from a machine: NAME:N or NAME:NODESxPER_NODE (default: none; then --devices, "
-        "--memory and --inter are required); the options below override its figures",
+        help="start from a machine: NAME:N or NAME:NODESxPER_NODE (default: none; then --devices and "
+        "--memory are required, and --inter for more than one device); the options below override its "
+        "figures; every figure not given is named on stderr with the value it takes",
     )
     cl.add_argument("--devices", type=_positive_int, default=None, help="number of devices (default: the machine's)")
     cl.add_argument(
@@ -165,12 +166,13 @@ def _add_cluster(sub: Any) -> None:
     cl.add_argument(
         "--inter",
         default=None,
-        help="bandwidth per device between nodes, one direction, e.g. 200Gb/s or 25GB/s (default: the machine's)",
+        help="bandwidth per device between nodes, one direction, e.g. 200Gb/s or 25GB/s (default: the machine's; "
+        "without a machine required for more than one device, and for one 1TB/s, never used)",
     )
     cl.add_argument(
         "--latency",
         default=None,
-        help="seconds per message, e.g. 10us (default: the machine's 10us; without a machine 0)",
+        help="seconds per message, e.g. 10us or 0 (default: the machine's 10us; without a machine 0)",
     )
     cl.add_argument(
         "--optimizer-state-factor",

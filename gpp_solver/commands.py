@@ -120,7 +120,10 @@ def run_cluster(args: argparse.Namespace) -> int:
         inter=args.inter,
         latency=args.latency,
         optimizer_state_factor=args.optimizer_state_factor,
+        filled=(filled := []),
     )
+    if filled:
+        print("gpp cluster: not given, so taken as: " + "; ".join(filled), file=sys.stderr)
     if args.output:
         save_cluster(c, args.output)
         print(f"wrote {args.output}: {describe_cluster(c)}")

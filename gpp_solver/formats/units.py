@@ -26,7 +26,9 @@ TIME_UNITS = {"s": (1, 1), "ms": (1, 10**3), "us": (1, 10**6), "µs": (1, 10**6)
 _NUMBER = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(\S*)\s*")
 
 
-def _parse(text: str, what: str, units: dict[str, tuple[int, int]], base: str, example: str) -> float:
+def _parse(
+    text: str, what: str, units: dict[str, tuple[int, int]], base: str, example: str, zero: bool = False
+) -> float:
     m = _NUMBER.fullmatch(str(text))
     if m is None:
         raise InvalidInputError(f"{what}: expected a number with a unit such as {example}, got {text!r}")
@@ -38,8 +40,9 @@ def _parse(text: str, what: str, units: dict[str, tuple[int, int]], base: str, e
         )
     mul, div = units.get(unit, (1, 1))
     v = value * mul / div
-    if not math.isfinite(v) or v <= 0:
-        raise InvalidInputError(f"{what}: expected a positive finite quantity, got {text!r}")
+    if not math.isfinite(v) or v < 0 or (v == 0 and not zero):
+        kind = "finite quantity >= 0" if zero else "positive finite quantity"
+        raise InvalidInputError(f"{what}: expected a {kind}, got {text!r}")
     return v
 
 
@@ -53,9 +56,9 @@ def parse_bandwidth(text: str, what: str = "bandwidth") -> float:
     return _parse(text, what, RATE_UNITS, "bytes/s", "900GB/s or 200Gb/s")
 
 
-def parse_seconds(text: str, what: str = "time") -> float:
-    """``10us`` -> 1e-5; ``2ms`` -> 0.002; ``0.5`` -> 0.5 seconds."""
-    return _parse(text, what, TIME_UNITS, "seconds", "10us")
+def parse_seconds(text: str, what: str = "time", zero: bool = False) -> float:
+    """``10us`` -> 1e-5; ``2ms`` -> 0.002; ``0.5`` -> 0.5 seconds; ``0`` only with ``zero``."""
+    return _parse(text, what, TIME_UNITS, "seconds", "10us", zero)
 
 
 def format_bytes(n: float) -> str:

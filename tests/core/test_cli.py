@@ -389,6 +389,35 @@ def test_cluster_from_human_units(capsys, tmp_path):
     assert rc == 0 and "devices_per_node" not in json.loads(out)
 
 
+def test_cluster_names_every_figure_it_fills_in(capsys):
+    """Each figure not given is named on stderr with its value and the option that sets it; the JSON
+    on stdout stays parseable; nothing is named when everything is given."""
+    rc, out, err = run(["cluster", "--devices", "2", "--memory", "600kB", "--inter", "1GB/s"], capsys)
+    assert rc == 0 and json.loads(out)["latency"] == 0 and len(err.strip().splitlines()) == 1
+    for needle in ("latency 0 s per message (default; --latency)", "a flat network", "optimizer state factor 4"):
+        assert needle in err, err
+    rc, out, err = run(["cluster", "--devices", "4", "--per-node", "2", "--memory", "1GB", "--inter", "1GB/s"], capsys)
+    assert rc == 0 and "1 GB/s inside a node (default: --inter's; --intra)" in err and "flat" not in err
+    rc, out, err = run(["cluster", "v100:8"], capsys)
+    assert rc == 0 and json.loads(out) == gs.cluster_to_dict(gs.v100_cluster(8))
+    for needle in ("memory 16 GiB", "12.5 GB/s between nodes", "50 GB/s inside a node", "latency 10 µs"):
+        assert needle in err and "(v100:8's" in err, err
+    given = ["--devices", "2", "--memory", "1GB", "--inter", "1GB/s", "--latency", "0", "--per-node", "2"]
+    rc, out, err = run(["cluster", *given, "--intra", "2GB/s", "--optimizer-state-factor", "3"], capsys)
+    assert rc == 0 and err == "" and json.loads(out)["latency"] == 0  # an explicit 0 latency is accepted
+
+
+def test_cluster_of_one_device_needs_no_bandwidth(capsys):
+    rc, out, err = run(["cluster", "--devices", "1", "--memory", "600kB"], capsys)
+    d = json.loads(out)
+    assert rc == 0 and d["devices"] == 1 and d["inter_node_bandwidth"] == 1e12
+    assert "bandwidth 1 TB/s, never used: one device transfers nothing to another (--inter)" in err, err
+    # more than one device: refused in one line that says why the bandwidth is needed
+    rc, _, err = run(["cluster", "--devices", "2", "--memory", "600kB"], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "give --inter" in err and "prices each transfer between the 2 devices" in err, err
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -398,6 +427,8 @@ def test_cluster_from_human_units(capsys, tmp_path):
         (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--latency", "3 days"], "--latency: unknown unit"),
         (["--devices", "8", "--memory", "80GiB"], "give --inter"),
         (["--devices", "8", "--memory", "80GiB", "--inter", "1GB/s", "--intra", "9GB/s"], "--intra needs --per-node"),
+        (["--devices", "2", "--memory", "1GB", "--inter", "1GB/s", "--latency", "-1us"], "--latency: expected"),
+        (["--devices", "2", "--memory", "0", "--inter", "1GB/s"], "--memory: expected a positive finite quantity"),
         (["tpu:8"], "unknown machine 'tpu'; known: v100, a100-40g, a100-80g, h100"),
         (["h100:0x8"], "must be at least 1"),
     ],

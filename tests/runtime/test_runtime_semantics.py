@@ -144,7 +144,8 @@ def test_example_training_script(tmp_path):
         "--save",
         str(tmp_path),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # no PYTHONPATH, as in a user's shell: the script finds the `examples` package itself
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert res.returncode == 0, res.stderr[-3000:]
     losses = [
