@@ -30,6 +30,7 @@ Stages whose weight-gradient time is zero keep their order without ``W``.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -146,90 +147,108 @@ def _neighbours(stages: Sequence[int], edges: Sequence[tuple[int, int]]) -> tupl
     return preds, succs
 
 
-def _earliest(cache: Mapping[int, tuple[float, float, float]], stages: Sequence[int]) -> tuple[int, float]:
-    """The stage whose next action can start earliest, and when (ties: the first of ``stages``);
-    ``(-1, INF)`` when none can act."""
-    s, now = -1, INF
-    for x in stages:
-        t = min(cache[x])
-        if t < now:
-            s, now = x, t
-    return s, now
-
-
 def greedy_w(
     d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: Mapping[int, bool], b_first: bool = True
 ) -> dict[int, tuple[Action, ...]]:
     """The list schedule of the module docstring: the stage that can act earliest acts next (ties:
     lower id); at that time it runs a ready ``B`` (``b_first``) or ``F`` within ``cap``, then the
     other, else its oldest pending ``W``.  A stage without ``split`` runs each ``W`` with its ``B``."""
-    stages = sorted(n)
-    preds, succs = _neighbours(stages, d.edges)
-    fin: dict[tuple[int, str], dict[int, float]] = {(s, k): {} for s in stages for k in "FB"}
-    nf = {s: 0 for s in stages}
-    nb = {s: 0 for s in stages}
-    nw = {s: 0 for s in stages}
-    free = {s: 0.0 for s in stages}
-    out: dict[int, list[Action]] = {s: [] for s in stages}
-    w_len = {s: d.weight.get(s, 0.0) if split[s] else 0.0 for s in stages}
-    b_len = {s: d.backward[s] - w_len[s] for s in stages}
+    return _ListSchedule(d, n, cap, split).run(b_first)
 
-    def ready(s: int, kind: str, j: int) -> float:
-        deps = preds[s] if kind == "F" else succs[s]
-        t = free[s] if kind == "F" else max(free[s], fin[(s, "F")][j])
-        for p in deps:
-            got = fin[(p, kind)]
-            for q in _covering(j, d.micro_batch[s], d.micro_batch[p]):
+
+class _ListSchedule:
+    """:func:`greedy_w`'s state: what each stage has run and when it is free; the stages' earliest
+    next actions in a heap (stale entries skipped), so each step costs the stages it touches."""
+
+    def __init__(self, d: Durations, n: Mapping[int, int], cap: Mapping[int, int], split: Mapping[int, bool]):
+        self.stages = sorted(n)
+        preds, succs = _neighbours(self.stages, d.edges)
+        self.n, self.cap = n, cap
+        self.fin: dict[tuple[int, str], dict[int, float]] = {(s, k): {} for s in self.stages for k in "FB"}
+        mb = d.micro_batch
+        # per stage and kind: (finish times of the neighbour, micro-batch sizes when they differ)
+        self.deps = {
+            (s, k): [(self.fin[(p, k)], None if mb[s] == mb[p] else (mb[s], mb[p])) for p in ps]
+            for s in self.stages
+            for k, ps in (("F", preds[s]), ("B", succs[s]))
+        }
+        self.touch = {s: (s, *preds[s], *succs[s]) for s in self.stages}
+        self.nf = dict.fromkeys(self.stages, 0)
+        self.nb = dict.fromkeys(self.stages, 0)
+        self.nw = dict.fromkeys(self.stages, 0)
+        self.free = dict.fromkeys(self.stages, 0.0)
+        self.split = split
+        self.w_len = {s: d.weight.get(s, 0.0) if split[s] else 0.0 for s in self.stages}
+        self.b_len = {s: d.backward[s] - self.w_len[s] for s in self.stages}
+        self.f_len = d.forward
+
+    def ready(self, s: int, kind: str, j: int) -> float:
+        t = self.free[s] if kind == "F" else max(self.free[s], self.fin[(s, "F")][j])
+        for got, sizes in self.deps[(s, kind)]:
+            for q in (j,) if sizes is None else _covering(j, *sizes):
                 v = got.get(q)
                 if v is None:
                     return INF
-                t = max(t, v)
+                if v > t:
+                    t = v
         return t
 
-    def options(s: int) -> tuple[float, float, float]:
+    def options(self, s: int) -> tuple[float, float, float]:
         """Earliest start of the next B, F, W of stage s (INF: not possible yet)."""
-        tb = ready(s, "B", nb[s]) if nb[s] < nf[s] else INF
-        tf = ready(s, "F", nf[s]) if nf[s] < n[s] and nf[s] - nw[s] < cap[s] else INF
-        tw = free[s] if nw[s] < nb[s] else INF
+        nf, nb, nw = self.nf[s], self.nb[s], self.nw[s]
+        tb = self.ready(s, "B", nb) if nb < nf else INF
+        tf = self.ready(s, "F", nf) if nf < self.n[s] and nf - nw < self.cap[s] else INF
+        tw = self.free[s] if nw < nb else INF
         return tb, tf, tw
 
-    cache = {s: options(s) for s in stages}
-    total = sum(3 * n[s] if split[s] else 2 * n[s] for s in stages)
-    done = 0
-    while done < total:
-        s, now = _earliest(cache, stages)
-        if s < 0:
-            raise DeadlockError("zero-bubble placement found no stage able to act")
-        tb, tf, _ = cache[s]
-        first, second = (("B", tb), ("F", tf)) if b_first else (("F", tf), ("B", tb))
-        kind = first[0] if first[1] <= now else second[0] if second[1] <= now else "W"
+    def run(self, b_first: bool) -> dict[int, tuple[Action, ...]]:
+        stages, split = self.stages, self.split
+        rank = {s: i for i, s in enumerate(stages)}
+        cache = {s: self.options(s) for s in stages}
+        heap = [(min(cache[s]), rank[s], s) for s in stages]
+        heapq.heapify(heap)
+        out: dict[int, list[Action]] = {s: [] for s in stages}
+        total = sum(3 * self.n[s] if split[s] else 2 * self.n[s] for s in stages)
+        for _ in range(total):
+            while heap and heap[0][0] != min(cache[heap[0][2]]):  # a stale entry
+                heapq.heappop(heap)
+            if not heap or heap[0][0] == INF:
+                raise DeadlockError("zero-bubble placement found no stage able to act")
+            now, _, s = heap[0]
+            tb, tf, _ = cache[s]
+            first, second = (("B", tb), ("F", tf)) if b_first else (("F", tf), ("B", tb))
+            kind = first[0] if first[1] <= now else second[0] if second[1] <= now else "W"
+            self.free[s] = self._act(s, kind, now, out[s])
+            for x in self.touch[s]:
+                old = min(cache[x])
+                cache[x] = self.options(x)
+                if min(cache[x]) != old or x == s:
+                    heapq.heappush(heap, (min(cache[x]), rank[x], x))
+        return {s: tuple(o) for s, o in out.items()}
+
+    def _act(self, s: int, kind: str, now: float, out: list[Action]) -> float:
+        """Run stage ``s``'s next ``kind`` at ``now``; when it ends."""
         if kind == "F":
-            j = nf[s]
-            end = now + d.forward[s]
-            fin[(s, "F")][j] = end
-            nf[s] += 1
-            out[s].append(Action(Kind.F, j))
-            done += 1
+            j = self.nf[s]
+            end = now + self.f_len[s]
+            self.fin[(s, "F")][j] = end
+            self.nf[s] += 1
+            out.append(Action(Kind.F, j))
         elif kind == "B":
-            j = nb[s]
-            end = now + b_len[s]
-            fin[(s, "B")][j] = end
-            nb[s] += 1
-            out[s].append(Action(Kind.B, j))
-            done += 1
-            if not split[s]:  # the whole backward: its W is part of it
-                nw[s] += 1
-                end += w_len[s]
+            j = self.nb[s]
+            end = now + self.b_len[s]
+            self.fin[(s, "B")][j] = end
+            self.nb[s] += 1
+            out.append(Action(Kind.B, j))
+            if not self.split[s]:  # the whole backward: its W is part of it
+                self.nw[s] += 1
+                end += self.w_len[s]
         else:
-            j = nw[s]
-            end = now + w_len[s]
-            nw[s] += 1
-            out[s].append(Action(Kind.W, j))
-            done += 1
-        free[s] = end
-        for x in (s, *preds[s], *succs[s]):
-            cache[x] = options(x)
-    return {s: tuple(o) for s, o in out.items()}
+            j = self.nw[s]
+            end = now + self.w_len[s]
+            self.nw[s] += 1
+            out.append(Action(Kind.W, j))
+        return end
 
 
 def zero_bubble_orders(orders: Orders, d: Durations) -> tuple[dict[int, tuple[Action, ...]], float]:

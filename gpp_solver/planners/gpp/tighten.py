@@ -11,11 +11,13 @@ from gpp_solver.types import Cluster, Graph, Plan
 
 logger = logging.getLogger(__name__)
 
+
 TIGHTEN_SHARE = 0.08  # CP-SAT tightening: this share of the time limit, in deterministic time ...
 TIGHTEN_MAX_SECONDS = 0.8  # ... at most this (the default limit's share), so a larger limit gives the same plan
-# CP-SAT runs (tighten=None) only on plans with at most this many F/B actions: on MMT 16x16 at
-# 1,024 devices (2,752 actions) it took 3 s (model and import) and found nothing in its budget
-TIGHTEN_MAX_ACTIONS = 2048
+# CP-SAT runs (tighten=None) only on plans with at most this many actions (F, B and W): on MMT 16x16
+# at 1,024 devices (2,752 actions) it took 3 s (model and import) and found nothing in its budget,
+# on the Transformer at 32 devices with W actions (1,536) 2.9 s and found nothing either
+TIGHTEN_MAX_ACTIONS = 1024
 # the memory phase (least peak memory at the tightened makespan) only up to this many actions: on
 # the paper's workloads it proved its optimum at 56-144 actions and found nothing in 1-2 s at 288
 # and 512 (MMT and Transformer at 32 devices), where it was half of gpp's CP-SAT time
