@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -51,6 +52,7 @@ def plan_within_overheads(
     *,
     refine: int = 0,
     key: Callable[[Plan], tuple[float, ...]] | None = None,
+    deadline: float | None = None,
 ) -> Plan:
     """``run`` (a planner on a cluster) under the whole memory model of ``cluster`` (module docstring).
 
@@ -60,7 +62,8 @@ def plan_within_overheads(
     a plan; the first plan that fits is returned.  With ``refine=R`` the search goes on for up to
     ``R`` more rounds after that, bisecting between the highest memory whose plan fitted and the
     lowest whose plan did not, and returns the least ``key`` (default: iteration time, then time
-    per sample) of the plans that fit — a plan that uses the last of the memory is then in reach."""
+    per sample) of the plans that fit — a plan that uses the last of the memory is then in reach.
+    Past ``deadline`` (``time.perf_counter()``) no further round starts."""
     if not overheads_priced(cluster, graph):
         return run(cluster)
     held = cluster.runtime_memory_bytes  # the same on every device: the planners plan without it
@@ -74,6 +77,8 @@ def plan_within_overheads(
     fitted: list[Plan] = []
     extra = 0
     for round_ in range(ROUNDS + 1 + refine):
+        if round_ and deadline is not None and time.perf_counter() > deadline:
+            break
         try:
             found = run(seen)
         except InfeasibleError as exc:
@@ -121,8 +126,9 @@ def _iteration_first(plan: Plan) -> tuple[float, float]:
 
 
 def _claimed(plan: Plan, lowered: bool) -> Plan:
-    """A plan made for a lowered memory claims no more than ``feasible`` (module docstring)."""
-    if lowered and plan.search.status != Status.FEASIBLE:
+    """A plan made for a lowered memory claims no more than ``feasible`` (module docstring); one
+    whose search reached its time limit still says so."""
+    if lowered and plan.search.status not in (Status.FEASIBLE, Status.TIME_LIMIT):
         return replace(plan, search=replace(plan.search, status=Status.FEASIBLE))
     return plan
 

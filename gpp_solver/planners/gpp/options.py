@@ -49,6 +49,9 @@ class GppOptions:
     micro_batch_sizes: Sequence[int] | None = None
     # the registered planners whose plans seed the search, run in this order
     seed_planners: Sequence[str] = SEED_PLANNERS
+    # with the default seed_planners, on small instances (SMALL_GRAPH_NODES, SMALL_GRAPH_DEVICES) also
+    # OPTIONAL_SEED_PLANNERS (False: not; gpp under the runtime's overheads runs them once itself)
+    optional_seeds: bool = True
     # local-search moves per search at most
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     # local-search work per run in node-evaluations (states priced x graph nodes); None = no cap

@@ -6,16 +6,19 @@ then searches the memory a planner is shown.  For ``gpp`` that search is not eno
 another planner, shown another lowered memory, may find a plan that fits and is faster (a plan
 that uses the last of the memory, say).  So :func:`plan_gpp_within_overheads`
 
-1. runs ``gpp`` under ``plan_within_overheads`` with ``REFINE_ROUNDS`` more rounds after the first
-   plan that fits (bisecting up towards the memory whose plan did not fit), keeping the best;
-2. runs each of ``PORTFOLIO`` (or the ``seed_planners`` given) the same way, each plan that fits
+1. runs ``gpp`` (its optional seeds off: step 2 runs them) under ``plan_within_overheads`` with ``REFINE_ROUNDS`` more rounds after the first
+   plan that fits (bisecting up towards the memory whose plan did not fit), keeping the best, until
+   ``GPP_SHARE`` of the time limit (default ``DEFAULT_TIME_LIMIT``, each round given what is left);
+2. runs each of ``PORTFOLIO`` (or the ``seed_planners`` given) the same way, in an equal share of
+   the time left, each plan that fits
    re-issued as a ``gpp`` plan under the schedule asked for (``rebuild_as_gpp``) and priced again;
 3. returns the least by ``objective`` (iteration time, ties time per sample; or the reverse) of
    all that fit, so ``gpp`` is never slower than any of those planners on the same input, the
    runtime's overheads included.  When none fits, the error states the least memory a plan found
    needs.
 
-The plan's ``search.extra["overheads"]`` records each candidate's planner, predicted iteration
+The status is ``time-limit`` when a planner was stopped or skipped for time, else that of the
+plan returned.  The plan's ``search.extra["overheads"]`` records each candidate's planner, predicted iteration
 time and peak.
 """
 
@@ -39,9 +42,13 @@ from gpp_solver.types import Cluster, Graph, Plan, SearchInfo, Status
 logger = logging.getLogger(__name__)
 
 #: planners whose plans (under the overheads) join gpp's
-PORTFOLIO = ("graphpipe", "pipedream", "pipedream-2bw", "alpa", "piper")
+PORTFOLIO = ("graphpipe", "pipedream-2bw", "alpa", "piper", "pipedream")  # the slowest last
 #: rounds of memory bisection after gpp's first plan that fits
-REFINE_ROUNDS = 3
+REFINE_ROUNDS = 2
+#: gpp's own rounds stop at this share of the time limit; the other planners share the rest
+GPP_SHARE = 0.6
+#: no planner runs with less than this (seconds)
+MIN_SECONDS = 0.05
 
 
 def plan_gpp_within_overheads(
@@ -55,30 +62,31 @@ def plan_gpp_within_overheads(
 ) -> Plan:
     """The best plan that fits under the whole memory model (module docstring)."""
     t0 = time.perf_counter()
+    budget = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    gpp_until = t0 + GPP_SHARE * budget
     gpp = get_planner("gpp")
     key = _key(options.get("objective", "iteration_time"))
     candidates: list[tuple[str, Plan]] = []
     needs: list[float] = []
     errors: list[InfeasibleError] = []
+
+    own = {"optional_seeds": False, **options}  # PORTFOLIO runs them, once
+
+    def run_gpp(seen: Cluster) -> Plan:
+        left = max(gpp_until - time.perf_counter(), MIN_SECONDS)
+        return gpp(graph, seen, mini_batch_size, time_limit=left, progress=progress, **own)
+
     try:
-        candidates.append(
-            (
-                "gpp",
-                plan_within_overheads(
-                    lambda seen: gpp(graph, seen, mini_batch_size, time_limit=time_limit, progress=progress, **options),
-                    graph,
-                    cluster,
-                    refine=REFINE_ROUNDS,
-                    key=key,
-                ),
-            )
-        )
+        found = plan_within_overheads(run_gpp, graph, cluster, refine=REFINE_ROUNDS, key=key, deadline=gpp_until)
+        candidates.append(("gpp", found))
     except InfeasibleError as exc:
         errors.append(exc)
-    budget = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
-    for name in options.get("seed_planners") or PORTFOLIO:
-        left = budget - (time.perf_counter() - t0)
-        if left <= 0:
+    cut = False  # a planner skipped or stopped for time: the status says time-limit
+    others = list(options.get("seed_planners") or PORTFOLIO)
+    for i, name in enumerate(others):
+        left = (t0 + budget - time.perf_counter()) / (len(others) - i)  # an equal share of what is left
+        if left <= MIN_SECONDS:
+            cut = True
             break
         found = _other(name, graph, cluster, mini_batch_size, left, options, errors)
         if found is not None:
@@ -95,6 +103,8 @@ def plan_gpp_within_overheads(
             required_memory_bytes=need,
         )
     origin, best = min(candidates, key=lambda c: key(c[1]))
+    cut |= time.perf_counter() - t0 > budget or any(p.search.status == Status.TIME_LIMIT for _, p in candidates)
+    status = Status.TIME_LIMIT if cut else best.search.status
     extra = dict(best.search.extra or {})
     extra["overheads"] = {
         "picked": origin,
@@ -107,7 +117,7 @@ def plan_gpp_within_overheads(
             for n, p in candidates
         ],
     }
-    return replace(best, search=replace(best.search, seconds=time.perf_counter() - t0, extra=extra))
+    return replace(best, search=replace(best.search, seconds=time.perf_counter() - t0, status=status, extra=extra))
 
 
 def _key(objective: str) -> Callable[[Plan], tuple[float, float]]:
@@ -126,9 +136,15 @@ def _other(
     errors: list[InfeasibleError],
 ) -> Plan | None:
     """``name``'s plan under the overheads, as a gpp plan that fits; None when there is none."""
+    until = time.perf_counter() + time_limit
     try:
         fn = get_planner(name)
-        plan = plan_within_overheads(lambda seen: fn(graph, seen, B, time_limit=time_limit), graph, cluster)
+        plan = plan_within_overheads(
+            lambda seen: fn(graph, seen, B, time_limit=max(until - time.perf_counter(), MIN_SECONDS)),
+            graph,
+            cluster,
+            deadline=until,
+        )
     except InfeasibleError as exc:
         errors.append(exc)
         return None
@@ -140,7 +156,8 @@ def _other(
         return None
     held = cluster.runtime_memory_bytes
     seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
-    info = SearchInfo(plan.search.seconds, Status.FEASIBLE, None, {"seed_planner": name})
+    status = Status.TIME_LIMIT if plan.search.status == Status.TIME_LIMIT else Status.FEASIBLE
+    info = SearchInfo(plan.search.seconds, status, None, {"seed_planner": name})
     try:
         out = priced(rebuild_as_gpp(plan, graph, seen, info, options.get("schedule", "auto")), graph, cluster)
     except InvalidInputError:

@@ -102,7 +102,7 @@ class GppRun:
         """A run of ``plan_gpp`` on this input (checked), its clock started."""
         small = len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES
         seed_planners = o.seed_planners
-        if tuple(seed_planners) == SEED_PLANNERS and small:
+        if tuple(seed_planners) == SEED_PLANNERS and small and o.optional_seeds:
             seed_planners = SEED_PLANNERS + OPTIONAL_SEED_PLANNERS
         restarts = o.restarts if o.restarts is not None else SMALL_GRAPH_RESTARTS if small else 1
         B = check_mini_batch_size(mini_batch_size)
