@@ -24,5 +24,5 @@ def test_help_names_gpp_runtime(name, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     usage = r.stdout.splitlines()[0]
     assert usage.startswith("usage: ") and f"-m gpp_runtime.{name} " in usage, usage
-    # no bare `runtime.X` (the directory's name, not an importable package) anywhere in the help
+    # the help never names a module of the bare `runtime` directory (not an importable package)
     assert not re.search(r"(?<![\w.])runtime\.\w", r.stdout), r.stdout
