@@ -62,7 +62,7 @@ from gpp_solver.formats.cluster import cluster_from_dict, save_cluster
 from .calibration.probe_fit import affine_fit, in_turns, ring_fit, typical
 from .engine.grad_sync import GradSync
 from .engine.memory import host_available_memory, runtime_memory
-from .engine.p2p import P2P
+from .engine.p2p import P2P, lower_transport_threads
 
 __all__ = ["affine_fit", "in_turns", "ring_fit", "typical", "main"]
 
@@ -194,6 +194,7 @@ def allreduce_time(
         return time.perf_counter() - t0
 
     group = dist.new_group(list(range(dist.get_world_size())))
+    lower_transport_threads(dist.get_backend())  # the new group's thread too, as in the runtime
     return in_turns([_gradients(n, group, device, timeout) for n in sizes], warmup, repeats, once)
 
 
@@ -364,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(
         "nccl" if use_cuda else "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout)
     )
+    lower_transport_threads(dist.get_backend())  # as the runtime's ranks have them (engine.p2p)
     try:
         details = measure(args, sizes, rank, world, device)
         dist.barrier()

@@ -76,7 +76,7 @@ from .loss_check import LossRefused
 from .memory import MemoryMeter, memory_warnings, storage_bytes
 from .metrics import Recorder
 from .optimizer_state import OptimizerStateCheck
-from .p2p import MODES, P2P
+from .p2p import MODES, P2P, lower_transport_threads
 from .stage_setup import build
 
 logger = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ class GraphPipeline:
         self.grad_sync = self._make_grad_sync(dp_group, tied, bucket_cap_mb, emulate_allreduce, overlap)
         self.sink_group = dp_group if setup.program.holds_sink else None
         self.executor = self._make_executor(loss_fn, loss_reduction, lookahead, seed)
+        lower_transport_threads(backend)  # after the groups are made: each has its own thread
         dist.barrier()  # the first collective of the world group: every rank joins before any p2p
 
     def _original_names(self) -> dict[str, str]:

@@ -1,0 +1,47 @@
+"""Gloo's transport thread yields its core to the compute thread (engine.p2p.lower_transport_threads)."""
+
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+from gpp_runtime.engine.p2p import GLOO_LOOP_THREAD, TRANSPORT_NICE, lower_transport_threads  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread priorities are read from /proc")
+
+
+def _loop_threads() -> dict[int, int]:
+    """This process's gloo transport threads -> their nice."""
+    out = {}
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/comm") as f:
+                if f.read().strip() == GLOO_LOOP_THREAD:
+                    out[int(tid)] = os.getpriority(os.PRIO_PROCESS, int(tid))
+        except OSError:
+            continue
+    return out
+
+
+def test_gloo_loop_threads_get_the_lowest_priority_and_other_backends_nothing():
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.new_group([0])  # a second group: a second thread
+        before = _loop_threads()
+        assert len(before) >= 2, before
+        assert all(n < TRANSPORT_NICE for n in before.values()), before
+        assert lower_transport_threads("nccl") == 0
+        assert _loop_threads() == before
+        assert lower_transport_threads("gloo") == len(before)
+        assert set(_loop_threads().values()) == {TRANSPORT_NICE}
+        assert lower_transport_threads("gloo") == 0  # already there
+        assert os.getpriority(os.PRIO_PROCESS, 0) < TRANSPORT_NICE  # the compute thread keeps its own
+        t = torch.ones(3)
+        dist.all_reduce(t, group=group)  # the group still works
+        assert t.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
