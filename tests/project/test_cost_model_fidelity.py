@@ -28,6 +28,7 @@ def _bench():
     return mod
 
 
+@pytest.mark.slow  # about 21 s: trains every plan of the quick run
 def test_quick_run_prints_the_table_with_finite_figures(tmp_path):
     cluster = tmp_path / "cluster.json"  # given, so the run skips the probe (tested on its own)
     cluster.write_text(

@@ -55,6 +55,7 @@ def _build(tmp: Path) -> Path:
     return site
 
 
+@pytest.mark.slow  # about 26 s: builds and installs a wheel
 def test_installed_wheel_outside_the_checkout(tmp_path):
     site = _build(tmp_path)
     work = tmp_path / "user"

@@ -173,6 +173,7 @@ def test_notebook_with_stub_planners():
     print(f"notebook with stub planners executed in {elapsed:.1f} s")
 
 
+@pytest.mark.slow  # about 62 s; test_notebook_with_stub_planners runs every cell in the default run
 def test_notebook_as_is(monkeypatch):
     """The committed notebook with the installed planners, top to bottom (2 s per planner run, so CI
     stays fast; run it by hand with the default 20 s for the full comparison)."""

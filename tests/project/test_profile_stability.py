@@ -84,6 +84,7 @@ def test_cost_of_planning_from_another_profile():
     assert b.cross_regret([g_front, g_back], [p_front, "no plan: time limit"], cdoc) is None
 
 
+@pytest.mark.slow  # about 18 s: profiles and plans twice
 def test_quick_run(tmp_path):
     cluster = tmp_path / "cluster.json"  # given, so the run skips the probe (tested on its own)
     cluster.write_text(

@@ -106,6 +106,7 @@ def _block_with(*needles: str) -> str:
     return block
 
 
+@pytest.mark.slow  # about 16 s; the README walk (slow) runs it too
 def test_training_example(tmp_path):
     """README's profile -> plan -> torchrun block, run from the repository root."""
     pytest.importorskip("torch")
@@ -157,6 +158,7 @@ def _recipe_checks(out: str, folder: Path) -> None:
     assert all(x["peak_memory_bytes"] > 0 and x["predicted_peak_memory_bytes"] > 0 for x in m["ranks"])
 
 
+@pytest.mark.slow  # about 25 s; the README walk (slow) runs it too
 def test_planning_recipe(tmp_path):
     """README's profile -> probe -> plan -> train -> check recipe on CPU ranks."""
     pytest.importorskip("torch")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from test_real_models import _train_verify
 
 from gpp_runtime.calibration.terms import profile_with_terms
@@ -43,6 +45,7 @@ def _two_stages(tmp_path, doc: dict, batch: int) -> dict:
     return {"stages": [{"devices": list(s.devices)} for s in plan.stages]}
 
 
+@pytest.mark.slow  # about 17 s; CLIP's two towers stay in the default run
 def test_mobilenet_v3_small_as_shipped(tmp_path):
     doc = _profile(tmp_path, "mobilenet_v3_small")
     assert len(doc["nodes"]) > 100 and doc["optimizer_time_per_byte"] > 0

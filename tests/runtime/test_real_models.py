@@ -109,6 +109,7 @@ def test_two_tower_with_multihead_attention(tmp_path):
     _train_verify(tmp_path, "two_tower", plan)
 
 
+@pytest.mark.slow  # about 11 s; googlenet's inception blocks keep a torchvision model in the default run
 def test_resnet18_as_shipped(tmp_path):
     doc = _profile(tmp_path, "resnet18")
     assert any(n["id"].startswith("add") for n in doc["nodes"])  # the residual `out += identity`
@@ -155,6 +156,7 @@ def test_gpt2_tiny_through_torch_export(tmp_path):
     _train_verify(tmp_path, "gpt2_tiny", plan)
 
 
+@pytest.mark.slow  # about 22 s; test_graph_pipeline's tied embedding and head stay in the default run
 def test_gpt2_head_tied_to_the_embedding(tmp_path):
     """GPT-2 as shipped, its head tied to the embedding, traced by torch.export: one parameter read
     by the embedding lookup and by the head's matmul. It is shared, not a value between them: the
