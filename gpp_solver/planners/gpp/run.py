@@ -59,10 +59,12 @@ class GppRun:
     deadline: float
     phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase (search.extra["phase_seconds"])
     timed_out: bool = False
-    # starts.run_seeds: the allowed micro-batch sizes (None: any), the seed plans, their records,
-    # the sizes to search and the cost tables
+    # starts.run_seeds: the allowed micro-batch sizes (None: any), the seed plans, the partitions of
+    # those that refused the limit (seeds.RELAXED_MEMORY), their records, the sizes to search and
+    # the cost tables
     allowed: list[int] | None = None
     seeds: dict[str, Plan] = field(default_factory=dict)
+    seed_partitions: dict[str, Plan] = field(default_factory=dict)
     seed_info: dict[str, dict[str, Any]] = field(default_factory=dict)
     bs: list[int] = field(default_factory=list)
     tables: CostTables | None = None

@@ -7,6 +7,13 @@ stop passed) makes the run *cut*: ``plan_gpp`` then reports status ``time-limit`
 it returns now depends on the machine's speed.  A plan stopped by its own limit is still valid and
 is kept as a candidate.  When nothing is cut, the seed plans do not depend on the machine's speed.
 Every outcome is recorded (status, seconds, the limit it got).
+
+A seed planner whose own memory model refuses the limit (``InfeasibleError``: PipeDream-2BW holds
+two versions of the weights, where ``gpp``'s plans hold one) is run once more with
+``RELAXED_MEMORY`` times the memory, before the stop. Its plan joins the seed plans when it is
+valid at the limit after all (under the cost model's memory rule, which holds one version), else its
+partition is a start of the local search only (``partitions``), where ``gpp``'s own model prices
+it: a plan found with more memory is so found again at its own peak.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpp_solver._backend.progress import note
-from gpp_solver.errors import InvalidInputError
+from gpp_solver.errors import InfeasibleError, InvalidInputError
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import get_planner
 from gpp_solver.types import Cluster, Graph, Plan, Status
@@ -25,6 +33,8 @@ from gpp_solver.types import Cluster, Graph, Plan, Status
 logger = logging.getLogger(__name__)
 
 SEED_SAFETY_SHARE = 0.6  # all seed planners together: stopped after this share of the time limit
+#: a seed planner that refuses the limit runs once more with this many times the memory (module docstring)
+RELAXED_MEMORY = 2.0
 #: the registered planners that take ``micro_batch_sizes``; a restriction is passed to them, and the
 #: plan of any seed planner with a stage outside the allowed sizes is dropped
 TAKES_MICRO_BATCH_SIZES = frozenset({"gpp", "graphpipe", "pipedream", "pipedream-2bw", "alpa", "milp", "exact"})
@@ -51,15 +61,17 @@ def run_seed_planners(
     budget: float,
     progress: bool = False,
     micro_batch_sizes: Sequence[int] | None = None,
-) -> tuple[dict[str, Plan], dict[str, dict[str, Any]], bool]:
+) -> tuple[dict[str, Plan], dict[str, Plan], dict[str, dict[str, Any]], bool]:
     """Run the seed planners in turn under one safety stop ``SEED_SAFETY_SHARE * budget`` from now;
     ``micro_batch_sizes`` restricts every seed plan's stages to those sizes (passed to the planners
     that take it; a plan outside them is dropped and recorded).
 
-    Returns the plans, a record per planner and ``cut``: whether the safety stop was reached (a
-    planner reported ``time-limit``, or raised or was skipped after the stop), so that the caller's
-    result may depend on the machine's speed."""
+    Returns the plans, the partitions of the planners that refused the limit and planned with
+    ``RELAXED_MEMORY`` times it (starts only, module docstring), a record per planner and ``cut``:
+    whether the safety stop was reached (a planner reported ``time-limit``, or raised or was skipped
+    after the stop), so that the caller's result may depend on the machine's speed."""
     plans: dict[str, Plan] = {}
+    partitions: dict[str, Plan] = {}
     info: dict[str, dict[str, Any]] = {}
     stop = time.perf_counter() + SEED_SAFETY_SHARE * budget
     cut = False
@@ -93,6 +105,14 @@ def run_seed_planners(
                 "time_limit": left,
                 **({"after_safety_stop": True} if late else {}),
             }
+            if isinstance(exc, InfeasibleError) and not late:
+                relaxed, record, late = _relaxed(fn, graph, cluster, B, stop, opts, micro_batch_sizes)
+                cut |= late
+                info[name]["relaxed"] = record
+                if relaxed is not None and _valid(relaxed, graph, cluster):  # fits after all: a seed plan
+                    plans[name] = relaxed
+                elif relaxed is not None:
+                    partitions[name] = relaxed
             continue
         if not within_sizes(p, micro_batch_sizes):
             info[name] = {"status": "dropped: micro-batch size not allowed", "seconds": time.perf_counter() - t0}
@@ -115,4 +135,35 @@ def run_seed_planners(
             "time_per_sample": p.predicted.time_per_sample,
             "iteration_time": p.predicted.iteration_time,
         }
-    return plans, info, cut
+    return plans, partitions, info, cut
+
+
+def _valid(plan: Plan, graph: Graph, cluster: Cluster) -> bool:
+    try:
+        validate(plan, graph, cluster)
+    except InvalidInputError:
+        return False
+    return True
+
+
+def _relaxed(
+    fn, graph: Graph, cluster: Cluster, B: int, stop: float, opts: dict, micro_batch_sizes
+) -> tuple[Plan | None, dict[str, Any], bool]:
+    """The seed planner ``fn`` once more, with ``RELAXED_MEMORY`` times the memory (module
+    docstring): its plan (None if it has none), a record, and whether the safety stop was reached."""
+    left = stop - time.perf_counter()
+    record: dict[str, Any] = {"memory_bytes": cluster.memory_bytes * RELAXED_MEMORY}
+    if left <= 0.0:
+        record["status"] = "skipped (seed time used up)"
+        return None, record, True
+    t0 = time.perf_counter()
+    try:
+        p = fn(graph, replace(cluster, memory_bytes=cluster.memory_bytes * RELAXED_MEMORY), B, time_limit=left, **opts)
+    except Exception as exc:  # noqa: BLE001 — as above
+        record.update(status=f"error: {type(exc).__name__}", seconds=time.perf_counter() - t0)
+        return None, record, time.perf_counter() > stop
+    record.update(status=p.search.status, seconds=time.perf_counter() - t0)
+    if not within_sizes(p, micro_batch_sizes):
+        record["status"] = "dropped: micro-batch size not allowed"
+        return None, record, False
+    return p, record, p.search.status is Status.TIME_LIMIT

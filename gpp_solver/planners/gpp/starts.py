@@ -23,7 +23,7 @@ def run_seeds(run: GppRun) -> None:
     given = dict(o.seed_plans or {})
     allowed = None if o.micro_batch_sizes is None else check_micro_batch_sizes(B, o.micro_batch_sizes)
     run.allowed = allowed
-    seeds, run.seed_info, seeds_cut = run_seed_planners(
+    seeds, run.seed_partitions, run.seed_info, seeds_cut = run_seed_planners(
         graph,
         cluster,
         B,
@@ -54,7 +54,8 @@ def run_seeds(run: GppRun) -> None:
         }
     run.seeds = seeds
     run.lap("seeds")
-    extra_b = [b for b in (uniform_micro_batch(p) for p in seeds.values()) if b is not None]
+    from_seeds = [*seeds.values(), *run.seed_partitions.values()]
+    extra_b = [b for b in (uniform_micro_batch(p) for p in from_seeds) if b is not None]
     if allowed is not None:
         run.bs = list(allowed)
     else:
@@ -80,6 +81,7 @@ def find_starts(run: GppRun) -> None:
 def _starts_at(run: GppRun, b: int) -> None:
     P = Problem(run.graph, run.cluster, run.B, b, run.tables)
     seeded = [(name, st) for name, p in run.seeds.items() for st in states_from_plan(P, p)]
+    seeded += [(f"{name} (relaxed)", st) for name, p in run.seed_partitions.items() for st in states_from_plan(P, p)]
     evald: list[Start] = []
     seen: set[State] = set()
     for label, st in chain_states(P):  # generated lazily: out of time, no more own chain states

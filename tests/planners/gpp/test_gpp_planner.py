@@ -554,3 +554,22 @@ def test_restarts_must_be_a_positive_integer(bad):
     rng = random.Random(9)
     with pytest.raises(InvalidInputError, match="restarts"):
         gs.solve(random_graph(rng, "chain", 5), random_cluster(rng, 2), mini_batch_size=4, planner="gpp", restarts=bad)
+
+
+def test_a_plan_found_with_more_memory_is_found_again_at_its_own_peak():
+    """DLRM on 8 V100s: PipeDream-2BW's model (two weight versions) refuses the unconstrained plan's
+    own peak, where that plan fits the cost model's rule; its retry with more memory
+    (seeds.RELAXED_MEMORY) brings the plan back, so gpp at that peak is no slower."""
+    from dataclasses import replace
+
+    from gpp_solver.formats.machines import machine_cluster
+    from gpp_solver.workloads import build_model
+
+    graph, cluster = build_model("dlrm"), machine_cluster("v100", 8)
+    roomy = gs.solve(graph, replace(cluster, memory_bytes=1e15), mini_batch_size=128)
+    peak = roomy.predicted.peak_memory_bytes
+    tight = gs.solve(graph, replace(cluster, memory_bytes=peak), mini_batch_size=128)
+    gs.validate(tight, graph, replace(cluster, memory_bytes=peak))
+    seed = tight.search.extra["seeds"]["pipedream-2bw"]
+    assert seed["status"] == "error: InfeasibleError" and seed["relaxed"]["memory_bytes"] == 2 * peak
+    assert tight.predicted.iteration_time <= roomy.predicted.iteration_time * (1 + 1e-9)
