@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from test_real_models import _train_verify
 
 from gpp_runtime.calibration.terms import profile_with_terms
