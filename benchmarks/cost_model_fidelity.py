@@ -574,8 +574,6 @@ def run(args) -> tuple[list[dict], dict]:
 def _train_job(job: dict, args, work: Path, repeat: int) -> None:
     """Train one distinct plan once more; its runs are kept in ``job["runs"]``."""
     row = job["row"]
-    if args.mode == "cpu" and args.backend == "gloo":  # the host's speed just before (fidelity_cpu.host_speed)
-        job.setdefault("host_us", []).append(fidelity_cpu.host_speed())
     try:
         with fidelity_cpu.fillers(args, job["spec"], row["used"], max(row["micro_batch"])):
             period, ranks, memory, mean = train(
@@ -610,8 +608,6 @@ def _measured(job: dict) -> None:
     period, ranks, memory, _ = runs[(len(runs) - 1) // 2]
     row["measured"] = period
     row["measured_runs"] = [r[0] for r in job["runs"]]
-    if job.get("host_us"):
-        row["host_us"] = statistics.median(job["host_us"])
     row["measured_mean_runs"] = [r[3] for r in job["runs"]]
     if job["priced"]:
         row["memory"] = memory

@@ -34,11 +34,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,38 +92,6 @@ def n_cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def host_speed(seconds: float = 0.3) -> float:
-    """Microseconds per 256x256 float32 matmul with one pinned thread per core, all cores at once (as
-    ranks and fillers run): the median over the cores. Taken after each profile and before each
-    training run, it shows when the host's speed moved between the two (a 2-vCPU VM's did by 1.5x
-    within an hour): the plans measured then say more about the host than about the cost model."""
-    import torch
-
-    cores = sorted(os.sched_getaffinity(0))
-    out = [float("nan")] * len(cores)
-
-    def loop(i: int, core: int) -> None:
-        os.sched_setaffinity(0, {core})  # the calling thread only (Linux)
-        a, b = torch.randn(256, 256), torch.randn(256, 256)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            a @ b
-            n += 1
-        out[i] = (time.perf_counter() - t0) / n * 1e6
-
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        threads = [threading.Thread(target=loop, args=(i, c)) for i, c in enumerate(cores)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        torch.set_num_threads(threads_before)
-    return statistics.median(out)
-
-
 def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
     """(label, profiled graph, MODULE:FN, env, mini-batch) per model."""
     concurrent = n_cores() if args.fill_cores != "none" and args.backend == "gloo" else 1
@@ -154,8 +119,6 @@ def cpu_models(args, work: Path) -> list[tuple[str, dict, str, dict, int]]:
         res = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"profiling {spec} failed: {res.stderr.strip()[-300:]}")
-        if args.backend == "gloo":  # the host's speed as the profile saw it (host_speed)
-            args.__dict__.setdefault("host_at_profile", {})[label] = host_speed()
         out.append((label, json.loads(path.read_text()), spec, {}, batch))
     return out
 

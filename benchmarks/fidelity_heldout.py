@@ -29,12 +29,6 @@ Targets (per run, reported apart for each set):
 - ranking: >= 90% of pairs of one model predicted > 10% apart in the measured order;
 - the default planner (``gpp``) at each memory limit at most 1.10x the best measured plan of any
   planner at that limit.
-
-The host's speed: ``fidelity_cpu.host_speed`` (a pinned matmul loop on every core at once) is
-taken after each model's profile and before each training run. The summary gives the ratio of the
-two per plan, and the time target once more on the plans trained within ``HOST_DRIFT`` of the
-speed their model was profiled at, apart from the figures over all plans (which stay the targets'
-figures): a plan trained while the host ran 1.5x slower than at profiling measures the host.
 """
 
 from __future__ import annotations
@@ -212,12 +206,8 @@ def run(args) -> tuple[list[dict], dict]:
     profiled = fidelity_cpu.cpu_models(args, work)
     rows: list[dict] = []
     jobs: dict = {}
-    for (_set, label, _spec, _b), (plabel, g, spec, _env, batch) in zip(args.seed_list, profiled):
+    for (_set, label, _spec, _b), (_label, g, spec, _env, batch) in zip(args.seed_list, profiled):
         plan_model(args, label, as_graph(g), spec, batch, measured, work, jobs, rows)
-        ref = getattr(args, "host_at_profile", {}).get(plabel)  # fidelity_cpu.host_speed after its profile
-        for r in rows:
-            if r["model"] == label and ref:
-                r["host_us_profile"] = ref
     for repeat in range(args.repeats):
         for job in jobs.values():
             if "error" not in job["row"]:
@@ -260,40 +250,13 @@ def memory_check(rows: list[dict]) -> dict:
     }
 
 
-#: a plan trained while the host ran more than this much slower or faster than when its model was
-#: profiled (``fidelity_cpu.host_speed``) is counted apart: its time says more about the host
-HOST_DRIFT = 0.10
-
-
-def host_drift(r: dict) -> float | None:
-    """The host's time per matmul before the plan's training over that after its model's profile."""
-    if r.get("host_us") and r.get("host_us_profile"):
-        return r["host_us"] / r["host_us_profile"]
-    return None
-
-
 def time_check(rows: list[dict]) -> dict:
-    """measured / predicted per distinct plan, against the run's median ratio; and the same on the
-    plans trained while the host ran as fast as at profiling (within ``HOST_DRIFT``), reported apart."""
+    """measured / predicted per distinct plan, against the run's median ratio."""
     ok = [r for r in rows if r.get("measured") and not r.get("same_as")]
     ratios = [r["measured"] / r["predicted"] for r in ok]
     med = statistics.median(ratios) if ratios else float("nan")
     _tau, agree, pairs = cmf.ranking(ok, 0.10)
-    drifts = [d for d in (host_drift(r) for r in ok) if d is not None]
-    steady = [
-        r["measured"] / r["predicted"] for r in ok if (d := host_drift(r)) is not None and abs(d - 1) <= HOST_DRIFT
-    ]
-    steady_med = statistics.median(steady) if steady else float("nan")
-    host = {
-        "plans": len(drifts),
-        "min": min(drifts, default=float("nan")),
-        "max": max(drifts, default=float("nan")),
-        "steady_plans": len(steady),
-        "steady_median_ratio": steady_med,
-        "steady_within_10pct_of_median": sum(abs(x / steady_med - 1) <= 0.10 for x in steady),
-    }
     return {
-        "host": host,
         "plans": len(ok),
         "median_ratio": med,
         "within_10pct_of_median": sum(abs(x / med - 1) <= 0.10 for x in ratios),
@@ -369,14 +332,6 @@ def table(rows: list[dict], s: dict, info: dict) -> str:
             f"{t['mape']:.1%}); pairs > 10% apart in the measured order {t['pairs_agree_10pct']}/{t['pairs_10pct']}; "
             f"gpp's pick within 1.10x of the best measured {p['within_1_10']}/{p['cells']} (worst {p['worst']:.3f})",
         ]
-        h = t["host"]
-        if h["plans"]:
-            lines.append(
-                f"host speed (time per matmul) before training / after profiling: {h['min']:.2f} .. {h['max']:.2f}; "
-                f"{h['plans'] - h['steady_plans']} plans trained with the host more than {HOST_DRIFT:.0%} off; on the "
-                f"{h['steady_plans']} others, within 10% of their median ratio ({h['steady_median_ratio']:.3f}): "
-                f"{h['steady_within_10pct_of_median']}/{h['steady_plans']}"
-            )
     return "\n".join(lines)
 
 

@@ -92,34 +92,6 @@ def test_the_targets_arithmetic():
     assert p["cells"] == 2 and p["within_1_10"] == 1 and p["worst"] == pytest.approx(4.2 / 3.6)
 
 
-def test_plans_trained_while_the_host_drifted_are_counted_apart():
-    rows = [
-        _row("held-out:1", "roomy", "gpp", 1.0, 1.0, [(1, 1)]),
-        _row("held-out:1", "roomy", "alpa", 1.0, 1.05, [(1, 1)]),
-        _row("held-out:1", "0.5", "gpp", 1.0, 1.6, [(1, 1)]),  # trained with the host 1.5x slower
-        _row("held-out:1", "0.5", "pipedream", 1.0, 1.3, [(1, 1)]),  # no host figure: left out of both
-    ]
-    for r, host in zip(rows, (300.0, 320.0, 450.0, None)):
-        r.update(host_us_profile=300.0, devices=2, stages=2, micro_batch=[4])
-        if host:
-            r["host_us"] = host
-    h = fh.summaries(rows)["held-out"]["time"]["host"]
-    assert h["plans"] == 3 and h["min"] == pytest.approx(1.0) and h["max"] == pytest.approx(1.5)
-    assert h["steady_plans"] == 2 and h["steady_median_ratio"] == pytest.approx(1.025)
-    assert h["steady_within_10pct_of_median"] == 2
-    assert "1 plans trained with the host more than 10% off" in fh.table(
-        rows, fh.summaries(rows), {"date": "d", "planners": "p", "repeats": 1}
-    )
-
-
-def test_host_speed_times_a_matmul_on_every_core():
-    pytest.importorskip("torch")
-    from benchmarks import fidelity_cpu
-
-    us = fidelity_cpu.host_speed(0.05)
-    assert 0 < us < 1e6
-
-
 def test_the_tightest_memory_is_solved_and_a_step_below_is_not(chain, cluster_dict):
     import gpp_solver as gs
 
