@@ -35,18 +35,26 @@ def stage_memory(
     stages: Sequence[StageLike] | None = None,
     pending_w_samples: float = 0.0,
     mini_batch_size: int | None = None,
+    posted_ahead: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """``M(S)``: weights + state of a full replica, activations of in-flight samples split over ``d``,
     and with ``pending_w_samples`` (samples whose ``W`` is pending, :func:`pending_weight_samples`)
     the gradients kept for them, ``pending_w / d * kept(S)``; with ``cluster.memory_overheads``,
     :func:`memory_with_overheads` (the received buffers need the plan's ``stages``; the plan's
     ``mini_batch_size`` tells whether every micro-batch's forward runs before the stage's first
-    backward)."""
+    backward; ``posted_ahead``, from the stage's order: :func:`posted_ahead`)."""
     if overheads_priced(cluster, graph):
         boundary = boundary_bytes(graph, stages, stage) if stages is not None else (0.0, 0.0)
         n = mini_batch_size // stage.micro_batch_size if mini_batch_size else None
         return cluster.runtime_memory_bytes + memory_with_overheads(
-            graph, cluster.optimizer_state_factor, stage, in_flight_samples, *boundary, pending_w_samples, n
+            graph,
+            cluster.optimizer_state_factor,
+            stage,
+            in_flight_samples,
+            *boundary,
+            pending_w_samples,
+            n,
+            posted_ahead,
         )
     kept = pending_w_samples / data_parallel(stage) * kept_gradient_bytes(graph, stage) if pending_w_samples else 0.0
     return kept + memory_per_device(
@@ -88,7 +96,22 @@ def order_memory(
         stages,
         pending_weight_samples(order, b),
         mini_batch_size=forwards * b if forwards else None,
+        posted_ahead=posted_ahead(order),
     )
+
+
+def posted_ahead(order: Sequence[tuple[str, int]]) -> tuple[tuple[int, int], ...]:
+    """Per backward of ``order``, ``(forwards, backwards)`` among the :data:`POSTED_AHEAD` actions
+    after it, each distinct pair once: the micro-batches whose messages the runtime has posted
+    (a received value for a forward, a gradient buffer for a backward) while that backward runs
+    (``gpp_runtime.lowering.posting``'s eager posting, ``lookahead`` compute actions ahead)."""
+    order = list(order)
+    pairs = set()
+    for i, (kind, _) in enumerate(order):
+        if kind == "B":
+            ahead = [k for k, _ in order[i + 1 : i + 1 + POSTED_AHEAD]]
+            pairs.add((ahead.count("F"), ahead.count("B")))
+    return tuple(sorted(pairs))
 
 
 def kept_gradient_bytes(graph: Graph, stage: StageLike) -> float:
@@ -180,6 +203,7 @@ def memory_with_overheads(
     sent_per_sample: float = 0.0,
     pending_w_samples: float = 0.0,
     micro_batches: int | None = None,
+    posted_ahead: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
 
@@ -217,7 +241,7 @@ def memory_with_overheads(
     ):
         return _all_forwards_first(graph, osf, stage, micro_batches, received_per_sample, sent_per_sample)
     if not pending_w_samples and micro_batches is not None and in_flight_samples > 0:
-        return _interleaved(graph, osf, stage, in_flight_samples, received_per_sample, sent_per_sample)
+        return _interleaved(graph, osf, stage, in_flight_samples, received_per_sample, sent_per_sample, posted_ahead)
     d = data_parallel(stage)
     configs = stage_configs(graph, stage)
     weights = sum(c.weight_bytes for c in configs)
@@ -268,6 +292,7 @@ def _interleaved(
     in_flight_samples: float,
     received_per_sample: float,
     sent_per_sample: float,
+    posted_ahead: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """The memory of a stage whose forwards and backwards interleave (1F1B, kFkB) without ``W``,
     priced where each term occurs (``docs/cost-model.md``, *A stage whose forwards and backwards
@@ -276,9 +301,12 @@ def _interleaved(
     * a backward at its largest node (:func:`_backward_at_nodes`, a later backward: every weight
       gradient exists, counted in ``osf * W_S``), beside the other micro-batches in flight (each
       its activations, received values and unsaved sent values), its own received and unsaved sent
-      values, one gradient sent back in transit, and the messages posted ahead (``POSTED_AHEAD``
-      micro-batches' received values and gradient buffers); a forward holds no more than the
-      backward of the same micro-batch at the same node;
+      values, one gradient sent back in transit, and the messages posted: its own gradient buffer
+      and, with the order's ``posted_ahead`` (:func:`posted_ahead`), a received value per forward
+      and a gradient buffer per backward among the actions posted ahead of it, the most over its
+      backwards (without the order: ``POSTED_AHEAD`` micro-batches' received values and gradient
+      buffers in all); a forward holds no more than the backward of the same micro-batch at the
+      same node;
     * the data-parallel flat copy (``W_S`` when ``d > 1``), after the last backward;
     * the optimizer step's temporaries (:data:`OPTIMIZER_STEP_SCRATCH`)."""
     d = data_parallel(stage)
@@ -290,7 +318,10 @@ def _interleaved(
     waiting = rows * sum(c.activation_bytes for c in configs) + received + unsaved
     others = max(0.0, in_flight_samples / stage.micro_batch_size - 1)  # micro-batches waiting beside it
     _first, later = _backward_at_nodes(graph, stage, rows)
-    posted = POSTED_AHEAD * (received + sent)
+    if posted_ahead:
+        posted = sent + max(f * received + b * sent for f, b in posted_ahead)
+    else:
+        posted = POSTED_AHEAD * (received + sent)
     backward = others * waiting + received + unsaved + received + posted + (later - weights)
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
@@ -350,7 +381,7 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
     step's first backward and in a later one: over the stage's nodes ``v_1 .. v_m`` in graph order
     (the backward runs them in reverse), at ``v_k``
 
-    ``rows * (sum_{i <= k} act_i + out_k + live_k) + T_k`` plus ``sum_{i > k} weight_bytes_i``
+    ``rows * (sum_{i <= k} act_i + out_k + live_k + held_k) + T_k`` plus ``sum_{i > k} weight_bytes_i``
     (the weight gradients the first backward has produced) or ``W_S`` (a later one: every
     gradient; ``v_k``'s new one, in ``T_k``, is added into ``.grad`` after), where
 
@@ -362,7 +393,11 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
       bytes per sample on its incoming edges), and its ``workspace_bytes`` ``ws_k`` where measured
       (the transient with those gradients, per sample of the size it was measured at);
     * ``live_k``: the gradients of the values produced before ``v_k`` (by a node of the stage, or
-      received) that a node after it consumes, already flowing back."""
+      received) that a node after it consumes, already flowing back;
+    * ``held_k``: the values the stage sends that nodes after ``v_k`` produced, ``sum min(out_u,
+      act_u)`` over them: the backward starts from them (its roots), so they stay whole until it
+      ends, where ``act_u`` would free them at ``u`` (the rest of each, ``out_u - act_u``, is in
+      ``unsaved``, priced by the callers)."""
     config = dict(zip(stage.nodes, stage_configs(graph, stage)))
     position = {v: i for i, v in enumerate(graph.topo_order)}  # file order where it is topological
     order = sorted(stage.nodes, key=position.__getitem__)
@@ -384,12 +419,20 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
             live[last[u]] -= size
     weights = [config[v].weight_bytes for v in order]
     total_w = sum(weights)
+    # the sent values' shares of their producers' activations, held until the backward ends
+    sent_share = {
+        v: min(graph.node(v).output_bytes, config[v].activation_bytes)
+        for v in order
+        if any(w not in at for w in graph.succs(v))
+    }
     first = second = 0.0
     reached = flowing = 0.0  # activations of v_1 .. v_k; live_k
+    held = sum(sent_share.values())  # held_k
     later_w = total_w  # weight gradients of v_{k+1} .. v_m
     for k, v in enumerate(order):
         reached += config[v].activation_bytes
         flowing += live[k]
+        held -= sent_share.get(v, 0.0)
         later_w -= weights[k]
         node = graph.node(v)
         produces = weights[k] + rows * sum(graph.edge_bytes(u, v) for u in graph.preds(v))
@@ -397,7 +440,7 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         transient = produces if ws is None else max(produces, ws)
         consumers = graph.succs(v)
         into = 0.0 if consumers and all(w not in at for w in consumers) else node.output_bytes
-        here = rows * (reached + into + flowing) + transient
+        here = rows * (reached + into + flowing + held) + transient
         first = max(first, here + later_w)
         second = max(second, here + total_w)
     return first, second

@@ -48,6 +48,16 @@ def _free(received: list[torch.Tensor]) -> None:
         t.untyped_storage().resize_(0)
 
 
+def _own_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous, in a storage of its own size: a gradient sent back is often a view of a
+    larger one (a concatenation's backward narrows the gradient of its output), which its send
+    would keep whole until it is waited for; copied, that buffer is freed with the backward."""
+    t = t.contiguous()
+    if t.untyped_storage().nbytes() > t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
 def _rows(tree, lo: int, hi: int):
     return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
 
@@ -310,7 +320,7 @@ class StageExecutor:
                     continue
                 g = input_grad.get(id(leaf)) if self.split else leaf.grad
                 out.append(
-                    g.contiguous()
+                    _own_bytes(g)
                     if g is not None
                     else torch.zeros((m.hi - m.lo, *lm.shape), dtype=lm.dtype, device=self.device)
                 )

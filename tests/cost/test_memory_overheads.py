@@ -7,7 +7,14 @@ import pytest
 from three_node_stage import CLUSTER, DOC, memory_graph
 
 import gpp_solver as gs
-from gpp_solver.cost.memory import OPTIMIZER_STEP_SCRATCH, POSTED_AHEAD, TEMPORARY_OUTPUTS, boundary_bytes, stage_memory
+from gpp_solver.cost.memory import (
+    OPTIMIZER_STEP_SCRATCH,
+    POSTED_AHEAD,
+    TEMPORARY_OUTPUTS,
+    boundary_bytes,
+    order_memory,
+    stage_memory,
+)
 from gpp_solver.errors import InvalidClusterError
 from gpp_solver.plan.build import StageSpec
 
@@ -89,9 +96,7 @@ def test_every_plan_fits_the_whole_model(planner, chain, cluster_dict):
         assert "memory overheads" in str(exc)
         return
     for s in plan.stages:
-        assert s.predicted.memory_bytes == pytest.approx(
-            stage_memory(g, c, s, s.in_flight_samples, plan.stages, mini_batch_size=2)
-        )
+        assert s.predicted.memory_bytes == pytest.approx(order_memory(g, c, s, s.schedule.order, plan.stages))
         assert s.predicted.memory_bytes <= c.memory_bytes
     if over:
         assert plan.search.status == "feasible"
@@ -146,8 +151,10 @@ def test_every_forward_first_prices_each_node_and_the_messages_where_they_live()
     # s's one consumer (y) is in another stage: the gradient flowing into s is the received buffer,
     # priced with the messages, not again at s
     at_s = 2 * 16 + 44  # activations of q and s: 76
-    at_q = 2 * (6 + 4 + 8) + 56  # q's activations and incoming gradient, x's gradient from s: 92
-    first, later = max(at_s, at_q + 20), max(at_s, at_q) + 60  # 112, 152
+    # at q: q's activations and incoming gradient, x's gradient from s, and s's output (sent, so a
+    # root of the backward: held whole until it ends, where s's activations would free it at s)
+    at_q = 2 * (6 + 4 + 8 + 2) + 56  # 96
+    first, later = max(at_s, at_q + 20), max(at_s, at_q) + 60  # 116, 156
     # one micro-batch: its received values 16 and the gradient buffer for what it sent 4 (posted
     # before the forward); the activation it sends (s's output, 2 bytes a sample) is saved by a
     # consumer (s's activation_bytes 10 >= 2), so already in the activations
@@ -155,8 +162,8 @@ def test_every_forward_first_prices_each_node_and_the_messages_where_they_live()
     # three micro-batches in flight at once: a waiting one holds 2 * 16 + 16 = 48, a finished one
     # 16 + 4 (the gradients it sent back, the activations it sent, held until the step ends); the
     # first backward posts 2 more gradient buffers, the second 1
-    first_bw = 2 * 48 + 16 + 3 * 4 + first  # 236
-    second_bw = 20 + 48 + 16 + 2 * 4 + later  # 244
+    first_bw = 2 * 48 + 16 + 3 * 4 + first  # 240
+    second_bw = 20 + 48 + 16 + 2 * 4 + later  # 248
     assert stage_memory(g, c, spec, 6, stages, mini_batch_size=6) == pytest.approx(60 + max(first_bw, second_bw))
     # a workspace is priced at its node: 100 bytes per sample on s (reached with every activation
     # alive) against the same on q (reached with s's activations freed and its gradients there)
@@ -170,10 +177,10 @@ def test_every_forward_first_prices_each_node_and_the_messages_where_they_live()
         big_q, c, spec, 2, stages, mini_batch_size=2
     )
     on_s = 60 + 20 + max(2 * 16 + 200, at_q + 20)  # 2 * 100 > T_s = 44
-    on_q = 60 + 20 + max(at_s, 2 * (6 + 4 + 8) + 200 + 20)  # 2 * 100 > T_q = 56
+    on_q = 60 + 20 + max(at_s, 2 * (6 + 4 + 8 + 2) + 200 + 20)  # 2 * 100 > T_q = 56
     assert stage_memory(big_s, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_s)
     assert stage_memory(big_q, c, spec, 2, stages, mini_batch_size=2) == pytest.approx(on_q)
-    assert on_s == 312 and on_q == 336
+    assert on_s == 312 and on_q == 340
 
 
 def test_a_sent_value_no_consumer_saves_is_held_beside_the_activations():
@@ -186,7 +193,7 @@ def test_a_sent_value_no_consumer_saves_is_held_beside_the_activations():
     g, c = gs.graph_from_dict(doc), gs.cluster_from_dict({**CLUSTER, "devices": 3})
     stages = [gs.StageSpec(("x",), (0,), 2), gs.StageSpec(("q", "s"), (1,), 2), gs.StageSpec(("y",), (2,), 2)]
     at_s = 2 * (6 + 1) + 20 + 2 * 12  # 58
-    at_q = 2 * (6 + 4 + 8) + 56  # 92
+    at_q = 2 * (6 + 4 + 8 + 1) + 56  # 94: s's output held whole (1 byte a sample of it in its activations)
     unsaved, buffer = 2 * (3 - 1), 2 * 3
     assert stage_memory(g, c, stages[1], 2, stages, mini_batch_size=2) == pytest.approx(
         60 + 16 + unsaved + buffer + max(at_s, at_q + 20)
@@ -230,9 +237,7 @@ def test_plans_fit_with_the_runtime_memory(planner, chain, cluster_dict):
     except gs.InfeasibleError:
         return
     for s in plan.stages:
-        assert s.predicted.memory_bytes == pytest.approx(
-            stage_memory(g, c, s, s.in_flight_samples, plan.stages, mini_batch_size=4)
-        )
+        assert s.predicted.memory_bytes == pytest.approx(order_memory(g, c, s, s.schedule.order, plan.stages))
         assert reserve < s.predicted.memory_bytes <= c.memory_bytes * (1 + 1e-9)
     gs.validate(plan, g, c)
 
@@ -288,3 +293,23 @@ def test_unstated_overheads_are_priced_for_a_profiled_graph(chain, cluster_dict)
     assert plan.predicted.peak_memory_bytes == max(
         stage_memory(profiled, on, s, s.in_flight_samples, plan.stages) for s in plan.stages
     )
+
+
+def test_an_interleaved_order_prices_the_messages_it_posts_ahead():
+    """Stage {q, s} of ``MESSAGES`` (received 8, sent 2 bytes per sample), b = 2, SGD, in a 1F1B
+    order of two micro-batches: while B0 runs, the runtime has posted F1's received values and
+    B1's gradient buffer (the 2 compute actions after it), not 2 of each."""
+    from gpp_solver.cost.memory import posted_ahead
+
+    g, c = gs.graph_from_dict(MESSAGES), gs.cluster_from_dict({**CLUSTER, "devices": 3})
+    stages = [gs.StageSpec(("x",), (0,), 2), gs.StageSpec(("q", "s"), (1,), 2), gs.StageSpec(("y",), (2,), 2)]
+    one_f_one_b = [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert posted_ahead(one_f_one_b) == ((0, 0), (1, 1))
+    assert posted_ahead([("F", 0), ("F", 1), ("B", 0), ("B", 1), ("F", 2), ("B", 2)]) == ((0, 0), (1, 1))
+    assert posted_ahead([("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]) == ((0, 0), (0, 1), (0, 2))
+    h = 2 * (6 + 4 + 8 + 2) + 56  # the backward at q (Example 2 of docs/cost-model.md): 96
+    posted = 2 * 2 + (2 * 8 + 2 * 2)  # its own gradient buffer, F1's received values, B1's buffer: 24
+    expected = 2 * 60 + 2 * 8 + 2 * 8 + posted + h  # weights and gradients, received, in transit: 272
+    assert order_memory(g, c, stages[1], one_f_one_b, stages) == pytest.approx(expected) == 272
+    # a planner's estimate, before the order is made, posts 2 of each: 16 more
+    assert stage_memory(g, c, stages[1], 2, stages, mini_batch_size=4) == pytest.approx(expected + 16)
