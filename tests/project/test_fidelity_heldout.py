@@ -103,3 +103,51 @@ def test_the_tightest_memory_is_solved_and_a_step_below_is_not(chain, cluster_di
     assert not isinstance(fh._solve(graph, fh._cluster(measured, 2, least), 8, "gpp", 5), str)
     below = least / (100 ** (1 / 2**6))  # one bisection step's width
     assert isinstance(fh._solve(graph, fh._cluster(measured, 2, below * 0.999), 8, "gpp", 5), str)
+
+
+def test_reprice_memory_sets_each_measured_rank_beside_the_current_rule(tmp_path, capsys):
+    """``benchmarks/reprice_memory.py`` on a workdir as ``fidelity_heldout`` writes it: each rank's
+    prediction re-computed by ``order_memory`` for the plan's stage, order and cluster, and the
+    targets counted per set of models."""
+    import json
+
+    import gpp_solver as gs
+    from benchmarks import reprice_memory as rm
+    from gpp_solver.cost.memory import order_memory
+    from gpp_solver.formats.graph import graph_to_dict
+    from gpp_solver.workloads import build_model
+
+    graph = build_model("dlrm")
+    cdoc = {
+        "format": "gpp-cluster/1",
+        "devices": 2,
+        "memory_bytes": 1e12,
+        "inter_node_bandwidth": 1e10,
+        "memory_overheads": True,
+    }
+    plan = gs.solve(graph, cdoc, mini_batch_size=64, planner="pipedream", time_limit=5)
+    cluster = gs.cluster_from_dict(cdoc)
+    (tmp_path / "graph-dev:9.json").write_text(json.dumps(graph_to_dict(graph)))
+    (tmp_path / "cluster-dev:9-roomy-2.json").write_text(json.dumps(cdoc))
+    gs.save_plan(plan, tmp_path / "plan-dev:9-roomy-2-pipedream.json")
+    want = [order_memory(graph, cluster, s, s.schedule.order, plan.stages) for s in plan.stages]
+    ranks = [
+        {
+            "rank": d,
+            "stage": i,
+            "peak_memory_bytes": want[i] * (1.1 if i == 0 else 1.0),
+            "predicted_peak_memory_bytes": 1.0,
+        }
+        for i, s in enumerate(plan.stages)
+        for d in s.devices
+    ]
+    (tmp_path / "metrics-dev:9-roomy-2-pipedream-run0.json").write_text(json.dumps({"ranks": ranks}))
+    rows = rm.repriced(tmp_path)
+    assert len(rows) == len(ranks) and {r["set"] for r in rows} == {"dev"}
+    for r in rows:
+        assert r["repriced"] == pytest.approx(want[r["stage"]])
+    assert rm.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    over = sum(len(s.devices) for s in plan.stages[:1])
+    assert f"dev: {len(ranks)} ranks, measured / repriced prediction 1.000-1.100; above 1.05: {over};" in out
+    assert rm.main([str(tmp_path / "missing")]) == 2
