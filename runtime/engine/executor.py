@@ -36,7 +36,7 @@ from ..lowering.fx_split import StageProgram
 from ..lowering.posting import Post, posting
 from .loss_check import BATCH_LEVEL, check_loss, one_line
 from .metrics import Recorder
-from .p2p import P2P, ValueMeta, flatten, unflatten
+from .p2p import P2P, ValueMeta, check_travelling, flatten, unflatten
 from .split_backward import PendingWeight, backward_input, backward_weight
 
 
@@ -56,6 +56,16 @@ def _own_bytes(t: torch.Tensor) -> torch.Tensor:
     if t.untyped_storage().nbytes() > t.numel() * t.element_size():
         return t.clone()
     return t
+
+
+def _sent(m: Message) -> str:
+    """How a check names message ``m``: the value, activation or gradient, the stages and ranks."""
+    a, b = (m.src, m.dst) if m.kind == "act" else (m.dst, m.src)
+    kind = "the activation" if m.kind == "act" else "the gradient of"
+    return (
+        f"{kind} {m.value!r} (samples {m.lo}:{m.hi}) sent from stage {a.stage} (rank {a.rank}) "
+        f"to stage {b.stage} (rank {b.rank})"
+    )
 
 
 def _rows(tree, lo: int, hi: int):
@@ -248,6 +258,7 @@ class StageExecutor:
             out_tensors[m] = [
                 t[m.lo - c.lo : m.hi - c.lo].detach().contiguous() for t in flatten(value, self.meta[m.value])
             ]
+            check_travelling(out_tensors[m], list(self.meta[m.value].tensors), m.hi - m.lo, _sent(m))
         state[c.mb] = (leaves, outs, loss)
         return loss
 
@@ -324,6 +335,7 @@ class StageExecutor:
                     if g is not None
                     else torch.zeros((m.hi - m.lo, *lm.shape), dtype=lm.dtype, device=self.device)
                 )
+            check_travelling(out, [lm for lm in metas if lm.grad], m.hi - m.lo, _sent(m))
             out_tensors[m] = out
 
     def _weight(self, c: Chunk) -> None:

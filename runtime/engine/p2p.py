@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 
-from gpp_solver.errors import InvalidPlanError
+from gpp_solver.errors import InvalidInputError, InvalidPlanError
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,23 @@ def describe(value, rows: int, what: str) -> ValueMeta:
     if not any(m is not None for m in metas):
         raise InvalidPlanError(f"{what} crosses a stage boundary but holds no tensor")
     return ValueMeta(spec, tuple(metas))
+
+
+def check_travelling(tensors: list[torch.Tensor], metas: list[LeafMeta], rows: int, what: str) -> None:
+    """InvalidInputError when a tensor about to be sent is not of the dtype and shape the plan's
+    setup traced for it (``metas``, ``rows`` samples): its receiver allocates the buffer from
+    those, so a tensor of another dtype would arrive as reinterpreted bytes. ``what`` names the
+    value and the stages it goes between."""
+    for i, (t, m) in enumerate(zip(tensors, metas)):
+        if t.dtype != m.dtype or tuple(t.shape) != (rows, *m.shape):
+            leaf = f" (tensor {i})" if len(metas) > 1 else ""
+            raise InvalidInputError(
+                f"{what}{leaf} is {str(t.dtype).removeprefix('torch.')} of shape {tuple(t.shape)}, but the "
+                f"pipeline's setup traced {str(m.dtype).removeprefix('torch.')} of shape {(rows, *m.shape)}: "
+                "a value that crosses stages keeps the dtype and shape traced when the pipeline was built "
+                "(the receiving stage allocates its buffer from them); a model cast, or a step run under "
+                "torch.autocast, after the pipeline was built changes them"
+            )
 
 
 def flatten(value, meta: ValueMeta) -> list[torch.Tensor]:

@@ -100,6 +100,19 @@ def _device_of(device, backend: str) -> torch.device:
     return torch.device(device)
 
 
+def _refuse_autocast(device: torch.device, where: str) -> None:
+    """InvalidInputError when a ``torch.autocast`` is on for ``device``'s type or the CPU: the
+    pipeline trains in the dtypes traced when it was built, which autocast would change."""
+    for kind in dict.fromkeys((device.type, "cpu")):
+        if torch.is_autocast_enabled(kind):
+            dtype = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
+            raise InvalidInputError(
+                f"{where} ran under torch.autocast({kind!r}, dtype={dtype}): GraphPipeline trains in the "
+                "dtypes traced when it was built (values crossing stages are received into buffers of "
+                "those dtypes) and does not support mixed precision yet; run it outside torch.autocast"
+            )
+
+
 def _p2p_mode(p2p: str, backend: str) -> str:
     """The posting of sends/receives: ``auto`` is batched with NCCL, eager with another backend."""
     if p2p == "auto":
@@ -142,6 +155,7 @@ class GraphPipeline:
         if loss_reduction not in ("mean", "sum"):
             raise InvalidInputError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.device = _device_of(device, backend)
+        _refuse_autocast(self.device, "GraphPipeline()")
         p2p = _p2p_mode(p2p, backend)
         setup = _setup or build(
             plan,
@@ -263,6 +277,7 @@ class GraphPipeline:
         (the module docstring); a refusal raises ``InvalidInputError`` (``LossRefused``) on every
         rank once the step is done, the refusing rank's with the reason.
         """
+        _refuse_autocast(self.device, "step()")
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor) and x.shape[0] != self.plan.mini_batch_size:
                 raise InvalidInputError(
