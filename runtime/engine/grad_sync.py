@@ -144,6 +144,11 @@ class GradSync:
             if extra is not None and i == len(self.buckets) - 1:
                 with torch.no_grad():
                     extra.copy_(flat[offset:].view_as(extra))
+            if flat.device.type == "cpu":
+                # the sums are copied out: free the bucket now, not when the backend's worker
+                # thread drops its reference to the finished work (on a rank's shared core, often
+                # only during the optimizer step, whose temporaries then come on top of it)
+                flat.untyped_storage().resize_(0)
         works = []
         for group, ps in self.tied:
             for p in ps:

@@ -16,9 +16,11 @@ What is measured (never re-computed from the cost model):
 
 The window opens at the start of ``GraphPipeline.step`` number ``first`` (0-based; default 1: the
 optimizer's state exists from the first optimizer step on, so step 1 is the steady state) and
-closes at the start of the step after the last measured one or when the figures are read
-(``GraphPipeline.memory_stats``), so the optimizer step and ``zero_grad`` of the measured steps are
-inside it.
+closes right after the optimizer step that follows the last measured step (an optimizer that
+steps the stage's parameters), else at the start of the next step or when the figures are read
+(``GraphPipeline.memory_stats``): the optimizer step of the measured steps is inside it, and the
+inputs the caller's loop makes for the next step (host data, which a GPU's memory does not hold)
+are not.
 
 Optimizer state factor (what the cost model's ``optimizer_state_factor`` counts): bytes of
 weights + gradients + optimizer state per weight byte: SGD 2 (weights, gradients), SGD with
@@ -107,6 +109,19 @@ class MemoryMeter:
             # freeing a block allocated before the window (not counted: its size is unknown to the
             # profiler) prints the allocator's one-time notice about such blocks here, not mid-step
             del older
+
+    @property
+    def measuring(self) -> bool:
+        """Whether the window is open."""
+        return self._open
+
+    def optimizer_stepped(self, step: int) -> None:
+        """Called after an optimizer step of the stage that followed step ``step`` (0-based): after
+        the last measured step's, the window closes there, so what the caller's loop does before
+        the next step (making the next mini-batch's inputs: host data, not the stage's) is not
+        counted; ``zero_grad`` only frees."""
+        if self._open and step >= self.first + self.steps - 1:
+            self.close()
 
     def close(self) -> None:
         """End the window (no-op when none is open) and keep its peak."""

@@ -58,9 +58,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gpp_solver.cost import order_memory, stage_weight_bytes
 from gpp_solver.errors import InvalidInputError
@@ -111,6 +113,21 @@ def _refuse_autocast(device: torch.device, where: str) -> None:
                 "dtypes traced when it was built (values crossing stages are received into buffers of "
                 "those dtypes) and does not support mixed precision yet; run it outside torch.autocast"
             )
+
+
+def _close_memory_window(ref):
+    """An optimizer step post-hook (held weakly by the pipeline ``ref``): after an optimizer that
+    steps the pipeline's parameters, ``MemoryMeter.optimizer_stepped`` for the step just run."""
+
+    def hook(optimizer, _args, _kwargs):
+        pipe = ref()
+        if pipe is None or not pipe._steps_run or not pipe.memory.measuring:
+            return
+        mine = {id(p) for p in pipe.module.parameters()}
+        if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
+            pipe.memory.optimizer_stepped(pipe._steps_run - 1)
+
+    return hook
 
 
 def _p2p_mode(p2p: str, backend: str) -> str:
@@ -184,6 +201,7 @@ class GraphPipeline:
         self._steps_run = 0
         self._memory_checked = False
         self.memory = MemoryMeter(self.device, memory_step, memory_steps)
+        self._memory_hook = register_optimizer_step_post_hook(_close_memory_window(weakref.ref(self)))
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
         self._local_to_name = self._original_names()
         dp_group, tied = self._groups()
@@ -337,6 +355,7 @@ class GraphPipeline:
     def close(self) -> None:
         """Remove the optimizer hooks (the pipeline stays usable)."""
         self.optimizer_state.close()
+        self._memory_hook.remove()
 
     def parameters(self):
         for _n, p in self.named_parameters():

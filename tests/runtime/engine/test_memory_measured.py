@@ -40,6 +40,26 @@ def test_meter_counts_resident_tensors_and_the_peak_of_allocations():
     assert meter.measured_steps == [1]
 
 
+def test_the_window_closes_after_the_last_measured_steps_optimizer_step():
+    """What the caller's loop allocates after the optimizer step (the next mini-batch's inputs:
+    host data, not the stage's) is not in the peak; before the last measured step, nothing closes."""
+    resident = [torch.zeros(1000)]
+    meter = MemoryMeter(torch.device("cpu"), first=1, steps=2)
+    meter.step_starts(1, lambda: resident)
+    meter.optimizer_stepped(1)  # step 2 is measured too: still open
+    assert meter.measuring
+    meter.step_starts(2, lambda: resident)
+    a = torch.ones(10000)  # 40 kB during the step
+    del a
+    meter.optimizer_stepped(2)
+    assert not meter.measuring
+    inputs = torch.ones(50000)  # 200 kB made for step 3, after the window
+    meter.step_starts(3, lambda: resident)
+    assert 4000 + 40_000 <= meter.peak <= 4000 + 40_000 + 4096
+    assert meter.measured_steps == [1, 2]
+    del inputs
+
+
 def test_state_factor_of_the_optimizers():
     p = [torch.nn.Parameter(torch.zeros(3))]
     assert state_factor_of(torch.optim.SGD(p, lr=0.1)) == 2.0

@@ -28,16 +28,17 @@ def _loop_threads() -> dict[int, int]:
 
 def test_gloo_loop_threads_get_the_lowest_priority_and_other_backends_nothing():
     assert not dist.is_initialized()
+    earlier = set(_loop_threads())  # threads of groups an earlier test made and destroyed may linger
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         group = dist.new_group([0])  # a second group: a second thread
-        before = _loop_threads()
+        before = {t: n for t, n in _loop_threads().items() if t not in earlier}
         assert len(before) >= 2, before
         assert all(n < TRANSPORT_NICE for n in before.values()), before
         assert lower_transport_threads("nccl") == 0
-        assert _loop_threads() == before
-        assert lower_transport_threads("gloo") == len(before)
-        assert set(_loop_threads().values()) == {TRANSPORT_NICE}
+        assert {t: n for t, n in _loop_threads().items() if t in before} == before
+        assert lower_transport_threads("gloo") >= len(before)  # lingering ones of earlier tests too
+        assert {n for t, n in _loop_threads().items() if t in before} == {TRANSPORT_NICE}
         assert lower_transport_threads("gloo") == 0  # already there
         assert os.getpriority(os.PRIO_PROCESS, 0) < TRANSPORT_NICE  # the compute thread keeps its own
         t = torch.ones(3)
