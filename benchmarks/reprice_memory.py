@@ -3,7 +3,7 @@
     python benchmarks/fidelity_heldout.py --set dev --workdir out/dev   # trains, keeps its files
     python benchmarks/reprice_memory.py out/dev                           # no training
 
-A run of ``benchmarks/fidelity_heldout.py`` (or ``cost_model_fidelity.py``) with ``--workdir`` keeps,
+A run of ``benchmarks/fidelity_heldout.py`` with ``--workdir`` keeps,
 per trained plan, its graph, cluster and plan files and each training run's metrics (every rank's
 measured peak). Memory does not depend on the host's speed, so a change to the memory rule can be
 judged on those measured peaks without training again: each rank's prediction is re-computed with
@@ -38,7 +38,10 @@ def repriced(work: Path) -> list[dict]:
     rows = []
     for metrics in sorted(work.glob("metrics-*-run0.json")):
         label = metrics.name[len("metrics-") : -len("-run0.json")]  # MODEL-LIMIT-DEVICES-PLANNER
-        model, limit, devices, _planner = label.rsplit("-", 3)
+        parts = label.rsplit("-", 3)
+        if len(parts) != 4:  # not a fidelity_heldout label
+            continue
+        model, limit, devices, _planner = parts
         plan_path, cluster_path = work / f"plan-{label}.json", work / f"cluster-{model}-{limit}-{devices}.json"
         if not plan_path.exists() or not cluster_path.exists():
             continue

@@ -151,3 +151,7 @@ def test_reprice_memory_sets_each_measured_rank_beside_the_current_rule(tmp_path
     over = sum(len(s.devices) for s in plan.stages[:1])
     assert f"dev: {len(ranks)} ranks, measured / repriced prediction 1.000-1.100; above 1.05: {over};" in out
     assert rm.main([str(tmp_path / "missing")]) == 2
+    other = tmp_path / "other"  # cost_model_fidelity's layout (MODEL-DEVICES-PLANNER): not read
+    other.mkdir()
+    (other / "metrics-dlrm-pipedream-run0.json").write_text(json.dumps({"ranks": ranks}))
+    assert rm.repriced(other) == [] and rm.main([str(other)]) == 2
