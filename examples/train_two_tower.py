@@ -6,11 +6,15 @@ available):
 
     torchrun --standalone --nproc-per-node 3 examples/train_two_tower.py \\
         --plan examples/plans/two_tower_3ranks.json --epochs 3
+    # mixed precision: each forward under torch.autocast in bfloat16, fp32 weights and Adam state
+    torchrun --standalone --nproc-per-node 3 examples/train_two_tower.py --precision bf16-autocast
 
 Every rank builds the same model (same seed) and iterates the same DataLoader (same shuffling
 seed), so every rank sees the same mini-batches; each rank uses the columns and samples its
 stage needs. ``F.mse_loss`` is a mean over the samples it is given, so the gradients equal
 one-process training on the whole mini-batch. The rank holding the head prints the loss.
+``pipe.scaler.step(opt)`` is ``opt.step()``, except with ``--precision fp16-autocast``: there it
+unscales the gradients and steps every rank or none (``gpp_runtime.engine.loss_scale``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--save", default=None, help="directory for each stage's final state_dict")
+    ap.add_argument("--precision", choices=tuple(gpp_runtime.PRECISIONS), default="float32")
     args = ap.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -61,7 +66,9 @@ def main() -> None:
         generator=torch.Generator().manual_seed(0),
     )
 
-    pipe = gpp_runtime.GraphPipeline(model, args.plan, F.mse_loss, example_inputs=(text[:batch], image[:batch]))
+    pipe = gpp_runtime.GraphPipeline(
+        model, args.plan, F.mse_loss, example_inputs=(text[:batch], image[:batch]), precision=args.precision
+    )
     params = list(pipe.parameters())  # this rank's stage, named as in `model`
     opt = torch.optim.Adam(params, lr=args.lr) if params else None
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader)) if opt else None
@@ -72,8 +79,9 @@ def main() -> None:
             if opt:
                 opt.zero_grad()
             loss = pipe.step(t, i, target=y)  # a tensor on the head's ranks, None elsewhere
-            if opt:
-                opt.step()
+            stepped = pipe.scaler.step(opt)  # every rank, also one without parameters (opt None)
+            pipe.scaler.update()
+            if opt and stepped:
                 sched.step()
             if loss is not None:
                 total, n = total + float(loss), n + 1

@@ -4,6 +4,10 @@
     # N profilers at once, each pinned to its own core (runtime/cores.py says why)
     python -m gpp_runtime.profile --model examples.sequential:bench --concurrent 2 -o graph.json
 
+Precision: ``--precision`` as ``gpp_runtime.train`` takes it; the profile measures the model in it
+(``extra.profile.precision``), so node times and the bytes of activations, outputs and weights
+are that precision's.
+
 Device: ``cuda:LOCAL_RANK`` (``cuda:0`` outside torchrun) when CUDA is available, as
 ``gpp_runtime.train`` runs the ranks, unless ``--cpu``; the model is moved there before anything is
 measured, and the graph's ``extra.profile.device`` says which it was.
@@ -31,6 +35,7 @@ from . import cores
 from .calibration.quality import assess
 from .calibration.terms import profile_with_terms
 from .capture.fx_graph import load_workload
+from .capture.precision import PRECISIONS, precision
 from .capture.profiler import profile
 from .engine.allocator import keep_freed_memory
 
@@ -77,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     try:
         torch.manual_seed(0)
-        wl = load_workload(args.model)
+        wl = in_precision(load_workload(args.model), precision(args.precision))
         wl.model.to(device)
         if worker is not None:  # one of --concurrent's workers: the parent assesses the merged profile
             doc = _profile(args, wl, sizes)
@@ -98,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 def _profile(args, wl, sizes: list[int]) -> dict:
     """One profile of ``wl`` as the options say."""
     if args.no_time_terms:
-        return profile(wl, sizes, args.warmup, args.repeats, name=args.name or args.model, rounds=args.rounds)
+        return profile(
+            wl,
+            sizes,
+            args.warmup,
+            args.repeats,
+            name=args.name or args.model,
+            rounds=args.rounds,
+            precision=args.precision,
+        )
     return profile_with_terms(
         wl,
         sizes,
@@ -108,7 +121,19 @@ def _profile(args, wl, sizes: list[int]) -> dict:
         optimizer=args.optimizer,
         rounds=args.rounds,
         in_situ=not args.no_in_situ,
+        precision=args.precision,
     )
+
+
+def in_precision(wl, prec):
+    """The workload as it trains in ``prec``: a bf16 model and its floating samples cast (the
+    workload object changed in place); the others as they are (their autocast is the profiler's)."""
+    if prec.model_dtype is None:
+        return wl
+    prec.cast_model(wl.model)
+    sample = wl.sample
+    wl.sample = lambda rows, step: prec.cast(tuple(sample(rows, step)))
+    return wl
 
 
 def _assessed(measure, again: bool) -> dict:
@@ -208,6 +233,14 @@ def _parser() -> argparse.ArgumentParser:
         "--cpu",
         action="store_true",
         help="profile on the CPU even where CUDA is available (gpp_runtime.train's --cpu; default: the GPU)",
+    )
+    ap.add_argument(
+        "--precision",
+        choices=tuple(PRECISIONS),
+        default="float32",
+        help="the precision the model will train in (gpp_runtime.train's --precision; default float32): "
+        "bf16-autocast or fp16-autocast measure under torch.autocast, bf16-model casts the model and "
+        "its inputs; recorded as extra.profile.precision",
     )
     ap.add_argument("-o", "--output", required=True)
     return ap

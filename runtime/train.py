@@ -24,6 +24,9 @@ ones in ``examples/plans/``):
     torchrun --standalone --nproc-per-node 2 -m gpp_runtime.train --plan examples/plans/sequential_2ranks.json \
         --model examples.sequential:workload --optimizer adam --lr 1e-3 --dtype float64 \
         --verify --rtol 1e-9 --atol 1e-12 --p2p batched
+    # mixed precision (each forward under torch.autocast in bfloat16), checked in the same precision
+    torchrun --standalone --nproc-per-node 3 -m gpp_runtime.train --plan examples/plans/two_branch_3ranks.json \
+        --model examples.two_branch:workload --steps 5 --precision bf16-autocast --verify
 
 This module is a thin user of ``gpp_runtime.GraphPipeline`` (one ``pipe.step`` per mini-batch, then
 the optimizer). The workload's ``loss`` is a sum over samples (divided here by the mini-batch
@@ -31,8 +34,9 @@ size, so gradients are those of the mean) unless the workload sets ``loss_reduct
 the first step checks which it is and exits 2 naming ``loss_reduction`` when it is the other, and
 refuses a loss that is neither (a term over the batch's statistics, in-batch negatives; see
 ``gpp_runtime.engine.loss_check``): every rank exits 2, the one line naming ``loss_fn``. The run stops
-at the first non-finite loss: exit 1, one line naming the step (0-based) and the micro-batch (there
-is no fp16 loss scaling here, so no step is skipped for an overflow). A rank that stops with its own
+at the first non-finite loss: exit 1, one line naming the step (0-based) and the micro-batch. With
+``--precision fp16-autocast`` a gradient that overflows skips the step on every rank and halves the
+loss scale (``gpp_runtime.engine.loss_scale``; the loss itself is checked as above). A rank that stops with its own
 line counts itself in the process group's store; a peer that then fails because it stopped stays
 silent.
 Rank r runs the stage whose ``devices`` list r (replica = position in the list). Backend: NCCL
@@ -82,8 +86,10 @@ import torch
 import torch.distributed as dist
 
 from gpp_solver.errors import InvalidInputError
+from gpp_solver.formats.graph import load_graph
 
 from . import cores
+from .capture.precision import PRECISIONS, precision
 from .capture.tracing import workload_hooks
 from .engine import checkpoint, metrics
 from .engine.allocator import keep_freed_memory
@@ -133,6 +139,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="cast the model and floating inputs (default: as the workload makes them)",
     )
+    ap.add_argument(
+        "--precision",
+        choices=tuple(PRECISIONS),
+        default="float32",
+        help="float32 (default); bf16-autocast or fp16-autocast: each forward and the loss under "
+        "torch.autocast, fp32 weights and optimizer state, fp16 with one loss scale for the whole "
+        "pipeline; bf16-model: the model, inputs and targets cast to bfloat16",
+    )
+    ap.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 2) what is otherwise warned of: a --graph profiled in another precision, "
+        "an optimizer state larger than the plan priced",
+    )
     ap.add_argument("--seed", type=int, default=0, help="dropout streams' seed (default 0)")
     ap.add_argument(
         "--p2p",
@@ -164,6 +184,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _model_dtype(args) -> torch.dtype | None:
+    """The dtype the model and its floating inputs are cast to: ``--precision``'s (bf16-model),
+    else ``--dtype``'s; InvalidInputError for ``--dtype`` beside a precision other than float32."""
+    prec = precision(args.precision)
+    if args.dtype is not None and prec.name != "float32":
+        raise InvalidInputError(
+            f"--dtype {args.dtype} and --precision {prec.name} both set the precision: give one of them"
+        )
+    return prec.model_dtype or DTYPES.get(args.dtype)
+
+
+def _tolerance(args, dtype: torch.dtype | None = None) -> tuple[float, float]:
+    """``--verify``'s ``(rtol, atol)``: ``--rtol/--atol`` where given, else ``default_tolerance``'s
+    for the dtype, optimizer and precision; InvalidInputError where it has none (Adam in a low
+    precision) and either is missing. ``dtype``: the model's (default: the one it is cast to)."""
+    dtype = dtype or _model_dtype(args) or torch.float32
+    default = default_tolerance(dtype, args.optimizer, args.lr, args.steps, args.precision)
+    if default is None and (args.rtol is None or args.atol is None):
+        raise InvalidInputError(
+            f"--verify has no default tolerance for --optimizer {args.optimizer} in --precision {args.precision} "
+            "(Adam turns rounding differences into steps of about lr, as large as a wrong gradient's): "
+            "pass --rtol and --atol, or verify with --optimizer sgd"
+        )
+    rtol, atol = default or (args.rtol, args.atol)
+    return (rtol if args.rtol is None else args.rtol), (atol if args.atol is None else args.atol)
+
+
+def _check_profiled_precision(args, rank: int) -> None:
+    """A ``--graph`` profiled (``extra.profile.precision``; float32 when absent) in another precision
+    than ``--precision``: one warning on rank 0, InvalidInputError with ``--strict``. A graph that
+    was not profiled (a hand-made one) states no precision."""
+    if not args.graph:
+        return
+    profile = load_graph(args.graph).extra.get("profile")
+    if not isinstance(profile, dict):
+        return
+    profiled = profile.get("precision", "float32")
+    if profiled == args.precision:
+        return
+    msg = (
+        f"{args.graph} was profiled in {profiled} but trains in {args.precision}: the plan's times and "
+        f"bytes are {profiled}'s (profile with --precision {args.precision})"
+    )
+    if args.strict:
+        raise InvalidInputError(msg)
+    if rank == 0:
+        logger.warning("%s", msg)
+
+
 def _add_verify_arguments(ap: argparse.ArgumentParser) -> None:
     """``--verify`` (compare with one-process training) and its tolerances."""
     ap.add_argument("--verify", action="store_true", help="compare with one-process training")
@@ -171,14 +240,16 @@ def _add_verify_arguments(ap: argparse.ArgumentParser) -> None:
         "--rtol",
         type=float,
         default=None,
-        help="--verify relative tolerance (default by dtype: float32 1e-5, float64 1e-9)",
+        help="--verify relative tolerance (default by dtype and precision: float32 1e-5, float64 1e-9, "
+        "bf16-model bfloat16's eps, autocast 0)",
     )
     ap.add_argument(
         "--atol",
         type=float,
         default=None,
-        help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12; adam "
-        "float32 0.02*lr*steps, float64 1e-8*lr*steps; see gpp_runtime.engine.verify.default_tolerance)",
+        help="--verify absolute tolerance (default: sgd float32 1e-6, float64 1e-12, low precisions "
+        "eps/2*lr*steps; adam float32 0.02*lr*steps, float64 1e-8*lr*steps, low precisions none: give "
+        "--rtol/--atol; see gpp_runtime.engine.verify.default_tolerance)",
     )
 
 
@@ -285,10 +356,13 @@ def main(argv: list[str] | None = None) -> int:
     p2p = args.p2p if args.p2p != "auto" else ("batched" if use_cuda else "eager")
     try:  # every check before the process group: a bad plan exits 2 without a single message
         plan, raw = prepare(args.plan, args.model)
-        wl = TrainWorkload(raw, DTYPES.get(args.dtype), plan.mini_batch_size)
+        wl = TrainWorkload(raw, _model_dtype(args), plan.mini_batch_size)
         example, _ = wl.sample(plan.mini_batch_size, 0)
         if bool(args.graph) != bool(args.cluster):
             raise InvalidInputError("--graph and --cluster go together")
+        if args.verify:
+            _tolerance(args)  # refused now, not after training, where no default applies
+        _check_profiled_precision(args, rank)
         setup = build(
             plan,
             wl.model,
@@ -300,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
             graph_path=args.graph,
             cluster_path=args.cluster,
             tracing=workload_hooks(wl.raw),
+            precision=args.precision,
         )
     except InvalidInputError as exc:
         _fatal(rank, str(exc))
@@ -343,6 +418,7 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
         device,
         loss_reduction=wl.reduction,
         optimizer_state_factor=args.optimizer_state_factor,
+        strict_optimizer_state=args.strict,
         seed=args.seed,
         p2p=p2p,
         timeout=args.timeout,
@@ -351,6 +427,7 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
         memory_step=min(mem_step, max(0, args.steps - 1)),
         graph=args.graph,
         cluster=args.cluster,
+        precision=args.precision,
         _setup=setup,
     )
     opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
@@ -365,6 +442,8 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
             pipe.load_state_dict(state["params"])
             if opt is not None and state["optimizer"]:
                 opt.load_state_dict(state["optimizer"])
+            if pipe.scaler.enabled and state.get("loss_scale"):
+                pipe.scaler.load_state_dict(state["loss_scale"])
             pipe.rng_step = start
             logger.info("resumed from step %d of %s", start, args.checkpoint)
         else:
@@ -382,8 +461,8 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
             losses.append(float(loss))
             _check_finite(pipe, losses[-1], step)
         t1 = time.time()
-        if opt is not None:
-            opt.step()
+        pipe.scaler.step(opt)  # opt.step(); with fp16, on every rank or on none (a gradient not finite)
+        pipe.scaler.update()
         rec.event("optimizer", t1, time.time(), "compute")
         rec.step_done(step, t0, time.time())
         if args.checkpoint and (step + 1) % args.checkpoint_every == 0 and setup.replica == 0:
@@ -394,6 +473,7 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
                 setup.fingerprint,
                 pipe.state_dict(),
                 opt.state_dict() if opt is not None else {},
+                loss_scale=pipe.scaler.state_dict() if pipe.scaler.enabled else None,
             )
     return _finish(args, pipe, rank, device, losses, start)
 
@@ -431,7 +511,7 @@ def _finish(args, pipe: GraphPipeline, rank, device, losses, start) -> int:
 def _verify(args, params: dict[str, torch.Tensor], plan, device: torch.device) -> bool:
     """``--verify``: every stage's final parameters against one-process training of the same
     steps, within ``--rtol``/``--atol`` (default by dtype and optimizer); says which differ."""
-    ref = TrainWorkload(seeded_workload(args.model), DTYPES.get(args.dtype), plan.mini_batch_size)
+    ref = TrainWorkload(seeded_workload(args.model), _model_dtype(args), plan.mini_batch_size)
     want = reference_params(
         ref.model,
         ref.sample,
@@ -442,11 +522,9 @@ def _verify(args, params: dict[str, torch.Tensor], plan, device: torch.device) -
         device,
         args.seed,
         tracing=workload_hooks(ref.raw),
+        precision=args.precision,
     )
-    dtype = next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), torch.float32)
-    rtol, atol = default_tolerance(dtype, args.optimizer, args.lr, args.steps)
-    rtol = rtol if args.rtol is None else args.rtol
-    atol = atol if args.atol is None else args.atol
+    rtol, atol = _tolerance(args, next((p.dtype for p in ref.model.parameters() if p.is_floating_point()), None))
     bad = compare(params, want, rtol, atol)
     if bad:
         print(

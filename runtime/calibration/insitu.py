@@ -136,7 +136,9 @@ class _OptimizerClock:
         return self.events[0].elapsed_time(self.events[1]) / 1e3
 
 
-def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, optimizer: str) -> list[dict]:
+def measure(
+    workload, doc: dict, sizes: list[int], warmup: int, steps: int, optimizer: str, precision: str | None = None
+) -> list[dict]:
     """Per size: ``{"size", "fw", "bw", "step", "rest"}`` medians (seconds) over ``steps`` timed
     steps of the one-stage plan as ``gpp_runtime.train`` runs it (more while they have lasted under
     ``MIN_SECONDS``), in ``TURNS`` turns over the sizes on a CPU: a slow stretch of the machine
@@ -149,7 +151,7 @@ def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, opti
     runs: list[_SizeRun] = []
     try:
         for b in sizes:  # one at a time: a size that fails to build still closes the ones before it
-            runs.append(_SizeRun(workload, doc, b, optimizer))
+            runs.append(_SizeRun(workload, doc, b, optimizer, precision))
         # turns were measured on CPU ranks only; a GPU keeps one block per size (the only GPU
         # profile with turns, CLIP on an H200, came out 40% slower than the lease before it)
         turns = TURNS if all(run.pipe.device.type == "cpu" for run in runs) else 1
@@ -168,7 +170,7 @@ def measure(workload, doc: dict, sizes: list[int], warmup: int, steps: int, opti
 class _SizeRun:
     """The one-stage plan of one size of :func:`measure`, and its timed steps so far."""
 
-    def __init__(self, workload, doc: dict, b: int, optimizer: str) -> None:
+    def __init__(self, workload, doc: dict, b: int, optimizer: str, precision: str | None = None) -> None:
         self.b = b
         self.wl = wl = TrainWorkload(workload, None, b)
         example, _ = wl.sample(max(2, b), 0)  # traced as the profiler traces it (one row specialises an export)
@@ -183,6 +185,7 @@ class _SizeRun:
             loss_reduction=wl.reduction,
             memory_step=None,
             tracing=workload_hooks(workload),
+            precision=precision or "float32",
         )
         self.opt = make_optimizer(self.pipe.parameters(), optimizer, 1e-4, 0.0)
         self.fw: list[float] = []
@@ -214,8 +217,8 @@ class _SizeRun:
             inputs, target = wl.sample(b, self.step)
             pipe.step(*inputs, target=target)
             clock = _OptimizerClock(pipe.device)  # no synchronisation before it: the step runs as trained
-            if opt is not None:
-                opt.step()
+            pipe.scaler.step(opt)  # opt.step(), as gpp_runtime.train steps (fp16: unscaled first)
+            pipe.scaler.update()
             clock.stop()
             _sync(pipe.device)
             t1 = time.perf_counter()
@@ -319,8 +322,11 @@ def rest_fit(sizes: list[int], rest: list[float]) -> tuple[float, float]:
     return fixed, per_sample
 
 
-def add_in_situ(doc: dict, workload, sizes: list[int], warmup: int, steps: int, optimizer: str) -> None:
-    """Measure and apply the in-situ calibration to ``doc`` (module docstring)."""
+def add_in_situ(
+    doc: dict, workload, sizes: list[int], warmup: int, steps: int, optimizer: str, precision: str | None = None
+) -> None:
+    """Measure and apply the in-situ calibration to ``doc`` (module docstring), the one-stage plan
+    trained in ``precision`` (``GraphPipeline``'s)."""
     info = doc["extra"]["profile"]
     with _LocalGroup() as ours:
         if not ours:
@@ -328,7 +334,7 @@ def add_in_situ(doc: dict, workload, sizes: list[int], warmup: int, steps: int, 
             info["in_situ"] = {"skipped": "a process group was already initialised"}
             return
         try:
-            measured = measure(workload, doc, sizes, warmup, steps, optimizer)
+            measured = measure(workload, doc, sizes, warmup, steps, optimizer, precision)
         except (InvalidInputError, RuntimeError) as exc:  # e.g. a loss over the whole batch, refused per chunk
             why = (str(exc).splitlines() or [type(exc).__name__])[0]
             logger.warning("the in-situ calibration could not train the model (%s): node times kept as profiled", why)

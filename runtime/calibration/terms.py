@@ -42,6 +42,8 @@ import torch
 from gpp_solver.errors import InvalidInputError
 
 from ..capture.fx_graph import propagate, trace_workload
+from ..capture.precision import Precision
+from ..capture.precision import precision as as_precision
 from ..capture.profiler import profile
 from ..engine.verify import make_optimizer
 from .context import forward_in_context, use_in_context_forward
@@ -213,15 +215,18 @@ def profile_with_terms(
     optimizer: str = "sgd",
     rounds: int = 1,
     in_situ: bool = True,
+    precision: Precision | str | None = None,
 ) -> dict:
     """The profiler's gpp-graph/1 document with the time-model terms (module docstring); with
     ``rounds`` the whole model's fastest run is taken over ``rounds * repeats`` runs, as many as
     each node's. ``in_situ``: then calibrate the node times to a one-stage plan as the runtime
-    runs it (``gpp_runtime.calibration.insitu``)."""
-    doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name, rounds=rounds)
-    add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
+    runs it (``gpp_runtime.calibration.insitu``). ``precision``: every measurement in it (the
+    profiler's, the terms' under its autocast, the one-stage plan's as ``GraphPipeline`` trains it)."""
+    doc = profile(workload, micro_batch_sizes, warmup, repeats, name=name, rounds=rounds, precision=precision)
+    with as_precision(precision).forward(next((p.device for p in workload.model.parameters()), "cpu")):
+        add_time_terms(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
     if in_situ:
-        add_in_situ(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer)
+        add_in_situ(doc, workload, micro_batch_sizes, warmup, repeats * rounds, optimizer, precision)
     return doc
 
 

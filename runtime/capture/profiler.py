@@ -69,6 +69,8 @@ from gpp_solver.errors import InvalidInputError
 
 from .fx_graph import COMPUTE_OPS, ModelGraph, propagate, run_node, trace_workload
 from .node_calls import backward_setup, forward_setup, leaf_inputs, node_params, tensors_in
+from .precision import Precision
+from .precision import precision as as_precision
 from .saved import saved_bytes
 from .workspace import workspace_bytes
 
@@ -158,13 +160,22 @@ def device_info(device: torch.device) -> dict:
 
 
 def profile(
-    workload, micro_batch_sizes: list[int], warmup: int = 2, repeats: int = 5, name: str = "model", rounds: int = 1
+    workload,
+    micro_batch_sizes: list[int],
+    warmup: int = 2,
+    repeats: int = 5,
+    name: str = "model",
+    rounds: int = 1,
+    precision: Precision | str | None = None,
 ) -> dict:
     """Profile ``workload`` at each micro-batch size and return the gpp-graph/1 document (a dict).
 
     ``rounds``: sweeps over every size and node, one after the other; each node keeps the median
     over the rounds of its per-round medians (module docstring). Runs with the current
-    ``torch.get_num_threads()`` (the CLI sets ``--threads``)."""
+    ``torch.get_num_threads()`` (the CLI sets ``--threads``). ``precision``
+    (``gpp_runtime.capture.precision``): every measurement runs under its autocast (a bf16 model's
+    cast is the caller's), and ``extra.profile.precision`` records its name."""
+    prec = as_precision(precision)
     if (
         not micro_batch_sizes
         or any(b <= 0 for b in micro_batch_sizes)
@@ -190,7 +201,8 @@ def profile(
             ", ".join(bns[:3]),
             ", ..." if len(bns) > 3 else "",
         )
-    timing, sizes, round_totals = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
+    with prec.forward(device):
+        timing, sizes, round_totals = _measure(mg, workload, micro_batch_sizes, warmup, repeats, rounds, device)
     nodes = []
     for gid, members in mg.groups:
         nd = {"id": gid}
@@ -222,6 +234,7 @@ def profile(
         "rounds": rounds,
         "statistic": "median" if rounds == 1 else "median over rounds of each round's median",
         "round_totals": round_totals,
+        "precision": prec.name,
     }
     return {
         "format": "gpp-graph/1",

@@ -5,7 +5,8 @@ temporary name, ``fsync`` and ``os.replace`` (then an fsync of the directory), r
 temporaries of earlier crashed writers, and keeps its two newest files: a stage can run at most
 one step ahead of another (the pipeline's messages tie them together), so the newest step that
 every stage has is always on disk. ``--resume`` loads that step (``torch.load(weights_only=True)``),
-checks its structure (a dict with ``step``, ``fingerprint``, ``params``, ``optimizer``) and
+checks its structure (a dict with ``step``, ``fingerprint``, ``params``, ``optimizer``; with
+fp16, ``loss_scale``) and
 refuses a checkpoint whose fingerprint differs from the current plan and model.
 """
 
@@ -41,8 +42,17 @@ def fingerprint(plan: Plan, mg: ModelGraph) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def save(directory: str, stage_id: int, step: int, fp: str, params: dict, optimizer_state: dict) -> str:
-    """Write one stage's checkpoint after ``step`` completed steps; returns its path."""
+def save(
+    directory: str,
+    stage_id: int,
+    step: int,
+    fp: str,
+    params: dict,
+    optimizer_state: dict,
+    loss_scale: dict | None = None,
+) -> str:
+    """Write one stage's checkpoint after ``step`` completed steps; returns its path. ``loss_scale``:
+    the fp16 loss scaler's state (``LossScaler.state_dict``), kept under ``loss_scale``."""
     os.makedirs(directory, exist_ok=True)
     for name in os.listdir(directory):  # temporaries of a writer that crashed
         m = _TMP.match(name)
@@ -57,6 +67,8 @@ def save(directory: str, stage_id: int, step: int, fp: str, params: dict, optimi
         "params": {k: v.detach().cpu() for k, v in params.items()},
         "optimizer": optimizer_state or {},
     }
+    if loss_scale is not None:
+        state["loss_scale"] = loss_scale
     path = os.path.join(directory, f"stage{stage_id}-step{step}.pt")
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:

@@ -1,17 +1,18 @@
 """Run one rank's share of a training step: its lowered actions, in the posting order.
 
-Forward ``F j`` slices the model inputs it reads to its chunk, assembles each remote value from
-the received pieces (per tensor leaf: a received piece is a leaf that requires grad, so each
-piece gets its own gradient; a value an in-place operator of the stage may modify is copied, so
-``ReLU(inplace=True)`` as the first op never modifies a leaf; the pieces of a copied or
-concatenated value are then freed), runs the stage module and, if it
-holds the sink, the loss: ``loss_fn(output, target) * rows / mini_batch_size`` for a loss that is the mean over
-the samples it is given (``loss_reduction="mean"``), ``loss_fn(output, target)`` for a sum.
-Either way the gradients summed over all chunks equal those of ``loss_fn`` on the whole
-mini-batch. Dropout nodes draw their masks from ``(seed, step, chunk's first sample, node)``.
-Backward ``B j`` assembles each output's gradient from the pieces received from every consumer
-stage (pieces of one stage tile the rows; different stages are summed), back-propagates, and
-sends each received piece's gradient back to its producer. In a plan whose order holds ``W``
+Forward ``F j`` slices the model inputs it reads to its chunk, assembles each remote value from the
+received pieces (per tensor leaf: a received piece is a leaf that requires grad, so each piece gets
+its own gradient; a value an in-place operator of the stage may modify is copied, so
+``ReLU(inplace=True)`` as the first op never modifies a leaf; the pieces of a copied or concatenated
+value are then freed), runs the stage module and, if it holds the sink, the loss (both in the
+pipeline's precision: under its autocast, if any): ``loss_fn(output, target) * rows /
+mini_batch_size`` for a loss that is the mean over the samples it is given
+(``loss_reduction="mean"``), ``loss_fn(output, target)`` for a sum. Either way the gradients summed
+over all chunks equal those of ``loss_fn`` on the whole mini-batch. Dropout nodes draw their masks
+from ``(seed, step, chunk's first sample, node)``. Backward ``B j`` (outside any autocast; the
+sink's seeded with the fp16 loss scale) assembles each output's gradient from the pieces received
+from every consumer stage (pieces of one stage tile the rows; different stages are summed),
+back-propagates, and sends each received piece's gradient back to its producer. In a plan whose order holds ``W``
 actions, ``B j`` computes the received pieces' gradients alone and ``W j`` the weight gradients
 (:mod:`gpp_runtime.engine.split_backward`); the data-parallel all-reduce follows the last ``W``.
 
@@ -23,6 +24,7 @@ events read once at the end of the step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.utils._pytree as pytree
@@ -31,6 +33,8 @@ from gpp_solver.errors import InvalidInputError
 from gpp_solver.types import Stage
 
 from ..capture.dropout import Context, set_context
+from ..capture.precision import Precision
+from ..capture.precision import precision as as_precision
 from ..lowering.actions import Chunk, Message, RankAction, Step, chunk, group_actions
 from ..lowering.fx_split import StageProgram
 from ..lowering.posting import Post, posting
@@ -93,6 +97,8 @@ class StageExecutor:
         lookahead: int = 2,
         seed: int = 0,
         grad_sync=None,
+        precision: Precision | None = None,
+        loss_scale: Callable[[], float] | None = None,
         releases: dict[int, list] | None = None,
     ) -> None:
         self.program = program
@@ -125,6 +131,9 @@ class StageExecutor:
         self.rec = rec
         self.seed = seed
         self.grad_sync = grad_sync
+        self.precision = precision or as_precision(None)
+        #: the scale the sink's backward is seeded with (fp16's ``LossScaler.get_scale``; else 1)
+        self.loss_scale = loss_scale or (lambda: 1.0)
         self.out_index = {key: i for i, (kind, key) in enumerate(program.outputs) if kind == "act"}
         self.param_ptrs = {p.untyped_storage().data_ptr() for p in program.module.parameters()}
         self._saved: dict[int, int] = {}  # micro-batch -> saved-activation bytes
@@ -250,7 +259,8 @@ class StageExecutor:
             args.append(unflatten(joined, meta))
         self._saved[c.mb] = 0
         set_context(Context(seed=self.seed, step=step, lo=c.lo))
-        with torch.autograd.graph.saved_tensors_hooks(self._make_pack(c.mb), lambda t: t):
+        pack = torch.autograd.graph.saved_tensors_hooks(self._make_pack(c.mb), lambda t: t)
+        with pack, self.precision.forward(self.device):
             outs = self.program.module(*args)
             loss = self._loss(c, outs[-1], target) if self.program.holds_sink else None
         for m in st.sends:
@@ -310,9 +320,9 @@ class StageExecutor:
                 if o.requires_grad:
                     roots.append(o)
                     grads.append(g)
-        if loss is not None:
+        if loss is not None:  # seeded with the loss scale (fp16), 1 otherwise
             roots.append(loss)
-            grads.append(torch.ones_like(loss))
+            grads.append(torch.full_like(loss, self.loss_scale()))
         input_grad: dict[int, torch.Tensor | None] = {}
         if self.split:  # the input gradients now, the weight gradients at W (split_backward)
             wanted = [t for ts in leaves.values() for t in ts if t.requires_grad]

@@ -8,7 +8,7 @@ Under torchrun, every rank builds the same model (same seed, so the same weights
     for x, y in loader:                                  # the same mini-batches on every rank
         opt.zero_grad()
         loss = pipe.step(x, target=y)                    # a tensor on the sink's ranks, else None
-        opt.step()
+        opt.step()                                       # fp16: pipe.scaler.step(opt); pipe.scaler.update()
 
 Models that plain ``torch.fx`` cannot trace: pass ``tracing={"leaf_modules": (Block,)}`` (or
 ``concrete_args``, ``autowrap_functions``, ``tracer``, ``graph_module``; see ``gpp_runtime.capture.tracing``);
@@ -33,6 +33,14 @@ Conventions:
   ``loss_fn`` and the mismatch. A loss over the whole batch (a centering by the batch mean, a
   normalisation over the batch, in-batch negatives such as CLIP's contrastive loss) cannot be
   computed per micro-batch and is refused the same way, also on one-row micro-batches.
+- Precision: ``precision="float32"`` (default), ``"bf16-autocast"``, ``"fp16-autocast"`` or
+  ``"bf16-model"`` (``gpp_runtime.capture.precision``): each forward and the loss run under the
+  precision's autocast, and values cross stages in the dtypes that forward produces (traced in it
+  when the pipeline is built). Step the optimizer through ``pipe.scaler.step(opt)`` then
+  ``pipe.scaler.update()`` on every rank (``opt`` None where a stage has no parameters): that is
+  ``opt.step()``, except with fp16, where every rank unscales and all step or none does
+  (``gpp_runtime.engine.loss_scale``). A ``torch.autocast`` of the caller's around ``step`` or the
+  constructor is refused in one line (pass ``precision=`` instead).
 - A non-finite loss is returned as it is: the caller judges it (``gpp_runtime.train`` stops).
 - Gradients accumulate into ``.grad`` like plain autograd: zero them before each step.
 - ``parameters()`` / ``named_parameters()`` / ``state_dict()`` are this rank's stage under the
@@ -70,11 +78,13 @@ from gpp_solver.formats.cluster import as_cluster
 from gpp_solver.formats.graph import as_graph
 
 from ..capture.device_move import move_module
+from ..capture.precision import precision as as_precision
 from ..lowering.actions import group_actions
 from ..lowering.posting import posting, send_releases
 from .executor import StageExecutor
 from .grad_sync import GradSync
 from .loss_check import LossRefused
+from .loss_scale import LossScaler
 from .memory import MemoryMeter, memory_warnings, storage_bytes
 from .metrics import Recorder
 from .optimizer_state import OptimizerStateCheck
@@ -104,14 +114,15 @@ def _device_of(device, backend: str) -> torch.device:
 
 def _refuse_autocast(device: torch.device, where: str) -> None:
     """InvalidInputError when a ``torch.autocast`` is on for ``device``'s type or the CPU: the
-    pipeline trains in the dtypes traced when it was built, which autocast would change."""
+    pipeline runs its forwards in its own ``precision`` (an autocast around ``step`` would change
+    the dtypes its values cross stages in, behind its back)."""
     for kind in dict.fromkeys((device.type, "cpu")):
         if torch.is_autocast_enabled(kind):
             dtype = str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
             raise InvalidInputError(
-                f"{where} ran under torch.autocast({kind!r}, dtype={dtype}): GraphPipeline trains in the "
-                "dtypes traced when it was built (values crossing stages are received into buffers of "
-                "those dtypes) and does not support mixed precision yet; run it outside torch.autocast"
+                f"{where} ran under torch.autocast({kind!r}, dtype={dtype}): GraphPipeline runs each "
+                "forward in its own precision; build it with precision='bf16-autocast' (or "
+                "'fp16-autocast') and call step() outside torch.autocast"
             )
 
 
@@ -165,6 +176,7 @@ class GraphPipeline:
         memory_steps: int = 1,
         graph=None,
         cluster=None,
+        precision: str = "float32",
         _setup=None,
     ) -> None:
         self.rank, world, backend = _process_group()
@@ -173,6 +185,11 @@ class GraphPipeline:
             raise InvalidInputError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
         self.device = _device_of(device, backend)
         _refuse_autocast(self.device, "GraphPipeline()")
+        self.precision = as_precision(precision)
+        if _setup is not None and _setup.precision != self.precision:
+            raise InvalidInputError(
+                f"the setup was traced in precision {_setup.precision.name!r}, not {self.precision.name!r}"
+            )
         p2p = _p2p_mode(p2p, backend)
         setup = _setup or build(
             plan,
@@ -184,6 +201,7 @@ class GraphPipeline:
             lookahead=lookahead,
             rendezvous=backend == "nccl",
             tracing=tracing,
+            precision=self.precision,
         )
         self.setup = setup
         self.plan = setup.plan
@@ -209,6 +227,8 @@ class GraphPipeline:
         self.rec = Recorder(rank=self.rank, stage=self.stage.id)
         overlap = backend == "nccl" if allreduce_overlap is None else bool(allreduce_overlap)
         self.grad_sync = self._make_grad_sync(dp_group, tied, bucket_cap_mb, emulate_allreduce, overlap)
+        #: the pipeline's loss scale (fp16-autocast; disabled otherwise): ``gpp_runtime.engine.loss_scale``
+        self.scaler = LossScaler(self.parameters, self.device, enabled=self.precision.scaled)
         self.sink_group = dp_group if setup.program.holds_sink else None
         self.executor = self._make_executor(loss_fn, loss_reduction, lookahead, seed)
         lower_transport_threads(backend)  # after the groups are made: each has its own thread
@@ -280,6 +300,8 @@ class GraphPipeline:
             lookahead=lookahead,
             seed=seed,
             grad_sync=self.grad_sync,
+            precision=self.precision,
+            loss_scale=self.scaler.get_scale,
             releases=send_releases(
                 {r: posting(group_actions(a), self.comm.mode, lookahead) for r, a in self.setup.actions.items()},
                 self.rank,
@@ -296,6 +318,7 @@ class GraphPipeline:
         rank once the step is done, the refusing rank's with the reason.
         """
         _refuse_autocast(self.device, "step()")
+        inputs, target = self.precision.cast(tuple(inputs)), self.precision.cast(target)
         for i, x in enumerate(inputs):
             if isinstance(x, torch.Tensor) and x.shape[0] != self.plan.mini_batch_size:
                 raise InvalidInputError(

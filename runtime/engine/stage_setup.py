@@ -2,7 +2,7 @@
 
 Read the plan, trace the model, rewrite its dropout nodes (``gpp_runtime.capture.dropout``), match the
 plan's node ids, validate the plan as ``gpp validate`` does (``gpp_runtime.lowering.plan_check``), cut every stage's module, find each transferred value's structure, per-sample
-shapes and dtypes (one forward pass in eval mode, no grad, on the first rows of the example
+shapes and dtypes (one forward pass in eval mode, in the pipeline's precision, on the first rows of the example
 inputs), find parameters shared by several stages (by tensor identity), lower the orders to
 per-rank actions and prove them deadlock-free (``dry_run``, and ``check_rendezvous`` for the
 posting NCCL uses). Any problem is an ``InvalidInputError`` (exit code 2) raised before a
@@ -12,6 +12,7 @@ applied, the loss as the mean over the mini-batch) is prepared here too.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,8 @@ from gpp_solver.types import Plan, Stage
 
 from ..capture.dropout import per_chunk
 from ..capture.fx_graph import ModelGraph, load_workload, propagate, restore_training, set_training, trace
+from ..capture.precision import Precision
+from ..capture.precision import precision as as_precision
 from ..lowering.actions import RankAction, TransferSpec, dry_run, lower
 from ..lowering.fx_split import StageProgram, assign_nodes, build_stage, transfers
 from ..lowering.plan_check import check_plan, check_world
@@ -54,15 +57,23 @@ class RankSetup:
     tied: tuple[tuple[str, tuple[int, ...]], ...]
     #: the plan's recorded optimizer_state_factor, else ``--cluster``'s, else 4.0
     optimizer_state_factor: float
+    #: the precision the value dtypes were traced in (``gpp_runtime.capture.precision``)
+    precision: Precision
 
 
-def value_meta(mg: ModelGraph, example_inputs: tuple, plan: Plan, values: set[str]) -> dict[str, ValueMeta]:
-    """Structure and per-sample shapes of each transferred value, from a small eval-mode forward."""
+def value_meta(
+    mg: ModelGraph, example_inputs: tuple, plan: Plan, values: set[str], prec: Precision | None = None
+) -> dict[str, ValueMeta]:
+    """Structure, per-sample shapes and dtypes of each transferred value, from a small eval-mode
+    forward in the precision the pipeline trains in (under its autocast: the dtypes it sends).
+    Gradients stay enabled: modules with an inference fast path (``nn.TransformerEncoderLayer``
+    in eval mode without grad) return other dtypes under autocast than the path training takes."""
     rows = min(2, plan.mini_batch_size, *(int(x.shape[0]) for x in example_inputs))
     inputs = tuple(x[:rows] for x in example_inputs)
     modes = set_training(mg.gm, False)
+    ctx = prec.forward(inputs[0].device) if prec is not None and inputs else contextlib.nullcontext()
     try:
-        with torch.no_grad():
+        with torch.enable_grad(), ctx:
             env = propagate(mg, inputs)
     finally:
         restore_training(modes)
@@ -95,22 +106,26 @@ def build(
     graph_path: str | None = None,
     cluster_path: str | None = None,
     tracing: dict | None = None,
+    precision: str | Precision | None = None,
 ) -> RankSetup:
     """Build this rank's setup from a model; InvalidInputError (exit 2) on any mismatch or deadlock.
 
     ``plan``: a path, a gpp-plan/1 document or a :class:`Plan`. The posting order is proved
     deadlock-free with rendezvous sends (``check_rendezvous``) in the ``batched`` mode and
     whenever ``rendezvous`` is set (NCCL).  ``tracing``: hooks of
-    :func:`gpp_runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...)."""
+    :func:`gpp_runtime.capture.tracing.trace_module` (``leaf_modules``, ``concrete_args``, ``tracer``, ...).
+    ``precision`` (``gpp_runtime.capture.precision``): a ``bf16-model`` casts ``model`` (in place)
+    and the example inputs; the dtypes of transferred values are traced in it."""
+    prec = as_precision(precision)
     plan = read_plan(plan)
     check_world(plan, world)
     graph = load_graph(graph_path) if graph_path else None
     cluster = load_cluster(cluster_path) if cluster_path else None
-    mg, example_inputs = _trace(model, example_inputs, tracing)
+    mg, example_inputs = _trace(prec.cast_model(model), prec.cast(example_inputs), tracing)
     assign = assign_nodes(mg, plan)
     deadlock = _validate(plan, mg, graph, cluster)
     trs = transfers(mg, assign, plan)
-    meta = value_meta(mg, example_inputs, plan, {t.value for t in trs})
+    meta = value_meta(mg, example_inputs, plan, {t.value for t in trs}, prec)
     specs = [TransferSpec(t.value, t.src, t.dst, t.index, grad=meta[t.value].has_grad) for t in trs]
     actions = lower(plan, specs)
     dry_run(plan, actions)
@@ -135,6 +150,7 @@ def build(
         optimizer_state_factor=optimizer_state_factor(
             plan, cluster.optimizer_state_factor if cluster is not None else None
         ),
+        precision=prec,
     )
 
 

@@ -18,7 +18,10 @@ from gpp_solver.types import Plan
 
 from ..capture.dropout import Context, per_chunk, set_context
 from ..capture.fx_graph import set_training, trace
+from ..capture.precision import Precision
+from ..capture.precision import precision as as_precision
 from ..lowering.plan_io import replica_batch
+from .loss_scale import LossScaler
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +36,11 @@ def make_optimizer(params, name: str, lr: float, momentum: float = 0.0):
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
-def default_tolerance(dtype: torch.dtype, optimizer: str, lr: float, steps: int) -> tuple[float, float]:
-    """``(rtol, atol)`` that a correct pipeline passes and a wrong gradient fails.
+def default_tolerance(
+    dtype: torch.dtype, optimizer: str, lr: float, steps: int, precision: Precision | str | None = None
+) -> tuple[float, float] | None:
+    """``(rtol, atol)`` that a correct pipeline passes and a wrong gradient fails; None where no
+    default separates the two (Adam in a low precision: pass ``--rtol/--atol``).
 
     A pipeline sums each gradient per micro-batch and per replica, in another order than one
     process does, so the two differ by rounding. SGD passes that difference on linearly: float32
@@ -46,8 +52,25 @@ def default_tolerance(dtype: torch.dtype, optimizer: str, lr: float, steps: int)
     lr 0.01: 7.6e-5 at most, the key bias; 5e-2 with a micro-batch dropped or the data-parallel
     all-reduce left out), ``1e-8 * lr * steps`` in float64 (2.3e-13 at most there). A wrong
     gradient moves Adam's parameters by about ``lr`` per step (its first step is ``lr * sign(g)``),
-    far above both. Dtypes below float32 need an explicit ``--rtol/--atol``; they get float32's.
+    far above both.
+
+    In a low precision (``bf16-autocast``, ``fp16-autocast``, ``bf16-model``) the micro-batches'
+    activations round differently from the whole mini-batch's, by about the low dtype's ``eps``
+    (bfloat16 2**-7, float16 2**-10). With SGD: ``atol = eps / 2 * lr * steps``, and for a bf16
+    model (whose weights are themselves rounded to bfloat16) ``rtol = eps``, one unit in the last
+    place. Measured on the same two-tower model, SGD lr 0.1, 5 steps, a data-parallel plan and a
+    graph pipeline: largest difference 2.7e-4 in bf16-autocast, 1.2e-5 in fp16-autocast, 9.8e-4
+    (one ulp) as a bf16 model; 7.8e-3 with the all-reduce left out and 2.3e-2 with a micro-batch
+    dropped, in all three. Adam turns those rounding differences into steps of about ``lr`` (5.8e-2
+    there against 9.1e-2 for a dropped micro-batch): no default tolerance tells them apart.
     """
+    low = as_precision(precision).low
+    if low is not None:
+        if optimizer == "adam":
+            return None
+        eps = torch.finfo(low).eps
+        rtol = eps if as_precision(precision).model_dtype is not None else 0.0
+        return rtol, eps / 2 * lr * max(steps, 1)
     wide = dtype == torch.float64
     rtol, atol = (1e-9, 1e-12) if wide else (1e-5, 1e-6)
     if optimizer == "adam":
@@ -70,12 +93,17 @@ def reference_params(
     device: torch.device,
     seed: int = 0,
     tracing: dict | None = None,
+    precision: Precision | str | None = None,
 ) -> dict[str, torch.Tensor]:
     """Parameters after ``steps`` steps of plain single-process training of ``model``.
 
     ``sample(mini_batch_size, step)`` gives the data, ``loss_fn`` the mean loss of the whole mini-batch,
-    ``make_opt(params)`` the optimizer.
+    ``make_opt(params)`` the optimizer. In ``precision`` as the pipeline trains: the forward and
+    the loss under its autocast, with fp16 a loss scale of the same settings (one process: a step
+    is skipped when a gradient is not finite); a bf16-model's ``model`` and ``sample`` are the
+    caller's to cast (``TrainWorkload``).
     """
+    prec = as_precision(precision)
     model = model.to(device)
     first, _ = sample(plan.mini_batch_size, 0)
     mg = trace(model, tuple(x.to(device) for x in first), **(tracing or {}))
@@ -83,6 +111,7 @@ def reference_params(
     gm = mg.gm.to(device)
     set_training(gm, True)  # not gm.train(): torch.export's modules refuse it
     opt = make_opt(model.parameters())
+    scaler = LossScaler(model.parameters, device, enabled=prec.scaled, distributed=False)
     rows = chunk_rows(plan)
     for step in range(steps):
         inputs, target = sample(plan.mini_batch_size, step)
@@ -90,10 +119,11 @@ def reference_params(
         if opt is not None:
             opt.zero_grad(set_to_none=True)
         set_context(Context(seed=seed, step=step, lo=0, chunk_rows=rows))
-        loss = loss_fn(gm(*inputs), target.to(device))
-        loss.backward()
-        if opt is not None:
-            opt.step()
+        with prec.forward(device):
+            loss = loss_fn(gm(*inputs), target.to(device))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
     return {k: v.detach().cpu() for k, v in model.named_parameters()}
 
 

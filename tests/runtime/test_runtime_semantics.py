@@ -129,7 +129,8 @@ def test_undeclared_mean_loss_is_refused(tmp_path):
     assert "rank 1: error:" in res.stderr  # the failing rank (the sink) writes its own error
 
 
-def test_example_training_script(tmp_path):
+@pytest.mark.parametrize("precision", ["float32", "bf16-autocast", "fp16-autocast"])
+def test_example_training_script(tmp_path, precision):
     cmd = [
         sys.executable,
         "-m",
@@ -143,6 +144,8 @@ def test_example_training_script(tmp_path):
         "128",
         "--save",
         str(tmp_path),
+        "--precision",
+        precision,
     ]
     # no PYTHONPATH, as in a user's shell: the script finds the `examples` package itself
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
