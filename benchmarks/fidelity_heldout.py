@@ -12,7 +12,7 @@ on (``benchmarks/fidelity_cpu.py``); each set is reported apart. As README's CPU
 ``gpp_runtime.probe``, then per model and memory limit every planner of ``--planners`` plans on 1 and 2
 devices, and each distinct plan trains ``--repeats`` times (rounds over all plans; its time is the
 median run) with ``--graph --cluster --optimizer adam`` (the optimizer the cluster's state factor
-4 prices), one pinned thread per rank.
+4 prices), one pinned thread per rank; with ``--precision`` both profile and train in it.
 
 Memory limits: the probe's (roomy), then ``--levels`` limits from the tightest memory ``gpp``
 solves on 2 devices (a bisection) up to ``M1``, evenly on a log scale, ``M1`` the predicted peak of
@@ -51,6 +51,8 @@ from gpp_solver.formats.cluster import cluster_from_dict  # noqa: E402
 from gpp_solver.formats.graph import as_graph, graph_to_dict  # noqa: E402
 
 PLANNERS = "gpp,graphpipe,pipedream,alpa"
+#: gpp_runtime's precisions (gpp_runtime.capture.precision.PRECISIONS; named here so --help needs no torch)
+PRECISION_CHOICES = ("float32", "bf16-autocast", "fp16-autocast", "bf16-model")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,6 +77,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--min-seconds", type=float, default=1.5)
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--cluster", default=None, help="a probed gpp-cluster/1 instead of probing")
+    ap.add_argument(
+        "--precision",
+        choices=PRECISION_CHOICES,
+        default="float32",
+        help="profile and train every model in this precision (gpp_runtime's --precision; default float32)",
+    )
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -91,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.mode, args.backend, args.fill_cores, args.quick = "cpu", "gloo", "unused", False
     args.steps, args.warmup_steps, args.batch = 6, 3, None
     args.device_counts = [1, 2]
-    args.profile_flags = ["--optimizer", "adam"]  # the optimizer the ranks train with
+    # the optimizer the ranks train with, and the precision
+    args.profile_flags = ["--optimizer", "adam", "--precision", args.precision]
     return args
 
 
@@ -191,6 +200,7 @@ def plan_model(args, label, graph, spec, batch, measured, work: Path, jobs: dict
                 path = work / f"plan-{row['id']}.json"
                 save_plan(plan, path)
                 priced = ["--graph", str(gpath), "--cluster", str(cpath), "--optimizer", "adam"]
+                priced += ["--precision", args.precision]
                 jobs[key] = dict(row=row, plan=plan, sim=sim, path=path, spec=spec, env={}, priced=priced)
         if not solved:
             break
@@ -222,6 +232,7 @@ def run(args) -> tuple[list[dict], dict]:
         "planners": args.planners,
         "fractions": args.fraction_list,
         "repeats": args.repeats,
+        "precision": args.precision,
         "workdir": str(work),
         "seconds": time.time() - t0,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -302,7 +313,8 @@ def summaries(rows: list[dict]) -> dict:
 
 def table(rows: list[dict], s: dict, info: dict) -> str:
     lines = [
-        f"held-out fidelity, {info['date']}, planners {info['planners']}, median of {info['repeats']} runs",
+        f"held-out fidelity, {info['date']}, planners {info['planners']}, median of {info['repeats']} runs, "
+        f"precision {info.get('precision', 'float32')}",
         "",
         "| model | limit | devices | planner | stages | micro-batch | predicted ms | measured ms | ratio "
         "| peak meas / pred MB (worst rank) | over limit |",

@@ -155,3 +155,14 @@ def test_reprice_memory_sets_each_measured_rank_beside_the_current_rule(tmp_path
     other.mkdir()
     (other / "metrics-dlrm-pipedream-run0.json").write_text(json.dumps({"ranks": ranks}))
     assert rm.repriced(other) == [] and rm.main([str(other)]) == 2
+
+
+def test_precision_reaches_the_profile_and_every_training_run():
+    from gpp_runtime import PRECISIONS
+
+    assert fh.PRECISION_CHOICES == tuple(PRECISIONS)
+    args = fh.parse_args(["--seeds", "3", "--precision", "bf16-autocast"])
+    assert args.profile_flags[-2:] == ["--precision", "bf16-autocast"]
+    assert fh.parse_args(["--seeds", "3"]).precision == "float32"
+    with pytest.raises(SystemExit):
+        fh.parse_args(["--seeds", "3", "--precision", "fp8"])

@@ -129,7 +129,9 @@ def test_undeclared_mean_loss_is_refused(tmp_path):
     assert "rank 1: error:" in res.stderr  # the failing rank (the sink) writes its own error
 
 
-@pytest.mark.parametrize("precision", ["float32", "bf16-autocast", "fp16-autocast"])
+@pytest.mark.parametrize(
+    "precision", ["float32", "bf16-autocast", pytest.param("fp16-autocast", marks=pytest.mark.slow)]
+)
 def test_example_training_script(tmp_path, precision):
     cmd = [
         sys.executable,

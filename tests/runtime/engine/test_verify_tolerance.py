@@ -124,7 +124,7 @@ def _low(tmp_path, fault: str, doc: dict, precision: str):
 
 
 LOW_CASES = [
-    ("bf16-autocast", "none", "data-parallel"),
+    pytest.param("bf16-autocast", "none", "data-parallel", marks=pytest.mark.slow),
     ("bf16-autocast", "none", "graph"),
     ("bf16-autocast", "drop-microbatch", "graph"),
     ("bf16-autocast", "no-allreduce", "data-parallel"),
