@@ -102,26 +102,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _profile(args, wl, sizes: list[int]) -> dict:
     """One profile of ``wl`` as the options say."""
+    common = dict(name=args.name or args.model, rounds=args.rounds, precision=args.precision)
     if args.no_time_terms:
-        return profile(
-            wl,
-            sizes,
-            args.warmup,
-            args.repeats,
-            name=args.name or args.model,
-            rounds=args.rounds,
-            precision=args.precision,
-        )
+        return profile(wl, sizes, args.warmup, args.repeats, **common)
     return profile_with_terms(
-        wl,
-        sizes,
-        args.warmup,
-        args.repeats,
-        name=args.name or args.model,
-        optimizer=args.optimizer,
-        rounds=args.rounds,
-        in_situ=not args.no_in_situ,
-        precision=args.precision,
+        wl, sizes, args.warmup, args.repeats, optimizer=args.optimizer, in_situ=not args.no_in_situ, **common
     )
 
 

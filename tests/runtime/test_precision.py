@@ -13,7 +13,7 @@ import sys
 import pytest
 
 torch = pytest.importorskip("torch")
-from runtime_plans import REPO, one_f_one_b, plan, write  # noqa: E402
+from runtime_plans import REPO, plan, stage, write  # noqa: E402
 
 WORKER = REPO / "tests" / "runtime" / "precision_worker.py"
 TEXT = ["text.0", "text.1", "text.2"]
@@ -22,13 +22,7 @@ HEAD = ["cat", "head"]
 
 
 def _stage(sid: int, nodes: list[str], devices: list[int], depth: int) -> dict:
-    return {
-        "id": sid,
-        "nodes": nodes,
-        "devices": devices,
-        "micro_batch_size": 4,
-        "schedule": {"kind": "kFkB", "k": 1, "order": one_f_one_b(depth, 2)},
-    }
+    return stage(sid, nodes, devices, 4, 8, depth)  # 2 micro-batches of 4, 1F1B
 
 
 def graph_plan() -> dict:
