@@ -120,12 +120,13 @@ def test_the_sizes_take_turns(monkeypatch):
     step after), and each size's pipeline is closed at the end."""
     from gpp_runtime.calibration import insitu as pi
 
-    calls, closed = [], []
+    calls, closed, precisions = [], [], []
     device = torch.device("cpu")
 
     class Fake:
-        def __init__(self, workload, doc, b, optimizer):
+        def __init__(self, workload, doc, b, optimizer, precision):
             self.b = b
+            precisions.append(precision)
             self.pipe = type("P", (), {"close": lambda _: closed.append(b), "device": device})()
 
         def steps(self, warmup, steps, min_seconds):
@@ -139,7 +140,12 @@ def test_the_sizes_take_turns(monkeypatch):
     per = -(-7 // pi.TURNS)
     want = [(1, 2, per), (4, 2, per)] + [(b, 1, per) for _ in range(pi.TURNS - 1) for b in (1, 4)]
     assert [c[:3] for c in calls] == want and all(c[3] == pi.MIN_SECONDS / pi.TURNS for c in calls)
-    assert sorted(closed) == [1, 4]
+    assert sorted(closed) == [1, 4] and precisions == [None, None]
+    # each size's one-stage plan trains in the profile's precision
+    precisions.clear()
+    pi.measure(None, {}, [1, 4], 2, 7, "sgd", "bf16-autocast")
+    assert precisions == ["bf16-autocast", "bf16-autocast"]
+    calls.clear()
     # a GPU (the device the pipelines sit on) keeps one block of steps per size
     calls.clear()
     device = torch.device("cuda", 0)
@@ -150,10 +156,10 @@ def test_the_sizes_take_turns(monkeypatch):
     device = torch.device("cpu")
 
     class Breaks(Fake):
-        def __init__(self, workload, doc, b, optimizer):
+        def __init__(self, workload, doc, b, optimizer, precision):
             if b == 4:
                 raise RuntimeError("no pipeline at 4")
-            super().__init__(workload, doc, b, optimizer)
+            super().__init__(workload, doc, b, optimizer, precision)
 
     monkeypatch.setattr(pi, "_SizeRun", Breaks)
     with pytest.raises(RuntimeError, match="no pipeline at 4"):
