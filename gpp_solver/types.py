@@ -59,6 +59,10 @@ class Node:
     #: workspace; in its backward, with the gradients it produces): one figure for every size, or
     #: one per micro-batch size (``cost.memory.workspace_at`` reads either); ``None``: not measured
     workspace_bytes: float | tuple[float, ...] | None = None
+    #: bytes, per micro-batch (not per sample), of the low-precision copies of the node's weights
+    #: that autocast makes in its forward and autograd saves for its backward (0: none, as in
+    #: float32 or a bf16 model)
+    weight_copy_bytes: float = 0.0
 
 
 @dataclass(frozen=True)

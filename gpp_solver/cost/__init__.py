@@ -28,6 +28,7 @@ from gpp_solver.cost.model import (
     stage_costs,
     stage_transfers,
     stage_weight_bytes,
+    stage_weight_copy_bytes,
     stage_weight_grad_time,
     time_per_sample,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "order_memory",
     "pending_weight_samples",
     "stage_activation_bytes",
+    "stage_weight_copy_bytes",
     "stage_compute",
     "stage_compute_parts",
     "stage_costs",

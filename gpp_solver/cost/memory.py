@@ -5,8 +5,9 @@
 * in a stage whose order holds ``W`` (split backward), plus ``pending_w(S)/d * kept(S)``: the
   gradients ``B`` keeps for ``W`` (:func:`kept_gradient_bytes`, ``docs/zero-bubble.md``);
 * with the cluster's ``memory_overheads``, beside it what the runtime measurably holds: the
-  received buffers, the gradient buckets and the temporaries (:func:`memory_with_overheads`), and
-  the cluster's ``runtime_memory_bytes`` (the libraries' workspaces, whatever the stage).
+  received buffers, the gradient buckets, the temporaries and, under autocast, each in-flight
+  micro-batch's low-precision weight copies (:func:`memory_with_overheads`), and the cluster's
+  ``runtime_memory_bytes`` (the libraries' workspaces, whatever the stage).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from gpp_solver.cost.model import (
     stage_activation_bytes,
     stage_configs,
     stage_weight_bytes,
+    stage_weight_copy_bytes,
 )
 from gpp_solver.types import Cluster, Graph
 
@@ -207,8 +209,12 @@ def memory_with_overheads(
 ) -> float:
     """The memory of one device of ``stage`` with the runtime's overheads (``memory_overheads``):
 
-    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + pending_w / d * kept +
-    temporaries, buckets, step)`` where
+    ``osf * W_S + max(in_flight / d * (sum_v act_v + received) + in_flight / b * copies +
+    pending_w / d * kept + temporaries, buckets, step)`` where
+
+    * ``copies``: :func:`~gpp_solver.cost.model.stage_weight_copy_bytes`, the low-precision weight
+      copies autocast makes in each micro-batch's forward and its backward reads (one set per
+      micro-batch in flight on each replica; 0 outside autocast);
 
     * ``kept``: :func:`kept_gradient_bytes`, the gradients ``B`` keeps for the ``pending_w`` samples
       whose ``W`` is pending (0 in an order without ``W``);
@@ -265,6 +271,7 @@ def memory_with_overheads(
     )
     if in_flight_samples:
         activations += rows * received_per_sample
+        activations += in_flight_samples / stage.micro_batch_size * stage_weight_copy_bytes(graph, stage)
     if pending_w_samples:
         activations += pending_w_samples / d * kept_gradient_bytes(graph, stage)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
@@ -300,7 +307,7 @@ def _interleaved(
 
     * a backward at its largest node (:func:`_backward_at_nodes`, a later backward: every weight
       gradient exists, counted in ``osf * W_S``), beside the other micro-batches in flight (each
-      its activations, received values and unsaved sent values), its own received and unsaved sent
+      its activations, weight copies, received values and unsaved sent values), its own received and unsaved sent
       values, one gradient sent back in transit, and the messages posted: its own gradient buffer
       and, with the order's ``posted_ahead`` (:func:`posted_ahead`), a received value per forward
       and a gradient buffer per backward among the actions posted ahead of it, the most over its
@@ -316,6 +323,7 @@ def _interleaved(
     received, sent = rows * received_per_sample, rows * sent_per_sample
     unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
     waiting = rows * sum(c.activation_bytes for c in configs) + received + unsaved
+    waiting += stage_weight_copy_bytes(graph, stage)
     others = max(0.0, in_flight_samples / stage.micro_batch_size - 1)  # micro-batches waiting beside it
     _first, later = _backward_at_nodes(graph, stage, rows)
     if posted_ahead:
@@ -344,7 +352,8 @@ def _all_forwards_first(
       the data-parallel flat copy (``W_S`` when ``d > 1``);
     * the optimizer step: ``W_S`` and its temporaries (:data:`OPTIMIZER_STEP_SCRATCH`).
 
-    Per micro-batch of ``rows = b / d`` the runtime holds its received values (``received``) from
+    Per micro-batch of ``rows = b / d`` the runtime holds its activations and weight copies until
+    its backward, its received values (``received``) from
     its forward to the end of its backward, the activations it sends (``sent``) and the gradients
     it sends back (``received``) until the step ends, and the buffer of each gradient it receives
     (``sent``) from up to ``POSTED_AHEAD`` compute actions before its backward to its end."""
@@ -361,7 +370,9 @@ def _all_forwards_first(
     outgoing = [v for v in stage.nodes if any(w not in mine for w in graph.succs(v))]
     unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
     values = rows * sum(graph.node(v).output_bytes for v in outgoing)
-    waiting = rows * sum(act.values()) + received + unsaved  # before its backward
+    waiting = (
+        rows * sum(act.values()) + received + unsaved + stage_weight_copy_bytes(graph, stage)
+    )  # before its backward
     done = received + values  # a micro-batch after its backward, until the step ends
 
     def backward(j: int, at_nodes: float) -> float:
@@ -381,11 +392,13 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
     step's first backward and in a later one: over the stage's nodes ``v_1 .. v_m`` in graph order
     (the backward runs them in reverse), at ``v_k``
 
-    ``rows * (sum_{i <= k} act_i + out_k + live_k + held_k) + T_k`` plus ``sum_{i > k} weight_bytes_i``
+    ``rows * (sum_{i <= k} act_i + out_k + live_k + held_k) + sum_{i <= k} copies_i + T_k`` plus
+    ``sum_{i > k} weight_bytes_i``
     (the weight gradients the first backward has produced) or ``W_S`` (a later one: every
     gradient; ``v_k``'s new one, in ``T_k``, is added into ``.grad`` after), where
 
-    * ``act_i``: the activations of the nodes not yet reached;
+    * ``act_i``: the activations of the nodes not yet reached, ``copies_i`` their weight copies
+      (``weight_copy_bytes``, per micro-batch);
     * ``out_k``: the gradient flowing into ``v_k`` (0 when every consumer of ``v_k`` is in another
       stage: the received gradient buffer, priced with the messages, is the gradient itself);
     * ``T_k = max(weight_bytes_k + rows * in_k, rows * ws_k)``: what ``v_k``'s backward
@@ -426,11 +439,12 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         if any(w not in at for w in graph.succs(v))
     }
     first = second = 0.0
-    reached = flowing = 0.0  # activations of v_1 .. v_k; live_k
+    reached = flowing = copies = 0.0  # activations and weight copies of v_1 .. v_k; live_k
     held = sum(sent_share.values())  # held_k
     later_w = total_w  # weight gradients of v_{k+1} .. v_m
     for k, v in enumerate(order):
         reached += config[v].activation_bytes
+        copies += graph.node(v).weight_copy_bytes
         flowing += live[k]
         held -= sent_share.get(v, 0.0)
         later_w -= weights[k]
@@ -440,7 +454,7 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         transient = produces if ws is None else max(produces, ws)
         consumers = graph.succs(v)
         into = 0.0 if consumers and all(w not in at for w in consumers) else node.output_bytes
-        here = rows * (reached + into + flowing + held) + transient
+        here = rows * (reached + into + flowing + held) + copies + transient
         first = max(first, here + later_w)
         second = max(second, here + total_w)
     return first, second

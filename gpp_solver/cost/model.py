@@ -169,6 +169,12 @@ def stage_activation_bytes(graph: Graph, stage: StageLike) -> float:
     return sum(c.activation_bytes for c in stage_configs(graph, stage))
 
 
+def stage_weight_copy_bytes(graph: Graph, stage: StageLike) -> float:
+    """``copies_S``: bytes per micro-batch of the low-precision weight copies autocast makes in the
+    stage's forward and saves for its backward (the nodes' ``weight_copy_bytes``)."""
+    return sum(graph.node(v).weight_copy_bytes for v in stage.nodes)
+
+
 # The pricing core: every pricer (this module's stage_costs and the planners' vectorised fast
 # pricers) computes its figures with these formulas; each takes floats or numpy arrays.
 

@@ -44,6 +44,7 @@ _NODE_FIELDS = frozenset(
         "activation_bytes",
         "output_bytes",
         "workspace_bytes",
+        "weight_copy_bytes",
         "tmpc",
         "extra",
     }
@@ -196,6 +197,7 @@ def graph_from_dict(d: Any) -> Graph:
                 activation_bytes=_bytes(require(nd, "activation_bytes", where, E), f"{where}.activation_bytes"),
                 output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
                 workspace_bytes=_workspace(nd, where, n),
+                weight_copy_bytes=_bytes(nd.get("weight_copy_bytes", 0), f"{where}.weight_copy_bytes"),
                 tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
                 extra=extra(nd, where, E),
             )
@@ -279,6 +281,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         if n.workspace_bytes is not None:
             ws = n.workspace_bytes
             nd["workspace_bytes"] = list(ws) if isinstance(ws, tuple) else ws
+        if n.weight_copy_bytes:
+            nd["weight_copy_bytes"] = n.weight_copy_bytes
         if n.tmpc:
             nd["tmpc"] = [
                 {

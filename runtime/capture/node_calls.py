@@ -4,7 +4,11 @@ its floating outputs, with gradients of ones, with respect to its floating input
 
 ``grad_of``, where given, is the set of fx nodes whose values need grad in the model (computed from
 a parameter): only those inputs are leaves that need grad, so the backward computes no gradient
-the model's backward would not (the model's own inputs have none)."""
+the model's backward would not (the model's own inputs have none).
+
+Each setup empties autocast's cache of weight casts first (``torch.clear_autocast_cache``): the
+runtime opens an autocast region per micro-batch's forward, so every forward casts its weights
+anew, and so does every timed call (outside autocast the cache is empty and this does nothing)."""
 
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ def forward_setup(mg: ModelGraph, node, env: dict, grad_of: set | None = None):
     """A setup (untimed) returning the node's forward as the trainer runs it: autograd records it."""
 
     def setup():
+        torch.clear_autocast_cache()
         local, _ = leaf_inputs(node, env, requires_grad=True, grad_of=grad_of)
         return lambda: run_node(mg.gm, node, local)
 
@@ -71,6 +76,7 @@ def backward_setup(mg: ModelGraph, node, env: dict, grad_of: set | None = None):
     params = node_params(mg, node, env)
 
     def setup():
+        torch.clear_autocast_cache()
         local, leaves = leaf_inputs(node, env, requires_grad=True, grad_of=grad_of)
         outs = [t for t in tensors_in(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
         wrt = leaves + params

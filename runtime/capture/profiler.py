@@ -32,6 +32,9 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   pass, measured: the storages saved for backward (``saved_tensors_hooks``) in one training-mode
   forward at the largest micro-batch size, each storage once, charged to the node that produced it
   (``gpp_runtime.capture.saved`` says why; parameters and buffers excluded);
+- ``weight_copy_bytes`` (only where not 0): bytes per micro-batch of the copies of parameters
+  that the forward saves for the backward, apart from ``activation_bytes``: under autocast, the
+  low-precision copies of the weights a matmul or a convolution reads (``gpp_runtime.capture.saved``);
 - ``workspace_bytes``: bytes per sample an operator allocates for the moment of its call beyond
   what it keeps (its forward's transient above its output and saved tensors; its backward's peak,
   the gradients it produces included), the largest over the node's fx nodes, measured at every
@@ -272,9 +275,11 @@ def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: 
                 kept = saved_bytes(mg, inputs)
                 for gid, members in mg.groups:
                     sizes[gid].update(
-                        activation_bytes=float(kept[gid] / micro_batch_size),
+                        activation_bytes=float(kept.activations[gid] / micro_batch_size),
                         output_bytes=float(_output_bytes(mg, members, env, micro_batch_size)),
                     )
+                    if kept.weight_copies[gid]:
+                        sizes[gid]["weight_copy_bytes"] = float(kept.weight_copies[gid])
             del env
         sweeps.append(timing)
     # per size, each round's forward + backward over every node: rounds that disagree were measured
@@ -314,6 +319,7 @@ def _time_backward_weight(mg: ModelGraph, node, env: dict, warmup: int, repeats:
         return 0.0, 0.0, 0.0
 
     def setup():
+        torch.clear_autocast_cache()  # a fresh cast per call, as in forward_setup
         local, leaves = leaf_inputs(node, env, requires_grad=True)
         outs = [t for t in tensors_in(run_node(mg.gm, node, local)) if t.is_floating_point() and t.requires_grad]
         if not outs:

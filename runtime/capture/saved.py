@@ -8,6 +8,13 @@ an intermediate inside a node of several operators, e.g. attention's softmax or 
 A model input that an operator saves is charged to the first node that saves it. Parameters and
 buffers are not activations (the weights term of the cost model holds them).
 
+A saved copy of a parameter (``param.to(dtype)``: what ``torch.autocast`` makes of a float32
+weight before a matmul or a convolution, once per autocast region, which the runtime opens per
+micro-batch; or its view, or anything else computed from one parameter alone) is not an
+activation either: its size does not follow the micro-batch's rows, so it
+is counted apart, per micro-batch (the node's ``weight_copy_bytes``), charged to the node whose
+operator saved it first.
+
 Charging the producer follows what a pipeline stage holds per in-flight sample: a value its own
 nodes saved, and a value it sends to another stage, which stays alive as the root of the stage's
 backward (so a stage's kept bytes do not depend on where its consumers are). What this figure
@@ -16,6 +23,8 @@ received copy of a value a stage reads from another stage (its received buffers)
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -32,13 +41,46 @@ def _tensors(value) -> list[torch.Tensor]:
     return []
 
 
-def saved_bytes(mg: ModelGraph, inputs: tuple) -> dict[str, int]:
+@dataclass(frozen=True)
+class SavedBytes:
+    """Per graph node (every node has an entry), bytes of the storages its forward keeps for the
+    backward: ``activations`` (in one forward of the measured rows) and ``weight_copies`` (copies
+    of parameters, one set per forward whatever its rows)."""
+
+    activations: dict[str, int]
+    weight_copies: dict[str, int]
+
+
+def _copies_a_parameter(t: torch.Tensor, weights: set[int]) -> bool:
+    """Whether ``t`` was computed from one parameter (or buffer) alone, through operators of one
+    input each: a cast (``to``/``_to_copy``, what autocast calls) and its views (a Linear saves
+    its cast weight transposed), found by walking ``t``'s autograd history back to the weight."""
+    fn = t.grad_fn
+    for _ in range(_CHAIN):
+        if fn is None:
+            return False
+        variable = getattr(fn, "variable", None)  # AccumulateGrad: the leaf
+        if isinstance(variable, torch.Tensor):
+            return variable.untyped_storage().data_ptr() in weights
+        sources = [f for f, _ in fn.next_functions if f is not None]
+        if len(sources) != 1:
+            return False
+        fn = sources[0]
+    return False
+
+
+#: the most one-input operators between a saved weight copy and its parameter
+_CHAIN = 8
+
+
+def saved_bytes(mg: ModelGraph, inputs: tuple) -> SavedBytes:
     """Bytes of saved-for-backward storages charged to each graph node (see the module docstring)
-    in one forward of ``inputs``; every node of the graph has an entry."""
+    in one forward of ``inputs``."""
     weights = {t.untyped_storage().data_ptr() for t in list(mg.gm.parameters()) + list(mg.gm.buffers())}
     owner: dict[int, str] = {}  # storage -> graph node charged with it
     size: dict[int, int] = {}
     saved: set[int] = set()
+    copies: set[int] = set()
     current: list[str | None] = [None]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -49,9 +91,12 @@ def saved_bytes(mg: ModelGraph, inputs: tuple) -> dict[str, int]:
                 saved.add(ptr)
                 size[ptr] = s.nbytes()
                 owner.setdefault(ptr, current[0])
+                if _copies_a_parameter(t, weights):
+                    copies.add(ptr)
         return t
 
     env: dict = dict(zip(mg.placeholders, inputs))
+    torch.clear_autocast_cache()  # one forward's copies, made in it
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         for n in mg.gm.graph.nodes:
             if n.op not in COMPUTE_OPS and n.op != "get_attr":
@@ -61,9 +106,10 @@ def saved_bytes(mg: ModelGraph, inputs: tuple) -> dict[str, int]:
             if current[0] is not None:
                 for t in _tensors(env[n]):
                     owner.setdefault(t.untyped_storage().data_ptr(), current[0])
-    out = {gid: 0 for gid, _ in mg.groups}
+    out = SavedBytes({gid: 0 for gid, _ in mg.groups}, {gid: 0 for gid, _ in mg.groups})
     for ptr in saved:
         gid = owner.get(ptr)
-        if gid in out:
-            out[gid] += size[ptr]
+        kind = out.weight_copies if ptr in copies else out.activations
+        if gid in kind:
+            kind[gid] += size[ptr]
     return out

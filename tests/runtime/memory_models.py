@@ -36,3 +36,31 @@ def conv_towers():
     return SimpleNamespace(
         model=model, sample=sample, loss=lambda o, t: nn.functional.cross_entropy(o, t, reduction="sum")
     )
+
+
+class WideMlp(nn.Module):
+    """Four wide linear layers (GELU between): weight-heavy, so under autocast each micro-batch's
+    low-precision weight copies, which its backward reads, outweigh its activations."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
+        self.act = nn.GELU()
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = self.act(layer(x))
+        return self.head(x)
+
+
+def wide_mlp():
+    model = WideMlp()
+
+    def sample(batch_size: int, step: int):
+        g = torch.Generator().manual_seed(400 + step)
+        return (torch.randn(batch_size, 256, generator=g),), torch.randint(0, 10, (batch_size,), generator=g)
+
+    return SimpleNamespace(
+        model=model, sample=sample, loss=lambda o, t: nn.functional.cross_entropy(o, t, reduction="sum")
+    )

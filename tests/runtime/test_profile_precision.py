@@ -54,6 +54,19 @@ def test_bf16_autocast_halves_what_a_linear_layer_sends_but_not_its_weights(prof
     assert bf16[fc]["weight_bytes"] == f32[fc]["weight_bytes"]  # fp32 master weights
 
 
+def test_autocast_weight_copies_are_counted_per_micro_batch_apart_from_activations(profiles):
+    """Under autocast a Linear whose input needs grad saves its weight cast to bfloat16 (8 x 8 x 2
+    bytes) once per forward, whatever its rows: ``weight_copy_bytes``, not per-sample activations
+    (which hold its bf16 input alone). Neither float32 nor a bf16 model makes a copy."""
+    bf16 = _nodes(profiles["bf16-autocast"])
+    fc2 = bf16["branch0.fc2"]
+    assert fc2["weight_copy_bytes"] == 8 * 8 * 2
+    assert fc2["activation_bytes"] == 0  # its saved input is charged to the node that produced it
+    assert "weight_copy_bytes" not in bf16["branch0.fc1"]  # fed the model's input: no input gradient
+    for name in ("float32", "bf16-model"):
+        assert not any("weight_copy_bytes" in nd for nd in profiles[name]["nodes"]), name
+
+
 def test_a_bf16_model_halves_its_weights_and_outputs(profiles):
     f32, model = _nodes(profiles["float32"]), _nodes(profiles["bf16-model"])
     for nid, nd in f32.items():
