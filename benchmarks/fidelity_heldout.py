@@ -117,11 +117,18 @@ def _seeds(args) -> list[tuple[str, str, str, int]]:
     out = []
     for name in names:
         if name == "calibration":  # the eight models the cost model was calibrated on (fidelity_cpu)
-            out += [(name, f"{name}:{spec.split(':')[1]}", spec, b) for spec, b in fidelity_cpu.CPU_MODELS]
+            out += [(name, f"{name}:{_label(spec)}", spec, b) for spec, b in fidelity_cpu.CPU_MODELS]
         else:
             seeds = model_suite.DEV_SEEDS if name == "dev" else model_suite.HELD_OUT_SEEDS
             out += [_suite_entry(name, s) for s in seeds]
     return out
+
+
+def _label(spec: str) -> str:
+    """A calibration model's label: its module's last part and its function (``two_branch.bench``;
+    two of the eight are ``bench``, and each label names its own graph and plan files)."""
+    module, fn = spec.split(":")
+    return f"{module.rsplit('.', 1)[-1]}.{fn}"
 
 
 def _suite_entry(name: str, seed: int) -> tuple[str, str, str, int]:
