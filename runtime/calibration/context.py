@@ -16,8 +16,10 @@ stages. Resnet18 (float64, 32x32 images, 2 samples), split by GraphPipe after ``
 So on a CPU the forward times of the profile are replaced by these: the model runs node by node
 (the fx graph's order, grad enabled, the trainer's saved-tensor hook) ``warmup + repeats`` times,
 each fx node's forward timed in place, and each graph node keeps the median (and fastest and
-slowest, its ``time_spread``) over the runs of the sum over its fx nodes. The backward keeps the
-per-node profile. On a GPU nothing is replaced: a node timed inside the forward would need a
+slowest, its ``time_spread``) over the runs of the sum over its fx nodes. Under autocast each
+run starts with autocast's cache of weight casts empty: the trainer opens an autocast region per
+micro-batch's forward, so a node that reads a weight first pays its cast in every forward. The
+backward keeps the per-node profile. On a GPU nothing is replaced: a node timed inside the forward would need a
 synchronisation per node, which changes what it times. ``extra.profile.forward_times`` names the
 method used.
 """
@@ -42,6 +44,7 @@ def forward_in_context(
     for i in range(warmup + repeats):
         per: dict[str, float] = {gid: 0.0 for gid, _ in mg.groups}
         env: dict = dict(zip(mg.placeholders, inputs))
+        torch.clear_autocast_cache()  # each forward casts its weights anew, as each micro-batch's does
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             for n in mg.gm.graph.nodes:
                 if n.op == "get_attr":

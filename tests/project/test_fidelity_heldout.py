@@ -44,6 +44,14 @@ def test_the_issues_conv_towers_train_one_step():
     assert torch.isfinite(loss) and w.batch == 64
 
 
+def test_every_model_of_a_run_has_its_own_label():
+    """Labels name each model's graph and plan files: two calibration models are ``bench``
+    (``examples.sequential`` and ``examples.two_branch``), and once shared one label."""
+    labels = [label for _, label, _, _ in fh._seeds(fh.parse_args(["--set", "all"]))]
+    assert len(labels) == len(set(labels))
+    assert {"calibration:sequential.bench", "calibration:two_branch.bench"} <= set(labels)
+
+
 def test_seed_attributes_are_workloads():
     assert ms.seed_3().spec == ms.draw(3)
     with pytest.raises(AttributeError):

@@ -84,22 +84,23 @@ def write_cluster(tmp_path: Path, devices: int, optimizer_state_factor: float) -
     return doc
 
 
+def launch(
+    nproc: int, target: list[str], timeout: float = 120, env: dict | None = None, pythonpath: list[Path] | None = None
+):
+    """Run ``python -m torch.distributed.run --standalone --nproc-per-node=NPROC TARGET...`` in the
+    repository, one thread a rank, with ``pythonpath`` (default: the repository) as ``PYTHONPATH``
+    (``[]``: none, as in a user's shell)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target]
+    paths = [REPO] if pythonpath is None else pythonpath
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
+    if paths:
+        full_env["PYTHONPATH"] = os.pathsep.join(str(x) for x in paths)
+    return subprocess.run(cmd, cwd=REPO, env=full_env | (env or {}), capture_output=True, text=True, timeout=timeout)
+
+
 def torchrun(nproc: int, args: list[str], timeout: float = 120, env: dict | None = None):
     """Run ``python -m torch.distributed.run --standalone ... -m gpp_runtime.train ARGS``."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "gpp_runtime.train",
-        "--threads",
-        "1",
-        *args,
-    ]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return launch(nproc, ["-m", "gpp_runtime.train", "--threads", "1", *args], timeout, env)
 
 
 def assert_shape(

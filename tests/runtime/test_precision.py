@@ -6,14 +6,11 @@ same way), and a tensor of another dtype than traced is refused before it is sen
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from runtime_plans import REPO, plan, stage, write  # noqa: E402
+from runtime_plans import REPO, launch, plan, stage, write  # noqa: E402
 
 WORKER = REPO / "tests" / "runtime" / "precision_worker.py"
 TEXT = ["text.0", "text.1", "text.2"]
@@ -39,18 +36,7 @@ def _run(tmp_path, case: str, doc: dict, timeout: float = 180):
     # the shape the test names: 2 micro-batches of 4 on every stage, 3 ranks
     assert all(s["micro_batch_size"] == 4 for s in doc["stages"]) and doc["mini_batch_size"] == 8
     assert sorted(d for s in doc["stages"] for d in s["devices"]) == [0, 1, 2]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=3",
-        str(WORKER),
-        case,
-        write(tmp_path, doc),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'runtime'}"}
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    res = launch(3, [str(WORKER), case, write(tmp_path, doc)], timeout, pythonpath=[REPO, REPO / "tests" / "runtime"])
     out = res.stdout + res.stderr
     return res, out
 

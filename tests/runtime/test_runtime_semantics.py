@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from runtime_plans import REPO, assert_shape, plan, stage, torchrun, write
+from runtime_plans import REPO, assert_shape, launch, plan, stage, torchrun, write
 
 from gpp_runtime.capture.dropout import Context, chunk_dropout, set_context
 
@@ -133,25 +131,9 @@ def test_undeclared_mean_loss_is_refused(tmp_path):
     "precision", ["float32", "bf16-autocast", pytest.param("fp16-autocast", marks=pytest.mark.slow)]
 )
 def test_example_training_script(tmp_path, precision):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=3",
-        "examples/train_two_tower.py",
-        "--epochs",
-        "3",
-        "--samples",
-        "128",
-        "--save",
-        str(tmp_path),
-        "--precision",
-        precision,
-    ]
+    args = ["--epochs", "3", "--samples", "128", "--save", str(tmp_path), "--precision", precision]
     # no PYTHONPATH, as in a user's shell: the script finds the `examples` package itself
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"OMP_NUM_THREADS": "1"}
-    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    res = launch(3, ["examples/train_two_tower.py", *args], timeout=180, pythonpath=[])
     assert res.returncode == 0, res.stderr[-3000:]
     losses = [
         float(line.split("mean loss ")[1].split()[0]) for line in res.stdout.splitlines() if line.startswith("epoch ")

@@ -50,6 +50,28 @@ def test_each_node_is_timed_where_it_runs():
     assert all(p.grad is None for p in wl.model.parameters())
 
 
+def test_under_autocast_every_forward_casts_its_weights():
+    """The trainer opens an autocast region per micro-batch's forward, so each forward casts the
+    weights to bfloat16 again; so does each timed whole forward (before, the first run's casts
+    were cached and the later, timed ones read them: the cast was left out of the times)."""
+    wl = _workload()
+    mg = trace_workload(wl)
+    casts = []
+
+    def pack(t):
+        # a saved bf16 weight copy (or its transposed view) of a Linear whose input needs grad
+        if t.dtype == torch.bfloat16 and t.grad_fn is not None and t.shape in {(8, 8), (2, 8), (8, 2)}:
+            casts.append(t)  # kept alive, so no storage is reused for a later copy
+        return t
+
+    x = wl.sample(4, 0)[0][0].requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        forward_in_context(mg, (x,), 0, 3, pack)
+    # two Linears a forward, three forwards: six copies, none shared between forwards
+    assert len(casts) == 6
+    assert len({t.untyped_storage().data_ptr() for t in casts}) == 6
+
+
 def test_the_times_replace_the_forward_and_its_spread():
     nodes = [{"id": "a", "fw_time": [1.0, 2.0], "extra": {"time_spread": {"fw": [[0.5, 1.5]] * 2, "bw": [[1, 2]]}}}]
     use_in_context_forward(nodes, [{"a": (3e-4, 2e-4, 5e-4)}, {"a": (6e-4, 5e-4, 9e-4)}])

@@ -10,12 +10,8 @@ copies each updated with its own stage's gradient.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
-from runtime_plans import REPO, one_f_one_b, plan, write
+from runtime_plans import REPO, launch, one_f_one_b, plan, write
 
 WORKER = REPO / "tests" / "runtime" / "fault_train.py"
 TOWER = "examples.real_models:two_tower"
@@ -57,29 +53,8 @@ def _run(tmp_path, fault: str, doc: dict, model: str, *extra: str):
     assert doc["mini_batch_size"] == 8 and all(s["micro_batch_size"] == 4 for s in doc["stages"])
     assert len({d for s in doc["stages"] for d in s["devices"]}) == 3
     assert (len(doc["stages"]) == 2 and any(len(s["devices"]) == 2 for s in doc["stages"])) or len(doc["stages"]) == 3
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=3",
-        str(WORKER),
-        fault,
-        "--threads",
-        "1",
-        "--plan",
-        write(tmp_path, doc),
-        "--model",
-        model,
-        "--steps",
-        "5",
-        "--optimizer",
-        "adam",
-        "--verify",
-        *extra,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    res = subprocess.run(cmd, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    args = ["--threads", "1", "--plan", write(tmp_path, doc), "--model", model, "--steps", "5"]
+    res = launch(3, [str(WORKER), fault, *args, "--optimizer", "adam", "--verify", *extra], timeout=240)
     return res, res.stdout + res.stderr
 
 
