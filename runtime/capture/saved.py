@@ -54,14 +54,17 @@ class SavedBytes:
 def _copies_a_parameter(t: torch.Tensor, weights: set[int]) -> bool:
     """Whether ``t`` was computed from one parameter (or buffer) alone, through operators of one
     input each: a cast (``to``/``_to_copy``, what autocast calls) and its views (a Linear saves
-    its cast weight transposed), found by walking ``t``'s autograd history back to the weight."""
+    its cast weight transposed), found by walking ``t``'s autograd history back to the weight.
+    Its storage holds at most the parameter's elements: a ``repeat`` over the batch grows with
+    the rows, so it is an activation, not a copy."""
     fn = t.grad_fn
     for _ in range(_CHAIN):
         if fn is None:
             return False
         variable = getattr(fn, "variable", None)  # AccumulateGrad: the leaf
         if isinstance(variable, torch.Tensor):
-            return variable.untyped_storage().data_ptr() in weights
+            elements = t.untyped_storage().nbytes() // t.element_size()
+            return variable.untyped_storage().data_ptr() in weights and elements <= variable.numel()
         sources = [f for f, _ in fn.next_functions if f is not None]
         if len(sources) != 1:
             return False

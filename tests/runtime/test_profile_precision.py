@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 from runtime_plans import REPO  # noqa: E402
 
 from gpp_runtime import train  # noqa: E402
@@ -102,3 +102,32 @@ def test_strict_refuses_it_on_the_command_line_before_training(profiles, tmp_pat
     assert res.returncode == 2, res.stderr[-3000:]
     assert res.stderr.startswith("error: ") and "was profiled in float32 but trains in bf16-autocast" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+class _LearnedQueries(torch.nn.Module):
+    """Learned query tokens repeated over the batch and fed to a matmul with a Linear's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Parameter(torch.randn(3, 8))
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        q = self.q.unsqueeze(0).repeat(x.shape[0], 1, 1)  # (B, 3, 8): grows with the rows
+        return torch.bmm(q, self.fc(x).unsqueeze(2)).sum()
+
+
+def test_a_parameter_repeated_over_the_batch_is_an_activation_not_a_weight_copy():
+    """Autocast casts the repeated queries for the bmm: 4 x 3 x 8 bf16 elements saved, made from
+    one parameter through one-input operators, but with more elements than the parameter, so they
+    grow with the micro-batch and are priced per sample; the Linear's cast weight is a copy."""
+    from gpp_runtime.capture.fx_graph import trace
+    from gpp_runtime.capture.saved import saved_bytes
+
+    x = torch.randn(4, 8, requires_grad=True)
+    mg = trace(_LearnedQueries(), (x,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kept = saved_bytes(mg, (x,))
+    assert kept.weight_copies["fc"] == 8 * 8 * 2
+    assert kept.weight_copies["bmm"] == 0
+    assert kept.activations["bmm"] == 4 * 3 * 8 * 2
