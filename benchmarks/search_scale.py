@@ -3,6 +3,8 @@
     python benchmarks/search_scale.py --quick                 # a small subset (minutes)
     python benchmarks/search_scale.py --timeout 120 --plot scale.png   # the full grid (hours)
     python benchmarks/search_scale.py --planners gpp,graphpipe --devices 8,64 --workloads transformer-12,mmt-4x4
+    python benchmarks/search_scale.py --planners gpp,graphpipe --devices 64,1024 \
+        --workloads transformer-333,transformer-3333,mmt-25x66 --time-limit 20 --timeout 300   # large graphs
 
 Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transformer", layers=L)``,
 12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
@@ -14,7 +16,9 @@ published profiles under the repository's ``data/pipedream`` (``pd-NAME``, e.g. 
 Each cell (workload, devices, planner) runs in its own subprocess (a fresh interpreter, so one
 cell's memory cannot leak into the next) under ``--timeout`` seconds and the planner's own
 ``--time-limit``; it reports the planner's wall seconds and the process's peak resident memory
-(``resource.getrusage``, interpreter and imports included: about 100 MB is the floor).  Statuses:
+(``resource.getrusage``, interpreter and imports included: about 100 MB is the floor), the plan's
+predicted throughput (mini-batch over predicted iteration time, samples/s), and ``over``: seconds
+past the time limit; the cells that return later than the limit + max(1 s, 5%) are listed.  Statuses:
 the plan's ``search.status``, ``timeout`` (killed), ``error: ...`` (e.g. a planner refusing the
 size).  The growth exponent is the least-squares slope of log(seconds) on log(operators) (per
 planner and device count) and on log(devices) (per planner and workload), over finished cells.
@@ -102,10 +106,12 @@ def run_cell(workload: str, devices: int, planner: str, time_limit: float) -> di
     t0 = time.perf_counter()
     try:
         plan = get_planner(planner)(graph, v100_cluster(devices), B, time_limit=time_limit)
-        out.update(status=plan.search.status, iteration_time=plan.predicted.iteration_time)
+        it = plan.predicted.iteration_time
+        out.update(status=plan.search.status, iteration_time=it, throughput=B / it if it > 0 else math.nan)
     except Exception as exc:  # noqa: BLE001 - recorded, the grid goes on
         out["status"] = f"error: {type(exc).__name__}"
     out["seconds"] = time.perf_counter() - t0
+    out["time_limit"] = time_limit
     out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -204,17 +210,28 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown planner {unknown[0]!r} (one of {', '.join(PLANNERS)})")
     rows = []
-    print(f"{'workload':18} {'ops':>5} {'D':>5} {'planner':14} {'seconds':>8} {'peak MB':>8}  status", flush=True)
+    print(
+        f"{'workload':18} {'ops':>5} {'D':>5} {'planner':14} {'seconds':>8} {'over':>6} {'samples/s':>10} "
+        f"{'peak MB':>8}  status",
+        flush=True,
+    )
     for w in workloads:
         for d in devices:
             for p in planners:
                 r = cell_subprocess(w, d, p, a.time_limit, a.timeout)
                 rows.append(r)
+                over = r["seconds"] - a.time_limit
                 print(
                     f"{label(w):18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
+                    f"{over if over > 0 else 0:6.2f} {r.get('throughput', math.nan):10.1f} "
                     f"{r['peak_mb']:8.0f}  {r['status']}",
                     flush=True,
                 )
+    late = [r for r in rows if r["seconds"] > a.time_limit + max(1.0, 0.05 * a.time_limit)]
+    print(
+        f"\ncells past the time limit + max(1 s, 5%): {len(late)} of {len(rows)}"
+        + "".join(f"\n  {label(r['workload'])} D={r['devices']} {r['planner']}: {r['seconds']:.1f} s" for r in late)
+    )
     print("\ngrowth exponents (seconds ~ x^k, least squares on log-log, finished cells only)")
     for p in planners:
         for d in devices:

@@ -43,13 +43,14 @@ cut's block: ``O(n^2)`` in all (NASNet-A, 1,251 operators, in about half a secon
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Generator, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import networkx as nx
 import numpy as np
 
+from gpp_solver._backend import trampoline
 from gpp_solver.errors import InvalidGraphError
 
 __all__ = [
@@ -127,17 +128,19 @@ def order_pairs(tree: SPNode) -> set[tuple[Hashable, Hashable]]:
     """All ``(u, v)`` with ``u`` before ``v`` in the order the tree describes (for tests)."""
     out: set[tuple[Hashable, Hashable]] = set()
 
-    def walk(t: SPNode) -> list[Hashable]:
+    def walk(t: SPNode) -> Generator[tuple, list[Hashable], list[Hashable]]:
         if isinstance(t, Leaf):
             return [t.node]
-        parts = [walk(c) for c in t.children]
+        parts = []
+        for c in t.children:
+            parts.append((yield (c,)))
         if isinstance(t, Series):
             for i in range(len(parts)):
                 later = [v for p in parts[i + 1 :] for v in p]
                 out.update((u, v) for u in parts[i] for v in later)
         return [v for p in parts for v in p]
 
-    walk(tree)
+    trampoline.run(walk, tree)
     return out
 
 
@@ -205,15 +208,7 @@ def decompose(graph: Any) -> SPDecomposition:
     if n == 0:
         raise InvalidGraphError("cannot decompose an empty graph")
     d = _Decomposer(order, succ)
-    import sys
-
-    limit = sys.getrecursionlimit()
-    if limit < 4 * n + 100:
-        sys.setrecursionlimit(4 * n + 100)
-    try:
-        tree = d.build(np.arange(n, dtype=np.int64), d.reach.sum(axis=1), d.reach.sum(axis=0))
-    finally:
-        sys.setrecursionlimit(limit)
+    tree = trampoline.run(d.build, np.arange(n, dtype=np.int64), d.reach.sum(axis=1), d.reach.sum(axis=0))
     return SPDecomposition(tree=tree, order=order, forced_cuts=tuple(d.forced))
 
 
@@ -259,9 +254,11 @@ class _Decomposer:
         np.minimum.at(head, lab, np.arange(k))
         return head[lab]
 
-    def build(self, mem: np.ndarray, cd: np.ndarray, ca: np.ndarray) -> SPNode:
+    def build(self, mem: np.ndarray, cd: np.ndarray, ca: np.ndarray) -> Generator[tuple, SPNode, SPNode]:
         """``mem``: the set's members ascending (== topological order); ``cd`` / ``ca``: per member
-        its number of descendants / ancestors inside the set."""
+        its number of descendants / ancestors inside the set.  Each part's own tree is a recursive
+        call, run by :func:`gpp_solver._backend.trampoline.run` (a forced cut can nest as deep as
+        the graph is long)."""
         k = len(mem)
         if k == 1:
             return Leaf(self.order[mem[0]])
@@ -279,7 +276,7 @@ class _Decomposer:
                     kids = []
                     for h in heads:
                         sel = lab == h
-                        kids.append(self.build(mem[sel], cd[sel], ca[sel]))
+                        kids.append((yield (mem[sel], cd[sel], ca[sel])))
                     return Parallel(tuple(kids))
             blocks = self._forced_cut(mem, cd, ca, missing)
         else:
@@ -288,7 +285,7 @@ class _Decomposer:
             blocks = [(mem[a:b], cd[a:b] - (k - b), ca[a:b] - a) for a, b in zip(bounds, bounds[1:])]
         out: list[SPNode] = []
         for bm, bd, ba in blocks:
-            child = self.build(bm, bd, ba)
+            child = yield (bm, bd, ba)
             if isinstance(child, Series):
                 out.extend(child.children)
             else:
@@ -310,7 +307,14 @@ class _Decomposer:
 
 def describe(tree: SPNode, names: Sequence[str] | None = None) -> str:
     """Compact text form, e.g. ``S(a, P(b, c), d)``."""
+    return trampoline.run(_describe, tree)
+
+
+def _describe(tree: SPNode) -> Generator[tuple, str, str]:
     if isinstance(tree, Leaf):
         return str(tree.node)
+    parts = []
+    for c in tree.children:
+        parts.append((yield (c,)))
     tag = "S" if isinstance(tree, Series) else "P"
-    return f"{tag}(" + ", ".join(describe(c) for c in tree.children) + ")"
+    return f"{tag}(" + ", ".join(parts) + ")"

@@ -189,7 +189,14 @@ def _merges(P: Problem, state: State, s: int, tps: Sequence[float] | None) -> It
 
 
 def _down_sets(P: Problem, nodes: Sequence[int], cap: int) -> list[list[int]] | None:
-    """Every non-trivial down-closed subset of ``nodes`` (w.r.t. edges inside it); ``None`` above ``cap``."""
+    """Every non-trivial down-closed subset of ``nodes`` (w.r.t. edges inside it); ``None`` above ``cap``.
+
+    Depth-first over the nodes in topological order, each left out before it is taken (the order
+    of the list), with an explicit stack: no recursion, whatever the set's size.  A set of ``k``
+    nodes has at least ``k - 1`` of them (the prefixes of a topological order), so ``k - 1 > cap``
+    answers ``None`` at once."""
+    if len(nodes) - 1 > cap:
+        return None
     order = sorted(nodes, key=lambda u: P.topo_rank[P.graph.ids[u]])
     inside = set(order)
     preds: dict[int, list[int]] = {u: [] for u in order}
@@ -199,23 +206,28 @@ def _down_sets(P: Problem, nodes: Sequence[int], cap: int) -> list[list[int]] | 
                 preds[v].append(u)
     out: list[list[int]] = []
     chosen: set[int] = set()
-
-    def rec(i: int) -> bool:
+    stack = [(0, _SKIP)]  # (position, what to do there next)
+    while stack:
+        i, step = stack.pop()
         if i == len(order):
             if 0 < len(chosen) < len(order):
                 out.append(sorted(chosen))
-            return len(out) <= cap
+                if len(out) > cap:
+                    return None
+            continue
         u = order[i]
-        if not rec(i + 1):
-            return False
-        if all(p in chosen for p in preds[u]):
-            chosen.add(u)
-            ok = rec(i + 1)
+        if step == _SKIP:  # first every set without u, then those with it
+            stack += [(i, _TAKE), (i + 1, _SKIP)]
+        elif step == _TAKE:
+            if all(p in chosen for p in preds[u]):
+                chosen.add(u)
+                stack += [(i, _UNDO), (i + 1, _SKIP)]
+        else:
             chosen.discard(u)
-            return ok
-        return True
+    return out
 
-    return out if rec(0) else None
+
+_SKIP, _TAKE, _UNDO = range(3)
 
 
 def repartitions(P: Problem, state: State, s: int, *, cap: int = 512) -> Iterator[tuple[str, State]]:

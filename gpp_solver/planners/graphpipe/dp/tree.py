@@ -5,10 +5,12 @@ the leaf order) with an id, and with ``shared_sinks`` GraphPipe's shared-sink st
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpp_solver._backend import trampoline
 from gpp_solver.sp_tree import Leaf, Series, SPNode
 
 INF = 1 << 40  # "impossible" device count; sums of two stay far from int64 overflow
@@ -74,10 +76,18 @@ class AttachSite:
 def tree_segments(tree: SPNode) -> int:
     """How many segments :func:`index_tree` would list for ``tree`` (without shared sinks):
     ``k (k + 1) / 2`` per internal node of ``k`` children."""
+    return trampoline.run(_segments, tree)
+
+
+def _segments(tree: SPNode) -> Generator[tuple, int, int]:
     if isinstance(tree, Leaf):
         return 1
     k = len(tree.children)
-    return k * (k + 1) // 2 + sum(tree_segments(c) for c in tree.children if not isinstance(c, Leaf))
+    total = k * (k + 1) // 2
+    for c in tree.children:
+        if not isinstance(c, Leaf):
+            total += yield (c,)
+    return total
 
 
 def index_tree(tree: SPNode, shared_sinks: bool = False, max_series_children: int | None = None) -> TreeIndex:
@@ -94,7 +104,7 @@ def index_tree(tree: SPNode, shared_sinks: bool = False, max_series_children: in
         # a one-operator graph: one internal "series" of a single leaf keeps the code uniform
         tree = Series((tree,))
     f = _Flattener(max_series_children)
-    root, _, _, height = f.walk(tree)
+    root, _, _, height = trampoline.run(f.walk, tree)
     lo, hi = np.concatenate(f.lo_list), np.concatenate(f.hi_list)
     idx = TreeIndex(
         tuple(f.leaf_order),
@@ -130,13 +140,16 @@ class _Flattener:
         self.hi_list: list[int] = []
         self.blocks: list[int] = []
 
-    def walk(self, t: SPNode) -> tuple[tuple[str, int], int, int, int]:
-        """Returns (handle, lo, hi, height)."""
+    def walk(self, t: SPNode) -> Generator[tuple, tuple, tuple[tuple[str, int], int, int, int]]:
+        """Returns (handle, lo, hi, height); each child is a call run by
+        :func:`gpp_solver._backend.trampoline.run` (no recursion limit on the tree's depth)."""
         if isinstance(t, Leaf):
             self.leaf_order.append(t.node)
             p = len(self.leaf_order) - 1
             return ("leaf", p), p, p + 1, 1
-        kids = [self.walk(c) for c in t.children]
+        kids = []
+        for c in t.children:
+            kids.append((yield (c,)))
         kind = "S" if isinstance(t, Series) else "P"
         if kind == "S" and self.max_series_children is not None and len(kids) > self.max_series_children:
             kids = self._blocks(kids, self.max_series_children)
