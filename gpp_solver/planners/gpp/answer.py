@@ -100,6 +100,7 @@ def finish(run: GppRun, plan: Plan, meta: dict[str, Any]) -> Plan:
         "exact_tps": run.proven,
         "iteration_time_estimate": plan.search.iteration_time_estimate,
         "phase_seconds": {k: round(v, 4) for k, v in run.phases.items()},
+        "answer_reserve_seconds": round(run.reserve, 4),
         "plans_built": run.pool.built,
     }
     if o.schedule != "1f1b":

@@ -94,7 +94,9 @@ def run_seed_planners(
                 else {}
             )
             p = fn(graph, cluster, B, time_limit=left, **opts)
+            v0 = time.perf_counter()
             validate(p, graph, cluster)
+            checked = time.perf_counter() - v0
         except Exception as exc:  # noqa: BLE001 — a seed planner must never break this one
             late = time.perf_counter() > stop
             cut |= late
@@ -134,6 +136,7 @@ def run_seed_planners(
             "time_limit": left,
             "time_per_sample": p.predicted.time_per_sample,
             "iteration_time": p.predicted.iteration_time,
+            "validate_seconds": checked,
         }
     return plans, partitions, info, cut
 
