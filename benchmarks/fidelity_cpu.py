@@ -147,6 +147,8 @@ def fillers(args, spec: str, used: int, micro_batch: int):
                 str(core),
                 "--batch",
                 str(micro_batch),
+                "--precision",  # the kernels the ranks beside it run (fidelity_heldout --precision)
+                getattr(args, "precision", "float32"),
             ]
             procs.append(
                 subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

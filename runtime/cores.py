@@ -1,6 +1,7 @@
 """CPU cores as devices: pinning, busy fillers and concurrent profiling.
 
     python -m gpp_runtime.cores --model examples.sequential:bench --core 1 --batch 32   # a filler
+    python -m gpp_runtime.cores --model examples.sequential:bench --core 1 --precision bf16-autocast
 
 Why. On a CPU the cores of one machine are not independent devices: on the 2-vCPU VM this was
 written on, one single-threaded 256x256 float32 matmul loop took 344 us per matmul alone and
@@ -24,6 +25,7 @@ every measurement see the same device, "one core while every other core works":
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -41,6 +43,8 @@ from .engine.allocator import keep_freed_memory
 ROOT = Path(__file__).resolve().parents[1]  # the checkout (its examples), or site-packages when installed
 PROFILER = "gpp_runtime.profile"  # the workers run this package's profiler
 WORKER_ENV = "GPP_PROFILE_WORKER"  # "K/N": this profiler is worker K of N (set by profile_concurrent)
+#: gpp_runtime.capture.precision.PRECISIONS' names (named here so that --help imports no torch)
+PRECISION_CHOICES = ("float32", "bf16-autocast", "fp16-autocast", "bf16-model")
 
 
 def cores() -> list[int]:
@@ -56,14 +60,20 @@ def pin(index: int) -> int:
     return core
 
 
-def busy_loop(workload, batch: int, stop=lambda: False, ready=lambda: None) -> int:
+def busy_loop(workload, batch: int, stop=lambda: False, ready=lambda: None, prec=None) -> int:
     """Forward and backward of the whole model on ``sample(batch, 0)`` until ``stop()``; the count.
-    ``ready()`` is called once, after the first iteration."""
+    ``ready()`` is called once, after the first iteration.  ``prec``: the forward and the loss in
+    that precision's autocast (a :class:`~gpp_runtime.capture.precision.Precision`; the workload
+    already cast for a low-precision model), as the ranks beside it train: the kernels a core runs
+    change what its neighbour measures."""
     inputs, target = workload.sample(batch, 0)
+    device = next((p.device for p in workload.model.parameters()), "cpu")
     n = 0
     while not stop():
         workload.model.zero_grad(set_to_none=True)
-        workload.loss(workload.model(*inputs), target).backward()
+        with contextlib.nullcontext() if prec is None else prec.forward(device):
+            loss = workload.loss(workload.model(*inputs), target)
+        loss.backward()
         n += 1
         if n == 1:
             ready()
@@ -176,10 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--core", type=int, required=True, help="index into this process's cores")
     ap.add_argument("--batch", type=int, default=8, help="samples per forward (default 8)")
     ap.add_argument("--seconds", type=float, default=None, help="stop after this long (default: SIGTERM)")
+    ap.add_argument(
+        "--precision",
+        choices=PRECISION_CHOICES,
+        default="float32",
+        help="train the model in this precision, as the ranks beside it do (gpp_runtime.train's --precision)",
+    )
     args = ap.parse_args(argv)
     import torch
 
     from .capture.fx_graph import load_workload
+    from .capture.precision import in_precision, precision
 
     if args.batch < 1:
         print(f"error: --batch must be >= 1, got {args.batch}", file=sys.stderr)
@@ -197,14 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     keep_freed_memory()  # as the ranks beside it run (gpp_runtime.engine.allocator)
     pin(args.core)
+    prec = precision(args.precision)
     try:
-        wl = load_workload(args.model)
+        wl = in_precision(load_workload(args.model), prec)
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     end = time.monotonic() + args.seconds if args.seconds is not None else float("inf")
-    busy_loop(wl, args.batch, lambda: time.monotonic() > end, lambda: print("ready", flush=True))
+    busy_loop(wl, args.batch, lambda: time.monotonic() > end, lambda: print("ready", flush=True), prec)
     return 0
 
 

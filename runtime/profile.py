@@ -35,7 +35,7 @@ from . import cores
 from .calibration.quality import assess
 from .calibration.terms import profile_with_terms
 from .capture.fx_graph import load_workload
-from .capture.precision import PRECISIONS, precision
+from .capture.precision import PRECISIONS, in_precision, precision
 from .capture.profiler import profile
 from .engine.allocator import keep_freed_memory
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if worker is not None:  # keep this core busy until every worker has finished
             _write(doc, args.output)
             signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-            cores.busy_loop(wl, sizes[-1])
+            cores.busy_loop(wl, sizes[-1], prec=precision(args.precision))
     except InvalidInputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -108,17 +108,6 @@ def _profile(args, wl, sizes: list[int]) -> dict:
     return profile_with_terms(
         wl, sizes, args.warmup, args.repeats, optimizer=args.optimizer, in_situ=not args.no_in_situ, **common
     )
-
-
-def in_precision(wl, prec):
-    """The workload as it trains in ``prec``: a bf16 model and its floating samples cast (the
-    workload object changed in place); the others as they are (their autocast is the profiler's)."""
-    if prec.model_dtype is None:
-        return wl
-    prec.cast_model(wl.model)
-    sample = wl.sample
-    wl.sample = lambda rows, step: prec.cast(tuple(sample(rows, step)))
-    return wl
 
 
 def _assessed(measure, again: bool) -> dict:

@@ -84,3 +84,15 @@ def precision(choice: str | Precision | None) -> Precision:
     if choice not in PRECISIONS:
         raise InvalidInputError(f"precision must be one of {', '.join(PRECISIONS)}; got {choice!r}")
     return PRECISIONS[choice]
+
+
+def in_precision(wl, prec):
+    """The workload as it trains in ``prec``: a bf16 model and its floating samples cast (the
+    workload object changed in place); the others as they are (their autocast is the caller's: the
+    profiler's, a filler's)."""
+    if prec.model_dtype is None:
+        return wl
+    prec.cast_model(wl.model)
+    sample = wl.sample
+    wl.sample = lambda rows, step: prec.cast(tuple(sample(rows, step)))
+    return wl

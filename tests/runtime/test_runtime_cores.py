@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -153,3 +154,42 @@ def test_merge_keeps_the_weight_gradient_within_the_merged_backward():
     node = merge(docs, [0, 1, 2])["nodes"][0]
     assert node["bw_time"] == [2.5, 5.0]
     assert node["bw_weight_time"] == [2.5, 2.0]
+
+
+def test_busy_loop_runs_in_the_precision_given():
+    """A filler beside bf16 ranks runs bf16 kernels: its forward under that precision's autocast."""
+    import torch
+
+    from gpp_runtime.capture.precision import precision
+    from gpp_runtime.cores import busy_loop
+
+    model = torch.nn.Linear(4, 4)
+    seen = []
+    model.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    wl = SimpleNamespace(
+        model=model,
+        sample=lambda rows, step: ((torch.randn(rows, 4),), torch.randn(rows, 4)),
+        loss=lambda out, target: ((out.float() - target) ** 2).mean(),
+    )
+    for prec, dtype in ((None, torch.float32), (precision("bf16-autocast"), torch.bfloat16)):
+        seen.clear()
+        assert busy_loop(wl, 2, stop=lambda: len(seen) >= 2, prec=prec) == 2
+        assert seen == [dtype, dtype]
+        assert model.weight.grad is not None and model.weight.dtype == torch.float32
+
+
+def test_filler_takes_the_ranks_precision():
+    from gpp_runtime.capture.precision import PRECISIONS
+    from gpp_runtime.cores import PRECISION_CHOICES
+
+    assert PRECISION_CHOICES == tuple(PRECISIONS)
+    res = subprocess.run(
+        [sys.executable, "-m", "gpp_runtime.cores", "--model", "examples.sequential:workload", "--core", "0"]
+        + ["--seconds", "0.5", "--precision", "bf16-model"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
+    assert res.returncode == 0 and res.stdout.split() == ["ready"], res.stderr[-500:]
