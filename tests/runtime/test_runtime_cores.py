@@ -89,34 +89,21 @@ def test_profile_concurrent_refuses_bad_counts_and_reports_a_worker_error(tmp_pa
         assert "profiler worker" in err and "nope" in err and "Traceback" not in err
 
 
+def _filler(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpp_runtime.cores", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=60,
+    )
+
+
 def test_filler_pins_itself_and_reports_ready():
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpp_runtime.cores",
-            "--model",
-            "examples.sequential:workload",
-            "--core",
-            "0",
-            "--seconds",
-            "0.5",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=60,
-    )
+    res = _filler("--model", "examples.sequential:workload", "--core", "0", "--seconds", "0.5")
     assert res.returncode == 0 and res.stdout.split() == ["ready"], res.stderr[-500:]
-    bad = subprocess.run(
-        [sys.executable, "-m", "gpp_runtime.cores", "--model", "nope:x", "--core", "0"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=60,
-    )
+    bad = _filler("--model", "nope:x", "--core", "0")
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "Traceback" not in bad.stderr
 
 
@@ -129,14 +116,7 @@ def test_filler_pins_itself_and_reports_ready():
     ],
 )
 def test_filler_refuses_a_core_it_cannot_have(args, needle):
-    res = subprocess.run(
-        [sys.executable, "-m", "gpp_runtime.cores", "--model", "examples.sequential:workload", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=60,
-    )
+    res = _filler("--model", "examples.sequential:workload", *args)
     assert res.returncode == 2 and res.stderr.startswith("error: " + needle) and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
 
@@ -183,13 +163,7 @@ def test_filler_takes_the_ranks_precision():
     from gpp_runtime.cores import PRECISION_CHOICES
 
     assert PRECISION_CHOICES == tuple(PRECISIONS)
-    res = subprocess.run(
-        [sys.executable, "-m", "gpp_runtime.cores", "--model", "examples.sequential:workload", "--core", "0"]
-        + ["--seconds", "0.5", "--precision", "bf16-model"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=60,
+    res = _filler(
+        "--model", "examples.sequential:workload", "--core", "0", "--seconds", "0.5", "--precision", "bf16-model"
     )
     assert res.returncode == 0 and res.stdout.split() == ["ready"], res.stderr[-500:]
