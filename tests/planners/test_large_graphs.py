@@ -1,7 +1,7 @@
-"""Graphs at the size of real large models (issue 42): no limit but memory and time.
+"""Graphs at the size of real large models: no limit but memory and time.
 
-A 1,000-layer Transformer has 3,002 operators and 40 MMT branches of 40 layers 4,842; before,
-``gpp`` refused both with a ``RecursionError``.  Here: the recursions over the series-parallel tree
+A 1,000-layer Transformer has 3,002 operators and 40 MMT branches of 40 layers 4,842; a
+recursion per operator or per tree level would refuse them.  Here: the recursions over the series-parallel tree
 and over a stage's down-sets run on explicit stacks (:mod:`gpp_solver._backend.trampoline`), so a
 tree as deep as the graph is long decomposes, flattens and describes at Python's default recursion
 limit; and ``gpp`` and ``graphpipe`` plan a 10,000-operator chain and a 5,000-operator branchy graph
@@ -188,8 +188,8 @@ def test_gpp_keeps_time_for_its_answer():
 
 @pytest.mark.slow  # 20 s, and a quiet machine: a wall-clock target
 def test_gpp_returns_within_its_limit_on_a_10000_operator_chain():
-    """Before the reserve: 23.0 s for a 20 s limit (seeds 13.9, starts 6.2, then 3 s of rebuilding
-    and validating the answer past the limit); the target is the limit + max(1 s, 5%)."""
+    """Without the answer reserve it returned 3 s late (rebuilding and validating the answer past
+    the limit; docs/results.md); the target is the limit + max(1 s, 5%)."""
     make, devices = LARGE["chain-10001"]
     g = make()
     c = v100_cluster(devices)
