@@ -198,3 +198,49 @@ def test_gpp_returns_within_its_limit_on_a_10000_operator_chain():
     wall = time.perf_counter() - t0
     validate(plan, g, c)
     assert wall <= 21.0, f"{wall:.1f} s for a 20 s limit"
+
+
+def _frames_below(name: str) -> int:
+    """How many frames the caller is below the innermost call of the function ``name``."""
+    f, n = sys._getframe(1), 0
+    while f is not None and f.f_code.co_name != name:
+        f, n = f.f_back, n + 1
+    assert f is not None, f"not called from {name}"
+    return n
+
+
+def test_graphpipes_traceback_does_not_recurse_per_tree_level(monkeypatch):
+    """A graph nested ``k`` levels around two operators too heavy to share a device: GraphPipe's
+    staging must separate them, so its traceback goes down all ``2k`` tree levels to reach them.
+    It walks on an explicit stack: every stage is emitted a fixed number of frames below
+    ``trace_stages`` (the walk's generator and the driver), where a recursion would be 2k deep."""
+    from gpp_solver.planners.graphpipe.dp import traceback as tb
+
+    k = 6
+    edges = [(u, "c1") if v == "c" else ("c2", v) if u == "c" else (u, v) for u, v in _nested_edges(k)]
+    edges.append(("c1", "c2"))
+    ids = sorted({u for e in edges for u in e})
+    heavy = {"c1", "c2"}  # 4 x 2.5 GB each with Adam: two on one 16 GB V100 do not fit
+    g = graph_from_dict(
+        {
+            "format": "gpp-graph/1",
+            "name": f"nested-{k}-heavy-core",
+            "micro_batch_sizes": [1, 2],
+            "nodes": [node(i, f=1e-3, w=2.5e9 if i in heavy else 1e6, a=1e4, o=1e4) for i in ids],
+            "edges": [{"src": u, "dst": v} for u, v in edges],
+        }
+    )
+    depths: list[int] = []
+    emit = tb._Traceback.emit
+
+    def counted(self, g_, depth):
+        depths.append(_frames_below("trace_stages"))
+        return emit(self, g_, depth)
+
+    monkeypatch.setattr(tb._Traceback, "emit", counted)
+    c = v100_cluster(32)
+    plan = get_planner("graphpipe")(g, c, 16, time_limit=20.0)
+    validate(plan, g, c)
+    where = {v: i for i, s in enumerate(plan.stages) for v in s.nodes}
+    assert where["c1"] != where["c2"]  # reached through every level of the tree
+    assert depths and max(depths) <= 3, depths

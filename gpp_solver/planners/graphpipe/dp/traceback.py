@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gpp_solver._backend.trampoline import run
 from gpp_solver.planners.graphpipe.dp.shared_sinks import attach_parts
 from gpp_solver.planners.graphpipe.dp.stage import DPStage, decode
 from gpp_solver.planners.graphpipe.dp.tree import INF, TreeIndex
@@ -36,7 +37,7 @@ def trace_stages(
     if len(feas) == 0:
         raise ValueError(f"target {t!r} is infeasible at b={b}")
     tb = _Traceback(idx, degrees, tps, dev, tables, R, prefer_shared, E, sat)
-    tb.walk(idx.root[1], 0, int(feas[0]))
+    run(tb.walk, idx.root[1], 0, int(feas[0]))
     tb.out.sort(key=lambda st: st.first)
     return tb.out
 
@@ -45,7 +46,11 @@ class _Traceback:
     """One traceback: the pass's tables and the stages emitted so far (``out``).  :meth:`walk` follows
     a tree node's choices; :meth:`series_choice` and :meth:`attach_walk` find the choice worth a
     value in a series (a segment or a child), and at a shared-sink site; :meth:`head_walk` and
-    :meth:`others_walk` emit a shared-sink stage's branch head and the other branches."""
+    :meth:`others_walk` emit a shared-sink stage's branch head and the other branches.
+
+    The walks recurse once per tree level a stage lies below, so they are generators driven by
+    :func:`gpp_solver._backend.trampoline.run` (``yield self.walk(...)`` is the recursive call):
+    their depth is bounded by memory, not by Python's recursion limit."""
 
     def __init__(
         self,
@@ -82,21 +87,21 @@ class _Traceback:
             found = None
             site = next((x for x in idx.sites.get(t_id, ()) if x.p == p), None) if kind == "S" else None
             if site is not None and prefer_shared:  # fewer stages and transfers at the same value
-                qm = self.attach_walk(site, suf, s, e, target)
+                qm = yield self.attach_walk(site, suf, s, e, target)
                 if qm is not None:
                     p, e = qm[0] + 1, qm[1] - 1
                     continue
             if kind == "S":
                 found = self.series_choice(kids, segs, suf, p, s, e, target, internal)
                 if found is None and site is not None and not prefer_shared:
-                    qm = self.attach_walk(site, suf, s, e, target)
+                    qm = yield self.attach_walk(site, suf, s, e, target)
                     assert qm is not None
                     p, e = qm[0] + 1, qm[1] - 1
                     continue
                 assert found is not None
                 q, m = found
                 if q == p and internal:
-                    self.walk(kids[p][1], m, e)
+                    yield self.walk(kids[p][1], m, e)
                 else:
                     self.emit(int(segs[p, q]), m + 1)
                 p, e = q + 1, m
@@ -112,7 +117,7 @@ class _Traceback:
                 assert found is not None
                 q = found[0]
                 if q == p and internal:
-                    self.walk(kids[p][1], s, e)
+                    yield self.walk(kids[p][1], s, e)
                 else:
                     self.emit(int(segs[p, q]), s + 1)
                 p = q + 1
@@ -166,8 +171,8 @@ class _Traceback:
                 ui, qi, mi = (int(x) for x in hit[0])
                 m = int(ms[mi])
                 self.emit(int(G[ui, qi]), m)
-                self.head_walk(site, i, us[ui], m, e, parts.heads[i])
-                self.others_walk(site, i, i, m, e, parts.prepar)
+                yield self.head_walk(site, i, us[ui], m, e, parts.heads[i])
+                yield self.others_walk(site, i, i, m, e, parts.prepar)
                 return qs[qi], int(rs[mi]) + 1
         mg = np.arange(s + 1, e + 1)
         rg = mg - 1
@@ -187,7 +192,7 @@ class _Traceback:
                 gi, qi, mi = (int(x) for x in hit[0])
                 m = int(mg[mi])
                 self.emit(int(G[gi, qi]), m)
-                self.others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
+                yield self.others_walk(site, int(a[gi]), int(c[gi]), m, e, parts.prepar)
                 return qs[qi], int(rg[mi]) + 1
         return None
 
@@ -214,7 +219,7 @@ class _Traceback:
             if nxt is None:
                 c = kids[u - 1][1]
                 m2 = next(x for x in range(E + 1) if R[c][m, x] + pre[0, u - 1, x, e] == target)
-                self.walk(c, m, m2)
+                yield self.walk(c, m, m2)
                 nxt = (u - 1, m2)
             u, m = nxt
 
@@ -222,7 +227,7 @@ class _Traceback:
         """The branches before ``a`` and after ``c`` (their successor at depth ``m``)."""
         idx, dev, R, E, sat = self.idx, self.dev, self.R, self.E, self.sat
         if c + 1 < len(idx.nodes[site.par][1]):
-            self.walk(site.par, m, e, c + 1)
+            yield self.walk(site.par, m, e, c + 1)
         kids, segs = idx.nodes[site.par][1], idx.seg[site.par]
         j = a
         while j > 0:
@@ -240,6 +245,6 @@ class _Traceback:
             if nxt is None:
                 c = kids[j - 1][1]
                 assert R[c][m, e] + prepar[j - 1][0, m, e] == target
-                self.walk(c, m, e)
+                yield self.walk(c, m, e)
                 nxt = j - 1
             j = nxt
