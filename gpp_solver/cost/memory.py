@@ -89,7 +89,7 @@ def order_memory(
     """:func:`stage_memory` of ``stage`` under ``order``: its in-flight peak and, in an order with
     ``W``, its pending weight gradients (both of the order, times the stage's micro-batch size)."""
     b = stage.micro_batch_size
-    forwards = sum(1 for kind, _ in order if kind == "F")  # the step's micro-batches
+    forwards = [a[0] for a in order].count("F")  # the step's micro-batches
     return stage_memory(
         graph,
         cluster,
@@ -107,11 +107,11 @@ def posted_ahead(order: Sequence[tuple[str, int]]) -> tuple[tuple[int, int], ...
     after it, each distinct pair once: the micro-batches whose messages the runtime has posted
     (a received value for a forward, a gradient buffer for a backward) while that backward runs
     (``gpp_runtime.lowering.posting``'s eager posting, ``lookahead`` compute actions ahead)."""
-    order = list(order)
+    kinds = [a[0] for a in order]
     pairs = set()
-    for i, (kind, _) in enumerate(order):
+    for i, kind in enumerate(kinds):
         if kind == "B":
-            ahead = [k for k, _ in order[i + 1 : i + 1 + POSTED_AHEAD]]
+            ahead = kinds[i + 1 : i + 1 + POSTED_AHEAD]
             pairs.add((ahead.count("F"), ahead.count("B")))
     return tuple(sorted(pairs))
 

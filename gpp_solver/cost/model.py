@@ -310,13 +310,14 @@ def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
     """Peak samples a stage holds under ``order``: max of (forwards done - backwards done) * b; in an
     order with ``W`` actions a micro-batch's activations stay until its ``W`` (forwards done - weight
     gradients done)."""
-    order = list(order)
-    release = "W" if any(k == "W" for k, _ in order) else "B"
+    kinds = [a[0] for a in order]  # one pass in C, then plain comparisons (orders run to 10^5 actions)
+    release = "W" if "W" in kinds else "B"
     live = peak = 0
-    for kind, _ in order:
+    for kind in kinds:
         if kind == "F":
             live += 1
-            peak = max(peak, live)
+            if live > peak:
+                peak = live
         elif kind == release:
             live -= 1
     return peak * b
@@ -325,12 +326,16 @@ def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:
 def pending_weight_samples(order: Iterable[tuple[str, int]], b: int) -> int:
     """Peak samples whose weight gradient is pending under ``order``: max of (input gradients done
     - weight gradients done) * b; 0 in an order without ``W`` (its backward is whole)."""
+    kinds = [a[0] for a in order]
+    if "W" not in kinds:
+        return 0
     live = peak = 0
-    for kind, _ in order:
+    for kind in kinds:
         if kind == "B":
             live += 1
         elif kind == "W":
-            peak = max(peak, live)
+            if live > peak:
+                peak = live
             live -= 1
     return peak * b
 

@@ -303,8 +303,19 @@ def sums_in_backwards(costs: Sequence[StageCost], mini_batch_size: int) -> tuple
     return tails, sums
 
 
-def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
-    """Simulate ``plan`` (its own orders) and report iteration time, throughput, bubbles, memory."""
+def simulate(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    *,
+    record: bool = True,
+    memory: Mapping[int, float] | None = None,
+) -> SimResult:
+    """Simulate ``plan`` (its own orders) and report iteration time, throughput, bubbles, memory.
+
+    ``record=False``: no timed tasks (``tasks`` is empty; every figure is the same), for a check
+    that needs the figures alone; ``memory``: each stage's ``order_memory`` by stage id, when the
+    caller has it already (a plan of many micro-batches prices its orders in seconds)."""
     check_types(plan=(plan, Plan), graph=(graph, Graph), cluster=(cluster, Cluster))
     costs: list[StageCost] = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     by_id = {s.id: (s, c) for s, c in zip(plan.stages, costs)}
@@ -318,6 +329,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
         {i: tails[k] for k, i in enumerate(by_id)},
         plan.edges,
         plan.mini_batch_size,
+        record=record,
         weight={i: c.backward_weight for i, (_, c) in by_id.items()},
         accumulate={i: sums[k] for k, i in enumerate(by_id)},
     )
@@ -332,7 +344,7 @@ def simulate(plan: Plan, graph: Graph, cluster: Cluster) -> SimResult:
                 busy,
                 1.0 - busy / makespan if makespan > 0 else 0.0,
                 peak,
-                order_memory(graph, cluster, s, s.schedule.order, plan.stages),
+                order_memory(graph, cluster, s, s.schedule.order, plan.stages) if memory is None else memory[i],
                 idle=makespan - busy,
                 allreduce=c.allreduce,
                 optimizer=c.optimizer,

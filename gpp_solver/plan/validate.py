@@ -111,16 +111,17 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
         if s.in_flight_samples != peak:
             raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
     _check_optimizer_state_factor(plan, cluster)
+    memory: dict[int, float] = {}  # each stage's, priced once: the simulation and the predictions reuse it
     for s in plan.stages:  # memory (Eq. 2)
-        m = order_memory(graph, cluster, s, s.schedule.order, plan.stages)
+        m = memory[s.id] = order_memory(graph, cluster, s, s.schedule.order, plan.stages)
         if m > cluster.memory_bytes * (1 + 1e-9):
             raise E(
                 f"stage {s.id} needs {m:.6g} bytes per device but the cluster has {cluster.memory_bytes:.6g} "
                 f"(memory limit, Eq. 2)"
             )
-    sim = simulate(plan, graph, cluster)  # deadlock-free orders
+    sim = simulate(plan, graph, cluster, record=False, memory=memory)  # deadlock-free orders
     if check_predictions:
-        _check_predictions(plan, graph, cluster, sim)
+        _check_predictions(plan, graph, cluster, sim, memory)
 
 
 def _check_partition(plan: Plan, graph: Graph) -> dict[str, int]:
@@ -225,8 +226,9 @@ def _check_devices(plan: Plan, graph: Graph, cluster: Cluster, s: Stage, owner: 
         raise E(f"stage {s.id}: tensor_parallel={t} needs a tmpc choice for its nodes")
 
 
-def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResult) -> None:
-    """Every predicted figure, per stage and of the plan, equals the cost model's (``REL_TOL``)."""
+def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResult, memory: dict[int, float]) -> None:
+    """Every predicted figure, per stage and of the plan, equals the cost model's (``REL_TOL``);
+    ``memory``: each stage's ``order_memory`` by id."""
     costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
     for s, c in zip(plan.stages, costs):
         if not _close(s.predicted.time_per_sample, c.time_per_sample):
@@ -234,7 +236,7 @@ def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResul
                 f"stage {s.id}: predicted time_per_sample {s.predicted.time_per_sample:.9g} differs from the "
                 f"cost model's {c.time_per_sample:.9g}"
             )
-        m = order_memory(graph, cluster, s, s.schedule.order, plan.stages)
+        m = memory[s.id]
         if not _close(s.predicted.memory_bytes, m):
             raise E(
                 f"stage {s.id}: predicted memory_bytes {s.predicted.memory_bytes:.9g} differs from the cost "

@@ -265,3 +265,23 @@ def test_order_grid_window():
     orders = {0: kfkb_order(100, 1)}
     text = order_grid(orders, marks={(0, 150)}, max_steps=20)
     assert "F75<" in text and "(steps 140..159 of 200)" in text
+
+
+def test_the_figures_alone_and_given_memory_are_the_full_simulations():
+    """``simulate(record=False, memory=...)`` (what ``validate`` runs: no timed tasks, each stage's
+    memory priced once) gives every figure of the full simulation, on zero-bubble orders too."""
+    from gpp_solver.cost.memory import order_memory
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.plan.simulate import simulate
+    from gpp_solver.planners.registry import get_planner
+    from gpp_solver.workloads import build_model
+
+    g = build_model("mmt", branches=2, layers=3)
+    c = v100_cluster(8)
+    plan = get_planner("graphpipe")(g, c, 64, schedule="zb")
+    assert any(a[0] == "W" for s in plan.stages for a in s.schedule.order)
+    full = simulate(plan, g, c)
+    memory = {s.id: order_memory(g, c, s, s.schedule.order, plan.stages) for s in plan.stages}
+    lean = simulate(plan, g, c, record=False, memory=memory)
+    assert full.tasks and not lean.tasks
+    assert (lean.iteration_time, lean.throughput, lean.stages) == (full.iteration_time, full.throughput, full.stages)

@@ -64,8 +64,11 @@ def exact_searches(run: GppRun) -> tuple[Plan, dict[str, Any]]:
 def finish(run: GppRun, plan: Plan, meta: dict[str, Any]) -> Plan:
     """The pick as a gpp plan, its orders tightened, its status and ``search`` record."""
     graph, cluster, o = run.graph, run.cluster, run.o
-    if plan.planner != "gpp":
-        plan = rebuild_as_gpp(plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE), run.o.schedule)
+    if plan.planner != "gpp":  # a seed plan's orders were made under the schedule when it joined the
+        # pool, or kept (searches.pool_seeds: meta["orders"]); the same choice holds
+        plan = rebuild_as_gpp(
+            plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE), run.o.schedule, orders=meta.get("orders", "remake")
+        )
     run.timed_out |= run.past_deadline()
     plan, tinfo, guard = tighten_orders(
         plan, graph, cluster, o.tighten, o.seed, run.budget, run.timed_out, run.progress

@@ -4,6 +4,7 @@ state as a full priced plan, a seed plan re-issued under the name ``gpp``."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -152,8 +153,19 @@ def reschedule(plan: Plan, graph: Graph, cluster: Cluster, schedule: str) -> Pla
     return out
 
 
-def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: SearchInfo, schedule: str = "1f1b") -> Plan:
-    """A seed plan re-issued under the name ``gpp`` with the same partition and orders."""
+def rebuild_as_gpp(
+    plan: Plan,
+    graph: Graph,
+    cluster: Cluster,
+    search_info: SearchInfo,
+    schedule: str = "1f1b",
+    *,
+    orders: str = "remake",
+) -> Plan:
+    """A seed plan re-issued under the name ``gpp`` with the same partition.  ``orders``:
+    ``"remake"`` its orders made again under ``schedule`` when that is faster and fits, else its
+    own; ``"built"`` the plan *is* such a build (:func:`reschedule`'s, under the same ``schedule``),
+    renamed; ``"own"`` its own orders (what ``"remake"`` falls back to)."""
 
     def specs(keep_orders: bool) -> list[StageSpec]:
         return [
@@ -169,11 +181,18 @@ def rebuild_as_gpp(plan: Plan, graph: Graph, cluster: Cluster, search_info: Sear
             for s in plan.stages
         ]
 
-    out = build_plan(
-        graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info, schedule=schedule
-    )
-    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
-        st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages
-    ):
-        out = build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)
-    return out
+    if orders == "built":
+        extra = dict(search_info.extra or {})
+        if "schedule" in (plan.search.extra or {}):
+            extra["schedule"] = plan.search.extra["schedule"]
+        info = replace(search_info, iteration_time_estimate=plan.search.iteration_time_estimate, extra=extra)
+        return replace(plan, planner="gpp", search=info)
+    if orders == "remake":
+        out = build_plan(
+            graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info, schedule=schedule
+        )
+        if out.predicted.iteration_time <= plan.predicted.iteration_time * (1 + 1e-12) and all(
+            st.predicted.memory_bytes <= cluster.memory_bytes * (1 + 1e-9) for st in out.stages
+        ):
+            return out
+    return build_plan(graph, cluster, specs(True), plan.mini_batch_size, planner="gpp", search=search_info)

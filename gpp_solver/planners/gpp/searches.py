@@ -19,17 +19,32 @@ from gpp_solver.planners.gpp.plans import reschedule, states_from_plan, uniform_
 from gpp_solver.planners.gpp.run import GppRun, Start
 
 RESTART_SIZES = 2  # phase 2 restarts the search for this many best micro-batch sizes
+#: a seed plan's orders made again under a zero-bubble schedule, in validations of that plan (its W
+#: placements simulated and priced per stage; measured 1.9-3.9 on GraphPipe plans of 8,000-30,000 actions)
+RESCHEDULE_VALIDATIONS = 4.0
 POLISH_SIZES = 2  # phase 3 also polishes the best-estimate start of this many sizes
 
 
 def pool_seeds(run: GppRun) -> None:
-    """The seed plans join the candidates (first: the pick takes the first of equal scores)."""
+    """The seed plans join the candidates (first: the pick takes the first of equal scores), each
+    with its orders made under the run's schedule (:func:`reschedule`) when there is time for it:
+    that takes about ``RESCHEDULE_VALIDATIONS`` validations of the plan (measured on it in
+    ``seeds.run_seed_planners``; seconds for the long pipelines of a 5,000-operator graph).  A seed
+    with no time left keeps its own (valid) orders, the run is cut (status ``time-limit``), and
+    ``search.extra["seeds"][name]["rescheduled"]`` says so."""
     o = run.o
     for name, p in run.seeds.items():
-        run.pool.add(
-            reschedule(p, run.graph, run.cluster, o.schedule),
-            {"origin": name, "micro_batch_size": uniform_micro_batch(p)},
-        )
+        orders = "remake"  # under 1F1B: as the seed plan came
+        if o.schedule != "1f1b":
+            cost = RESCHEDULE_VALIDATIONS * run.seed_info.get(name, {}).get("validate_seconds", 0.0)
+            if time.perf_counter() + cost > run.deadline:
+                run.seed_info.setdefault(name, {})["rescheduled"] = "no: time limit"
+                run.timed_out = True
+                orders = "own"
+            else:
+                q = reschedule(p, run.graph, run.cluster, o.schedule)
+                p, orders = q, "own" if q is p else "built"
+        run.pool.add(p, {"origin": name, "micro_batch_size": uniform_micro_batch(p), "orders": orders})
 
 
 def cap(run: GppRun, repair: bool) -> int | None:

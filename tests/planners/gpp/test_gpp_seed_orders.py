@@ -1,0 +1,71 @@
+"""How ``gpp`` treats its seed plans' orders under a zero-bubble schedule: made again once, when
+they join the candidates and there is time for it (about ``RESCHEDULE_VALIDATIONS`` validations of
+the plan), kept when the plan is the pick; and a seed planner's own validation is not run twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpp_solver.formats.cluster import v100_cluster
+from gpp_solver.formats.plan_json import plan_to_dict
+from gpp_solver.plan.validate import validate
+from gpp_solver.planners.gpp import searches
+from gpp_solver.planners.gpp.plans import rebuild_as_gpp, reschedule
+from gpp_solver.planners.registry import get_planner
+from gpp_solver.types import SearchInfo, Status
+from gpp_solver.workloads import build_model
+
+
+@pytest.fixture(scope="module")
+def mmt8():
+    g = build_model("mmt", branches=2, layers=3)
+    c = v100_cluster(8)
+    return g, c, get_planner("graphpipe")(g, c, 64)
+
+
+def test_a_rescheduled_seed_renamed_is_the_plan_made_again(mmt8):
+    """``orders="built"`` (the pick was rescheduled when it joined the pool) gives, without making
+    its orders again, the plan that ``"remake"`` makes: the same orders, figures and records."""
+    g, c, seed = mmt8
+    q = reschedule(seed, g, c, "auto")
+    assert q is not seed and any(a[0] == "W" for s in q.stages for a in s.schedule.order)
+    assert q.predicted.iteration_time < seed.predicted.iteration_time  # zero bubble wins here
+    info = SearchInfo(0.0, Status.FEASIBLE)
+    built = rebuild_as_gpp(q, g, c, info, "auto", orders="built")
+    remade = rebuild_as_gpp(q, g, c, info, "auto", orders="remake")
+    assert plan_to_dict(built) == plan_to_dict(remade)
+    validate(built, g, c)
+    own = rebuild_as_gpp(seed, g, c, info, "auto", orders="own")
+    assert [s.schedule.order for s in own.stages] == [s.schedule.order for s in seed.stages]
+
+
+def test_a_seed_without_time_for_new_orders_keeps_its_own(monkeypatch):
+    """When the time left is less than the estimate, the seed joins with its own orders; the run
+    says so and is cut (its result depends on the machine's speed)."""
+    g, c = build_model("mmt", branches=2, layers=3), v100_cluster(8)
+    plan = get_planner("gpp")(g, c, 64, time_limit=5.0)
+    seeds = plan.search.extra["seeds"]
+    assert "rescheduled" not in seeds["graphpipe"] and plan.search.status is not Status.TIME_LIMIT
+    monkeypatch.setattr(searches, "RESCHEDULE_VALIDATIONS", 1e12)
+    cut = get_planner("gpp")(g, c, 64, time_limit=5.0)
+    seeds = cut.search.extra["seeds"]
+    assert seeds["graphpipe"]["rescheduled"] == "no: time limit"
+    assert cut.search.status is Status.TIME_LIMIT
+    validate(cut, g, c)
+    assert cut.predicted.iteration_time >= plan.predicted.iteration_time * (1 - 1e-9)  # never a better plan
+
+
+def test_graphpipe_as_a_seed_skips_its_own_validation(monkeypatch):
+    """``gpp`` validates every seed plan itself (and times it), so GraphPipe's own final check is
+    off there (a validation of a 5,000-operator plan takes seconds); on its own it still runs."""
+    from gpp_solver.planners.graphpipe import planner as gp
+
+    calls = []
+    real = gp.validate
+    monkeypatch.setattr(gp, "validate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g, c = build_model("mmt", branches=2, layers=3), v100_cluster(8)
+    get_planner("graphpipe")(g, c, 64)
+    assert len(calls) == 1
+    calls.clear()
+    plan = get_planner("gpp")(g, c, 64, time_limit=5.0)
+    assert calls == [] and plan.search.extra["seeds"]["graphpipe"]["validate_seconds"] > 0
