@@ -43,7 +43,8 @@ def prune_sizes(
 ) -> tuple[list[int], list[int], list, StageDP | None, dict[int, TpsSearch]]:
     """The sizes worth searching, on large trees: a quick search bounded to depth ``SEED_DEPTH``
     (small tables) gives stagings, best-first: the ``SEED_SIZES`` sizes with the least lower bound
-    (:meth:`StageDP.lower_bound`, ties to the larger size) first, the next ones only when none of
+    (:meth:`StageDP.lower_bound`, ties to the smaller size: fewer samples a micro-batch in flight,
+    so a shallow staging fits memory more often) first, the next ones only when none of
     those has a staging that shallow; the best of them by estimate, simulated, is an
     incumbent (the *seed*, kept as a candidate); one pass of the lower-bound DP
     (:func:`least_useful_depths`) at ``incumbent / B``, at any depth, tells the sizes with no
@@ -52,7 +53,7 @@ def prune_sizes(
     plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
     seed ``[(search result, simulated iteration)]``, the lower-bound DP (``[]``/``None``: no pruning)
     and the quick search's answers by size (their targets are feasible: the searches start below)."""
-    order = sorted(sizes, key=lambda b: (dp.lower_bound(b), -b))
+    order = sorted(sizes, key=lambda b: (dp.lower_bound(b), b))
     quick: dict[int, TpsSearch] = {}
     for i in range(0, len(order), SEED_SIZES):
         quick = search_bounded(
