@@ -112,8 +112,11 @@ def search_depths(
     limits the second phase to depth bounds ``e <= max_bound`` (the passes' tables grow with the
     square of the bound: a chain of 100 operators on 32 devices has stagings 32 deep).
     ``feasible``: per size a target and the depth of a staging meeting it (e.g. from
-    :func:`search_bounded`): the searches start below it, without a probe.
+    :func:`search_bounded`): the searches start below it, without a probe; called past the
+    deadline, no pass runs and every size answers ``[]`` (the caller holds those stagings).
     """
+    if feasible and deadline is not None and time.perf_counter() > deadline:
+        return {b: [] for b in sizes}  # called out of time: the stagings behind ``feasible`` stand, no pass
     # depths saturate (StageDP.depth_cap) no lower than the second phase's bounds + 2, so a staging
     # whose depth the cap hides is deeper than every bound searched next
     floor = dp.E + 1 if max_bound is None else int(max_bound) + 2
@@ -212,7 +215,9 @@ def _first_phase(
     one pass at ``t'`` and the candidate just below it for every size: where the latter is
     infeasible the answer is ``t'``, proven, and its stages are the full-depth DP's traceback (the
     same as without the preliminary search); elsewhere it goes on below ``t'`` as usual.  The
-    answers are the same as a full-depth search's."""
+    answers are the same as a full-depth search's.  When the deadline passes in the preliminary
+    search, only its answer of least TPS is traced and returned (``exact=False``), or none when
+    ``feasible`` stagings stand (a traceback is a pass of its own)."""
     keys = [(b, dp.E) for b in sizes]
     feasible = feasible or {}
     if not dp.large() or dp.E <= PRE_DEPTH:
@@ -220,12 +225,13 @@ def _first_phase(
     pre = search_keys(
         dp, sizes, [(b, PRE_DEPTH) for b in sizes], deadline, on_pass, E=PRE_DEPTH, bound=feasible, stages=False
     )
-    if deadline is not None and time.perf_counter() > deadline and pre:  # its answers stand, traced now
-        st = dp.stages_many([(b, r.tps) for (b, _), r in pre.items()], E=PRE_DEPTH)
-        return {
-            (b, dp.E): replace(r, stages=tuple(x), exact=False, depth_bound=dp.E)
-            for ((b, _), r), x in zip(pre.items(), st)
-        }
+    if deadline is not None and time.perf_counter() > deadline and feasible:
+        return {}  # the stagings behind ``feasible`` stand (the caller holds them), no traceback
+    if deadline is not None and time.perf_counter() > deadline and pre:  # the least-TPS answer stands,
+        # traced now (a traceback is a pass of its own: about a second a size on 5,000 operators)
+        (b, _), r = min(pre.items(), key=lambda kv: (kv[1].tps, -kv[0][0]))
+        st = dp.stages_many([(b, r.tps)], E=PRE_DEPTH)[0]
+        return {(b, dp.E): replace(r, stages=tuple(st), exact=False, depth_bound=dp.E)}
     start = {b: r.tps for (b, _), r in pre.items()}
     return search_keys(dp, sizes, keys, deadline, on_pass, saturate=saturate, start=start)
 

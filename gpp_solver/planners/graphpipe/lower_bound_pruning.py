@@ -27,6 +27,10 @@ SEED_DEPTH, SEED_TOL = 4, 0.02
 #: best-first: the quick search runs on this many sizes at a time, those with the least lower bound
 #: on an iteration (``B * StageDP.lower_bound``) first, until one has a staging that shallow
 SEED_SIZES = 4
+#: the pruning pass of the lower-bound DP over every size costs about this share of the quick
+#: search's seconds per size (its tables and one pass, against the quick search's several; 0.57 on
+#: MMT 25 x 66 at 1,024 devices): when that does not fit before the deadline, nothing is pruned
+LB_PASS_SHARE = 0.6
 
 
 def prune_sizes(
@@ -52,21 +56,29 @@ def prune_sizes(
     iteration is at least ``B`` times its busiest stage's TPS), so they are not searched.  The
     plan picked is the same (or a better one, the seed).  Returns the sizes kept and pruned, the
     seed ``[(search result, simulated iteration)]``, the lower-bound DP (``[]``/``None``: no pruning)
-    and the quick search's answers by size (their targets are feasible: the searches start below)."""
+    and the quick search's answers by size (their targets are feasible: the searches start below).
+    When the pruning pass would end past the deadline (``LB_PASS_SHARE``), it is not run: the
+    seed stands and no size is pruned, so the time left goes to the search itself."""
     order = sorted(sizes, key=lambda b: (dp.lower_bound(b), b))
     quick: dict[int, TpsSearch] = {}
+    t0, tried = time.perf_counter(), 0
     for i in range(0, len(order), SEED_SIZES):
         quick = search_bounded(
             dp, order[i : i + SEED_SIZES], SEED_DEPTH, deadline=deadline, on_pass=on_pass, tol=SEED_TOL
         )
+        tried += len(order[i : i + SEED_SIZES])
         if quick or (deadline is not None and time.perf_counter() > deadline):
             break
     if not quick:
         return list(sizes), [], [], None, {}
+    per_size = (time.perf_counter() - t0) / tried
     r = min(quick.values(), key=lambda r: (price_staging(graph, cluster, r.stages, r.b, B, dp._costs)[1], r.tps, -r.b))
     inc = build_staging_plan(
         graph, cluster, r.stages, r.b, B, dp, search_k, deadline=deadline, schedule=schedule
     ).predicted.iteration_time
+    if deadline is not None and time.perf_counter() + LB_PASS_SHARE * per_size * len(sizes) > deadline:
+        logger.debug("no time for the pruning pass over %d sizes: none pruned", len(sizes))
+        return list(sizes), [], [(r, inc)], None, quick
     lb = StageDP(
         graph,
         cluster,

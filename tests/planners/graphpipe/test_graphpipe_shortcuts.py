@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import pytest
@@ -136,3 +137,40 @@ def test_large_path_on_mid_sized_trees(name: str, kw: dict, devices: int, monkey
     monkeypatch.setattr(StageDP, "LARGE_TABLE", 1 << 62)  # the small-tree path
     want = plan_graphpipe(graph, cluster, B)
     _same_or_better(got, want)
+
+
+def test_no_pruning_pass_that_cannot_end_before_the_deadline(monkeypatch) -> None:
+    """The pruning pass of the lower-bound DP costs about ``LB_PASS_SHARE`` of the quick search's
+    seconds per size; when that does not fit before the deadline it is not run: the seed stands,
+    no size is pruned, and the search itself gets the time (MMT 25 x 66 on 1,024 V100s spent 10 s
+    of a 20 s limit in a pruning pass that the deadline then threw away)."""
+    from gpp_solver.planners.graphpipe import lower_bound_pruning as lbp
+    from gpp_solver.sp_tree import decompose
+
+    graph, cluster, B = build_model("mmt"), v100_cluster(8), 128
+    monkeypatch.setattr(StageDP, "LARGE_TABLE", 0)
+    dec = decompose(graph)
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+
+    def run(deadline):
+        dp = StageDP(graph, cluster, B, decomposition=dec)
+        return lbp.prune_sizes(graph, cluster, B, dec, dp, sizes, False, deadline, None)
+
+    kept, pruned, seeds, lb, quick = run(None)
+    assert pruned and lb is not None and seeds  # roomy: the pass runs and prunes
+    monkeypatch.setattr(lbp, "LB_PASS_SHARE", 1e9)  # no pass can end before any deadline
+    kept, pruned, seeds2, lb, quick2 = run(time.perf_counter() + 3600)
+    assert (kept, pruned, lb) == (sizes, [], None)
+    assert [(r.b, r.stages) for r, _ in seeds2] == [(r.b, r.stages) for r, _ in seeds] and quick2
+
+
+def test_a_depth_search_called_out_of_time_runs_no_pass(monkeypatch) -> None:
+    """``search_depths`` past its deadline with known stagings (``feasible``) answers ``[]`` for
+    every size without a DP pass or a traceback: the caller's seed stands."""
+    from gpp_solver.binary_search import search_depths
+
+    graph, cluster, B = build_model("mmt"), v100_cluster(8), 128
+    dp = StageDP(graph, cluster, B)
+    monkeypatch.setattr(StageDP, "probe", lambda *a, **k: pytest.fail("a DP pass past the deadline"))
+    got = search_depths(dp, [8, 16], deadline=time.perf_counter() - 1.0, feasible={16: (1.0, 2)})
+    assert got == {8: [], 16: []}
