@@ -174,3 +174,19 @@ def test_a_depth_search_called_out_of_time_runs_no_pass(monkeypatch) -> None:
     monkeypatch.setattr(StageDP, "probe", lambda *a, **k: pytest.fail("a DP pass past the deadline"))
     got = search_depths(dp, [8, 16], deadline=time.perf_counter() - 1.0, feasible={16: (1.0, 2)})
     assert got == {8: [], 16: []}
+
+
+def test_a_pass_out_of_time_builds_no_size_tables() -> None:
+    """A size's tables take about a second on 5,000 operators: a pass checks its deadline before
+    building each (in the grouping of its targets and their depth caps too), so a pass started
+    past its deadline stops before building any."""
+    from gpp_solver.errors import TimeLimitError
+
+    graph, cluster, B = build_model("mmt"), v100_cluster(8), 128
+    dp = StageDP(graph, cluster, B)
+    pairs = [(8, 1.0), (16, 1.0), (32, 1.0)]
+    for saturate in (None, 1):
+        with pytest.raises(TimeLimitError):
+            dp.probe(pairs, keep=False, saturate=saturate, deadline=time.perf_counter() - 1.0)
+        assert dp._cache == {}
+    assert dp.probe(pairs, keep=False).devices.shape == (3, dp.E + 1)  # no deadline: the pass as before

@@ -181,6 +181,13 @@ class StageDP:
             self._cache[b] = tb
         return tb
 
+    def _tables_in_time(self, b: int, deadline: float | None) -> SizeTables:
+        """:meth:`tables`, checking ``deadline`` first when they are still to be built (about a
+        second a size on 5,000 operators: the one step of a pass that did not check it)."""
+        if b not in self._cache:
+            check_deadline(deadline)
+        return self.tables(b)
+
     def _max_depths(self, b: int, degs: Sequence[int], memory: float) -> np.ndarray:
         return max_depths(
             self.W, self.A, b, degs, mini_batch_size=self.B, memory=memory, osf=self.cluster.optimizer_state_factor
@@ -243,7 +250,7 @@ class StageDP:
         stored only for the segments some pair's target can use (the others are ``INF`` at every
         depth and every degree, so leaving them out changes no DP value): a target near the
         optimum leaves most long segments out, which keeps the table small on long series."""
-        by_b, use, _ = self._usable(pairs)
+        by_b, use, _ = self._usable(pairs, deadline)
         nseg = len(self.idx.seg_lo)
         used = np.nonzero(use)[0]
         gmap = np.full(nseg + 1, len(used), dtype=np.int64)
@@ -297,10 +304,11 @@ class StageDP:
         if saturate is not None and E == self.E:
             caps: dict[int, list[int]] = {}
             for i, (b, t) in enumerate(pairs):
+                self._tables_in_time(b, deadline)
                 caps.setdefault(self.depth_cap(b, saturate, t), []).append(i)
             if any(C < E for C in caps):
                 return self._probe_saturated(pairs, keep, caps, deadline)
-        groups = self._split(pairs, E)
+        groups = self._split(pairs, E, deadline)
         if len(groups) > 1:  # one pass per micro-batch size, or per half of the targets (_split)
             subs = [(self.probe([pairs[i] for i in rows], keep, E, deadline=deadline), rows) for rows in groups]
             devices = np.empty((len(pairs), E + 1), dtype=np.int64)
@@ -313,17 +321,20 @@ class StageDP:
         Rroot, tables, R = run_dp(self.idx, dev, E, keep=keep, deadline=deadline)
         return DPProbe(tuple(pairs), decode(Rroot[:, 0, :]), (dev, Rroot, tables, R) if keep else None, E)
 
-    def _usable(self, pairs: Sequence[tuple[int, float]]) -> tuple[dict[int, list[int]], np.ndarray, int]:
+    def _usable(
+        self, pairs: Sequence[tuple[int, float]], deadline: float | None = None
+    ) -> tuple[dict[int, list[int]], np.ndarray, int]:
         """``pairs``' rows by micro-batch size, the segments some pair's target can use (a target
         below a segment's ``best`` leaves it ``INF`` everywhere), and the sum over rows of the
-        segments each row's own size and target could use (by size, at its largest target)."""
+        segments each row's own size and target could use (by size, at its largest target);
+        :class:`TimeLimitError` past ``deadline`` before a size's tables are built."""
         by_b: dict[int, list[int]] = {}
         for i, (b, _) in enumerate(pairs):
             by_b.setdefault(b, []).append(i)
         use = np.zeros(len(self.idx.seg_lo), dtype=bool)
         own = 0
         for b, rows in by_b.items():
-            u = self.tables(b).best <= max(pairs[i][1] for i in rows)
+            u = self._tables_in_time(b, deadline).best <= max(pairs[i][1] for i in rows)
             own += len(rows) * int(u.sum())
             use |= u
         return by_b, use, own
@@ -349,13 +360,13 @@ class StageDP:
             where.update({i: (pr, r) for r, i in enumerate(rows)})
         return DPProbe(tuple(pairs), devices, ("split", where) if keep else None, None)
 
-    def _split(self, pairs: Sequence[tuple[int, float]], E: int) -> list[list[int]]:
+    def _split(self, pairs: Sequence[tuple[int, float]], E: int, deadline: float | None = None) -> list[list[int]]:
         """The rows of ``pairs`` by micro-batch size when passes of their own store much less than
         one batched pass (whose table holds, for every target, the union of the segments the
         sizes' targets can use: a small ``b`` with its large targets would widen every row);
         else one group, or its halves when that one pass's stage-value table would hold more than
         ``PASS_ENTRIES`` entries.  The answers do not depend on the grouping."""
-        by_b, use, own = self._usable(pairs)
+        by_b, use, own = self._usable(pairs, deadline)
         whole = len(pairs) * int(use.sum())
         if len(by_b) > 1 and whole * (E + 2) >= (1 << 20) and own * 2 <= whole:
             return list(by_b.values())
