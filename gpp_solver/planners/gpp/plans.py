@@ -181,6 +181,8 @@ def rebuild_as_gpp(
             for s in plan.stages
         ]
 
+    if orders not in ("remake", "built", "own"):
+        raise ValueError(f"rebuild_as_gpp: orders must be 'remake', 'built' or 'own', got {orders!r}")
     if orders == "built":
         extra = dict(search_info.extra or {})
         if "schedule" in (plan.search.extra or {}):

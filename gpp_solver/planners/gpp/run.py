@@ -139,8 +139,9 @@ class GppRun:
         return time.perf_counter() > self.deadline
 
     def keep_for_answer(self, validate_seconds: float) -> None:
-        """Stop the searches early enough for the answer: after them the seed plans are rebuilt
-        as gpp plans, the pick is built and the plan validated, which take about
+        """Stop the searches early enough for the answer: after them the pick is built as a gpp
+        plan (a seed plan keeps the orders made for it when it joined the candidates), tightened
+        and validated, which take about
         ``ANSWER_VALIDATIONS`` validations of a plan of this graph (measured on the seed plans:
         milliseconds on small graphs, seconds at 10,000 operators), at most ``ANSWER_MAX_SHARE``
         of the time limit.  The deadline every phase checks moves that much earlier."""
@@ -148,8 +149,8 @@ class GppRun:
         self.deadline = self.t0 + self.budget - self.reserve
 
 
-#: the answer after the searches (rebuilding the seed plans, building the pick, tightening and
-#: validating) in validations of a plan of the graph; measured at 10,000 operators: 2.9 s against
+#: the answer after the searches (building the pick, tightening and validating) in validations
+#: of a plan of the graph; measured at 10,000 operators: 2.9 s against
 #: 0.75 s a validation (GppRun.keep_for_answer)
 ANSWER_VALIDATIONS = 4.0
 ANSWER_MAX_SHARE = 0.25
