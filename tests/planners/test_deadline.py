@@ -4,8 +4,9 @@ Each instance below takes clearly longer without a limit (measured on the 2-core
 graphpipe on MMT of 16 x 16 layers on 1,024 devices 22 s on a quiet machine, pipedream-2bw on MMT
 of 16 x 16 layers on 1,024 devices 4.4 s under load 2, alpa 29 s, piper 3.6 s CPU (192 layers),
 exact 10 s, milp 17 s, gpp past its 10 s default).  With a small limit the planner must return within the limit plus a
-slack for the work it cannot interrupt (one table, one small pass, the final simulation) and for a
-loaded CI machine: ``SLACK + SHARE * limit``.  It then says ``time-limit`` (or raises
+slack for the work it cannot interrupt (one table, one small pass, the final simulation):
+``SLACK + SHARE * limit``.  What is held to it is the lesser of wall and CPU time: a loaded CI machine
+stretches the wall time of that work, while a planner that ignores its limit spends CPU time too.  It then says ``time-limit`` (or raises
 ``TimeLimitError`` / a solver error naming the time limit when it has no plan) — never a status
 that claims the search finished.
 
@@ -68,7 +69,7 @@ def test_planner_stops_at_its_time_limit(name):
     make_graph, make_cluster, B, limit, options = CASES[name]
     g, c = make_graph(), make_cluster()
     fn = get_planner(name.split("-per-stage")[0])
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         plan = fn(g, c, B, time_limit=limit, **options)
     except TimeLimitError:
@@ -76,8 +77,11 @@ def test_planner_stops_at_its_time_limit(name):
     except SolverError as exc:  # the MILP's solver stopped before any plan
         assert "time limit" in str(exc)
         plan = None
-    wall = time.perf_counter() - t0
-    assert wall <= limit + SLACK + SHARE * limit, f"{name}: {wall:.2f} s for a {limit} s limit"
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    # a loaded machine stretches the wall time of the work after the deadline, never its CPU time;
+    # a planner that ignores its limit spends both (a solver's threads make CPU exceed wall)
+    spent = min(wall, cpu)
+    assert spent <= limit + SLACK + SHARE * limit, f"{name}: {wall:.2f} s wall, {cpu:.2f} s CPU for a {limit} s limit"
     if plan is not None:
         # these instances do not finish in the limit: a finished status would claim too much
         assert plan.search.status == Status.TIME_LIMIT, plan.search.status
