@@ -5,15 +5,19 @@
     python benchmarks/search_scale.py --planners gpp,graphpipe --devices 8,64 --workloads transformer-12,mmt-4x4
     python benchmarks/search_scale.py --planners gpp,graphpipe --devices 64,1024 \
         --workloads transformer-333,transformer-3333,mmt-25x66 --time-limit 20 --timeout 300   # large graphs
+    python benchmarks/search_scale.py --planners gpp,graphpipe --devices 64,1024 \
+        --workloads mmt-25x66,graph-out/gpt2_deep.json --time-limit 5,20,120 --timeout 400   # a limit sweep
 
 Workloads (operators = graph nodes): ``transformer-L`` (``build_model("transformer", layers=L)``,
 12..96 layers: 38..290 nodes), ``mmt-BxL`` (B branches of L layers: 4x4 .. 16x16), and PipeDream's
 published profiles under the repository's ``data/pipedream`` (``pd-NAME``, e.g. ``pd-inception_v3``,
 ``pd-nasnetalarge``: NASNet-A large, 1,251 operators; see ``data/README.md``) or
-``pd-/path/to/x.graph.txt`` for a profile elsewhere (batch size 128 as the profiles were taken).  Cluster:
+``pd-/path/to/x.graph.txt`` for a profile elsewhere (batch size 128 as the profiles were taken), and
+``graph-/path/to/graph.json`` for a ``gpp-graph/1`` file (e.g. a model ``gpp_runtime.profile`` traced;
+its label is the file's name).  Cluster:
 ``v100_cluster(D)`` (4 GPUs of 16 GiB per node).  Mini-batch ``B = 16 * D``, at least 64.
 
-Each cell (workload, devices, planner) runs in its own subprocess (a fresh interpreter, so one
+Each cell (workload, devices, planner, time limit: ``--time-limit`` takes several) runs in its own subprocess (a fresh interpreter, so one
 cell's memory cannot leak into the next) under ``--timeout`` seconds and the planner's own
 ``--time-limit``; it reports the planner's wall seconds and the process's peak resident memory
 (``resource.getrusage``, interpreter and imports included: about 100 MB is the floor), the plan's
@@ -64,6 +68,8 @@ def label(name: str) -> str:
     """The workload's name in tables: ``pd-/some/dir/nasnetalarge.graph.txt`` reads ``pd-nasnetalarge``."""
     if name.startswith("pd-") and os.sep in name:
         return "pd-" + os.path.basename(name).split(".")[0]
+    if name.startswith("graph-"):
+        return os.path.basename(name[6:]).split(".")[0]
     return name
 
 
@@ -75,7 +81,9 @@ def workload_error(name: str) -> str | None:
         return None
     if name.startswith("pd-"):
         return None if os.path.exists(pd_path(name)) else f"no profile file {pd_path(name)!r} for workload {name!r}"
-    return f"unknown workload {name!r} (transformer-L, mmt-BxL, pd-NAME or pd-/path/to/x.graph.txt)"
+    if name.startswith("graph-"):
+        return None if os.path.isfile(name[6:]) else f"no graph file {name[6:]!r} for workload {name!r}"
+    return f"unknown workload {name!r} (transformer-L, mmt-BxL, pd-NAME, pd-/path/to/x.graph.txt or graph-/path/to/graph.json)"
 
 
 def build_workload(name: str):
@@ -90,6 +98,10 @@ def build_workload(name: str):
         from gpp_solver.formats.pipedream import import_pipedream
 
         return import_pipedream(pd_path(name), batch_size=128)
+    if name.startswith("graph-"):
+        from gpp_solver.formats.graph import load_graph
+
+        return load_graph(name[6:])
     raise SystemExit(f"unknown workload {name!r}")
 
 
@@ -169,7 +181,9 @@ def main() -> None:
     ap.add_argument("--workloads", help="comma-separated workload names")
     ap.add_argument("--devices", help="comma-separated device counts")
     ap.add_argument("--planners", help="comma-separated planner names")
-    ap.add_argument("--time-limit", type=float, default=60.0, help="each planner's own time limit (s)")
+    ap.add_argument(
+        "--time-limit", default="60", help="each planner's own time limit (s); comma-separated: a sweep over limits"
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="kill a cell after this many seconds")
     ap.add_argument("--plot", help="write a log-log plot (PNG) of seconds against operators and devices")
     ap.add_argument("--json", help="write every cell's figures here")
@@ -188,7 +202,12 @@ def main() -> None:
             ap.error(f"--cell takes WORKLOAD DEVICES PLANNER TIME_LIMIT, got {' '.join(a.cell)!r}")
         if d < 1 or not tl > 0:
             ap.error(f"--cell needs positive devices and time limit, got {d} and {tl}")
-        print(json.dumps(run_cell(w, d, p, tl)))
+        from gpp_solver.errors import InvalidInputError
+
+        try:
+            print(json.dumps(run_cell(w, d, p, tl)))
+        except InvalidInputError as exc:  # a graph file that is not a gpp graph
+            ap.error(str(exc))
         return
     if a.workloads:  # given: every one must be known (exit 2 otherwise)
         workloads = a.workloads.split(",")
@@ -205,42 +224,54 @@ def main() -> None:
         ap.error(f"--devices must be comma-separated integers, got {a.devices!r}")
     if any(d < 1 for d in devices):
         ap.error(f"--devices must be positive, got {a.devices!r}")
+    try:
+        limits = [float(x) for x in a.time_limit.split(",")]
+    except ValueError:
+        ap.error(f"--time-limit must be comma-separated seconds, got {a.time_limit!r}")
+    if not all(t > 0 for t in limits):
+        ap.error(f"--time-limit must be positive, got {a.time_limit!r}")
     planners = a.planners.split(",") if a.planners else list(QUICK_PLANNERS if a.quick else PLANNERS)
     unknown = [p for p in planners if p not in PLANNERS]
     if unknown:
         ap.error(f"unknown planner {unknown[0]!r} (one of {', '.join(PLANNERS)})")
     rows = []
     print(
-        f"{'workload':18} {'ops':>5} {'D':>5} {'planner':14} {'seconds':>8} {'over':>6} {'samples/s':>10} "
+        f"{'workload':18} {'ops':>5} {'D':>5} {'planner':14} {'limit':>6} {'seconds':>8} {'over':>6} {'samples/s':>10} "
         f"{'peak MB':>8}  status",
         flush=True,
     )
     for w in workloads:
         for d in devices:
             for p in planners:
-                r = cell_subprocess(w, d, p, a.time_limit, a.timeout)
-                rows.append(r)
-                over = r["seconds"] - a.time_limit
-                print(
-                    f"{label(w):18} {r.get('operators') or '':>5} {d:>5} {p:14} {r['seconds']:8.2f} "
-                    f"{over if over > 0 else 0:6.2f} {r.get('throughput', math.nan):10.1f} "
-                    f"{r['peak_mb']:8.0f}  {r['status']}",
-                    flush=True,
-                )
-    late = [r for r in rows if r["seconds"] > a.time_limit + max(1.0, 0.05 * a.time_limit)]
+                for tl in limits:
+                    r = cell_subprocess(w, d, p, tl, a.timeout)
+                    r["time_limit"] = tl
+                    rows.append(r)
+                    over = r["seconds"] - tl
+                    print(
+                        f"{label(w):18} {r.get('operators') or '':>5} {d:>5} {p:14} {tl:6g} {r['seconds']:8.2f} "
+                        f"{over if over > 0 else 0:6.2f} {r.get('throughput', math.nan):10.1f} "
+                        f"{r['peak_mb']:8.0f}  {r['status']}",
+                        flush=True,
+                    )
+    late = [r for r in rows if r["seconds"] > r["time_limit"] + max(1.0, 0.05 * r["time_limit"])]
     print(
         f"\ncells past the time limit + max(1 s, 5%): {len(late)} of {len(rows)}"
-        + "".join(f"\n  {label(r['workload'])} D={r['devices']} {r['planner']}: {r['seconds']:.1f} s" for r in late)
+        + "".join(
+            f"\n  {label(r['workload'])} D={r['devices']} {r['planner']} limit {r['time_limit']:g}: {r['seconds']:.1f} s"
+            for r in late
+        )
     )
+    longest = [r for r in rows if r["time_limit"] == max(limits)]  # growth and plot: the longest limit's cells
     print("\ngrowth exponents (seconds ~ x^k, least squares on log-log, finished cells only)")
     for p in planners:
         for d in devices:
-            c = [r for r in rows if r["planner"] == p and r["devices"] == d and finished(r)]
+            c = [r for r in longest if r["planner"] == p and r["devices"] == d and finished(r)]
             k = slope([r["operators"] for r in c], [r["seconds"] for r in c])
             if k is not None:
                 print(f"  {p:14} D={d:<5} vs operators: k = {k:.2f}  ({len(c)} cells)")
         for w in workloads:
-            c = [r for r in rows if r["planner"] == p and r["workload"] == w and finished(r)]
+            c = [r for r in longest if r["planner"] == p and r["workload"] == w and finished(r)]
             k = slope([r["devices"] for r in c], [r["seconds"] for r in c])
             if k is not None:
                 print(f"  {p:14} {label(w):18} vs devices: k = {k:.2f}  ({len(c)} cells)")
@@ -256,12 +287,12 @@ def main() -> None:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
         for p in planners:
             c = sorted(
-                (r for r in rows if r["planner"] == p and r["devices"] == max(devices) and finished(r)),
+                (r for r in longest if r["planner"] == p and r["devices"] == max(devices) and finished(r)),
                 key=lambda r: r["operators"],
             )
             ax1.plot([r["operators"] for r in c], [r["seconds"] for r in c], "o-", label=p)
             c = sorted(
-                (r for r in rows if r["planner"] == p and r["workload"] == workloads[-1] and finished(r)),
+                (r for r in longest if r["planner"] == p and r["workload"] == workloads[-1] and finished(r)),
                 key=lambda r: r["devices"],
             )
             ax2.plot([r["devices"] for r in c], [r["seconds"] for r in c], "o-", label=p)

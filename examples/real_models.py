@@ -12,6 +12,8 @@
   workload's tracer hook: plain fx fails on the embeddings' slicing by a traced length).
 - ``gpt2_tiny`` / ``gpt2_tiny_tied``: HuggingFace ``GPT2LMHeadModel`` from a tiny random config,
   traced with ``torch.export``; ``gpt2_tiny_tied`` ties the head to the embedding (as shipped).
+- ``gpt2_deep``: the tied GPT-2 above, 60 blocks deep at the same tiny width: about 2,200 graph
+  nodes, a real model at the size where planning (not training) is the hard part.
 - ``two_tower``: a text tower (embedding, ``nn.TransformerEncoderLayer``) and an image tower
   (convolutions) fused by a raw ``nn.MultiheadAttention`` (its output is a tuple) and a head.
 - ``mobilenet_v3_small``: torchvision's definition as shipped, frozen BatchNorm, float64.
@@ -171,6 +173,12 @@ def gpt2_tiny_tied():
     """GPT-2 with its head tied to the embedding (vocabulary 64, so the tied weight is the
     largest parameter)."""
     return gpt2_tiny(tied=True, vocab=64)
+
+
+def gpt2_deep(layers: int = 60):
+    """The tied GPT-2 of :func:`gpt2_tiny_tied`, ``layers`` blocks deep (60: about 2,200 graph
+    nodes, 36 a block): the shape of a large model at a width CPU ranks train in seconds."""
+    return gpt2_tiny(layers=layers, tied=True, vocab=64)
 
 
 class TwoTower(nn.Module):

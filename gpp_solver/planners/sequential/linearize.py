@@ -134,25 +134,56 @@ class Linearization:
                 cons.setdefault(pos[u], []).append((float(nbytes), pos[v]))
         in_b, in_c = np.zeros((S, S)), np.zeros((S, S))
         P_b, P_c = np.zeros((n, S)), np.zeros((n, S))  # producer u's largest edge leaving state j
+        prefixes = all(m == (1 << s) - 1 for s, m in enumerate(self.states))
         for u, outs in cons.items():
             outs.sort(key=lambda t: -t[0])
             u_in = inc[:, u]
-            covered = np.zeros((S, S), dtype=bool)
             left = np.zeros(S, dtype=bool)
             for nbytes, v in outs:  # largest edge first: it sets the max
-                v_in = inc[:, v]
-                new = u_in[:, None] & ~v_in[:, None] & v_in[None, :] & ~covered  # u in k, v in j \ k
-                in_b += nbytes * new
-                in_c += new
-                covered |= new
-                gone = u_in & ~v_in & ~left  # u in j, v outside j
+                gone = u_in & ~inc[:, v] & ~left  # u in j, v outside j
                 P_b[u] += nbytes * gone
                 P_c[u] += gone
                 left |= gone
+            block, most, entered = (_prefix_block if prefixes else _state_block)(inc, u, outs)
+            if entered.size:
+                in_b[block] += most
+                in_c[block] += entered
         notk = 1.0 - inc.astype(np.float64)  # u not in k
         out_b = notk @ P_b
         out_c = notk @ P_c
         return in_b, in_c, out_b, out_c
+
+
+def _state_block(inc: np.ndarray, u: int, outs: list[tuple[float, int]]) -> tuple:
+    """The ranges ``(k, j]`` producer ``u``'s edges ``outs`` (largest first) enter, as a block of the
+    ``S x S`` arrays (``k`` holds ``u`` and misses one of its consumers, ``j`` holds one): its index,
+    the largest bytes of an edge into each range and where one enters."""
+    ks = np.flatnonzero(inc[:, u] & ~np.logical_and.reduce([inc[:, v] for _, v in outs]))
+    js = np.flatnonzero(np.logical_or.reduce([inc[:, v] for _, v in outs]))
+    entered = np.zeros((len(ks), len(js)), dtype=bool)
+    most = np.zeros(entered.shape)
+    for nbytes, v in outs:  # largest edge first: it sets the max
+        new = ~inc[ks, v][:, None] & inc[js, v][None, :] & ~entered  # u in k, v in j \ k
+        most += nbytes * new
+        entered |= new
+    return np.ix_(ks, js), most, entered
+
+
+def _prefix_block(inc: np.ndarray, u: int, outs: list[tuple[float, int]]) -> tuple:
+    """:func:`_state_block` where state ``s`` is the first ``s`` nodes of the order: consumer ``v``
+    is in ``j \\ k`` for ``k <= v < j``, so each row's largest edge is a running max along ``j``
+    (an edge's span of rows, not a pass over the block per edge)."""
+    S = inc.shape[0]
+    last = max(v for _, v in outs)
+    first = min(v for _, v in outs)
+    most = np.full((last - u, S - first - 1), -np.inf)  # rows k = u+1..last, columns j = first+1..S-1
+    for nbytes, v in outs:
+        col = most[: v - u, v - first]
+        np.maximum(col, nbytes, out=col)
+    np.maximum.accumulate(most, axis=1, out=most)
+    entered = most > -np.inf
+    most[~entered] = 0.0
+    return (slice(u + 1, last + 1), slice(first + 1, S)), most, entered
 
 
 def _order(graph: Graph, nodes: Iterable[str] | None) -> tuple[str, ...]:
