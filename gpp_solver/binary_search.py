@@ -188,10 +188,12 @@ def search_bounded(
 
 def trace(dp: StageDP, r: TpsSearch, prefer_shared: bool = True) -> tuple[DPStage, ...]:
     """The stages of ``r``'s target traced at any depth (:meth:`StageDP.stages_many`), from the
-    tables of the pass that proved it where they were kept (no pass of its own)."""
+    tables of the pass that proved it where they were kept (no pass of its own); else from a pass
+    saturated at the depth caps, as the search's own passes are (a pass of the DP's whole depth
+    holds ``E^3`` entries a segment: 8 GiB at 1,024 devices)."""
     if r.kept is not None and r.kept[0].E in (None, dp.E):  # a pass at any depth (saturated or not)
         return tuple(dp.traceback(*r.kept, prefer_shared))
-    return tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=prefer_shared)[0])
+    return tuple(dp.stages_many([(r.b, r.tps)], prefer_shared=prefer_shared, saturate=1)[0])
 
 
 #: the depth bound of the first phase's preliminary search on large trees (:func:`_first_phase`)

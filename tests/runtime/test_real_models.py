@@ -235,3 +235,29 @@ def test_two_tower_with_dropout(tmp_path):
     plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.7, sizes="2")
     assert_shape(plan, stages=2, micro_batches=2, devices=[1, 1])
     _train_verify(tmp_path, "two_tower_dropout", plan)
+
+
+@pytest.mark.slow  # about 3 minutes: a 2,000-node profile, three plans, two ranks trained
+def test_a_real_model_of_two_thousand_nodes(tmp_path):
+    """GPT-2 60 blocks deep (``gpt2_deep``, tied head, torch.export): profiled into more than 2,000
+    graph nodes, planned by ``gpp`` at 64 and 1,024 V100s within its time limit, and its
+    memory-forced two-stage plan trained on two CPU ranks with ``--verify``."""
+    import time
+
+    from gpp_solver.formats.cluster import v100_cluster
+    from gpp_solver.formats.graph import graph_from_dict
+    from gpp_solver.plan.validate import validate
+    from gpp_solver.planners.registry import get_planner
+
+    doc = _profile(tmp_path, "gpt2_deep", sizes=(2,))
+    assert len(doc["nodes"]) > 2000, len(doc["nodes"])
+    g = graph_from_dict(doc)
+    for devices in (64, 1024):
+        t0 = time.perf_counter()
+        p = get_planner("gpp")(g, v100_cluster(devices), 16 * devices, time_limit=20)
+        assert time.perf_counter() - t0 < 20 + 5  # the limit and its 5% + 1 s, on a loaded machine
+        assert sorted(v for s in p.stages for v in s.nodes) == sorted(g.ids)
+        validate(p, g, v100_cluster(devices))
+    plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.65, sizes="2")
+    assert_shape(plan, stages=2, micro_batches=2, devices=[1, 1])
+    _train_verify(tmp_path, "gpt2_deep", plan)
