@@ -136,6 +136,7 @@ def _run_dp(idx: TreeIndex, dev: SegDev, E: int, keep: bool, sat: bool, deadline
         S = 1 if group == [idx.root[1]] else size
         suf = np.empty((T, g, k + 1, S, size), dtype=np.int64)
         for p in range(k - 1, -1, -1):
+            check_deadline(deadline)  # a group of long series takes minutes on a deep, wide tree
             child_internal = kids0[p][0] == "node"
             q0 = p + 1 if child_internal else p
             out = suf[:, :, p]
