@@ -255,7 +255,7 @@ def test_a_real_model_of_two_thousand_nodes(tmp_path):
     for devices in (64, 1024):
         t0 = time.perf_counter()
         p = get_planner("gpp")(g, v100_cluster(devices), 16 * devices, time_limit=20)
-        assert time.perf_counter() - t0 < 20 + 5  # the limit and its 5% + 1 s, on a loaded machine
+        assert time.perf_counter() - t0 < 20 + 5  # the limit + 1 s (its max(1 s, 5%)) and 4 s for a loaded machine
         assert sorted(v for s in p.stages for v in s.nodes) == sorted(g.ids)
         validate(p, g, v100_cluster(devices))
     plan = _plan(tmp_path, doc, batch=4, devices=2, fraction=0.65, sizes="2")
