@@ -96,6 +96,10 @@ class Graph:
     #: gradients already hold an earlier micro-batch's (every micro-batch of the step after the
     #: first is summed into ``.grad``); 0 when absent
     grad_accumulation_time_per_byte: float = 0.0
+    #: what a split backward (an order with ``W`` actions) adds beside the nodes' times:
+    #: ``(call, node, walk)`` seconds, per weight-gradient engine call, per node such a call walks,
+    #: per node ``B`` walks to find the weight nodes (``docs/zero-bubble.md``); zeros when absent
+    split_backward_overhead: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @cached_property
     def ids(self) -> tuple[str, ...]:
@@ -136,6 +140,11 @@ class Graph:
 
     def edge_bytes(self, src: str, dst: str) -> float:
         return self.edge_bytes_map[(src, dst)]
+
+    @cached_property
+    def topo_index(self) -> dict[str, int]:
+        """Each node's position in :attr:`topo_order`."""
+        return {v: i for i, v in enumerate(self.topo_order)}
 
     @cached_property
     def topo_order(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from gpp_solver.cost.model import (
     node_compute,
     node_config,
     pending_weight_samples,
+    split_overhead,
     stage_activation_bytes,
     stage_compute,
     stage_compute_parts,
@@ -62,6 +63,7 @@ __all__ = [
     "stage_memory",
     "stage_transfers",
     "stage_weight_bytes",
+    "split_overhead",
     "stage_weight_grad_time",
     "time_per_sample",
 ]

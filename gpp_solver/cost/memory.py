@@ -21,6 +21,7 @@ from gpp_solver.cost.model import (
     interpolate,
     memory_per_device,
     pending_weight_samples,
+    split_region,
     stage_activation_bytes,
     stage_configs,
     stage_weight_bytes,
@@ -124,14 +125,7 @@ def kept_gradient_bytes(graph: Graph, stage: StageLike) -> float:
     ``max(output_bytes_v, activation_bytes_v)``: exact for a node of one weighted operator (its
     output's size), an estimate for a node of several, whose weighted operators' outputs the
     operators after them mostly save (``docs/zero-bubble.md``, *Memory rule*)."""
-    mine = set(stage.nodes)
-    region = [v for v in stage.nodes if any(u not in mine for u in graph.preds(v))]
-    seen = set(region)
-    while region:
-        for v in graph.succs(region.pop()):
-            if v in mine and v not in seen:
-                seen.add(v)
-                region.append(v)
+    seen = split_region(graph, stage.nodes)
     total = 0.0
     for v, c in zip(stage.nodes, stage_configs(graph, stage)):
         if v in seen and c.weight_bytes > 0:

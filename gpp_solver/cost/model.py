@@ -153,6 +153,53 @@ def stage_weight_grad_time(graph: Graph, stage: StageLike) -> float:
     return sum(node_weight_grad_time(c, graph.micro_batch_sizes, x) for c in stage_configs(graph, stage))
 
 
+def split_region(graph: Graph, nodes: Sequence[str]) -> set[str]:
+    """The nodes a split backward's ``B`` runs through: those of ``nodes`` downstream (within the
+    stage, inclusive) of a node with a predecessor outside it (``docs/zero-bubble.md``)."""
+    mine = set(nodes)
+    todo = [v for v in nodes if any(u not in mine for u in graph.preds(v))]
+    seen = set(todo)
+    while todo:
+        for v in graph.succs(todo.pop()):
+            if v in mine and v not in seen:
+                seen.add(v)
+                todo.append(v)
+    return seen
+
+
+def split_overhead(graph: Graph, stage: StageLike) -> tuple[float, float]:
+    """``(ovh_B(S), ovh_W(S))``: what a split backward adds to one micro-batch's ``B`` and ``W``
+    beside the nodes' times (the graph's ``split_backward_overhead``, ``docs/zero-bubble.md``):
+    ``B`` walks the stage's ``N_S`` nodes to find its weight nodes, and ``W`` makes one engine call
+    per weighted node of the region ``R`` (and one for the weighted nodes outside it), each walking
+    the nodes below it in the stage.  ``(0, 0)`` without the term."""
+    call, per_node, walk = graph.split_backward_overhead
+    if not (call or per_node or walk):
+        return 0.0, 0.0
+    nodes = stage.nodes
+    region = split_region(graph, nodes)
+    weighted = [v for v, c in zip(nodes, stage_configs(graph, stage)) if c.weight_bytes > 0]
+    if not weighted:
+        return 0.0, 0.0
+    if not region:
+        return 0.0, call + per_node * len(nodes)
+    mine = set(nodes)
+    below: dict[str, int] = {}  # bit set of each node's ancestors within the stage, itself included
+    for i, v in enumerate(sorted(nodes, key=graph.topo_index.__getitem__)):
+        bits = 1 << i
+        for u in graph.preds(v):
+            if u in mine:
+                bits |= below[u]
+        below[v] = bits
+    w = 0.0
+    if any(v not in region for v in weighted):
+        w += call + per_node * (len(nodes) - len(region))
+    for v in weighted:
+        if v in region:
+            w += call + per_node * below[v].bit_count()
+    return walk * len(nodes), w
+
+
 def stage_compute(graph: Graph, nodes: Iterable[str], b: int, d: int) -> float:
     """``C(S)`` for a stage of ``nodes`` with micro-batch ``b`` over ``d`` replicas (no TMPC)."""
     sizes = graph.micro_batch_sizes
@@ -231,6 +278,8 @@ class StageCost:
     compute_bw_weight: float = 0.0  # W(S): the part of compute_bw spent on weight gradients
     optimizer: float = 0.0  # O(S), after the all-reduce
     accumulation: float = 0.0  # the part of O(S) that sums each later micro-batch's weight gradients
+    split_input: float = 0.0  # ovh_B(S): what a split backward adds to each B
+    split_weight: float = 0.0  # ovh_W(S): what a split backward adds to each W
 
     @property
     def tail(self) -> float:
@@ -257,14 +306,14 @@ class StageCost:
 
     @property
     def backward_input(self) -> float:
-        """Duration of one ``B(S, j)`` in an order with ``W`` actions: the input gradient and the
-        backward halves of the transfers."""
-        return self.backward - self.compute_bw_weight
+        """Duration of one ``B(S, j)`` in an order with ``W`` actions: the input gradient, the
+        backward halves of the transfers and the split's own ``ovh_B(S)``."""
+        return self.backward - self.compute_bw_weight + self.split_input
 
     @property
     def backward_weight(self) -> float:
-        """Duration of one ``W(S, j)``: the weight gradient."""
-        return self.compute_bw_weight
+        """Duration of one ``W(S, j)``: the weight gradient and the split's own ``ovh_W(S)``."""
+        return self.compute_bw_weight + self.split_weight
 
     @property
     def per_micro_batch(self) -> float:
@@ -288,6 +337,7 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], min
         a = terms.allreduce(w, d, cluster.bandwidth(s.devices))
         o = terms.optimizer(w, b)
         tps = time_per_sample(cf + cb + 2 * comm_half, b, a + o if o else a, mini_batch_size)
+        split_in, split_w = split_overhead(graph, s)
         out.append(
             StageCost(
                 cf,
@@ -301,9 +351,20 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], min
                 compute_bw_weight=min(cb, stage_weight_grad_time(graph, s)),
                 optimizer=o,
                 accumulation=terms.accumulation(w, b),
+                split_input=split_in,
+                split_weight=split_w,
             )
         )
     return out
+
+
+def order_time_per_sample(cost: StageCost, order: Iterable[tuple[str, int]]) -> float:
+    """``TPS(S)`` under ``order``: in an order with ``W`` actions each micro-batch also runs the
+    split's own ``ovh_B(S) + ovh_W(S)`` (``docs/zero-bubble.md``)."""
+    extra = cost.split_input + cost.split_weight
+    if extra and any(a[0] == "W" for a in order):
+        return cost.time_per_sample + extra / cost.micro_batch_size
+    return cost.time_per_sample
 
 
 def in_flight_from_order(order: Iterable[tuple[str, int]], b: int) -> int:

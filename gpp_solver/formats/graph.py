@@ -32,6 +32,7 @@ _GRAPH_FIELDS = frozenset(
         "step_time_per_sample",
         "step_time_fixed",
         "grad_accumulation_time_per_byte",
+        "split_backward_overhead",
     }
 )
 _NODE_FIELDS = frozenset(
@@ -241,6 +242,17 @@ def _calibration(d: dict) -> dict[str, Any]:
         out["grad_accumulation_time_per_byte"] = number(
             d["grad_accumulation_time_per_byte"], "graph: grad_accumulation_time_per_byte", E, maximum=MAX_SECONDS
         )
+    if "split_backward_overhead" in d:
+        sb = d["split_backward_overhead"]
+        keys = ("call", "node", "walk")
+        if not isinstance(sb, dict) or set(sb) != set(keys):
+            raise E(
+                'graph: split_backward_overhead must be an object {"call": seconds, "node": seconds, '
+                f'"walk": seconds}}, got {sb!r}'
+            )
+        out["split_backward_overhead"] = tuple(
+            number(sb[k], f"graph: split_backward_overhead.{k}", E, maximum=MAX_SECONDS) for k in keys
+        )
     return out
 
 
@@ -312,6 +324,15 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         "nodes": nodes,
         "edges": edges,
     }
+    out.update(_terms_to_dict(g))
+    if g.extra:
+        out["extra"] = dict(g.extra)
+    return out
+
+
+def _terms_to_dict(g: Graph) -> dict[str, Any]:
+    """The graph's time-model terms as ``gpp-graph/1`` fields; absent (zero) terms are left out."""
+    out: dict[str, Any] = {}
     if g.op_overhead != (0.0, 0.0):
         out["op_overhead"] = {"fw": g.op_overhead[0], "bw": g.op_overhead[1]}
     if g.optimizer_time_per_byte:
@@ -322,8 +343,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
         out["step_time_fixed"] = g.step_time_fixed
     if g.grad_accumulation_time_per_byte:
         out["grad_accumulation_time_per_byte"] = g.grad_accumulation_time_per_byte
-    if g.extra:
-        out["extra"] = dict(g.extra)
+    if any(g.split_backward_overhead):
+        out["split_backward_overhead"] = dict(zip(("call", "node", "walk"), g.split_backward_overhead))
     return out
 
 

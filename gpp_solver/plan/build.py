@@ -19,7 +19,13 @@ import networkx as nx
 
 from gpp_solver.action import Action, Kind, as_order, has_weight_actions
 from gpp_solver.cost.memory import order_memory
-from gpp_solver.cost.model import StageCost, in_flight_from_order, iteration_time_estimate, stage_costs
+from gpp_solver.cost.model import (
+    StageCost,
+    in_flight_from_order,
+    iteration_time_estimate,
+    order_time_per_sample,
+    stage_costs,
+)
 from gpp_solver.errors import DeadlockError, InvalidPlanError
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders, sums_in_backwards
@@ -125,18 +131,23 @@ def _simulated(
     sim_args: tuple,
     weight: Mapping[int, float],
     accumulate: Mapping[int, float] | None = None,
+    split_input: Mapping[int, float] | None = None,
 ) -> tuple[dict[int, tuple[Action, ...]], float, str]:
     """``(orders, makespan, schedule kind)``: the kFkB ``orders`` and their simulated makespan, or,
     when they deadlock, all forwards then all backwards (GPipe) and theirs."""
     try:
-        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight, accumulate=accumulate)
+        makespan, _ = simulate_orders(
+            orders, *sim_args, record=False, weight=weight, accumulate=accumulate, split_input=split_input
+        )
     except DeadlockError as exc:
         logger.warning("Algorithm 2 orders deadlock (%s); falling back to all-forward-then-backward", exc)
         orders = {
             i: tuple([Action(Kind.F, j) for j in range(len(o) // 2)] + [Action(Kind.B, j) for j in range(len(o) // 2)])
             for i, o in orders.items()
         }
-        makespan, _ = simulate_orders(orders, *sim_args, record=False, weight=weight, accumulate=accumulate)
+        makespan, _ = simulate_orders(
+            orders, *sim_args, record=False, weight=weight, accumulate=accumulate, split_input=split_input
+        )
         return orders, makespan, "GPipe"
     return orders, makespan, "kFkB"
 
@@ -168,7 +179,8 @@ def _stages(
                 ),
                 in_flight_samples=peak,
                 predicted=StagePrediction(
-                    time_per_sample=c.time_per_sample, memory_bytes=order_memory(graph, cluster, s, orders[i], specs)
+                    time_per_sample=order_time_per_sample(c, orders[i]),
+                    memory_bytes=order_memory(graph, cluster, s, orders[i], specs),
                 ),
                 tensor_parallel=s.tensor_parallel,
                 tmpc=dict(s.tmpc) if s.tmpc else None,
@@ -191,7 +203,8 @@ def build_plan(
     """Assemble and price a plan.  Stages are numbered in topological order of the stage graph.
 
     ``schedule``: ``"1f1b"`` the kFkB orders; ``"zb"`` those orders with the weight gradients split
-    off as ``W`` actions (:mod:`gpp_solver.plan.zero_bubble`, same memory, never slower); ``"auto"``
+    off as ``W`` actions (:mod:`gpp_solver.plan.zero_bubble`, same memory; slower only when the graph prices the
+    split's own cost, ``split_backward_overhead``); ``"auto"``
     the zb orders when they are faster, else the kFkB ones.  Explicit orders (``StageSpec.order``)
     are kept as given.  With ``"zb"``/``"auto"`` the plan's ``search.extra["schedule"]`` records
     the choice (:func:`gpp_solver.plan.zero_bubble.schedule_record`)."""
@@ -212,8 +225,9 @@ def build_plan(
         mini_batch_size,
     )
     weight = {i: c.backward_weight for i, c in enumerate(costs)}
+    split_input = {i: c.backward_input for i, c in enumerate(costs)}
     accumulate = dict(enumerate(sums))
-    orders, makespan, kind = _simulated(orders, sim_args, weight, accumulate)
+    orders, makespan, kind = _simulated(orders, sim_args, weight, accumulate, split_input)
     if schedule != "1f1b" and all(s.order is None for s in specs):
         orders, makespan, _, record = apply_schedule(
             schedule,
@@ -230,13 +244,14 @@ def build_plan(
                 memory_caps(graph, cluster, specs, orders, mini_batch_size),
                 memory_fits(graph, cluster, specs, orders),
                 accumulate,
+                split_input,
             ),
         )
         search = replace(search, extra={**dict(search.extra), "schedule": record})
     stages = _stages(graph, cluster, specs, costs, orders, inflight, kind)
     estimate = iteration_time_estimate(costs, edges, mini_batch_size)
     pred = PlanPrediction(
-        time_per_sample=max(c.time_per_sample for c in costs),
+        time_per_sample=max(st.predicted.time_per_sample for st in stages),
         iteration_time=makespan,
         throughput=mini_batch_size / makespan if makespan > 0 else float("inf"),
         peak_memory_bytes=max(st.predicted.memory_bytes for st in stages),

@@ -124,13 +124,14 @@ def simulate_orders(  # noqa: C901, PLR0912, PLR0915
     record: bool = True,
     weight: Mapping[int, float] | None = None,
     accumulate: Mapping[int, float] | None = None,
+    split_input: Mapping[int, float] | None = None,
 ) -> tuple[float, list[Task]]:
     """The makespan and the timed tasks of the given per-stage orders (pure, no cost model);
     ``record=False``: the makespan alone (the task list comes back empty, the figures are the same).
 
     ``weight[S]``: the weight-gradient part of ``backward[S]``.  In a stage whose order holds ``W``
-    actions, ``B(S, j)`` lasts ``backward - weight`` and ``W(S, j)`` lasts ``weight``, waiting on
-    nothing but the stage's own order (``weight`` absent: 0).  ``accumulate[S]``: one gradient sum,
+    actions, ``B(S, j)`` lasts ``split_input[S]`` (absent: ``backward - weight``) and ``W(S, j)``
+    lasts ``weight``, waiting on nothing but the stage's own order (``weight`` absent: 0).  ``accumulate[S]``: one gradient sum,
     in each weight-gradient action after the stage's first (:func:`sums_in_backwards`; absent: 0)."""
     stages = list(orders)
     preds: dict[int, list[int]] = {s: [] for s in stages}
@@ -139,7 +140,7 @@ def simulate_orders(  # noqa: C901, PLR0912, PLR0915
         succs[a].append(b)
         preds[b].append(a)
     fin: dict[int, dict[str, dict[int, float]]] = {s: {"F": {}, "B": {}, "W": {}} for s in stages}
-    acts = _timed_actions(orders, micro_batch, forward, backward, weight, preds, succs, fin, accumulate)
+    acts = _timed_actions(orders, micro_batch, forward, backward, weight, preds, succs, fin, accumulate, split_input)
     if acts is None:  # an action kind this loop does not know
         return _simulate_any_kind(orders, micro_batch, forward, backward, allreduce, preds, succs, record, accumulate)
     ptr = {s: 0 for s in stages}
@@ -204,6 +205,7 @@ def _timed_actions(
     succs: dict[int, list[int]],
     fin: dict[int, dict[str, dict[int, float]]],
     accumulate: Mapping[int, float] | None = None,
+    split_input: Mapping[int, float] | None = None,
 ) -> dict | None:
     """Per stage its actions in order as ``(kind, j, what it waits on, its finish-time dict, duration)``;
     ``None`` when an order holds a kind other than F, B and W.  Per stage and kind, the neighbours an
@@ -217,7 +219,8 @@ def _timed_actions(
         acts[s] = []
         split = any(kind == "W" for kind, _ in orders[s])
         w = (weight or {}).get(s, 0.0) if split else 0.0
-        dur = {"F": forward[s], "B": backward[s] - w, "W": w}
+        b_in = split_input.get(s) if split and split_input else None
+        dur = {"F": forward[s], "B": backward[s] - w if b_in is None else b_in, "W": w}
         deps = {"F": deps_f[s], "B": deps_b[s], "W": []}
         summing, extra, seen = ("W" if split else "B"), (accumulate or {}).get(s, 0.0), False
         for kind, j in orders[s]:
@@ -332,11 +335,13 @@ def simulate(
         record=record,
         weight={i: c.backward_weight for i, (_, c) in by_id.items()},
         accumulate={i: sums[k] for k, i in enumerate(by_id)},
+        split_input={i: c.backward_input for i, (_, c) in by_id.items()},
     )
     stats = []
     for i, (s, c) in by_id.items():
         n = sum(1 for a in s.schedule.order if a[0] == "F")
-        busy = n * (c.forward + c.backward) + c.tail
+        split = any(a[0] == "W" for a in s.schedule.order)
+        busy = n * (c.forward + (c.backward_input + c.backward_weight if split else c.backward)) + c.tail
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         stats.append(
             StageStats(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import networkx as nx
 
 from gpp_solver.cost.memory import order_memory
-from gpp_solver.cost.model import in_flight_from_order, stage_costs
+from gpp_solver.cost.model import in_flight_from_order, order_time_per_sample, stage_costs
 from gpp_solver.errors import InvalidPlanError, check_types
 from gpp_solver.plan.build import stage_graph_edges
 from gpp_solver.plan.simulate import SimResult, simulate
@@ -230,11 +230,12 @@ def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResul
     """Every predicted figure, per stage and of the plan, equals the cost model's (``REL_TOL``);
     ``memory``: each stage's ``order_memory`` by id."""
     costs = stage_costs(graph, cluster, plan.stages, plan.mini_batch_size)
-    for s, c in zip(plan.stages, costs):
-        if not _close(s.predicted.time_per_sample, c.time_per_sample):
+    tps = [order_time_per_sample(c, s.schedule.order) for s, c in zip(plan.stages, costs)]
+    for s, t in zip(plan.stages, tps):
+        if not _close(s.predicted.time_per_sample, t):
             raise E(
                 f"stage {s.id}: predicted time_per_sample {s.predicted.time_per_sample:.9g} differs from the "
-                f"cost model's {c.time_per_sample:.9g}"
+                f"cost model's {t:.9g}"
             )
         m = memory[s.id]
         if not _close(s.predicted.memory_bytes, m):
@@ -244,7 +245,7 @@ def _check_predictions(plan: Plan, graph: Graph, cluster: Cluster, sim: SimResul
             )
     p = plan.predicted
     checks = [
-        ("time_per_sample", p.time_per_sample, max(c.time_per_sample for c in costs)),
+        ("time_per_sample", p.time_per_sample, max(tps)),
         ("iteration_time", p.iteration_time, sim.iteration_time),
         ("throughput", p.throughput, sim.throughput),
         ("peak_memory_bytes", p.peak_memory_bytes, sim.peak_memory_bytes),

@@ -13,9 +13,10 @@ that limit), a stage whose order with ``W`` right after each ``B`` does not fit 
 order, and a candidate with a stage that does not fit is dropped: the plan's peak memory does not
 grow.  Candidates:
 
-* **eager** — the kFkB order with ``W j`` right after ``B j``: never slower than the kFkB order (the
-  simulated start of every action is a max-plus expression of the durations and a ``B`` only gets
-  shorter, so no start moves later), and it holds the same activations;
+* **eager** — the kFkB order with ``W j`` right after ``B j``: without the graph's
+  ``split_backward_overhead``, never slower than the kFkB order (the simulated start of every
+  action is a max-plus expression of the durations and a ``B`` only gets shorter, so no start
+  moves later), and it holds the same activations;
 * **deferred** — the kFkB order of ``F`` and ``B`` with each ``W`` put off until a forward needs its
   memory, the rest in the cool-down;
 * **lagged** — the kFkB order with ``W j - L`` right after ``B j``, ``L`` the micro-batches ZB-H1's
@@ -67,6 +68,15 @@ class Durations:
     #: per stage, one gradient sum, run inside each weight-gradient action after the first
     #: (``accumulate`` of :func:`simulate_orders`; then ``allreduce`` leaves the sums out)
     accumulate: Mapping[int, float] | None = None
+    #: per stage, the duration of ``B`` in an order with ``W`` (``split_input`` of
+    #: :func:`simulate_orders`; absent: ``backward - weight``)
+    split_input: Mapping[int, float] | None = None
+
+    def input_gradient(self, s: int) -> float:
+        """Duration of stage ``s``'s ``B`` in an order with ``W``."""
+        if self.split_input is not None and s in self.split_input:
+            return self.split_input[s]
+        return self.backward[s] - self.weight.get(s, 0.0)
 
     def makespan(self, orders: Orders) -> float:
         return simulate_orders(
@@ -80,6 +90,7 @@ class Durations:
             record=False,
             weight=self.weight,
             accumulate=self.accumulate,
+            split_input=self.split_input,
         )[0]
 
 
@@ -179,7 +190,7 @@ class _ListSchedule:
         self.free = dict.fromkeys(self.stages, 0.0)
         self.split = split
         self.w_len = {s: d.weight.get(s, 0.0) if split[s] else 0.0 for s in self.stages}
-        self.b_len = {s: d.backward[s] - self.w_len[s] for s in self.stages}
+        self.b_len = {s: d.input_gradient(s) if split[s] else d.backward[s] for s in self.stages}
         self.f_len = d.forward
 
     def ready(self, s: int, kind: str, j: int) -> float:

@@ -28,6 +28,9 @@ line's default; ``--no-time-terms`` leaves them out).
   model multiplies it by), for the optimizer ``gpp_runtime.train`` uses (``--optimizer``, SGD by
   default; named in ``extra.profile.optimizer``).
 
+- **Split backward** (``split_backward_overhead``, on a CPU): what an order with ``W`` actions adds
+  beside the nodes' times, ``gpp_runtime.calibration.split_cost``.
+
 Then, by default, ``gpp_runtime.calibration.insitu`` calibrates the node times (and replaces
 ``optimizer_time_per_byte``) to a one-stage plan as the runtime trains it.
 """
@@ -48,6 +51,7 @@ from ..capture.profiler import profile
 from ..engine.verify import make_optimizer
 from .context import forward_in_context, use_in_context_forward
 from .insitu import add_in_situ
+from .split_cost import split_backward_overhead
 
 
 def _sync(device: torch.device) -> None:
@@ -267,6 +271,11 @@ def add_time_terms(
         remove_call_cost(nodes, kind, per[kind])
     doc["op_overhead"] = graph_overhead(per["fw"], per["bw"])
     info["op_overhead_per_size"] = per
+    if device.type == "cpu":  # on a GPU the engine's walks overlap the kernels queued before them
+        inputs, _ = workload.sample(micro_batch_sizes[0], 0)
+        doc["split_backward_overhead"], info["split_backward_overhead"] = split_backward_overhead(
+            mg.gm, tuple(inputs), len(nodes)
+        )
     seconds = optimizer_seconds(mg.gm, optimizer, warmup, repeats, device)
     weight = sum(nd["weight_bytes"] for nd in nodes)
     doc["optimizer_time_per_byte"] = seconds / weight if weight else 0.0

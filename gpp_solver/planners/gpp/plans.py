@@ -125,7 +125,10 @@ def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo
     """A full, priced plan of a state (stage devices as placed by the evaluator)."""
     specs = _stage_specs(P, state, ev)
     plan = build_plan(P.graph, P.cluster, specs, P.B, planner="gpp", search=search_info, schedule=schedule)
-    if abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
+    split_priced = any(P.graph.split_backward_overhead) and any(
+        a.kind == "W" for s in plan.stages for a in s.schedule.order
+    )  # the evaluator prices kFkB stages: a split order adds its own cost (docs/zero-bubble.md)
+    if not split_priced and abs(plan.predicted.time_per_sample - ev.max_tps) > 1e-6 * ev.max_tps:
         logger.warning(
             "evaluator TPS %.9g differs from the cost model's %.9g", ev.max_tps, plan.predicted.time_per_sample
         )
@@ -134,7 +137,8 @@ def build_from_state(P: Problem, state: State, ev: Eval, search_info: SearchInfo
 
 def reschedule(plan: Plan, graph: Graph, cluster: Cluster, schedule: str) -> Plan:
     """A seed plan with its orders made again under ``schedule`` (same planner name, partition and
-    search record); the plan itself when that is slower or breaks the memory limit, or for ``1f1b``."""
+    search record); the plan itself when that breaks the memory limit or, under ``auto``, is slower,
+    and for ``1f1b``."""
     if schedule == "1f1b":
         return plan
     specs = [
@@ -146,7 +150,8 @@ def reschedule(plan: Plan, graph: Graph, cluster: Cluster, schedule: str) -> Pla
     out = build_plan(
         graph, cluster, specs, plan.mini_batch_size, planner=plan.planner, search=plan.search, schedule=schedule
     )
-    if out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12) or any(
+    slower = out.predicted.iteration_time > plan.predicted.iteration_time * (1 + 1e-12)
+    if (slower and schedule != "zb") or any(
         st.predicted.memory_bytes > cluster.memory_bytes * (1 + 1e-9) for st in out.stages
     ):
         return plan
@@ -163,8 +168,9 @@ def rebuild_as_gpp(
     orders: str = "remake",
 ) -> Plan:
     """A seed plan re-issued under the name ``gpp`` with the same partition.  ``orders``:
-    ``"remake"`` its orders made again under ``schedule`` when that is faster and fits, else its
-    own; ``"built"`` the plan *is* such a build (:func:`reschedule`'s, under the same ``schedule``),
+    ``"remake"`` its orders made again under ``schedule`` when that fits and is faster (or
+    ``schedule`` is ``"zb"``: the split the user asked for, though its own costs may make it slower),
+    else its own; ``"built"`` the plan *is* such a build (:func:`reschedule`'s, under the same ``schedule``),
     renamed; ``"own"`` its own orders (what ``"remake"`` falls back to)."""
 
     def specs(keep_orders: bool) -> list[StageSpec]:
@@ -193,7 +199,8 @@ def rebuild_as_gpp(
         out = build_plan(
             graph, cluster, specs(False), plan.mini_batch_size, planner="gpp", search=search_info, schedule=schedule
         )
-        if out.predicted.iteration_time <= plan.predicted.iteration_time * (1 + 1e-12) and all(
+        faster = out.predicted.iteration_time <= plan.predicted.iteration_time * (1 + 1e-12)
+        if (faster or schedule == "zb") and all(
             st.predicted.memory_bytes <= cluster.memory_bytes * (1 + 1e-9) for st in out.stages
         ):
             return out

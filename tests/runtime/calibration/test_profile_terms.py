@@ -1,4 +1,5 @@
-"""``gpp_runtime.profile`` records the time-model terms: op_overhead, the optimizer step, the loss."""
+"""``gpp_runtime.profile`` records the time-model terms: op_overhead, the optimizer step, the loss,
+the split backward's own cost."""
 
 from __future__ import annotations
 
@@ -45,8 +46,16 @@ def test_profile_records_overhead_optimizer_and_loss():
     c = Cluster(devices=1, memory_bytes=1e12, inter_node_bandwidth=1e9)
     (cost,) = stage_costs(g, c, [StageSpec(g.ids, (0,), 2)], 2)
     assert cost.optimizer == TimeTerms.of(g, c, 2).optimizer(weight, 2) > 0
+    # the split backward's own cost (docs/zero-bubble.md): measured per autograd node, per graph node here
+    call, per_node, walk = g.split_backward_overhead
+    split = info["split_backward_overhead"]
+    assert call > 0 and per_node > 0 and walk > 0
+    ratio = split["autograd_nodes_per_graph_node"]
+    assert ratio >= 1.0  # every graph node of this model makes at least one autograd node
+    assert per_node == split["per_autograd_node"]["node"] * ratio
     plain = profile(wl, [1, 2], warmup=1, repeats=3, name="seq")
     assert "op_overhead" not in plain and "optimizer_time_per_byte" not in plain
+    assert "split_backward_overhead" not in plain
     assert not any("loss_time" in nd["extra"] for nd in plain["nodes"])
 
 
