@@ -17,7 +17,7 @@ def allreduce_time(weight_bytes, d, bandwidth, latency=0.0):
     """Ring all-reduce of ``weight_bytes`` among ``d`` replicas (element-wise when ``d`` is an array):
     ``2 (d-1)`` steps (reduce-scatter, all-gather) of ``latency`` each, ``2 (d-1)/d * W`` bytes sent
     by each replica at ``bandwidth``."""
-    if np.ndim(d) == 0:
+    if isinstance(d, (int, float)) or np.ndim(d) == 0:  # the scalar form first: pricers call it per stage
         if d <= 1:
             return 0.0
         t = 2.0 * (d - 1) / d * weight_bytes / bandwidth

@@ -289,11 +289,12 @@ class Problem:
             indeg[key % k] += 1
         first = [self.N] * k
         C, W, Act = [0.0] * k, [0.0] * k, [0.0] * k
-        comp, weight, act = self.comp, self.weight, self.act
+        weight, act, N = self.weight, self.act, self.N
+        rows = [self.comp[d] for d in devs]  # each stage's compute row, at its degree
         for u, s in enumerate(assign):
-            if first[s] == self.N:
+            if first[s] == N:
                 first[s] = u
-            C[s] += comp[devs[s]][u]
+            C[s] += rows[s][u]
             W[s] += weight[u]
             Act[s] += act[u]
         heap = [(first[s], s) for s in range(k) if indeg[s] == 0]
