@@ -108,13 +108,11 @@ def per_autograd_node(repeats: int = 20) -> dict[str, float]:
     return {"call": call, "node": node, "walk": walk}
 
 
-def split_backward_overhead(gm: torch.nn.Module, inputs: tuple, n_nodes: int, repeats: int = 20) -> dict:
-    """The graph's ``split_backward_overhead`` for the traced model ``gm`` of ``n_nodes`` graph
-    nodes (module docstring), and what it came from."""
-    with torch.enable_grad():
-        out = gm(*inputs)
-    outs = [t for t in _tensors(out) if t.requires_grad]
-    per_graph_node = autograd_nodes(outs) / max(1, n_nodes)
+def split_backward_overhead(outputs: list[torch.Tensor], n_nodes: int, repeats: int = 20) -> tuple[dict, dict]:
+    """The graph's ``split_backward_overhead`` for a model of ``n_nodes`` graph nodes whose one
+    forward gave ``outputs`` (its floating outputs that need a gradient), and what it came from
+    (module docstring)."""
+    per_graph_node = autograd_nodes(outputs) / max(1, n_nodes)
     fits = [per_autograd_node(repeats) for _ in range(3)]
     per = {k: statistics.median(f[k] for f in fits) for k in ("call", "node", "walk")}
     return {
@@ -122,13 +120,3 @@ def split_backward_overhead(gm: torch.nn.Module, inputs: tuple, n_nodes: int, re
         "node": per["node"] * per_graph_node,
         "walk": per["walk"] * per_graph_node,
     }, {"autograd_nodes_per_graph_node": per_graph_node, "per_autograd_node": per}
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value] if value.is_floating_point() else []
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []

@@ -273,9 +273,9 @@ def add_time_terms(
     info["op_overhead_per_size"] = per
     if device.type == "cpu":  # on a GPU the engine's walks overlap the kernels queued before them
         inputs, _ = workload.sample(micro_batch_sizes[0], 0)
-        doc["split_backward_overhead"], info["split_backward_overhead"] = split_backward_overhead(
-            mg.gm, tuple(inputs), len(nodes)
-        )
+        with torch.enable_grad():
+            outs = _floating(mg.gm(*inputs))
+        doc["split_backward_overhead"], info["split_backward_overhead"] = split_backward_overhead(outs, len(nodes))
     seconds = optimizer_seconds(mg.gm, optimizer, warmup, repeats, device)
     weight = sum(nd["weight_bytes"] for nd in nodes)
     doc["optimizer_time_per_byte"] = seconds / weight if weight else 0.0
