@@ -131,8 +131,9 @@ def simulate_orders(  # noqa: C901, PLR0912, PLR0915
 
     ``weight[S]``: the weight-gradient part of ``backward[S]``.  In a stage whose order holds ``W``
     actions, ``B(S, j)`` lasts ``split_input[S]`` (absent: ``backward - weight``) and ``W(S, j)``
-    lasts ``weight``, waiting on nothing but the stage's own order (``weight`` absent: 0).  ``accumulate[S]``: one gradient sum,
-    in each weight-gradient action after the stage's first (:func:`sums_in_backwards`; absent: 0)."""
+    lasts ``weight``, waiting on nothing but the stage's own order (``weight`` absent: 0).
+    ``accumulate[S]``: one gradient sum, in each weight-gradient action after the stage's first
+    (:func:`sums_in_backwards`; absent: 0)."""
     stages = list(orders)
     preds: dict[int, list[int]] = {s: [] for s in stages}
     succs: dict[int, list[int]] = {s: [] for s in stages}
