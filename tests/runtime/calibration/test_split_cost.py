@@ -43,12 +43,10 @@ def _w_seconds(depth: int, repeats: int = 15) -> float:
 def test_the_priced_weight_gradient_follows_the_measured_one():
     """Each Linear of a chain is one W call walking the blocks below it (5 autograd nodes a block:
     tanh, addmm, the transpose, two accumulators; its own 4 and the input's accumulator): the
-    measured W of 8 and 32 blocks, against the fitted figures, agree within a factor of 2, and the
-    deeper chain's grows faster than linearly, as groups x depth."""
+    measured W of 8 and 32 blocks, against the fitted figures, agree within a factor of 2."""
     per = per_autograd_node(repeats=10)
     assert per["call"] > 0 and per["node"] > 0 and per["walk"] > 0
     for depth in (8, 32):
         priced = sum(per["call"] + per["node"] * (5 * i + 5) for i in range(depth))
         measured = _w_seconds(depth)
         assert 0.5 < measured / priced < 2.0, (depth, measured, priced)
-    assert _w_seconds(32) / _w_seconds(8) > 4.5  # 4x the groups, each walking more
