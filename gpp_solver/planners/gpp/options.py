@@ -72,6 +72,9 @@ class GppOptions:
     exact: bool | None = None
     # micro-batch orders: "auto" (split backward with W actions where faster), "zb" (always), "1f1b" (kFkB)
     schedule: str = "auto"
+    # rungs of the memory ladder (planners/gpp/ladder.py): the search run again below the memory of the
+    # plan found; None = ladder.LADDER_RUNGS on small instances (SMALL_GRAPH_NODES, SMALL_GRAPH_DEVICES), else 0
+    ladder: int | None = None
 
     def __post_init__(self) -> None:
         check_schedule(self.schedule)
@@ -83,6 +86,10 @@ class GppOptions:
             isinstance(self.max_work, bool) or not isinstance(self.max_work, int) or self.max_work < 1
         ):
             raise InvalidInputError(f"max_work must be a positive integer or None, got {self.max_work!r}")
+        if self.ladder is not None and (
+            isinstance(self.ladder, bool) or not isinstance(self.ladder, int) or self.ladder < 0
+        ):
+            raise InvalidInputError(f"ladder must be a non-negative integer or None, got {self.ladder!r}")
         if self.objective not in OBJECTIVES:
             raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
 

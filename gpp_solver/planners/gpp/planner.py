@@ -31,6 +31,10 @@ planners only chains; both leave throughput on the table.  ``plan_gpp``:
 
 ``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
 
+**Memory ladder.**  On small instances (option ``ladder``) the phases run again below the memory
+of the plan found, a few rungs down, and the best pick of all is the answer, so that more memory
+does not give a slower plan (:mod:`gpp_solver.planners.gpp.ladder`).
+
 **Schedule.**  ``schedule`` (default ``"auto"``; ``docs/zero-bubble.md``): every candidate plan —
 search states, seeds, the exact search's — is built with it (``build_plan``), so the pick, and with
 it the partition and ``b``, is by the iteration time under that schedule; ``search.extra["schedule"]``
@@ -72,6 +76,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpp_solver.planners.gpp.answer import exact_searches, finish
+from gpp_solver.planners.gpp.ladder import descend
 from gpp_solver.planners.gpp.options import DEFAULT_TIME_LIMIT, GppOptions, candidate_micro_batch_sizes
 from gpp_solver.planners.gpp.run import GppRun
 from gpp_solver.planners.gpp.searches import polish_best, pool_seeds, restart, search_sizes
@@ -96,11 +101,16 @@ def plan_gpp(
     :class:`GppRun`."""
     o = parse_options("gpp", GppOptions, options)
     run = GppRun.create(graph, cluster, mini_batch_size, o, time_limit, progress)
+    plan, meta = descend(run, search_all(run), search_all)  # the memory ladder: planners/gpp/ladder.py
+    return finish(run, plan, meta)
+
+
+def search_all(run: GppRun) -> tuple[Plan, dict[str, Any]]:
+    """One run's phases up to its pick: seeds, starts, the searches, the exact searches."""
     run_seeds(run)
     find_starts(run)
     pool_seeds(run)
     search_sizes(run)  # phase 1
     restart(run)  # phase 2
     polish_best(run)  # phase 3
-    plan, meta = exact_searches(run)
-    return finish(run, plan, meta)
+    return exact_searches(run)

@@ -313,13 +313,13 @@ def test_seed_planners_run_until_the_safety_stop_and_a_time_limited_seed_cuts_th
     monkeypatch.setitem(sys.modules, "tests_fake_seeds", fake)
     monkeypatch.setitem(planners.REGISTRY, "ok", "tests_fake_seeds:ok")
     monkeypatch.setitem(planners.REGISTRY, "cut", "tests_fake_seeds:cut")
-    p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok",), tighten=False)
+    p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok",), tighten=False, ladder=0)
     gs.validate(p, g, c)
     assert gpp_seeds.SEED_SAFETY_SHARE * 5.0 * 0.9 < seen["ok"] <= gpp_seeds.SEED_SAFETY_SHARE * 5.0 + 1e-9
     assert p.search.extra["seeds"]["ok"]["status"] == gp(g, c, 16).search.status  # the seed's own
     assert p.search.status in ("feasible", "optimal-iteration-time")  # not time-limit
     clock["skew"] = 0.0
-    p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok", "cut"), tighten=False, exact=False)  # a proof overrides
+    p = plan_gpp(g, c, 16, time_limit=5.0, seed_planners=("ok", "cut"), tighten=False, exact=False, ladder=0)
     gs.validate(p, g, c)
     assert 0 < seen["cut"] <= (gpp_seeds.SEED_SAFETY_SHARE - 0.3) * 5.0 + 1e-9
     seeds = p.search.extra["seeds"]
