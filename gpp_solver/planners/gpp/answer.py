@@ -105,7 +105,6 @@ def finish(run: GppRun, plan: Plan, meta: dict[str, Any]) -> Plan:
         "phase_seconds": {k: round(v, 4) for k, v in run.phases.items()},
         "answer_reserve_seconds": round(run.reserve, 4),
         "plans_built": run.pool.built,
-        "ladder": run.ladder,
     }
     if o.schedule != "1f1b":
         extra["schedule"] = final_record(plan, o.schedule)

@@ -11,13 +11,16 @@ So, after its phases, a ``gpp`` run with ``ladder = k`` rungs (default: ``LADDER
 instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — where a run takes well
 under a second; 0 beyond) runs the same phases again, as a fresh run, with the memory limit set to
 ``(1 - LADDER_STEP)`` times the peak of the plan found at the rung above, down to ``k`` rungs or to
-the first limit where no plan fits.  Every rung's pick fits the memory asked for; the least by the
-run's objective among the first run's and the rungs' picks is the answer, tightened and recorded by
-:func:`gpp_solver.planners.gpp.answer.finish`.  The rungs share the time limit: each gets what is
-left of it (less the answer's reserve), a rung stopped for time or skipped for want of time makes
-the status ``time-limit``.  The ladder is skipped where the first run's exact search proved its
-plan optimal (nothing below can beat it).  ``search.extra["ladder"]`` records each rung's memory
-limit and pick (or why it stopped) and which rung the answer came from.
+the first limit where no plan fits.  Each run's answer is its pick tightened and recorded
+(:func:`gpp_solver.planners.gpp.answer.finish`: CP-SAT may shorten a pick a good deal, so the runs are
+compared after it), and it fits the memory asked for; the least by the run's objective among the
+first run's and the rungs' answers is returned, with its own run's record and
+``search.extra["ladder"]``: each rung's memory limit and answer (or why it stopped) and which rung
+was picked.  The rungs share the time limit: each gets what is left of it; a rung stopped for time,
+or skipped for want of it, makes the status ``time-limit``.  A rung's answer is ``feasible`` (or
+``optimal-time-per-sample`` when it meets the first run's proven MILP optimum): a proof a rung's run
+made holds at its own limit, not at this one.  The ladder is skipped where the first
+run's exact search proved its plan optimal (nothing below can beat it).
 
 What it does not promise: the ladder makes the answer at memory ``M`` at least as good as the picks
 at the limits it visits below ``M``; a limit it does not visit may still give a faster plan.  The
@@ -34,7 +37,7 @@ from typing import Any
 
 from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.gpp.run import GppRun
-from gpp_solver.types import Plan
+from gpp_solver.types import Plan, Status
 
 #: rungs below the first run's plan, on small instances (``GppOptions.ladder = None``)
 LADDER_RUNGS = 3
@@ -51,62 +54,62 @@ def ladder_rungs(run: GppRun) -> int:
     return LADDER_RUNGS if run.small else 0
 
 
-def descend(
-    run: GppRun, best: tuple[Plan, dict[str, Any]], search: Callable[[GppRun], tuple[Plan, dict[str, Any]]]
-) -> tuple[Plan, dict[str, Any]]:
-    """The best of ``best`` (the first run's pick) and the picks of the rungs below it (module
-    docstring); ``search(run)`` runs a fresh run's phases up to its pick."""
+def descend(run: GppRun, first: Plan, search: Callable[[GppRun], Plan]) -> Plan:
+    """The best of ``first`` (the first run's answer) and the answers of the rungs below it (module
+    docstring); ``search(run)`` is a fresh run's answer (its pick, tightened and recorded)."""
     rungs = ladder_rungs(run)
     record: dict[str, Any] = {"rungs": rungs, "steps": [], "picked": 0}
-    run.ladder = record
-    if rungs == 0 or _proven(run, best[0]):
+    if rungs == 0 or first.search.status == Status.OPTIMAL_ITERATION_TIME:
         if rungs:
             record["skipped"] = "proven optimal"
-        return best
+        return _answer(run, first, first.search.status, record)
     rung_options = replace(run.o, ladder=0, seed_plans=None, prove=False)
-    above = best[0]
+    best, above, cut = first, first, False
     for k in range(1, rungs + 1):
         limit = above.predicted.peak_memory_bytes * (1 - LADDER_STEP)
-        left = run.t0 + run.budget - run.reserve - time.perf_counter()
+        left = run.t0 + run.budget - time.perf_counter()
         if left < MIN_RUNG_SHARE * run.budget:
             record["steps"].append({"memory_bytes": limit, "stopped": "time"})
-            run.timed_out = True
+            cut = True
             break
         sub = GppRun.create(
             run.graph, replace(run.cluster, memory_bytes=limit), run.B, rung_options, left, run.progress
         )
         try:
-            plan, meta = search(sub)
+            plan = search(sub)
         except InfeasibleError:
             record["steps"].append({"memory_bytes": limit, "stopped": "no plan fits"})
             break
         except TimeLimitError:
             record["steps"].append({"memory_bytes": limit, "stopped": "time"})
-            run.timed_out = True
+            cut = True
             break
-        run.timed_out |= sub.timed_out
+        cut |= plan.search.status == Status.TIME_LIMIT
         record["steps"].append(
             {
                 "memory_bytes": limit,
                 "iteration_time": plan.predicted.iteration_time,
                 "time_per_sample": plan.predicted.time_per_sample,
                 "peak_memory_bytes": plan.predicted.peak_memory_bytes,
-                "origin": meta.get("origin"),
+                "origin": (plan.search.extra or {}).get("seed_planner"),
             }
         )
-        if run.score(plan) < run.score(best[0]):
-            best = (plan, {**meta, "ladder_rung": k})
+        if run.score(plan) < run.score(best):
+            best = plan
             record["picked"] = k
         above = plan
-    return best
+    if cut or first.search.status == Status.TIME_LIMIT:
+        status = Status.TIME_LIMIT
+    elif best is first:
+        status = first.search.status
+    elif run.proven is not None and best.predicted.time_per_sample <= run.proven * (1 + 1e-9):
+        status = Status.OPTIMAL_TIME_PER_SAMPLE  # the MILP's optimum at this memory bounds the rungs' plans too
+    else:
+        status = Status.FEASIBLE  # a rung's proof holds at its own limit, not at this one
+    return _answer(run, best, status, record)
 
 
-def _proven(run: GppRun, plan: Plan) -> bool:
-    """Whether the first run's exact search proved ``plan``'s iteration time optimal (kFkB orders)."""
-    ex = run.ex
-    return (
-        run.o.schedule == "1f1b"
-        and ex is not None
-        and ex.optimum is not None
-        and plan.predicted.iteration_time <= ex.optimum * (1 + 1e-9)
-    )
+def _answer(run: GppRun, plan: Plan, status: Status, record: dict[str, Any]) -> Plan:
+    extra = {**(plan.search.extra or {}), "ladder": record}
+    seconds = time.perf_counter() - run.t0
+    return replace(plan, search=replace(plan.search, seconds=seconds, status=status, extra=extra))

@@ -101,16 +101,17 @@ def plan_gpp(
     :class:`GppRun`."""
     o = parse_options("gpp", GppOptions, options)
     run = GppRun.create(graph, cluster, mini_batch_size, o, time_limit, progress)
-    plan, meta = descend(run, search_all(run), search_all)  # the memory ladder: planners/gpp/ladder.py
-    return finish(run, plan, meta)
+    return descend(run, answer(run), answer)  # the memory ladder: planners/gpp/ladder.py
 
 
-def search_all(run: GppRun) -> tuple[Plan, dict[str, Any]]:
-    """One run's phases up to its pick: seeds, starts, the searches, the exact searches."""
+def answer(run: GppRun) -> Plan:
+    """One run's answer: seeds, starts, the searches, the exact searches, then its pick tightened
+    and recorded."""
     run_seeds(run)
     find_starts(run)
     pool_seeds(run)
     search_sizes(run)  # phase 1
     restart(run)  # phase 2
     polish_best(run)  # phase 3
-    return exact_searches(run)
+    plan, meta = exact_searches(run)
+    return finish(run, plan, meta)

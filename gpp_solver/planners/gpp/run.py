@@ -40,9 +40,9 @@ class GppRun:
     """The state one ``gpp`` run carries from phase to phase (mutable: the phases fill it in);
     :meth:`create` checks the input and starts the clock, and :func:`plan_gpp` calls the phases in
     order: ``starts.run_seeds``, ``starts.find_starts``, ``searches.pool_seeds``,
-    ``searches.search_sizes``, ``searches.restart``, ``searches.polish_best`` and
-    ``answer.exact_searches`` (together ``planner.search_all``), then ``ladder.descend`` (which
-    runs ``search_all`` on fresh runs below the memory) and ``answer.finish``."""
+    ``searches.search_sizes``, ``searches.restart``, ``searches.polish_best``,
+    ``answer.exact_searches`` and ``answer.finish`` (together ``planner.answer``); then
+    ``ladder.descend`` runs ``planner.answer`` on fresh runs below the memory."""
 
     # the instance and the options
     graph: Graph
@@ -85,8 +85,6 @@ class GppRun:
     # answer.exact_searches: the exact iteration-time search's outcome and the MILP's proven TPS
     ex: ExactOutcome | None = None
     proven: float | None = None
-    # ladder.descend: the memory ladder's record (search.extra["ladder"])
-    ladder: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         o = self.o

@@ -40,7 +40,7 @@ def test_on_paper_workloads_from_roomy_to_the_tightest(name, params, devices, B)
 
 def _conformance(graph, cluster, B):
     """gpp at five memories from roomy to the tightest it solves: a plan that fits, never slower than
-    another planner's; below the tightest no planner has one and the error names what a plan needs."""
+    another planner's nor than its own plan with less memory; below the tightest no planner has one and the error names what a plan needs."""
     roomy = gs.solve(graph, replace(cluster, memory_bytes=1e13), mini_batch_size=B).predicted.peak_memory_bytes
     fits, fails = roomy, roomy / 2
     while _plan(graph, replace(cluster, memory_bytes=fails), B, "gpp") is not None:
@@ -51,15 +51,18 @@ def _conformance(graph, cluster, B):
             fails = mid
         else:
             fits = mid
+    times = []  # gpp's iteration times, most memory first
     for memory in [fits + (roomy * 1.05 - fits) * f for f in (1.0, 0.5, 0.2, 0.05, 0.0)]:
         c = replace(cluster, memory_bytes=memory)
         mine = _plan(graph, c, B, "gpp")
         assert mine is not None, memory
+        times.append(mine.predicted.iteration_time)
         gs.validate(mine, graph, c)
         assert mine.planner == "gpp" and mine.predicted.peak_memory_bytes <= memory * (1 + 1e-9)
         for n in OTHERS:
             p = _plan(graph, c, B, n)
             assert p is None or mine.predicted.iteration_time <= p.predicted.iteration_time * (1 + 1e-9), (memory, n)
+    assert all(t <= min(times[i:]) * (1 + 1e-9) for i, t in enumerate(times)), times
     below = replace(cluster, memory_bytes=fails)
     for n in OTHERS:  # where gpp finds none, neither does another planner
         assert _plan(graph, below, B, n) is None, n
