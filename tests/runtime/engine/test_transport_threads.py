@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -26,13 +27,24 @@ def _loop_threads() -> dict[int, int]:
     return out
 
 
+def _new_loop_threads(earlier: set[int], want: int, wait: float = 10.0) -> dict[int, int]:
+    """The loop threads not in ``earlier``, waiting up to ``wait`` seconds for ``want`` of them: a new
+    thread names itself once it runs, which on a loaded machine may be after ``new_group`` returns."""
+    until = time.monotonic() + wait
+    while True:
+        new = {t: n for t, n in _loop_threads().items() if t not in earlier}
+        if len(new) >= want or time.monotonic() > until:
+            return new
+        time.sleep(0.01)
+
+
 def test_gloo_loop_threads_get_the_lowest_priority_and_other_backends_nothing():
     assert not dist.is_initialized()
     earlier = set(_loop_threads())  # threads of groups an earlier test made and destroyed may linger
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         group = dist.new_group([0])  # a second group: a second thread
-        before = {t: n for t, n in _loop_threads().items() if t not in earlier}
+        before = _new_loop_threads(earlier, 2)
         assert len(before) >= 2, before
         assert all(n < TRANSPORT_NICE for n in before.values()), before
         assert lower_transport_threads("nccl") == 0
