@@ -268,6 +268,15 @@ def _add_plan(sub: Any) -> None:
         help="gpp, graphpipe: orders 1f1b (kFkB), "
         "zb (weight gradients split off as W actions, same memory), auto the faster (default: gpp auto, graphpipe 1f1b)",
     )
+    pl.add_argument(
+        "--ladder",
+        type=int,
+        default=None,
+        metavar="N",
+        help="gpp: rungs of the memory ladder, the search run again 10%% below the plan's peak, so that more "
+        "memory never gives a slower plan at the limits it visits (default: 3 on instances of at most 48 "
+        "nodes and 16 devices, else 0; 0: off)",
+    )
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it to stdout, the summary to stderr)")
 
 

@@ -154,6 +154,8 @@ def planner_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["schedule"] = args.schedule
     if not args.shared_sinks:
         opts["shared_sinks"] = False
+    if args.ladder is not None:  # gpp takes it; other planners refuse it by name
+        opts["ladder"] = args.ladder
     graphpipe_flags = {
         "per_stage_micro_batch": "--per-stage-micro-batch",
         "search_k": "--search-k",

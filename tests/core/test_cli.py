@@ -476,3 +476,22 @@ def test_malformed_machine_shorthand_is_named_as_such(files, capsys, spec):
     assert rc == 2 and err.strip() == (
         f"gpp: cluster {spec!r}: expected NAME:N or NAME:NODESxPER_NODE with NAME one of v100, a100-40g, a100-80g, h100"
     )
+
+
+def test_plan_ladder_holds_in_the_plan_or_is_refused(files, capsys, tmp_path):
+    """``--ladder N``: gpp's memory ladder of N rungs, recorded in the plan; a bad N or another
+    planner: exit 2 with one line."""
+    g, c, _ = files
+    base = ["plan", str(g), "--cluster", str(c), "--batch", "8", "--quiet"]
+    for n in (0, 2):
+        out = tmp_path / f"ladder{n}.json"
+        rc, _, err = run([*base, "--ladder", str(n), "-o", str(out)], capsys)
+        assert rc == 0, err
+        ladder = json.loads(out.read_text())["search"]["ladder"]
+        assert ladder["rungs"] == n and len(ladder["steps"]) <= n
+    rc, _, err = run([*base, "--ladder", "-1"], capsys)
+    assert rc == 2 and "ladder must be a non-negative integer" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run([*base, "--ladder", "1", "--planner", "graphpipe"], capsys)
+    assert rc == 2 and "'ladder'" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    rc, _, err = run([*base, "--ladder", "two"], capsys)
+    assert rc == 2 and "--ladder" in err

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from gpp_solver._backend.progress import note
 from gpp_solver.errors import InfeasibleError, TimeLimitError
 from gpp_solver.planners.gpp.run import GppRun
 from gpp_solver.types import Plan, Status
@@ -72,6 +73,14 @@ def descend(run: GppRun, first: Plan, search: Callable[[GppRun], Plan]) -> Plan:
             record["steps"].append({"memory_bytes": limit, "stopped": "time"})
             cut = True
             break
+        note(
+            run.progress,
+            "gpp: memory ladder, rung %d of %d: the search again at %.6g bytes per device (%.0f%% below the plan's peak)",
+            k,
+            rungs,
+            limit,
+            100 * LADDER_STEP,
+        )
         sub = GppRun.create(
             run.graph, replace(run.cluster, memory_bytes=limit), run.B, rung_options, left, run.progress
         )
