@@ -16,6 +16,7 @@ from gpp_solver.planners.exact.planner import exact_for_gpp
 from gpp_solver.planners.gpp.plans import rebuild_as_gpp, reschedule, uniform_micro_batch
 from gpp_solver.planners.gpp.prove import prove_by_milp as _prove
 from gpp_solver.planners.gpp.run import GppRun
+from gpp_solver.planners.gpp.seeds import STATES_SUFFICIENT_MEMORY
 from gpp_solver.planners.gpp.tighten import tighten_orders
 from gpp_solver.types import Plan, SearchInfo, Status
 
@@ -50,15 +51,30 @@ def exact_searches(run: GppRun) -> tuple[Plan, dict[str, Any]]:
     if not pool and run.timed_out:
         raise TimeLimitError(f"gpp: the time limit ({run.budget:g} s) was reached before any plan was found")
     if not pool:
-        need = worst_memory_found
+        need, source = _least_need(run, worst_memory_found)
         raise InfeasibleError(
             f"no plan fits in {run.cluster.memory_bytes:.6g} bytes per device on {run.cluster.devices} devices"
-            + ("" if need is None else f"; the best partition found needs {need:.6g} bytes per device"),
+            + ("" if need is None else f"; {need:.6g} bytes per device give one ({source})"),
             required_memory_bytes=need,
         )
     best = pool.best()
     run.lap("exact")
     return best
+
+
+def _least_need(run: GppRun, searched: float | None) -> tuple[float | None, str]:
+    """The least memory per device at which a plan is known: the closest partition the searches
+    reached (``searched``), or a seed planner's stated least memory
+    (``seeds.STATES_SUFFICIENT_MEMORY``: at it that planner returns a plan that fits); and what
+    found it."""
+    known = [(searched, "the closest partition gpp's search reached")] if searched is not None else []
+    for name in STATES_SUFFICIENT_MEMORY:
+        need = run.seed_info.get(name, {}).get("required_memory_bytes")
+        if need is not None:
+            known.append((need, f"the least that {name}'s search space holds a plan with"))
+    if not known:
+        return None, ""
+    return min(known, key=lambda k: k[0])
 
 
 def finish(run: GppRun, plan: Plan, meta: dict[str, Any]) -> Plan:

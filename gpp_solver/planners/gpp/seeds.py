@@ -42,6 +42,11 @@ TAKES_MICRO_BATCH_SIZES = frozenset({"gpp", "graphpipe", "pipedream", "pipedream
 #: every seed plan itself (and records how long that took), so checking twice only costs time (a
 #: validation of a 5,000-operator plan takes seconds)
 NO_SELF_VALIDATION = {"graphpipe": {"validate_plan": False}}
+#: seed planners whose refusal states a memory at which they do return a plan that fits the cost
+#: model's rule: GraphPipe's DP prices memory with that rule; PipeDream-2BW holds two versions of the
+#: weights, more than the rule's one.  ``gpp``'s own "no plan" message takes the least of their
+#: figures and its search's (``answer.exact_searches``)
+STATES_SUFFICIENT_MEMORY = ("graphpipe", "pipedream-2bw")
 
 
 def within_sizes(plan: Plan, micro_batch_sizes: Collection[int] | None) -> bool:
@@ -111,6 +116,8 @@ def run_seed_planners(
                 "time_limit": left,
                 **({"after_safety_stop": True} if late else {}),
             }
+            if isinstance(exc, InfeasibleError) and exc.required_memory_bytes is not None:
+                info[name]["required_memory_bytes"] = exc.required_memory_bytes
             if isinstance(exc, InfeasibleError) and not late:
                 relaxed, record, late = _relaxed(fn, graph, cluster, B, stop, opts, micro_batch_sizes)
                 cut |= late

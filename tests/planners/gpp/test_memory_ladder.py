@@ -101,14 +101,20 @@ def test_the_ladder_is_recorded_and_the_option_is_checked():
             solve(graph, cluster, mini_batch_size=128, planner="gpp", ladder=bad)
 
 
-def test_no_plan_states_a_memory_that_suffices():
-    """Below the tightest limit, the error names a memory per device at which gpp does find a plan."""
-    graph, cluster = build_model("dlrm"), v100_cluster(8)
+@pytest.mark.parametrize(("workload", "devices"), [("dlrm", 8), ("mmt", 8), ("candle-uno", 8)])
+def test_no_plan_states_a_memory_that_suffices(workload, devices):
+    """Below the tightest limit, the error names a memory per device at which gpp does find a plan,
+    and it is no more than what GraphPipe's search space needs (a seed gpp runs)."""
+    graph, cluster, B = build_model(workload), v100_cluster(devices), 16 * devices
+    tight = replace(cluster, memory_bytes=1e9)
     with pytest.raises(InfeasibleError) as info:
-        solve(graph, replace(cluster, memory_bytes=1e9), mini_batch_size=128, planner="gpp")
+        solve(graph, tight, mini_batch_size=B, planner="gpp")
     need = info.value.required_memory_bytes
-    assert need is not None and need > 1e9 and f"{need:.6g}" in str(info.value)
-    p = solve(graph, replace(cluster, memory_bytes=need), mini_batch_size=128, planner="gpp")
+    assert need is not None and need > 1e9 and f"{need:.6g} bytes per device give one" in str(info.value)
+    with pytest.raises(InfeasibleError) as gp:
+        solve(graph, tight, mini_batch_size=B, planner="graphpipe")
+    assert need <= gp.value.required_memory_bytes * (1 + 1e-9)
+    p = solve(graph, replace(cluster, memory_bytes=need), mini_batch_size=B, planner="gpp")
     assert p.predicted.peak_memory_bytes <= need * (1 + 1e-9)
 
 
