@@ -275,7 +275,7 @@ def _add_plan(sub: Any) -> None:
         metavar="N",
         help="gpp: rungs of the memory ladder, the search run again 10%% below the plan's peak, so that more "
         "memory never gives a slower plan at the limits it visits (default: 3 on instances of at most 48 "
-        "nodes and 16 devices, else 0; 0: off)",
+        "nodes and 16 devices with --time-limit of at least 10 s, else 0; 0: off)",
     )
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it to stdout, the summary to stderr)")
 

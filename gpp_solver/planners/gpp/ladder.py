@@ -8,12 +8,13 @@ pick compares — changes with the memory limit in no particular direction (DLRM
 an iteration at the memory of the unconstrained plan, 0.0157 s at 70% of it).
 
 So, after its phases, a ``gpp`` run with ``ladder = k`` rungs (default: ``LADDER_RUNGS`` on small
-instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — where a run takes well
-under a second; 0 beyond) runs the same phases again, as a fresh run, with the memory limit set to
+instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — with a time limit of at
+least ``LADDER_MIN_LIMIT``, the default's; 0 otherwise) runs the same phases again, as a fresh run, with the memory limit set to
 ``(1 - LADDER_STEP)`` times the peak of the plan found at the rung above, down to ``k`` rungs or to
 the first limit where no plan fits.  Each run's answer is its pick tightened and recorded
 (:func:`gpp_solver.planners.gpp.answer.finish`: CP-SAT may shorten a pick a good deal, so the runs are
-compared after it), and it fits the memory asked for; the least by the run's objective among the
+compared after it; a rung's pick whose iteration-time lower bound, ``B`` times its time per sample,
+cannot beat the best answer so far is not tightened), and it fits the memory asked for; the least by the run's objective among the
 first run's and the rungs' answers is returned, with its own run's record and
 ``search.extra["ladder"]``: each rung's memory limit and answer (or why it stopped) and which rung
 was picked.  The rungs share the time limit: each gets what is left of it; a rung stopped for time,
@@ -37,6 +38,7 @@ from typing import Any
 
 from gpp_solver._backend.progress import note
 from gpp_solver.errors import InfeasibleError, TimeLimitError
+from gpp_solver.planners.gpp.pool import LAZY_BOUND_SLACK
 from gpp_solver.planners.gpp.run import GppRun
 from gpp_solver.types import Plan, Status
 
@@ -44,20 +46,37 @@ from gpp_solver.types import Plan, Status
 LADDER_RUNGS = 3
 #: each rung's limit is this share below the peak of the plan found at the rung above
 LADDER_STEP = 0.1
+#: the ladder is on by default only with a time limit of at least this many seconds (the default limit)
+LADDER_MIN_LIMIT = 10.0
 #: a rung is not started with less than this share of the time limit left
 MIN_RUNG_SHARE = 0.05
 
 
 def ladder_rungs(run: GppRun) -> int:
-    """How many rungs this run descends (``GppOptions.ladder``; ``None``: ``LADDER_RUNGS`` on small instances)."""
+    """How many rungs this run descends (``GppOptions.ladder``; ``None``: :func:`default_rungs`)."""
     if run.o.ladder is not None:
         return run.o.ladder
-    return LADDER_RUNGS if run.small else 0
+    return default_rungs(run.small, run.budget)
 
 
-def descend(run: GppRun, first: Plan, search: Callable[[GppRun], Plan]) -> Plan:
+def default_rungs(small: bool, time_limit: float) -> int:
+    """``LADDER_RUNGS`` on a small instance with a time limit of at least ``LADDER_MIN_LIMIT``, else 0:
+    the rungs take about three times the first run (seconds where PipeDream's DP seeds it), and a
+    shorter limit asks for speed.  A rule on the input, so the plan still does not depend on the
+    machine's speed."""
+    return LADDER_RUNGS if small and time_limit >= LADDER_MIN_LIMIT else 0
+
+
+def descend(
+    run: GppRun,
+    first: Plan,
+    pick: Callable[[GppRun], tuple[Plan, dict[str, Any]]],
+    finish: Callable[[GppRun, Plan, dict[str, Any]], Plan],
+) -> Plan:
     """The best of ``first`` (the first run's answer) and the answers of the rungs below it (module
-    docstring); ``search(run)`` is a fresh run's answer (its pick, tightened and recorded)."""
+    docstring); ``pick(run)`` is a fresh run's pick and ``finish`` makes it that run's answer
+    (tightened and recorded).  A rung's pick whose iteration-time bound cannot beat the best answer
+    is not finished."""
     rungs = ladder_rungs(run)
     record: dict[str, Any] = {"rungs": rungs, "steps": [], "picked": 0}
     if rungs == 0 or first.search.status == Status.OPTIMAL_ITERATION_TIME:
@@ -85,7 +104,7 @@ def descend(run: GppRun, first: Plan, search: Callable[[GppRun], Plan]) -> Plan:
             run.graph, replace(run.cluster, memory_bytes=limit), run.B, rung_options, left, run.progress
         )
         try:
-            plan = search(sub)
+            plan, meta = pick(sub)
         except InfeasibleError:
             record["steps"].append({"memory_bytes": limit, "stopped": "no plan fits"})
             break
@@ -93,20 +112,25 @@ def descend(run: GppRun, first: Plan, search: Callable[[GppRun], Plan]) -> Plan:
             record["steps"].append({"memory_bytes": limit, "stopped": "time"})
             cut = True
             break
+        above = plan
+        step = {
+            "memory_bytes": limit,
+            "time_per_sample": plan.predicted.time_per_sample,
+            "peak_memory_bytes": plan.predicted.peak_memory_bytes,
+            "origin": meta.get("origin"),
+        }
+        record["steps"].append(step)
+        if not run.score(_bound(run, plan)) < run.score(best):
+            step["iteration_time_before_tightening"] = plan.predicted.iteration_time
+            step["finished"] = "no: its bound cannot beat the answer"
+            cut |= sub.timed_out
+            continue
+        plan = finish(sub, plan, meta)
         cut |= plan.search.status == Status.TIME_LIMIT
-        record["steps"].append(
-            {
-                "memory_bytes": limit,
-                "iteration_time": plan.predicted.iteration_time,
-                "time_per_sample": plan.predicted.time_per_sample,
-                "peak_memory_bytes": plan.predicted.peak_memory_bytes,
-                "origin": (plan.search.extra or {}).get("seed_planner"),
-            }
-        )
+        step["iteration_time"] = plan.predicted.iteration_time
         if run.score(plan) < run.score(best):
             best = plan
             record["picked"] = k
-        above = plan
     if cut or first.search.status == Status.TIME_LIMIT:
         status = Status.TIME_LIMIT
     elif best is first:
@@ -116,6 +140,14 @@ def descend(run: GppRun, first: Plan, search: Callable[[GppRun], Plan]) -> Plan:
     else:
         status = Status.FEASIBLE  # a rung's proof holds at its own limit, not at this one
     return _answer(run, best, status, record)
+
+
+def _bound(run: GppRun, plan: Plan) -> Plan:
+    """``plan`` with its iteration time set to a lower bound under any orders: ``B`` times its time
+    per sample (the slowest stage's ``n (F + B) + A``, :class:`~gpp_solver.planners.gpp.pool.Pool`),
+    less the pool's float slack; what tightening cannot go below."""
+    bound = run.B * plan.predicted.time_per_sample * (1 - LAZY_BOUND_SLACK)
+    return replace(plan, predicted=replace(plan.predicted, iteration_time=min(bound, plan.predicted.iteration_time)))
 
 
 def _answer(run: GppRun, plan: Plan, status: Status, record: dict[str, Any]) -> Plan:

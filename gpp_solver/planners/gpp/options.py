@@ -73,7 +73,8 @@ class GppOptions:
     # micro-batch orders: "auto" (split backward with W actions where faster), "zb" (always), "1f1b" (kFkB)
     schedule: str = "auto"
     # rungs of the memory ladder (planners/gpp/ladder.py): the search run again below the memory of the
-    # plan found; None = ladder.LADDER_RUNGS on small instances (SMALL_GRAPH_NODES, SMALL_GRAPH_DEVICES), else 0
+    # plan found; None = ladder.default_rungs: LADDER_RUNGS on small instances (SMALL_GRAPH_NODES,
+    # SMALL_GRAPH_DEVICES) with a time limit of at least ladder.LADDER_MIN_LIMIT, else 0
     ladder: int | None = None
 
     def __post_init__(self) -> None:

@@ -101,17 +101,16 @@ def plan_gpp(
     :class:`GppRun`."""
     o = parse_options("gpp", GppOptions, options)
     run = GppRun.create(graph, cluster, mini_batch_size, o, time_limit, progress)
-    return descend(run, answer(run), answer)  # the memory ladder: planners/gpp/ladder.py
+    return descend(run, finish(run, *pick(run)), pick, finish)  # the memory ladder: planners/gpp/ladder.py
 
 
-def answer(run: GppRun) -> Plan:
-    """One run's answer: seeds, starts, the searches, the exact searches, then its pick tightened
-    and recorded."""
+def pick(run: GppRun) -> tuple[Plan, dict[str, Any]]:
+    """One run's pick: seeds, starts, the searches, the exact searches (``answer.finish`` makes it
+    the run's answer)."""
     run_seeds(run)
     find_starts(run)
     pool_seeds(run)
     search_sizes(run)  # phase 1
     restart(run)  # phase 2
     polish_best(run)  # phase 3
-    plan, meta = exact_searches(run)
-    return finish(run, plan, meta)
+    return exact_searches(run)

@@ -41,8 +41,9 @@ class GppRun:
     :meth:`create` checks the input and starts the clock, and :func:`plan_gpp` calls the phases in
     order: ``starts.run_seeds``, ``starts.find_starts``, ``searches.pool_seeds``,
     ``searches.search_sizes``, ``searches.restart``, ``searches.polish_best``,
-    ``answer.exact_searches`` and ``answer.finish`` (together ``planner.answer``); then
-    ``ladder.descend`` runs ``planner.answer`` on fresh runs below the memory."""
+    ``answer.exact_searches`` (together ``planner.pick``) and ``answer.finish``; then
+    ``ladder.descend`` runs ``planner.pick`` (and ``finish`` where it may win) on fresh runs below
+    the memory."""
 
     # the instance and the options
     graph: Graph
