@@ -7,21 +7,23 @@ partitions of equal time per sample the one each DP returns — and with it the 
 pick compares — changes with the memory limit in no particular direction (DLRM on 16 V100s: 0.0195 s
 an iteration at the memory of the unconstrained plan, 0.0157 s at 70% of it).
 
-So, after its phases, a ``gpp`` run with ``ladder = k`` rungs (default: ``LADDER_RUNGS`` on small
-instances — ``SMALL_GRAPH_NODES`` nodes, ``SMALL_GRAPH_DEVICES`` devices — with a time limit of at
-least ``LADDER_MIN_LIMIT``, the default's; 0 otherwise) runs the same phases again, as a fresh run, with the memory limit set to
-``(1 - LADDER_STEP)`` times the peak of the plan found at the rung above, down to ``k`` rungs or to
-the first limit where no plan fits.  Each run's answer is its pick tightened and recorded
-(:func:`gpp_solver.planners.gpp.answer.finish`: CP-SAT may shorten a pick a good deal, so the runs are
-compared after it; a rung's pick whose iteration-time lower bound, ``B`` times its time per sample,
-cannot beat the best answer so far is not tightened), and it fits the memory asked for; the least by the run's objective among the
+So, after its phases, a ``gpp`` run with ``ladder = k`` rungs runs the same phases again, as a
+fresh run, with the memory limit set to ``(1 - LADDER_STEP)`` times the peak of the plan found at the
+rung above, down to ``k`` rungs or to the first limit where no plan fits.  By default
+(:func:`default_rungs`) ``k = LADDER_RUNGS`` on small instances (``options.is_small``) with a time
+limit of at least ``LADDER_MIN_LIMIT``, the default's, and 0 otherwise.
+
+Each run's answer is its pick tightened and recorded (:func:`gpp_solver.planners.gpp.answer.finish`):
+CP-SAT may shorten a pick a good deal, so the runs are compared after it.  A rung's pick whose
+iteration-time lower bound, ``B`` times its time per sample, cannot beat the best answer so far is
+not tightened.  Every answer fits the memory asked for; the least by the run's objective among the
 first run's and the rungs' answers is returned, with its own run's record and
 ``search.extra["ladder"]``: each rung's memory limit and answer (or why it stopped) and which rung
 was picked.  The rungs share the time limit: each gets what is left of it; a rung stopped for time,
 or skipped for want of it, makes the status ``time-limit``.  A rung's answer is ``feasible`` (or
 ``optimal-time-per-sample`` when it meets the first run's proven MILP optimum): a proof a rung's run
-made holds at its own limit, not at this one.  The ladder is skipped where the first
-run's exact search proved its plan optimal (nothing below can beat it).
+made holds at its own limit, not at this one.  The ladder is skipped where the first run's exact
+search proved its plan optimal (nothing below can beat it).
 
 What it does not promise: the ladder makes the answer at memory ``M`` at least as good as the picks
 at the limits it visits below ``M``; a limit it does not visit may still give a faster plan.  The

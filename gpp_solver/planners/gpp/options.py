@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from gpp_solver.cost.micro_batch import powers_of_two_dividing
 from gpp_solver.errors import InvalidInputError
 from gpp_solver.plan.zero_bubble import check_schedule
-from gpp_solver.types import Plan
+from gpp_solver.types import Cluster, Graph, Plan
 
 # The default seeds: GraphPipe's DP and PipeDream-2BW's uniform chains.  PipeDream's and Alpa's DPs
 # are left out by default (they would be 60-75% of the seed time at 32 devices): on the paper's
@@ -93,6 +93,12 @@ class GppOptions:
             raise InvalidInputError(f"ladder must be a non-negative integer or None, got {self.ladder!r}")
         if self.objective not in OBJECTIVES:
             raise InvalidInputError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+
+
+def is_small(graph: Graph, cluster: Cluster) -> bool:
+    """At most ``SMALL_GRAPH_NODES`` nodes and ``SMALL_GRAPH_DEVICES`` devices: the instances where the
+    optional seeds, the restarts and the memory ladder run by default (a rule on the input's size)."""
+    return len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES
 
 
 def candidate_micro_batch_sizes(

@@ -34,7 +34,7 @@ from typing import Any
 from gpp_solver.errors import GppError, InfeasibleError, InvalidInputError
 from gpp_solver.plan.overheads import plan_within_overheads, priced
 from gpp_solver.planners.gpp.ladder import default_rungs
-from gpp_solver.planners.gpp.options import DEFAULT_TIME_LIMIT, SMALL_GRAPH_DEVICES, SMALL_GRAPH_NODES
+from gpp_solver.planners.gpp.options import DEFAULT_TIME_LIMIT, is_small
 from gpp_solver.planners.gpp.plans import rebuild_as_gpp
 from gpp_solver.planners.gpp.seeds import within_sizes
 from gpp_solver.planners.registry import get_planner
@@ -73,8 +73,7 @@ def plan_gpp_within_overheads(
 
     # PORTFOLIO runs the optional seeds, once; each round's own limit is a share of this one, so the
     # ladder's default follows this limit (ladder.default_rungs)
-    small = len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES
-    own = {"optional_seeds": False, "ladder": default_rungs(small, budget), **options}
+    own = {"optional_seeds": False, "ladder": default_rungs(is_small(graph, cluster), budget), **options}
 
     def run_gpp(seen: Cluster) -> Plan:
         left = max(gpp_until - time.perf_counter(), MIN_SECONDS)

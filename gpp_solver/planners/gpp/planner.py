@@ -31,9 +31,10 @@ planners only chains; both leave throughput on the table.  ``plan_gpp``:
 
 ``seed_plans={name: plan}`` hands in plans already computed (those planners are not run again).
 
-**Memory ladder.**  On small instances (option ``ladder``) the phases run again below the memory
-of the plan found, a few rungs down, and the best pick of all is the answer, so that more memory
-does not give a slower plan (:mod:`gpp_solver.planners.gpp.ladder`).
+**Memory ladder.**  On small instances with a time limit of at least 10 s (option ``ladder``) the
+phases run again below the memory of the plan found, a few rungs down, and the best of the runs'
+answers is returned, so that more memory does not give a slower plan
+(:mod:`gpp_solver.planners.gpp.ladder`).
 
 **Schedule.**  ``schedule`` (default ``"auto"``; ``docs/zero-bubble.md``): every candidate plan —
 search states, seeds, the exact search's — is built with it (``build_plan``), so the pick, and with

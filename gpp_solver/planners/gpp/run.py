@@ -21,10 +21,9 @@ from gpp_solver.planners.gpp.options import (
     DEFAULT_TIME_LIMIT,
     OPTIONAL_SEED_PLANNERS,
     SEED_PLANNERS,
-    SMALL_GRAPH_DEVICES,
-    SMALL_GRAPH_NODES,
     SMALL_GRAPH_RESTARTS,
     GppOptions,
+    is_small,
 )
 from gpp_solver.planners.gpp.partition_eval import Eval, Problem, State
 from gpp_solver.planners.gpp.pool import Pool
@@ -51,7 +50,7 @@ class GppRun:
     B: int
     o: GppOptions
     progress: bool
-    small: bool  # SMALL_GRAPH_NODES nodes and SMALL_GRAPH_DEVICES devices at most (options.py)
+    small: bool  # options.is_small: SMALL_GRAPH_NODES nodes and SMALL_GRAPH_DEVICES devices at most
     seed_planners: Sequence[str]
     restarts: int
     log: Callable[..., None]
@@ -105,7 +104,7 @@ class GppRun:
         progress: bool,
     ) -> GppRun:
         """A run of ``plan_gpp`` on this input (checked), its clock started."""
-        small = len(graph.nodes) <= SMALL_GRAPH_NODES and cluster.devices <= SMALL_GRAPH_DEVICES
+        small = is_small(graph, cluster)
         seed_planners = o.seed_planners
         if tuple(seed_planners) == SEED_PLANNERS and small and o.optional_seeds:
             seed_planners = SEED_PLANNERS + OPTIONAL_SEED_PLANNERS
