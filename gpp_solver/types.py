@@ -262,6 +262,9 @@ class Stage:
     predicted: StagePrediction
     tensor_parallel: int = 1
     tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
+    #: activation recomputation: each micro-batch's forward keeps only the stage's received values,
+    #: and its backward runs the forward again first (``docs/cost-model.md``, *Recomputation*)
+    recompute: bool = False
 
     @property
     def data_parallel(self) -> int:

@@ -4,6 +4,9 @@
   (:func:`~gpp_solver.cost.model.memory_per_device`, the pricing core's formula);
 * in a stage whose order holds ``W`` (split backward), plus ``pending_w(S)/d * kept(S)``: the
   gradients ``B`` keeps for ``W`` (:func:`kept_gradient_bytes`, ``docs/zero-bubble.md``);
+* in a stage that recomputes (``recompute``), ``osf * W_S + in_flight/d * received + b/d * act_S``
+  (:func:`recomputed_memory`), and with the overheads a waiting micro-batch holds its received and
+  sent values alone (:func:`waiting_bytes`);
 * with the cluster's ``memory_overheads``, beside it what the runtime measurably holds: the
   received buffers, the gradient buckets, the temporaries and, under autocast, each in-flight
   micro-batch's low-precision weight copies (:func:`memory_with_overheads`), and the cluster's
@@ -21,6 +24,7 @@ from gpp_solver.cost.model import (
     interpolate,
     memory_per_device,
     pending_weight_samples,
+    recomputes,
     split_region,
     stage_activation_bytes,
     stage_configs,
@@ -59,6 +63,9 @@ def stage_memory(
             n,
             posted_ahead,
         )
+    if recomputes(stage):
+        received = boundary_bytes(graph, stages, stage)[0] if stages is not None else 0.0
+        return recomputed_memory(graph, cluster.optimizer_state_factor, stage, in_flight_samples, received)
     kept = pending_w_samples / data_parallel(stage) * kept_gradient_bytes(graph, stage) if pending_w_samples else 0.0
     return kept + memory_per_device(
         cluster.optimizer_state_factor,
@@ -67,6 +74,36 @@ def stage_memory(
         data_parallel(stage),
         stage_activation_bytes(graph, stage),
     )
+
+
+def recomputed_memory(
+    graph: Graph, osf: float, stage: StageLike, in_flight_samples: float, received_per_sample: float
+) -> float:
+    """``M(S)`` of a stage that recomputes, without the runtime's overheads: ``osf * W_S +
+    in_flight / d * received + b / d * act_S``: each micro-batch in flight keeps its received values
+    alone, and one at a time holds its activations again, in its backward."""
+    d = data_parallel(stage)
+    rows = stage.micro_batch_size / d
+    return (
+        osf * stage_weight_bytes(graph, stage)
+        + in_flight_samples / d * received_per_sample
+        + (rows * stage_activation_bytes(graph, stage) if in_flight_samples else 0.0)
+    )
+
+
+def waiting_bytes(graph: Graph, stage: StageLike, rows: float, received: float, configs=None) -> tuple[float, float]:
+    """With the runtime's overheads, what one micro-batch of ``rows`` samples holds between its
+    forward and its backward, and the part of it that is sent values beyond its activations (held
+    in its backward too): its activations, weight copies, received values (``received`` bytes)
+    and :func:`unsaved_sent_bytes`; in a stage that recomputes, its received values and every
+    value it sends (:func:`sent_value_bytes`), nothing else."""
+    configs = configs if configs is not None else stage_configs(graph, stage)
+    if recomputes(stage):
+        values = rows * sent_value_bytes(graph, stage)
+        return received + values, values
+    unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
+    activations = rows * sum(c.activation_bytes for c in configs) + stage_weight_copy_bytes(graph, stage)
+    return activations + received + unsaved, unsaved
 
 
 def overheads_priced(cluster: Cluster, graph: Graph) -> bool:
@@ -258,14 +295,16 @@ def memory_with_overheads(
     )
     # per micro-batch in flight: its activations, its received values and the values it sends
     # beyond what its activations hold; one gradient it sent back in transit (``send_releases``)
-    activations = (
-        in_flight_samples
-        / d
-        * (sum(c.activation_bytes for c in configs) + received_per_sample + unsaved_sent_bytes(graph, stage, configs))
-    )
-    if in_flight_samples:
-        activations += rows * received_per_sample
-        activations += in_flight_samples / stage.micro_batch_size * stage_weight_copy_bytes(graph, stage)
+    waiting, _sent = waiting_bytes(graph, stage, 1.0, received_per_sample, configs)
+    copies = stage_weight_copy_bytes(graph, stage)
+    if recomputes(stage):  # one micro-batch at a time holds its activations (and copies) again
+        activations = in_flight_samples / d * waiting
+        if in_flight_samples:
+            activations += rows * received_per_sample + rows * sum(c.activation_bytes for c in configs) + copies
+    else:
+        activations = in_flight_samples / d * (waiting - copies)
+        if in_flight_samples:
+            activations += rows * received_per_sample + in_flight_samples / stage.micro_batch_size * copies
     if pending_w_samples:
         activations += pending_w_samples / d * kept_gradient_bytes(graph, stage)
     step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
@@ -284,6 +323,13 @@ def unsaved_sent_bytes(graph: Graph, stage: StageLike, configs=None) -> float:
         for v, c in zip(stage.nodes, configs)
         if any(w not in mine for w in graph.succs(v))
     )
+
+
+def sent_value_bytes(graph: Graph, stage: StageLike) -> float:
+    """Bytes per sample of the values ``stage`` sends, each once: ``sum_u output_bytes_u`` over its
+    nodes ``u`` with a consumer in another stage."""
+    mine = set(stage.nodes)
+    return sum(graph.node(v).output_bytes for v in stage.nodes if any(w not in mine for w in graph.succs(v)))
 
 
 def _interleaved(
@@ -315,9 +361,7 @@ def _interleaved(
     configs = stage_configs(graph, stage)
     weights = sum(c.weight_bytes for c in configs)
     received, sent = rows * received_per_sample, rows * sent_per_sample
-    unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
-    waiting = rows * sum(c.activation_bytes for c in configs) + received + unsaved
-    waiting += stage_weight_copy_bytes(graph, stage)
+    waiting, unsaved = waiting_bytes(graph, stage, rows, received, configs)
     others = max(0.0, in_flight_samples / stage.micro_batch_size - 1)  # micro-batches waiting beside it
     _first, later = _backward_at_nodes(graph, stage, rows)
     if posted_ahead:
@@ -359,14 +403,8 @@ def _all_forwards_first(
     first, second = _backward_at_nodes(graph, stage, rows)
     # the values it sends, each once: in act_S where a consumer saves them (charged to their
     # producer), beyond it (unsaved) while the activations live; whole after the backward
-    mine = set(stage.nodes)
-    act = {v: c.activation_bytes for v, c in zip(stage.nodes, configs)}
-    outgoing = [v for v in stage.nodes if any(w not in mine for w in graph.succs(v))]
-    unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
-    values = rows * sum(graph.node(v).output_bytes for v in outgoing)
-    waiting = (
-        rows * sum(act.values()) + received + unsaved + stage_weight_copy_bytes(graph, stage)
-    )  # before its backward
+    values = rows * sent_value_bytes(graph, stage)
+    waiting, unsaved = waiting_bytes(graph, stage, rows, received, configs)  # before its backward
     done = received + values  # a micro-batch after its backward, until the step ends
 
     def backward(j: int, at_nodes: float) -> float:

@@ -123,6 +123,12 @@ def data_parallel(stage: StageLike) -> int:
     return max(1, len(stage.devices) // max(1, stage.tensor_parallel))
 
 
+def recomputes(stage: StageLike) -> bool:
+    """Whether ``stage`` recomputes its activations (a plan stage's ``recompute``; the planners'
+    own stage records have none and recompute nothing)."""
+    return bool(getattr(stage, "recompute", False))
+
+
 def stage_configs(graph: Graph, stage: StageLike) -> list[NodeConfig | Node]:
     """Each node's figures (``fw_time``, ``bw_time``, ``weight_bytes``, ``activation_bytes``): the
     node itself when it runs in its own configuration (no copy), else its TMPC's."""
@@ -133,7 +139,8 @@ def stage_configs(graph: Graph, stage: StageLike) -> list[NodeConfig | Node]:
 
 
 def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
-    """(forward, backward) compute time of one micro-batch on one replica (with ``op_overhead``)."""
+    """(forward, backward) compute time of one micro-batch on one replica (with ``op_overhead``);
+    a stage that recomputes runs its forward again in each backward, so that counts in both."""
     x = stage.micro_batch_size / data_parallel(stage)
     sizes = graph.micro_batch_sizes
     fw = bw = 0.0
@@ -144,7 +151,7 @@ def stage_compute_parts(graph: Graph, stage: StageLike) -> tuple[float, float]:
     if ofw or obw:
         n = len(stage.nodes)
         fw, bw = fw + n * ofw, bw + n * obw
-    return fw, bw
+    return fw, bw + fw if recomputes(stage) else bw
 
 
 def stage_weight_grad_time(graph: Graph, stage: StageLike) -> float:

@@ -69,6 +69,7 @@ _STAGE_FIELDS = frozenset(
         "predicted",
         "tensor_parallel",
         "tmpc",
+        "recompute",
         "extra",
     }
 )
@@ -174,7 +175,14 @@ def _stage(s: Any, i: int) -> Stage:
             s.get("tensor_parallel", 1), f"{where}.tensor_parallel", E, minimum=1, maximum=MAX_COUNT
         ),
         tmpc=tmpc,
+        recompute=_flag(s.get("recompute", False), f"{where}.recompute"),
     )
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise E(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _edges(d: dict) -> list[tuple[int, int]]:
@@ -247,6 +255,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
             sd["tensor_parallel"] = s.tensor_parallel
         if s.tmpc:
             sd["tmpc"] = dict(s.tmpc)
+        if s.recompute:
+            sd["recompute"] = True
         stages.append(sd)
     search: dict[str, Any] = {"seconds": p.search.seconds, "status": p.search.status.value}
     if p.search.epsilon is not None:

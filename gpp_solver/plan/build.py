@@ -26,7 +26,7 @@ from gpp_solver.cost.model import (
     order_time_per_sample,
     stage_costs,
 )
-from gpp_solver.errors import DeadlockError, InvalidPlanError
+from gpp_solver.errors import DeadlockError, InvalidInputError, InvalidPlanError
 from gpp_solver.plan.schedule import kfkb_order, schedule_stage_graph, warmup_micro_batches
 from gpp_solver.plan.simulate import simulate_orders, sums_in_backwards
 from gpp_solver.plan.zero_bubble import (
@@ -53,6 +53,7 @@ class StageSpec:
     tensor_parallel: int = 1
     tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
     order: tuple[Action, ...] | None = None  # an explicit order overrides kFkB (("F", j) pairs are converted)
+    recompute: bool = False  # the stage recomputes its activations (docs/cost-model.md, *Recomputation*)
 
 
 def stage_graph_edges(graph: Graph, stage_of: Mapping[str, int]) -> list[tuple[int, int]]:
@@ -184,6 +185,7 @@ def _stages(
                 ),
                 tensor_parallel=s.tensor_parallel,
                 tmpc=dict(s.tmpc) if s.tmpc else None,
+                recompute=s.recompute,
             )
         )
     return stages
@@ -209,6 +211,10 @@ def build_plan(
     are kept as given.  With ``"zb"``/``"auto"`` the plan's ``search.extra["schedule"]`` records
     the choice (:func:`gpp_solver.plan.zero_bubble.schedule_record`)."""
     check_schedule(schedule)
+    if any(s.recompute for s in specs):
+        if schedule == "zb":
+            raise InvalidInputError("schedule 'zb' splits the backward, which a stage that recomputes does not support")
+        schedule = "1f1b"  # "auto": the split is out of reach
     specs = _numbered_specs(graph, specs, mini_batch_size)
     stage_of = {v: i for i, s in enumerate(specs) for v in s.nodes}
     edges = stage_graph_edges(graph, stage_of)

@@ -32,6 +32,7 @@ def stage_label(plan: Plan, graph: Graph | None, stage_id: int) -> str:
     head = f"S{st.id} · {plural(len(nodes), 'node')}"
     span = _short(nodes[0]) if len(nodes) == 1 else f"{_short(nodes[0])} …\n{_short(nodes[-1])}"
     extra = f" t={st.tensor_parallel}" if st.tensor_parallel != 1 else ""
+    extra += " recompute" if st.recompute else ""
     return f"{head}\n{span}\n{_device_text(st.devices)} · b={st.micro_batch_size}{extra}"
 
 

@@ -107,6 +107,11 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
         _check_devices(plan, graph, cluster, s, owner)
     for s in plan.stages:  # C4: orders
         check_order(s.id, s.schedule.order, plan.mini_batch_size // s.micro_batch_size)
+        if s.recompute and any(a[0] == "W" for a in s.schedule.order):
+            raise E(
+                f"stage {s.id}: recompute with a split backward (W actions) is not supported; "
+                "give it an order without W"
+            )
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         if s.in_flight_samples != peak:
             raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.utils._pytree as pytree
@@ -74,6 +75,32 @@ def _sent(m: Message) -> str:
 
 def _rows(tree, lo: int, hi: int):
     return pytree.tree_map(lambda t: t[lo:hi] if isinstance(t, torch.Tensor) else t, tree)
+
+
+@dataclass(frozen=True)
+class _Recompute:
+    """What a recomputing stage's ``F j`` keeps for ``B j``: its step (whose receives name the
+    pieces), the received pieces, the model inputs and target, the step number and the random state."""
+
+    step_f: Step
+    bufs: dict
+    inputs: tuple
+    target: object
+    step: int
+    rng: tuple
+
+
+def _rng_state(device: torch.device) -> tuple:
+    """The random state a forward starts from (CPU, and the device's on CUDA), as
+    ``torch.utils.checkpoint`` keeps it for its recomputation."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(device: torch.device, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 class StageExecutor:
@@ -228,6 +255,26 @@ class StageExecutor:
     def _forward(
         self, st: Step, c: Chunk, bufs: dict, inputs: tuple, target, state: dict, step: int, out_tensors: dict
     ):
+        if self.stage.recompute:  # nothing saved: the backward runs it again from what it received
+            rng = _rng_state(self.device)
+            args, _leaves = self._arguments(st, c, bufs, inputs, free=False)
+            set_context(Context(seed=self.seed, step=step, lo=c.lo))
+            with torch.no_grad(), self.precision.forward(self.device):
+                outs = self.program.module(*args)
+                loss = self._loss(c, outs[-1], target) if self.program.holds_sink else None
+            del args
+            self._send(st, c, outs, out_tensors)
+            state[c.mb] = _Recompute(st, bufs, inputs, target, step, rng)
+            return loss
+        args, leaves = self._arguments(st, c, bufs, inputs, free=True)
+        outs, loss = self._run(c, args, target, step, check=True)
+        self._send(st, c, outs, out_tensors)
+        state[c.mb] = (leaves, outs, loss)
+        return loss
+
+    def _arguments(self, st: Step, c: Chunk, bufs: dict, inputs: tuple, *, free: bool) -> tuple[list, dict]:
+        """The stage module's arguments for chunk ``c`` and the received pieces (leaves that require
+        grad) by message; with ``free``, the pieces copied or concatenated are freed."""
         args = []
         leaves: dict[tuple, list] = {}
         for kind, key in self.program.inputs:
@@ -250,27 +297,46 @@ class StageExecutor:
                     pieces.append(ts)
             if len(pieces) == 1 and key in self.program.copied_inputs:
                 joined = [t.clone() if t.requires_grad else t for t in pieces[0]]
-                _free([t for t in pieces[0] if t.requires_grad])
+                if free:
+                    _free([t for t in pieces[0] if t.requires_grad])
             elif len(pieces) == 1:
                 joined = pieces[0]
             else:
                 joined = [torch.cat(col) for col in zip(*pieces)]
-                _free([t for ts in pieces for t in ts])
+                if free:
+                    _free([t for ts in pieces for t in ts])
             args.append(unflatten(joined, meta))
+        return args, leaves
+
+    def _run(self, c: Chunk, args: list, target, step: int, *, check: bool):
+        """The stage module (and the sink's loss) on chunk ``c``, saving for the backward; ``check``:
+        the loss's value is this chunk's (recorded and checked), not a recomputation's."""
         self._saved[c.mb] = 0
         set_context(Context(seed=self.seed, step=step, lo=c.lo))
         pack = torch.autograd.graph.saved_tensors_hooks(self._make_pack(c.mb), lambda t: t)
         with pack, self.precision.forward(self.device):
             outs = self.program.module(*args)
-            loss = self._loss(c, outs[-1], target) if self.program.holds_sink else None
+            loss = None
+            if self.program.holds_sink:
+                loss = self._loss(c, outs[-1], target) if check else self._scaled_loss(c, outs[-1], target)
+        return outs, loss
+
+    def _send(self, st: Step, c: Chunk, outs, out_tensors: dict) -> None:
         for m in st.sends:
             value = outs[self.out_index[m.value]]
             out_tensors[m] = [
                 t[m.lo - c.lo : m.hi - c.lo].detach().contiguous() for t in flatten(value, self.meta[m.value])
             ]
             check_travelling(out_tensors[m], list(self.meta[m.value].tensors), m.hi - m.lo, _sent(m))
-        state[c.mb] = (leaves, outs, loss)
-        return loss
+
+    def _recomputed(self, c: Chunk, saved: _Recompute) -> tuple:
+        """``(leaves, outs, loss)`` of a recomputing stage's chunk ``c``: its forward again, from the
+        received pieces kept by ``F``, with the same dropout masks and random state."""
+        args, leaves = self._arguments(saved.step_f, c, saved.bufs, saved.inputs, free=True)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            _set_rng_state(self.device, saved.rng)
+            outs, loss = self._run(c, args, saved.target, saved.step, check=False)
+        return leaves, outs, loss
 
     def _loss(self, c: Chunk, out, target):
         """The sink's loss on chunk ``c``, scaled for a mean; checked until the check is conclusive."""
@@ -286,6 +352,15 @@ class StageExecutor:
             self._check_reduction(out, tgt, loss)
         if isinstance(loss, torch.Tensor):
             self.chunk_losses.append((c, loss.detach()))
+        return self._scale(c, loss)
+
+    def _scaled_loss(self, c: Chunk, out, target):
+        """The sink's loss on chunk ``c`` again (a recomputation: already checked and recorded)."""
+        tgt = _rows(target, c.lo, c.hi)
+        tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
+        return self._scale(c, self.loss_fn(out, tgt))
+
+    def _scale(self, c: Chunk, loss):
         if self.loss_reduction == "mean":
             loss = loss * ((c.hi - c.lo) / self.mini_batch_size)
         return loss
@@ -304,7 +379,8 @@ class StageExecutor:
         self.refusal = self.refusal or msg
 
     def _backward(self, st: Step, c: Chunk, bufs: dict, state: dict, out_tensors: dict) -> None:
-        leaves, outs, loss = state.pop(c.mb)
+        saved = state.pop(c.mb)
+        leaves, outs, loss = self._recomputed(c, saved) if isinstance(saved, _Recompute) else saved
         by_out: dict[str, dict[int, list[list[torch.Tensor]]]] = {}
         for m in st.recvs:  # sample order within each consumer stage
             by_out.setdefault(m.value, {}).setdefault(m.dst.stage, []).append(bufs[m])
