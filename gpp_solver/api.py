@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from gpp_solver.cost.memory import overheads_priced
 from gpp_solver.cost.micro_batch import check_mini_batch_size
-from gpp_solver.errors import InvalidInputError, show
+from gpp_solver.errors import InfeasibleError, InvalidInputError, show
 from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
 from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
 from gpp_solver.limits import MAX_SECONDS
+from gpp_solver.plan import recompute
 from gpp_solver.plan.overheads import plan_within_overheads
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import REGISTRY, get_planner
@@ -55,6 +57,53 @@ def _check_arguments(
         raise InvalidInputError(f"progress must be True or False, got {show(progress)}")
     if mini_batch_size is not None:
         check_mini_batch_size(mini_batch_size)
+
+
+def _planned(fn, name: str, g: Graph, c: Cluster, B: int, time_limit, progress: bool, options: dict) -> Plan:
+    """The planner's plan under the whole memory model of ``c`` (``gpp`` its own way)."""
+    if name == "gpp" and overheads_priced(c, g):
+        from gpp_solver.planners.gpp.overheads import plan_gpp_within_overheads
+
+        return plan_gpp_within_overheads(g, c, B, time_limit=time_limit, progress=progress, options=options)
+    return plan_within_overheads(lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **options), g, c)
+
+
+def _recompute_choice(name: str, options: dict) -> str:
+    """The ``recompute`` option, taken out of the planner's (``"auto"`` for the planners that take
+    it, ``"off"`` for the others, which refuse it by name)."""
+    if "recompute" not in options:
+        return "auto" if name in recompute.PLANNERS else "off"
+    if name not in recompute.PLANNERS:
+        raise InvalidInputError(
+            f"recompute: only for the planners {', '.join(recompute.PLANNERS)}, but the planner is {name!r}"
+        )
+    return recompute.check_choice(options.pop("recompute"))
+
+
+def _view_options(options: dict) -> dict:
+    """The planner's options for a search on the recomputation view: orders without ``W`` (a
+    stage that recomputes runs its whole backward at once)."""
+    return {**options, "schedule": "1f1b"}
+
+
+def _faster(plan: Plan, other: Plan) -> bool:
+    return (plan.predicted.iteration_time, plan.predicted.time_per_sample) < (
+        other.predicted.iteration_time,
+        other.predicted.time_per_sample,
+    )
+
+
+def _no_plan(refusal: InfeasibleError | None, attempt: recompute.Attempt, c: Cluster) -> InfeasibleError:
+    """The planner's own refusal (its figure of the memory a plan needs), or recomputation's."""
+    if refusal is not None:
+        return InfeasibleError(
+            f"{refusal} (with recomputation: no plan fits either)", required_memory_bytes=refusal.required_memory_bytes
+        )
+    need = f": the least a plan found needs is {attempt.needs:.6g} bytes per device" if attempt.needs else ""
+    return InfeasibleError(
+        f"no plan with every stage recomputing fits {c.memory_bytes:.6g} bytes per device{need}",
+        required_memory_bytes=attempt.needs,
+    )
 
 
 def _checked_graph(graph: Any) -> Graph:
@@ -112,16 +161,34 @@ def solve(
     if name == "gpp":
         planner_options["tighten"] = tighten
     fn = get_planner(name)
-    # the planner checks its options itself (planners.registry.parse_options: unknown ones by name)
-    if name == "gpp" and overheads_priced(c, g):
-        from gpp_solver.planners.gpp.overheads import plan_gpp_within_overheads
-
-        plan = plan_gpp_within_overheads(g, c, B, time_limit=time_limit, progress=progress, options=planner_options)
-    else:
-        plan = plan_within_overheads(
-            lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **planner_options), g, c
+    choice = _recompute_choice(name, planner_options)
+    start = time.perf_counter()
+    deadline = None if time_limit is None else start + time_limit
+    base, refusal = None, None
+    if choice != "on":
+        try:
+            base = _planned(fn, name, g, c, B, time_limit, progress, planner_options)
+        except InfeasibleError as exc:
+            if choice == "off":
+                raise
+            refusal = exc
+    plan = base
+    if choice != "off" and (base is None or recompute.binding(base, c)):
+        attempt = recompute.plan_recomputing(
+            lambda view, seen, left: fn(
+                view, seen, B, time_limit=left, progress=False, **_view_options(planner_options)
+            ),
+            g,
+            c,
+            every=choice == "on",
+            deadline=deadline,
         )
-    if tighten and name != "gpp":
+        if attempt.plan is not None and (base is None or _faster(attempt.plan, base)):
+            plan = attempt.plan
+        if plan is None:
+            raise _no_plan(refusal, attempt, c)
+        plan = recompute.recorded(plan, choice, attempt, base, time.perf_counter() - start)
+    if tighten and name != "gpp" and not any(s.recompute for s in plan.stages):
         from gpp_solver.cp_schedule import tighten_plan_if_fits
 
         plan, info = tighten_plan_if_fits(plan, g, c, time_limit=time_limit, progress=progress)

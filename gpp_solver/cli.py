@@ -277,6 +277,14 @@ def _add_plan(sub: Any) -> None:
         "memory never gives a slower plan at the limits it visits (default: 3 on instances of at most 48 "
         "nodes and 16 devices with --time-limit of at least 10 s, else 0; 0: off)",
     )
+    pl.add_argument(
+        "--recompute",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="gpp, graphpipe: activation recomputation per stage: auto (where no plan fits without it, or "
+        "the plan uses 90%% of the memory, the faster plan with or without it; the default), on (every "
+        "stage), off (none)",
+    )
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it to stdout, the summary to stderr)")
 
 

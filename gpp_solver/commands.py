@@ -156,6 +156,8 @@ def planner_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["shared_sinks"] = False
     if args.ladder is not None:  # gpp takes it; other planners refuse it by name
         opts["ladder"] = args.ladder
+    if args.recompute is not None:  # gpp and graphpipe take it; solve refuses it for the others
+        opts["recompute"] = args.recompute
     graphpipe_flags = {
         "per_stage_micro_batch": "--per-stage-micro-batch",
         "search_k": "--search-k",

@@ -51,7 +51,16 @@ def describe_plan(plan: Plan, cluster_devices: int | None = None) -> str:
         f"{p.iteration_time:.6g} s, throughput {p.throughput:.6g} samples/s, peak memory "
         f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s"
         + schedule_text(plan)
+        + recompute_text(plan)
     )
+
+
+def recompute_text(plan: Plan) -> str:
+    """``, recompute stages 1, 2`` for a plan whose stages recompute; else nothing."""
+    ids = [str(s.id) for s in plan.stages if s.recompute]
+    if not ids:
+        return ""
+    return f", recompute {'stage' if len(ids) == 1 else 'stages'} {', '.join(ids)}"
 
 
 def schedule_text(plan: Plan) -> str:
