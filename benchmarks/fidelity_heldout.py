@@ -65,7 +65,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(calibration), or all three (reported apart)",
     )
     ap.add_argument("--seeds", default=None, help="comma-separated seeds instead of --set")
-    ap.add_argument("--planners", default=PLANNERS)
+    ap.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated MODULE:FUNCTION@BATCH models instead of --set (reported as the set 'extra')",
+    )
+    ap.add_argument(
+        "--planners",
+        default=PLANNERS,
+        help=f"comma-separated planners (default {PLANNERS}); NAME@recompute=off (or on) passes solve's recompute",
+    )
     ap.add_argument(
         "--levels",
         type=int,
@@ -106,6 +115,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _seeds(args) -> list[tuple[str, str, str, int]]:
     """``(set name, label, MODULE:FUNCTION, mini-batch)`` per model."""
+    if args.models:
+        out = []
+        for entry in args.models.split(","):
+            spec, _, batch = entry.partition("@")
+            if ":" not in spec or not batch.isdigit():
+                raise ValueError(f"--models: expected MODULE:FUNCTION@BATCH, got {entry!r}")
+            out.append(("extra", f"extra:{_label(spec)}", spec, int(batch)))
+        return out
     if args.seeds:
         seeds = []
         for s in args.seeds.split(","):
@@ -141,8 +158,14 @@ def _cluster(measured, devices: int, memory: float) -> dict:
 
 
 def _solve(graph, cdoc: dict, batch: int, planner: str, time_limit: float):
+    """``planner``'s plan, or its one-line refusal; ``NAME@recompute=CHOICE`` passes the option."""
+    name, _, option = planner.partition("@")
+    options = {}
+    if option:
+        key, _, value = option.partition("=")
+        options[key] = value
     try:
-        return solve(graph, cdoc, mini_batch_size=batch, planner=planner, time_limit=time_limit)
+        return solve(graph, cdoc, mini_batch_size=batch, planner=name, time_limit=time_limit, **options)
     except GppError as exc:
         return str(exc).splitlines()[0][:120]
 
@@ -192,6 +215,7 @@ def plan_model(args, label, graph, spec, batch, measured, work: Path, jobs: dict
                 solved += 1
                 sim = simulate(plan, graph, cluster_from_dict(cdoc))
                 row.update(
+                    recompute_stages=[s.id for s in plan.stages if s.recompute],
                     predicted=sim.iteration_time,
                     stages=len(plan.stages),
                     used=sum(len(s.devices) for s in plan.stages),
@@ -300,9 +324,33 @@ def default_pick(rows: list[dict]) -> list[dict]:
     return out
 
 
+def levers(rows: list[dict]) -> list[dict]:
+    """Per (model, limit, devices) where ``gpp`` and ``gpp@recompute=off`` both ran: their measured
+    times, and whether ``gpp``'s plan recomputes (``None`` measured: no plan, or not trained)."""
+    cells: dict = {}
+    for r in rows:
+        if r["planner"] in ("gpp", "gpp@recompute=off"):
+            cells.setdefault((r["model"], r["limit"], r["devices"]), {})[r["planner"]] = r
+    out = []
+    for (model, limit, devices), pair in cells.items():
+        if len(pair) == 2:
+            auto, off = pair["gpp"], pair["gpp@recompute=off"]
+            out.append(
+                {
+                    "model": model,
+                    "limit": limit,
+                    "devices": devices,
+                    "auto": auto.get("measured"),
+                    "off": off.get("measured"),
+                    "recompute": auto.get("recompute_stages"),
+                }
+            )
+    return out
+
+
 def summaries(rows: list[dict]) -> dict:
     out = {}
-    for set_name in ("calibration", "dev", "held-out"):
+    for set_name in ("calibration", "dev", "held-out", "extra"):
         mine = [r for r in rows if r["model"].startswith(set_name + ":")]
         if mine:
             picks = default_pick(mine)
@@ -359,10 +407,24 @@ def main(argv=None) -> int:
     rows, info = run(args)
     s = summaries(rows)
     print(table(rows, s, info))
+    pairs = levers(rows)
+    if pairs:
+        print("\nrecomputation: gpp (recompute auto) against gpp@recompute=off, measured ms")
+        print("| model | limit | devices | auto | off | off / auto | stages recomputing |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for p in pairs:
+            ms = [f"{x * 1e3:.1f}" if x else "no plan" for x in (p["auto"], p["off"])]
+            gain = f"{p['off'] / p['auto']:.3f}" if p["auto"] and p["off"] else ""
+            print(f"| {p['model']} | {p['limit']} | {p['devices']} | {ms[0]} | {ms[1]} | {gain} | {p['recompute']} |")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
-                {"info": info, "summary": s, "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows]},
+                {
+                    "info": info,
+                    "summary": s,
+                    "levers": pairs,
+                    "rows": [{k: v for k, v in r.items() if k != "group"} for r in rows],
+                },
                 indent=1,
             )
         )
