@@ -174,3 +174,28 @@ def test_precision_reaches_the_profile_and_every_training_run():
     assert fh.parse_args(["--seeds", "3"]).precision == "float32"
     with pytest.raises(SystemExit):
         fh.parse_args(["--seeds", "3", "--precision", "fp8"])
+
+
+def test_models_and_planner_options_are_read():
+    args = fh.parse_args(["--models", "benchmarks.model_suite:conv_towers@64", "--planners", "gpp,gpp@recompute=off"])
+    assert args.seed_list == [("extra", "extra:model_suite.conv_towers", "benchmarks.model_suite:conv_towers", 64)]
+    with pytest.raises(SystemExit) as e:
+        fh.parse_args(["--models", "benchmarks.model_suite:conv_towers"])  # no @BATCH
+    assert e.value.code == 2
+
+
+def test_a_planner_option_reaches_solve_and_the_levers_table(chain, cluster_dict):
+    import gpp_solver as gs
+
+    graph = gs.graph_from_dict(chain)
+    cdoc = {**cluster_dict, "memory_bytes": 1e12}
+    plan = fh._solve(graph, cdoc, 8, "gpp@recompute=on", 5)
+    assert plan.stages and all(s.recompute for s in plan.stages)
+    assert "recompute must be one of" in fh._solve(graph, cdoc, 8, "gpp@recompute=maybe", 5)
+    rows = [
+        {**_row("extra:m", "0.5", "gpp", 1.0, 2.0, []), "devices": 2, "recompute_stages": [0]},
+        {**_row("extra:m", "0.5", "gpp@recompute=off", 1.0, 3.0, []), "devices": 2, "recompute_stages": []},
+        {**_row("extra:m", "roomy", "gpp", 1.0, 1.0, []), "devices": 2},
+    ]
+    (pair,) = fh.levers(rows)
+    assert (pair["auto"], pair["off"], pair["recompute"]) == (2.0, 3.0, [0])
