@@ -14,39 +14,34 @@ from gpp_solver.plan.simulate import simulate
 from gpp_solver.plan.validate import validate
 from gpp_solver.types import SearchInfo
 
+
+def _node(name: str, fw: float, weights: float, activations: float) -> dict:
+    """A node at micro-batch 2: forward ``fw`` seconds, backward twice that, 10 output bytes a sample."""
+    return {
+        "id": name,
+        "fw_time": [fw],
+        "bw_time": [2 * fw],
+        "weight_bytes": weights,
+        "activation_bytes": activations,
+        "output_bytes": 10,
+    }
+
+
 GRAPH = {
     "format": "gpp-graph/1",
     "name": "recompute-chain",
     "micro_batch_sizes": [2],
-    "nodes": [
-        {"id": "a", "fw_time": [0.0], "bw_time": [0.0], "weight_bytes": 0, "activation_bytes": 0, "output_bytes": 10},
-        {
-            "id": "b",
-            "fw_time": [1e-3],
-            "bw_time": [2e-3],
-            "weight_bytes": 600,
-            "activation_bytes": 50,
-            "output_bytes": 10,
-        },
-        {
-            "id": "c",
-            "fw_time": [2e-3],
-            "bw_time": [4e-3],
-            "weight_bytes": 400,
-            "activation_bytes": 30,
-            "output_bytes": 10,
-        },
-    ],
+    "nodes": [_node("a", 0.0, 0, 0), _node("b", 1e-3, 600, 50), _node("c", 2e-3, 400, 30)],
     "edges": [["a", "b"], ["b", "c"]],
 }
-CLUSTER = {
-    "format": "gpp-cluster/1",
-    "devices": 2,
-    "memory_bytes": 1e6,
-    "inter_node_bandwidth": 1e12,
-    "latency": 0.0,
-    "optimizer_state_factor": 4.0,
-}
+CLUSTER = dict(
+    format="gpp-cluster/1",
+    devices=2,
+    memory_bytes=1e6,
+    inter_node_bandwidth=1e12,
+    latency=0.0,
+    optimizer_state_factor=4.0,
+)
 EVERY_FORWARD_FIRST = tuple([("F", j) for j in range(4)] + [("B", j) for j in range(4)])
 
 

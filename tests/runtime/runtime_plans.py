@@ -124,3 +124,23 @@ def assert_shape(
         assert [d for d, _ in got] == devices, where
     if sizes is not None:
         assert {b for _, b in got} <= sizes, where
+
+
+def dp_dropout_plan() -> dict:
+    """``examples.two_tower:workload`` on 4 ranks in three stages, the dropout's on two replicas."""
+    # the dropout (text.2) runs on two data-parallel replicas with micro-batch 4, the rest with 2;
+    # stage 0 runs every forward first (1F1B there would wait, in gpp's model, for a B0 that
+    # needs its F3: `gpp validate` refuses that order, and so does the runtime)
+    gpipe = [["F", j] for j in range(4)] + [["B", j] for j in range(4)]
+    doc = plan(
+        8,
+        [
+            stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2, order=gpipe),
+            stage(1, ["text.1", "text.2", "text.3", "text.4"], [1, 2], 4, 8, depth=1),
+            stage(2, ["cat", "head"], [3], 2, 8, depth=0),
+        ],
+        [[0, 1], [0, 2], [1, 2]],
+    )
+    assert_shape(doc, stages=3, devices=[1, 2, 1])
+    assert [s["micro_batch_size"] for s in doc["stages"]] == [2, 4, 2]
+    return doc

@@ -6,30 +6,11 @@ import os
 
 import pytest
 import torch
-from runtime_plans import REPO, assert_shape, launch, plan, stage, torchrun, write
+from runtime_plans import REPO, dp_dropout_plan, launch, plan, stage, torchrun, write
 
 from gpp_runtime.capture.dropout import Context, chunk_dropout, set_context
 
 TOWER = "examples.two_tower:workload"
-
-
-def _dp_dropout_plan() -> dict:
-    # the dropout (text.2) runs on two data-parallel replicas with micro-batch 4, the rest with 2;
-    # stage 0 runs every forward first (1F1B there would wait, in gpp's model, for a B0 that
-    # needs its F3: `gpp validate` refuses that order, and so does the runtime)
-    gpipe = [["F", j] for j in range(4)] + [["B", j] for j in range(4)]
-    doc = plan(
-        8,
-        [
-            stage(0, ["text.0", "image.0", "image.1", "image.2"], [0], 2, 8, depth=2, order=gpipe),
-            stage(1, ["text.1", "text.2", "text.3", "text.4"], [1, 2], 4, 8, depth=1),
-            stage(2, ["cat", "head"], [3], 2, 8, depth=0),
-        ],
-        [[0, 1], [0, 2], [1, 2]],
-    )
-    assert_shape(doc, stages=3, devices=[1, 2, 1])
-    assert [s["micro_batch_size"] for s in doc["stages"]] == [2, 4, 2]
-    return doc
 
 
 def test_dropout_masks_per_chunk_reproducible_and_distinct():
@@ -52,7 +33,7 @@ def test_dropout_with_dp_verifies_in_float64_with_adam(tmp_path):
         4,
         [
             "--plan",
-            write(tmp_path, _dp_dropout_plan()),
+            write(tmp_path, dp_dropout_plan()),
             "--model",
             TOWER,
             "--steps",
@@ -80,7 +61,7 @@ def test_declared_mean_loss_verifies(tmp_path):
         4,
         [
             "--plan",
-            write(tmp_path, _dp_dropout_plan()),
+            write(tmp_path, dp_dropout_plan()),
             "--model",
             "examples.two_tower:workload_mean",
             "--steps",
