@@ -4,6 +4,7 @@ equals one process (``--verify``)."""
 
 from __future__ import annotations
 
+import pytest
 from runtime_plans import dp_dropout_plan, torchrun, write
 
 TOWER = "examples.two_tower:workload"
@@ -33,6 +34,7 @@ def test_recomputing_stages_with_dropout_and_replicas_equal_one_process(tmp_path
     _verify(tmp_path, doc)
 
 
+@pytest.mark.slow  # the test above runs every stage recomputing by default
 def test_a_recomputing_stage_beside_others_equals_one_process(tmp_path):
     doc = _recomputing(dp_dropout_plan(), {1})
     assert [s.get("recompute", False) for s in doc["stages"]] == [False, True, False]

@@ -338,6 +338,7 @@ def test_a_stage_that_recomputes_holds_less_within_targets(tmp_path):
     assert peaks[True][0] < 0.9 * peaks[False][0], peaks
 
 
+@pytest.mark.slow  # four trainings; the 1F1B test above runs by default
 def test_stages_that_recompute_every_forward_first_never_hold_more_than_predicted(tmp_path):
     """Every forward first on both stages (four micro-batches in flight): recomputing, both stages
     measure lower and never above 1.05x their prediction. The prediction is on the safe side here
