@@ -25,7 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpp_solver.cost.memory import order_memory
-from gpp_solver.errors import InfeasibleError, InvalidInputError, TimeLimitError, show
+from gpp_solver.errors import (
+    InfeasibleError,
+    InvalidInputError,
+    InvalidPlanError,
+    SearchSpaceTooLargeError,
+    SolverError,
+    show,
+)
 from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
 from gpp_solver.plan.build import StageSpec, build_plan
 from gpp_solver.types import Cluster, Graph, Plan, Status
@@ -121,9 +128,10 @@ def plan_recomputing(
             break
         try:
             found = run(view, seen, left)
-        except (InfeasibleError, TimeLimitError):
+            plan = choose_stages(found, graph, cluster, every=every)
+        except (InfeasibleError, SolverError, SearchSpaceTooLargeError, InvalidPlanError) as exc:
+            logger.info("recomputation: no plan (%s)", exc)  # a bad option is raised, not taken for this
             break
-        plan = choose_stages(found, graph, cluster, every=every)
         peak = plan.predicted.peak_memory_bytes
         if peak <= cluster.memory_bytes * FIT:
             return Attempt(plan, peak, round_ + 1)

@@ -80,6 +80,8 @@ def test_on_recomputes_every_stage_and_off_none():
 def test_bad_values_and_other_planners_are_refused():
     with pytest.raises(InvalidInputError, match="recompute must be one of 'auto', 'on', 'off', got 'yes'"):
         _solve("gpp", 1e9, recompute="yes")
+    with pytest.raises(InvalidInputError, match="no_such_option"):  # a bad option is not taken for "no plan"
+        _solve("gpp", 1e9, recompute="on", no_such_option=1)
     with pytest.raises(InvalidInputError, match="recompute: only for the planners gpp, graphpipe"):
         gs.solve(GRAPH, _cluster(1e9), mini_batch_size=8, planner="alpa", recompute="on")
 
