@@ -426,17 +426,20 @@ class GraphPipeline:
                 if id(p) in mine:
                     yield from (v for v in st.values() if isinstance(v, torch.Tensor))
 
-    def predicted_peak_memory(self) -> float:
+    def predicted_peak_memory(self) -> float | None:
         """The cost model's memory of this rank's stage for the optimizer in use: with the
         constructor's ``graph`` and ``cluster``, ``order_memory`` of the plan's stage on that cluster
         with the optimizer's state factor; else the plan's ``memory_bytes + (used - planned factor) *
-        W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and buffers)."""
+        W_S``, ``W_S`` the graph's weight bytes of the stage (without a graph: of its parameters and
+        buffers); None when the plan states no memory for the stage (a plan written by hand)."""
         stage = self.plan.stage(self.stage.id)
         check = self.optimizer_state
         used = check.used_state_factor or check.measured_state_factor or check.plan_state_factor
         if self._graph is not None and self._cluster is not None:
             cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
             return order_memory(self._graph, cluster, stage, stage.schedule.order, self.plan.stages)
+        if stage.predicted.memory_bytes <= 0:
+            return None
         if self._graph is not None:
             weights = stage_weight_bytes(self._graph, stage)
         else:
