@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from gpp_solver.cost.memory import overheads_priced
 from gpp_solver.cost.micro_batch import check_mini_batch_size
-from gpp_solver.errors import InfeasibleError, InvalidInputError, show
+from gpp_solver.errors import InvalidInputError, show
 from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to_dict
 from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
@@ -68,44 +67,6 @@ def _planned(fn, name: str, g: Graph, c: Cluster, B: int, time_limit, progress: 
     return plan_within_overheads(lambda seen: fn(g, seen, B, time_limit=time_limit, progress=progress, **options), g, c)
 
 
-def _recompute_choice(name: str, options: dict) -> str:
-    """The ``recompute`` option, taken out of the planner's (``"auto"`` for the planners that take
-    it, ``"off"`` for the others, which refuse it by name)."""
-    if "recompute" not in options:
-        return "auto" if name in recompute.PLANNERS else "off"
-    if name not in recompute.PLANNERS:
-        raise InvalidInputError(
-            f"recompute: only for the planners {', '.join(recompute.PLANNERS)}, but the planner is {name!r}"
-        )
-    return recompute.check_choice(options.pop("recompute"))
-
-
-def _view_options(options: dict) -> dict:
-    """The planner's options for a search on the recomputation view: orders without ``W`` (a
-    stage that recomputes runs its whole backward at once)."""
-    return {**options, "schedule": "1f1b"}
-
-
-def _faster(plan: Plan, other: Plan) -> bool:
-    return (plan.predicted.iteration_time, plan.predicted.time_per_sample) < (
-        other.predicted.iteration_time,
-        other.predicted.time_per_sample,
-    )
-
-
-def _no_plan(refusal: InfeasibleError | None, attempt: recompute.Attempt, c: Cluster) -> InfeasibleError:
-    """The planner's own refusal (its figure of the memory a plan needs), or recomputation's."""
-    if refusal is not None:
-        return InfeasibleError(
-            f"{refusal} (with recomputation: no plan fits either)", required_memory_bytes=refusal.required_memory_bytes
-        )
-    need = f": the least a plan found needs is {attempt.needs:.6g} bytes per device" if attempt.needs else ""
-    return InfeasibleError(
-        f"no plan with every stage recomputing fits {c.memory_bytes:.6g} bytes per device{need}",
-        required_memory_bytes=attempt.needs,
-    )
-
-
 def _checked_graph(graph: Any) -> Graph:
     """:func:`as_graph`, and a :class:`Graph` built in Python gets the document's checks (ranges) too."""
     g = as_graph(graph)
@@ -161,33 +122,18 @@ def solve(
     if name == "gpp":
         planner_options["tighten"] = tighten
     fn = get_planner(name)
-    choice = _recompute_choice(name, planner_options)
-    start = time.perf_counter()
-    deadline = None if time_limit is None else start + time_limit
-    base, refusal = None, None
-    if choice != "on":
-        try:
-            base = _planned(fn, name, g, c, B, time_limit, progress, planner_options)
-        except InfeasibleError as exc:
-            if choice == "off":
-                raise
-            refusal = exc
-    plan = base
-    if choice != "off" and (base is None or recompute.binding(base, c)):
-        attempt = recompute.plan_recomputing(
-            lambda view, seen, left: fn(
-                view, seen, B, time_limit=left, progress=False, **_view_options(planner_options)
-            ),
-            g,
-            c,
-            every=choice == "on",
-            deadline=deadline,
-        )
-        if attempt.plan is not None and (base is None or _faster(attempt.plan, base)):
-            plan = attempt.plan
-        if plan is None:
-            raise _no_plan(refusal, attempt, c)
-        plan = recompute.recorded(plan, choice, attempt, base, time.perf_counter() - start)
+    choice = recompute.choice_of(name, planner_options)
+    plan = recompute.planned(
+        choice,
+        lambda: _planned(fn, name, g, c, B, time_limit, progress, planner_options),
+        # on the recomputation view, orders without W: a recomputing stage runs its whole backward at once
+        lambda view, seen, left: fn(
+            view, seen, B, time_limit=left, progress=False, **{**planner_options, "schedule": "1f1b"}
+        ),
+        g,
+        c,
+        time_limit,
+    )
     if tighten and name != "gpp" and not any(s.recompute for s in plan.stages):
         from gpp_solver.cp_schedule import tighten_plan_if_fits
 

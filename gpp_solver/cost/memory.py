@@ -295,14 +295,14 @@ def memory_with_overheads(
     )
     # per micro-batch in flight: its activations, its received values and the values it sends
     # beyond what its activations hold; one gradient it sent back in transit (``send_releases``)
-    waiting, _sent = waiting_bytes(graph, stage, 1.0, received_per_sample, configs)
     copies = stage_weight_copy_bytes(graph, stage)
-    if recomputes(stage):  # one micro-batch at a time holds its activations (and copies) again
-        activations = in_flight_samples / d * waiting
+    act = sum(c.activation_bytes for c in configs)
+    if recomputes(stage):  # each waits with its received and sent values; one holds its activations again
+        activations = in_flight_samples / d * (received_per_sample + sent_value_bytes(graph, stage))
         if in_flight_samples:
-            activations += rows * received_per_sample + rows * sum(c.activation_bytes for c in configs) + copies
+            activations += rows * received_per_sample + rows * act + copies
     else:
-        activations = in_flight_samples / d * (waiting - copies)
+        activations = in_flight_samples / d * (act + received_per_sample + unsaved_sent_bytes(graph, stage, configs))
         if in_flight_samples:
             activations += rows * received_per_sample + in_flight_samples / stage.micro_batch_size * copies
     if pending_w_samples:

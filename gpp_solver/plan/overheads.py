@@ -112,7 +112,7 @@ def plan_within_overheads(
             break
         seen = replace(seen, memory_bytes=nxt)
     if fitted:
-        return min(fitted, key=key or _iteration_first)
+        return min(fitted, key=key or iteration_first)
     raise InfeasibleError(
         f"no plan found fits {cluster.memory_bytes:.6g} bytes per device with the runtime's memory overheads"
         + (f": the least a plan found needs is {search.needs:.6g} bytes per device" if search.needs else "")
@@ -121,7 +121,8 @@ def plan_within_overheads(
     )
 
 
-def _iteration_first(plan: Plan) -> tuple[float, float]:
+def iteration_first(plan: Plan) -> tuple[float, float]:
+    """The key plans are compared by: iteration time, then time per sample."""
     return (plan.predicted.iteration_time, plan.predicted.time_per_sample)
 
 

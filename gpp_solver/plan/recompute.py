@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from gpp_solver.cost.memory import order_memory
+from gpp_solver.cost.memory import order_memory, overheads_priced
 from gpp_solver.errors import (
     InfeasibleError,
     InvalidInputError,
@@ -35,6 +35,7 @@ from gpp_solver.errors import (
 )
 from gpp_solver.formats.graph import graph_from_dict, graph_to_dict
 from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.overheads import iteration_first
 from gpp_solver.types import Cluster, Graph, Plan, Status
 
 logger = logging.getLogger(__name__)
@@ -51,10 +52,64 @@ ROUNDS = 6
 FIT = 1 + 1e-9
 
 
-def check_choice(value: object) -> str:
+def choice_of(planner: str, options: dict) -> str:
+    """The ``recompute`` option, taken out of the planner's ``options``: ``"auto"`` when absent for
+    the planners that take it, ``"off"`` for the others, which refuse it by name."""
+    if "recompute" not in options:
+        return "auto" if planner in PLANNERS else "off"
+    if planner not in PLANNERS:
+        raise InvalidInputError(
+            f"recompute: only for the planners {', '.join(PLANNERS)}, but the planner is {planner!r}"
+        )
+    value = options.pop("recompute")
     if value not in CHOICES:
         raise InvalidInputError(f"recompute must be one of {', '.join(map(repr, CHOICES))}, got {show(value)}")
     return str(value)
+
+
+def planned(
+    choice: str,
+    base: Callable[[], Plan],
+    run: Callable[[Graph, Cluster, float | None], Plan],
+    graph: Graph,
+    cluster: Cluster,
+    time_limit: float | None,
+) -> Plan:
+    """The plan for ``choice``: ``base()`` (the planner as it is) unless ``"on"``; beside it, where
+    it has none or memory binds it and ``choice`` allows, :func:`plan_recomputing` with ``run`` (the
+    planner on the view, orders without ``W``); the faster of the two, recorded (:func:`recorded`)."""
+    start = time.perf_counter()
+    without, refusal = None, None
+    if choice != "on":
+        try:
+            without = base()
+        except InfeasibleError as exc:
+            if choice == "off":
+                raise
+            refusal = exc
+    if choice == "off" or (without is not None and not binding(without, cluster)):
+        return without
+    deadline = None if time_limit is None else start + time_limit
+    attempt = plan_recomputing(run, graph, cluster, every=choice == "on", deadline=deadline)
+    plan = without
+    if attempt.plan is not None and (without is None or iteration_first(attempt.plan) < iteration_first(without)):
+        plan = attempt.plan
+    if plan is None:
+        raise _no_plan(refusal, attempt, cluster)
+    return recorded(plan, choice, attempt, without, time.perf_counter() - start)
+
+
+def _no_plan(refusal: InfeasibleError | None, attempt: Attempt, cluster: Cluster) -> InfeasibleError:
+    """The planner's own refusal (its figure of the memory a plan needs), or recomputation's."""
+    if refusal is not None:
+        return InfeasibleError(
+            f"{refusal} (with recomputation: no plan fits either)", required_memory_bytes=refusal.required_memory_bytes
+        )
+    need = f": the least a plan found needs is {attempt.needs:.6g} bytes per device" if attempt.needs else ""
+    return InfeasibleError(
+        f"no plan with every stage recomputing fits {cluster.memory_bytes:.6g} bytes per device{need}",
+        required_memory_bytes=attempt.needs,
+    )
 
 
 def recompute_view(graph: Graph) -> Graph:
@@ -119,13 +174,15 @@ def plan_recomputing(
     on a memory lowered, round by round, by what its plan, priced exactly with recomputation
     (:func:`choose_stages`), needs beyond ``cluster``'s; the first plan that fits."""
     view = recompute_view(graph)
-    held = cluster.runtime_memory_bytes if cluster.memory_overheads is not False else 0.0
+    held = cluster.runtime_memory_bytes if overheads_priced(cluster, graph) else 0.0
     seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
     needs: float | None = None
-    for round_ in range(ROUNDS + 1):
+    rounds = 0
+    for _ in range(ROUNDS + 1):
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0:
             break
+        rounds += 1
         try:
             found = run(view, seen, left)
             plan = choose_stages(found, graph, cluster, every=every)
@@ -134,7 +191,7 @@ def plan_recomputing(
             break
         peak = plan.predicted.peak_memory_bytes
         if peak <= cluster.memory_bytes * FIT:
-            return Attempt(plan, peak, round_ + 1)
+            return Attempt(plan, peak, rounds)
         needs = peak if needs is None else min(needs, peak)
         excess = peak - cluster.memory_bytes
         lowered = min(
@@ -143,7 +200,7 @@ def plan_recomputing(
         if lowered <= 1.0:
             break
         seen = replace(seen, memory_bytes=lowered)
-    return Attempt(None, needs, ROUNDS + 1)
+    return Attempt(None, needs, rounds)
 
 
 def binding(plan: Plan, cluster: Cluster) -> bool:

@@ -338,10 +338,14 @@ class StageExecutor:
             outs, loss = self._run(c, args, saved.target, saved.step, check=False)
         return leaves, outs, loss
 
+    def _target(self, c: Chunk, target):
+        """Chunk ``c``'s rows of the target, on this rank's device."""
+        tgt = _rows(target, c.lo, c.hi)
+        return pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
+
     def _loss(self, c: Chunk, out, target):
         """The sink's loss on chunk ``c``, scaled for a mean; checked until the check is conclusive."""
-        tgt = _rows(target, c.lo, c.hi)
-        tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
+        tgt = self._target(c, target)
         try:
             loss = self.loss_fn(out, tgt)
         except (IndexError, RuntimeError) as exc:  # e.g. labels of the whole batch
@@ -356,9 +360,7 @@ class StageExecutor:
 
     def _scaled_loss(self, c: Chunk, out, target):
         """The sink's loss on chunk ``c`` again (a recomputation: already checked and recorded)."""
-        tgt = _rows(target, c.lo, c.hi)
-        tgt = pytree.tree_map(lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, tgt)
-        return self._scale(c, self.loss_fn(out, tgt))
+        return self._scale(c, self.loss_fn(out, self._target(c, target)))
 
     def _scale(self, c: Chunk, loss):
         if self.loss_reduction == "mean":
