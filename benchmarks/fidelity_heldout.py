@@ -92,6 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="float32",
         help="profile and train every model in this precision (gpp_runtime's --precision; default float32)",
     )
+    ap.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="profile and plan, train nothing: per memory limit and device count, gpp's predicted "
+        "iteration over the best other planner's",
+    )
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -249,7 +255,7 @@ def run(args) -> tuple[list[dict], dict]:
     jobs: dict = {}
     for (_set, label, _spec, _b), (_label, g, spec, _env, batch) in zip(args.seed_list, profiled):
         plan_model(args, label, as_graph(g), spec, batch, measured, work, jobs, rows)
-    for repeat in range(args.repeats):
+    for repeat in range(0 if args.plan_only else args.repeats):
         for job in jobs.values():
             if "error" not in job["row"]:
                 cmf._train_job(job, args, work, repeat)
@@ -321,6 +327,21 @@ def default_pick(rows: list[dict]) -> list[dict]:
         mine = [r["measured"] for r in rs if r["planner"] == "gpp"]
         if mine:
             out.append({"model": model, "limit": limit, "ratio": min(mine) / best})
+    return out
+
+
+def predicted_pick(rows: list[dict]) -> list[dict]:
+    """Per (model, limit, devices) where gpp and another planner have a plan: gpp's predicted
+    iteration time over the least another planner's plan predicts (above 1: gpp missed a plan)."""
+    cells: dict = {}
+    for r in rows:
+        if r.get("predicted"):
+            cells.setdefault((r["model"], r["limit"], r["devices"]), {})[r["planner"]] = r["predicted"]
+    out = []
+    for (model, limit, devices), by in cells.items():
+        others = [t for p, t in by.items() if p != "gpp"]
+        if "gpp" in by and others:
+            out.append({"model": model, "limit": limit, "devices": devices, "ratio": by["gpp"] / min(others)})
     return out
 
 
@@ -405,6 +426,16 @@ def table(rows: list[dict], s: dict, info: dict) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rows, info = run(args)
+    if args.plan_only:
+        picks = predicted_pick(rows)
+        print("| model | limit | devices | gpp / best other (predicted) |\n| --- | --- | --- | --- |")
+        for p in picks:
+            print(f"| {p['model']} | {p['limit']} | {p['devices']} | {p['ratio']:.3f} |")
+        worst = max((p["ratio"] for p in picks), default=float("nan"))
+        print(f"\n{sum(p['ratio'] > 1 + 1e-9 for p in picks)} of {len(picks)} cells above 1; worst {worst:.3f}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"info": info, "picks": picks}, indent=1))
+        return 0 if picks else 1
     s = summaries(rows)
     print(table(rows, s, info))
     pairs = levers(rows)

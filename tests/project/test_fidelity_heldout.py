@@ -100,6 +100,23 @@ def test_the_targets_arithmetic():
     assert p["cells"] == 2 and p["within_1_10"] == 1 and p["worst"] == pytest.approx(4.2 / 3.6)
 
 
+def test_predicted_pick_compares_gpp_with_the_best_other_planner_per_cell():
+    rows = [
+        _row("dev:1", "roomy", "gpp", 1.0, None, []),
+        _row("dev:1", "roomy", "alpa", 0.8, None, []),
+        _row("dev:1", "roomy", "pipedream", 0.9, None, []),
+        _row("dev:1", "0.5", "gpp", 2.0, None, []),
+        _row("dev:1", "0.5", "alpa", None, None, []),  # no plan
+        _row("dev:1", "0.5", "graphpipe", 2.5, None, []),
+        _row("dev:1", "0.3", "alpa", 3.0, None, []),  # gpp has none: no cell
+    ]
+    for r in rows:
+        r["devices"] = 2
+    picks = {p["limit"]: p["ratio"] for p in fh.predicted_pick(rows)}
+    assert picks == {"roomy": pytest.approx(1.25), "0.5": pytest.approx(0.8)}
+    assert fh.parse_args(["--set", "dev", "--plan-only"]).plan_only
+
+
 def test_the_tightest_memory_is_solved_and_a_step_below_is_not(chain, cluster_dict):
     import gpp_solver as gs
 

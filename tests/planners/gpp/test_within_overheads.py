@@ -72,3 +72,46 @@ def _conformance(graph, cluster, B):
     assert need is not None and need > fails and f"{need:.6g}" in str(err.value)
     plan = gs.solve(graph, replace(cluster, memory_bytes=need), mini_batch_size=B)
     assert plan.predicted.peak_memory_bytes <= need * (1 + 1e-9)
+
+
+def _recording(monkeypatch, stop):
+    """The portfolio's planners, each called as it is, recorded in order; ``stop(name, calls)`` says
+    whether that call is stopped for time (TimeLimitError) as a planner past its share would be."""
+    from gpp_solver.planners.gpp import overheads
+    from gpp_solver.planners.registry import get_planner
+
+    calls: list[str] = []
+
+    def fake_get(name):
+        real = get_planner(name)
+
+        def run(*args, **kwargs):
+            calls.append(name)
+            if stop(name, calls):
+                raise gs.TimeLimitError(f"{name}: stopped for time")
+            return real(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(overheads, "get_planner", fake_get)
+    return calls
+
+
+def test_portfolio_runs_the_quick_planners_first_and_a_stopped_one_again(monkeypatch, diamond, cluster_dict):
+    cluster = gs.cluster_from_dict({**cluster_dict, "memory_overheads": True})
+    calls = _recording(monkeypatch, lambda name, calls: name == "graphpipe" and calls.count(name) == 1)
+    plan = gs.solve(gs.graph_from_dict(diamond), cluster, mini_batch_size=8, time_limit=30)
+    firsts = list(dict.fromkeys(calls))
+    assert firsts[:2] == ["gpp", "pipedream-2bw"] and firsts[-1] == "piper"
+    assert calls.count("graphpipe") == 2 and calls.index("piper") < len(calls) - 1 - calls[::-1].index("graphpipe")
+    assert "graphpipe" in [c["planner"] for c in plan.search.extra["overheads"]["candidates"]]
+    assert plan.search.status != gs.Status.TIME_LIMIT  # every planner ran to its end in the end
+
+
+def test_portfolio_planner_stopped_for_time_twice_makes_the_status_time_limit(monkeypatch, diamond, cluster_dict):
+    cluster = gs.cluster_from_dict({**cluster_dict, "memory_overheads": True})
+    calls = _recording(monkeypatch, lambda name, calls: name == "alpa")
+    plan = gs.solve(gs.graph_from_dict(diamond), cluster, mini_batch_size=8, time_limit=30)
+    assert calls.count("alpa") == 2
+    assert plan.search.status == gs.Status.TIME_LIMIT
+    assert "alpa" not in [c["planner"] for c in plan.search.extra["overheads"]["candidates"]]
