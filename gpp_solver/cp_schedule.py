@@ -558,6 +558,8 @@ def _rebuild(plan: Plan, graph: Graph, cluster: Cluster, orders: Mapping[int, Or
             tensor_parallel=s.tensor_parallel,
             tmpc=s.tmpc,
             order=tuple(orders[s.id]),
+            recompute=s.recompute,
+            zero=s.zero,
         )
         for s in plan.stages
     ]

@@ -265,6 +265,9 @@ class Stage:
     #: activation recomputation: each micro-batch's forward keeps only the stage's received values,
     #: and its backward runs the forward again first (``docs/cost-model.md``, *Recomputation*)
     recompute: bool = False
+    #: ZeRO stage of the replicas: 0 (each holds everything) or 1 (the optimizer state is sharded
+    #: over the ``data_parallel`` replicas; ``docs/cost-model.md``, *Sharded optimizer state*)
+    zero: int = 0
 
     @property
     def data_parallel(self) -> int:

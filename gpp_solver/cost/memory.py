@@ -4,6 +4,8 @@
   (:func:`~gpp_solver.cost.model.memory_per_device`, the pricing core's formula);
 * in a stage whose order holds ``W`` (split backward), plus ``pending_w(S)/d * kept(S)``: the
   gradients ``B`` keeps for ``W`` (:func:`kept_gradient_bytes`, ``docs/zero-bubble.md``);
+* in a stage whose replicas shard the optimizer state (``zero`` 1), ``held_factor`` in place of
+  ``osf`` and the step's own part (:func:`held_factor`, :func:`step_bytes`);
 * in a stage that recomputes (``recompute``), ``osf * W_S + in_flight/d * received + b/d * act_S``
   (:func:`recomputed_memory`), and with the overheads a waiting micro-batch holds its received and
   sent values alone (:func:`waiting_bytes`);
@@ -23,6 +25,7 @@ from gpp_solver.cost.model import (
     in_flight_from_order,
     interpolate,
     memory_per_device,
+    optimizer_shards,
     pending_weight_samples,
     recomputes,
     split_region,
@@ -68,7 +71,7 @@ def stage_memory(
         return recomputed_memory(graph, cluster.optimizer_state_factor, stage, in_flight_samples, received)
     kept = pending_w_samples / data_parallel(stage) * kept_gradient_bytes(graph, stage) if pending_w_samples else 0.0
     return kept + memory_per_device(
-        cluster.optimizer_state_factor,
+        held_factor(cluster.optimizer_state_factor, stage),
         stage_weight_bytes(graph, stage),
         in_flight_samples,
         data_parallel(stage),
@@ -85,10 +88,34 @@ def recomputed_memory(
     d = data_parallel(stage)
     rows = stage.micro_batch_size / d
     return (
-        osf * stage_weight_bytes(graph, stage)
+        held_factor(osf, stage) * stage_weight_bytes(graph, stage)
         + in_flight_samples / d * received_per_sample
         + (rows * stage_activation_bytes(graph, stage) if in_flight_samples else 0.0)
     )
+
+
+def held_factor(osf: float, stage: StageLike) -> float:
+    """Bytes per weight byte a replica holds for the whole step: ``osf`` (weights, gradients and
+    optimizer state); when the stage's replicas shard the optimizer state over ``d``
+    (:func:`~gpp_solver.cost.model.optimizer_shards`), ``2 + (osf - 2) / d``: the weights and
+    gradients whole, ``1/d`` of the state."""
+    shards = optimizer_shards(stage)
+    return osf if shards == 1 else 2.0 + max(osf - 2.0, 0.0) / shards
+
+
+def step_bytes(osf: float, stage: StageLike, weights: float, largest_weight: float) -> float:
+    """What the optimizer step holds beyond :func:`held_factor` ``* W_S``: ``OPTIMIZER_STEP_SCRATCH
+    * max_v weight_bytes_v`` for Adam's class (``osf >= 4``), 0 for SGD; when the replicas shard
+    the optimizer state (``d`` parts), the step runs on the replica's part, one flat tensor of
+    ``W_S / d``: its gradient (``W_S / d``, copied from the gradients, which are then released)
+    and the step's scratch on it, ``W_S / d + max(0, OPTIMIZER_STEP_SCRATCH * W_S / d - W_S)``
+    (0 scratch for SGD)."""
+    shards = optimizer_shards(stage)
+    if shards == 1:
+        return OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
+    part = weights / shards
+    scratch = OPTIMIZER_STEP_SCRATCH * part if osf >= 4 else 0.0
+    return part + max(0.0, scratch - weights)
 
 
 def waiting_bytes(graph: Graph, stage: StageLike, rows: float, received: float, configs=None) -> tuple[float, float]:
@@ -307,8 +334,8 @@ def memory_with_overheads(
             activations += rows * received_per_sample + in_flight_samples / stage.micro_batch_size * copies
     if pending_w_samples:
         activations += pending_w_samples / d * kept_gradient_bytes(graph, stage)
-    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
-    return osf * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
+    step = step_bytes(osf, stage, weights, largest_weight)
+    return held_factor(osf, stage) * weights + max(activations + temporaries, weights if d > 1 else 0.0, step)
 
 
 def unsaved_sent_bytes(graph: Graph, stage: StageLike, configs=None) -> float:
@@ -370,8 +397,8 @@ def _interleaved(
         posted = POSTED_AHEAD * (received + sent)
     backward = others * waiting + received + unsaved + received + posted + (later - weights)
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
-    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
-    return osf * weights + max(backward, weights if d > 1 else 0.0, step)
+    step = step_bytes(osf, stage, weights, largest_weight)
+    return held_factor(osf, stage) * weights + max(backward, weights if d > 1 else 0.0, step)
 
 
 def _all_forwards_first(
@@ -415,8 +442,9 @@ def _all_forwards_first(
 
     phases = [backward(0, first)] + ([backward(1, second)] if n > 1 else [])
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
-    step = OPTIMIZER_STEP_SCRATCH * largest_weight if osf >= 4 else 0.0
-    return (osf - 1) * weights + max(*phases, weights + n * done + (weights if d > 1 else 0.0), weights + step)
+    step = step_bytes(osf, stage, weights, largest_weight)
+    held = held_factor(osf, stage) - 1  # the gradients are freed between steps
+    return held * weights + max(*phases, weights + n * done + (weights if d > 1 else 0.0), weights + step)
 
 
 def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[float, float]:

@@ -12,7 +12,10 @@ Notation (per stage ``S``): node set ``V_S``, micro-batch size ``b``, data-paral
   the forward pass and again in the backward pass (``b``, ``d`` of the paying stage; the intra-node
   bandwidth when both stages' devices sit in one node, else the inter-node one);
 * ring all-reduce once per iteration: ``A(S) = 2 (d-1) allreduce_latency + 2 (d-1)/d * W_S / bandwidth``
-  (the cluster's ``allreduce_bandwidth`` when it has one, else the point-to-point bandwidth);
+  (the cluster's ``allreduce_bandwidth`` when it has one, else the point-to-point bandwidth); a
+  stage whose replicas shard the optimizer state (``zero`` 1) adds the all-gather of the updated
+  weights, ``(d-1) allreduce_latency + (d-1)/d * W_S / bandwidth``, and its optimizer step's
+  per-byte term is paid on ``W_S / d``;
 * the optimizer step after it: ``O(S) = optimizer_time_per_byte * W_S + step_time_fixed +
   step_time_per_sample * B + grad_accumulation_time_per_byte * W_S * (n - 1)`` (the graph's terms,
   each 0 when absent: the step's own work, and the gradient accumulation of the micro-batches
@@ -121,6 +124,13 @@ class StageLike(Protocol):
 
 def data_parallel(stage: StageLike) -> int:
     return max(1, len(stage.devices) // max(1, stage.tensor_parallel))
+
+
+def optimizer_shards(stage: StageLike) -> int:
+    """The parts a stage's optimizer state is cut into: its ``d`` replicas when its ``zero`` is 1
+    (each replica holds and steps one part), else 1 (the planners' own stage records have no
+    ``zero``)."""
+    return data_parallel(stage) if getattr(stage, "zero", 0) else 1
 
 
 def recomputes(stage: StageLike) -> bool:
@@ -341,8 +351,11 @@ def stage_costs(graph: Graph, cluster: Cluster, stages: Sequence[StageLike], min
             bw = cluster.bandwidth(list(s.devices) + list(stages[peer].devices))
             comm_half += comm_time(nbytes, b / d, bw, cluster.latency)
         w = stage_weight_bytes(graph, s)
+        shards = optimizer_shards(s)
         a = terms.allreduce(w, d, cluster.bandwidth(s.devices))
-        o = terms.optimizer(w, b)
+        if shards > 1:  # each replica steps its part, then the parts are gathered
+            a += terms.allgather(w, d, cluster.bandwidth(s.devices))
+        o = terms.optimizer(w, b, shards)
         tps = time_per_sample(cf + cb + 2 * comm_half, b, a + o if o else a, mini_batch_size)
         split_in, split_w = split_overhead(graph, s)
         out.append(

@@ -2,7 +2,8 @@
 each node's ``op_overhead``, the optimizer step per weight byte, the step's own work per sample of
 the mini-batch, the gradient accumulation of every micro-batch after a step's first, and the ring
 all-reduce at its own bandwidth and per-step latency;
-:func:`allreduce_time` is the all-reduce's formula."""
+:func:`allreduce_time` is the all-reduce's formula, :func:`allgather_time` the all-gather's (a stage
+whose replicas shard the optimizer state)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ def allreduce_time(weight_bytes, d, bandwidth, latency=0.0):
     if np.any(latency):
         t = t + 2.0 * (d - 1) * latency
     return np.where(d > 1, t, 0.0)
+
+
+def allgather_time(weight_bytes, d, bandwidth, latency=0.0):
+    """Ring all-gather of ``weight_bytes`` from ``d`` parts of ``weight_bytes / d``: ``d - 1`` steps
+    of ``latency`` each, ``(d-1)/d * W`` bytes received by each replica at ``bandwidth``."""
+    if d <= 1:
+        return 0.0
+    t = (d - 1) / d * weight_bytes / bandwidth
+    return t + (d - 1) * latency if latency else t
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,12 @@ class TimeTerms:
         bw = bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
         return allreduce_time(weight_bytes, d, bw, self.allreduce_latency)
 
+    def allgather(self, weight_bytes, d, bandwidth):
+        """The all-gather of a stage whose replicas shard the optimizer state (:func:`allgather_time`),
+        at the all-reduce's bandwidth and latency (:meth:`allreduce`)."""
+        bw = bandwidth if self.allreduce_bandwidth is None else self.allreduce_bandwidth
+        return allgather_time(weight_bytes, d, bw, self.allreduce_latency)
+
     def accumulation(self, weight_bytes, micro_batch_size):
         """What a replica holding ``weight_bytes`` spends in a step summing each micro-batch's weight
         gradients into those of the step's earlier ones: ``(B/b - 1)`` accumulations (the first
@@ -90,11 +106,12 @@ class TimeTerms:
             return 0.0
         return self.accumulate_per_byte * weight_bytes * (self.mini_batch / micro_batch_size - 1.0)
 
-    def optimizer(self, weight_bytes, micro_batch_size):
+    def optimizer(self, weight_bytes, micro_batch_size, shards=1):
         """``O(S)``: the optimizer step of a replica holding ``weight_bytes``, the step's own work
         beside the actions (``per_step``, the same on every stage) and the gradient accumulation of
-        its micro-batches of ``micro_batch_size`` (:meth:`accumulation`)."""
-        o = self.optimizer_per_byte * weight_bytes + self.per_step
+        its micro-batches of ``micro_batch_size`` (:meth:`accumulation`); with the optimizer state
+        cut into ``shards`` parts, the replica steps ``weight_bytes / shards``."""
+        o = self.optimizer_per_byte * weight_bytes / shards + self.per_step
         return o + self.accumulation(weight_bytes, micro_batch_size) if self.accumulate_per_byte else o
 
     def tail(self, weight_bytes, d, bandwidth, micro_batch_size):

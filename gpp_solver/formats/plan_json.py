@@ -70,6 +70,7 @@ _STAGE_FIELDS = frozenset(
         "tensor_parallel",
         "tmpc",
         "recompute",
+        "zero",
         "extra",
     }
 )
@@ -176,6 +177,7 @@ def _stage(s: Any, i: int) -> Stage:
         ),
         tmpc=tmpc,
         recompute=_flag(s.get("recompute", False), f"{where}.recompute"),
+        zero=_zero(s.get("zero", 0), f"{where}.zero"),
     )
 
 
@@ -183,6 +185,16 @@ def _flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise E(f"{where} must be true or false, got {value!r}")
     return value
+
+
+def _zero(value: Any, where: str) -> int:
+    """A stage's ZeRO stage: 0 or 1 (2, sharded gradients, is not supported)."""
+    if isinstance(value, bool) or value not in (0, 1):
+        raise E(
+            f"{where} must be 0 (no sharding) or 1 (optimizer state sharded over the stage's replicas), got "
+            f"{value!r}" + (" (ZeRO-2, sharded gradients, is not supported)" if value == 2 else "")
+        )
+    return int(value)
 
 
 def _edges(d: dict) -> list[tuple[int, int]]:
@@ -257,6 +269,8 @@ def plan_to_dict(p: Plan) -> dict[str, Any]:
             sd["tmpc"] = dict(s.tmpc)
         if s.recompute:
             sd["recompute"] = True
+        if s.zero:
+            sd["zero"] = s.zero
         stages.append(sd)
     search: dict[str, Any] = {"seconds": p.search.seconds, "status": p.search.status.value}
     if p.search.epsilon is not None:

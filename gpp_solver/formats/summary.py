@@ -52,7 +52,16 @@ def describe_plan(plan: Plan, cluster_devices: int | None = None) -> str:
         f"{format_bytes(p.peak_memory_bytes)} per device, status {status_text(plan)}, search {plan.search.seconds:.3f} s"
         + schedule_text(plan)
         + recompute_text(plan)
+        + zero_text(plan)
     )
+
+
+def zero_text(plan: Plan) -> str:
+    """``, optimizer state sharded (ZeRO-1) on stage 2`` for a plan whose stages shard it; else nothing."""
+    ids = [str(s.id) for s in plan.stages if s.zero]
+    if not ids:
+        return ""
+    return f", optimizer state sharded (ZeRO-1) on {'stage' if len(ids) == 1 else 'stages'} {', '.join(ids)}"
 
 
 def recompute_text(plan: Plan) -> str:

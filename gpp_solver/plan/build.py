@@ -54,6 +54,7 @@ class StageSpec:
     tmpc: Mapping[str, int] | None = field(default=None, compare=False, hash=False)
     order: tuple[Action, ...] | None = None  # an explicit order overrides kFkB (("F", j) pairs are converted)
     recompute: bool = False  # the stage recomputes its activations (docs/cost-model.md, *Recomputation*)
+    zero: int = 0  # 1: its replicas shard the optimizer state (docs/cost-model.md, *Sharded optimizer state*)
 
 
 def stage_graph_edges(graph: Graph, stage_of: Mapping[str, int]) -> list[tuple[int, int]]:
@@ -186,6 +187,7 @@ def _stages(
                 tensor_parallel=s.tensor_parallel,
                 tmpc=dict(s.tmpc) if s.tmpc else None,
                 recompute=s.recompute,
+                zero=s.zero,
             )
         )
     return stages

@@ -33,6 +33,7 @@ def stage_label(plan: Plan, graph: Graph | None, stage_id: int) -> str:
     span = _short(nodes[0]) if len(nodes) == 1 else f"{_short(nodes[0])} …\n{_short(nodes[-1])}"
     extra = f" t={st.tensor_parallel}" if st.tensor_parallel != 1 else ""
     extra += " recompute" if st.recompute else ""
+    extra += " zero1" if st.zero else ""
     return f"{head}\n{span}\n{_device_text(st.devices)} · b={st.micro_batch_size}{extra}"
 
 

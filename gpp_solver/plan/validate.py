@@ -112,6 +112,11 @@ def validate(plan: Plan, graph: Graph, cluster: Cluster, *, check_predictions: b
                 f"stage {s.id}: recompute with a split backward (W actions) is not supported; "
                 "give it an order without W"
             )
+        if s.zero and s.data_parallel < 2:
+            raise E(
+                f"stage {s.id}: zero {s.zero} shards the optimizer state over the stage's data-parallel "
+                f"replicas, but it has {s.data_parallel}; give it more devices or zero 0"
+            )
         peak = in_flight_from_order(s.schedule.order, s.micro_batch_size)
         if s.in_flight_samples != peak:
             raise E(f"stage {s.id}: in_flight_samples is {s.in_flight_samples} but its order holds up to {peak}")
