@@ -69,8 +69,8 @@ def main() -> None:
     pipe = gpp_runtime.GraphPipeline(
         model, args.plan, F.mse_loss, example_inputs=(text[:batch], image[:batch]), precision=args.precision
     )
-    params = list(pipe.parameters())  # this rank's stage, named as in `model`
-    opt = torch.optim.Adam(params, lr=args.lr) if params else None
+    # this rank's stage (None without parameters); sharded over its replicas where the plan says "zero": 1
+    opt = pipe.optimizer(torch.optim.Adam, lr=args.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(loader)) if opt else None
 
     for epoch in range(args.epochs):

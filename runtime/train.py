@@ -97,7 +97,14 @@ from .engine.memory import default_memory_step
 from .engine.p2p import CommTimeout
 from .engine.pipeline import GraphPipeline
 from .engine.stage_setup import TrainWorkload, build, prepare, seeded_workload
-from .engine.verify import compare, default_tolerance, largest_difference, make_optimizer, reference_params
+from .engine.verify import (
+    compare,
+    default_tolerance,
+    largest_difference,
+    make_optimizer,
+    optimizer_spec,
+    reference_params,
+)
 from .lowering.plan_io import predicted_time_per_sample
 
 logger = logging.getLogger("gpp_runtime.train")
@@ -430,9 +437,10 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
         precision=args.precision,
         _setup=setup,
     )
-    opt = make_optimizer(pipe.parameters(), args.optimizer, args.lr, args.momentum)
-    if opt is not None:
-        pipe.use_optimizer(opt)  # states now, before the first step, an optimizer state the plan did not price
+    # declared now, before the first step (an optimizer state the plan did not price is stated at
+    # once); sharded over the stage's replicas where the plan's stage says zero 1
+    cls, settings = optimizer_spec(args.optimizer, args.lr, args.momentum)
+    opt = pipe.optimizer(cls, **settings)
     rec = pipe.rec
     start = 0
     if args.resume:
@@ -465,16 +473,19 @@ def _train(args, setup, wl: TrainWorkload, rank: int, device: torch.device, p2p:
         pipe.scaler.update()
         rec.event("optimizer", t1, time.time(), "compute")
         rec.step_done(step, t0, time.time())
-        if args.checkpoint and (step + 1) % args.checkpoint_every == 0 and setup.replica == 0:
-            checkpoint.save(
-                args.checkpoint,
-                pipe.stage.id,
-                step + 1,
-                setup.fingerprint,
-                pipe.state_dict(),
-                opt.state_dict() if opt is not None else {},
-                loss_scale=pipe.scaler.state_dict() if pipe.scaler.enabled else None,
-            )
+        if args.checkpoint and (step + 1) % args.checkpoint_every == 0:
+            # every replica: a sharded optimizer's state_dict gathers its parts (a collective)
+            opt_state = opt.state_dict() if opt is not None else {}
+            if setup.replica == 0:
+                checkpoint.save(
+                    args.checkpoint,
+                    pipe.stage.id,
+                    step + 1,
+                    setup.fingerprint,
+                    pipe.state_dict(),
+                    opt_state,
+                    loss_scale=pipe.scaler.state_dict() if pipe.scaler.enabled else None,
+                )
     return _finish(args, pipe, rank, device, losses, start)
 
 

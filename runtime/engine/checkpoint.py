@@ -35,7 +35,10 @@ def fingerprint(plan: Plan, mg: ModelGraph) -> str:
     """SHA-256 of what a checkpoint depends on: the plan's stages and the model's structure."""
     doc = {
         "mini_batch_size": plan.mini_batch_size,
-        "stages": [[s.id, list(s.nodes), list(s.devices), s.micro_batch_size] for s in plan.stages],
+        "stages": [
+            [s.id, list(s.nodes), list(s.devices), s.micro_batch_size] + ([s.zero] if s.zero else [])
+            for s in plan.stages
+        ],
         "graph": str(mg.gm.graph),
         "params": [[n, list(p.shape), str(p.dtype)] for n, p in mg.gm.named_parameters()],
     }

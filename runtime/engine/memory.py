@@ -47,8 +47,9 @@ _FACTORS = {
 
 def state_factor_of(optimizer: torch.optim.Optimizer) -> float | None:
     """Weights + gradients + state per weight byte that ``optimizer`` will hold (the largest over
-    its parameter groups), from its class and settings; None for an optimizer not listed above."""
-    rule = _FACTORS.get(type(optimizer))
+        its parameter groups), from its class and settings, unsharded (a ``ShardedOptimizer``: the class it
+    shards); None for an optimizer not listed above."""
+    rule = _FACTORS.get(getattr(optimizer, "optimizer_class", type(optimizer)))  # a ShardedOptimizer's class
     if rule is None or not optimizer.param_groups:
         return None
     return max(rule(g) for g in optimizer.param_groups)

@@ -19,6 +19,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from gpp_solver.errors import InvalidInputError
 
 from .memory import state_factor_of
+from .zero import ShardedOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,9 @@ class OptimizerStateCheck:
     """The optimizer-state accounting of one rank's stage (a ``GraphPipeline`` holds one):
     ``parameters`` returns the stage's parameters; the hooks it registers hold it weakly."""
 
-    def __init__(self, rank: int, parameters, optimizer_state_factor: float, strict: bool) -> None:
+    def __init__(self, rank: int, parameters, optimizer_state_factor: float, strict: bool, shards: int = 1) -> None:
         self.rank = rank
+        self.shards = shards  # the replicas the stage's optimizer state is sharded over (zero 1), else 1
         self.parameters = parameters
         # the factor the plan's memory figures assume: given, else the plan's record (or 4.0)
         self.optimizer_state_factor = optimizer_state_factor
@@ -59,11 +61,37 @@ class OptimizerStateCheck:
         """The optimizer_state_factor the plan was priced with (the constructor's, else the plan's record)."""
         return float(self.optimizer_state_factor)
 
+    def held(self, factor: float) -> float:
+        """Bytes per weight byte a replica holds with an optimizer of unsharded ``factor``: the
+        factor itself, or with the state sharded over the stage's replicas ``2 + (factor - 2) / d``."""
+        return factor if self.shards == 1 else 2.0 + max(factor - 2.0, 0.0) / self.shards
+
+    def priced_factor(self) -> float:
+        """The unsharded optimizer_state_factor of the optimizer in use, for the cost model: from
+        its class, else from its measured state (unsharded), else the plan's."""
+        if self.used_state_factor is not None:
+            return self.used_state_factor
+        if self.measured_state_factor is not None:
+            return 2.0 + (self.measured_state_factor - 2.0) * self.shards
+        return self.plan_state_factor
+
+    def _is_inner(self, optimizer) -> bool:
+        """Whether ``optimizer`` is the part's optimizer of a ``ShardedOptimizer`` already declared."""
+        return any(isinstance(o, ShardedOptimizer) and o.inner is optimizer for o in self.optimizers())
+
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
         """Declare the optimizer that steps this stage; states at once (warns when larger, raises
-        with ``strict_optimizer_state``) when its state factor differs from the plan's."""
-        if any(r() is optimizer for r in self._optimizers):
+        with ``strict_optimizer_state``) when its state factor differs from the plan's. A stage
+        whose plan shards the optimizer state (zero 1) takes a ``ShardedOptimizer`` only
+        (``GraphPipeline.optimizer`` builds it)."""
+        if any(r() is optimizer for r in self._optimizers) or self._is_inner(optimizer):
             return self.used_state_factor
+        if self.shards > 1 and not isinstance(optimizer, ShardedOptimizer):
+            raise InvalidInputError(
+                f"rank {self.rank}: the plan shards this stage's optimizer state over its {self.shards} replicas "
+                f"(zero 1) but a {type(optimizer).__name__} over the whole stage steps it; build it with "
+                f"pipe.optimizer(torch.optim.{type(optimizer).__name__}, ...)"
+            )
         self._optimizers.append(weakref.ref(optimizer))
         factor = state_factor_of(optimizer)
         if factor is None:
@@ -98,37 +126,42 @@ class OptimizerStateCheck:
         if not weights:
             return None
         state = 0
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if id(p) in mine:
-                    state += sum(
-                        _tensor_bytes(v)
-                        for v in optimizer.state.get(p, {}).values()
-                        if isinstance(v, torch.Tensor) and v.dim() > 0
-                    )
+        if isinstance(optimizer, ShardedOptimizer):
+            state = optimizer.state_bytes()
+        else:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if id(p) in mine:
+                        state += sum(
+                            _tensor_bytes(v)
+                            for v in optimizer.state.get(p, {}).values()
+                            if isinstance(v, torch.Tensor) and v.dim() > 0
+                        )
         grads = sum(_tensor_bytes(p) for p in mine.values())
         factor = (weights + grads + state) / weights
         self.measured_state_factor = factor
-        if self.used_state_factor is not None and abs(factor - self.used_state_factor) <= 0.01 * factor:
+        used = self.used_state_factor
+        if used is not None and abs(factor - self.held(used)) <= 0.01 * factor:
             return factor  # as stated before the first step (use_optimizer)
-        if factor > self.plan_state_factor * 1.01:
+        planned = self.held(self.plan_state_factor)
+        if factor > planned * 1.01:
             msg = (
                 f"rank {self.rank}: {type(optimizer).__name__} holds {factor:.2f} bytes of weights, "
-                f"gradients and state per weight byte, but the plan's memory model assumed "
-                f"optimizer_state_factor={self.plan_state_factor:g} (4.0 = fp32 Adam); the plan "
+                f"gradients and state per weight byte, but the plan's memory model assumed {planned:.2f} "
+                f"(optimizer_state_factor={self.plan_state_factor:g}, 4.0 = fp32 Adam); the plan "
                 f"may not fit device memory: plan again with a cluster whose "
                 f"optimizer_state_factor is {factor:.2f}"
             )
             if self.strict_optimizer_state:
                 raise InvalidInputError(msg)
             logger.warning("%s", msg)
-        elif factor < self.plan_state_factor * 0.99:
+        elif factor < planned * 0.99:
             logger.info(
-                "%s holds %.2f bytes per weight byte, less than the plan's "
-                "optimizer_state_factor %.2f: the plan priced more optimizer state than it holds",
+                "%s holds %.2f bytes per weight byte, less than the plan's %.2f: the plan priced more "
+                "optimizer state than it holds",
                 type(optimizer).__name__,
                 factor,
-                self.plan_state_factor,
+                planned,
             )
         return factor
 
@@ -136,7 +169,7 @@ class OptimizerStateCheck:
 def _make_first_use(ref):
     def hook(optimizer, _args, _kwargs):
         check = ref()
-        if check is None or any(r() is optimizer for r in check._optimizers):
+        if check is None or any(r() is optimizer for r in check._optimizers) or check._is_inner(optimizer):
             return
         mine = {id(p) for p in check.parameters()}
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):
@@ -148,7 +181,7 @@ def _make_first_use(ref):
 def _make_state_check(ref):
     def hook(optimizer, _args, _kwargs):
         check = ref()
-        if check is None or check.measured_state_factor is not None:
+        if check is None or check.measured_state_factor is not None or check._is_inner(optimizer):
             return
         mine = {id(p) for p in check.parameters()}
         if any(id(p) in mine for g in optimizer.param_groups for p in g["params"]):

@@ -4,7 +4,7 @@ Under torchrun, every rank builds the same model (same seed, so the same weights
 
     dist.init_process_group("gloo")                      # or "nccl"
     pipe = gpp_runtime.GraphPipeline(model, "plan.json", loss_fn, example_inputs=(x,))
-    opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)   # this rank's stage only
+    opt = pipe.optimizer(torch.optim.Adam, lr=1e-3)      # this rank's stage only (None: no parameters)
     for x, y in loader:                                  # the same mini-batches on every rank
         opt.zero_grad()
         loss = pipe.step(x, target=y)                    # a tensor on the sink's ranks, else None
@@ -46,6 +46,11 @@ Conventions:
 - ``parameters()`` / ``named_parameters()`` / ``state_dict()`` are this rank's stage under the
   original model's qualified names (``text.0.weight``); a weight tied across stages keeps its
   first name in the model on every stage that holds a copy.
+- Optimizer: ``pipe.optimizer(torch.optim.Adam, lr=...)`` builds this stage's and declares it; a
+  stage whose plan shards the optimizer state over its replicas (``"zero": 1``) gets a
+  ``ShardedOptimizer`` (``gpp_runtime.engine.zero``: each replica steps its part, then the parts
+  are all-gathered; its ``state_dict()`` is a collective of the stage's replicas), and refuses an
+  optimizer built over ``parameters()`` by hand.
 - Memory: the planner's memory model charges ``optimizer_state_factor`` bytes per weight byte
   (weights + gradients + optimizer state: SGD 2, SGD with momentum 3, Adam 4; the cluster
   default 4.0). ``use_optimizer(opt)`` before the first step states at once when the optimizer's
@@ -90,6 +95,7 @@ from .metrics import Recorder
 from .optimizer_state import OptimizerStateCheck
 from .p2p import MODES, P2P, lower_transport_threads
 from .stage_setup import build
+from .zero import ShardedOptimizer
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +219,7 @@ class GraphPipeline:
             self.module.parameters,
             optimizer_state_factor if optimizer_state_factor is not None else setup.optimizer_state_factor,
             strict_optimizer_state,
+            shards=self.stage.data_parallel if self.stage.zero else 1,
         )
         self._graph = as_graph(graph) if graph is not None else None
         self._cluster = as_cluster(cluster) if cluster is not None else None
@@ -223,6 +230,8 @@ class GraphPipeline:
         self.rng_step = 0  # dropout stream position: steps run so far (restore it when resuming)
         self._local_to_name = self._original_names()
         dp_group, tied = self._groups()
+        self.dp_group = dp_group  # this stage's data-parallel replicas (None: one)
+        self._tied_params = [p for _g, ps in tied for p in ps]
         self.comm = P2P(self.device, timeout, p2p)
         self.rec = Recorder(rank=self.rank, stage=self.stage.id)
         overlap = backend == "nccl" if allreduce_overlap is None else bool(allreduce_overlap)
@@ -366,6 +375,26 @@ class GraphPipeline:
                 seen.add(id(p))
                 yield self._local_to_name[n], p
 
+    def optimizer(self, optimizer_class=torch.optim.Adam, **settings) -> torch.optim.Optimizer | None:
+        """This stage's optimizer, declared (``use_optimizer``): ``optimizer_class(parameters(),
+        **settings)``, or where the plan's stage shards the optimizer state over its replicas
+        (``"zero": 1``) a ``ShardedOptimizer`` of that class over this replica's part
+        (``gpp_runtime.engine.zero``); None for a stage without parameters."""
+        params = list(self.parameters())
+        if not params:
+            return None
+        if self.stage.zero:
+            if self._tied_params:
+                raise InvalidInputError(
+                    f"stage {self.stage.id} holds a weight tied to another stage, whose copies must stay equal: "
+                    "zero 1 (its optimizer state sharded) is not supported there; plan it with zero 0"
+                )
+            opt = ShardedOptimizer(params, optimizer_class, self.dp_group, **settings)
+        else:
+            opt = optimizer_class(params, **settings)
+        self.use_optimizer(opt)
+        return opt
+
     def use_optimizer(self, optimizer: torch.optim.Optimizer) -> float | None:
         """Declare the optimizer that steps this stage (``OptimizerStateCheck.use_optimizer``)."""
         return self.optimizer_state.use_optimizer(optimizer)
@@ -422,6 +451,9 @@ class GraphPipeline:
         yield from (p.grad for p in params if p.grad is not None)
         mine = {id(p) for p in params}
         for opt in self.optimizer_state.optimizers():
+            if isinstance(opt, ShardedOptimizer):
+                yield from opt.state_tensors()
+                continue
             for p, st in opt.state.items():
                 if id(p) in mine:
                     yield from (v for v in st.values() if isinstance(v, torch.Tensor))
@@ -434,7 +466,7 @@ class GraphPipeline:
         buffers); None when the plan states no memory for the stage (a plan written by hand)."""
         stage = self.plan.stage(self.stage.id)
         check = self.optimizer_state
-        used = check.used_state_factor or check.measured_state_factor or check.plan_state_factor
+        used = check.priced_factor()
         if self._graph is not None and self._cluster is not None:
             cluster = dataclasses.replace(self._cluster, optimizer_state_factor=used)
             return order_memory(self._graph, cluster, stage, stage.schedule.order, self.plan.stages)
@@ -444,7 +476,7 @@ class GraphPipeline:
             weights = stage_weight_bytes(self._graph, stage)
         else:
             weights = storage_bytes(list(self.module.parameters()) + list(self.module.buffers()))
-        return stage.predicted.memory_bytes + (used - check.plan_state_factor) * weights
+        return stage.predicted.memory_bytes + (check.held(used) - check.held(check.plan_state_factor)) * weights
 
     def _check_memory(self) -> None:
         """Once the measured step has run (every rank closes its window at the same step): every

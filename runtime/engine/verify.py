@@ -26,14 +26,20 @@ from .loss_scale import LossScaler
 logger = logging.getLogger(__name__)
 
 
+def optimizer_spec(name: str, lr: float, momentum: float = 0.0) -> tuple[type, dict]:
+    """``sgd`` or ``adam``: its class and settings."""
+    if name == "adam":
+        return torch.optim.Adam, {"lr": lr}
+    return torch.optim.SGD, {"lr": lr, "momentum": momentum}
+
+
 def make_optimizer(params, name: str, lr: float, momentum: float = 0.0):
     """``sgd`` or ``adam`` over ``params``, or None when there are none (a parameter-free stage)."""
     params = list(params)
     if not params:
         return None
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    cls, settings = optimizer_spec(name, lr, momentum)
+    return cls(params, **settings)
 
 
 def default_tolerance(

@@ -431,3 +431,27 @@ def test_memory_warnings_name_the_rank_and_the_excess():
     assert lines[1].startswith("rank 1 (stage 1)") and "200,000 bytes (20.0%) over the 1,000,000 bytes" in lines[1]
     assert "conservative" not in " ".join(lines)
     assert memory_warnings(ranks[2:], limit=None) == []
+
+
+def _data_parallel(graph_path, cluster_path, batch: int, micro_batch: int, zero: int):
+    """The whole graph as one stage on 2 replicas, its optimizer state sharded (``zero`` 1) or not."""
+    import gpp_solver as gs
+    from gpp_solver.plan.build import StageSpec, build_plan
+    from gpp_solver.types import SearchInfo
+
+    graph, cluster = gs.load_graph(graph_path), gs.load_cluster(cluster_path)
+    spec = StageSpec(tuple(n.id for n in graph.nodes), (0, 1), micro_batch, zero=zero)
+    return build_plan(graph, cluster, [spec], batch, planner="hand", search=SearchInfo(0.0, "feasible"))
+
+
+@pytest.mark.parametrize("optimizer", [pytest.param("sgd", marks=pytest.mark.slow), "adam"])
+def test_replicas_that_shard_the_optimizer_state_within_targets(tmp_path, optimizer):
+    """examples.sequential:bench (width 512, weight-heavy) as one stage on 2 replicas, its optimizer
+    state sharded: each rank holds the weights, the gradients and half the state, within targets."""
+    spec = "examples.sequential:bench"
+    _plan, g, c = _planned(tmp_path, spec, 64, [16, 32], 2)
+    whole, sharded = (_data_parallel(g, c, 64, 32, zero) for zero in (0, 1))
+    assert [(len(s.devices), s.zero) for s in sharded.stages] == [(2, 1)]  # the shape, before training
+    assert sharded.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
+    save_plan(sharded, tmp_path / "plan.json")
+    _assert_targets(_train_ranks(tmp_path, spec, sharded, g, c, optimizer))
