@@ -13,7 +13,7 @@ from gpp_solver.formats.cluster import as_cluster, cluster_from_dict, cluster_to
 from gpp_solver.formats.cluster_spec import cluster_from_spec
 from gpp_solver.formats.graph import as_graph, graph_from_dict, graph_to_dict
 from gpp_solver.limits import MAX_SECONDS
-from gpp_solver.plan import recompute
+from gpp_solver.plan import recompute, zero
 from gpp_solver.plan.overheads import plan_within_overheads
 from gpp_solver.plan.validate import validate
 from gpp_solver.planners.registry import REGISTRY, get_planner
@@ -122,14 +122,22 @@ def solve(
     if name == "gpp":
         planner_options["tighten"] = tighten
     fn = get_planner(name)
+    sharding = zero.choice_of(name, planner_options)
     choice = recompute.choice_of(name, planner_options)
-    plan = recompute.planned(
-        choice,
-        lambda: _planned(fn, name, g, c, B, time_limit, progress, planner_options),
-        # on the recomputation view, orders without W: a recomputing stage runs its whole backward at once
-        lambda view, seen, left: fn(
-            view, seen, B, time_limit=left, progress=False, **{**planner_options, "schedule": "1f1b"}
+    plan = zero.planned(
+        sharding,
+        lambda: recompute.planned(
+            choice,
+            lambda: _planned(fn, name, g, c, B, time_limit, progress, planner_options),
+            # on the recomputation view, orders without W: a recomputing stage runs its whole backward at once
+            lambda view, seen, left: fn(
+                view, seen, B, time_limit=left, progress=False, **{**planner_options, "schedule": "1f1b"}
+            ),
+            g,
+            c,
+            time_limit,
         ),
+        lambda seen, left: fn(g, seen, B, time_limit=left, progress=False, **planner_options),
         g,
         c,
         time_limit,

@@ -285,6 +285,14 @@ def _add_plan(sub: Any) -> None:
         "the plan uses 90%% of the memory, the faster plan with or without it; the default), on (every "
         "stage), off (none)",
     )
+    pl.add_argument(
+        "--zero",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="gpp, graphpipe: the optimizer state sharded over a stage's data-parallel replicas (ZeRO-1): auto "
+        "(where no plan fits without it, or the plan uses 90%% of the memory, the faster plan with or without "
+        "it; the default), on (every stage of two or more replicas), off (none)",
+    )
     pl.add_argument("-o", "--output", help="plan JSON to write (default: print it to stdout, the summary to stderr)")
 
 

@@ -158,6 +158,8 @@ def planner_options(args: argparse.Namespace) -> dict[str, Any]:
         opts["ladder"] = args.ladder
     if args.recompute is not None:  # gpp and graphpipe take it; solve refuses it for the others
         opts["recompute"] = args.recompute
+    if args.zero is not None:  # the same
+        opts["zero"] = args.zero
     graphpipe_flags = {
         "per_stage_micro_batch": "--per-stage-micro-batch",
         "search_k": "--search-k",
