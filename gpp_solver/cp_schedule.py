@@ -60,7 +60,7 @@ from gpp_solver.action import Action, has_weight_actions
 from gpp_solver.cost.memory import stage_memory
 from gpp_solver.cost.model import in_flight_from_order, stage_costs
 from gpp_solver.errors import DeadlockError, InvalidInputError, SolverError
-from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.build import build_plan, spec_of
 from gpp_solver.plan.simulate import simulate, simulate_orders
 from gpp_solver.plan.validate import check_order, validate
 from gpp_solver.types import Cluster, Graph, Plan, Schedule, Stage
@@ -549,20 +549,7 @@ class TightenResult:
 
 
 def _rebuild(plan: Plan, graph: Graph, cluster: Cluster, orders: Mapping[int, Order]) -> Plan:
-    specs = [
-        StageSpec(
-            s.nodes,
-            s.devices,
-            s.micro_batch_size,
-            k=s.schedule.k,
-            tensor_parallel=s.tensor_parallel,
-            tmpc=s.tmpc,
-            order=tuple(orders[s.id]),
-            recompute=s.recompute,
-            zero=s.zero,
-        )
-        for s in plan.stages
-    ]
+    specs = [spec_of(s, order=tuple(orders[s.id])) for s in plan.stages]
     return build_plan(graph, cluster, specs, plan.mini_batch_size, planner=plan.planner, search=plan.search)
 
 

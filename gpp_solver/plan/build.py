@@ -57,6 +57,22 @@ class StageSpec:
     zero: int = 0  # 1: its replicas shard the optimizer state (docs/cost-model.md, *Sharded optimizer state*)
 
 
+def spec_of(stage: Stage, **changes) -> StageSpec:
+    """The ``StageSpec`` that builds ``stage`` again as it is (its order kept), with ``changes``."""
+    spec = StageSpec(
+        stage.nodes,
+        stage.devices,
+        stage.micro_batch_size,
+        k=stage.schedule.k,
+        tensor_parallel=stage.tensor_parallel,
+        tmpc=stage.tmpc,
+        order=stage.schedule.order,
+        recompute=stage.recompute,
+        zero=stage.zero,
+    )
+    return replace(spec, **changes) if changes else spec
+
+
 def stage_graph_edges(graph: Graph, stage_of: Mapping[str, int]) -> list[tuple[int, int]]:
     """Stage pairs ``[from, to]`` implied by graph edges across stages (C2), sorted."""
     return sorted({(stage_of[e.src], stage_of[e.dst]) for e in graph.edges if stage_of[e.src] != stage_of[e.dst]})

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from gpp_solver.cost.memory import order_memory
-from gpp_solver.plan.build import StageSpec, build_plan
+from gpp_solver.plan.build import build_plan, spec_of
 from gpp_solver.plan.levers import FIT, Attempt, Lever, lowered_search
 from gpp_solver.plan.levers import choice_of as lever_choice
 from gpp_solver.plan.levers import planned as planned_with_lever
@@ -45,20 +45,7 @@ def choose_sharding(found: Plan, graph: Graph, cluster: Cluster, *, every: bool)
     """``found``'s partition, devices and orders priced exactly under ``cluster``, each stage of two
     or more replicas sharding (``every``) or only where it does not fit without: a stage's memory
     depends on its own choice alone."""
-    specs = [
-        StageSpec(
-            s.nodes,
-            s.devices,
-            s.micro_batch_size,
-            k=s.schedule.k,
-            tensor_parallel=s.tensor_parallel,
-            tmpc=s.tmpc,
-            order=s.schedule.order,
-            recompute=s.recompute,
-            zero=int(s.data_parallel > 1),
-        )
-        for s in found.stages
-    ]
+    specs = [spec_of(s, zero=int(s.data_parallel > 1)) for s in found.stages]
     if not every:
         specs = [
             replace(spec, zero=0)

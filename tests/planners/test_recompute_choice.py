@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from four_layers import GRAPH
+from four_layers import cluster as _cluster
 
 import gpp_solver as gs
 from gpp_solver.errors import InfeasibleError, InvalidInputError
@@ -16,25 +18,6 @@ from gpp_solver.formats.summary import describe_plan
 # with micro-batches of 4 and a mini-batch of 8 the least a plan needs without recomputation is
 # 2.4e6 bytes a device (data parallelism, or two stages of two whose first holds both
 # micro-batches); two stages whose first recomputes need 1.6e6
-NODE = {"fw_time": [1e-3], "bw_time": [2e-3], "weight_bytes": 1e5, "activation_bytes": 1e5, "output_bytes": 100}
-GRAPH = {
-    "format": "gpp-graph/1",
-    "name": "four-layers",
-    "micro_batch_sizes": [4],
-    "nodes": [{"id": f"l{i}", **NODE} for i in range(4)],
-    "edges": [[f"l{i}", f"l{i + 1}"] for i in range(3)],
-}
-
-
-def _cluster(memory: float) -> dict:
-    return {
-        "format": "gpp-cluster/1",
-        "devices": 2,
-        "memory_bytes": memory,
-        "inter_node_bandwidth": 1e10,
-        "latency": 1e-6,
-        "optimizer_state_factor": 4.0,
-    }
 
 
 def _solve(planner: str, memory: float, **kw) -> gs.Plan:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from four_layers import GRAPH
+from four_layers import cluster as _cluster
 
 import gpp_solver as gs
 from gpp_solver.errors import InfeasibleError, InvalidInputError
@@ -16,25 +18,6 @@ from gpp_solver.formats.summary import describe_plan
 # four layers of 1e5 weight bytes (4e5 with Adam's state) and 1e5 activation bytes per sample, a
 # mini-batch of 8 in micro-batches of 4 on 2 devices: without levers the least a plan needs is
 # 2.4e6 bytes a device; data parallelism with the state sharded holds 3 * 4e5 + 4 / 2 * 4e5 = 2.0e6
-NODE = {"fw_time": [1e-3], "bw_time": [2e-3], "weight_bytes": 1e5, "activation_bytes": 1e5, "output_bytes": 100}
-GRAPH = {
-    "format": "gpp-graph/1",
-    "name": "four-layers",
-    "micro_batch_sizes": [4],
-    "nodes": [{"id": f"l{i}", **NODE} for i in range(4)],
-    "edges": [[f"l{i}", f"l{i + 1}"] for i in range(3)],
-}
-
-
-def _cluster(memory: float) -> dict:
-    return {
-        "format": "gpp-cluster/1",
-        "devices": 2,
-        "memory_bytes": memory,
-        "inter_node_bandwidth": 1e10,
-        "latency": 1e-6,
-        "optimizer_state_factor": 4.0,
-    }
 
 
 def _solve(planner: str, memory: float, **kw) -> gs.Plan:
