@@ -51,6 +51,7 @@ def plan_within_overheads(
     cluster: Cluster,
     *,
     refine: int = 0,
+    above: int = 0,
     key: Callable[[Plan], tuple[float, ...]] | None = None,
     deadline: float | None = None,
 ) -> Plan:
@@ -63,7 +64,10 @@ def plan_within_overheads(
     ``R`` more rounds after that, bisecting between the highest memory whose plan fitted and the
     lowest whose plan did not, and returns the least ``key`` (default: iteration time, then time
     per sample) of the plans that fit — a plan that uses the last of the memory is then in reach.
-    Past ``deadline`` (``time.perf_counter()``) no further round starts."""
+    With ``above=U`` up to ``U`` more rounds show the planner more memory than the device's
+    (:func:`_above`): the whole model is not always above the planner's own (it prices the
+    optimizer's step apart from the activations a stage holds), so a plan the planner prices above
+    the limit may fit.  Past ``deadline`` (``time.perf_counter()``) no further round starts."""
     if not overheads_priced(cluster, graph):
         return run(cluster)
     held = cluster.runtime_memory_bytes  # the same on every device: the planners plan without it
@@ -111,6 +115,8 @@ def plan_within_overheads(
         if nxt is None:
             break
         seen = replace(seen, memory_bytes=nxt)
+    if above:
+        fitted += _above(run, graph, cluster, search.base, above, deadline)
     if fitted:
         return min(fitted, key=key or iteration_first)
     raise InfeasibleError(
@@ -119,6 +125,39 @@ def plan_within_overheads(
         + " (memory_overheads in docs/cost-model.md)",
         required_memory_bytes=search.needs,
     )
+
+
+def _above(
+    run: Callable[[Cluster], Plan], graph: Graph, cluster: Cluster, base: float, rounds: int, deadline: float | None
+) -> list[Plan]:
+    """The plans that fit of up to ``rounds`` runs shown more memory than ``base`` (the device's,
+    less what the runtime holds): first as much as the planner wants (its plan without a memory
+    limit: the best there is when it fits), then bisecting between the highest memory shown whose
+    plan fitted (at first ``base``) and the lowest whose plan did not (at most that plan's own peak,
+    since showing more would give it again)."""
+    fitted: list[Plan] = []
+    low, high, shown = base, math.inf, math.inf
+    for _round in range(rounds):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        seen = replace(cluster, memory_overheads=False, memory_bytes=shown)
+        try:
+            found = run(seen)
+        except InfeasibleError:
+            high = shown
+        else:
+            plan = priced(found, graph, cluster)
+            if plan.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9):
+                fitted.append(_claimed(plan, not math.isinf(shown)))
+                if math.isinf(shown):
+                    break  # the planner's best plan with no limit fits
+                low = shown
+            else:
+                high = min(shown, found.predicted.peak_memory_bytes * (1 - 1e-3))
+        if high - low <= 1e-3 * base:
+            break
+        shown = (low + high) / 2
+    return fitted
 
 
 def iteration_first(plan: Plan) -> tuple[float, float]:

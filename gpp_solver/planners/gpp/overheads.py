@@ -9,7 +9,7 @@ that uses the last of the memory, say).  So :func:`plan_gpp_within_overheads`
 1. runs ``gpp`` (its optional seeds off: step 2 runs them) under ``plan_within_overheads`` with ``REFINE_ROUNDS`` more rounds after the first
    plan that fits (bisecting up towards the memory whose plan did not fit), keeping the best, until
    ``GPP_SHARE`` of the time limit (default ``DEFAULT_TIME_LIMIT``, each round given what is left);
-2. runs each of ``PORTFOLIO`` (or the ``seed_planners`` given) the same way, in an equal share of
+2. runs each of ``PORTFOLIO`` (or the ``seed_planners`` given) the same way (its ``ABOVE_ROUNDS`` too), in an equal share of
    the time left, the cheapest first, so the time a quick planner leaves goes to the slower ones
    (and one that overruns its share cannot starve a quick one); those stopped for time run once
    more, sharing what the others left; each plan that fits
@@ -52,6 +52,9 @@ logger = logging.getLogger(__name__)
 PORTFOLIO = ("pipedream-2bw", "graphpipe", "alpa", "pipedream", "piper")
 #: rounds of memory bisection after gpp's first plan that fits
 REFINE_ROUNDS = 2
+#: rounds showing more memory than the device's (``plan_within_overheads``'s ``above``): the whole
+#: model can be below the planners' own, so a plan they price above the limit may fit
+ABOVE_ROUNDS = 3
 #: gpp's own rounds stop at this share of the time limit; the other planners share the rest
 GPP_SHARE = 0.6
 #: no planner runs with less than this (seconds)
@@ -86,7 +89,9 @@ def plan_gpp_within_overheads(
         return gpp(graph, seen, mini_batch_size, time_limit=left, progress=progress, **own)
 
     try:
-        found = plan_within_overheads(run_gpp, graph, cluster, refine=REFINE_ROUNDS, key=key, deadline=gpp_until)
+        found = plan_within_overheads(
+            run_gpp, graph, cluster, refine=REFINE_ROUNDS, above=ABOVE_ROUNDS, key=key, deadline=gpp_until
+        )
         candidates.append(("gpp", found))
     except InfeasibleError as exc:
         errors.append(exc)
@@ -159,6 +164,7 @@ def _other(
             lambda seen: fn(graph, seen, B, time_limit=max(until - time.perf_counter(), MIN_SECONDS)),
             graph,
             cluster,
+            above=ABOVE_ROUNDS,
             deadline=until,
         )
     except InfeasibleError as exc:

@@ -103,7 +103,9 @@ def test_portfolio_runs_the_quick_planners_first_and_a_stopped_one_again(monkeyp
     plan = gs.solve(gs.graph_from_dict(diamond), cluster, mini_batch_size=8, time_limit=30)
     firsts = list(dict.fromkeys(calls))
     assert firsts[:2] == ["gpp", "pipedream-2bw"] and firsts[-1] == "piper"
-    assert calls.count("graphpipe") == 2 and calls.index("piper") < len(calls) - 1 - calls[::-1].index("graphpipe")
+    # stopped at its first call, graphpipe runs again (its rounds: ``plan_within_overheads``) after the others
+    again = [i for i, name in enumerate(calls) if name == "graphpipe"][1:]
+    assert again and min(again) > calls.index("piper")
     assert "graphpipe" in [c["planner"] for c in plan.search.extra["overheads"]["candidates"]]
     assert plan.search.status != gs.Status.TIME_LIMIT  # every planner ran to its end in the end
 
