@@ -122,12 +122,12 @@ def waiting_bytes(graph: Graph, stage: StageLike, rows: float, received: float, 
     """With the runtime's overheads, what one micro-batch of ``rows`` samples holds between its
     forward and its backward, and the part of it that is sent values beyond its activations (held
     in its backward too): its activations, weight copies, received values (``received`` bytes)
-    and :func:`unsaved_sent_bytes`; in a stage that recomputes, its received values and every
-    value it sends (:func:`sent_value_bytes`), nothing else."""
+    and :func:`unsaved_sent_bytes`; in a stage that recomputes, its received values, every
+    value it sends (:func:`sent_value_bytes`) and :data:`RANDOM_STATE_BYTES`, nothing else."""
     configs = configs if configs is not None else stage_configs(graph, stage)
-    if recomputes(stage):
+    if recomputes(stage):  # and the random state its recomputation restores
         values = rows * sent_value_bytes(graph, stage)
-        return received + values, values
+        return received + values + RANDOM_STATE_BYTES, values
     unsaved = rows * unsaved_sent_bytes(graph, stage, configs)
     activations = rows * sum(c.activation_bytes for c in configs) + stage_weight_copy_bytes(graph, stage)
     return activations + received + unsaved, unsaved
@@ -206,6 +206,15 @@ TEMPORARY_OUTPUTS = 2
 POSTED_AHEAD = 2
 #: tensors of the largest parameter's size an Adam-class optimizer step allocates at once
 OPTIMIZER_STEP_SCRATCH = 3
+#: bytes of the random state a recomputing stage keeps per micro-batch from its forward to its
+#: recomputation (``torch.get_rng_state()``: the CPU generator's, as ``torch.utils.checkpoint``
+#: keeps it; a GPU's own state is 16 bytes more, in host memory, not priced)
+RANDOM_STATE_BYTES = 5056
+
+
+def random_state_bytes(stage: StageLike) -> float:
+    """:data:`RANDOM_STATE_BYTES` for a stage that recomputes, else 0."""
+    return RANDOM_STATE_BYTES if recomputes(stage) else 0.0
 
 
 def boundary_bytes(graph: Graph, stages: Sequence[StageLike], stage: StageLike) -> tuple[float, float]:
@@ -326,6 +335,7 @@ def memory_with_overheads(
     act = sum(c.activation_bytes for c in configs)
     if recomputes(stage):  # each waits with its received and sent values; one holds its activations again
         activations = in_flight_samples / d * (received_per_sample + sent_value_bytes(graph, stage))
+        activations += in_flight_samples / stage.micro_batch_size * RANDOM_STATE_BYTES
         if in_flight_samples:
             activations += rows * received_per_sample + rows * act + copies
     else:
@@ -395,7 +405,7 @@ def _interleaved(
         posted = sent + max(f * received + b * sent for f, b in posted_ahead)
     else:
         posted = POSTED_AHEAD * (received + sent)
-    backward = others * waiting + received + unsaved + received + posted + (later - weights)
+    backward = others * waiting + received + unsaved + received + posted + (later - weights) + random_state_bytes(stage)
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)
     step = step_bytes(osf, stage, weights, largest_weight)
     return held_factor(osf, stage) * weights + max(backward, weights if d > 1 else 0.0, step)
@@ -438,7 +448,7 @@ def _all_forwards_first(
         """Backward ``j`` (0-based): ``j`` micro-batches done, ``n - 1 - j`` waiting, its own
         messages, its gradient buffer and up to ``POSTED_AHEAD`` more posted, and ``at_nodes``."""
         posted = (1 + min(POSTED_AHEAD, n - 1 - j)) * sent
-        return j * done + (n - 1 - j) * waiting + received + unsaved + posted + at_nodes
+        return j * done + (n - 1 - j) * waiting + received + unsaved + posted + at_nodes + random_state_bytes(stage)
 
     phases = [backward(0, first)] + ([backward(1, second)] if n > 1 else [])
     largest_weight = max((c.weight_bytes for c in configs), default=0.0)

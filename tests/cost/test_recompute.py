@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 import gpp_solver as gs
-from gpp_solver.cost.memory import order_memory
+from gpp_solver.cost import memory
+from gpp_solver.cost.memory import RANDOM_STATE_BYTES, order_memory
 from gpp_solver.cost.model import stage_costs
 from gpp_solver.errors import InvalidInputError, InvalidPlanError
 from gpp_solver.plan.build import StageSpec, build_plan
@@ -84,16 +85,23 @@ def test_the_worked_example():
     validate(again, g, c)  # its own figures are the model's
 
 
-def test_with_the_runtime_overheads_a_micro_batch_waits_with_its_inputs_alone():
-    """With the overheads (SGD, so the optimizer step is no phase of its own), the peak is the
-    second backward, beside two micro-batches waiting: each holds its received values (20 bytes)
-    and no activations (2 x 80 bytes without recomputation); the stage sends nothing."""
+def test_with_the_runtime_overheads_a_micro_batch_waits_with_its_inputs_alone(monkeypatch):
+    """With the overheads (SGD, so the optimizer step is no phase of its own): without the random
+    state, the peak is the second backward, beside two micro-batches waiting, each holding its
+    received values (20 bytes) and no activations (2 x 80 bytes without recomputation); the stage
+    sends nothing. Each micro-batch also keeps its random state (``RANDOM_STATE_BYTES``) until its
+    backward's recomputation ends."""
     sgd = {**CLUSTER, "memory_overheads": True, "optimizer_state_factor": 2.0}
     g, c = gs.graph_from_dict(GRAPH), gs.cluster_from_dict(sgd)
     plain, again = _plan(False, sgd), _plan(True, sgd)
-    saved = plain.stages[1].predicted.memory_bytes - again.stages[1].predicted.memory_bytes
-    assert saved == pytest.approx(2 * 2 * 80)
     validate(again, g, c)
+    with_state = again.stages[1].predicted.memory_bytes
+    monkeypatch.setattr(memory, "RANDOM_STATE_BYTES", 0)
+    assert _plan(False, sgd).stages[1].predicted.memory_bytes == plain.stages[1].predicted.memory_bytes
+    without_state = _plan(True, sgd).stages[1].predicted.memory_bytes
+    assert plain.stages[1].predicted.memory_bytes - without_state == pytest.approx(2 * 2 * 80)
+    # the peak's backward holds the states of the micro-batches not done: its own and 2 or 3 waiting
+    assert 3 * RANDOM_STATE_BYTES <= with_state - without_state <= 4 * RANDOM_STATE_BYTES
 
 
 def test_the_plan_format_keeps_the_flag():

@@ -455,3 +455,47 @@ def test_replicas_that_shard_the_optimizer_state_within_targets(tmp_path, optimi
     assert sharded.predicted.peak_memory_bytes < whole.predicted.peak_memory_bytes
     save_plan(sharded, tmp_path / "plan.json")
     _assert_targets(_train_ranks(tmp_path, spec, sharded, g, c, optimizer))
+
+
+#: the real models issue-level lever tests train (spec, mini-batch, profiled micro-batch sizes)
+LEVER_MODELS = [
+    ("examples.real_models:resnet18", 8, [2, 4]),
+    ("examples.real_models:bert_tiny", 16, [4, 8]),
+    ("examples.real_models:gpt2_tiny_tied", 4, [1, 2]),
+    ("examples.real_models:two_tower", 32, [8, 16]),
+]
+
+
+def _halves_recomputing(graph_path, cluster_path, batch: int, micro_batch: int):
+    """The graph cut in two at the middle of its node order (a topological prefix and the rest, one
+    rank each), 1F1B, both stages recomputing."""
+    import gpp_solver as gs
+    from gpp_solver.plan.build import StageSpec, build_plan
+    from gpp_solver.types import SearchInfo
+
+    graph, cluster = gs.load_graph(graph_path), gs.load_cluster(cluster_path)
+    ids = [n.id for n in graph.nodes]
+    first = tuple(ids[: len(ids) // 2])
+    specs = [
+        StageSpec(first, (0,), micro_batch, recompute=True),
+        StageSpec(tuple(ids[len(ids) // 2 :]), (1,), micro_batch, recompute=True),
+    ]
+    return build_plan(graph, cluster, specs, batch, planner="hand", search=SearchInfo(0.0, "feasible"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,batch,sizes", LEVER_MODELS)
+@pytest.mark.parametrize("lever", ["recompute", "zero"])
+def test_real_models_with_each_lever_within_targets(tmp_path, spec, batch, sizes, lever):
+    """Each memory lever on four real models, Adam, 2 CPU ranks: two stages that both recompute
+    (the model cut at the middle of its node order, micro-batches of the smaller size), or the
+    whole model as one stage on 2 replicas with its optimizer state sharded (ZeRO-1)."""
+    _plan, g, c = _planned(tmp_path, spec, batch, sizes, 2)
+    if lever == "recompute":
+        plan = _halves_recomputing(g, c, batch, sizes[0])
+        assert [(len(s.devices), s.recompute) for s in plan.stages] == [(1, True), (1, True)]  # the shape
+    else:
+        plan = _data_parallel(g, c, batch, batch // 2, 1)
+        assert [(len(s.devices), s.zero) for s in plan.stages] == [(2, 1)]  # the shape, before training
+    save_plan(plan, tmp_path / "plan.json")
+    _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, "adam"))
