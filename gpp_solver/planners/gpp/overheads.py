@@ -13,7 +13,8 @@ that uses the last of the memory, say).  So :func:`plan_gpp_within_overheads`
    the time left, the cheapest first, so the time a quick planner leaves goes to the slower ones
    (and one that overruns its share cannot starve a quick one); those stopped for time run once
    more, sharing what the others left; each plan that fits
-   re-issued as a ``gpp`` plan under the schedule asked for (``rebuild_as_gpp``) and priced again;
+   re-issued as a ``gpp`` plan under the schedule asked for (``rebuild_as_gpp``) and priced again,
+   or with its own orders where the remade ones do not fit the whole model;
 3. returns the least by ``objective`` (iteration time, ties time per sample; or the reverse) of
    all that fit, so ``gpp`` is never slower than any of those planners on the same input, the
    runtime's overheads included.  When none fits, the error states the least memory a plan found
@@ -180,12 +181,17 @@ def _other(
     seen = replace(cluster, memory_overheads=False, memory_bytes=cluster.memory_bytes - held)
     status = Status.TIME_LIMIT if plan.search.status == Status.TIME_LIMIT else Status.FEASIBLE
     info = SearchInfo(plan.search.seconds, status, None, {"seed_planner": name})
-    try:
-        out = priced(rebuild_as_gpp(plan, graph, seen, info, options.get("schedule", "auto")), graph, cluster)
-    except InvalidInputError:
-        return None, False
-    if out.predicted.peak_memory_bytes > cluster.memory_bytes * (1 + 1e-9) or not math.isfinite(
-        out.predicted.iteration_time
-    ):
-        return None, False
-    return out, False
+    # its orders remade under the schedule asked for where that fits without the overheads, else its
+    # own; with the overheads a remade order (a split backward's kept gradients) may not fit: its own then
+    for orders in ("remake", "own"):
+        try:
+            out = priced(
+                rebuild_as_gpp(plan, graph, seen, info, options.get("schedule", "auto"), orders=orders), graph, cluster
+            )
+        except InvalidInputError:
+            continue
+        if out.predicted.peak_memory_bytes <= cluster.memory_bytes * (1 + 1e-9) and math.isfinite(
+            out.predicted.iteration_time
+        ):
+            return out, False
+    return None, False

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 import gpp_solver as gs
+from gpp_solver.cost.memory import overheads_priced
 from gpp_solver.errors import GppError, InfeasibleError
 from gpp_solver.formats.machines import machine_cluster
 from gpp_solver.workloads import build_model
@@ -117,3 +118,23 @@ def test_portfolio_planner_stopped_for_time_twice_makes_the_status_time_limit(mo
     assert calls.count("alpa") == 2
     assert plan.search.status == gs.Status.TIME_LIMIT
     assert "alpa" not in [c["planner"] for c in plan.search.extra["overheads"]["candidates"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("spec", "sizes", "B"),
+    [("examples.two_branch:bench", [8, 16, 32], 64), ("examples.real_models:two_tower", [4, 8, 16], 32)],
+)
+def test_on_a_profiled_graph_from_roomy_to_the_tightest(spec, sizes, B):
+    """A model profiled by the runtime, on a cluster that does not state ``memory_overheads`` (so
+    they are priced, the graph being profiled), 2 devices."""
+    pytest.importorskip("torch")
+    from gpp_runtime.capture.fx_graph import load_workload
+    from gpp_runtime.capture.profiler import profile
+
+    graph = gs.graph_from_dict(profile(load_workload(spec), sizes, warmup=0, repeats=1, name=spec))
+    cluster = gs.cluster_from_dict(
+        {"format": "gpp-cluster/1", "devices": 2, "memory_bytes": 1e12, "inter_node_bandwidth": 1e9}
+    )
+    assert overheads_priced(cluster, graph)
+    _conformance(graph, cluster, B)
