@@ -144,6 +144,8 @@ def _above(
         try:
             found = run(seen)
         except InfeasibleError:
+            if math.isinf(shown):
+                break  # no plan with any memory
             high = shown
         else:
             plan = priced(found, graph, cluster)
