@@ -7,7 +7,8 @@ traced model's structure (node ids and edges, zero costs) and a cluster of the s
 with unbounded memory, so C1 convexity, C2 stage edges (a missing, extra or cyclic edge), C3
 (devices ``0..world-1``, disjoint), divisibility and C4 are checked the same way; memory and
 predictions need the graph and cluster. Before either, the plan's world size must equal the
-number of ranks started, and its stages must be what the runtime runs (no tensor parallelism).
+number of ranks started, and its stages must be what the runtime runs (no tensor parallelism, no
+TMPC: the runtime cannot switch a node to another configuration, nor recompute one node alone).
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ def check_world(plan: Plan, world: int) -> None:
     for s in plan.stages:
         if s.tensor_parallel != 1:
             raise InvalidPlanError(f"stage {s.id}: tensor_parallel = {s.tensor_parallel}: the runtime supports only 1")
+        if s.tmpc:
+            node, idx = next(iter(s.tmpc.items()))
+            raise InvalidPlanError(
+                f"stage {s.id}: node '{node}' runs in its TMPC {idx} (Piper's configurations, the plan's "
+                "'tmpc'): the runtime runs every node in its base configuration only, and a recomputation "
+                "only as a stage's 'recompute' (plan with gpp or graphpipe --recompute)"
+            )
 
 
 def _count(n: int, word: str) -> str:

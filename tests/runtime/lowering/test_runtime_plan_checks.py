@@ -103,6 +103,7 @@ def test_a_valid_plan_passes_the_checks():
         (lambda d: d.update(edges=[[0, 5]]), "edge"),
         (lambda d: d["stages"][1]["nodes"].remove("head"), "'head' is in no stage"),
         (lambda d: d["stages"][0].update(tensor_parallel=2), "tensor_parallel"),
+        (lambda d: d["stages"][0].update(tmpc={d["stages"][0]["nodes"][0]: 0}), "runs in its TMPC 0"),
     ],
 )
 def test_plan_checks_name_the_problem(mutate, words):
