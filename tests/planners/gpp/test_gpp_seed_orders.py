@@ -55,6 +55,56 @@ def test_a_seed_without_time_for_new_orders_keeps_its_own(monkeypatch):
     assert cut.predicted.iteration_time >= plan.predicted.iteration_time * (1 - 1e-9)  # never a better plan
 
 
+@pytest.mark.parametrize("name", ["graphpipe", "pipedream-2bw", "alpa", "pipedream"])
+def test_a_seed_with_its_own_orders_built_again_is_the_same_plan(name):
+    """What lets ``answer.finish`` rename a seed kept with its own orders instead of building and
+    validating it again: built again from its stages and orders, a validated seed plan is itself
+    (stages, edges, figures), whatever planner made it."""
+    g, c = build_model("mmt", branches=2, layers=3), v100_cluster(8)
+    seed = get_planner(name)(g, c, 64)
+    validate(seed, g, c)
+    own = rebuild_as_gpp(seed, g, c, SearchInfo(0.0, Status.FEASIBLE), "auto", orders="own")
+
+    def what(plan):  # all but the schedule's kind: kept orders are written "custom"
+        return [
+            (
+                s.nodes,
+                s.devices,
+                s.micro_batch_size,
+                s.schedule.order,
+                s.in_flight_samples,
+                s.predicted,
+                s.tensor_parallel,
+                s.recompute,
+                s.zero,
+            )
+            for s in plan.stages
+        ]
+
+    assert what(own) == what(seed) and own.edges == seed.edges and own.predicted == seed.predicted
+    assert own.search.iteration_time_estimate == seed.search.iteration_time_estimate
+
+
+def test_the_pick_kept_with_its_own_orders_is_validated_once(monkeypatch):
+    """A seed kept with its own orders (no time to make them again) is the answer as the seed phase
+    validated it: the answer is not built or validated a second time, and it is valid."""
+    from gpp_solver.planners.gpp import answer, planner, seeds
+
+    g, c = build_model("mmt", branches=2, layers=3), v100_cluster(8)
+    monkeypatch.setattr(searches, "RESCHEDULE_VALIDATIONS", 1e12)
+    for phase in ("search_sizes", "restart", "polish_best"):  # none ran, as when the seeds took the time
+        monkeypatch.setattr(planner, phase, lambda run: None)
+    monkeypatch.setattr(answer, "rebuild_as_gpp", lambda *a, **k: pytest.fail("rebuilt"))
+    calls = []
+    monkeypatch.setattr(seeds, "validate", lambda p, *a: calls.append("seed") or validate(p, *a))
+    monkeypatch.setattr(answer, "validate", lambda p, *a: calls.append("answer") or validate(p, *a))
+    plan = get_planner("gpp")(g, c, 64, time_limit=5.0, tighten=False, exact=False, seed_planners=("graphpipe",))
+    assert plan.search.extra["seed_planner"] == "graphpipe" and plan.search.extra["moves"] == 0
+    assert plan.search.extra["seeds"]["graphpipe"]["rescheduled"] == "no: time limit"
+    assert calls == ["seed"]
+    validate(plan, g, c)
+
+
 def test_graphpipe_as_a_seed_skips_its_own_validation(monkeypatch):
     """``gpp`` validates every seed plan itself (and times it), so GraphPipe's own final check is
     off there (a validation of a 5,000-operator plan takes seconds); on its own it still runs."""
