@@ -147,7 +147,7 @@ class _UniformSearch:
         if not results:
             if deadline is not None and time.perf_counter() > deadline:  # some sizes may not have been searched
                 raise TimeLimitError("graphpipe: time limit reached before the stage DP found a plan")
-            raise infeasible_error(dp, sizes, self.cluster)
+            raise infeasible_error(dp, sizes, self.cluster, deadline)
         self.results = results
         self.timed_out = any(not r.exact for r in results)  # then a size without a plan may be unsearched
         self.min_tps: dict[
