@@ -63,6 +63,10 @@ class Node:
     #: that autocast makes in its forward and autograd saves for its backward (0: none, as in
     #: float32 or a bf16 model)
     weight_copy_bytes: float = 0.0
+    #: its backward hands its inputs' gradients as views of its output's gradient (a concatenation:
+    #: ``torch.cat``'s backward narrows it), so that gradient's storage stays whole until the last of
+    #: them is consumed (``docs/cost-model.md``, the memory rule's ``views_k``)
+    grad_views: bool = False
 
 
 @dataclass(frozen=True)

@@ -462,7 +462,7 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
     step's first backward and in a later one: over the stage's nodes ``v_1 .. v_m`` in graph order
     (the backward runs them in reverse), at ``v_k``
 
-    ``rows * (sum_{i <= k} act_i + out_k + live_k + held_k) + sum_{i <= k} copies_i + T_k`` plus
+    ``rows * (sum_{i <= k} act_i + out_k + live_k + views_k + held_k) + sum_{i <= k} copies_i + T_k`` plus
     ``sum_{i > k} weight_bytes_i``
     (the weight gradients the first backward has produced) or ``W_S`` (a later one: every
     gradient; ``v_k``'s new one, in ``T_k``, is added into ``.grad`` after), where
@@ -477,6 +477,10 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
       (the transient with those gradients, per sample of the size it was measured at);
     * ``live_k``: the gradients of the values produced before ``v_k`` (by a node of the stage, or
       received) that a node after it consumes, already flowing back;
+    * ``views_k``: where a node ``c`` after ``v_k`` has ``grad_views``, the parts of its output's
+      gradient already consumed while a view of it is still waiting (or flowing into ``v_k``): the
+      storage stays whole until its first producer's backward (producers of the stage whose last
+      consumer is ``c``);
     * ``held_k``: the values the stage sends that nodes after ``v_k`` produced, ``sum min(out_u,
       act_u)`` over them: the backward starts from them (its roots), so they stay whole until it
       ends, where ``act_u`` would free them at ``u`` (the rest of each, ``out_u - act_u``, is in
@@ -500,6 +504,16 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         if last[u] > p + 1:
             live[p + 1] += size
             live[last[u]] -= size
+    # views_k by differences: a node c with grad_views hands its producers (of the stage, c their
+    # last consumer) views of one gradient storage, alive until the last of them (the first
+    # producer, at p_1) is consumed; a part consumed (at p_i > k) is still in it for p_1 <= k < p_i
+    views = [0.0] * (len(order) + 1)
+    for c in order:
+        if graph.node(c).grad_views:
+            parts = sorted((at[u], graph.edge_bytes(u, c)) for u in graph.preds(c) if u in at and last[u] == at[c])
+            for p, size in parts[1:]:
+                views[parts[0][0]] += size
+                views[p] -= size
     weights = [config[v].weight_bytes for v in order]
     total_w = sum(weights)
     # the sent values' shares of their producers' activations, held until the backward ends
@@ -509,13 +523,14 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         if any(w not in at for w in graph.succs(v))
     }
     first = second = 0.0
-    reached = flowing = copies = 0.0  # activations and weight copies of v_1 .. v_k; live_k
+    reached = flowing = viewed = copies = 0.0  # activations and weight copies of v_1 .. v_k; live_k; views_k
     held = sum(sent_share.values())  # held_k
     later_w = total_w  # weight gradients of v_{k+1} .. v_m
     for k, v in enumerate(order):
         reached += config[v].activation_bytes
         copies += graph.node(v).weight_copy_bytes
         flowing += live[k]
+        viewed += views[k]
         held -= sent_share.get(v, 0.0)
         later_w -= weights[k]
         node = graph.node(v)
@@ -524,7 +539,7 @@ def _backward_at_nodes(graph: Graph, stage: StageLike, rows: float) -> tuple[flo
         transient = produces if ws is None else max(produces, ws)
         consumers = graph.succs(v)
         into = 0.0 if consumers and all(w not in at for w in consumers) else node.output_bytes
-        here = rows * (reached + into + flowing + held) + copies + transient
+        here = rows * (reached + into + flowing + viewed + held) + copies + transient
         first = max(first, here + later_w)
         second = max(second, here + total_w)
     return first, second

@@ -46,6 +46,7 @@ _NODE_FIELDS = frozenset(
         "output_bytes",
         "workspace_bytes",
         "weight_copy_bytes",
+        "grad_views",
         "tmpc",
         "extra",
     }
@@ -95,6 +96,12 @@ def _weight_times(d: Mapping[str, Any], bw: tuple[float, ...], where: str, n: in
                 "gradient is a part of the backward pass)"
             )
     return w
+
+
+def _flag(v: Any, where: str) -> bool:
+    if not isinstance(v, bool):
+        raise E(f"{where} must be true or false, got {v!r}")
+    return v
 
 
 def _tmpc(d: Any, where: str, n: int) -> Tmpc:
@@ -199,6 +206,7 @@ def graph_from_dict(d: Any) -> Graph:
                 output_bytes=_bytes(require(nd, "output_bytes", where, E), f"{where}.output_bytes"),
                 workspace_bytes=_workspace(nd, where, n),
                 weight_copy_bytes=_bytes(nd.get("weight_copy_bytes", 0), f"{where}.weight_copy_bytes"),
+                grad_views=_flag(nd.get("grad_views", False), f"{where}.grad_views"),
                 tmpc=tuple(_tmpc(t, f"{where}.tmpc[{j}]", n) for j, t in enumerate(tm)),
                 extra=extra(nd, where, E),
             )
@@ -294,6 +302,8 @@ def graph_to_dict(g: Graph) -> dict[str, Any]:
             nd["workspace_bytes"] = list(ws) if isinstance(ws, tuple) else ws
         if n.weight_copy_bytes:
             nd["weight_copy_bytes"] = n.weight_copy_bytes
+        if n.grad_views:
+            nd["grad_views"] = True
         if n.tmpc:
             nd["tmpc"] = [
                 {

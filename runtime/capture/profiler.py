@@ -39,7 +39,10 @@ pass of ``sample(micro_batch_size, 0)`` (training mode, like the trainer), with 
   what it keeps (its forward's transient above its output and saved tensors; its backward's peak,
   the gradients it produces included), the largest over the node's fx nodes, measured at every
   micro-batch size (a list, one per size: a transient can be per call, as a CPU convolution's
-  unfolded input, and then costs more per sample at a smaller size; ``gpp_runtime.capture.workspace``).
+  unfolded input, and then costs more per sample at a smaller size; ``gpp_runtime.capture.workspace``);
+- ``grad_views`` (only where true): a node of one operator whose backward hands two or more of its
+  inputs' gradients as views of its output's gradient (``torch.cat`` narrows it), found by running
+  that backward once and comparing storages (:func:`_grad_views`).
 
 Optional fields (``docs/formats.md``: fields may be added; readers keep them): every node has
 ``"time_spread": {"fw": [[min, max], ...], "bw": [[min, max], ...]}``, the fastest and slowest
@@ -280,6 +283,8 @@ def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: 
                     )
                     if kept.weight_copies[gid]:
                         sizes[gid]["weight_copy_bytes"] = float(kept.weight_copies[gid])
+                    if _grad_views(mg, members, env):
+                        sizes[gid]["grad_views"] = True
             del env
         sweeps.append(timing)
     # per size, each round's forward + backward over every node: rounds that disagree were measured
@@ -289,6 +294,25 @@ def _measure(mg: ModelGraph, workload, micro_batch_sizes, warmup: int, repeats: 
         for i in range(len(micro_batch_sizes))
     ]
     return combine_rounds(sweeps), sizes, totals
+
+
+def _grad_views(mg: ModelGraph, members, env: dict) -> bool:
+    """Whether a graph node of one operator hands two or more of its inputs' gradients as views of
+    its output's gradient (one storage, alive until the last of them is consumed: the memory rule's
+    ``views_k``), seen by running its backward once on copies of its inputs."""
+    if len(members) != 1:
+        return False
+    with torch.enable_grad():
+        local, leaves = leaf_inputs(members[0], env, requires_grad=True)
+        if len(leaves) < 2:
+            return False
+        outs = [t for t in tensors_in(run_node(mg.gm, members[0], local)) if t.is_floating_point() and t.requires_grad]
+        if len(outs) != 1:
+            return False
+        grad = torch.ones_like(outs[0])
+        ins = torch.autograd.grad(outs, leaves, [grad], allow_unused=True)
+    storage = grad.untyped_storage().data_ptr()
+    return sum(1 for g in ins if g is not None and g.untyped_storage().data_ptr() == storage) >= 2
 
 
 def combine_rounds(sweeps: list[dict]) -> dict:

@@ -11,6 +11,7 @@ from gpp_solver.cost.memory import (
     OPTIMIZER_STEP_SCRATCH,
     POSTED_AHEAD,
     TEMPORARY_OUTPUTS,
+    _backward_at_nodes,
     boundary_bytes,
     order_memory,
     stage_memory,
@@ -313,3 +314,31 @@ def test_an_interleaved_order_prices_the_messages_it_posts_ahead():
     assert order_memory(g, c, stages[1], one_f_one_b, stages) == pytest.approx(expected) == 272
     # a planner's estimate, before the order is made, posts 2 of each: 16 more
     assert stage_memory(g, c, stages[1], 2, stages, mini_batch_size=4) == pytest.approx(expected + 16)
+
+
+def test_a_concatenations_gradient_is_held_whole_until_its_last_view_is_consumed():
+    """docs/cost-model.md's example (``views_k``): x1 and x2 concatenated, then a head; one stage,
+    ``b = 2``. Backward order head, cat, x2, x1: at x1 (workspace 200 a sample) the gradient flowing
+    in is x1's view of cat's gradient (10 a sample), whose storage still holds x2's consumed part (30)."""
+
+    def graph(views: bool):
+        node = {"fw_time": [1], "bw_time": [1], "weight_bytes": 0}
+        cat = {"grad_views": True} if views else {}
+        nodes = [
+            {**node, "id": "x1", "activation_bytes": 5, "output_bytes": 10, "workspace_bytes": 200},
+            {**node, "id": "x2", "activation_bytes": 5, "output_bytes": 30},
+            {**node, "id": "cat", "activation_bytes": 0, "output_bytes": 40, **cat},
+            {**node, "id": "head", "activation_bytes": 40, "output_bytes": 1},
+        ]
+        edges = [["x1", "cat"], ["x2", "cat"], ["cat", "head"]]
+        return gs.graph_from_dict(
+            {"format": "gpp-graph/1", "name": "cat", "micro_batch_sizes": [1], "nodes": nodes, "edges": edges}
+        )
+
+    stage = StageSpec(("x1", "x2", "cat", "head"), (0,), 2)
+    # without: H_x1 = 2 * (5 + 10) + 2 * 200 = 430 (x2: 2 * (10 + 30 + 10) = 100; cat: 2 * (10 + 40) + 2 * 40 = 180;
+    # head: 2 * (50 + 1) + 2 * 40 = 182); with: views_x1 = 30, H_x1 = 2 * (5 + 10 + 30) + 400 = 490
+    assert _backward_at_nodes(graph(False), stage, 2.0) == (430.0, 430.0)
+    assert _backward_at_nodes(graph(True), stage, 2.0) == (490.0, 490.0)
+    doc = gs.graph_to_dict(graph(True))
+    assert [n.get("grad_views") for n in doc["nodes"]] == [None, None, True, None]  # written only when true

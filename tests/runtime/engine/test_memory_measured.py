@@ -205,6 +205,18 @@ def test_one_micro_batch_is_priced_by_phase_within_targets(tmp_path):
     _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, "sgd"))
 
 
+def test_a_concatenations_gradient_stays_whole_until_its_last_branch_within_targets(tmp_path):
+    """Two conv towers concatenated, one stage, one micro-batch of 64 (Adam): ``torch.cat``'s backward
+    hands each tower a view of one gradient, whose storage lives until the last tower's backward;
+    priced as parts freed one by one, the stage measured 1.067x its prediction (the profile now
+    marks the concatenation ``grad_views``)."""
+    spec = "tests.runtime.memory_models:conv_towers"
+    plan, g, c = _planned(tmp_path, spec, 64, [16, 64], 1)
+    assert len(plan.stages) == 1 and plan.devices_used == 1 and plan.stages[0].micro_batch_size == 64
+    assert [n["id"] for n in json.loads(g.read_text())["nodes"] if n.get("grad_views")] == ["cat"]
+    _assert_targets(_train_ranks(tmp_path, spec, plan, g, c, "adam"))
+
+
 def test_zero_bubble_stage_within_targets_with_kept_gradients(tmp_path):
     """bert tiny on 2 ranks, its last stage's W put off until both B ran (2 micro-batches' kept
     gradients at once): measured within the targets of the prediction that prices them, and the
