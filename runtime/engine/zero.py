@@ -34,6 +34,10 @@ import torch.distributed as dist
 
 from gpp_solver.errors import InvalidInputError
 
+#: torch's all-gather into one tensor (``all_gather_into_tensor``, deprecated for this name in newer
+#: torch, with a warning printed on every rank at its first call)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 #: optimizers whose update is not elementwise (or not over dense tensors)
 NOT_ELEMENTWISE = ("LBFGS", "SparseAdam", "Adafactor")
 
@@ -108,7 +112,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.part is not None:
             self.part.grad = None
             if self.shards > 1:
-                dist.all_gather_into_tensor(self._flat, self.part.detach().clone(), group=self.group)
+                _all_gather(self._flat, self.part.detach().clone(), group=self.group)
         return None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -140,7 +144,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for k, v in mine.items():
             if isinstance(v, torch.Tensor) and v.shape == self.part.shape:
                 whole = torch.empty(v.numel() * self.shards, dtype=v.dtype, device=v.device)
-                dist.all_gather_into_tensor(whole, v.contiguous(), group=self.group)
+                _all_gather(whole, v.contiguous(), group=self.group)
                 mine[k] = whole
         state[0] = mine
         return {**sd, "state": state}

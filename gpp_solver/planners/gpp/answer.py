@@ -71,7 +71,7 @@ def _least_need(run: GppRun, searched: float | None) -> tuple[float | None, str]
     for name in STATES_SUFFICIENT_MEMORY:
         need = run.seed_info.get(name, {}).get("required_memory_bytes")
         if need is not None:
-            known.append((need, f"the least memory with which {name}'s search space holds a plan"))
+            known.append((need, f"a memory with which {name}'s search space holds a plan"))
     if not known:
         return None, ""
     return min(known, key=lambda k: k[0])
