@@ -81,21 +81,21 @@ def finish(run: GppRun, plan: Plan, meta: dict[str, Any]) -> Plan:
     """The pick as a gpp plan, its orders tightened, its status and ``search`` record."""
     graph, cluster, o = run.graph, run.cluster, run.o
     checked = None  # the stages as validated on this graph and cluster, when they are the answer's
-    if plan.planner != "gpp" and meta.get("orders") == "own":
-        # a seed plan with its own orders (searches.pool_seeds): the stages that starts.run_seeds
-        # validated on this graph and cluster; built again they would be the same (seconds on a
-        # plan of a million actions, with a second validation)
-        plan = replace(
-            plan,
-            planner="gpp",
-            search=SearchInfo(0.0, Status.FEASIBLE, iteration_time_estimate=plan.search.iteration_time_estimate),
-        )
-        checked = plan.stages
-    elif plan.planner != "gpp":  # its orders were made under the schedule when it joined the pool
-        # (searches.pool_seeds: meta["orders"]); the same choice holds
+    if plan.planner != "gpp":  # a seed plan's orders were made under the schedule when it joined the
+        # pool, or kept (searches.pool_seeds: meta["orders"]); the same choice holds. One kept with its
+        # own orders is the plan starts.run_seeds validated on this graph and cluster, which built
+        # again would be itself: renamed ("built"), not built and validated a second time (seconds
+        # on a plan of a million actions)
+        orders = meta.get("orders", "remake")
         plan = rebuild_as_gpp(
-            plan, graph, cluster, SearchInfo(0.0, Status.FEASIBLE), run.o.schedule, orders=meta.get("orders", "remake")
+            plan,
+            graph,
+            cluster,
+            SearchInfo(0.0, Status.FEASIBLE),
+            run.o.schedule,
+            orders="built" if orders == "own" else orders,
         )
+        checked = plan.stages if orders == "own" else None
     run.timed_out |= run.past_deadline()
     plan, tinfo, guard = tighten_orders(
         plan, graph, cluster, o.tighten, o.seed, run.budget, run.timed_out, run.progress

@@ -88,13 +88,13 @@ def test_a_seed_with_its_own_orders_built_again_is_the_same_plan(name):
 def test_the_pick_kept_with_its_own_orders_is_validated_once(monkeypatch):
     """A seed kept with its own orders (no time to make them again) is the answer as the seed phase
     validated it: the answer is not built or validated a second time, and it is valid."""
-    from gpp_solver.planners.gpp import answer, planner, seeds
+    from gpp_solver.planners.gpp import answer, planner, plans, seeds
 
     g, c = build_model("mmt", branches=2, layers=3), v100_cluster(8)
     monkeypatch.setattr(searches, "RESCHEDULE_VALIDATIONS", 1e12)
     for phase in ("search_sizes", "restart", "polish_best"):  # none ran, as when the seeds took the time
         monkeypatch.setattr(planner, phase, lambda run: None)
-    monkeypatch.setattr(answer, "rebuild_as_gpp", lambda *a, **k: pytest.fail("rebuilt"))
+    monkeypatch.setattr(plans, "build_plan", lambda *a, **k: pytest.fail("built again"))  # rebuild_as_gpp's builds
     calls = []
     monkeypatch.setattr(seeds, "validate", lambda p, *a: calls.append("seed") or validate(p, *a))
     monkeypatch.setattr(answer, "validate", lambda p, *a: calls.append("answer") or validate(p, *a))
